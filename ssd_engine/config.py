@@ -1,0 +1,71 @@
+"""EngineConfig: every engine option in one validated, frozen dataclass.
+
+The CLI maps its flags 1:1 onto these fields (`--max-model-len` -> max_model_len). Values that
+depend on the checkpoint (max_model_len=None, num_kv_blocks=None) are resolved by the engine.
+"""
+import difflib
+from dataclasses import dataclass, fields
+
+SPECULATIVE_MODES = ("ar", "sd", "ssd")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str | None = None                 # HF folder; None = the built-in default target
+    draft_model: str | None = None           # HF folder; None with model=None = the default draft
+    speculative_mode: str = "ar"
+    num_speculative_tokens: int = 4          # K: draft tokens per round
+    tokenizer: str | None = None             # defaults to the model folder
+    max_model_len: int | None = None         # prompt + output limit; None = min(checkpoint's, 4096)
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 2048       # tokens computed per step (prefill is chunked to fit)
+    block_size: int = 16                     # tokens per KV page
+    num_kv_blocks: int | None = None         # KV pages; None = derived from kv_cache_memory_gb
+    kv_cache_memory_gb: float = 2.0
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    device: str = "cpu"
+    num_threads: int | None = None           # torch intra-op threads; None = torch's default
+    enforce_eager: bool = False              # True: plain weights, no prepacking/compilation
+    seed: int = 0                            # seeds unseeded sampling
+
+    def __post_init__(self) -> None:
+        _check(self.speculative_mode in SPECULATIVE_MODES,
+               f"speculative_mode must be one of {SPECULATIVE_MODES}, got {self.speculative_mode!r}")
+        _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(self.device == "cpu" or self.device.startswith("cuda"),
+               f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+            value = getattr(self, name)
+            _check(isinstance(value, int) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("max_model_len", "num_kv_blocks", "num_threads"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, int) and value >= 1),
+                   f"{name} must be an integer >= 1, got {value!r}")
+        _check(self.kv_cache_memory_gb > 0, f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
+        _check(self.speculative_mode == "ar" or self.model is None or self.draft_model is not None,
+               f"speculative_mode={self.speculative_mode!r} needs draft_model when model is given")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        names = field_names()
+        for key in kwargs:
+            if key not in names:
+                raise ValueError(unknown_option_message(key, names))
+        return cls(**kwargs)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(EngineConfig)]
+
+
+def unknown_option_message(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(valid)}"
+    return f"unknown option {key!r}{hint}"
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

@@ -1,0 +1,169 @@
+"""The step loop: schedule -> speculate -> verify -> postprocess.
+
+AR is the degenerate case with no speculation: every scheduled sequence whose computed tokens
+reach its end gets one sampled token. Requests join and leave between steps (continuous batching).
+"""
+import os
+import time
+
+import torch
+from transformers import AutoTokenizer, GenerationConfig
+
+from ssd_engine.config import EngineConfig
+from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.engine.model_runner import ModelRunner
+from ssd_engine.engine.output_processor import OutputProcessor
+from ssd_engine.engine.scheduler import Scheduler
+from ssd_engine.engine.sequence import Sequence
+from ssd_engine.models.loader import load_config
+from ssd_engine.outputs import RequestMetrics, RequestOutput
+from ssd_engine.sampling.processors import SamplingTensors
+from ssd_engine.sampling.sampler import sample
+from ssd_engine.sampling_params import SamplingParams
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_model_path(config: EngineConfig) -> str:
+    if config.model is not None:
+        return config.model
+    from ssd_engine.default_models import resolve_default_model
+    return resolve_default_model("target")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.model_path = resolve_model_path(config)
+        self.hf_config = load_config(self.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or self.model_path)
+        self.max_model_len = self._max_model_len()
+        self.device = torch.device(config.device)
+        dtype = DTYPES[config.dtype]
+        num_blocks = self._num_kv_blocks(dtype)
+        self.runner = ModelRunner(self.model_path, self.hf_config, num_kv_blocks=num_blocks,
+                                  block_size=config.block_size, max_model_len=self.max_model_len, dtype=dtype,
+                                  device=self.device, pack_weights=not config.enforce_eager)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
+        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
+
+    # ---- set-up helpers -------------------------------------------------------------------
+    def _max_model_len(self) -> int:
+        limit = getattr(self.hf_config, "max_position_embeddings", None) or 4096
+        if self.config.max_model_len is None:
+            return min(limit, 4096)
+        if self.config.max_model_len > limit:
+            raise ValueError(f"max_model_len={self.config.max_model_len} exceeds the model's "
+                             f"max_position_embeddings={limit}")
+        return self.config.max_model_len
+
+    def _num_kv_blocks(self, dtype: torch.dtype) -> int:
+        if self.config.num_kv_blocks is not None:
+            return self.config.num_kv_blocks
+        per_block = ModelRunner.kv_bytes_per_block(self.hf_config, self.config.block_size, dtype)
+        by_memory = int(self.config.kv_cache_memory_gb * 2**30 // per_block)
+        # more pages than every slot of every sequence at full length can never be used
+        useful = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size) + 1
+        return max(1, min(by_memory, useful))
+
+    def _eos_token_ids(self) -> set[int]:
+        eos = None
+        if os.path.isfile(os.path.join(self.model_path, "generation_config.json")):
+            eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        if eos is None:
+            eos = getattr(self.hf_config, "eos_token_id", None) or self.tokenizer.eos_token_id
+        return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+
+    # ---- requests -------------------------------------------------------------------------
+    def tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def validate(self, token_ids: list[int], params: SamplingParams) -> None:
+        vocab = self.hf_config.vocab_size
+        if not token_ids:
+            raise ValueError("prompt is empty")
+        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        n = len(token_ids)
+        if n > self.max_model_len:
+            raise ValueError(f"prompt has {n} tokens, more than max_model_len={self.max_model_len}")
+        if n + params.max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} "
+                             f"exceeds max_model_len={self.max_model_len}")
+        pages = self.block_manager.blocks_needed(n + params.max_tokens + self.lookahead)
+        if pages > self.block_manager.num_blocks:
+            raise ValueError(f"request needs {pages} KV pages (prompt {n} + max_tokens {params.max_tokens}) but the "
+                             f"whole KV cache has {self.block_manager.num_blocks}; raise num_kv_blocks")
+
+    @property
+    def lookahead(self) -> int:
+        return 0
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
+                    prompt_text: str | None = None) -> Sequence:
+        """Queue one request; raises ValueError (and changes nothing) if it can never run."""
+        params = params or SamplingParams()
+        token_ids = self.tokenize(prompt)
+        self.validate(token_ids, params)
+        text = prompt if isinstance(prompt, str) else prompt_text
+        seq = Sequence(token_ids, params, self.config.block_size, text)
+        self.scheduler.add(seq)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the loop -------------------------------------------------------------------------
+    def step(self) -> list[Sequence]:
+        """Run one step; return the sequences that finished in it."""
+        batch = self.scheduler.schedule(self.lookahead)
+        if not batch.seqs:
+            if self.scheduler.has_unfinished():
+                raise RuntimeError("scheduler made no progress")  # admission checks should make this impossible
+            return []
+        samples = [seq.num_computed_tokens + n == len(seq) for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        logits = self.runner.forward(batch, [[n - 1] if s else [] for n, s in zip(batch.num_new_tokens, samples)])
+        sampling_seqs = [seq for seq, s in zip(batch.seqs, samples) if s]
+        tokens = self._sample(sampling_seqs, logits).tolist() if sampling_seqs else []
+        for seq, n, s in zip(batch.seqs, batch.num_new_tokens, samples):
+            self.stats["decode_tokens" if n == 1 else "prefill_tokens"] += n
+            seq.num_computed_tokens += n
+        finished = []
+        for seq, token in zip(sampling_seqs, tokens):
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = time.perf_counter()
+            self.output_processor.append(seq, [token])
+            self.block_manager.commit(seq)
+            if seq.finish_reason is not None:
+                self._finish(seq)
+                finished.append(seq)
+        return finished
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        params = [seq.params for seq in seqs]
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1)
+        probs = SamplingTensors.from_params(params, logits.device).probs(logits)
+        return sample(probs, [seq.generator for seq in seqs], self.generator)
+
+    def _finish(self, seq: Sequence) -> None:
+        seq.metrics.finish_time = time.perf_counter()
+        self.scheduler.finish(seq)
+
+    def to_output(self, seq: Sequence) -> RequestOutput:
+        m = seq.metrics
+        metrics = RequestMetrics(ttft_s=(m.first_token_time or m.finish_time) - m.arrival_time,
+                                 e2e_s=m.finish_time - m.arrival_time, num_prompt_tokens=seq.num_prompt_tokens,
+                                 num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens)
+        return RequestOutput(seq.seq_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
+                             self.output_processor.final_text(seq), seq.output_token_ids, seq.finish_reason, metrics)

@@ -1,0 +1,102 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Every step each scheduled sequence computes a run of new tokens starting at its
+`num_computed_tokens`: a decode computes 1 (plus `lookahead` draft slots when speculating),
+a prefill computes a chunk of its prompt. Running sequences go first (oldest first), then
+waiting ones join while the token budget (`max_num_batched_tokens`) and `max_num_seqs` allow.
+When pages run out, the most recently admitted running sequence is preempted: its pages are
+freed and it returns to the front of the queue to be recomputed later (FCFS fairness).
+"""
+from collections import deque
+from dataclasses import dataclass
+
+from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_new_tokens: list[int]   # tokens each sequence computes this step
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new_tokens)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, lookahead: int = 0) -> ScheduledBatch:
+        """`lookahead`: extra slots a decoding sequence needs this step (speculative tokens)."""
+        batch = ScheduledBatch([], [])
+        budget = self.max_num_batched_tokens
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            remaining = len(seq) - seq.num_computed_tokens
+            decoding = remaining == 1
+            want = 1 + lookahead if decoding else min(remaining, budget)
+            if decoding and want > budget:
+                break
+            if not self._make_room(seq, seq.num_computed_tokens + want, batch):
+                break  # it preempted itself: it was the newest, nothing after it runs
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(want)
+            budget -= want
+            index += 1
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if not self.block_manager.can_allocate(seq):
+                break
+            self.block_manager.allocate(seq)
+            want = min(len(seq) - seq.num_computed_tokens, budget)
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(want)
+            budget -= want
+        return batch
+
+    def _make_room(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
+        """Grow `seq` to `num_tokens` slots, preempting the newest sequences if pages run out."""
+        bm = self.block_manager
+        while bm.slots_needed(seq, num_tokens) > bm.num_free_blocks:
+            victim = self.running[-1]
+            self._preempt(victim, batch)
+            if victim is seq:
+                return False
+        bm.grow(seq, num_tokens)
+        return True
+
+    def _preempt(self, seq: Sequence, batch: ScheduledBatch) -> None:
+        self.running.remove(seq)
+        if seq in batch.seqs:
+            i = batch.seqs.index(seq)
+            del batch.seqs[i], batch.num_new_tokens[i]
+        self.block_manager.deallocate(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        seq.status = SequenceStatus.FINISHED
+        if seq in self.running:
+            self.running.remove(seq)
+        self.block_manager.deallocate(seq)

@@ -1,0 +1,85 @@
+"""LLM: the offline Python API (vLLM-style `LLM(...).generate()`)."""
+import time
+
+from tqdm.auto import tqdm
+
+from ssd_engine.config import EngineConfig
+from ssd_engine.engine.llm_engine import LLMEngine
+from ssd_engine.outputs import RequestOutput
+from ssd_engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+
+
+class LLM:
+    """`LLM(model=None, **options)`; model=None runs the built-in default pair's target.
+
+    Options are EngineConfig fields; an unknown one raises ValueError naming the closest.
+    """
+
+    def __init__(self, model: str | None = None, **options) -> None:
+        self.config = EngineConfig.from_kwargs(model=model, **options)
+        self.engine = LLMEngine(self.config)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(self, prompts: Prompt | list[Prompt],
+                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for each prompt; outputs come back in input order.
+
+        Every prompt is validated before any is queued, so a bad one raises ValueError without
+        disturbing requests already in flight.
+        """
+        prompts = _as_prompt_list(prompts)
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
+        token_ids = []
+        for i, (prompt, p) in enumerate(zip(prompts, params)):
+            try:
+                ids = self.engine.tokenize(prompt)
+                self.engine.validate(ids, p)
+            except ValueError as error:
+                raise ValueError(f"prompt {i}: {error}" if len(prompts) > 1 else str(error)) from None
+            token_ids.append(ids)
+        seqs = [self.engine.add_request(ids, p, prompt if isinstance(prompt, str) else None)
+                for ids, prompt, p in zip(token_ids, prompts, params)]
+        return self._run(seqs, use_tqdm)
+
+    def _run(self, seqs, use_tqdm: bool) -> list[RequestOutput]:
+        pending = {seq.seq_id for seq in seqs}
+        bar = tqdm(total=len(seqs), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        stats = self.engine.stats
+        while pending:
+            before, start = dict(stats), time.perf_counter()
+            finished = self.engine.step()
+            elapsed = max(time.perf_counter() - start, 1e-9)
+            prefill = stats["prefill_tokens"] - before["prefill_tokens"]
+            decode = stats["decode_tokens"] - before["decode_tokens"]
+            if prefill or decode:
+                bar.set_postfix(prefill=f"{prefill / elapsed:.0f} tok/s" if prefill else "-",
+                                decode=f"{decode / elapsed:.1f} tok/s" if decode else "-", refresh=False)
+            done = [seq for seq in finished if seq.seq_id in pending]
+            pending -= {seq.seq_id for seq in done}
+            bar.update(len(done))
+        bar.close()
+        return [self.engine.to_output(seq) for seq in seqs]
+
+    def close(self) -> None:
+        self.engine = None
+
+    def __enter__(self) -> "LLM":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _as_prompt_list(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    if not isinstance(prompts, list) or not prompts:
+        raise ValueError("prompts must be a string, a list of strings, or lists of token ids")
+    return prompts

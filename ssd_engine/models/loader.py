@@ -1,0 +1,74 @@
+"""Read a Hugging Face checkpoint folder: config, safetensors weights (single or sharded)."""
+import os
+from glob import glob
+
+import torch
+from safetensors import safe_open
+from transformers import AutoConfig
+
+from ssd_engine.models import model_class_for
+
+
+def check_model_dir(path: str) -> None:
+    if not os.path.isdir(path):
+        raise ValueError(f"model directory not found: {path}")
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise ValueError(f"no config.json in model directory {path}")
+    if not glob(os.path.join(path, "*.safetensors")):
+        raise ValueError(f"no *.safetensors weights in model directory {path}")
+
+
+def load_config(path: str):
+    check_model_dir(path)
+    config = AutoConfig.from_pretrained(path)
+    if getattr(config, "use_sliding_window", False):
+        raise ValueError(f"sliding-window attention (use_sliding_window=true in {path}) is not supported")
+    return config
+
+
+def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device):
+    cls = model_class_for(config)
+    with torch.device(device):
+        model = cls(config, max_position).to(dtype)
+    load_weights(model, path)
+    return model.eval()
+
+
+def load_weights(model, path: str) -> None:
+    params = dict(model.named_parameters(remove_duplicate=False))
+    loaded = set()
+    for file in sorted(glob(os.path.join(path, "*.safetensors"))):
+        with safe_open(file, "pt", "cpu") as f:
+            for name in f.keys():
+                if model.tie_word_embeddings and name == "lm_head.weight":
+                    continue  # tied: the embedding is the head
+                if "rotary_emb.inv_freq" in name:
+                    continue
+                _load_one(model, params, name, f.get_tensor(name))
+                loaded.add(name)
+    missing = [n for n in params if not _covered(n, loaded, model)]
+    if missing:
+        raise ValueError(f"checkpoint {path} lacks weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+def _load_one(model, params, name: str, tensor: torch.Tensor) -> None:
+    for hf_part, (fused, shard) in model.stacked_params.items():
+        if f".{hf_part}." in name:
+            module = model.get_submodule(name.replace(hf_part, fused).rsplit(".", 1)[0])
+            module.load(tensor, shard=shard, is_bias=name.endswith(".bias"))
+            return
+    if name not in params:
+        raise ValueError(f"unexpected weight {name!r} in checkpoint")
+    with torch.no_grad():
+        params[name].copy_(tensor)
+
+
+def _covered(param_name: str, loaded: set[str], model) -> bool:
+    if param_name in loaded:
+        return True
+    if param_name == "lm_head.weight" and model.tie_word_embeddings:
+        return True
+    for hf_part, (fused, _) in model.stacked_params.items():
+        if f".{fused}." in param_name and param_name.replace(fused, hf_part) in loaded:
+            return True
+    return False

@@ -1,0 +1,32 @@
+"""What a finished request gives back to the caller."""
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RequestMetrics:
+    ttft_s: float            # arrival -> first output token
+    e2e_s: float             # arrival -> finish
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int   # prompt tokens served by the prefix cache at the last admission
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        decode_time = self.e2e_s - self.ttft_s
+        return (self.num_output_tokens - 1) / decode_time if decode_time > 0 else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.e2e_s if self.e2e_s > 0 else 0.0
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt: str | None
+    prompt_token_ids: list[int]
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None          # "stop" | "length"
+    metrics: RequestMetrics
+    spec_metrics: dict = field(default_factory=dict)  # filled by speculative modes

@@ -1,0 +1,57 @@
+"""Tiny random checkpoints built with transformers' own config classes; transformers is the oracle."""
+import os
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+VOCAB = 256
+
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
+              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+
+
+def llama_config(**overrides):
+    kwargs = dict(COMMON, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 64},
+                  tie_word_embeddings=True)
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+def qwen2_config(**overrides):
+    return Qwen2Config(**dict(COMMON, tie_word_embeddings=False, **overrides))
+
+
+def qwen3_config(**overrides):
+    return Qwen3Config(**dict(COMMON, head_dim=32, tie_word_embeddings=False, **overrides))
+
+
+CONFIGS = {"llama": llama_config, "qwen2": qwen2_config, "qwen3": qwen3_config}
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer over ids 3..258 mapped into the tiny vocab (ids 0-2 are special)."""
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
+    for b in range(VOCAB - 3):
+        vocab[chr(0x100 + b)] = 3 + b
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def build_checkpoint(path: str, arch: str, seed: int = 0, **overrides) -> str:
+    """Write a random checkpoint of `arch` to `path` (safetensors + tokenizer) and return the path."""
+    torch.manual_seed(seed)
+    config = CONFIGS[arch](**overrides)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger-than-default weights give peaked, less tie-prone distributions
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.08)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    byte_tokenizer().save_pretrained(path)
+    return path
