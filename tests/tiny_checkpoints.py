@@ -3,9 +3,11 @@ import os
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
-from tokenizers import Tokenizer, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-VOCAB = 256
+# 3 specials + 256 byte tokens = 259 tokenizer ids; the embedding is padded past them (like real
+# checkpoints whose vocab_size exceeds len(tokenizer)).
+VOCAB = 320
 
 COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
@@ -33,12 +35,13 @@ CONFIGS = {"llama": llama_config, "qwen2": qwen2_config, "qwen3": qwen3_config}
 
 
 def byte_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer over ids 3..258 mapped into the tiny vocab (ids 0-2 are special)."""
+    """Byte-level tokenizer without merges: every byte is one token (ids 3..258), specials 0-2."""
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2}
-    for b in range(VOCAB - 3):
-        vocab[chr(0x100 + b)] = 3 + b
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    vocab.update({ch: 3 + i for i, ch in enumerate(sorted(alphabet))})
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
 
 

@@ -1,0 +1,91 @@
+"""Flags generated from EngineConfig and SamplingParams fields, so the CLI maps 1:1 onto them.
+
+Shared by `python -m ssd_engine.generate` and the benchmark/serve entry points.
+"""
+import argparse
+import difflib
+import sys
+import types
+import typing
+from dataclasses import MISSING, fields
+
+from ssd_engine.config import EngineConfig
+from ssd_engine.sampling_params import SamplingParams
+
+ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"]}
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
+                   "ignore_eos")
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that names the closest valid flag for an unknown one and exits with status 2."""
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            flag = unknown[0].split("=", 1)[0]
+            valid = [s for a in self._actions for s in a.option_strings]
+            close = difflib.get_close_matches(flag, valid, n=1)
+            self.error(f"unknown option {flag!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+        return parsed
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _base_type(annotation):
+    """int | None -> int; bool stays bool."""
+    if isinstance(annotation, str):
+        annotation = eval(annotation, {"list": list})  # dataclass annotations may be strings
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
+        return _base_type(args[0])
+    return annotation
+
+
+def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("seed",)) -> None:
+    """EngineConfig.seed is left out: on the command line --seed is the request's sampling seed."""
+    group = parser.add_argument_group("engine")
+    for f in fields(EngineConfig):
+        if f.name in skip:
+            continue
+        names = [_flag(f.name)] + ALIASES.get(f.name, [])
+        kind = _base_type(f.type)
+        if kind is bool:
+            group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+        else:
+            group.add_argument(*names, dest=f.name, type=kind, default=None, metavar=f.name.upper())
+
+
+def add_sampling_args(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
+    group = parser.add_argument_group("sampling")
+    for f in fields(SamplingParams):
+        if f.name not in SAMPLING_FIELDS:
+            continue
+        default = (defaults or {}).get(f.name, None if f.default is MISSING else f.default)
+        if f.name == "ignore_eos":
+            group.add_argument(_flag(f.name), action="store_true", default=default)
+        elif f.name in ("stop", "stop_token_ids"):
+            group.add_argument(_flag(f.name), action="append", type=int if f.name == "stop_token_ids" else str,
+                               default=None)
+        else:
+            group.add_argument(_flag(f.name), type=_base_type(f.type), default=default)
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """Only the engine flags the user set, so EngineConfig's defaults stay in one place."""
+    names = {f.name for f in fields(EngineConfig)} - {"seed"}
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+def sampling_params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(**{k: getattr(args, k) for k in SAMPLING_FIELDS if hasattr(args, k)})
+
+
+def fail(message: str) -> typing.NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,51 @@
+"""CLI: python -m ssd_engine.generate --prompt "def quicksort(arr):"
+
+Runs the built-in default pair's target unless --model is given; prints each completion and one
+closing stats line. Bad input prints one `error: ...` line and exits with status 2.
+"""
+import sys
+import time
+
+from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, fail, sampling_params
+
+
+def build_parser() -> ArgumentParser:
+    parser = ArgumentParser(prog="python -m ssd_engine.generate", description=__doc__.splitlines()[0],
+                            allow_abbrev=False)
+    parser.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_engine_args(parser)
+    add_sampling_args(parser, defaults={"max_tokens": 128, "temperature": 0.0})
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    prompts = args.prompt or ["def quicksort(arr):"]
+    try:
+        from ssd_engine import LLM
+        params = sampling_params(args)
+        started = time.perf_counter()
+        llm = LLM(**engine_options(args))
+        load_s = time.perf_counter() - started
+        if args.chat:
+            prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                         add_generation_prompt=True) for p in prompts]
+        outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+    except ValueError as error:
+        fail(str(error))
+    for out in outputs:
+        print(out.text if len(outputs) == 1 else f"--- [{out.request_id}] finish={out.finish_reason}\n{out.text}")
+    tokens = sum(o.metrics.num_output_tokens for o in outputs)
+    e2e = max(o.metrics.e2e_s for o in outputs)
+    ttft = sum(o.metrics.ttft_s for o in outputs) / len(outputs)
+    decode = sum(o.metrics.decode_tokens_per_s for o in outputs) / len(outputs)
+    print(f"[stats] requests={len(outputs)} output_tokens={tokens} load={load_s:.1f}s e2e={e2e:.2f}s "
+          f"ttft={ttft:.2f}s decode={decode:.2f} tok/s throughput={tokens / e2e:.2f} tok/s", file=sys.stderr)
+    llm.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
