@@ -1,0 +1,122 @@
+"""Exact speculative-sampling verification (Leviathan et al. 2023, Chen et al. 2023).
+
+For draft positions j = 1..K: accept x_j with probability min(1, p_j(x_j) / q_j(x_j)). At the
+first rejection the bonus token is drawn from the residual max(0, p_j - q_j), renormalised; if
+all K are accepted it is drawn from p_{K+1}. The emitted tokens are then distributed exactly as
+sampling from p one token at a time.
+
+- q must be the exact row the draft sampled each token from (after temperature, top-k/top-p,
+  Saguaro's C). ``draft_probs=None`` means deterministic proposals (n-gram, random backup,
+  greedy draft at T > 0): q = one-hot(x), i.e. accept with probability p(x) and on rejection
+  draw from p with x removed. The one-hot rows are never materialised.
+- Greedy (one-hot p) is the same rule: accept iff x = argmax p, bonus = argmax. ``verify_greedy``
+  is the fast path when every row is greedy; rows of ``verify`` whose target rows are all
+  one-hot draw no randomness, so their outcome never depends on RNG state.
+
+Randomness: row i uses num_draft[i] + 1 uniforms, u[0..nd-1] for the acceptance tests and
+u[nd] for the bonus draw, taken from that row's generator in that order (see
+``sampler.draw_uniforms`` for rows without one). A seeded row therefore gives the same outcome
+alone or in any batch, and whatever the padding width K of the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
+
+
+@dataclass
+class VerifyResult:
+    num_accepted: Tensor  # [n] int64: accepted draft tokens per row
+    output_tokens: list[list[int]]  # per row: the accepted draft tokens, then the bonus token
+    bonus_tokens: Tensor  # [n] int64: the last entry of each output_tokens row (t* of the outcome)
+
+
+def verify(
+    draft_tokens: Tensor,
+    draft_probs: Tensor | None,
+    target_probs: Tensor,
+    generators: Sequence[torch.Generator | None],
+    num_draft: Tensor | None = None,
+    default_generator: torch.Generator | None = None,
+) -> VerifyResult:
+    """Stochastic verification of a batch.
+
+    draft_tokens [n, K] int64; draft_probs [n, K, V] (the rows the draft sampled from) or None for
+    deterministic proposals; target_probs [n, K+1, V]; num_draft [n] real draft tokens per row
+    (the rest is padding and is never read as a token). p and q rows must be normalised, as
+    ``probs_from_logits`` makes them: the acceptance ratio p(x)/q(x) assumes it.
+    """
+    n, k_max = draft_tokens.shape
+    device = target_probs.device
+    draft_tokens = draft_tokens.to(device, torch.int64)
+    nd = _num_draft(num_draft, n, k_max, device)
+    rows = torch.arange(n, device=device)
+    valid = torch.arange(k_max, device=device).unsqueeze(0) < nd.unsqueeze(1)
+    x = torch.where(valid, draft_tokens, 0)  # padding may hold anything, e.g. -1
+
+    # A row whose target rows (up to its bonus position) are all one-hot has a fixed outcome.
+    used = torch.arange(k_max + 1, device=device).unsqueeze(0) <= nd.unsqueeze(1)
+    one_hot = (target_probs > 0).sum(dim=-1) == 1
+    deterministic = (one_hot | ~used).all(dim=1)
+    counts = torch.where(deterministic, 0, nd + 1).tolist()
+    u = draw_uniforms(generators, counts, k_max + 1, device, default_generator)
+
+    p_x = target_probs[:, :k_max].gather(2, x.unsqueeze(2)).squeeze(2).double()
+    q_x = 1.0 if draft_probs is None else draft_probs.gather(2, x.unsqueeze(2)).squeeze(2).double()
+    # u < p/q without dividing (q may be 0 for malformed input; then any p > 0 accepts).
+    accepted = (u[:, :k_max] * q_x < p_x) & valid
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
+
+    # The bonus comes from position num_accepted: the residual after a rejection, p there if
+    # every real draft token was accepted.
+    p_bonus = target_probs[rows, num_accepted].float()
+    dist = p_bonus
+    if k_max > 0:
+        at = num_accepted.clamp(max=k_max - 1)
+        if draft_probs is None:
+            residual = p_bonus.scatter(1, x[rows, at].unsqueeze(1), 0.0)
+        else:
+            residual = (p_bonus - draft_probs[rows, at].float()).clamp_min(0.0)
+        # p == q up to round-off can leave nothing; the rejection was itself a round-off event,
+        # and p is the right distribution to fall back to.
+        use_p = (num_accepted == nd) | (residual.sum(dim=-1) <= 0)
+        dist = torch.where(use_p.unsqueeze(1), p_bonus, residual)
+    bonus = inverse_cdf(dist, u.gather(1, nd.unsqueeze(1)).squeeze(1))
+    return _result(draft_tokens, num_accepted, bonus)
+
+
+def verify_greedy(
+    draft_tokens: Tensor, target_argmax: Tensor, num_draft: Tensor | None = None
+) -> VerifyResult:
+    """All rows greedy: accept while x_j == argmax p_j; bonus = target argmax where that stops.
+
+    draft_tokens [n, K]; target_argmax [n, K+1]; num_draft as in ``verify``.
+    """
+    n, k_max = draft_tokens.shape
+    device = target_argmax.device
+    draft_tokens = draft_tokens.to(device, torch.int64)
+    target_argmax = target_argmax.to(torch.int64)
+    nd = _num_draft(num_draft, n, k_max, device)
+    valid = torch.arange(k_max, device=device).unsqueeze(0) < nd.unsqueeze(1)
+    match = (draft_tokens == target_argmax[:, :k_max]) & valid
+    num_accepted = match.long().cumprod(dim=1).sum(dim=1)
+    bonus = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
+    return _result(draft_tokens, num_accepted, bonus)
+
+
+def _num_draft(num_draft: Tensor | None, n: int, k_max: int, device: torch.device) -> Tensor:
+    if num_draft is None:
+        return torch.full((n,), k_max, dtype=torch.int64, device=device)
+    return num_draft.to(device, torch.int64)
+
+
+def _result(draft_tokens: Tensor, num_accepted: Tensor, bonus: Tensor) -> VerifyResult:
+    drafts = draft_tokens.tolist()
+    tokens = [d[:a] + [b] for d, a, b in zip(drafts, num_accepted.tolist(), bonus.tolist())]
+    return VerifyResult(num_accepted=num_accepted, output_tokens=tokens, bonus_tokens=bonus)

@@ -1,0 +1,84 @@
+"""Seeded sampling from final probability rows.
+
+Method: inverse CDF with one uniform per row, in float64. A row's token depends only on its
+probabilities and its own uniform, so a seeded request gets the same tokens alone or in any
+batch. The same helpers give the verifier its uniforms and its bonus-token draws.
+
+Randomness, per row:
+- a row with its own ``torch.Generator`` draws only from it, in a fixed order;
+- rows whose generator is None draw together, as one block in row order, from
+  ``default_generator`` (the global RNG of the device when that is None too). Their draws
+  therefore depend on the batch, which is fine: nothing promised them reproducibility;
+- one-hot rows (greedy, or any row with a single possible token) draw nothing, so greedy
+  results never touch any RNG state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def sample(
+    probs: Tensor,
+    generators: Sequence[torch.Generator | None],
+    default_generator: torch.Generator | None = None,
+) -> Tensor:
+    """[n, V] probability rows (need not be normalised) -> [n] int64 sampled tokens."""
+    deterministic = (probs > 0).sum(dim=-1) == 1
+    counts = (~deterministic).long().tolist()
+    u = draw_uniforms(generators, counts, 1, probs.device, default_generator)
+    # A one-hot row gets u = 0, which selects its only positive token: no RNG needed.
+    return inverse_cdf(probs, u[:, 0])
+
+
+def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
+    """Token i such that cdf[i-1] <= u * total < cdf[i], per row; never a zero-probability token.
+
+    probs: [n, V] non-negative, rows need not sum to 1. u: [n] uniforms in [0, 1).
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    target = (u.double() * cdf[:, -1]).unsqueeze(1)
+    # right=True returns the first index whose cdf is strictly above target; its cdf rose there,
+    # so its probability is positive.
+    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
+    # u * total can round up to total, which would step past the end: use the last token
+    # that has positive probability instead.
+    vocab = probs.shape[-1]
+    last_positive = vocab - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(dim=-1)
+    return torch.minimum(idx, last_positive)
+
+
+def draw_uniforms(
+    generators: Sequence[torch.Generator | None],
+    counts: Sequence[int],
+    width: int,
+    device: torch.device | str,
+    default_generator: torch.Generator | None = None,
+) -> Tensor:
+    """[n, width] float64 uniforms in [0, 1); zeros where a row needs none.
+
+    Row i needs counts[i] <= width uniforms. A row with a generator draws exactly counts[i] from
+    it. Rows with generator None and counts[i] > 0 draw a single [m, width] block from
+    ``default_generator`` (or the global RNG), so the common unseeded batch costs one call.
+    """
+    if len(generators) != len(counts):
+        raise ValueError(f"got {len(generators)} generators for {len(counts)} rows")
+    u = torch.zeros(len(counts), width, dtype=torch.float64, device=device)
+    shared_rows = []
+    for row, (gen, count) in enumerate(zip(generators, counts)):
+        if count == 0:
+            continue
+        if gen is None:
+            shared_rows.append(row)
+        else:
+            u[row, :count] = torch.rand(count, generator=gen, device=gen.device, dtype=torch.float64)
+    if shared_rows:
+        block_device = default_generator.device if default_generator is not None else device
+        block = torch.rand(
+            len(shared_rows), width, generator=default_generator, device=block_device, dtype=torch.float64
+        )
+        u[torch.tensor(shared_rows, device=device)] = block.to(device)
+    return u
