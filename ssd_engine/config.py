@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 
 SPECULATIVE_MODES = ("ar", "sd", "ssd")
 DTYPES = ("float32", "bfloat16", "float16")
+WEIGHT_LAYOUTS = ("dual", "packed", "plain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +29,18 @@ class EngineConfig:
     device: str = "cpu"
     num_threads: int | None = None           # torch intra-op threads; None = torch's default
     enforce_eager: bool = False              # True: plain weights, no prepacking/compilation
+    cpu_weight_layout: str = "dual"          # dual | packed | plain: see layers/linear.py
     seed: int = 0                            # seeds unseeded sampling
+
+    @property
+    def weight_layout(self) -> str:
+        return "plain" if self.enforce_eager or self.device != "cpu" else self.cpu_weight_layout
 
     def __post_init__(self) -> None:
         _check(self.speculative_mode in SPECULATIVE_MODES,
                f"speculative_mode must be one of {SPECULATIVE_MODES}, got {self.speculative_mode!r}")
+        _check(self.cpu_weight_layout in WEIGHT_LAYOUTS,
+               f"cpu_weight_layout must be one of {WEIGHT_LAYOUTS}, got {self.cpu_weight_layout!r}")
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.device == "cpu" or self.device.startswith("cuda"),
                f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")

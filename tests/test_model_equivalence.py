@@ -22,7 +22,7 @@ def _compare(path: str, prompts: list[list[int]], pack: bool, block_size: int = 
     """Max |ours - transformers| over every prefill position, then over one decode step."""
     config = load_config(path)
     runner = ModelRunner(path, config, num_kv_blocks=256, block_size=block_size, max_model_len=512,
-                         dtype=torch.float32, device=torch.device("cpu"), pack_weights=pack)
+                         dtype=torch.float32, device=torch.device("cpu"), weight_layout=pack)
     oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     blocks = BlockManager(256, block_size, enable_prefix_caching=False)
     seqs = [Sequence(p, SamplingParams(), block_size) for p in prompts]
@@ -45,7 +45,7 @@ def _compare(path: str, prompts: list[list[int]], pack: bool, block_size: int = 
     return prefill_err, (decode - expected).abs().max().item()
 
 
-@pytest.mark.parametrize("pack", [False, True], ids=["plain", "packed"])
+@pytest.mark.parametrize("pack", ["plain", "packed", "dual"])
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
 def test_tiny_logits_match_transformers(tiny_model_dir, arch, pack):
     prompts = [list(range(5, 12)), list(range(40, 53)), [7, 8, 9]]
@@ -56,11 +56,11 @@ def test_tiny_logits_match_transformers(tiny_model_dir, arch, pack):
 def test_llama3_rope_scaling_is_exercised(tiny_llama):
     """Positions past original_max_position_embeddings (64) hit the scaled frequencies."""
     prompts = [[(i * 7) % 250 + 3 for i in range(150)]]
-    prefill_err, decode_err = _compare(tiny_llama, prompts, pack=True, block_size=16)
+    prefill_err, decode_err = _compare(tiny_llama, prompts, pack="dual", block_size=16)
     assert prefill_err < TOL and decode_err < TOL, (prefill_err, decode_err)
 
 
 def test_smollm2_logits_match_transformers(smollm2_dir):
     prompts = [[1, 504, 3458, 28, 1029, 253, 1380, 30], [1, 1976, 42, 19]]
-    prefill_err, decode_err = _compare(smollm2_dir, prompts, pack=True, block_size=16)
+    prefill_err, decode_err = _compare(smollm2_dir, prompts, pack="dual", block_size=16)
     assert prefill_err < TOL and decode_err < TOL, (prefill_err, decode_err)

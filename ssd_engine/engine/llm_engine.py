@@ -45,7 +45,7 @@ class LLMEngine:
         num_blocks = self._num_kv_blocks(dtype)
         self.runner = ModelRunner(self.model_path, self.hf_config, num_kv_blocks=num_blocks,
                                   block_size=config.block_size, max_model_len=self.max_model_len, dtype=dtype,
-                                  device=self.device, pack_weights=not config.enforce_eager)
+                                  device=self.device, weight_layout=config.weight_layout)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)

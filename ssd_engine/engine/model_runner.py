@@ -8,19 +8,22 @@ import torch
 
 from ssd_engine.engine.scheduler import ScheduledBatch
 from ssd_engine.layers.attention import AttentionMetadata
+from ssd_engine.layers.linear import Linear
 from ssd_engine.models.loader import build_model
 
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device, pack_weights: bool) -> None:
+                 dtype: torch.dtype, device: torch.device, weight_layout: str = "plain") -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.model = build_model(model_path, hf_config, max_model_len, dtype, device)
-        if pack_weights:
+        if weight_layout != "plain":
             for module in self.model.modules():
-                if hasattr(module, "pack_for_cpu") and module is not self.model.lm_head:
-                    module.pack_for_cpu()
+                if isinstance(module, Linear):
+                    # a tied head shares the embedding table, which must stay plain
+                    tied = module is self.model.lm_head and self.model.tie_word_embeddings
+                    module.pack_for_cpu(keep_plain=weight_layout == "dual" or tied)
         self._allocate_kv_cache(num_kv_blocks)
 
     @staticmethod

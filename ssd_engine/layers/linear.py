@@ -2,9 +2,12 @@
 
 Why prepack: on CPU, eager `F.linear` runs small-M matmuls (M = 2..16 rows, exactly the
 verification / branch-decoding shapes) through MKL's generic path, which costs nearly M times
-one row. oneDNN's packed-weight kernel keeps the weight-streaming cost shared across rows,
-so scoring 4 tokens costs ~1.5x one token instead of ~3x (see benchmarks/results). Packing
-replaces the plain weight (no second copy in memory). `--enforce-eager` leaves weights plain.
+one row. oneDNN's packed-weight kernel shares the weight streaming across rows, so scoring 4
+tokens costs ~1.6x one token instead of ~3x. For a single row, though, plain `F.linear` is
+~20% faster than the packed kernel (measured on this AVX2 CPU; see benchmarks/results), so:
+- layout "dual": keep both, plain for M = 1 and packed for M >= 2 (fastest; ~2x weight memory)
+- layout "packed": packed only (one copy; single-row decode ~20% slower)
+- layout "plain": F.linear only (what --enforce-eager gives)
 
 Fused layers (qkv, gate_up) load each Hugging Face tensor into its slice via `shard_offsets`.
 """
@@ -37,13 +40,14 @@ class Linear(nn.Module):
             raise ValueError(f"weight shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}")
         target.copy_(loaded)
 
-    def pack_for_cpu(self, batch_hint: int = 8) -> None:
+    def pack_for_cpu(self, keep_plain: bool, batch_hint: int = 8) -> None:
         if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
             return
         self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, batch_hint)
-        self.weight = None  # the packed copy replaces it: no doubled memory
+        if not keep_plain:
+            self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
+        if self.packed is not None and (x.shape[0] > 1 or self.weight is None):
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
