@@ -46,12 +46,12 @@ class EngineConfig:
                f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size"):
             value = getattr(self, name)
-            _check(isinstance(value, int) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
+            _check(_is_int(value) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
         for name in ("max_model_len", "num_kv_blocks", "num_threads"):
             value = getattr(self, name)
-            _check(value is None or (isinstance(value, int) and value >= 1),
+            _check(value is None or (_is_int(value) and value >= 1),
                    f"{name} must be an integer >= 1, got {value!r}")
-        _check(self.kv_cache_memory_gb > 0, f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
+        _check(isinstance(self.kv_cache_memory_gb, (int, float)) and self.kv_cache_memory_gb > 0, f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
         _check(self.speculative_mode == "ar" or self.model is None or self.draft_model is not None,
                f"speculative_mode={self.speculative_mode!r} needs draft_model when model is given")
 
@@ -72,6 +72,10 @@ def unknown_option_message(key: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(key, valid, n=1)
     hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(valid)}"
     return f"unknown option {key!r}{hint}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _check(ok: bool, message: str) -> None:

@@ -80,6 +80,8 @@ def _as_prompt_list(prompts) -> list[Prompt]:
         return [prompts]
     if isinstance(prompts, list) and prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]  # one prompt given as token ids
-    if not isinstance(prompts, list) or not prompts:
+    if isinstance(prompts, list) and not prompts:
+        raise ValueError("prompts is empty: pass at least one prompt")
+    if not isinstance(prompts, list):
         raise ValueError("prompts must be a string, a list of strings, or lists of token ids")
     return prompts

@@ -164,6 +164,6 @@ class LLMEngine:
         m = seq.metrics
         metrics = RequestMetrics(ttft_s=(m.first_token_time or m.finish_time) - m.arrival_time,
                                  e2e_s=m.finish_time - m.arrival_time, num_prompt_tokens=seq.num_prompt_tokens,
-                                 num_output_tokens=seq.num_output_tokens, num_cached_tokens=seq.num_cached_tokens)
+                                 num_output_tokens=seq.num_output_tokens, num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens))
         return RequestOutput(seq.seq_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
                              self.output_processor.final_text(seq), seq.output_token_ids, seq.finish_reason, metrics)

@@ -23,6 +23,7 @@ def load_config(path: str):
     config = AutoConfig.from_pretrained(path)
     if getattr(config, "use_sliding_window", False):
         raise ValueError(f"sliding-window attention (use_sliding_window=true in {path}) is not supported")
+    model_class_for(config)  # unsupported architecture: ValueError now, not an AttributeError while sizing the KV cache
     return config
 
 

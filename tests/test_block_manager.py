@@ -1,0 +1,301 @@
+"""BlockManager: page allocation, ref counts, chained-hash prefix caching, commit, truncate."""
+import pytest
+
+from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.engine.sequence import Sequence
+from ssd_engine.sampling_params import SamplingParams
+
+BS = 4
+
+
+def make_seq(tokens, block_size=BS):
+    return Sequence(list(tokens), SamplingParams(max_tokens=4), block_size)
+
+
+def compute_all(bm, seq):
+    """Pretend the model computed every token of `seq`, then register its full pages."""
+    seq.num_computed_tokens = len(seq)
+    bm.commit(seq)
+
+
+def hashed(bm, block_id):
+    block = bm.blocks[block_id]
+    return block.hash is not None and bm.hash_to_block.get(block.hash) == block_id
+
+
+# ---- plain allocation -------------------------------------------------------------------------
+def test_allocate_and_deallocate_track_refcounts_and_free_list():
+    bm = BlockManager(8, BS)
+    seq = make_seq(range(10, 20))  # 10 tokens -> 3 pages
+    assert bm.can_allocate(seq)
+    bm.allocate(seq)
+    assert len(seq.block_table) == 3 and len(set(seq.block_table)) == 3
+    assert bm.num_free_blocks == 5
+    assert all(bm.blocks[b].ref_count == 1 for b in seq.block_table)
+    assert all(b not in bm.free for b in seq.block_table)
+    assert seq.num_cached_tokens == 0 and seq.num_computed_tokens == 0
+
+    other = make_seq(range(100, 105))  # 2 pages, distinct from the first sequence's
+    bm.allocate(other)
+    assert not set(other.block_table) & set(seq.block_table)
+    assert bm.num_free_blocks == 3
+
+    table = list(seq.block_table)
+    seq.num_computed_tokens = 7
+    bm.deallocate(seq)
+    assert seq.block_table == [] and seq.num_computed_tokens == 0
+    assert bm.num_free_blocks == 6
+    assert all(bm.blocks[b].ref_count == 0 and b in bm.free for b in table)
+    bm.deallocate(other)
+    assert bm.num_free_blocks == 8
+    assert all(b.ref_count == 0 for b in bm.blocks)
+
+
+def test_out_of_pages_raises():
+    bm = BlockManager(2, BS)
+    big = make_seq(range(10, 19))  # 9 tokens -> 3 pages > 2
+    assert bm.blocks_needed(9) == 3
+    assert not bm.can_allocate(big)
+    with pytest.raises(RuntimeError, match="out of KV pages"):
+        bm.allocate(big)
+
+    bm2 = BlockManager(2, BS)
+    seq = make_seq(range(10, 15))  # 2 pages: all of them
+    assert bm2.can_allocate(seq)
+    bm2.allocate(seq)
+    assert bm2.num_free_blocks == 0
+    assert not bm2.can_allocate(make_seq([7]))
+    with pytest.raises(RuntimeError, match="out of KV pages"):
+        bm2.grow(seq, 9)
+
+
+def test_grow_and_slots_needed():
+    bm = BlockManager(8, BS)
+    seq = make_seq(range(10, 15))  # 5 tokens -> 2 pages
+    bm.allocate(seq)
+    assert bm.slots_needed(seq, 5) == 0
+    assert bm.slots_needed(seq, 8) == 0
+    assert bm.slots_needed(seq, 9) == 1
+    assert bm.slots_needed(seq, 17) == 3
+    assert bm.slots_needed(seq, 1) == 0  # never negative
+    bm.grow(seq, 13)
+    assert len(seq.block_table) == 4 and len(set(seq.block_table)) == 4
+    assert bm.num_free_blocks == 4
+    assert all(bm.blocks[b].ref_count == 1 for b in seq.block_table)
+    bm.grow(seq, 6)  # already big enough: no-op
+    assert len(seq.block_table) == 4 and bm.num_free_blocks == 4
+    assert len(seq) == 5  # growing adds slots, not tokens
+
+
+# ---- prefix caching -----------------------------------------------------------------------------
+def test_prefix_hit_shares_full_pages():
+    bm = BlockManager(16, BS)
+    a = make_seq(range(10, 20))  # 10 tokens: pages [10..13], [14..17], [18, 19]
+    bm.allocate(a)
+    compute_all(bm, a)
+    free_before = bm.num_free_blocks
+
+    b = make_seq(list(range(10, 18)) + [50, 51, 52])  # shares two full pages, then differs
+    bm.allocate(b)
+    assert b.block_table[:2] == a.block_table[:2]
+    assert b.block_table[2] != a.block_table[2]
+    assert all(bm.blocks[x].ref_count == 2 for x in a.block_table[:2])
+    assert bm.blocks[a.block_table[2]].ref_count == 1
+    assert b.num_cached_tokens == 2 * BS
+    assert b.num_computed_tokens == 2 * BS
+    assert bm.num_free_blocks == free_before - 1  # only the new third page was taken
+
+    # freeing one sharer keeps the pages alive for the other
+    bm.deallocate(a)
+    assert all(bm.blocks[x].ref_count == 1 and x not in bm.free for x in b.block_table[:2])
+
+
+def test_page_holding_last_prompt_token_is_never_a_hit():
+    bm = BlockManager(16, BS)
+    a = make_seq(range(10, 22))  # 12 tokens, 3 full pages
+    bm.allocate(a)
+    compute_all(bm, a)
+    assert all(hashed(bm, x) for x in a.block_table)
+
+    same = make_seq(range(10, 22))  # identical prompt: its last page holds the last token
+    bm.allocate(same)
+    assert same.block_table[:2] == a.block_table[:2]
+    assert same.block_table[2] != a.block_table[2]
+    assert same.num_cached_tokens == 2 * BS and same.num_computed_tokens == 2 * BS
+
+    prefix = make_seq(range(10, 18))  # exactly the first two pages
+    bm.allocate(prefix)
+    assert prefix.block_table[0] == a.block_table[0]
+    assert prefix.block_table[1] != a.block_table[1]
+    assert prefix.num_cached_tokens == BS
+
+    one_page = make_seq(range(10, 14))  # a single full page = the last token's page
+    bm.allocate(one_page)
+    assert one_page.num_cached_tokens == 0 and one_page.block_table[0] != a.block_table[0]
+
+
+def test_hashes_are_chained_over_the_prefix():
+    bm = BlockManager(32, BS)
+    p, q, r = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]
+    a = make_seq(p + q + [1])      # caches P@0, Q@1 (after P)
+    e = make_seq(r + [5, 6, 7, 8, 9])  # caches R@0
+    for s in (a, e):
+        bm.allocate(s)
+        compute_all(bm, s)
+
+    # same page content at a different position: no hit
+    moved = make_seq(q + [40, 41])
+    bm.allocate(moved)
+    assert moved.num_cached_tokens == 0 and moved.block_table[0] != a.block_table[1]
+
+    # Q after a different (itself cached) prefix R: R hits, Q must not
+    f = make_seq(r + q + [1])
+    bm.allocate(f)
+    assert f.block_table[0] == e.block_table[0]
+    assert f.block_table[1] != a.block_table[1]
+    assert f.num_cached_tokens == BS
+    assert bm.blocks[a.block_table[1]].ref_count == 1
+
+    # and the original chain still hits in full
+    again = make_seq(p + q + [2])
+    bm.allocate(again)
+    assert again.block_table[:2] == a.block_table[:2] and again.num_cached_tokens == 2 * BS
+
+
+def test_cached_page_survives_on_free_list_until_reused():
+    bm = BlockManager(4, BS)
+    a = make_seq(range(10, 19))  # 9 tokens -> 3 pages, 2 of them full
+    bm.allocate(a)
+    compute_all(bm, a)
+    cached = a.block_table[:2]
+    bm.deallocate(a)  # owner finishes
+    assert bm.num_free_blocks == 4
+    assert all(hashed(bm, x) for x in cached)
+
+    # the cached prefix is found again, straight from the free list
+    b = make_seq(range(10, 19))
+    bm.allocate(b)
+    assert b.block_table[:2] == cached
+    assert b.num_cached_tokens == 2 * BS
+    assert all(bm.blocks[x].ref_count == 1 and x not in bm.free for x in cached)
+    assert bm.num_free_blocks == 1
+    bm.deallocate(b)
+    old_hashes = [bm.blocks[x].hash for x in cached]
+
+    # other content takes 3 of the 4 pages: the oldest-freed first, the shared head last
+    c = make_seq(range(100, 112))
+    bm.allocate(c)
+    reused = set(c.block_table) & set(cached)
+    assert reused == {cached[1]}  # the second cached page was overwritten ...
+    assert not hashed(bm, cached[1]) and bm.blocks[cached[1]].hash is None
+    assert old_hashes[1] not in bm.hash_to_block  # ... and its hash dropped
+    assert hashed(bm, cached[0])  # ... the first one survived
+    bm.deallocate(c)
+
+    d = make_seq(range(10, 19))
+    bm.allocate(d)
+    assert d.block_table[0] == cached[0]
+    assert d.num_cached_tokens == BS  # only the surviving page hits
+    bm.deallocate(d)
+
+    # fill every page with other content: the whole prefix is evicted
+    e = make_seq(range(200, 216))
+    bm.allocate(e)
+    assert not any(hashed(bm, x) for x in cached)
+    assert all(bm.blocks[x].hash is None for x in cached)
+    bm.deallocate(e)
+    assert not set(old_hashes) & set(bm.hash_to_block)
+    f = make_seq(range(10, 19))
+    bm.allocate(f)
+    assert f.num_cached_tokens == 0 and f.num_computed_tokens == 0
+
+    # recomputed into new pages, the prefix is registered (and hit) again
+    compute_all(bm, f)
+    assert all(hashed(bm, x) for x in f.block_table[:2])
+    f_table = list(f.block_table)
+    bm.deallocate(f)
+    g = make_seq(range(10, 19))
+    bm.allocate(g)
+    assert g.block_table[:2] == f_table[:2] and g.num_cached_tokens == 2 * BS
+
+
+def test_commit_registers_only_full_computed_pages():
+    bm = BlockManager(8, BS)
+    seq = make_seq(range(10, 20))  # 10 tokens: 2 full pages + 2 tokens
+    bm.allocate(seq)
+    bm.commit(seq)  # nothing computed yet
+    assert bm.hash_to_block == {}
+
+    seq.num_computed_tokens = 6  # page 0 complete, page 1 half computed
+    bm.commit(seq)
+    assert hashed(bm, seq.block_table[0])
+    assert bm.blocks[seq.block_table[0]].token_ids == [10, 11, 12, 13]
+    assert not hashed(bm, seq.block_table[1]) and bm.blocks[seq.block_table[1]].hash is None
+
+    seq.num_computed_tokens = 10
+    bm.commit(seq)
+    assert hashed(bm, seq.block_table[1])
+    assert bm.blocks[seq.block_table[1]].token_ids == [14, 15, 16, 17]
+    assert bm.blocks[seq.block_table[2]].hash is None  # partial last page is never registered
+    assert len(bm.hash_to_block) == 2
+
+    # slots grown past the tokens (e.g. lookahead) are not registered either
+    bm.grow(seq, 16)
+    seq.num_computed_tokens = 16
+    bm.commit(seq)
+    assert len(bm.hash_to_block) == 2
+
+
+def test_prefix_caching_disabled_never_hits():
+    bm = BlockManager(8, BS, enable_prefix_caching=False)
+    a = make_seq(range(10, 20))
+    bm.allocate(a)
+    compute_all(bm, a)
+    assert bm.hash_to_block == {}
+    b = make_seq(range(10, 20))
+    bm.allocate(b)
+    assert b.num_cached_tokens == 0 and not set(a.block_table) & set(b.block_table)
+
+
+# ---- rollback ------------------------------------------------------------------------------------
+def test_truncate_frees_pages_drops_tokens_and_unhashes_partial_page():
+    bm = BlockManager(8, BS)
+    seq = make_seq(range(10, 24))  # 14 tokens -> 4 pages, 3 full
+    bm.allocate(seq)
+    compute_all(bm, seq)
+    table = list(seq.block_table)
+    assert all(hashed(bm, x) for x in table[:3])
+
+    bm.truncate(seq, 6)
+    assert seq.token_ids == list(range(10, 16))
+    assert seq.block_table == table[:2]
+    assert seq.num_computed_tokens == 6
+    assert bm.num_free_blocks == 6
+    assert all(bm.blocks[x].ref_count == 0 and x in bm.free for x in table[2:])
+    assert hashed(bm, table[0])  # fully kept page keeps its hash
+    assert bm.blocks[table[1]].hash is None and not hashed(bm, table[1])  # partially kept page loses it
+
+    # a prompt with the old second page no longer hits it
+    probe = make_seq(range(10, 19))
+    bm.allocate(probe)
+    assert probe.block_table[0] == table[0] and probe.block_table[1] != table[1]
+    assert probe.num_cached_tokens == BS
+    bm.deallocate(probe)
+
+    # truncating on a page boundary keeps that page's hash
+    bm.truncate(seq, 4)
+    assert seq.block_table == table[:1] and hashed(bm, table[0])
+    assert seq.token_ids == [10, 11, 12, 13] and seq.num_computed_tokens == 4
+
+
+def test_truncate_clamps_but_never_raises_num_computed():
+    bm = BlockManager(8, BS)
+    seq = make_seq(range(10, 20))
+    bm.allocate(seq)
+    seq.num_computed_tokens = 3
+    bm.truncate(seq, 7)
+    assert seq.num_computed_tokens == 3
+    assert len(seq) == 7 and len(seq.block_table) == 2
+    bm.truncate(seq, 0)
+    assert seq.block_table == [] and len(seq) == 0 and seq.num_computed_tokens == 0
+    assert bm.num_free_blocks == 8

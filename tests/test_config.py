@@ -1,0 +1,176 @@
+"""EngineConfig validation, from_kwargs' unknown-option message, and the CLI flag mapping."""
+import dataclasses
+
+import pytest
+
+from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, sampling_params
+from ssd_engine.config import EngineConfig, field_names
+from ssd_engine.generate import build_parser
+
+
+def test_defaults_are_valid_and_frozen():
+    config = EngineConfig()
+    assert config.speculative_mode == "ar" and config.model is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.block_size = 8
+
+
+@pytest.mark.parametrize("kwargs, needle", [
+    (dict(speculative_mode="medusa"), "speculative_mode"),
+    (dict(dtype="int8"), "dtype"),
+    (dict(cpu_weight_layout="fancy"), "cpu_weight_layout"),
+    (dict(device="tpu"), "device"),
+    (dict(num_speculative_tokens=0), "num_speculative_tokens"),
+    (dict(max_num_seqs=0), "max_num_seqs"),
+    (dict(max_num_batched_tokens=-5), "max_num_batched_tokens"),
+    (dict(block_size=0), "block_size"),
+    (dict(block_size=4.0), "block_size"),
+    (dict(max_model_len=0), "max_model_len"),
+    (dict(num_kv_blocks=-1), "num_kv_blocks"),
+    (dict(num_threads=0), "num_threads"),
+    (dict(kv_cache_memory_gb=0), "kv_cache_memory_gb"),
+    (dict(model="/some/target", speculative_mode="sd"), "draft_model"),
+])
+def test_invalid_values_raise_one_line_value_error(kwargs, needle):
+    with pytest.raises(ValueError) as info:
+        EngineConfig(**kwargs)
+    message = str(info.value)
+    assert needle in message and "\n" not in message
+    with pytest.raises(ValueError):
+        EngineConfig.from_kwargs(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(device="cuda"), dict(device="cuda:1"), dict(dtype="bfloat16"), dict(max_model_len=None),
+    dict(speculative_mode="ssd"),  # no model -> the built-in default pair
+    dict(model="/t", draft_model="/d", speculative_mode="sd", num_speculative_tokens=1),
+])
+def test_valid_values_are_accepted(kwargs):
+    config = EngineConfig.from_kwargs(**kwargs)
+    for key, value in kwargs.items():
+        assert getattr(config, key) == value
+
+
+def test_from_kwargs_unknown_option_names_closest():
+    with pytest.raises(ValueError) as info:
+        EngineConfig.from_kwargs(max_model_length=64)
+    message = str(info.value)
+    assert "'max_model_length'" in message and "'max_model_len'" in message and "\n" not in message
+
+    with pytest.raises(ValueError, match="num_kv_blocks"):
+        EngineConfig.from_kwargs(num_kv_block=3)
+
+    with pytest.raises(ValueError) as info:  # nothing close: list the valid options
+        EngineConfig.from_kwargs(zzzz=1)
+    assert "'zzzz'" in str(info.value)
+    assert all(name in str(info.value) for name in field_names())
+
+
+# ---- CLI -----------------------------------------------------------------------------------------
+def _engine_parser():
+    parser = ArgumentParser(prog="t", allow_abbrev=False)
+    add_engine_args(parser)
+    return parser
+
+
+def _option_dest_map(parser):
+    return {s: a.dest for a in parser._actions for s in a.option_strings}
+
+
+def test_every_engine_field_but_seed_has_a_flag():
+    flags = _option_dest_map(_engine_parser())
+    for name in field_names():
+        flag = "--" + name.replace("_", "-")
+        if name == "seed":
+            assert flag not in flags  # --seed is the request's sampling seed on the CLI
+        else:
+            assert flags.get(flag) == name
+    assert flags["--mode"] == "speculative_mode"
+    assert flags["--k"] == "num_speculative_tokens"
+
+
+def test_generate_parser_has_engine_and_sampling_flags():
+    flags = _option_dest_map(build_parser())
+    for name in set(field_names()) - {"seed"}:
+        assert flags["--" + name.replace("_", "-")] == name
+    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
+                 "ignore_eos"):
+        assert flags["--" + name.replace("_", "-")] == name
+
+
+# non-default values for string fields whose valid values are constrained
+STRING_VALUES = {"speculative_mode": "sd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed"}
+
+
+def _non_default_argv(f):
+    """(argv, expected value) that sets field `f` to a valid non-default value through its flag."""
+    flag = "--" + f.name.replace("_", "-")
+    default = f.default
+    kind = type(default) if default is not None else None
+    if kind is bool:
+        return ([flag] if not default else ["--no-" + f.name.replace("_", "-")]), not default
+    if kind is float:
+        return [flag, str(default / 2)], default / 2
+    if kind is int or (default is None and "int" in str(f.type)):
+        value = (default or 2) + 1
+        return [flag, str(value)], value
+    value = STRING_VALUES.get(f.name, f"/path/{f.name}" if default is None else default)
+    return [flag, value], value
+
+
+def test_flags_map_onto_config_fields_one_to_one():
+    argv, expected = [], {}
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == "seed":
+            continue
+        args, value = _non_default_argv(f)
+        argv += args
+        expected[f.name] = value
+    options = engine_options(_engine_parser().parse_args(argv))
+    assert options == expected
+    config = EngineConfig.from_kwargs(**options)  # every value passes validation
+    for key, value in expected.items():
+        assert getattr(config, key) == value
+        assert value != getattr(EngineConfig(), key)  # each flag really changed its field
+
+    aliases = _engine_parser().parse_args(["--mode", "ssd", "--k", "6"])
+    long_names = _engine_parser().parse_args(["--speculative-mode", "ssd", "--num-speculative-tokens", "6"])
+    assert engine_options(aliases) == engine_options(long_names) == dict(speculative_mode="ssd",
+                                                                          num_speculative_tokens=6)
+
+
+def test_unset_flags_leave_config_defaults():
+    options = engine_options(_engine_parser().parse_args([]))
+    assert options == {}
+    assert EngineConfig.from_kwargs(**options) == EngineConfig()
+
+
+def test_sampling_flags_build_sampling_params():
+    parser = ArgumentParser(prog="t", allow_abbrev=False)
+    add_sampling_args(parser, defaults={"max_tokens": 128, "temperature": 0.0})
+    params = sampling_params(parser.parse_args([]))
+    assert params.max_tokens == 128 and params.temperature == 0.0 and params.stop == [] and not params.ignore_eos
+    params = sampling_params(parser.parse_args([
+        "--temperature", "0.7", "--top-p", "0.9", "--top-k", "20", "--min-p", "0.05", "--seed", "3",
+        "--max-tokens", "9", "--stop", "\n\n", "--stop", "END", "--stop-token-ids", "5", "--stop-token-ids", "6",
+        "--ignore-eos"]))
+    assert (params.temperature, params.top_p, params.top_k, params.min_p, params.seed, params.max_tokens) == \
+        (0.7, 0.9, 20, 0.05, 3, 9)
+    assert params.stop == ["\n\n", "END"] and params.stop_token_ids == [5, 6] and params.ignore_eos
+
+
+def test_unknown_flag_names_closest_and_exits_2(capsys):
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--max-model-length", "64"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "--max-model-length" in err and "'--max-model-len'" in err
+    assert err.count("\n") == 1 and err.startswith("error:")
+
+    with pytest.raises(SystemExit) as info:  # no abbreviations: a prefix is not silently accepted
+        build_parser().parse_args(["--max-model", "64"])
+    assert info.value.code == 2
+
+    with pytest.raises(SystemExit) as info:  # a bad value is also exit 2
+        build_parser().parse_args(["--block-size", "four"])
+    assert info.value.code == 2
