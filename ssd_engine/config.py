@@ -23,7 +23,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048       # tokens computed per step (prefill is chunked to fit)
     block_size: int = 16                     # tokens per KV page
     num_kv_blocks: int | None = None         # KV pages; None = derived from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 2.0
+    kv_cache_memory_gb: float = 1.0
     enable_prefix_caching: bool = True
     dtype: str = "float32"
     device: str = "cpu"

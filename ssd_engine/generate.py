@@ -43,6 +43,12 @@ def main(argv: list[str] | None = None) -> int:
     decode = sum(o.metrics.decode_tokens_per_s for o in outputs) / len(outputs)
     print(f"[stats] requests={len(outputs)} output_tokens={tokens} load={load_s:.1f}s e2e={e2e:.2f}s "
           f"ttft={ttft:.2f}s decode={decode:.2f} tok/s throughput={tokens / e2e:.2f} tok/s", file=sys.stderr)
+    if llm.config.speculative_mode != "ar":
+        spec = llm.speculation_metrics()
+        print(f"[spec] mode={llm.config.speculative_mode} k={llm.config.num_speculative_tokens} "
+              f"acceptance_rate={spec['acceptance_rate']:.3f} mean_acceptance_length={spec['mean_acceptance_length']:.2f} "
+              f"per_position={[round(x, 3) for x in spec['per_position_acceptance_rate']]} "
+              f"histogram={spec['accepted_length_histogram']}", file=sys.stderr)
     llm.close()
     return 0
 

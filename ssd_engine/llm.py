@@ -65,6 +65,10 @@ class LLM:
         bar.close()
         return [self.engine.to_output(seq) for seq in seqs]
 
+    def speculation_metrics(self) -> dict:
+        """Engine-wide acceptance metrics (vLLM definitions); empty counters in AR mode."""
+        return self.engine.spec_metrics.total.summary()
+
     def close(self) -> None:
         self.engine = None
 

@@ -131,6 +131,13 @@ class BlockManager:
                 self.hash_to_block.setdefault(block.hash, block.block_id)
             prev_hash = block.hash
 
+    def trim(self, seq: Sequence) -> None:
+        """Free pages past the sequence's current tokens (slots of rejected speculative tokens)."""
+        keep = self.blocks_needed(len(seq))
+        for block_id in seq.block_table[keep:]:
+            self._release(block_id)
+        del seq.block_table[keep:]
+
     def truncate(self, seq: Sequence, num_tokens: int) -> None:
         """Roll `seq` back to its first `num_tokens` tokens; pages past them return to the pool."""
         keep = self.blocks_needed(num_tokens)

@@ -18,17 +18,21 @@ from ssd_engine.engine.sequence import Sequence
 from ssd_engine.models.loader import load_config
 from ssd_engine.outputs import RequestMetrics, RequestOutput
 from ssd_engine.sampling.processors import SamplingTensors
+from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.spec.metrics import SpecMetrics
+from ssd_engine.spec.setup import build_sync_draft
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_model_path(config: EngineConfig) -> str:
-    if config.model is not None:
-        return config.model
+def resolve_model_path(config: EngineConfig, which: str = "target") -> str:
+    chosen = config.model if which == "target" else config.draft_model
+    if chosen is not None:
+        return chosen
     from ssd_engine.default_models import resolve_default_model
-    return resolve_default_model("target")
+    return resolve_default_model(which)
 
 
 class LLMEngine:
@@ -43,13 +47,20 @@ class LLMEngine:
         self.device = torch.device(config.device)
         dtype = DTYPES[config.dtype]
         num_blocks = self._num_kv_blocks(dtype)
+        # verification and drafting run up to K positions past the last token
+        max_position = self.max_model_len + config.num_speculative_tokens + 1
         self.runner = ModelRunner(self.model_path, self.hf_config, num_kv_blocks=num_blocks,
-                                  block_size=config.block_size, max_model_len=self.max_model_len, dtype=dtype,
+                                  block_size=config.block_size, max_model_len=max_position, dtype=dtype,
                                   device=self.device, weight_layout=config.weight_layout)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.speculator = None
+        self.spec_metrics = SpecMetrics(config.num_speculative_tokens)
+        if config.speculative_mode == "sd":
+            self.speculator = build_sync_draft(config, self, num_blocks, max_position, dtype)
+            self.scheduler.release_hooks.append(self.speculator.release)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
 
     # ---- set-up helpers -------------------------------------------------------------------
@@ -107,7 +118,7 @@ class LLMEngine:
 
     @property
     def lookahead(self) -> int:
-        return 0
+        return self.speculator.lookahead if self.speculator else 0
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
                     prompt_text: str | None = None) -> Sequence:
@@ -125,29 +136,80 @@ class LLMEngine:
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """Run one step; return the sequences that finished in it."""
+        """One round: schedule -> speculate -> forward + verify/sample -> postprocess.
+
+        Returns the sequences that finished in it."""
         batch = self.scheduler.schedule(self.lookahead)
         if not batch.seqs:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress")  # admission checks should make this impossible
             return []
-        samples = [seq.num_computed_tokens + n == len(seq) for seq, n in zip(batch.seqs, batch.num_new_tokens)]
-        logits = self.runner.forward(batch, [[n - 1] if s else [] for n, s in zip(batch.num_new_tokens, samples)])
-        sampling_seqs = [seq for seq, s in zip(batch.seqs, samples) if s]
-        tokens = self._sample(sampling_seqs, logits).tolist() if sampling_seqs else []
-        for seq, n, s in zip(batch.seqs, batch.num_new_tokens, samples):
-            self.stats["decode_tokens" if n == 1 else "prefill_tokens"] += n
-            seq.num_computed_tokens += n
+        decoding = [len(seq) - seq.num_computed_tokens == 1 for seq in batch.seqs]
+        proposal = self.speculator.propose(batch, decoding) if self.speculator else None
+        feed, logit_rows, draft_index = [], [], {}
+        for seq, n, dec in zip(batch.seqs, batch.num_new_tokens, decoding):
+            start = seq.num_computed_tokens
+            if dec and proposal is not None:
+                draft_index[seq.seq_id] = len(draft_index)
+                feed.append([seq.token_ids[-1]] + proposal.tokens[draft_index[seq.seq_id]].tolist())
+                logit_rows.append(list(range(n)))
+            else:
+                feed.append(seq.token_ids[start:start + n])
+                logit_rows.append([n - 1] if start + n == len(seq) else [])
+        logits = self.runner.forward(batch, logit_rows, token_ids=feed)
+        new_tokens = self._sample_or_verify(batch, logit_rows, logits, proposal, draft_index)
         finished = []
-        for seq, token in zip(sampling_seqs, tokens):
+        for seq, n in zip(batch.seqs, batch.num_new_tokens):
+            tokens = new_tokens.get(seq.seq_id)
+            speculated = seq.seq_id in draft_index
+            self.stats["decode_tokens" if n == 1 or speculated else "prefill_tokens"] += n
+            if tokens is None:
+                seq.num_computed_tokens += n
+                continue
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = time.perf_counter()
-            self.output_processor.append(seq, [token])
+            self.output_processor.append(seq, tokens)
+            # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
+            seq.num_computed_tokens = len(seq) - 1
+            if speculated:
+                self.spec_metrics.record(seq.seq_id, len(tokens) - 1)
+                self.block_manager.trim(seq)
+                self.speculator.accept(seq, len(seq) - 1)
             self.block_manager.commit(seq)
             if seq.finish_reason is not None:
                 self._finish(seq)
                 finished.append(seq)
         return finished
+
+    def _sample_or_verify(self, batch, logit_rows, logits, proposal, draft_index) -> dict[int, list[int]]:
+        """Tokens to append per sequence id: verified runs for speculated ones, one sample otherwise."""
+        out: dict[int, list[int]] = {}
+        offsets, at = [], 0
+        for rows in logit_rows:
+            offsets.append(at)
+            at += len(rows)
+        plain = [(seq, offsets[i]) for i, seq in enumerate(batch.seqs) if logit_rows[i] and seq.seq_id not in draft_index]
+        if plain:
+            sampled = self._sample([s for s, _ in plain], logits[[o for _, o in plain]])
+            out.update({s.seq_id: [t] for (s, _), t in zip(plain, sampled.tolist())})
+        if draft_index:
+            spec = sorted(((draft_index[s.seq_id], s, offsets[i]) for i, s in enumerate(batch.seqs)
+                           if s.seq_id in draft_index), key=lambda x: x[0])
+            k = proposal.tokens.shape[1]
+            rows = torch.cat([torch.arange(o, o + k + 1) for _, _, o in spec])
+            target_logits = logits[rows]
+            result = self.verifier(spec, proposal, target_logits, k)
+            out.update({s.seq_id: result.output_tokens[j] for j, (_, s, _) in enumerate(spec)})
+        return out
+
+    def verifier(self, spec, proposal, target_logits, k):
+        seqs = [s for _, s, _ in spec]
+        params = [s.params for s in seqs]
+        if all(p.greedy for p in params):
+            return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1))
+        probs = SamplingTensors.from_params(params, target_logits.device).repeat_interleave(k + 1).probs(target_logits)
+        return verify(proposal.tokens, proposal.probs, probs.view(len(seqs), k + 1, -1),
+                      [s.generator for s in seqs], default_generator=self.generator)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         params = [seq.params for seq in seqs]
@@ -166,4 +228,5 @@ class LLMEngine:
                                  e2e_s=m.finish_time - m.arrival_time, num_prompt_tokens=seq.num_prompt_tokens,
                                  num_output_tokens=seq.num_output_tokens, num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens))
         return RequestOutput(seq.seq_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
-                             self.output_processor.final_text(seq), seq.output_token_ids, seq.finish_reason, metrics)
+                             self.output_processor.final_text(seq), seq.output_token_ids, seq.finish_reason, metrics,
+                             self.spec_metrics.pop(seq.seq_id))

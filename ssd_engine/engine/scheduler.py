@@ -35,6 +35,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
+        self.release_hooks: list = []  # called with a sequence whose pages were freed (e.g. the draft's too)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -90,7 +91,7 @@ class Scheduler:
         if seq in batch.seqs:
             i = batch.seqs.index(seq)
             del batch.seqs[i], batch.num_new_tokens[i]
-        self.block_manager.deallocate(seq)
+        self._release(seq)
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -99,4 +100,9 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         if seq in self.running:
             self.running.remove(seq)
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
+        for hook in self.release_hooks:
+            hook(seq)

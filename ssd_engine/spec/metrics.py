@@ -1,0 +1,56 @@
+"""Speculation metrics with vLLM's definitions.
+
+acceptance rate = accepted / drafted; mean acceptance length = 1 + accepted / rounds (tokens a
+round emits, bonus included); per-position acceptance rate = P(draft i accepted) over rounds;
+histogram[a] = rounds that accepted exactly a drafts.
+"""
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecCounters:
+    k: int
+    rounds: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+    accepted_histogram: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.accepted_per_position = self.accepted_per_position or [0] * self.k
+        self.accepted_histogram = self.accepted_histogram or [0] * (self.k + 1)
+
+    def record(self, accepted: int) -> None:
+        self.rounds += 1
+        self.drafted += self.k
+        self.accepted += accepted
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+        self.accepted_histogram[accepted] += 1
+
+    def summary(self) -> dict:
+        rounds = max(self.rounds, 1)
+        return {
+            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
+            "mean_acceptance_length": 1 + self.accepted / rounds if self.rounds else 0.0,
+            "per_position_acceptance_rate": [a / rounds for a in self.accepted_per_position],
+            "accepted_length_histogram": list(self.accepted_histogram),
+        }
+
+
+class SpecMetrics:
+    """Engine-wide counters plus one set per request."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.total = SpecCounters(k)
+        self.per_request: dict[int, SpecCounters] = {}
+
+    def record(self, seq_id: int, accepted: int) -> None:
+        self.total.record(accepted)
+        self.per_request.setdefault(seq_id, SpecCounters(self.k)).record(accepted)
+
+    def pop(self, seq_id: int) -> dict:
+        counters = self.per_request.pop(seq_id, None)
+        return counters.summary() if counters else {}
