@@ -15,7 +15,7 @@ def _inv_freq(config) -> tuple[torch.Tensor, float]:
     if rope_type == "default":
         base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+        return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim)), 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type in ("dynamic", "longrope"):
         # dynamic/longrope change frequencies with sequence length; the static table below can't express that
         raise ValueError(f"unsupported rope_type {rope_type!r}")
@@ -26,10 +26,14 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config, max_position: int) -> None:
         super().__init__()
         inv_freq, scaling = _inv_freq(config)
-        freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq[None, :]
+        # tables are computed on CPU so every device gets bit-identical values, then moved to the
+        # device the model is being built on
+        inv_freq = inv_freq.cpu()
+        freqs = torch.arange(max_position, dtype=torch.float, device="cpu")[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        self.register_buffer("cos", emb.cos() * scaling, persistent=False)
-        self.register_buffer("sin", emb.sin() * scaling, persistent=False)
+        device = torch.empty(0).device
+        self.register_buffer("cos", (emb.cos() * scaling).to(device), persistent=False)
+        self.register_buffer("sin", (emb.sin() * scaling).to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hk, D], positions: [T]."""
