@@ -131,3 +131,4 @@ class SyncDraft:
         view = self.views.get(seq.seq_id)
         if view is not None:
             view.num_computed_tokens = min(view.num_computed_tokens, num_kept)
+            self.blocks.trim(view)  # pages holding only rejected drafts go back to the pool
