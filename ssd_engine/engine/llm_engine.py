@@ -144,7 +144,10 @@ class LLMEngine:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress")  # admission checks should make this impossible
             return []
-        decoding = [len(seq) - seq.num_computed_tokens == 1 for seq in batch.seqs]
+        # speculate only where the scheduler reserved the lookahead slots: a sequence admitted with
+        # all but its last token served from the prefix cache also has one token left, but got n = 1
+        decoding = [len(seq) - seq.num_computed_tokens == 1 and n == 1 + self.lookahead
+                    for seq, n in zip(batch.seqs, batch.num_new_tokens)]
         proposal = self.speculator.propose(batch, decoding) if self.speculator else None
         feed, logit_rows, draft_index = [], [], {}
         for seq, n, dec in zip(batch.seqs, batch.num_new_tokens, decoding):
@@ -171,8 +174,9 @@ class LLMEngine:
             self.output_processor.append(seq, tokens)
             # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
             seq.num_computed_tokens = len(seq) - 1
-            if speculated:
+            if speculated and proposal.num_draft[draft_index[seq.seq_id]] > 0:
                 self.spec_metrics.record(seq.seq_id, len(tokens) - 1)
+            if speculated:
                 self.block_manager.trim(seq)
                 self.speculator.accept(seq, len(seq) - 1)
             self.block_manager.commit(seq)
@@ -206,10 +210,11 @@ class LLMEngine:
         seqs = [s for _, s, _ in spec]
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
-            return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1))
+            return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),
+                                 proposal.num_draft)
         probs = SamplingTensors.from_params(params, target_logits.device).repeat_interleave(k + 1).probs(target_logits)
         return verify(proposal.tokens, proposal.probs, probs.view(len(seqs), k + 1, -1),
-                      [s.generator for s in seqs], default_generator=self.generator)
+                      [s.generator for s in seqs], num_draft=proposal.num_draft, default_generator=self.generator)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         params = [seq.params for seq in seqs]

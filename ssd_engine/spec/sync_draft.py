@@ -9,7 +9,6 @@ decodes K tokens, keeping for each the exact probability row it was sampled from
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import ModelRunner
@@ -37,8 +36,9 @@ class DraftView:
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor                 # [n, K] draft tokens of the decoding sequences
+    tokens: torch.Tensor                 # [n, K] draft tokens of the decoding sequences (batch order)
     probs: torch.Tensor | None           # [n, K, V] rows they were sampled from; None when all greedy
+    num_draft: torch.Tensor              # [n] real drafts per row (0: no drafts this round)
 
 
 class SyncDraft:
@@ -67,54 +67,83 @@ class SyncDraft:
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
         """Catch the draft up with every scheduled sequence's target progress; then draft K
-        tokens for the decoding ones."""
-        views, ends = [], []
+        tokens for each decoding one (in batch order).
+
+        The draft's pages are private copies (the target may share prefix pages), so under memory
+        pressure the draft can run short even when the target fits: a sequence whose draft pages
+        cannot be reserved drops its draft KV and gets no drafts this round (num_draft = 0, i.e.
+        one plain target step); it is re-prefilled on the draft once pages are free again."""
+        extend, ends, drafting = [], [], []
+        dec_views = []
         for seq, n, dec in zip(batch.seqs, batch.num_new_tokens, decoding):
             view = self.view(seq)
+            if dec:
+                dec_views.append(view)
             end = len(seq) if dec else seq.num_computed_tokens + n
             if view.num_computed_tokens > end:  # target was preempted and recomputes: so must we
                 self.blocks.deallocate(view)
+            if not self._reserve(view, end + (self.k - 1 if dec else 0)):
+                continue
             if end > view.num_computed_tokens:
-                views.append(view)
+                extend.append(view)
                 ends.append(end)
-        dec_views = [self.view(s) for s, d in zip(batch.seqs, decoding) if d]
+            if dec:
+                drafting.append(view)
+        logits = self._extend(extend, ends, drafting)
         if not dec_views:
-            self._extend(views, ends, [], [])
             return None
+        tokens = torch.zeros(len(dec_views), self.k, dtype=torch.long)
+        num_draft = torch.tensor([self.k if v in drafting else 0 for v in dec_views])
         params = [v.seq.params for v in dec_views]
         greedy = all(p.greedy for p in params)
-        sampling = None if greedy else SamplingTensors.from_params(params, self.runner.device)
-        generators = [v.seq.generator for v in dec_views]
+        probs = None if greedy else torch.zeros(len(dec_views), self.k, self.runner.config.vocab_size)
+        if drafting:
+            rows = torch.tensor([dec_views.index(v) for v in drafting])
+            drawn_tokens, drawn_probs = self._draft(drafting, logits, greedy)
+            tokens[rows] = drawn_tokens
+            if probs is not None:
+                probs[rows, :, :drawn_probs.shape[-1]] = drawn_probs
+        return Proposal(tokens, probs, num_draft)
+
+    def _reserve(self, view: DraftView, num_tokens: int) -> bool:
+        if self.blocks.slots_needed(view, num_tokens) > self.blocks.num_free_blocks:
+            self.blocks.deallocate(view)
+            return False
+        self.blocks.grow(view, num_tokens)
+        return True
+
+    def _draft(self, views: list[DraftView], logits: torch.Tensor, greedy: bool):
+        """K autoregressive draft steps from the catch-up logits; returns tokens [n, K] and the
+        exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
+        sampling = None if greedy else SamplingTensors.from_params([v.seq.params for v in views], self.runner.device)
+        generators = [v.seq.generator for v in views]
         tokens, rows = [], []
-        dec_ids = {id(v) for v in dec_views}
-        logits = self._extend(views, ends, [[e - v.num_computed_tokens - 1] if id(v) in dec_ids else []
-                                            for v, e in zip(views, ends)], dec_views)
         for step in range(self.k):
-            logits = logits[:, :self.proposable_vocab]
+            logits = logits[:, :self.proposable_vocab]  # ids past the tokenizer are never proposed
             if greedy:
                 drawn = logits.argmax(dim=-1)
             else:
                 probs = sampling.probs(logits)
                 drawn = sample(probs, generators, self.generator)
-                rows.append(F.pad(probs, (0, self.runner.config.vocab_size - probs.shape[-1])))
+                rows.append(probs)
             tokens.append(drawn)
             if step + 1 < self.k:
-                logits = self._decode_one(dec_views, drawn.tolist(), offset=step)
-        return Proposal(torch.stack(tokens, dim=1), torch.stack(rows, dim=1) if rows else None)
+                logits = self._decode_one(views, drawn.tolist(), offset=step)
+        return torch.stack(tokens, dim=1), torch.stack(rows, dim=1) if rows else None
 
-    def _extend(self, views: list[DraftView], ends: list[int], logit_rows, dec_views) -> torch.Tensor:
-        """Compute draft KV for views[i] up to ends[i]; logits ordered like dec_views."""
+    def _extend(self, views: list[DraftView], ends: list[int], drafting: list[DraftView]) -> torch.Tensor:
+        """Compute draft KV for views[i] up to ends[i]; return the last position's logits of
+        each drafting view, in `drafting` order."""
         if not views:
             return torch.empty(0)
-        for view, end in zip(views, ends):
-            self.blocks.grow(view, end + self.k)
-        batch = ScheduledBatch(views, [e - v.num_computed_tokens for v, e in zip(views, ends)])
+        wanted = {id(v) for v in drafting}
+        logit_rows = [[end - v.num_computed_tokens - 1] if id(v) in wanted else [] for v, end in zip(views, ends)]
+        batch = ScheduledBatch(views, [end - v.num_computed_tokens for v, end in zip(views, ends)])
         logits = self.runner.forward(batch, logit_rows)
         for view, end in zip(views, ends):
             view.num_computed_tokens = end
-        order = [i for i, rows in enumerate(logit_rows) if rows]
-        index = {id(views[i]): j for j, i in enumerate(order)}
-        return logits[[index[id(v)] for v in dec_views]] if dec_views else logits
+        row_of = {id(v): j for j, v in enumerate(v for v, rows in zip(views, logit_rows) if rows)}
+        return logits[[row_of[id(v)] for v in drafting]] if drafting else logits
 
     def _decode_one(self, views: list[DraftView], tokens: list[int], offset: int) -> torch.Tensor:
         """Feed draft token `offset` of each view (position len(seq) + offset)."""
