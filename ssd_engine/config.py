@@ -4,11 +4,13 @@ The CLI maps its flags 1:1 onto these fields (`--max-model-len` -> max_model_len
 depend on the checkpoint (max_model_len=None, num_kv_blocks=None) are resolved by the engine.
 """
 import difflib
+
+import torch
 from dataclasses import dataclass, fields
 
 SPECULATIVE_MODES = ("ar", "sd", "ssd")
 DTYPES = ("float32", "bfloat16", "float16")
-WEIGHT_LAYOUTS = ("dual", "packed", "plain")
+WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +31,19 @@ class EngineConfig:
     device: str = "cpu"
     num_threads: int | None = None           # torch intra-op threads; None = torch's default
     enforce_eager: bool = False              # True: plain weights, no prepacking/compilation
-    cpu_weight_layout: str = "dual"          # dual | packed | plain: see layers/linear.py
+    cpu_weight_layout: str = "auto"          # auto | dual | packed | plain: see layers/linear.py
     seed: int = 0                            # seeds unseeded sampling
 
     @property
     def weight_layout(self) -> str:
-        return "plain" if self.enforce_eager or self.device != "cpu" else self.cpu_weight_layout
+        if self.enforce_eager or self.device != "cpu":
+            return "plain"
+        if self.cpu_weight_layout != "auto":
+            return self.cpu_weight_layout
+        # measured on AVX2: with one thread plain F.linear wins for single rows, so keep both
+        # layouts; with two or more the packed kernel wins for every row count
+        threads = self.num_threads or torch.get_num_threads()
+        return "dual" if threads == 1 else "packed"
 
     def __post_init__(self) -> None:
         _check(self.speculative_mode in SPECULATIVE_MODES,

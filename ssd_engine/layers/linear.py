@@ -4,10 +4,12 @@ Why prepack: on CPU, eager `F.linear` runs small-M matmuls (M = 2..16 rows, exac
 verification / branch-decoding shapes) through MKL's generic path, which costs nearly M times
 one row. oneDNN's packed-weight kernel shares the weight streaming across rows, so scoring 4
 tokens costs ~1.6x one token instead of ~3x. For a single row, though, plain `F.linear` is
-~20% faster than the packed kernel (measured on this AVX2 CPU; see benchmarks/results), so:
+~20% faster than the packed kernel with one thread (with two threads packed wins everywhere;
+measured on this AVX2 CPU, see benchmarks/results), so:
 - layout "dual": keep both, plain for M = 1 and packed for M >= 2 (fastest; ~2x weight memory)
 - layout "packed": packed only (one copy; single-row decode ~20% slower)
 - layout "plain": F.linear only (what --enforce-eager gives)
+- layout "auto" (EngineConfig default): dual with one thread, packed with more
 
 Fused layers (qkv, gate_up) load each Hugging Face tensor into its slice via `shard_offsets`.
 """
