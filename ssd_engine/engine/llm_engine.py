@@ -149,24 +149,23 @@ class LLMEngine:
         decoding = [len(seq) - seq.num_computed_tokens == 1 and n == 1 + self.lookahead
                     for seq, n in zip(batch.seqs, batch.num_new_tokens)]
         proposal = self.speculator.propose(batch, decoding) if self.speculator else None
-        feed, logit_rows, draft_index = [], [], {}
-        for seq, n, dec in zip(batch.seqs, batch.num_new_tokens, decoding):
+        speculated = [dec and proposal is not None for dec in decoding]
+        feed, logit_rows, draft_row = [], [], 0
+        for seq, n, spec in zip(batch.seqs, batch.num_new_tokens, speculated):
             start = seq.num_computed_tokens
-            if dec and proposal is not None:
-                draft_index[seq.seq_id] = len(draft_index)
-                feed.append([seq.token_ids[-1]] + proposal.tokens[draft_index[seq.seq_id]].tolist())
+            if spec:  # the last committed token, then the K drafts: K + 1 positions to verify
+                feed.append([seq.token_ids[-1]] + proposal.tokens[draft_row].tolist())
                 logit_rows.append(list(range(n)))
+                draft_row += 1
             else:
                 feed.append(seq.token_ids[start:start + n])
                 logit_rows.append([n - 1] if start + n == len(seq) else [])
         logits = self.runner.forward(batch, logit_rows, token_ids=feed)
-        new_tokens = self._sample_or_verify(batch, logit_rows, logits, proposal, draft_index)
+        new_tokens = self._sample_or_verify(batch, logit_rows, logits, speculated, proposal)
         finished = []
-        for seq, n in zip(batch.seqs, batch.num_new_tokens):
-            tokens = new_tokens.get(seq.seq_id)
-            speculated = seq.seq_id in draft_index
-            self.stats["decode_tokens" if n == 1 or speculated else "prefill_tokens"] += n
-            if tokens is None:
+        for seq, n, spec, tokens in zip(batch.seqs, batch.num_new_tokens, speculated, new_tokens):
+            self.stats["decode_tokens" if n == 1 or spec else "prefill_tokens"] += n
+            if tokens is None:  # a prefill chunk that does not reach the end of the prompt
                 seq.num_computed_tokens += n
                 continue
             if seq.metrics.first_token_time is None:
@@ -174,9 +173,7 @@ class LLMEngine:
             self.output_processor.append(seq, tokens)
             # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
             seq.num_computed_tokens = len(seq) - 1
-            if speculated and proposal.num_draft[draft_index[seq.seq_id]] > 0:
-                self.spec_metrics.record(seq.seq_id, len(tokens) - 1)
-            if speculated:
+            if spec:
                 self.block_manager.trim(seq)
                 self.speculator.accept(seq, len(seq) - 1)
             self.block_manager.commit(seq)
@@ -185,29 +182,31 @@ class LLMEngine:
                 finished.append(seq)
         return finished
 
-    def _sample_or_verify(self, batch, logit_rows, logits, proposal, draft_index) -> dict[int, list[int]]:
-        """Tokens to append per sequence id: verified runs for speculated ones, one sample otherwise."""
-        out: dict[int, list[int]] = {}
-        offsets, at = [], 0
+    def _sample_or_verify(self, batch, logit_rows, logits, speculated, proposal) -> list[list[int] | None]:
+        """Per scheduled sequence: its verified run (speculated), one sampled token, or None."""
+        out: list[list[int] | None] = [None] * len(batch.seqs)
+        first_row = [0]
         for rows in logit_rows:
-            offsets.append(at)
-            at += len(rows)
-        plain = [(seq, offsets[i]) for i, seq in enumerate(batch.seqs) if logit_rows[i] and seq.seq_id not in draft_index]
+            first_row.append(first_row[-1] + len(rows))
+        plain = [i for i, rows in enumerate(logit_rows) if rows and not speculated[i]]
         if plain:
-            sampled = self._sample([s for s, _ in plain], logits[[o for _, o in plain]])
-            out.update({s.seq_id: [t] for (s, _), t in zip(plain, sampled.tolist())})
-        if draft_index:
-            spec = sorted(((draft_index[s.seq_id], s, offsets[i]) for i, s in enumerate(batch.seqs)
-                           if s.seq_id in draft_index), key=lambda x: x[0])
-            k = proposal.tokens.shape[1]
-            rows = torch.cat([torch.arange(o, o + k + 1) for _, _, o in spec])
-            target_logits = logits[rows]
-            result = self.verifier(spec, proposal, target_logits, k)
-            out.update({s.seq_id: result.output_tokens[j] for j, (_, s, _) in enumerate(spec)})
+            sampled = self._sample([batch.seqs[i] for i in plain], logits[[first_row[i] for i in plain]])
+            for i, token in zip(plain, sampled.tolist()):
+                out[i] = [token]
+        spec = [i for i, s in enumerate(speculated) if s]
+        if spec:
+            seqs = [batch.seqs[i] for i in spec]
+            target_logits = logits[torch.cat([torch.arange(first_row[i], first_row[i + 1]) for i in spec])]
+            result = self._verify(seqs, proposal, target_logits)
+            for j, i in enumerate(spec):
+                out[i] = result.output_tokens[j]
+                if proposal.num_draft[j] > 0:
+                    self.spec_metrics.record(batch.seqs[i].seq_id, len(result.output_tokens[j]) - 1)
         return out
 
-    def verifier(self, spec, proposal, target_logits, k):
-        seqs = [s for _, s, _ in spec]
+    def _verify(self, seqs: list[Sequence], proposal, target_logits: torch.Tensor):
+        """Exact verification of each sequence's K drafts against the target's K + 1 rows."""
+        k = proposal.tokens.shape[1]
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
             return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),
