@@ -38,6 +38,7 @@ import torch
 from ssd_engine.sampling import rejection
 from ssd_engine.sampling.rejection import VerifyResult, verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
+from stats_helpers import chi_square_pvalue
 
 ALPHA = 1e-3
 DRAWS = 100_000
@@ -45,29 +46,6 @@ MIN_REACHED = 2_000
 VOCAB_FOR_K = {1: 8, 3: 16, 7: 32}
 
 Verifier = Callable[..., VerifyResult]
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, float]:
-    """(statistic, dof, p-value) of observed counts against probabilities; p = 0 if an impossible cell was hit."""
-    counts, probs = counts.double(), probs.double() / probs.sum()
-    if counts[probs == 0].sum() > 0:
-        return float("inf"), 0, 0.0
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs_cells, exp_cells = list(counts[big]), list(expected[big])
-    small_obs, small_exp = counts[~big & (probs > 0)].sum(), expected[~big & (probs > 0)].sum()
-    order = sorted(range(len(exp_cells)), key=lambda i: float(exp_cells[i]))
-    while 0 < small_exp < 5 and order:  # grow the pooled cell with the smallest big cells
-        i = order.pop(0)
-        small_obs, small_exp = small_obs + obs_cells[i], small_exp + exp_cells[i]
-        obs_cells[i] = exp_cells[i] = None
-    obs = [o for o in obs_cells if o is not None] + ([small_obs] if small_exp > 0 else [])
-    exp = [e for e in exp_cells if e is not None] + ([small_exp] if small_exp > 0 else [])
-    obs_t, exp_t = torch.stack(obs), torch.stack(exp)
-    stat = float(((obs_t - exp_t) ** 2 / exp_t).sum())
-    dof = len(exp) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
-    return stat, dof, p_value
 
 
 # --------------------------------------------------------------------------- cases

@@ -2,37 +2,15 @@
 
 The frequency check is a chi-square goodness-of-fit test at alpha = 1e-3 (cells with expected
 count < 5 pooled; critical value from the chi-square survival function, computed as
-gammaincc(dof / 2, stat / 2)); see tests/test_rejection.py for the same helper and its rationale.
+gammaincc(dof / 2, stat / 2)); the helper lives in tests/stats_helpers.py.
 """
 
 import torch
 
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf, sample
+from stats_helpers import chi_square_pvalue
 
 ALPHA = 1e-3
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int, float]:
-    """(statistic, dof, p-value) of observed counts against probabilities; p = 0 if an impossible cell was hit."""
-    counts, probs = counts.double(), probs.double() / probs.sum()
-    if counts[probs == 0].sum() > 0:
-        return float("inf"), 0, 0.0
-    expected = probs * counts.sum()
-    big = expected >= 5
-    obs_cells, exp_cells = list(counts[big]), list(expected[big])
-    small_obs, small_exp = counts[~big & (probs > 0)].sum(), expected[~big & (probs > 0)].sum()
-    order = sorted(range(len(exp_cells)), key=lambda i: float(exp_cells[i]))
-    while 0 < small_exp < 5 and order:  # grow the pooled cell with the smallest big cells
-        i = order.pop(0)
-        small_obs, small_exp = small_obs + obs_cells[i], small_exp + exp_cells[i]
-        obs_cells[i] = exp_cells[i] = None
-    obs = [o for o in obs_cells if o is not None] + ([small_obs] if small_exp > 0 else [])
-    exp = [e for e in exp_cells if e is not None] + ([small_exp] if small_exp > 0 else [])
-    obs_t, exp_t = torch.stack(obs), torch.stack(exp)
-    stat = float(((obs_t - exp_t) ** 2 / exp_t).sum())
-    dof = len(exp) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
-    return stat, dof, p_value
 
 
 def test_frequencies_match_probs():
