@@ -35,18 +35,28 @@ def build_model(path: str, config, max_position: int, dtype: torch.dtype, device
     return model.eval()
 
 
-def load_weights(model, path: str) -> None:
+def load_weights(model, path: str, window_bytes: int = 512 * 2**20) -> None:
+    """Copy every checkpoint tensor into the model.
+
+    Files are mmap'd; touched pages count as resident while mapped, so each file is reopened every
+    `window_bytes` of tensors to unmap what was already copied (otherwise loading a 6 GB checkpoint
+    briefly holds twice its size in RSS)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded = set()
     for file in sorted(glob(os.path.join(path, "*.safetensors"))):
         with safe_open(file, "pt", "cpu") as f:
-            for name in f.keys():
-                if model.tie_word_embeddings and name == "lm_head.weight":
-                    continue  # tied: the embedding is the head
-                if "rotary_emb.inv_freq" in name:
-                    continue
-                _load_one(model, params, name, f.get_tensor(name))
-                loaded.add(name)
+            names = list(f.keys())
+        while names:
+            with safe_open(file, "pt", "cpu") as f:
+                taken = 0
+                while names and taken < window_bytes:
+                    name = names.pop(0)
+                    if (model.tie_word_embeddings and name == "lm_head.weight") or "rotary_emb.inv_freq" in name:
+                        continue  # tied: the embedding is the head; rotary tables are recomputed
+                    tensor = f.get_tensor(name)
+                    taken += tensor.numel() * tensor.element_size()
+                    _load_one(model, params, name, tensor)
+                    loaded.add(name)
     missing = [n for n in params if not _covered(n, loaded, model)]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
