@@ -98,6 +98,18 @@ def test_directory_without_safetensors(tmp_path, tiny_qwen2):
     assert "safetensors" in one_line_error(info)
 
 
+def test_checkpoint_missing_one_shard_of_a_fused_projection(tmp_path, tiny_qwen2):
+    """q/k/v load into one fused tensor: a checkpoint lacking k_proj must not pass as complete."""
+    from safetensors.torch import load_file, save_file
+    copy = shutil.copytree(tiny_qwen2, tmp_path / "model")
+    weights = load_file(str(copy / "model.safetensors"))
+    del weights["model.layers.1.self_attn.k_proj.weight"]
+    save_file(weights, str(copy / "model.safetensors"))
+    with pytest.raises(ValueError) as info:
+        LLM(str(copy))
+    assert "lacks weights" in one_line_error(info) and "layers.1.self_attn.qkv_proj.weight" in one_line_error(info)
+
+
 def test_unsupported_architecture(tmp_path, tiny_qwen2):
     copy = shutil.copytree(tiny_qwen2, tmp_path / "model")
     config_path = copy / "config.json"

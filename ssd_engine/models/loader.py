@@ -55,31 +55,31 @@ def load_weights(model, path: str, window_bytes: int = 512 * 2**20) -> None:
                         continue  # tied: the embedding is the head; rotary tables are recomputed
                     tensor = f.get_tensor(name)
                     taken += tensor.numel() * tensor.element_size()
-                    _load_one(model, params, name, tensor)
-                    loaded.add(name)
+                    loaded.add(_load_one(model, params, name, tensor))
     missing = [n for n in params if not _covered(n, loaded, model)]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def _load_one(model, params, name: str, tensor: torch.Tensor) -> None:
+def _load_one(model, params, name: str, tensor: torch.Tensor) -> tuple[str, str | None]:
+    """Copy one HF tensor into its parameter (or its slice of a fused one); return (param, shard)."""
     for hf_part, (fused, shard) in model.stacked_params.items():
         if f".{hf_part}." in name:
-            module = model.get_submodule(name.replace(hf_part, fused).rsplit(".", 1)[0])
+            param_name = name.replace(hf_part, fused)
+            module = model.get_submodule(param_name.rsplit(".", 1)[0])
             module.load(tensor, shard=shard, is_bias=name.endswith(".bias"))
-            return
+            return param_name, shard
     if name not in params:
         raise ValueError(f"unexpected weight {name!r} in checkpoint")
     with torch.no_grad():
         params[name].copy_(tensor)
+    return name, None
 
 
-def _covered(param_name: str, loaded: set[str], model) -> bool:
-    if param_name in loaded:
-        return True
+def _covered(param_name: str, loaded: set[tuple[str, str | None]], model) -> bool:
+    """A parameter is covered when every HF tensor it is made of was loaded (each shard of a fused one)."""
     if param_name == "lm_head.weight" and model.tie_word_embeddings:
         return True
-    for hf_part, (fused, _) in model.stacked_params.items():
-        if f".{fused}." in param_name and param_name.replace(fused, hf_part) in loaded:
-            return True
-    return False
+    module = model.get_submodule(param_name.rsplit(".", 1)[0])
+    shards = getattr(module, "shard_offsets", None) or {None: None}
+    return all((param_name, shard) in loaded for shard in shards)
