@@ -34,16 +34,14 @@ class LLM:
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        token_ids = []
+        seqs = []
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                ids = self.engine.tokenize(prompt)
-                self.engine.validate(ids, p)
+                seqs.append(self.engine.make_sequence(prompt, p))
             except ValueError as error:
                 raise ValueError(f"prompt {i}: {error}" if len(prompts) > 1 else str(error)) from None
-            token_ids.append(ids)
-        seqs = [self.engine.add_request(ids, p, prompt if isinstance(prompt, str) else None)
-                for ids, prompt, p in zip(token_ids, prompts, params)]
+        for seq in seqs:
+            self.engine.scheduler.add(seq)
         return self._run(seqs, use_tqdm)
 
     def _run(self, seqs, use_tqdm: bool) -> list[RequestOutput]:

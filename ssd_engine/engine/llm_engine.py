@@ -120,14 +120,16 @@ class LLMEngine:
     def lookahead(self) -> int:
         return self.speculator.lookahead if self.speculator else 0
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None,
-                    prompt_text: str | None = None) -> Sequence:
-        """Queue one request; raises ValueError (and changes nothing) if it can never run."""
+    def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
+        """Tokenize and validate one request without queuing it; raises ValueError if it can never run."""
         params = params or SamplingParams()
         token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
-        text = prompt if isinstance(prompt, str) else prompt_text
-        seq = Sequence(token_ids, params, self.config.block_size, text)
+        return Sequence(token_ids, params, self.config.block_size, prompt if isinstance(prompt, str) else None)
+
+    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
+        """Queue one request; raises ValueError (and changes nothing) if it can never run."""
+        seq = self.make_sequence(prompt, params)
         self.scheduler.add(seq)
         return seq
 
