@@ -347,6 +347,14 @@ def run_isolated(kind: str, mode: str, args, payload) -> dict:
             return pickle.load(f)
 
 
+def run_modes(kind: str, modes: list[str], args, payload) -> dict:
+    results = {}
+    for mode in modes:
+        print(f"running {mode} ...", file=sys.stderr, flush=True)
+        results[mode] = run_isolated(kind, mode, args, payload)
+    return results
+
+
 def machine_line(args) -> str:
     import torch
     cpu = platform.processor() or "cpu"
@@ -525,11 +533,7 @@ def main() -> None:
         if "," in (args.prompts or ""):
             parser.error("an AR run takes one prompt set (several are for SD runs)")
         prompts = load_prompts(args.prompts or "code", args.num_prompts)
-        results = {}
-        for mode in modes:
-            print(f"running {mode} ...", file=sys.stderr, flush=True)
-            results[mode] = run_isolated("ar", mode, args, prompts)
-        text = report(args, results)
+        text = report(args, run_modes("ar", modes, args, prompts))
         print(text)
         _write(os.path.join(args.out, f"{stamp}-ar.md"), text)
         return
@@ -543,10 +547,7 @@ def main() -> None:
     args.new_tokens = args.new_tokens or 128
     args.prompt_sets = _csv(args.prompts or "code,english")
     prompt_sets = {name: load_prompts(name, args.num_prompts) for name in args.prompt_sets}
-    results = {}
-    for mode in modes:
-        print(f"running {mode} ...", file=sys.stderr, flush=True)
-        results[mode] = run_isolated("sd", mode, args, prompt_sets)
+    results = run_modes("sd", modes, args, prompt_sets)
     text = sd_report(args, results)
     print(text)
     base = os.path.join(args.out, f"{stamp}-sd")
