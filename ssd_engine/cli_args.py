@@ -12,7 +12,7 @@ from dataclasses import MISSING, fields
 from ssd_engine.config import EngineConfig
 from ssd_engine.sampling_params import SamplingParams
 
-ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"]}
+ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"], "tensor_parallel_size": ["--tp"]}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
                    "ignore_eos")
 

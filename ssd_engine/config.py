@@ -33,6 +33,9 @@ class EngineConfig:
     enforce_eager: bool = False              # True: plain weights, no prepacking/compilation
     cpu_weight_layout: str = "auto"          # auto | dual | packed | plain: see layers/linear.py
     seed: int = 0                            # seeds unseeded sampling
+    tensor_parallel_size: int = 1            # target ranks: rank 0 here, 1..N-1 spawned (or joined via torchrun)
+    cpu_cores: str | None = None             # core set per rank, e.g. "0;1" or "0-3;4-7"; None = split evenly (TP > 1)
+    distributed_timeout_s: float = 60.0      # a collective waiting longer than this raises instead of hanging
 
     @property
     def weight_layout(self) -> str:
@@ -42,8 +45,16 @@ class EngineConfig:
             return self.cpu_weight_layout
         # measured on AVX2: with one thread plain F.linear wins for single rows, so keep both
         # layouts; with two or more the packed kernel wins for every row count
-        threads = self.num_threads or torch.get_num_threads()
+        threads = self.num_threads or (self.threads_per_rank if self.tensor_parallel_size > 1 else torch.get_num_threads())
         return "dual" if threads == 1 else "packed"
+
+    @property
+    def threads_per_rank(self) -> int:
+        """Torch threads of one tensor-parallel rank on CPU: its core count (or num_threads)."""
+        if self.num_threads:
+            return self.num_threads
+        from ssd_engine.distributed.placement import plan_core_sets
+        return min(len(c) for c in plan_core_sets(self.tensor_parallel_size, self.cpu_cores))
 
     def __post_init__(self) -> None:
         _check(self.speculative_mode in SPECULATIVE_MODES,
@@ -53,7 +64,8 @@ class EngineConfig:
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.device == "cpu" or self.device.startswith("cuda"),
                f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
-        for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                     "tensor_parallel_size"):
             value = getattr(self, name)
             _check(_is_int(value) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
         for name in ("max_model_len", "num_kv_blocks", "num_threads"):
@@ -61,6 +73,11 @@ class EngineConfig:
             _check(value is None or (_is_int(value) and value >= 1),
                    f"{name} must be an integer >= 1, got {value!r}")
         _check(isinstance(self.kv_cache_memory_gb, (int, float)) and self.kv_cache_memory_gb > 0, f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
+        _check(isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0,
+               f"distributed_timeout_s must be > 0, got {self.distributed_timeout_s!r}")
+        if self.cpu_cores is not None:
+            from ssd_engine.distributed.placement import parse_core_sets
+            parse_core_sets(self.cpu_cores)  # a malformed spec fails here, naming itself
         _check(self.speculative_mode == "ar" or self.model is None or self.draft_model is not None,
                f"speculative_mode={self.speculative_mode!r} needs draft_model when model is given")
 

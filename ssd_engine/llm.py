@@ -68,6 +68,9 @@ class LLM:
         return self.engine.spec_metrics.total.summary()
 
     def close(self) -> None:
+        """Stop every child process (tensor-parallel workers); safe to call twice."""
+        if self.engine is not None:
+            self.engine.close()
         self.engine = None
 
     def __enter__(self) -> "LLM":

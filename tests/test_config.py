@@ -99,7 +99,8 @@ def test_generate_parser_has_engine_and_sampling_flags():
 
 
 # non-default values for string fields whose valid values are constrained
-STRING_VALUES = {"speculative_mode": "sd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed"}
+STRING_VALUES = {"speculative_mode": "sd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed",
+                 "cpu_cores": "0-1;2"}
 
 
 def _non_default_argv(f):

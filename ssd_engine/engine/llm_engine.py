@@ -11,10 +11,12 @@ from transformers import AutoTokenizer, GenerationConfig
 
 from ssd_engine.config import EngineConfig
 from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.model_runner import ModelRunner
+from ssd_engine.engine.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.engine.sequence import Sequence
+from ssd_engine.distributed.launch import start_tensor_parallel, torchrun_world
+from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.models.loader import load_config
 from ssd_engine.outputs import RequestMetrics, RequestOutput
 from ssd_engine.sampling.processors import SamplingTensors
@@ -23,8 +25,6 @@ from ssd_engine.sampling.sampler import sample
 from ssd_engine.sampling_params import SamplingParams
 from ssd_engine.spec.metrics import SpecMetrics
 from ssd_engine.spec.setup import build_sync_draft
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model_path(config: EngineConfig, which: str = "target") -> str:
@@ -42,6 +42,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.model_path = resolve_model_path(config)
         self.hf_config = load_config(self.model_path)
+        check_splittable(self.hf_config, config.tensor_parallel_size)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or self.model_path)
         self.max_model_len = self._max_model_len()
         self.device = torch.device(config.device)
@@ -49,11 +50,16 @@ class LLMEngine:
         num_blocks = self._num_kv_blocks(dtype)
         # verification and drafting run up to K positions past the last token
         max_position = self.max_model_len + config.num_speculative_tokens + 1
-        self.runner = ModelRunner(self.model_path, self.hf_config, num_kv_blocks=num_blocks,
-                                  block_size=config.block_size, max_model_len=max_position, dtype=dtype,
-                                  device=self.device, weight_layout=config.weight_layout)
+        spec = RunnerSpec(self.model_path, num_blocks, config.block_size, max_position, config.dtype,
+                          config.device, config.weight_layout)
+        if config.tensor_parallel_size > 1 or torchrun_world() is not None:
+            self.runner = start_tensor_parallel(config, spec)
+        else:
+            self.runner = spec.build()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        if hasattr(self.runner, "release"):  # tensor-parallel workers forget freed page tables
+            self.scheduler.release_hooks.append(self.runner.release)
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.speculator = None
@@ -76,7 +82,9 @@ class LLMEngine:
     def _num_kv_blocks(self, dtype: torch.dtype) -> int:
         if self.config.num_kv_blocks is not None:
             return self.config.num_kv_blocks
-        per_block = ModelRunner.kv_bytes_per_block(self.hf_config, self.config.block_size, dtype)
+        # kv_cache_memory_gb is per rank, as GPU memory limits are per device
+        per_block = ModelRunner.kv_bytes_per_block(self.hf_config, self.config.block_size, dtype,
+                                                   self.config.tensor_parallel_size)
         by_memory = int(self.config.kv_cache_memory_gb * 2**30 // per_block)
         # more pages than every slot of every sequence at full length can never be used
         useful = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size) + 1
@@ -227,6 +235,11 @@ class LLMEngine:
     def _finish(self, seq: Sequence) -> None:
         seq.metrics.finish_time = time.perf_counter()
         self.scheduler.finish(seq)
+
+    def close(self) -> None:
+        """Stop tensor-parallel workers (if any); the engine is unusable afterwards."""
+        if hasattr(self.runner, "close"):
+            self.runner.close()
 
     def to_output(self, seq: Sequence) -> RequestOutput:
         m = seq.metrics

@@ -3,21 +3,73 @@
 Inputs are flattened over the batch (no padding in the dense layers); attention gets per-
 sequence slot tables and a mask. A sequence computing new tokens [start, start + n) attends
 to every slot up to its own position (causal over cached prefix + new tokens).
+
+Under tensor parallelism every rank has a ModelRunner over its slice of the model and of the KV
+heads; all ranks run `run()` on the same StepInputs in lockstep and only rank 0 gets logits.
 """
+from dataclasses import dataclass
+
 import torch
 
+from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.scheduler import ScheduledBatch
 from ssd_engine.layers.attention import AttentionMetadata
 from ssd_engine.layers.linear import Linear
-from ssd_engine.models.loader import build_model
+from ssd_engine.models.loader import build_model, load_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class StepInputs:
+    """Everything a forward pass needs, as plain lists (what travels to tensor-parallel workers)."""
+    starts: list[int]               # per sequence: tokens already in the KV cache
+    token_ids: list[list[int]]      # per sequence: the tokens fed this step
+    block_tables: list[list[int]]   # per sequence: its KV pages
+    logit_rows: list[list[int]]     # per sequence: offsets into its fed tokens that need logits
+
+    @classmethod
+    def from_batch(cls, batch: ScheduledBatch, logit_rows: list[list[int]],
+                   token_ids: list[list[int]] | None = None) -> "StepInputs":
+        """`token_ids[i]` overrides the tokens fed for sequence i (draft tokens)."""
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
+        if token_ids is None:
+            token_ids = [seq.token_ids[s:s + n] for seq, s, n in zip(batch.seqs, starts, batch.num_new_tokens)]
+        for fed, n in zip(token_ids, batch.num_new_tokens):
+            assert len(fed) == n
+        return cls(starts, [list(t) for t in token_ids], [seq.block_table for seq in batch.seqs], logit_rows)
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """How to build a ModelRunner, in plain values, so tensor-parallel workers can build their own."""
+    model_path: str
+    num_kv_blocks: int
+    block_size: int
+    max_model_len: int
+    dtype: str
+    device: str            # rank 0's; rank r on CUDA takes the r-th GPU after it
+    weight_layout: str
+
+    def build(self, tp: TPGroup | None = None) -> "ModelRunner":
+        tp = tp or TPGroup.single()
+        device = torch.device(self.device)
+        if device.type == "cuda" and tp.rank > 0:
+            device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
+        return ModelRunner(self.model_path, load_config(self.model_path), num_kv_blocks=self.num_kv_blocks,
+                           block_size=self.block_size, max_model_len=self.max_model_len, dtype=DTYPES[self.dtype],
+                           device=device, weight_layout=self.weight_layout, tp=tp)
 
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_model_len: int,
-                 dtype: torch.dtype, device: torch.device, weight_layout: str = "plain") -> None:
+                 dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
+                 tp: TPGroup | None = None) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
-        self.model = build_model(model_path, hf_config, max_model_len, dtype, device)
+        self.tp = tp or TPGroup.single()
+        self.model = build_model(model_path, hf_config, max_model_len, dtype, device, self.tp)
         if weight_layout != "plain":
             for module in self.model.modules():
                 if isinstance(module, Linear):
@@ -27,9 +79,10 @@ class ModelRunner:
         self._allocate_kv_cache(num_kv_blocks)
 
     @staticmethod
-    def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype) -> int:
+    def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
+        """Bytes of one KV page on the rank holding the most KV heads."""
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        per_token = 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim
+        per_token = 2 * hf_config.num_hidden_layers * max_kv_heads_per_rank(hf_config, tp_size) * head_dim
         return per_token * block_size * torch.finfo(dtype).bits // 8
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
@@ -42,25 +95,23 @@ class ModelRunner:
             layer.self_attn.attn.k_cache = self.kv_cache[0, i]
             layer.self_attn.attn.v_cache = self.kv_cache[1, i]
 
-    def prepare(self, batch: ScheduledBatch, token_ids: list[list[int]] | None = None):
-        """Build model inputs. `token_ids[i]` overrides the tokens fed for sequence i (draft tokens)."""
+    def prepare(self, inputs: StepInputs):
+        """Flat input ids and positions plus the attention metadata of one step."""
         bs, dev = self.block_size, self.device
-        starts = [seq.num_computed_tokens for seq in batch.seqs]
-        lens = batch.num_new_tokens
+        starts, lens = inputs.starts, [len(fed) for fed in inputs.token_ids]
         ids, positions = [], []
-        for i, seq in enumerate(batch.seqs):
-            fed = token_ids[i] if token_ids is not None else seq.token_ids[starts[i]:starts[i] + lens[i]]
-            assert len(fed) == lens[i]
+        for start, fed in zip(starts, inputs.token_ids):
             ids.extend(fed)
-            positions.extend(range(starts[i], starts[i] + lens[i]))
+            positions.extend(range(start, start + len(fed)))
         max_q, context = max(lens), [s + n for s, n in zip(starts, lens)]
         max_ctx = max(context)
         max_pages = (max_ctx + bs - 1) // bs
-        tables = torch.tensor([seq.block_table[:max_pages] + [0] * (max_pages - len(seq.block_table[:max_pages]))
-                               for seq in batch.seqs], dtype=torch.long)
-        gather = (tables[:, :, None] * bs + torch.arange(bs)).view(len(batch), -1)[:, :max_ctx]
+        tables = torch.tensor([table[:max_pages] + [0] * (max_pages - len(table[:max_pages]))
+                               for table in inputs.block_tables], dtype=torch.long)
+        num_seqs = len(starts)
+        gather = (tables[:, :, None] * bs + torch.arange(bs)).view(num_seqs, -1)[:, :max_ctx]
         pos = torch.tensor(positions, dtype=torch.long)
-        seq_index = torch.repeat_interleave(torch.arange(len(batch)), torch.tensor(lens))
+        seq_index = torch.repeat_interleave(torch.arange(num_seqs), torch.tensor(lens))
         slot_mapping = gather[seq_index, pos]
         offsets = torch.cat([torch.arange(n) for n in lens])
         token_to_padded = seq_index * max_q + offsets
@@ -69,17 +120,21 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping.to(dev), gather.to(dev), token_to_padded.to(dev), mask.to(dev), max_q)
         return torch.tensor(ids, dtype=torch.long, device=dev), pos.to(dev), meta
 
-    @torch.inference_mode()
     def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids=None):
         """Run the batch; return logits [R, V] (fp32) for the rows named by `logit_rows[i]`
         (offsets into sequence i's new tokens), concatenated in batch order."""
-        input_ids, positions, meta = self.prepare(batch, token_ids)
+        return self.run(StepInputs.from_batch(batch, logit_rows, token_ids))
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Forward one step; logits on rank 0, None on other tensor-parallel ranks."""
+        input_ids, positions, meta = self.prepare(inputs)
         hidden = self.model(input_ids, positions, meta)
         flat, base = [], 0
-        for rows, n in zip(logit_rows, batch.num_new_tokens):
+        for rows, fed in zip(inputs.logit_rows, inputs.token_ids):
             flat.extend(base + r for r in rows)
-            base += n
-        if not flat:
-            return hidden.new_zeros(0, self.config.vocab_size, dtype=torch.float32)
-        selected = hidden[torch.tensor(flat, device=self.device)]
-        return self.model.compute_logits(selected).float()
+            base += len(fed)
+        if not flat:  # every rank agrees on this (same inputs), so no collective is skipped unevenly
+            return hidden.new_zeros(0, self.config.vocab_size, dtype=torch.float32) if self.tp.rank == 0 else None
+        logits = self.model.compute_logits(hidden[torch.tensor(flat, device=self.device)])
+        return logits.float() if logits is not None else None

@@ -12,32 +12,48 @@ measured on this AVX2 CPU, see benchmarks/results), so:
 - layout "auto" (EngineConfig default): dual with one thread, packed with more
 
 Fused layers (qkv, gate_up) load each Hugging Face tensor into its slice via `shard_offsets`.
+Under tensor parallelism one Linear is this rank's slice: `shards` says which rows of each HF
+tensor it keeps (column-parallel), `cols` which input columns (row-parallel: the partial
+products are all-reduced, then the bias is added once).
 """
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.distributed.partition import Span
+
 
 class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 shard_sizes: dict[str, int] | None = None) -> None:
+                 shards: dict[str | None, Span] | None = None, cols: Span | None = None,
+                 reduce: TPGroup | None = None) -> None:
+        """shards: HF tensor name (None: the layer's one tensor) -> the span of its rows kept here.
+        cols: the span of input columns kept here; reduce: the group to all-reduce outputs over."""
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.bias = nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
-        # name of each fused HF tensor -> (row offset, rows)
-        self.shard_offsets: dict[str, tuple[int, int]] = {}
+        self.shards = shards or {None: Span(0, out_features)}
+        self.cols = cols
+        self.reduce = reduce if reduce is not None and reduce.size > 1 else None
+        out_local = sum(span.size for span in self.shards.values())
+        self.in_features = cols.size if cols else in_features
+        self.out_features = out_local
+        self.weight = nn.Parameter(torch.empty(out_local, self.in_features), requires_grad=False)
+        self.bias = nn.Parameter(torch.zeros(out_local), requires_grad=False) if bias else None
+        # HF tensor name -> (row offset in this rank's weight, rows)
+        self.shard_offsets: dict[str | None, tuple[int, int]] = {}
         offset = 0
-        for name, size in (shard_sizes or {}).items():
-            self.shard_offsets[name] = (offset, size)
-            offset += size
+        for name, span in self.shards.items():
+            self.shard_offsets[name] = (offset, span.size)
+            offset += span.size
         self.packed: torch.Tensor | None = None
 
     def load(self, loaded: torch.Tensor, shard: str | None = None, is_bias: bool = False) -> None:
-        target = self.bias if is_bias else self.weight
-        if shard is not None:
-            start, size = self.shard_offsets[shard]
-            target = target.narrow(0, start, size)
+        rows = self.shards[shard]
+        loaded = loaded.narrow(0, rows.start, rows.size)
+        if self.cols is not None and not is_bias:
+            loaded = loaded.narrow(1, self.cols.start, self.cols.size)
+        start, size = self.shard_offsets[shard]
+        target = (self.bias if is_bias else self.weight).narrow(0, start, size)
         if target.shape != loaded.shape:
             raise ValueError(f"weight shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}")
         target.copy_(loaded)
@@ -50,6 +66,13 @@ class Linear(nn.Module):
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = None if self.reduce else self.bias  # row-parallel: add the bias once, after the sum
         if self.packed is not None and (x.shape[0] > 1 or self.weight is None):
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        else:
+            out = F.linear(x, self.weight, bias)
+        if self.reduce:
+            self.reduce.all_reduce(out)
+            if self.bias is not None:
+                out = out + self.bias
+        return out

@@ -4,6 +4,7 @@ The three differ only in switches read from the Hugging Face config: bias on q/k
 Llama's `attention_bias`), per-head RMSNorm on q and k (Qwen3), MLP bias (Llama's `mlp_bias`),
 rope scaling (handled by transformers' rope init) and tied embeddings. Parameter names follow
 the Hugging Face checkpoints; fused projections map their HF tensors through `stacked_params`.
+Under tensor parallelism (`tp`) each layer is built as this rank's slice (distributed/partition.py).
 """
 from dataclasses import dataclass
 
@@ -11,7 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
 from ssd_engine.layers.attention import Attention, AttentionMetadata
+from ssd_engine.layers.embedding import VocabParallelEmbedding
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.norm import RMSNorm
 from ssd_engine.layers.rotary import RotaryEmbedding
@@ -25,16 +29,19 @@ class ArchSwitches:
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config, switches: ArchSwitches, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config, switches: ArchSwitches, rotary: RotaryEmbedding, tp: TPGroup) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, q_size + 2 * kv_size, bias=switches.qkv_bias,
-                               shard_sizes={"q": q_size, "k": kv_size, "v": kv_size})
-        self.o_proj = Linear(q_size, config.hidden_size, bias=getattr(config, "attention_bias", False))
-        self.split = (q_size, kv_size, kv_size)
+        heads = attention_head_shards(config.num_attention_heads, config.num_key_value_heads, tp.size)[tp.rank]
+        self.num_heads, self.num_kv_heads = heads.q.size, heads.kv.size
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        q_rows, kv_rows = heads.q.scaled(self.head_dim), heads.kv.scaled(self.head_dim)
+        total_q = config.num_attention_heads * self.head_dim
+        total_kv = config.num_key_value_heads * self.head_dim
+        self.qkv_proj = Linear(config.hidden_size, total_q + 2 * total_kv, bias=switches.qkv_bias,
+                               shards={"q": q_rows, "k": kv_rows, "v": kv_rows})
+        self.o_proj = Linear(total_q, config.hidden_size, bias=getattr(config, "attention_bias", False),
+                             cols=q_rows, reduce=tp)
+        self.split = (q_rows.size, kv_rows.size, kv_rows.size)
         if switches.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -54,13 +61,14 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, config, switches: ArchSwitches) -> None:
+    def __init__(self, config, switches: ArchSwitches, tp: TPGroup) -> None:
         super().__init__()
         inter = config.intermediate_size
+        rows = even_spans(inter, tp.size, "intermediate_size")[tp.rank]
         self.gate_up_proj = Linear(config.hidden_size, 2 * inter, bias=switches.mlp_bias,
-                                   shard_sizes={"gate": inter, "up": inter})
-        self.down_proj = Linear(inter, config.hidden_size, bias=switches.mlp_bias)
-        self.inter = inter
+                                   shards={"gate": rows, "up": rows})
+        self.down_proj = Linear(inter, config.hidden_size, bias=switches.mlp_bias, cols=rows, reduce=tp)
+        self.inter = rows.size
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
@@ -68,10 +76,10 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, switches: ArchSwitches, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config, switches: ArchSwitches, rotary: RotaryEmbedding, tp: TPGroup) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(config, switches, rotary)
-        self.mlp = DecoderMLP(config, switches)
+        self.self_attn = DecoderAttention(config, switches, rotary, tp)
+        self.mlp = DecoderMLP(config, switches, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -81,12 +89,12 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config, switches: ArchSwitches, max_position: int) -> None:
+    def __init__(self, config, switches: ArchSwitches, max_position: int, tp: TPGroup, vocab_rows: Span) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.embed_tokens.weight.requires_grad_(False)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, vocab_rows, tp)
         rotary = RotaryEmbedding(config, max_position)
-        self.layers = nn.ModuleList(DecoderLayer(config, switches, rotary) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, switches, rotary, tp)
+                                    for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, positions, meta):
@@ -105,17 +113,21 @@ class DecoderForCausalLM(nn.Module):
         "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
     }
 
-    def __init__(self, config, max_position: int) -> None:
+    def __init__(self, config, max_position: int, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, self.switches, max_position)
+        self.tp = tp or TPGroup.single()
+        self.vocab_spans = even_spans(config.vocab_size, self.tp.size, "vocab_size")
+        vocab_rows = self.vocab_spans[self.tp.rank]
+        self.model = DecoderModel(config, self.switches, max_position, self.tp, vocab_rows)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, shards={None: vocab_rows})
         if self.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Full-vocabulary logits on rank 0 (each rank computes its vocabulary span); None elsewhere."""
+        return self.tp.gather_columns(self.lm_head(hidden), [s.size for s in self.vocab_spans])

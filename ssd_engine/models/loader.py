@@ -27,10 +27,11 @@ def load_config(path: str):
     return config
 
 
-def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device):
+def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device, tp=None):
+    """Build the model (this rank's slice when `tp` has more than one rank) and load its weights."""
     cls = model_class_for(config)
     with torch.device(device):
-        model = cls(config, max_position).to(dtype)
+        model = cls(config, max_position, tp).to(dtype)
     load_weights(model, path)
     return model.eval()
 
@@ -71,8 +72,12 @@ def _load_one(model, params, name: str, tensor: torch.Tensor) -> tuple[str, str 
             return param_name, shard
     if name not in params:
         raise ValueError(f"unexpected weight {name!r} in checkpoint")
+    module = model.get_submodule(name.rsplit(".", 1)[0])
     with torch.no_grad():
-        params[name].copy_(tensor)
+        if hasattr(module, "load"):  # sharded layers keep only this rank's slice
+            module.load(tensor, is_bias=name.endswith(".bias"))
+        else:
+            params[name].copy_(tensor)
     return name, None
 
 

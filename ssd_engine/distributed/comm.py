@@ -1,0 +1,101 @@
+"""Process groups of one tensor-parallel model and the collectives its layers and driver use.
+
+Each engine builds its own groups straight from its own store (no `init_process_group`), so two
+engines in one process never share a default group. Two groups per engine:
+- `data`: the forward pass's all-reduce and the logits gather (NCCL on CUDA, gloo on CPU), with a
+  deadline (`timeout_s`) so a dead or stuck rank raises instead of hanging;
+- `control`: gloo, rank 0 broadcasting pickled commands to workers. Workers wait on it between
+  requests, possibly for hours, so its deadline is long; rank 0 only ever sends on it.
+"""
+import datetime
+import pickle
+
+import torch
+import torch.distributed as dist
+
+IDLE_TIMEOUT = datetime.timedelta(days=7)
+
+
+class TPGroup:
+    """Rank, size and collectives of one tensor-parallel model; size 1 needs no processes."""
+
+    def __init__(self, rank: int = 0, size: int = 1, data=None, control=None) -> None:
+        self.rank, self.size = rank, size
+        self._data, self._control = data, control
+
+    @classmethod
+    def single(cls) -> "TPGroup":
+        return cls()
+
+    @classmethod
+    def create(cls, store, rank: int, size: int, device: torch.device, timeout_s: float,
+               loopback: bool) -> "TPGroup":
+        timeout = datetime.timedelta(seconds=timeout_s)
+        control = _gloo(dist.PrefixStore("control", store), rank, size, timeout, loopback)
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            data = dist.ProcessGroupNCCL(dist.PrefixStore("data", store), rank, size, options)
+        else:
+            data = _gloo(dist.PrefixStore("data", store), rank, size, timeout, loopback)
+        control.set_timeout(IDLE_TIMEOUT)
+        return cls(rank, size, data, control)
+
+    def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            self._data.allreduce([tensor]).wait()
+        return tensor
+
+    def gather_columns(self, local: torch.Tensor, sizes: list[int]) -> torch.Tensor | None:
+        """Concatenate every rank's [R, sizes[rank]] slice along columns on rank 0 (None elsewhere).
+        Collectives want equal shapes, so slices travel padded to the largest."""
+        if self.size == 1:
+            return local
+        width = max(sizes)
+        padded = local if local.shape[1] == width else torch.nn.functional.pad(local, (0, width - local.shape[1]))
+        padded = padded.contiguous()
+        options = dist.GatherOptions()
+        options.rootRank = 0
+        outputs = [[torch.empty_like(padded) for _ in range(self.size)]] if self.rank == 0 else []
+        self._data.gather(outputs, [padded], options).wait()
+        if self.rank != 0:
+            return None
+        return torch.cat([part[:, :size] for part, size in zip(outputs[0], sizes)], dim=1)
+
+    def send_command(self, method: str, *args) -> None:
+        """Rank 0: broadcast one command to every worker (a length, then the pickled bytes)."""
+        payload = torch.frombuffer(bytearray(pickle.dumps((method, args))), dtype=torch.uint8)
+        self._control.broadcast([torch.tensor([payload.numel()], dtype=torch.int64)], _root0()).wait()
+        self._control.broadcast([payload], _root0()).wait()
+
+    def recv_command(self) -> tuple[str, tuple]:
+        length = torch.zeros(1, dtype=torch.int64)
+        self._control.broadcast([length], _root0()).wait()
+        payload = torch.empty(int(length.item()), dtype=torch.uint8)
+        self._control.broadcast([payload], _root0()).wait()
+        return pickle.loads(payload.numpy().tobytes())
+
+    def barrier_status(self, failed: bool) -> int:
+        """Every rank reports whether its step failed; returns how many did."""
+        flag = torch.tensor([int(failed)], dtype=torch.int64)
+        self._control_allreduce(flag)
+        return int(flag.item())
+
+    def _control_allreduce(self, tensor: torch.Tensor) -> None:
+        if self.size > 1:
+            self._control.allreduce([tensor]).wait()
+
+
+def _root0():
+    options = dist.BroadcastOptions()
+    options.rootRank = 0
+    return options
+
+
+def _gloo(store, rank: int, size: int, timeout: datetime.timedelta, loopback: bool):
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = timeout
+    host = "127.0.0.1" if loopback else ""
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host
+                        else dist.ProcessGroupGloo.create_default_device()]
+    return dist.ProcessGroupGloo(store, rank, size, options)

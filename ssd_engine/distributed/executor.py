@@ -1,0 +1,104 @@
+"""Rank 0's side of a tensor-parallel model: looks like a ModelRunner to the engine.
+
+Each forward first broadcasts the step's changes to the workers (distributed/worker.py), then runs
+rank 0's own slice; the ranks meet in the layers' all-reduces and the logits gather. A collective
+that fails (a worker died, or missed the deadline) becomes one clear error naming the worker.
+"""
+import contextlib
+
+from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.distributed.placement import unpin
+from ssd_engine.distributed.worker import PageTableMirror, step_message
+from ssd_engine.engine.model_runner import RunnerSpec, StepInputs
+
+
+class TensorParallelError(RuntimeError):
+    pass
+
+
+class TensorParallelRunner:
+    def __init__(self, tp: TPGroup, spec: RunnerSpec, processes: dict, restore_placement=None) -> None:
+        self.tp, self.processes = tp, processes   # rank -> multiprocessing.Process (empty under torchrun)
+        self._restore = restore_placement
+        self.mirror = PageTableMirror()
+        self.freed: list[int] = []
+        self.error: TensorParallelError | None = None
+        self.closed = False
+        with self._guard("loading the model"):
+            self.tp.send_command("init_runner", spec)
+            try:
+                self.runner = spec.build(tp)
+            except BaseException:
+                self.tp.barrier_status(True)  # the workers drop their shards and exit
+                raise
+            if self.tp.barrier_status(False):
+                raise TensorParallelError("a tensor-parallel worker failed to load its shard (its traceback is above)")
+
+    # what the engine and tests read from a runner
+    @property
+    def model(self):
+        return self.runner.model
+
+    @property
+    def config(self):
+        return self.runner.config
+
+    @property
+    def device(self):
+        return self.runner.device
+
+    def forward(self, batch, logit_rows: list[list[int]], token_ids=None):
+        inputs = StepInputs.from_batch(batch, logit_rows, token_ids)
+        message = step_message([seq.seq_id for seq in batch.seqs], inputs, self.mirror, self.freed)
+        self.freed = []
+        with self._guard("a forward step"):
+            self.tp.send_command("forward", message)
+            return self.runner.run(inputs)
+
+    def release(self, seq) -> None:
+        """The sequence's pages were freed: workers drop their copy of its table with the next step."""
+        self.mirror.forget(seq.seq_id)
+        self.freed.append(seq.seq_id)
+
+    @contextlib.contextmanager
+    def _guard(self, what: str):
+        if self.error is not None:
+            raise self.error
+        try:
+            yield
+        except RuntimeError as error:
+            if isinstance(error, TensorParallelError):
+                self.error = error
+            else:
+                self.error = TensorParallelError(f"tensor parallelism failed during {what}: {self._diagnose()}; "
+                                                 f"close this engine and start a new one ({error})")
+            raise self.error from error
+
+    def _diagnose(self) -> str:
+        dead = []
+        for rank, process in self.processes.items():
+            process.join(timeout=2.0)  # a killed worker is reaped within moments
+            if process.exitcode is not None:
+                dead.append(f"worker rank {rank} (pid {process.pid}) died with exit code {process.exitcode}")
+        return "; ".join(dead) or "a collective failed or missed the distributed_timeout_s deadline"
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.error is None:
+            try:
+                self.tp.send_command("shutdown")
+            except RuntimeError:
+                pass  # a worker already gone; the joins below still reap the rest
+        for process in self.processes.values():
+            process.join(timeout=10.0)
+            if process.exitcode is None:
+                process.terminate()
+                process.join(timeout=3.0)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        if self._restore is not None:
+            unpin(self._restore)
+        self.runner = None

@@ -1,0 +1,128 @@
+"""Start a tensor-parallel model: spawn worker ranks here, or join a torchrun group.
+
+Rendezvous needs no fixed port and no global name: rank 0 hosts a TCPStore on a port the kernel
+picks (port 0) on 127.0.0.1 and hands it to the workers it spawns, so engines never collide.
+When torchrun's variables are set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) the engine joins
+that group instead: every process runs the same script, rank 0 drives, the others serve it and
+then exit (multi-node deployments use torchrun, not a launcher of ours).
+"""
+import atexit
+import datetime
+import multiprocessing
+import os
+import sys
+import time
+import weakref
+
+import torch
+import torch.distributed as dist
+
+from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.distributed.executor import TensorParallelError, TensorParallelRunner
+from ssd_engine.distributed.placement import describe, pin, plan_core_sets, unpin
+from ssd_engine.distributed.worker import serve, worker_process
+from ssd_engine.engine.model_runner import RunnerSpec
+
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+STARTUP_TIMEOUT_S = 300.0
+
+
+def torchrun_world() -> tuple[int, int] | None:
+    """(rank, world size) when this process was started by torchrun, else None."""
+    if all(v in os.environ for v in TORCHRUN_VARS) and int(os.environ["WORLD_SIZE"]) > 1:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def start_tensor_parallel(config, spec: RunnerSpec) -> TensorParallelRunner:
+    joined = torchrun_world()
+    if joined is not None:
+        return _join_torchrun(config, spec, *joined)
+    return _spawn(config, spec)
+
+
+def _spawn(config, spec: RunnerSpec) -> TensorParallelRunner:
+    size = config.tensor_parallel_size
+    on_cpu = spec.device == "cpu"
+    core_sets = plan_core_sets(size, config.cpu_cores) if on_cpu else [None] * size
+    threads = [config.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
+    store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    context = multiprocessing.get_context("spawn")
+    processes = {}
+    for rank in range(1, size):
+        device = spec.device if on_cpu else f"cuda:{(torch.device(spec.device).index or 0) + rank}"
+        processes[rank] = context.Process(
+            target=worker_process, name=f"ssd-tp-worker-{rank}", daemon=True,
+            args=(store.port, rank, size, core_sets[rank], threads[rank], device, config.distributed_timeout_s))
+        processes[rank].start()
+    restore = pin(core_sets[0], threads[0]) if on_cpu else None
+    where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: cuda:{r}" for r in range(size))
+    print(f"tensor parallel: {size} ranks ({'gloo' if on_cpu else 'nccl'}); {where}; "
+          f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)
+    try:
+        _wait_started(store, processes)
+        tp = TPGroup.create(store, 0, size, torch.device(spec.device), config.distributed_timeout_s, loopback=True)
+        runner = TensorParallelRunner(tp, spec, processes, restore)
+    except BaseException:
+        _stop(processes)
+        if restore is not None:
+            unpin(restore)
+        raise
+    runner._store = store  # the store lives as long as the group
+    _close_at_exit(runner)
+    return runner
+
+
+def _wait_started(store, processes: dict) -> None:
+    """Wait until every spawned worker reached the store; a worker dying at start-up fails fast."""
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    for rank, process in processes.items():
+        while not store.check([f"started/{rank}"]):
+            if process.exitcode is not None:
+                raise TensorParallelError(f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with code "
+                                          f"{process.exitcode} while starting (its traceback is above)")
+            if time.monotonic() > deadline:
+                raise TensorParallelError(f"tensor-parallel worker rank {rank} did not start within {STARTUP_TIMEOUT_S:.0f} s")
+            time.sleep(0.02)
+
+
+def _join_torchrun(config, spec: RunnerSpec, rank: int, size: int) -> TensorParallelRunner:
+    if size != config.tensor_parallel_size:
+        raise ValueError(f"torchrun started WORLD_SIZE={size} processes but tensor_parallel_size="
+                         f"{config.tensor_parallel_size}; pass --tensor-parallel-size {size}")
+    device = spec.device
+    if device.startswith("cuda"):
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
+        torch.cuda.set_device(device)
+        spec = RunnerSpec(**{**spec.__dict__, "device": device}) if rank == 0 else spec
+    restore = None
+    if device == "cpu" and config.cpu_cores is not None:
+        cores = plan_core_sets(size, config.cpu_cores)[rank]
+        restore = pin(cores, config.num_threads or len(cores))
+    store, _, _ = next(dist.rendezvous("env://", rank, size))
+    tp = TPGroup.create(store, rank, size, torch.device(device), config.distributed_timeout_s, loopback=False)
+    if rank != 0:
+        serve(tp)
+        raise SystemExit(0)  # this process only served rank 0; the script's remaining work is rank 0's
+    runner = TensorParallelRunner(tp, spec, {}, restore)
+    _close_at_exit(runner)
+    return runner
+
+
+def _stop(processes: dict) -> None:
+    for process in processes.values():
+        process.kill()
+        process.join()
+
+
+def _close_at_exit(runner: TensorParallelRunner) -> None:
+    """Normal interpreter exit shuts the workers down cleanly even if close() was never called."""
+    ref = weakref.ref(runner)
+
+    def close() -> None:
+        alive = ref()
+        if alive is not None:
+            alive.close()
+
+    atexit.register(close)

@@ -1,0 +1,70 @@
+"""How one model is split across tensor-parallel ranks: pure functions, testable without processes.
+
+Column-parallel layers (q/k/v, gate/up, the LM head, the embedding's vocabulary) keep a span of
+rows; row-parallel layers (o, down) keep the matching span of input columns and all-reduce.
+Uneven splits are allowed where the arithmetic allows them, so SmolLM2's 3 KV heads run on 2
+ranks (2 KV groups + 1): attention heads are split by whole KV groups, never inside one, except
+when there are more ranks than KV heads, where each KV head is replicated on tp / num_kv_heads
+ranks that split its query heads evenly.
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.size
+
+    def scaled(self, factor: int) -> "Span":
+        return Span(self.start * factor, self.size * factor)
+
+
+@dataclass(frozen=True)
+class HeadShard:
+    q: Span    # query heads this rank computes
+    kv: Span   # KV heads it holds (replicated across ranks when tp > num_kv_heads)
+
+
+def even_spans(total: int, parts: int, what: str) -> list[Span]:
+    """Split `total` into `parts` contiguous spans whose sizes differ by at most one (larger first)."""
+    if total < parts:
+        raise ValueError(f"cannot split {what} ({total}) across tensor_parallel_size={parts}: "
+                         f"every rank needs at least one")
+    base, extra = divmod(total, parts)
+    spans, start = [], 0
+    for rank in range(parts):
+        size = base + (rank < extra)
+        spans.append(Span(start, size))
+        start += size
+    return spans
+
+
+def attention_head_shards(num_heads: int, num_kv_heads: int, tp: int) -> list[HeadShard]:
+    if num_heads % num_kv_heads:
+        raise ValueError(f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
+    group = num_heads // num_kv_heads
+    if tp <= num_kv_heads:
+        return [HeadShard(kv.scaled(group), kv) for kv in even_spans(num_kv_heads, tp, "key/value heads")]
+    ranks_per_kv = tp // num_kv_heads
+    if tp % num_kv_heads or group % ranks_per_kv:
+        raise ValueError(f"cannot split attention across tensor_parallel_size={tp}: with more ranks than "
+                         f"num_key_value_heads={num_kv_heads}, tp must be a multiple of it and each KV group's "
+                         f"{group} query heads (num_attention_heads={num_heads}) must split evenly over "
+                         f"{ranks_per_kv} ranks")
+    q_per_rank = group // ranks_per_kv
+    return [HeadShard(Span(rank * q_per_rank, q_per_rank), Span(rank // ranks_per_kv, 1)) for rank in range(tp)]
+
+
+def max_kv_heads_per_rank(hf_config, tp: int) -> int:
+    return max(s.kv.size for s in attention_head_shards(hf_config.num_attention_heads, hf_config.num_key_value_heads, tp))
+
+
+def check_splittable(hf_config, tp: int) -> None:
+    """Raise ValueError naming the sizes if this checkpoint cannot run on `tp` ranks."""
+    attention_head_shards(hf_config.num_attention_heads, hf_config.num_key_value_heads, tp)
+    even_spans(hf_config.intermediate_size, tp, "intermediate_size")
+    even_spans(hf_config.vocab_size, tp, "vocab_size")

@@ -1,0 +1,76 @@
+"""Which CPU cores each rank runs on: on CPU, processes pinned to disjoint core sets stand in for
+devices, so a rank's matmuls never compete with another rank's for a core."""
+import os
+
+import torch
+
+
+def parse_core_sets(spec: str) -> list[list[int]]:
+    """'0-3;4-7' or '0,2;1,3' -> [[0, 1, 2, 3], [4, 5, 6, 7]] (one set per rank, ';'-separated)."""
+    sets = []
+    for part in spec.split(";"):
+        cores = []
+        for item in filter(None, (p.strip() for p in part.split(","))):
+            lo, _, hi = item.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+                raise ValueError(f"cpu_cores: cannot read {item!r} in {spec!r}; write core sets like '0-3;4-7' or '0,2;1'")
+            cores.extend(range(int(lo), int(hi or lo) + 1))
+        if not cores:
+            raise ValueError(f"cpu_cores: empty core set in {spec!r}")
+        sets.append(sorted(set(cores)))
+    return sets
+
+
+def plan_core_sets(num_ranks: int, spec: str | None) -> list[list[int]]:
+    """One disjoint core set per rank: the given ones, or this process's cores split evenly."""
+    available = sorted(os.sched_getaffinity(0))
+    if spec is None:
+        if len(available) < num_ranks:
+            raise ValueError(f"{num_ranks} ranks need {num_ranks} disjoint core sets but this process may use only "
+                             f"{len(available)} cores {available}; pass cpu_cores to place them explicitly")
+        base, extra = divmod(len(available), num_ranks)
+        sets, start = [], 0
+        for rank in range(num_ranks):
+            size = base + (rank < extra)
+            sets.append(available[start:start + size])
+            start += size
+        return sets
+    sets = parse_core_sets(spec)
+    if len(sets) != num_ranks:
+        raise ValueError(f"cpu_cores {spec!r} gives {len(sets)} core sets for {num_ranks} ranks")
+    seen: set[int] = set()
+    for cores in sets:
+        outside = [c for c in cores if c not in available]
+        if outside:
+            raise ValueError(f"cpu_cores {spec!r}: cores {outside} are not available to this process ({available})")
+        if seen & set(cores):
+            raise ValueError(f"cpu_cores {spec!r}: core sets overlap on {sorted(seen & set(cores))}")
+        seen |= set(cores)
+    return sets
+
+
+def pin(cores: list[int], threads: int) -> tuple[set[int], int]:
+    """Pin this process to `cores` with `threads` torch threads; returns what to restore."""
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+    return before
+
+
+def unpin(before: tuple[set[int], int]) -> None:
+    os.sched_setaffinity(0, before[0])
+    torch.set_num_threads(before[1])
+
+
+def describe(core_sets: list[list[int]], threads: list[int]) -> str:
+    return ", ".join(f"rank {r}: cores {_ranges(c)} ({t} thread{'s' * (t > 1)})"
+                     for r, (c, t) in enumerate(zip(core_sets, threads)))
+
+
+def _ranges(cores: list[int]) -> str:
+    parts, start = [], cores[0]
+    for prev, cur in zip(cores, cores[1:] + [None]):
+        if cur != prev + 1 if cur is not None else True:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(parts)

@@ -1,0 +1,111 @@
+"""A tensor-parallel worker: ranks 1..N-1 run this loop, driven by rank 0's commands.
+
+Rank 0 sends each step only what changed: per scheduled sequence its id, start, fed tokens and
+page-table delta (pages kept + pages appended), plus ids of sequences that left. The worker keeps
+a mirror of every live sequence's page table, rebuilds the same StepInputs and runs its slice.
+"""
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+import torch
+
+from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.engine.model_runner import ModelRunner, RunnerSpec, StepInputs
+
+
+class PageTableMirror:
+    """Each live sequence's page table as the workers know it (rank 0 keeps the same copy)."""
+
+    def __init__(self) -> None:
+        self.tables: dict[int, list[int]] = {}
+
+    def delta(self, seq_id: int, table: list[int]) -> tuple[int, list[int]]:
+        """Rank 0: how to turn the last table sent for seq_id into `table` (pages kept, pages appended)."""
+        old = self.tables.get(seq_id, [])
+        keep = 0
+        while keep < min(len(old), len(table)) and old[keep] == table[keep]:
+            keep += 1
+        self.tables[seq_id] = list(table)
+        return keep, table[keep:]
+
+    def apply(self, seq_id: int, keep: int, appended: list[int]) -> list[int]:
+        table = self.tables.get(seq_id, [])[:keep] + appended
+        self.tables[seq_id] = table
+        return table
+
+    def forget(self, seq_id: int) -> None:
+        self.tables.pop(seq_id, None)
+
+
+def step_message(seq_ids, inputs: StepInputs, mirror: PageTableMirror, freed: list[int]) -> tuple:
+    deltas = [mirror.delta(i, t) for i, t in zip(seq_ids, inputs.block_tables)]
+    return seq_ids, inputs.starts, inputs.token_ids, deltas, inputs.logit_rows, freed
+
+
+class Worker:
+    def __init__(self, tp: TPGroup) -> None:
+        self.tp = tp
+        self.runner: ModelRunner | None = None
+        self.mirror = PageTableMirror()
+
+    def init_runner(self, spec: RunnerSpec) -> None:
+        failed = False
+        try:
+            self.runner = spec.build(self.tp)
+        except Exception:
+            traceback.print_exc()
+            failed = True
+        if self.tp.barrier_status(failed) or failed:
+            raise SystemExit(1)  # rank 0 reports it; a half-built model must not serve
+
+    def forward(self, message: tuple) -> None:
+        seq_ids, starts, token_ids, deltas, logit_rows, freed = message
+        for seq_id in freed:
+            self.mirror.forget(seq_id)
+        tables = [self.mirror.apply(i, keep, new) for i, (keep, new) in zip(seq_ids, deltas)]
+        self.runner.run(StepInputs(starts, token_ids, tables, logit_rows))
+
+
+def serve(tp: TPGroup) -> None:
+    """Run commands from rank 0 until it says shutdown."""
+    worker = Worker(tp)
+    while True:
+        method, args = tp.recv_command()
+        if method == "shutdown":
+            return
+        getattr(worker, method)(*args)
+
+
+def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
+                   timeout_s: float) -> None:
+    """Entry point of a spawned worker (ranks 1..N-1 on this machine)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: rank 0 shuts us down
+    _exit_with_parent()
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    import datetime
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", port, size, False, timeout=datetime.timedelta(seconds=timeout_s))
+    store.set(f"started/{rank}", str(os.getpid()))
+    tp = TPGroup.create(store, rank, size, torch.device(device), timeout_s, loopback=True)
+    serve(tp)
+
+
+def _exit_with_parent() -> None:
+    """Exit if rank 0's process goes away (even by SIGKILL), so no worker is ever orphaned."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        print(f"tensor-parallel worker {os.getpid()}: coordinator {parent} is gone, exiting", file=sys.stderr)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="parent-watch").start()

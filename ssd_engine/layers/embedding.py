@@ -1,0 +1,29 @@
+"""Vocabulary-parallel token embedding: each rank holds a span of the vocabulary's rows.
+
+A rank looks up the ids in its span, writes zeros for the rest, and the all-reduce sums the
+ranks' partial results into the full embedding. The tied LM head shares this same span.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.distributed.partition import Span
+
+
+class VocabParallelEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, rows: Span, tp: TPGroup) -> None:
+        super().__init__()
+        self.rows, self.tp = rows, tp
+        self.weight = nn.Parameter(torch.empty(rows.size, hidden_size), requires_grad=False)
+
+    def load(self, loaded: torch.Tensor, shard: str | None = None, is_bias: bool = False) -> None:
+        self.weight.copy_(loaded.narrow(0, self.rows.start, self.rows.size))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return F.embedding(input_ids, self.weight)
+        inside = (input_ids >= self.rows.start) & (input_ids < self.rows.end)
+        local = torch.where(inside, input_ids - self.rows.start, 0)
+        out = F.embedding(local, self.weight) * inside.unsqueeze(-1).to(self.weight.dtype)
+        return self.tp.all_reduce(out)
