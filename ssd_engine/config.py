@@ -45,16 +45,9 @@ class EngineConfig:
             return self.cpu_weight_layout
         # measured on AVX2: with one thread plain F.linear wins for single rows, so keep both
         # layouts; with two or more the packed kernel wins for every row count
-        threads = self.num_threads or (self.threads_per_rank if self.tensor_parallel_size > 1 else torch.get_num_threads())
+        # (a tensor-parallel rank reads this after pinning, so it sees its own thread count)
+        threads = self.num_threads or torch.get_num_threads()
         return "dual" if threads == 1 else "packed"
-
-    @property
-    def threads_per_rank(self) -> int:
-        """Torch threads of one tensor-parallel rank on CPU: its core count (or num_threads)."""
-        if self.num_threads:
-            return self.num_threads
-        from ssd_engine.distributed.placement import plan_core_sets
-        return min(len(c) for c in plan_core_sets(self.tensor_parallel_size, self.cpu_cores))
 
     def __post_init__(self) -> None:
         _check(self.speculative_mode in SPECULATIVE_MODES,

@@ -5,6 +5,8 @@ rank 0's own slice; the ranks meet in the layers' all-reduces and the logits gat
 that fails (a worker died, or missed the deadline) becomes one clear error naming the worker.
 """
 import contextlib
+import subprocess
+import threading
 
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.placement import unpin
@@ -18,12 +20,13 @@ class TensorParallelError(RuntimeError):
 
 class TensorParallelRunner:
     def __init__(self, tp: TPGroup, spec: RunnerSpec, processes: dict, restore_placement=None) -> None:
-        self.tp, self.processes = tp, processes   # rank -> multiprocessing.Process (empty under torchrun)
+        self.tp, self.processes = tp, processes   # rank -> subprocess.Popen (empty under torchrun)
         self._restore = restore_placement
         self.mirror = PageTableMirror()
         self.freed: list[int] = []
         self.error: TensorParallelError | None = None
         self.closed = False
+        self.in_step = False
         with self._guard("loading the model"):
             self.tp.send_command("init_runner", spec)
             try:
@@ -52,8 +55,11 @@ class TensorParallelRunner:
         message = step_message([seq.seq_id for seq in batch.seqs], inputs, self.mirror, self.freed)
         self.freed = []
         with self._guard("a forward step"):
+            self.in_step = True  # still set if interrupted (Ctrl-C): workers then wait inside a collective
             self.tp.send_command("forward", message)
-            return self.runner.run(inputs)
+            logits = self.runner.run(inputs)
+            self.in_step = False
+            return logits
 
     def release(self, seq) -> None:
         """The sequence's pages were freed: workers drop their copy of its table with the next step."""
@@ -74,31 +80,39 @@ class TensorParallelRunner:
                                                  f"close this engine and start a new one ({error})")
             raise self.error from error
 
+    def _send_shutdown(self) -> None:
+        try:
+            self.tp.send_command("shutdown")
+        except RuntimeError:
+            pass  # a worker already gone; close() reaps it either way
+
     def _diagnose(self) -> str:
         dead = []
         for rank, process in self.processes.items():
-            process.join(timeout=2.0)  # a killed worker is reaped within moments
-            if process.exitcode is not None:
-                dead.append(f"worker rank {rank} (pid {process.pid}) died with exit code {process.exitcode}")
+            try:
+                process.wait(timeout=2.0)  # a killed worker is reaped within moments
+            except subprocess.TimeoutExpired:
+                continue
+            dead.append(f"worker rank {rank} (pid {process.pid}) died with exit code {process.returncode}")
         return "; ".join(dead) or "a collective failed or missed the distributed_timeout_s deadline"
 
     def close(self) -> None:
         if self.closed:
             return
         self.closed = True
-        if self.error is None:
-            try:
-                self.tp.send_command("shutdown")
-            except RuntimeError:
-                pass  # a worker already gone; the joins below still reap the rest
+        if self.error is None and not self.in_step:
+            # from a thread: a worker that is not listening must not block close(); terminate() below frees it
+            threading.Thread(target=self._send_shutdown, daemon=True).start()
         for process in self.processes.values():
-            process.join(timeout=10.0)
-            if process.exitcode is None:
-                process.terminate()
-                process.join(timeout=3.0)
-            if process.exitcode is None:
-                process.kill()
-                process.join()
+            polite = 10.0 if self.error is None and not self.in_step else 0.0
+            for stop, wait_s in ((None, polite), (process.terminate, 3.0), (process.kill, None)):
+                if stop is not None:
+                    stop()
+                try:
+                    process.wait(timeout=wait_s)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
         if self._restore is not None:
             unpin(self._restore)
         self.runner = None

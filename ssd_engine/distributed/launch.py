@@ -7,9 +7,11 @@ that group instead: every process runs the same script, rank 0 drives, the other
 then exit (multi-node deployments use torchrun, not a launcher of ours).
 """
 import atexit
+import dataclasses
 import datetime
-import multiprocessing
+import json
 import os
+import subprocess
 import sys
 import time
 import weakref
@@ -20,7 +22,7 @@ import torch.distributed as dist
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.executor import TensorParallelError, TensorParallelRunner
 from ssd_engine.distributed.placement import describe, pin, plan_core_sets, unpin
-from ssd_engine.distributed.worker import serve, worker_process
+from ssd_engine.distributed.worker import serve
 from ssd_engine.engine.model_runner import RunnerSpec
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -48,15 +50,16 @@ def _spawn(config, spec: RunnerSpec) -> TensorParallelRunner:
     threads = [config.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
     store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
-    context = multiprocessing.get_context("spawn")
     processes = {}
     for rank in range(1, size):
+        # a fresh interpreter (not multiprocessing): no re-import of the user's __main__, no helper processes
         device = spec.device if on_cpu else f"cuda:{(torch.device(spec.device).index or 0) + rank}"
-        processes[rank] = context.Process(
-            target=worker_process, name=f"ssd-tp-worker-{rank}", daemon=True,
-            args=(store.port, rank, size, core_sets[rank], threads[rank], device, config.distributed_timeout_s))
-        processes[rank].start()
+        args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
+                    device=device, timeout_s=config.distributed_timeout_s)
+        processes[rank] = subprocess.Popen([sys.executable, "-m", "ssd_engine.distributed.worker_main", json.dumps(args)],
+                                           stdin=subprocess.DEVNULL)
     restore = pin(core_sets[0], threads[0]) if on_cpu else None
+    spec = dataclasses.replace(spec, weight_layout=config.weight_layout)  # for rank 0's pinned thread count
     where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: cuda:{r}" for r in range(size))
     print(f"tensor parallel: {size} ranks ({'gloo' if on_cpu else 'nccl'}); {where}; "
           f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)
@@ -79,9 +82,9 @@ def _wait_started(store, processes: dict) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     for rank, process in processes.items():
         while not store.check([f"started/{rank}"]):
-            if process.exitcode is not None:
+            if process.poll() is not None:
                 raise TensorParallelError(f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with code "
-                                          f"{process.exitcode} while starting (its traceback is above)")
+                                          f"{process.returncode} while starting (its traceback is above)")
             if time.monotonic() > deadline:
                 raise TensorParallelError(f"tensor-parallel worker rank {rank} did not start within {STARTUP_TIMEOUT_S:.0f} s")
             time.sleep(0.02)
@@ -95,11 +98,12 @@ def _join_torchrun(config, spec: RunnerSpec, rank: int, size: int) -> TensorPara
     if device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
         torch.cuda.set_device(device)
-        spec = RunnerSpec(**{**spec.__dict__, "device": device}) if rank == 0 else spec
+        spec = dataclasses.replace(spec, device=device)
     restore = None
     if device == "cpu" and config.cpu_cores is not None:
         cores = plan_core_sets(size, config.cpu_cores)[rank]
         restore = pin(cores, config.num_threads or len(cores))
+        spec = dataclasses.replace(spec, weight_layout=config.weight_layout)
     store, _, _ = next(dist.rendezvous("env://", rank, size))
     tp = TPGroup.create(store, rank, size, torch.device(device), config.distributed_timeout_s, loopback=False)
     if rank != 0:
@@ -113,7 +117,7 @@ def _join_torchrun(config, spec: RunnerSpec, rank: int, size: int) -> TensorPara
 def _stop(processes: dict) -> None:
     for process in processes.values():
         process.kill()
-        process.join()
+        process.wait()
 
 
 def _close_at_exit(runner: TensorParallelRunner) -> None:

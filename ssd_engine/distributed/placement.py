@@ -23,7 +23,7 @@ def parse_core_sets(spec: str) -> list[list[int]]:
 
 def plan_core_sets(num_ranks: int, spec: str | None) -> list[list[int]]:
     """One disjoint core set per rank: the given ones, or this process's cores split evenly."""
-    available = sorted(os.sched_getaffinity(0))
+    available = available_cores()
     if spec is None:
         if len(available) < num_ranks:
             raise ValueError(f"{num_ranks} ranks need {num_ranks} disjoint core sets but this process may use only "
@@ -49,17 +49,33 @@ def plan_core_sets(num_ranks: int, spec: str | None) -> list[list[int]]:
     return sets
 
 
-def pin(cores: list[int], threads: int) -> tuple[set[int], int]:
-    """Pin this process to `cores` with `threads` torch threads; returns what to restore."""
-    before = (os.sched_getaffinity(0), torch.get_num_threads())
+# Rank 0 is the user's own process, which several engines may share: the first pin remembers the
+# process's original cores and threads, the last unpin restores them, and plans use the original.
+_pinned_by: list[object] = []
+_original: tuple[set[int], int] | None = None
+
+
+def available_cores() -> list[int]:
+    return sorted(_original[0] if _pinned_by else os.sched_getaffinity(0))
+
+
+def pin(cores: list[int], threads: int) -> object:
+    """Pin this process to `cores` with `threads` torch threads; returns a token for unpin()."""
+    global _original
+    if not _pinned_by:
+        _original = (os.sched_getaffinity(0), torch.get_num_threads())
+    token = object()
+    _pinned_by.append(token)
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
-    return before
+    return token
 
 
-def unpin(before: tuple[set[int], int]) -> None:
-    os.sched_setaffinity(0, before[0])
-    torch.set_num_threads(before[1])
+def unpin(token: object) -> None:
+    _pinned_by.remove(token)
+    if not _pinned_by:
+        os.sched_setaffinity(0, _original[0])
+        torch.set_num_threads(_original[1])
 
 
 def describe(core_sets: list[list[int]], threads: list[int]) -> str:

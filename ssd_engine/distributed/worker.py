@@ -5,7 +5,6 @@ page-table delta (pages kept + pages appended), plus ids of sequences that left.
 a mirror of every live sequence's page table, rebuilds the same StepInputs and runs its slice.
 """
 import os
-import signal
 import sys
 import threading
 import time
@@ -82,8 +81,7 @@ def serve(tp: TPGroup) -> None:
 
 def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
                    timeout_s: float) -> None:
-    """Entry point of a spawned worker (ranks 1..N-1 on this machine)."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: rank 0 shuts us down
+    """A spawned worker (ranks 1..N-1 on this machine): join rank 0's store, then serve."""
     _exit_with_parent()
     if cores is not None:
         os.sched_setaffinity(0, cores)
@@ -109,3 +107,4 @@ def _exit_with_parent() -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+
