@@ -102,7 +102,9 @@ class TensorParallelRunner:
         self.closed = True
         if self.error is None and not self.in_step:
             # from a thread: a worker that is not listening must not block close(); terminate() below frees it
-            threading.Thread(target=self._send_shutdown, daemon=True).start()
+            sender = threading.Thread(target=self._send_shutdown, daemon=True)
+            sender.start()
+            sender.join(timeout=5.0)  # exiting while it still sends would abort the interpreter
         for process in self.processes.values():
             polite = 10.0 if self.error is None and not self.in_step else 0.0
             for stop, wait_s in ((None, polite), (process.terminate, 3.0), (process.kill, None)):

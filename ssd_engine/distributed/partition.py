@@ -50,11 +50,14 @@ def attention_head_shards(num_heads: int, num_kv_heads: int, tp: int) -> list[He
     if tp <= num_kv_heads:
         return [HeadShard(kv.scaled(group), kv) for kv in even_spans(num_kv_heads, tp, "key/value heads")]
     ranks_per_kv = tp // num_kv_heads
-    if tp % num_kv_heads or group % ranks_per_kv:
+    if tp % num_kv_heads:
         raise ValueError(f"cannot split attention across tensor_parallel_size={tp}: with more ranks than "
-                         f"num_key_value_heads={num_kv_heads}, tp must be a multiple of it and each KV group's "
-                         f"{group} query heads (num_attention_heads={num_heads}) must split evenly over "
-                         f"{ranks_per_kv} ranks")
+                         f"num_key_value_heads={num_kv_heads}, tp must be a multiple of it (each KV head's "
+                         f"{group} query heads then split over tp / {num_kv_heads} ranks)")
+    if group % ranks_per_kv:
+        raise ValueError(f"cannot split attention across tensor_parallel_size={tp}: each of the "
+                         f"num_key_value_heads={num_kv_heads} KV heads has {group} query heads "
+                         f"(num_attention_heads={num_heads}), which do not split evenly over {ranks_per_kv} ranks")
     q_per_rank = group // ranks_per_kv
     return [HeadShard(Span(rank * q_per_rank, q_per_rank), Span(rank // ranks_per_kv, 1)) for rank in range(tp)]
 

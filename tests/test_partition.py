@@ -1,0 +1,82 @@
+"""Pure pieces of the tensor-parallel runtime: how a model splits, where ranks run, what travels."""
+import os
+
+import pytest
+
+from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
+from ssd_engine.distributed.placement import parse_core_sets, plan_core_sets
+from ssd_engine.distributed.worker import PageTableMirror
+
+
+def test_even_spans_cover_the_total_in_order():
+    spans = even_spans(131, 2, "intermediate_size")
+    assert spans == [Span(0, 66), Span(66, 65)]
+    assert even_spans(8, 4, "x") == [Span(2 * r, 2) for r in range(4)]
+    with pytest.raises(ValueError, match=r"cannot split vocab_size \(3\) across tensor_parallel_size=4"):
+        even_spans(3, 4, "vocab_size")
+
+
+def test_heads_split_by_whole_kv_groups_even_when_uneven():
+    # SmolLM2-135M: 9 query heads in 3 KV groups of 3 -> rank 0 takes two groups, rank 1 one
+    shards = attention_head_shards(9, 3, 2)
+    assert [(s.q, s.kv) for s in shards] == [(Span(0, 6), Span(0, 2)), (Span(6, 3), Span(2, 1))]
+    # Qwen2.5-1.5B: 12 heads, 2 KV heads, TP=2 -> one KV group each
+    assert [(s.q, s.kv) for s in attention_head_shards(12, 2, 2)] == [(Span(0, 6), Span(0, 1)), (Span(6, 6), Span(1, 1))]
+
+
+def test_more_ranks_than_kv_heads_replicate_each_kv_head():
+    shards = attention_head_shards(12, 2, 4)
+    assert [s.kv for s in shards] == [Span(0, 1), Span(0, 1), Span(1, 1), Span(1, 1)]
+    assert [s.q for s in shards] == [Span(0, 3), Span(3, 3), Span(6, 3), Span(9, 3)]
+    # every query head is computed exactly once, next to its own KV head
+    for s in shards:
+        assert all(h // 6 == s.kv.start for h in range(s.q.start, s.q.end))
+
+
+def test_unsplittable_heads_name_the_sizes():
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=3.*num_key_value_heads=2, tp must be a multiple"):
+        attention_head_shards(8, 2, 3)  # 3 ranks over 2 KV heads: not a multiple
+    with pytest.raises(ValueError, match=r"num_key_value_heads=1 KV heads has 3 query heads.*over 2 ranks"):
+        attention_head_shards(3, 1, 2)  # one group of 3 query heads cannot split over 2 ranks
+    with pytest.raises(ValueError, match="not a multiple of num_key_value_heads"):
+        attention_head_shards(6, 4, 2)
+
+
+def test_core_sets_parse_and_validate():
+    assert parse_core_sets("0-3;4-7") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert parse_core_sets("0,2;1") == [[0, 2], [1]]
+    for bad in ("0;;1", "a;1", "3-1;0"):
+        with pytest.raises(ValueError, match="cpu_cores"):
+            parse_core_sets(bad)
+    available = sorted(os.sched_getaffinity(0))
+    with pytest.raises(ValueError, match="overlap"):
+        plan_core_sets(2, f"{available[0]};{available[0]}")
+    with pytest.raises(ValueError, match="not available"):
+        plan_core_sets(1, "4096")
+    with pytest.raises(ValueError, match="gives 1 core sets for 2 ranks"):
+        plan_core_sets(2, str(available[0]))
+    with pytest.raises(ValueError, match=f"{len(available) + 1} ranks need"):
+        plan_core_sets(len(available) + 1, None)
+
+
+def test_default_placement_splits_this_process_cores_evenly():
+    available = sorted(os.sched_getaffinity(0))
+    sets = plan_core_sets(len(available), None)
+    assert sets == [[c] for c in available]
+    assert sum(plan_core_sets(1, None), []) == available
+
+
+def test_page_table_deltas_carry_only_changes():
+    """What rank 0 sends per sequence is (pages kept, pages appended); the worker's mirror follows
+    grow, trim (rejected drafts), preemption (table emptied, then rebuilt) and release."""
+    sender, worker = PageTableMirror(), PageTableMirror()
+    history = [[7], [7, 3], [7, 3, 9, 4], [7, 3], [], [5, 7, 3], [5, 7, 3, 8]]
+    sent = []
+    for table in history:
+        keep, appended = sender.delta(42, table)
+        sent.append((keep, appended))
+        assert worker.apply(42, keep, appended) == table
+    assert sent[2] == (2, [9, 4]) and sent[3] == (2, []) and sent[6] == (3, [8])
+    worker.forget(42)
+    sender.forget(42)
+    assert sender.delta(42, [1, 2]) == (0, [1, 2]) and worker.apply(42, 0, [1, 2]) == [1, 2]
