@@ -23,6 +23,7 @@ from transformers import AutoModelForCausalLM
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.distributed.executor import TensorParallelError
+from ssd_engine.distributed.shm_collectives import supported as shm_supported
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import ModelRunner
 from ssd_engine.engine.scheduler import ScheduledBatch
@@ -97,6 +98,22 @@ def _check_tp2_matches_tp1(path: str) -> None:
 @pytest.mark.parametrize("arch", sorted(SPLITS))
 def test_tp2_matches_tp1_on_tiny_models(tiny_model_dir, arch):
     _check_tp2_matches_tp1(tiny_model_dir(arch, **SPLITS[arch]))
+
+
+def test_tp2_matches_tp1_with_every_collective_on_gloo(tiny_model_dir, monkeypatch):
+    """The shared-memory all-reduce/gather is a fast path; gloo alone must give the same results."""
+    monkeypatch.setenv("SSD_ENGINE_TP_SHM", "0")
+    _check_tp2_matches_tp1(tiny_model_dir("llama", **SPLITS["llama"]))
+
+
+def test_shared_memory_collectives_are_used_on_x86(tiny_qwen2):
+    if not shm_supported():
+        pytest.skip("shared-memory collectives are x86-64 only")
+    with LLM(tiny_qwen2, tensor_parallel_size=2) as llm:
+        shm = llm.engine.runner.tp.shm
+        assert shm is not None
+        llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)
+        assert shm._round > 0  # the forward's all-reduces went through it
 
 
 def test_tp2_matches_tp1_on_smollm2(smollm2_dir):

@@ -6,6 +6,8 @@ engines in one process never share a default group. Two groups per engine:
   deadline (`timeout_s`) so a dead or stuck rank raises instead of hanging;
 - `control`: gloo, rank 0 broadcasting pickled commands to workers. Workers wait on it between
   requests, possibly for hours, so its deadline is long; rank 0 only ever sends on it.
+Ranks spawned on one x86 CPU machine also share a memory segment (shm_collectives.py) that carries
+the all-reduces and the logits gather in microseconds; tensors larger than it still go through gloo.
 """
 import datetime
 import pickle
@@ -13,15 +15,19 @@ import pickle
 import torch
 import torch.distributed as dist
 
+from ssd_engine.distributed.shm_collectives import ShmCollectives
+
 IDLE_TIMEOUT = datetime.timedelta(days=7)
+COMMAND_BYTES = 4096  # one broadcast carries a command this size; a longer one takes a second
+SHM_CAPACITY = 4 * 2**20  # floats per rank and buffer: decode/verify activations and most logits
 
 
 class TPGroup:
     """Rank, size and collectives of one tensor-parallel model; size 1 needs no processes."""
 
-    def __init__(self, rank: int = 0, size: int = 1, data=None, control=None) -> None:
+    def __init__(self, rank: int = 0, size: int = 1, data=None, control=None, shm: ShmCollectives | None = None) -> None:
         self.rank, self.size = rank, size
-        self._data, self._control = data, control
+        self._data, self._control, self.shm = data, control, shm
 
     @classmethod
     def single(cls) -> "TPGroup":
@@ -29,7 +35,10 @@ class TPGroup:
 
     @classmethod
     def create(cls, store, rank: int, size: int, device: torch.device, timeout_s: float,
-               loopback: bool) -> "TPGroup":
+               loopback: bool, shm_fd: int | None = None, peers_alive=None) -> "TPGroup":
+        shm = None
+        if shm_fd is not None and device.type == "cpu":
+            shm = ShmCollectives(shm_fd, rank, size, SHM_CAPACITY, timeout_s, peers_alive or (lambda: True))
         timeout = datetime.timedelta(seconds=timeout_s)
         control = _gloo(dist.PrefixStore("control", store), rank, size, timeout, loopback)
         if device.type == "cuda":
@@ -39,10 +48,12 @@ class TPGroup:
         else:
             data = _gloo(dist.PrefixStore("data", store), rank, size, timeout, loopback)
         control.set_timeout(IDLE_TIMEOUT)
-        return cls(rank, size, data, control)
+        return cls(rank, size, data, control, shm)
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
+            if self.shm is not None and tensor.is_contiguous() and self.shm.fits(tensor):
+                return self.shm.all_reduce(tensor)
             self._data.allreduce([tensor]).wait()
         return tensor
 
@@ -54,6 +65,9 @@ class TPGroup:
         width = max(sizes)
         padded = local if local.shape[1] == width else torch.nn.functional.pad(local, (0, width - local.shape[1]))
         padded = padded.contiguous()
+        if self.shm is not None and self.shm.fits(padded):
+            parts = self.shm.gather_columns(padded, width)
+            return None if parts is None else torch.cat([p[:, :s] for p, s in zip(parts, sizes)], dim=1)
         options = dist.GatherOptions()
         options.rootRank = 0
         outputs = [[torch.empty_like(padded) for _ in range(self.size)]] if self.rank == 0 else []
@@ -64,16 +78,26 @@ class TPGroup:
 
     def send_command(self, method: str, *args) -> None:
         """Rank 0: broadcast one command to every worker (a length, then the pickled bytes)."""
-        payload = torch.frombuffer(bytearray(pickle.dumps((method, args))), dtype=torch.uint8)
-        self._control.broadcast([torch.tensor([payload.numel()], dtype=torch.int64)], _root0()).wait()
-        self._control.broadcast([payload], _root0()).wait()
+        data = pickle.dumps((method, args))
+        head = torch.zeros(COMMAND_BYTES, dtype=torch.uint8)
+        head[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
+        inline = data[:COMMAND_BYTES - 8]
+        head[8:8 + len(inline)] = torch.frombuffer(bytearray(inline), dtype=torch.uint8)
+        self._control.broadcast([head], _root0()).wait()
+        if len(data) > len(inline):
+            rest = torch.frombuffer(bytearray(data[len(inline):]), dtype=torch.uint8)
+            self._control.broadcast([rest], _root0()).wait()
 
     def recv_command(self) -> tuple[str, tuple]:
-        length = torch.zeros(1, dtype=torch.int64)
-        self._control.broadcast([length], _root0()).wait()
-        payload = torch.empty(int(length.item()), dtype=torch.uint8)
-        self._control.broadcast([payload], _root0()).wait()
-        return pickle.loads(payload.numpy().tobytes())
+        head = torch.empty(COMMAND_BYTES, dtype=torch.uint8)
+        self._control.broadcast([head], _root0()).wait()
+        length = int(head[:8].view(torch.int64).item())
+        data = head[8:8 + length].numpy().tobytes()
+        if length > len(data):
+            rest = torch.empty(length - len(data), dtype=torch.uint8)
+            self._control.broadcast([rest], _root0()).wait()
+            data += rest.numpy().tobytes()
+        return pickle.loads(data)
 
     def barrier_status(self, failed: bool) -> int:
         """Every rank reports whether its step failed; returns how many did."""

@@ -19,7 +19,9 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.distributed.comm import SHM_CAPACITY, TPGroup
+from ssd_engine.distributed.shm_collectives import ShmCollectives
+from ssd_engine.distributed.shm_collectives import supported as shm_supported
 from ssd_engine.distributed.executor import TensorParallelError, TensorParallelRunner
 from ssd_engine.distributed.placement import describe, pin, plan_core_sets, unpin
 from ssd_engine.distributed.worker import serve
@@ -50,28 +52,36 @@ def _spawn(config, spec: RunnerSpec) -> TensorParallelRunner:
     threads = [config.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
     store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    # SSD_ENGINE_TP_SHM=0 keeps every collective on gloo (to compare, or to rule the shared memory out)
+    use_shm = on_cpu and shm_supported() and os.environ.get("SSD_ENGINE_TP_SHM", "1") != "0"
+    shm_fd = ShmCollectives.create_fd(size, SHM_CAPACITY) if use_shm else None
     processes = {}
     for rank in range(1, size):
         # a fresh interpreter (not multiprocessing): no re-import of the user's __main__, no helper processes
         device = spec.device if on_cpu else f"cuda:{(torch.device(spec.device).index or 0) + rank}"
         args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
-                    device=device, timeout_s=config.distributed_timeout_s)
+                    device=device, timeout_s=config.distributed_timeout_s, shm_fd=shm_fd)
         processes[rank] = subprocess.Popen([sys.executable, "-m", "ssd_engine.distributed.worker_main", json.dumps(args)],
-                                           stdin=subprocess.DEVNULL)
+                                           stdin=subprocess.DEVNULL, pass_fds=() if shm_fd is None else (shm_fd,))
     restore = pin(core_sets[0], threads[0]) if on_cpu else None
     spec = dataclasses.replace(spec, weight_layout=config.weight_layout)  # for rank 0's pinned thread count
     where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: cuda:{r}" for r in range(size))
-    print(f"tensor parallel: {size} ranks ({'gloo' if on_cpu else 'nccl'}); {where}; "
+    transport = ("shared memory + gloo" if use_shm else "gloo") if on_cpu else "nccl"
+    print(f"tensor parallel: {size} ranks ({transport}); {where}; "
           f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)
     try:
         _wait_started(store, processes)
-        tp = TPGroup.create(store, 0, size, torch.device(spec.device), config.distributed_timeout_s, loopback=True)
+        tp = TPGroup.create(store, 0, size, torch.device(spec.device), config.distributed_timeout_s, loopback=True,
+                            shm_fd=shm_fd, peers_alive=lambda: all(p.poll() is None for p in processes.values()))
         runner = TensorParallelRunner(tp, spec, processes, restore)
     except BaseException:
         _stop(processes)
         if restore is not None:
             unpin(restore)
         raise
+    finally:
+        if shm_fd is not None:
+            os.close(shm_fd)  # the mappings keep the memory; it goes when the last process holding it exits
     runner._store = store  # the store lives as long as the group
     _close_at_exit(runner)
     return runner

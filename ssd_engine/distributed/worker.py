@@ -80,9 +80,9 @@ def serve(tp: TPGroup) -> None:
 
 
 def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
-                   timeout_s: float) -> None:
+                   timeout_s: float, shm_fd: int | None = None) -> None:
     """A spawned worker (ranks 1..N-1 on this machine): join rank 0's store, then serve."""
-    _exit_with_parent()
+    parent = _exit_with_parent()
     if cores is not None:
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
@@ -92,11 +92,12 @@ def worker_process(port: int, rank: int, size: int, cores: list[int] | None, thr
     import torch.distributed as dist
     store = dist.TCPStore("127.0.0.1", port, size, False, timeout=datetime.timedelta(seconds=timeout_s))
     store.set(f"started/{rank}", str(os.getpid()))
-    tp = TPGroup.create(store, rank, size, torch.device(device), timeout_s, loopback=True)
+    tp = TPGroup.create(store, rank, size, torch.device(device), timeout_s, loopback=True, shm_fd=shm_fd,
+                        peers_alive=lambda: os.getppid() == parent)
     serve(tp)
 
 
-def _exit_with_parent() -> None:
+def _exit_with_parent() -> int:
     """Exit if rank 0's process goes away (even by SIGKILL), so no worker is ever orphaned."""
     parent = os.getppid()
 
@@ -107,4 +108,5 @@ def _exit_with_parent() -> None:
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()
+    return parent
 
