@@ -5,7 +5,8 @@
 
 Configurations, each in its own fresh process (so memory and thread pools never mix):
   tp1-Nt  TP=1, one process with N threads on all the given cores (what `generate` does today)
-  tp2     TP=2, rank 0 and rank 1 each pinned to one half of the cores (gloo over loopback)
+  tp2     TP=2, rank 0 and rank 1 each pinned to one half of the cores (shared-memory collectives)
+  tp2-gloo the same with every collective on gloo over loopback
   tp1-half TP=1 on half the cores: what one rank of tp2 has to itself
 Greedy, EOS ignored, the same code prompts for every configuration; tok/s = generated tokens /
 wall time of `generate` (prefill included, prompts are short). Writes results/DATE-tp.md.
@@ -56,7 +57,9 @@ def child(spec: dict) -> dict:
 
 
 def run_child(spec: dict) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], stdout=subprocess.PIPE, text=True)
+    env = {**os.environ, **spec.get("env", {})}
+    proc = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], stdout=subprocess.PIPE, text=True,
+                          env=env)
     if proc.returncode != 0:
         raise SystemExit(f"{spec['name']} failed (exit code {proc.returncode}); see its traceback above")
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -90,6 +93,9 @@ def main() -> None:
         dict(base, name=f"tp1-{len(cores)}t", tp=1, cores=cores, placement=f"1 process, cores {cores}, {len(cores)} threads"),
         dict(base, name="tp2", tp=2, cores=cores, rank_cores=[",".join(map(str, cores[:half])), ",".join(map(str, cores[half:]))],
              placement=f"rank 0 cores {cores[:half]}, rank 1 cores {cores[half:]}, {half} thread(s) each"),
+        dict(base, name="tp2-gloo", tp=2, cores=cores, env={"SSD_ENGINE_TP_SHM": "0"},
+             rank_cores=[",".join(map(str, cores[:half])), ",".join(map(str, cores[half:]))],
+             placement=f"as tp2, every collective on gloo (SSD_ENGINE_TP_SHM=0)"),
         dict(base, name="tp1-half", tp=1, cores=cores[:half], placement=f"1 process, cores {cores[:half]}, {half} thread(s)"),
     ]
     results = {}
