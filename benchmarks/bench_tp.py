@@ -89,13 +89,12 @@ def main() -> None:
         raise SystemExit("--cores needs at least 2 cores (one per rank)")
     base = dict(model=args.model, prompts=load_prompts("code", args.num_prompts), new_tokens=args.new_tokens,
                 batch=[int(b) for b in args.batch.split(",")])
+    tp2 = dict(base, tp=2, cores=cores, rank_cores=[",".join(map(str, cores[:half])), ",".join(map(str, cores[half:]))])
     configs = [
         dict(base, name=f"tp1-{len(cores)}t", tp=1, cores=cores, placement=f"1 process, cores {cores}, {len(cores)} threads"),
-        dict(base, name="tp2", tp=2, cores=cores, rank_cores=[",".join(map(str, cores[:half])), ",".join(map(str, cores[half:]))],
-             placement=f"rank 0 cores {cores[:half]}, rank 1 cores {cores[half:]}, {half} thread(s) each"),
-        dict(base, name="tp2-gloo", tp=2, cores=cores, env={"SSD_ENGINE_TP_SHM": "0"},
-             rank_cores=[",".join(map(str, cores[:half])), ",".join(map(str, cores[half:]))],
-             placement=f"as tp2, every collective on gloo (SSD_ENGINE_TP_SHM=0)"),
+        dict(tp2, name="tp2", placement=f"rank 0 cores {cores[:half]}, rank 1 cores {cores[half:]}, {half} thread(s) each"),
+        dict(tp2, name="tp2-gloo", env={"SSD_ENGINE_TP_SHM": "0"},
+             placement="as tp2, every collective on gloo (SSD_ENGINE_TP_SHM=0)"),
         dict(base, name="tp1-half", tp=1, cores=cores[:half], placement=f"1 process, cores {cores[:half]}, {half} thread(s)"),
     ]
     results = {}

@@ -67,14 +67,15 @@ class TPGroup:
         padded = padded.contiguous()
         if self.shm is not None and self.shm.fits(padded):
             parts = self.shm.gather_columns(padded, width)
-            return None if parts is None else torch.cat([p[:, :s] for p, s in zip(parts, sizes)], dim=1)
-        options = dist.GatherOptions()
-        options.rootRank = 0
-        outputs = [[torch.empty_like(padded) for _ in range(self.size)]] if self.rank == 0 else []
-        self._data.gather(outputs, [padded], options).wait()
-        if self.rank != 0:
+        else:
+            options = dist.GatherOptions()
+            options.rootRank = 0
+            outputs = [[torch.empty_like(padded) for _ in range(self.size)]] if self.rank == 0 else []
+            self._data.gather(outputs, [padded], options).wait()
+            parts = outputs[0] if self.rank == 0 else None
+        if parts is None:
             return None
-        return torch.cat([part[:, :size] for part, size in zip(outputs[0], sizes)], dim=1)
+        return torch.cat([part[:, :size] for part, size in zip(parts, sizes)], dim=1)
 
     def send_command(self, method: str, *args) -> None:
         """Rank 0: broadcast one command to every worker (a length, then the pickled bytes)."""
@@ -102,12 +103,9 @@ class TPGroup:
     def barrier_status(self, failed: bool) -> int:
         """Every rank reports whether its step failed; returns how many did."""
         flag = torch.tensor([int(failed)], dtype=torch.int64)
-        self._control_allreduce(flag)
-        return int(flag.item())
-
-    def _control_allreduce(self, tensor: torch.Tensor) -> None:
         if self.size > 1:
-            self._control.allreduce([tensor]).wait()
+            self._control.allreduce([flag]).wait()
+        return int(flag.item())
 
 
 def _root0():

@@ -4,6 +4,8 @@ import os
 
 import torch
 
+from ssd_engine.distributed.partition import even_spans
+
 
 def parse_core_sets(spec: str) -> list[list[int]]:
     """'0-3;4-7' or '0,2;1,3' -> [[0, 1, 2, 3], [4, 5, 6, 7]] (one set per rank, ';'-separated)."""
@@ -28,13 +30,7 @@ def plan_core_sets(num_ranks: int, spec: str | None) -> list[list[int]]:
         if len(available) < num_ranks:
             raise ValueError(f"{num_ranks} ranks need {num_ranks} disjoint core sets but this process may use only "
                              f"{len(available)} cores {available}; pass cpu_cores to place them explicitly")
-        base, extra = divmod(len(available), num_ranks)
-        sets, start = [], 0
-        for rank in range(num_ranks):
-            size = base + (rank < extra)
-            sets.append(available[start:start + size])
-            start += size
-        return sets
+        return [available[s.start:s.end] for s in even_spans(len(available), num_ranks, "cores")]
     sets = parse_core_sets(spec)
     if len(sets) != num_ranks:
         raise ValueError(f"cpu_cores {spec!r} gives {len(sets)} core sets for {num_ranks} ranks")
@@ -86,7 +82,7 @@ def describe(core_sets: list[list[int]], threads: list[int]) -> str:
 def _ranges(cores: list[int]) -> str:
     parts, start = [], cores[0]
     for prev, cur in zip(cores, cores[1:] + [None]):
-        if cur != prev + 1 if cur is not None else True:
+        if cur is None or cur != prev + 1:
             parts.append(str(start) if start == prev else f"{start}-{prev}")
             start = cur
     return ",".join(parts)

@@ -67,11 +67,12 @@ class ShmCollectives:
         return tensor
 
     def gather_columns(self, local: torch.Tensor, width: int) -> list[torch.Tensor] | None:
-        """Every rank's [R, width] (padded) slice, on rank 0; None elsewhere."""
+        """Every rank's [R, width] (padded) slice, on rank 0; None elsewhere. The slices are views of
+        the shared buffer, valid until this rank's next collective: copy (concatenate) them first."""
         slots = self._exchange(local)
         if self.rank != 0:
             return None
-        return [slots[r].view(local.shape[0], width).clone() for r in range(self.world)]
+        return [slots[r].view(local.shape[0], width) for r in range(self.world)]
 
     def _exchange(self, tensor: torch.Tensor) -> torch.Tensor:
         """Publish this rank's tensor for the next round; return every rank's [world, numel] slots."""

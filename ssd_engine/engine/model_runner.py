@@ -38,7 +38,7 @@ class StepInputs:
             token_ids = [seq.token_ids[s:s + n] for seq, s, n in zip(batch.seqs, starts, batch.num_new_tokens)]
         for fed, n in zip(token_ids, batch.num_new_tokens):
             assert len(fed) == n
-        return cls(starts, [list(t) for t in token_ids], [seq.block_table for seq in batch.seqs], logit_rows)
+        return cls(starts, list(token_ids), [seq.block_table for seq in batch.seqs], logit_rows)
 
 
 @dataclass(frozen=True)
