@@ -11,13 +11,14 @@ from dataclasses import dataclass, fields
 SPECULATIVE_MODES = ("ar", "sd", "ssd")
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
+SSD_FALLBACKS = ("jit", "fast")
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     model: str | None = None                 # HF folder; None = the built-in default target
     draft_model: str | None = None           # HF folder; None with model=None = the default draft
-    speculative_mode: str = "ar"
+    speculative_mode: str | None = None      # ar | sd | ssd; None = ssd when a draft is known, else ar
     num_speculative_tokens: int = 4          # K: draft tokens per round
     tokenizer: str | None = None             # defaults to the model folder
     max_model_len: int | None = None         # prompt + output limit; None = min(checkpoint's, 4096)
@@ -36,9 +37,16 @@ class EngineConfig:
     tensor_parallel_size: int = 1            # target ranks: rank 0 here, 1..N-1 spawned (or joined via torchrun)
     cpu_cores: str | None = None             # core set per rank, e.g. "0;1" or "0-3;4-7"; None = split evenly (TP > 1)
     distributed_timeout_s: float = 60.0      # a collective waiting longer than this raises instead of hanging
+    ssd_fanout: str | int | tuple = 1        # SSD bonus candidates per accepted count k: one int, or K+1 ("1,1,1,1,2")
+    ssd_fallback: str = "jit"                # SSD cache miss: jit (primary drafts now, exact-slow) | fast (n-gram/random)
+    draft_timeout_s: float = 30.0            # SSD: a draft reply later than this counts as a dead draft
 
     @property
     def weight_layout(self) -> str:
+        return self.weight_layout_for(self.num_threads or torch.get_num_threads())
+
+    def weight_layout_for(self, threads: int) -> str:
+        """The layout a process with `threads` torch threads should use (e.g. the SSD draft's)."""
         if self.enforce_eager or self.device != "cpu":
             return "plain"
         if self.cpu_weight_layout != "auto":
@@ -46,10 +54,27 @@ class EngineConfig:
         # measured on AVX2: with one thread plain F.linear wins for single rows, so keep both
         # layouts; with two or more the packed kernel wins for every row count
         # (a tensor-parallel rank reads this after pinning, so it sees its own thread count)
-        threads = self.num_threads or torch.get_num_threads()
         return "dual" if threads == 1 else "packed"
 
+    def fanout(self) -> list[int]:
+        """ssd_fanout as K+1 non-negative integers (one value applies to every k)."""
+        value = self.ssd_fanout
+        if isinstance(value, str):
+            value = [int(v) for v in value.replace(" ", "").split(",") if v] if _all_ints(value) else None
+        elif _is_int(value):
+            value = [value]
+        else:
+            value = list(value) if isinstance(value, (list, tuple)) and all(_is_int(v) for v in value) else None
+        k = self.num_speculative_tokens
+        _check(value is not None and len(value) in (1, k + 1) and all(v >= 0 for v in value),
+               f"ssd_fanout must be one integer >= 0 or {k + 1} of them (one per accepted count k = 0..{k}), "
+               f"got {self.ssd_fanout!r}")
+        return value * (k + 1) if len(value) == 1 else value
+
     def __post_init__(self) -> None:
+        if self.speculative_mode is None:  # the default pair, or a user-given draft, means SSD
+            drafted = self.model is None or self.draft_model is not None
+            object.__setattr__(self, "speculative_mode", "ssd" if drafted else "ar")
         _check(self.speculative_mode in SPECULATIVE_MODES,
                f"speculative_mode must be one of {SPECULATIVE_MODES}, got {self.speculative_mode!r}")
         _check(self.cpu_weight_layout in WEIGHT_LAYOUTS,
@@ -66,8 +91,13 @@ class EngineConfig:
             _check(value is None or (_is_int(value) and value >= 1),
                    f"{name} must be an integer >= 1, got {value!r}")
         _check(isinstance(self.kv_cache_memory_gb, (int, float)) and self.kv_cache_memory_gb > 0, f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
-        _check(isinstance(self.distributed_timeout_s, (int, float)) and self.distributed_timeout_s > 0,
-               f"distributed_timeout_s must be > 0, got {self.distributed_timeout_s!r}")
+        for name in ("distributed_timeout_s", "draft_timeout_s"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                   f"{name} must be > 0, got {value!r}")
+        _check(self.ssd_fallback in SSD_FALLBACKS,
+               f"ssd_fallback must be one of {SSD_FALLBACKS}, got {self.ssd_fallback!r}")
+        self.fanout()  # validates
         if self.cpu_cores is not None:
             from ssd_engine.distributed.placement import parse_core_sets
             parse_core_sets(self.cpu_cores)  # a malformed spec fails here, naming itself
@@ -95,6 +125,10 @@ def unknown_option_message(key: str, valid: list[str]) -> str:
 
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _all_ints(text: str) -> bool:
+    return all(v.strip().isdigit() for v in text.split(",")) and bool(text.strip())
 
 
 def _check(ok: bool, message: str) -> None:

@@ -49,6 +49,16 @@ def main(argv: list[str] | None = None) -> int:
               f"acceptance_rate={spec['acceptance_rate']:.3f} mean_acceptance_length={spec['mean_acceptance_length']:.2f} "
               f"per_position={[round(x, 3) for x in spec['per_position_acceptance_rate']]} "
               f"histogram={spec['accepted_length_histogram']}", file=sys.stderr)
+        if "cache_hit_rate" in spec:
+            by_k = {k: round(v, 3) for k, v in spec["cache_hit_rate_by_k"].items()}
+            print(f"[ssd] cache_hit_rate={spec['cache_hit_rate']:.3f} (after the first round: "
+                  f"{spec['cache_hit_rate_warm']:.3f}) by_k={by_k} acceptance_on_hits={spec['acceptance_on_hits']:.3f} "
+                  f"acceptance_on_misses={spec['acceptance_on_misses']:.3f} "
+                  f"speculations={spec['speculations_by_source']} T_p={spec['T_p']:.2f} "
+                  f"(draft build {spec['draft_build_s_per_round'] * 1e3:.0f} ms / verify "
+                  f"{spec['verify_s_per_round'] * 1e3:.0f} ms per round; wait for draft "
+                  f"{spec['coordinator_wait_s_per_round'] * 1e3:.0f} ms) draft_failures={len(spec['draft_failures'])}",
+                  file=sys.stderr)
     llm.close()
     return 0
 

@@ -64,11 +64,14 @@ class LLM:
         return [self.engine.to_output(seq) for seq in seqs]
 
     def speculation_metrics(self) -> dict:
-        """Engine-wide acceptance metrics (vLLM definitions); empty counters in AR mode."""
-        return self.engine.spec_metrics.total.summary()
+        """Engine-wide acceptance metrics (vLLM definitions; empty counters in AR mode), plus in SSD
+        mode the cache-hit rates, acceptance on hits and misses, fallbacks, draft failures and T_p."""
+        summary = self.engine.spec_metrics.total.summary()
+        ssd = getattr(self.engine.speculator, "metrics", None)
+        return {**summary, **ssd.summary()} if ssd is not None else summary
 
     def close(self) -> None:
-        """Stop every child process (tensor-parallel workers); safe to call twice."""
+        """Stop every child process (draft process, tensor-parallel workers); safe to call twice."""
         if self.engine is not None:
             self.engine.close()
         self.engine = None

@@ -38,17 +38,21 @@ def torchrun_world() -> tuple[int, int] | None:
     return None
 
 
-def start_tensor_parallel(config, spec: RunnerSpec) -> TensorParallelRunner:
+def start_tensor_parallel(config, spec: RunnerSpec, core_sets: list[list[int]] | None = None) -> TensorParallelRunner:
+    """`core_sets`: the ranks' cores when the caller planned them (SSD adds the draft's set)."""
     joined = torchrun_world()
     if joined is not None:
         return _join_torchrun(config, spec, *joined)
-    return _spawn(config, spec)
+    return _spawn(config, spec, core_sets)
 
 
-def _spawn(config, spec: RunnerSpec) -> TensorParallelRunner:
+def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> TensorParallelRunner:
     size = config.tensor_parallel_size
     on_cpu = spec.device == "cpu"
-    core_sets = plan_core_sets(size, config.cpu_cores) if on_cpu else [None] * size
+    if on_cpu:
+        core_sets = core_sets or plan_core_sets(size, config.cpu_cores)
+    else:
+        core_sets = [None] * size
     threads = [config.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
     store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
@@ -83,7 +87,7 @@ def _spawn(config, spec: RunnerSpec) -> TensorParallelRunner:
         if shm_fd is not None:
             os.close(shm_fd)  # the mappings keep the memory; it goes when the last process holding it exits
     runner._store = store  # the store lives as long as the group
-    _close_at_exit(runner)
+    close_at_exit(runner)
     return runner
 
 
@@ -120,7 +124,7 @@ def _join_torchrun(config, spec: RunnerSpec, rank: int, size: int) -> TensorPara
         serve(tp)
         raise SystemExit(0)  # this process only served rank 0; the script's remaining work is rank 0's
     runner = TensorParallelRunner(tp, spec, {}, restore)
-    _close_at_exit(runner)
+    close_at_exit(runner)
     return runner
 
 
@@ -130,9 +134,9 @@ def _stop(processes: dict) -> None:
         process.wait()
 
 
-def _close_at_exit(runner: TensorParallelRunner) -> None:
-    """Normal interpreter exit shuts the workers down cleanly even if close() was never called."""
-    ref = weakref.ref(runner)
+def close_at_exit(owner) -> None:
+    """Normal interpreter exit closes `owner` (stopping its child processes) even if close() was never called."""
+    ref = weakref.ref(owner)
 
     def close() -> None:
         alive = ref()

@@ -82,7 +82,7 @@ def serve(tp: TPGroup) -> None:
 def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
                    timeout_s: float, shm_fd: int | None = None) -> None:
     """A spawned worker (ranks 1..N-1 on this machine): join rank 0's store, then serve."""
-    parent = _exit_with_parent()
+    parent = exit_with_parent()
     if cores is not None:
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
@@ -97,14 +97,14 @@ def worker_process(port: int, rank: int, size: int, cores: list[int] | None, thr
     serve(tp)
 
 
-def _exit_with_parent() -> int:
-    """Exit if rank 0's process goes away (even by SIGKILL), so no worker is ever orphaned."""
+def exit_with_parent(label: str = "tensor-parallel worker") -> int:
+    """Exit if rank 0's process goes away (even by SIGKILL), so no child is ever orphaned."""
     parent = os.getppid()
 
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(0.5)
-        print(f"tensor-parallel worker {os.getpid()}: coordinator {parent} is gone, exiting", file=sys.stderr)
+        print(f"{label} {os.getpid()}: coordinator {parent} is gone, exiting", file=sys.stderr)
         os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="parent-watch").start()

@@ -3,6 +3,7 @@
 AR is the degenerate case with no speculation: every scheduled sequence whose computed tokens
 reach its end gets one sampled token. Requests join and leave between steps (continuous batching).
 """
+import logging
 import os
 import time
 
@@ -15,7 +16,8 @@ from ssd_engine.engine.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.engine.sequence import Sequence
-from ssd_engine.distributed.launch import start_tensor_parallel, torchrun_world
+from ssd_engine.distributed.launch import close_at_exit, start_tensor_parallel, torchrun_world
+from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.models.loader import load_config
 from ssd_engine.outputs import RequestMetrics, RequestOutput
@@ -24,7 +26,9 @@ from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.sampling_params import SamplingParams
 from ssd_engine.spec.metrics import SpecMetrics
-from ssd_engine.spec.setup import build_sync_draft
+from ssd_engine.spec.setup import build_sync_draft, start_async_draft
+
+log = logging.getLogger("ssd_engine")
 
 
 def resolve_model_path(config: EngineConfig, which: str = "target") -> str:
@@ -40,6 +44,16 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
+        self._pinned, self.runner, self.speculator = None, None, None
+        try:
+            self._build()
+        except BaseException:
+            self.close()  # a half-built engine leaves no child process and no pinned cores behind
+            raise
+
+    def _build(self) -> None:
+        config = self.config
+        core_sets = self._place()
         self.model_path = resolve_model_path(config)
         self.hf_config = load_config(self.model_path)
         check_splittable(self.hf_config, config.tensor_parallel_size)
@@ -53,7 +67,7 @@ class LLMEngine:
         spec = RunnerSpec(self.model_path, num_blocks, config.block_size, max_position, config.dtype,
                           config.device, config.weight_layout)
         if config.tensor_parallel_size > 1 or torchrun_world() is not None:
-            self.runner = start_tensor_parallel(config, spec)
+            self.runner = start_tensor_parallel(config, spec, core_sets and core_sets[:-1])
         else:
             self.runner = spec.build()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
@@ -62,14 +76,35 @@ class LLMEngine:
             self.scheduler.release_hooks.append(self.runner.release)
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.speculator = None
         self.spec_metrics = SpecMetrics(config.num_speculative_tokens)
         if config.speculative_mode == "sd":
             self.speculator = build_sync_draft(config, self, num_blocks, max_position, dtype)
             self.scheduler.release_hooks.append(self.speculator.release)
+        elif config.speculative_mode == "ssd":
+            cores = core_sets[-1] if core_sets else None
+            threads = config.num_threads or (len(cores) if cores else torch.get_num_threads())
+            self.speculator = start_async_draft(config, self, num_blocks, max_position, cores, threads)
+            self.scheduler.release_hooks.append(self.speculator.release)
+            close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
 
     # ---- set-up helpers -------------------------------------------------------------------
+    def _place(self) -> list[list[int]] | None:
+        """On CPU, SSD gives the draft process cores of its own: one core set per target rank, then
+        the draft's. This process (rank 0) is pinned to the first set until close()."""
+        config = self.config
+        if config.speculative_mode != "ssd" or config.device != "cpu" or torchrun_world() is not None:
+            return None
+        needed = config.tensor_parallel_size + 1
+        if config.cpu_cores is None and len(available_cores()) < needed:
+            log.warning("SSD wants %d disjoint core sets (target ranks + draft) but this process may use %d "
+                        "cores; the draft shares them", needed, len(available_cores()))
+            return None
+        core_sets = plan_core_sets(needed, config.cpu_cores)
+        if config.tensor_parallel_size == 1:
+            self._pinned = pin(core_sets[0], config.num_threads or len(core_sets[0]))
+        return core_sets
+
     def _max_model_len(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 4096
         if self.config.max_model_len is None:
@@ -211,7 +246,9 @@ class LLMEngine:
             for j, i in enumerate(spec):
                 out[i] = result.output_tokens[j]
                 if proposal.num_draft[j] > 0:
-                    self.spec_metrics.record(batch.seqs[i].seq_id, len(result.output_tokens[j]) - 1)
+                    accepted = len(result.output_tokens[j]) - 1
+                    self.spec_metrics.record(batch.seqs[i].seq_id, accepted)
+                    self.speculator.on_verified(batch.seqs[i], accepted)
         return out
 
     def _verify(self, seqs: list[Sequence], proposal, target_logits: torch.Tensor):
@@ -223,7 +260,8 @@ class LLMEngine:
                                  proposal.num_draft)
         probs = SamplingTensors.from_params(params, target_logits.device).repeat_interleave(k + 1).probs(target_logits)
         return verify(proposal.tokens, proposal.probs, probs.view(len(seqs), k + 1, -1),
-                      [s.generator for s in seqs], num_draft=proposal.num_draft, default_generator=self.generator)
+                      [s.generator for s in seqs], num_draft=proposal.num_draft, default_generator=self.generator,
+                      one_hot_rows=proposal.one_hot)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         params = [seq.params for seq in seqs]
@@ -237,9 +275,14 @@ class LLMEngine:
         self.scheduler.finish(seq)
 
     def close(self) -> None:
-        """Stop tensor-parallel workers (if any); the engine is unusable afterwards."""
+        """Stop the draft process and tensor-parallel workers (if any); the engine is unusable afterwards."""
+        if hasattr(self.speculator, "close"):
+            self.speculator.close()
         if hasattr(self.runner, "close"):
             self.runner.close()
+        if self._pinned is not None:
+            unpin(self._pinned)
+            self._pinned = None
 
     def to_output(self, seq: Sequence) -> RequestOutput:
         m = seq.metrics

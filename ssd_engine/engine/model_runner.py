@@ -126,6 +126,11 @@ class ModelRunner:
         return self.run(StepInputs.from_batch(batch, logit_rows, token_ids))
 
     @torch.inference_mode()
+    def run_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+        """Forward with attention metadata built by the caller (tree attention); logits of every row."""
+        return self.model.compute_logits(self.model(input_ids, positions, meta)).float()
+
+    @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
         """Forward one step; logits on rank 0, None on other tensor-parallel ranks."""
         input_ids, positions, meta = self.prepare(inputs)

@@ -44,13 +44,16 @@ def verify(
     generators: Sequence[torch.Generator | None],
     num_draft: Tensor | None = None,
     default_generator: torch.Generator | None = None,
+    one_hot_rows: Tensor | None = None,
 ) -> VerifyResult:
     """Stochastic verification of a batch.
 
     draft_tokens [n, K] int64; draft_probs [n, K, V] (the rows the draft sampled from) or None for
     deterministic proposals; target_probs [n, K+1, V]; num_draft [n] real draft tokens per row
     (the rest is padding and is never read as a token). p and q rows must be normalised, as
-    ``probs_from_logits`` makes them: the acceptance ratio p(x)/q(x) assumes it.
+    ``probs_from_logits`` makes them: the acceptance ratio p(x)/q(x) assumes it. one_hot_rows [n]
+    bool marks rows verified as deterministic proposals even though draft_probs is given (a batch
+    mixing sampled drafts with n-gram / random / greedy ones); their draft_probs rows are ignored.
     """
     n, k_max = draft_tokens.shape
     device = target_probs.device
@@ -68,7 +71,11 @@ def verify(
     u = draw_uniforms(generators, counts, k_max + 1, device, default_generator)
 
     p_x = target_probs[:, :k_max].gather(2, x.unsqueeze(2)).squeeze(2).double()
-    q_x = 1.0 if draft_probs is None else draft_probs.gather(2, x.unsqueeze(2)).squeeze(2).double()
+    one_hot_q = torch.ones(n, dtype=torch.bool, device=device) if draft_probs is None else (
+        torch.zeros(n, dtype=torch.bool, device=device) if one_hot_rows is None else one_hot_rows.to(device))
+    q_x = torch.ones(n, k_max, dtype=torch.float64, device=device)
+    if draft_probs is not None:
+        q_x = torch.where(one_hot_q.unsqueeze(1), q_x, draft_probs.gather(2, x.unsqueeze(2)).squeeze(2).double())
     # u < p/q without dividing (q may be 0 for malformed input; then any p > 0 accepts).
     accepted = (u[:, :k_max] * q_x < p_x) & valid
     num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
@@ -79,10 +86,10 @@ def verify(
     dist = p_bonus
     if k_max > 0:
         at = num_accepted.clamp(max=k_max - 1)
-        if draft_probs is None:
-            residual = p_bonus.scatter(1, x[rows, at].unsqueeze(1), 0.0)
-        else:
-            residual = (p_bonus - draft_probs[rows, at].float()).clamp_min(0.0)
+        residual = p_bonus.scatter(1, x[rows, at].unsqueeze(1), 0.0)  # one-hot q: p without x
+        if draft_probs is not None:
+            sampled = (p_bonus - draft_probs[rows, at].float()).clamp_min(0.0)
+            residual = torch.where(one_hot_q.unsqueeze(1), residual, sampled)
         # p == q up to round-off can leave nothing; the rejection was itself a round-off event,
         # and p is the right distribution to fall back to.
         use_p = (num_accepted == nd) | (residual.sum(dim=-1) <= 0)

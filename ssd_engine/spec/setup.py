@@ -1,9 +1,11 @@
-"""Build the SD draft: load it, check it shares the target's tokenizer, size its KV like the target's."""
+"""Build the SD draft (colocated) or start the SSD draft process: load it, check it shares the target's tokenizer, size its KV like the target's."""
 import torch
 from transformers import AutoTokenizer
 
 from ssd_engine.engine.model_runner import ModelRunner
 from ssd_engine.models.loader import load_config
+from ssd_engine.spec.async_client import AsyncDraftClient
+from ssd_engine.spec.draft_process import DraftSpec
 from ssd_engine.spec.sync_draft import SyncDraft
 
 
@@ -13,7 +15,9 @@ def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: st
                          f"draft {draft_path} has {len(draft_tok)}; speculative decoding needs the same vocabulary")
 
 
-def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: torch.dtype) -> SyncDraft:
+def draft_path_and_vocab(config, engine) -> tuple[str, int]:
+    """The draft's folder (checked against the target's tokenizer) and the ids it may propose:
+    ids past the tokenizer (embedding padding) or past either model's vocabulary never are."""
     from ssd_engine.engine.llm_engine import resolve_model_path
     draft_path = resolve_model_path(config, "draft")
     draft_config = load_config(draft_path)
@@ -21,10 +25,31 @@ def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: 
     if config.max_num_batched_tokens < config.num_speculative_tokens + 1:
         raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} cannot fit one verification of "
                          f"num_speculative_tokens+1={config.num_speculative_tokens + 1} tokens")
-    runner = ModelRunner(draft_path, draft_config, num_kv_blocks=num_blocks, block_size=config.block_size,
+    return draft_path, min(len(engine.tokenizer), draft_config.vocab_size, engine.hf_config.vocab_size)
+
+
+def start_async_draft(config, engine, num_blocks: int, max_position: int, cores: list[int] | None,
+                      threads: int) -> AsyncDraftClient:
+    """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU."""
+    draft_path, vocab = draft_path_and_vocab(config, engine)
+    device = config.device
+    if device.startswith("cuda"):
+        first = torch.device(device).index or 0
+        wanted = first + config.tensor_parallel_size
+        # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
+        device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
+    spec = DraftSpec(draft_path, num_blocks, config.block_size, max_position, config.dtype, device,
+                     config.weight_layout_for(threads),
+                     config.num_speculative_tokens, vocab, tuple(config.fanout()), config.ssd_fallback,
+                     config.max_num_seqs, config.seed)
+    return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, config.draft_timeout_s,
+                            engine.generator)
+
+
+def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: torch.dtype) -> SyncDraft:
+    draft_path, proposable = draft_path_and_vocab(config, engine)
+    runner = ModelRunner(draft_path, load_config(draft_path), num_kv_blocks=num_blocks, block_size=config.block_size,
                          max_model_len=max_position, dtype=dtype, device=engine.device,
                          weight_layout=config.weight_layout)
-    # ids past the tokenizer (embedding padding) or past the target's vocabulary are never proposed
-    proposable = min(len(engine.tokenizer), draft_config.vocab_size, engine.hf_config.vocab_size)
     return SyncDraft(runner, num_blocks, config.block_size, config.num_speculative_tokens, proposable,
                      engine.generator)

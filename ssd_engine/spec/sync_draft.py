@@ -39,6 +39,7 @@ class Proposal:
     tokens: torch.Tensor                 # [n, K] draft tokens of the decoding sequences (batch order)
     probs: torch.Tensor | None           # [n, K, V] rows they were sampled from; None when all greedy
     num_draft: torch.Tensor              # [n] real drafts per row (0: no drafts this round)
+    one_hot: torch.Tensor | None = None  # [n] bool: verify this row as deterministic proposals (probs row unused)
 
 
 class SyncDraft:
@@ -154,6 +155,9 @@ class SyncDraft:
         for view in views:
             view.num_computed_tokens = len(view.seq) + offset + 1
         return logits
+
+    def on_verified(self, seq: Sequence, accepted: int) -> None:
+        """SD keeps no per-round outcome state: accept() trims the draft KV."""
 
     def accept(self, seq: Sequence, num_kept: int) -> None:
         """After verification: the draft KV is valid up to the accepted prefix of `seq`."""

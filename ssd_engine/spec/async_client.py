@@ -1,0 +1,157 @@
+"""SSD, coordinator side: the speculator the engine loop calls each round (`propose`, then
+`on_verified` / `release`), backed by the draft process.
+
+Per round it sends one request (what changed for each scheduled sequence: its new committed
+tokens and the accepted count k of the round just verified; new prompts; finished ids) and, when
+sequences are decoding, receives one reply with their next K tokens and q rows. If the draft dies
+or misses its deadline the client logs one warning, records the failure in its metrics, stops
+the draft and from then on proposes with the local n-gram backup: every request still finishes,
+exactly, because every proposal is verified.
+"""
+import logging
+import time
+
+import torch
+
+from ssd_engine.engine.scheduler import ScheduledBatch
+from ssd_engine.engine.sequence import Sequence
+from ssd_engine.spec.backup import fast_proposal
+from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
+from ssd_engine.spec.draft_process import DraftSpec, spawn
+from ssd_engine.spec.payload import (NONE, SHUTDOWN, SOURCES, DraftParams, Entry, Request, pack_request,
+                                     reply_words, unpack_reply)
+from ssd_engine.spec.ssd_metrics import SSDMetrics
+from ssd_engine.spec.sync_draft import Proposal
+
+log = logging.getLogger("ssd_engine")
+
+
+def draft_params(seq: Sequence) -> DraftParams:
+    p = seq.params
+    return DraftParams(p.temperature, p.top_k, p.top_p, p.min_p, -1 if p.seed is None else p.seed)
+
+
+class AsyncDraftClient:
+    def __init__(self, spec: DraftSpec, target_vocab: int, cores: list[int] | None, threads: int,
+                 timeout_s: float, generator: torch.Generator) -> None:
+        self.k, self.vocab, self.target_vocab = spec.k, spec.vocab, target_vocab
+        self.timeout_s = timeout_s
+        self.generator = generator
+        self.process, self._store = spawn(spec, cores, threads, timeout_s)
+        self.pid = self.process.pid
+        try:
+            self.link: DraftLink | None = DraftLink(self._store, 0, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        self.metrics = SSDMetrics(self.k)
+        self.known: dict[int, int] = {}        # seq_id -> committed tokens the draft has
+        self.verified_k: dict[int, int] = {}   # seq_id -> drafts accepted in its last verified round
+        self.source: dict[int, str] = {}       # seq_id -> where its current speculation came from
+        self.finished: list[int] = []
+        self.replied_at: float | None = None
+
+    @property
+    def lookahead(self) -> int:
+        return self.k
+
+    @property
+    def alive(self) -> bool:
+        return self.link is not None
+
+    def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
+        if self.replied_at is not None:
+            self.metrics.record_verify(time.perf_counter() - self.replied_at)
+            self.replied_at = None
+        wanted = [seq for seq, dec in zip(batch.seqs, decoding) if dec]
+        if self.alive:
+            try:
+                return self._from_draft(batch.seqs, wanted)
+            except DraftLinkError as error:
+                self._lost(f"SSD draft process (pid {self.pid}) failed: {error}")
+        return self._local(wanted) if wanted else None
+
+    def _from_draft(self, seqs: list[Sequence], wanted: list[Sequence]) -> Proposal | None:
+        if self.process.poll() is not None:
+            raise DraftLinkError(f"exited with code {self.process.returncode}")
+        request = Request(finished=self.finished, entries=[e for e in map(self._news, seqs) if e],
+                          wanted=[s.seq_id for s in wanted])
+        started = time.perf_counter()
+        self.link.send_request(pack_request(request))
+        self.finished = []
+        if not wanted:
+            return None
+        params = [draft_params(s) for s in wanted]
+        reply = self.link.recv_reply(reply_words(params, self.k, self.vocab))
+        specs, (build_s, _) = unpack_reply(reply, params, self.k, self.vocab)
+        self.replied_at = time.perf_counter()
+        self.metrics.record_round(build_s, self.replied_at - started)
+        for seq, spec in zip(wanted, specs):
+            self.metrics.record_lookup(self.verified_k.pop(seq.seq_id, -1), spec.source)
+            self.source[seq.seq_id] = SOURCES[spec.source]
+        return self._proposal([s.tokens or [0] * self.k for s in specs], [s.q for s in specs],
+                              [s.source != NONE for s in specs])
+
+    def _news(self, seq: Sequence) -> Entry | None:
+        have = self.known.get(seq.seq_id)
+        self.known[seq.seq_id] = len(seq)
+        if have is None:
+            return Entry(seq.seq_id, -1, list(seq.token_ids), draft_params(seq))
+        if len(seq) == have:
+            return None
+        return Entry(seq.seq_id, self.verified_k.get(seq.seq_id, -1), seq.token_ids[have:])
+
+    def _proposal(self, tokens: list[list[int]], qs: list, drafted: list[bool]) -> Proposal:
+        n = len(tokens)
+        probs = None
+        if any(q is not None for q in qs):
+            probs = torch.zeros(n, self.k, self.target_vocab)
+            for i, q in enumerate(qs):
+                if q is not None:
+                    probs[i, :, :q.shape[-1]] = q
+        return Proposal(torch.tensor(tokens, dtype=torch.long).view(n, self.k), probs,
+                        torch.tensor([self.k if d else 0 for d in drafted]),
+                        one_hot=torch.tensor([q is None for q in qs]))
+
+    def _local(self, wanted: list[Sequence]) -> Proposal:
+        """Without a draft: n-gram (else random) proposals, verified as one-hot."""
+        self.metrics.record_local(len(wanted))
+        for seq in wanted:
+            self.source[seq.seq_id] = "local"
+        tokens = [fast_proposal(s.token_ids, self.k, self.vocab, s.generator or self.generator) for s in wanted]
+        return self._proposal(tokens, [None] * len(wanted), [True] * len(wanted))
+
+    def on_verified(self, seq: Sequence, accepted: int) -> None:
+        self.verified_k[seq.seq_id] = accepted
+        self.metrics.record_verified(self.source.pop(seq.seq_id, "local"), accepted)
+
+    def accept(self, seq: Sequence, num_kept: int) -> None:
+        """Nothing to roll back here: the draft learns the outcome from the next request."""
+
+    def release(self, seq: Sequence) -> None:
+        """Finished or preempted: the draft forgets it (a preempted one comes back as new)."""
+        if self.known.pop(seq.seq_id, None) is not None:
+            self.finished.append(seq.seq_id)
+        self.verified_k.pop(seq.seq_id, None)
+        self.source.pop(seq.seq_id, None)
+
+    def _lost(self, message: str) -> None:
+        log.warning("%s; finishing every request with the local n-gram speculator", message)
+        self.metrics.draft_failures.append(message)
+        self._stop(polite=False)
+
+    def close(self) -> None:
+        self._stop(polite=True)
+
+    def _stop(self, polite: bool) -> None:
+        link, self.link = getattr(self, "link", None), None
+        if self.process.poll() is None:
+            if polite and link is not None:
+                try:
+                    link.send_request(pack_request(Request(kind=SHUTDOWN)))
+                    self.process.wait(timeout=10)
+                except Exception:
+                    pass
+            if self.process.poll() is None:
+                self.process.kill()
+        self.process.wait()

@@ -1,0 +1,13 @@
+"""`python -m ssd_engine.spec.draft_main ARGS_JSON`: how the coordinator starts the SSD draft process.
+
+A module of its own (imported by nothing) so running it does not import itself twice.
+"""
+import signal
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the coordinator stops us
+    import json
+    import sys
+
+    from ssd_engine.spec.draft_process import draft_main
+    draft_main(**json.loads(sys.argv[1]))

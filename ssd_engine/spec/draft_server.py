@@ -1,0 +1,107 @@
+"""The draft process: one loop per round (DESIGN.md "The SSD round", draft side).
+
+    receive the round's outcomes -> look each wanted sequence up in the speculation cache
+    -> reply at once (hit) or after the fallback (miss) -> build the next cache, which overlaps
+    the target's verification of the speculation just sent.
+"""
+import time
+
+import torch
+
+from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.spec.backup import fast_proposal
+from ssd_engine.spec.cache_builder import CacheBuilder
+from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
+from ssd_engine.spec.payload import FAST, NONE, DraftParams, Request, Speculation
+
+FALLBACKS = ("jit", "fast")
+
+
+class DraftServer:
+    def __init__(self, trunk: Trunk, builder: CacheBuilder, fallback: str, seed: int) -> None:
+        assert fallback in FALLBACKS
+        self.trunk, self.builder, self.fallback, self.seed = trunk, builder, fallback, seed
+        self.seqs: dict[int, DraftSeq] = {}
+        self.build_seconds = 0.0
+
+    @property
+    def k(self) -> int:
+        return self.trunk.k
+
+    def apply(self, req: Request) -> None:
+        """Forget finished sequences, learn new ones, append committed tokens."""
+        for seq_id in req.finished:
+            seq = self.seqs.pop(seq_id, None)
+            if seq is not None:
+                self.trunk.drop(seq)
+        for e in req.entries:
+            if e.params is not None:
+                old = self.seqs.pop(e.seq_id, None)
+                if old is not None:
+                    self.trunk.drop(old)
+                self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, self._generator(e.seq_id, e.params))
+                continue
+            seq = self.seqs[e.seq_id]
+            seq.tokens.extend(e.tokens)
+            key = (e.k, e.tokens[-1]) if e.k >= 0 and seq.sent is not None else None
+            seq.sent = None
+            seq.cache = {key: seq.cache[key]} if key in seq.cache else {}
+
+    def lookup(self, wanted: list[int]) -> list[Speculation]:
+        """The next speculation of each wanted sequence: from the cache, else from the fallback."""
+        started = time.perf_counter()
+        specs: dict[int, Speculation] = {}
+        missed = []
+        for seq_id in wanted:
+            seq = self.seqs[seq_id]
+            if not self.trunk.reserve(seq, len(seq) + self.k):
+                specs[seq_id] = Speculation(NONE, [])
+            elif seq.cache:  # apply() kept only the entry matching the outcome
+                specs[seq_id] = next(iter(seq.cache.values()))
+            else:
+                missed.append(seq)
+        if missed and self.fallback == "jit":
+            for seq, spec in zip(missed, self.trunk.draft_jit(missed)):
+                specs[seq.seq_id] = spec
+        else:
+            for seq in missed:
+                tokens = fast_proposal(seq.tokens, self.k, self.trunk.vocab, seq.generator or self.trunk.generator)
+                specs[seq.seq_id] = Speculation(FAST, tokens)
+        for seq_id, spec in specs.items():
+            seq = self.seqs[seq_id]
+            seq.sent, seq.cache = (spec if spec.source != NONE else None), {}
+        self.lookup_seconds = time.perf_counter() - started
+        return [specs[i] for i in wanted]
+
+    def build(self, wanted: list[int]) -> None:
+        """After replying: prefill sequences the draft has not caught up with, build the next cache."""
+        started = time.perf_counter()
+        speculating = [self.seqs[i] for i in wanted if self.seqs[i].sent is not None]
+        if speculating:
+            self.builder.build(speculating)
+        behind = [s for s in self.seqs.values() if s.sent is None and len(s.trunk) < len(s) - 1]
+        behind = [s for s in behind if self.trunk.reserve(s, len(s))]
+        if behind:  # new prompts: compute all but the last token, which the first round feeds
+            self.trunk.extend(behind, [s.tokens[len(s.trunk):-1] for s in behind], 1)
+        self.build_seconds = time.perf_counter() - started
+
+    def _generator(self, seq_id: int, params: DraftParams) -> torch.Generator | None:
+        if params.greedy:
+            return None
+        seed = params.seed if params.seed >= 0 else hash((self.seed, seq_id)) & (2**63 - 1)
+        return torch.Generator(device=self.trunk.runner.device).manual_seed(seed)
+
+
+def new_server(runner, num_blocks: int, block_size: int, k: int, vocab: int, fanout: list[int], fallback: str,
+               max_num_seqs: int, seed: int) -> DraftServer:
+    """`runner`'s cache must hold num_blocks pages for trunks plus scratch_slots(...) for branches."""
+    blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+    generator = torch.Generator(device=runner.device).manual_seed(seed)
+    trunk = Trunk(runner, blocks, k, vocab, generator)
+    max_branches = max(1, max_num_seqs * sum(fanout))
+    builder = CacheBuilder(trunk, fanout, num_blocks * block_size, max_branches)
+    return DraftServer(trunk, builder, fallback, seed)
+
+
+def scratch_slots(fanout: list[int], k: int, max_num_seqs: int) -> int:
+    return max(1, max_num_seqs * sum(fanout)) * k

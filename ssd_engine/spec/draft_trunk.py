@@ -1,0 +1,107 @@
+"""The draft process's view of each sequence and its trunk: the draft's own paged K/V of the
+committed tokens, followed by the speculation currently being verified.
+
+`trunk` lists the tokens whose K/V sit in slots 0..len(trunk)-1 of the sequence's pages. After a
+round's outcome arrives the trunk is cut back to its longest prefix that is still true (the
+committed tokens, then the speculation just sent), so accepted draft tokens are never recomputed.
+"""
+from dataclasses import dataclass, field
+
+import torch
+
+from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.engine.model_runner import ModelRunner, StepInputs
+from ssd_engine.sampling.processors import SamplingTensors
+from ssd_engine.sampling.sampler import sample
+from ssd_engine.spec.payload import DraftParams, Speculation
+
+
+@dataclass
+class DraftSeq:
+    seq_id: int
+    tokens: list[int]                         # committed tokens, as the coordinator has them
+    params: DraftParams
+    generator: torch.Generator | None
+    block_table: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0              # BlockManager bookkeeping; the trunk is the truth
+    trunk: list[int] = field(default_factory=list)
+    sent: Speculation | None = None           # the speculation the target is verifying
+    cache: dict = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def cut_trunk(self, upto: int) -> None:
+        """Keep the trunk's longest prefix that agrees with tokens + sent speculation, at most `upto`."""
+        truth = self.tokens + (self.sent.tokens if self.sent else [])
+        keep = 0
+        limit = min(len(self.trunk), len(truth), upto)
+        while keep < limit and self.trunk[keep] == truth[keep]:
+            keep += 1
+        del self.trunk[keep:]
+
+
+def sampling_of(params: list[DraftParams], device) -> SamplingTensors:
+    return SamplingTensors(torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
+                           torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+                           torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+                           torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device))
+
+
+class Trunk:
+    """Runs the draft model over trunks; samples draft tokens keeping their exact q rows."""
+
+    def __init__(self, runner: ModelRunner, blocks: BlockManager, k: int, vocab: int,
+                 generator: torch.Generator) -> None:
+        self.runner, self.blocks, self.k, self.vocab = runner, blocks, k, vocab
+        self.generator = generator  # for sequences without a seed of their own
+
+    def reserve(self, seq: DraftSeq, num_tokens: int) -> bool:
+        """Pages for `num_tokens` trunk tokens; on shortage the sequence's trunk is dropped."""
+        if self.blocks.slots_needed(seq, num_tokens) > self.blocks.num_free_blocks:
+            self.drop(seq)
+            return False
+        self.blocks.grow(seq, num_tokens)
+        return True
+
+    def drop(self, seq: DraftSeq) -> None:
+        self.blocks.deallocate(seq)
+        seq.trunk = []
+
+    def extend(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: int) -> torch.Tensor:
+        """Append feeds[i] to seqs[i]'s trunk; logits of the last `rows` fed positions, [n, rows, V]."""
+        inputs = StepInputs([len(s.trunk) for s in seqs], feeds, [s.block_table for s in seqs],
+                            [list(range(len(f) - rows, len(f))) for f in feeds])
+        logits = self.runner.run(inputs)
+        for seq, fed in zip(seqs, feeds):
+            seq.trunk.extend(fed)
+        return logits.view(len(seqs), rows, -1)
+
+    def sample(self, logits: torch.Tensor, params: list[DraftParams],
+               generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """[n, V] logits -> tokens [n] and the rows they were drawn from [n, vocab] (None if all greedy).
+        Ids past the shared vocabulary (embedding padding) are never proposed."""
+        logits = logits[:, :self.vocab]
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1), None
+        probs = sampling_of(params, logits.device).probs(logits)
+        return sample(probs, generators, self.generator), probs
+
+    def draft_jit(self, seqs: list[DraftSeq]) -> list[Speculation]:
+        """The primary drafting K tokens just in time (SD-style), for sequences that missed."""
+        from ssd_engine.spec.payload import JIT
+        for seq in seqs:
+            seq.cut_trunk(len(seq) - 1)  # re-feed the bonus token at least: its logits start the draft
+        params = [s.params for s in seqs]
+        gens = [s.generator for s in seqs]
+        logits = self.extend(seqs, [s.tokens[len(s.trunk):] for s in seqs], 1)[:, 0]
+        tokens, rows = [], []
+        for step in range(self.k):
+            drawn, q = self.sample(logits, params, gens)
+            tokens.append(drawn)
+            rows.append(q)
+            if step + 1 < self.k:
+                logits = self.extend(seqs, [[t] for t in drawn.tolist()], 1)[:, 0]
+        tokens = torch.stack(tokens, dim=1).tolist()
+        return [Speculation(JIT, tokens[i], None if rows[0] is None else torch.stack([r[i] for r in rows]))
+                for i in range(len(seqs))]

@@ -1,0 +1,80 @@
+"""SSD-specific counters: cache hits (overall and by the outcome's accepted count k), acceptance
+by where the speculation came from, fallbacks, draft failures, and T_p.
+
+T_p = the draft's cache-build time per round / the coordinator's verification time per round
+(from receiving a speculation to asking for the next one: target forward, verify, bookkeeping).
+T_p <= 1 means the draft keeps up and a hit costs the target nothing.
+"""
+from dataclasses import dataclass, field
+
+from ssd_engine.spec.payload import HIT, SOURCES
+
+
+@dataclass
+class SSDMetrics:
+    k: int
+    lookups_by_k: list[int] = field(default_factory=list)   # index k + 1; index 0 = no previous speculation
+    hits_by_k: list[int] = field(default_factory=list)
+    drafted: dict = field(default_factory=dict)               # source -> draft tokens verified
+    accepted: dict = field(default_factory=dict)              # source -> of those, accepted
+    speculations: dict = field(default_factory=dict)          # source -> count ("local" after a draft failure)
+    draft_failures: list[str] = field(default_factory=list)
+    build_s: float = 0.0
+    wait_s: float = 0.0
+    verify_s: float = 0.0
+    timed_rounds: int = 0
+    verify_rounds: int = 0
+
+    def __post_init__(self) -> None:
+        self.lookups_by_k = self.lookups_by_k or [0] * (self.k + 2)
+        self.hits_by_k = self.hits_by_k or [0] * (self.k + 2)
+
+    def record_lookup(self, prev_k: int, source: int) -> None:
+        self.lookups_by_k[prev_k + 1] += 1
+        self.hits_by_k[prev_k + 1] += source == HIT
+        self._count(SOURCES[source])
+
+    def record_local(self, n: int) -> None:
+        self._count("local", n)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.speculations[name] = self.speculations.get(name, 0) + n
+
+    def record_verified(self, source: str, accepted: int) -> None:
+        self.drafted[source] = self.drafted.get(source, 0) + self.k
+        self.accepted[source] = self.accepted.get(source, 0) + accepted
+
+    def record_round(self, build_s: float, wait_s: float) -> None:
+        self.build_s += build_s
+        self.wait_s += wait_s
+        self.timed_rounds += 1
+
+    def record_verify(self, seconds: float) -> None:
+        self.verify_s += seconds
+        self.verify_rounds += 1
+
+    def summary(self) -> dict:
+        lookups, hits = sum(self.lookups_by_k), sum(self.hits_by_k)
+        warm = sum(self.lookups_by_k[1:])  # lookups with a previous speculation to predict from
+        rate = lambda a, b: a / b if b else 0.0
+        mean_build = rate(self.build_s, self.timed_rounds)
+        mean_verify = rate(self.verify_s, self.verify_rounds)
+        hit_acc = rate(self.accepted.get("hit", 0), self.drafted.get("hit", 0))
+        miss = [s for s in self.drafted if s != "hit"]
+        return {
+            "cache_hit_rate": rate(hits, lookups),
+            "cache_hit_rate_warm": rate(hits, warm),
+            "cache_hit_rate_by_k": {str(k): rate(self.hits_by_k[k + 1], self.lookups_by_k[k + 1])
+                                    for k in range(self.k + 1) if self.lookups_by_k[k + 1]},
+            "lookups": lookups,
+            "acceptance_on_hits": hit_acc,
+            "acceptance_on_misses": rate(sum(self.accepted[s] for s in miss), sum(self.drafted[s] for s in miss)),
+            "acceptance_by_source": {s: rate(self.accepted[s], self.drafted[s]) for s in self.drafted},
+            "speculations_by_source": dict(self.speculations),
+            "draft_failures": list(self.draft_failures),
+            "draft_build_s_per_round": mean_build,
+            "coordinator_wait_s_per_round": rate(self.wait_s, self.timed_rounds),
+            "verify_s_per_round": mean_verify,
+            "T_p": rate(mean_build, mean_verify),
+        }
+
