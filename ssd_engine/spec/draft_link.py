@@ -28,16 +28,28 @@ class DraftLink:
         self.group = dist.ProcessGroupGloo(dist.PrefixStore("ssd-draft", store), rank, 2, options)
         self.peer = 1 - rank
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.int64)
+        self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.int64)  # the draft's receive buffer
         self.reply_buf = torch.zeros(0)
+        # gloo sends complete only once the peer posts its receive, and the draft posts it only
+        # after building its cache: sends go out asynchronously from two alternating buffers
+        self.out_bufs = [torch.zeros(REQUEST_CAPACITY, dtype=torch.int64) for _ in range(2)]
+        self.in_flight: list[tuple[list, torch.Tensor | None]] = [([], None), ([], None)]
+        self.turn = 0
 
     # ---- coordinator --------------------------------------------------------------------
     def send_request(self, words: torch.Tensor) -> None:
+        """Queue one request without waiting for the draft to take it (it may be building)."""
+        self.turn ^= 1
+        for work in self.in_flight[self.turn][0]:  # this buffer's previous request must have left
+            self._wait(work)
+        buf = self.out_bufs[self.turn]
         n = min(words.numel(), REQUEST_CAPACITY)
-        self.request_buf[:n] = words[:n]
-        self._wait(self.group.send([self.request_buf], self.peer, 0))
+        buf[:n] = words[:n]
+        works, rest = [self.group.send([buf], self.peer, 0)], None
         if words.numel() > REQUEST_CAPACITY:
-            self._wait(self.group.send([words[REQUEST_CAPACITY:].contiguous()], self.peer, 1))
+            rest = words[REQUEST_CAPACITY:].contiguous()  # held until its send completes
+            works.append(self.group.send([rest], self.peer, 1))
+        self.in_flight[self.turn] = (works, rest)
 
     def recv_reply(self, size: int) -> torch.Tensor:
         if self.reply_buf.numel() < size:

@@ -1,0 +1,184 @@
+"""SSD end to end: the draft runs in its own process (pinned to its own core), the coordinator
+verifies its speculations. Greedy output must be token-identical to transformers' greedy output
+in every regime, and nothing the draft process does (die, stall) may lose a request.
+
+Regimes, each at batch 1, 3 and 8 (one engine per regime, the three batches in turn):
+- forced all-hit: a self-draft (the target itself, without embedding padding so it can propose
+  every token the target emits) with fan-out >= 1 at k = K: every round accepts all K drafts and
+  its bonus is the draft's top-1, which the cache holds; only first rounds miss;
+- forced all-miss: fan-out 0 (no cache), with the just-in-time primary and with the fast backup;
+- natural: a noisy draft (the target's weights plus noise) with fan-out 1.
+Also: preemption and draft page shortage; EOS / max_tokens inside an accepted run; killing the
+draft by pid mid-batch; stalling it (SIGSTOP) past its deadline.
+"""
+import os
+import signal
+import time
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ssd_engine import LLM, SamplingParams
+from test_speculative_decoding import GREEDY, NEW_TOKENS, TOKENIZER_IDS, _derived, _prompts, _with_eos
+
+COMMON = dict(num_threads=1, block_size=8)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_model_dir) -> str:
+    return tiny_model_dir("qwen2")
+
+
+@pytest.fixture(scope="module")
+def target_nopad(tiny_model_dir) -> str:
+    return tiny_model_dir("qwen2", vocab_size=TOKENIZER_IDS)
+
+
+@pytest.fixture(scope="module")
+def noisy_draft(target, tmp_path_factory) -> str:
+    gen = torch.Generator().manual_seed(1)
+
+    def perturb(state):
+        return {k: v + 0.005 * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v for k, v in state.items()}
+    return _derived(target, str(tmp_path_factory.mktemp("ssd_noisy_draft")), perturb)
+
+
+def _oracle(path: str, n: int = 8) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    outs = []
+    for p in _prompts(n):
+        out = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
+                             pad_token_id=0)
+        outs.append(out[0, len(p):].tolist())
+    return outs
+
+
+@pytest.fixture(scope="module")
+def oracles(target, target_nopad):
+    return {target: _oracle(target), target_nopad: _oracle(target_nopad)}
+
+
+def _ssd(target: str, draft: str, **options) -> LLM:
+    return LLM(target, draft_model=draft, **{**COMMON, "num_speculative_tokens": 3, **options})
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    kids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == me and fields[0] != "Z":
+            kids.add(int(pid))
+    return kids
+
+
+REGIMES = {
+    "forced_hit": ("nopad", dict(ssd_fanout="1,1,1,2")),
+    "forced_miss_jit": ("noisy", dict(ssd_fanout=0, ssd_fallback="jit")),
+    "forced_miss_fast": ("noisy", dict(ssd_fanout=0, ssd_fallback="fast")),
+    "natural": ("noisy", dict(ssd_fanout=1)),
+}
+
+
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_greedy_ssd_matches_transformers(target, target_nopad, noisy_draft, oracles, regime):
+    kind, options = REGIMES[regime]
+    tgt, drf = (target_nopad, target_nopad) if kind == "nopad" else (target, noisy_draft)
+    with _ssd(tgt, drf, **options) as llm:
+        assert llm.config.speculative_mode == "ssd"  # the default when a draft is given
+        pid = llm.engine.speculator.pid
+        assert pid in _children()
+        for batch in (1, 3, 8):
+            outs = llm.generate(_prompts(batch), GREEDY, use_tqdm=False)
+            assert [o.token_ids for o in outs] == oracles[tgt][:batch], f"batch {batch}"
+        m = llm.speculation_metrics()
+    assert pid not in _children()  # close() reaped the draft process
+    sources = m["speculations_by_source"]
+    assert m["draft_failures"] == []
+    if regime == "forced_hit":
+        assert m["acceptance_rate"] == 1.0
+        assert m["cache_hit_rate_warm"] == 1.0 and sources["hit"] > 8 * sources["jit"]
+    elif regime.startswith("forced_miss"):
+        assert m["cache_hit_rate"] == 0 and set(sources) == {regime.rsplit("_", 1)[1]}
+    else:
+        assert 0 < m["cache_hit_rate"] < 1 and 0 < m["acceptance_on_hits"] and 0 < m["acceptance_on_misses"]
+
+
+@pytest.mark.parametrize("num_kv_blocks", [14, 18])
+def test_greedy_ssd_under_preemption_and_draft_page_shortage(target, noisy_draft, oracles, num_kv_blocks):
+    """Few pages: the target preempts (the draft forgets the sequence and relearns it) and the
+    draft's trunks run short (it replies 'no speculation' for a sequence: a plain target step)."""
+    with _ssd(target, noisy_draft, num_kv_blocks=num_kv_blocks, ssd_fanout=1) as llm:
+        outs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
+        assert llm.engine.scheduler.num_preemptions > 0
+        sources = llm.speculation_metrics()["speculations_by_source"]
+    assert [o.token_ids for o in outs] == oracles[target]
+    # at 18 pages the draft (no prefix sharing: prompts 1, 3, 5, 7 share 20 tokens on the target)
+    # also runs short, and those sequences take plain target steps
+    assert num_kv_blocks != 18 or sources.get("none", 0) > 0
+
+
+def test_stops_inside_accepted_runs_match_ar(target_nopad, oracles, tmp_path):
+    """Self-draft accepts whole runs; EOS and max_tokens that fall inside one cut it where AR stops."""
+    reference = oracles[target_nopad]
+    eos = reference[1][10]  # appears mid-output: the run containing it must stop there
+    with_eos = _with_eos(target_nopad, str(tmp_path / "eos"), eos)
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in (7, 13, 29)]
+    prompts = _prompts(3)
+    with LLM(with_eos, speculative_mode="ar", **COMMON) as llm:
+        expected = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    with _ssd(with_eos, with_eos, ssd_fanout=2) as llm:
+        got = llm.generate(prompts, params, use_tqdm=False)
+    assert [o.token_ids for o in got] == expected
+    assert any(o.finish_reason == "stop" for o in got) and any(o.finish_reason == "length" for o in got)
+
+
+def _run_with_fault(llm: LLM, prompts, fault, after_steps: int = 4):
+    engine = llm.engine
+    seqs = [engine.add_request(p, GREEDY) for p in prompts]
+    steps = 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+        if steps == after_steps:
+            fault(engine.speculator.pid)
+    return [s.output_token_ids for s in seqs]
+
+
+def test_killing_the_draft_mid_batch_loses_nothing(target, noisy_draft, oracles, caplog):
+    with _ssd(target, noisy_draft, ssd_fanout=1) as llm:
+        client = llm.engine.speculator
+        outs = _run_with_fault(llm, _prompts(8), lambda pid: os.kill(pid, signal.SIGKILL))
+        m = llm.speculation_metrics()
+        assert not client.alive and client.process.poll() is not None
+    assert outs == oracles[target]
+    assert len(m["draft_failures"]) == 1 and "pid" in m["draft_failures"][0]
+    assert m["speculations_by_source"]["local"] > 0
+    assert sum("local n-gram" in r.getMessage() for r in caplog.records) == 1  # one warning
+    assert client.pid not in _children()
+
+
+def test_a_stalled_draft_is_abandoned_after_its_deadline(target, noisy_draft, oracles):
+    started = time.monotonic()
+    with _ssd(target, noisy_draft, ssd_fanout=1, draft_timeout_s=1.0) as llm:
+        client = llm.engine.speculator
+        outs = _run_with_fault(llm, _prompts(3), lambda pid: os.kill(pid, signal.SIGSTOP))
+        m = llm.speculation_metrics()
+    assert outs == oracles[target][:3]
+    assert len(m["draft_failures"]) == 1 and "imed out" in m["draft_failures"][0]
+    assert client.pid not in _children()  # a stopped process is killed and reaped too
+    assert time.monotonic() - started < 60
+
+
+def test_ssd_needs_a_matching_tokenizer_and_reports_a_failed_start(target, noisy_draft, tmp_path):
+    broken = _derived(noisy_draft, str(tmp_path / "broken"), lambda s: {k: v for k, v in s.items() if "lm_head" not in k
+                                                                        and "layers.0." not in k})
+    before = _children()
+    with pytest.raises(RuntimeError, match="draft process .* exited with code"):
+        _ssd(target, broken)
+    assert _children() <= before

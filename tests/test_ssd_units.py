@@ -1,0 +1,226 @@
+"""SSD building blocks without the engine: payload layout, tree masks, branch decoding against
+transformers, the fast backup, mixed one-hot verification, the draft channel's overflow and deadline."""
+import datetime
+import threading
+
+import pytest
+import torch
+import torch.distributed as dist
+from transformers import AutoModelForCausalLM
+
+from ssd_engine.engine.model_runner import ModelRunner
+from ssd_engine.models.loader import load_config
+from ssd_engine.sampling.rejection import verify
+from ssd_engine.spec.backup import fast_proposal, ngram_proposal
+from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
+from ssd_engine.spec.draft_server import new_server, scratch_slots
+from ssd_engine.spec.payload import (COMPACT, FAST, FULL, HIT, JIT, NONE, ONE_HOT, REQUEST_CAPACITY, DraftParams,
+                                     Entry, Request, Speculation, pack_reply, pack_request, q_words, unpack_reply,
+                                     unpack_request, _q_mode)
+from ssd_engine.spec.tree_mask import branch_mask, branch_metadata
+
+# --------------------------------------------------------------------------- payload
+
+
+def test_request_round_trip_with_new_sequences_and_overflow():
+    params = DraftParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
+    long_prompt = list(range(3, 3 + REQUEST_CAPACITY + 100))  # longer than the preallocated buffer
+    req = Request(finished=[4, 9], entries=[Entry(7, -1, long_prompt, params), Entry(8, 2, [11, 12, 13])],
+                  wanted=[8, 7])
+    words = pack_request(req)
+    assert words.numel() > REQUEST_CAPACITY and int(words[1]) == words.numel()
+    back = unpack_request(words)
+    assert back.finished == [4, 9] and back.wanted == [8, 7]
+    assert back.entries[0].tokens == long_prompt and back.entries[1].k == 2 and back.entries[1].params is None
+    got = back.entries[0].params
+    assert (got.top_k, got.seed) == (40, 1234)
+    # floats travel as their float32 bit pattern: exact float32 values come back
+    for name in ("temperature", "top_p", "min_p"):
+        assert got.__dict__[name] == torch.tensor(getattr(params, name), dtype=torch.float32).item()
+
+
+def _row(vocab, support, gen):
+    q = torch.zeros(vocab)
+    ids = torch.randperm(vocab, generator=gen)[:support]
+    q[ids] = torch.rand(support, generator=gen) + 0.1
+    return q / q.sum()
+
+
+def test_reply_round_trip_every_q_mode():
+    vocab, k = 50, 3
+    gen = torch.Generator().manual_seed(0)
+    full = torch.stack([_row(vocab, vocab, gen) for _ in range(k)])
+    compact = torch.stack([_row(vocab, s, gen) for s in (4, 2, 1)])
+    tied = torch.stack([_row(vocab, s, gen) for s in (4, 5, 3)])  # one row has more than top_k = 4 tokens
+    params = [DraftParams(1.0), DraftParams(0.8, top_k=4), DraftParams(0.8, top_k=4), DraftParams(0.0),
+              DraftParams(1.0), DraftParams(1.0, top_k=4)]
+    specs = [Speculation(HIT, [1, 2, 3], full), Speculation(JIT, [4, 5, 6], compact), Speculation(HIT, [7, 8, 9], tied),
+             Speculation(HIT, [10, 11, 12]), Speculation(FAST, [13, 14, 15]), Speculation(NONE, [])]
+    assert [_q_mode(s, p, vocab) for s, p in zip(specs, params)] == [FULL, COMPACT, ONE_HOT, ONE_HOT, ONE_HOT, ONE_HOT]
+    assert [q_words(p, vocab) for p in params] == [vocab, 8, 8, 0, vocab, 8]
+    buf = pack_reply(specs, params, k, vocab, (0.25, 0.5))
+    back, timings = unpack_reply(buf.clone(), params, k, vocab)
+    assert timings == (0.25, 0.5)
+    assert [s.source for s in back] == [HIT, JIT, HIT, HIT, FAST, NONE]
+    assert [s.tokens for s in back] == [s.tokens for s in specs]
+    assert torch.equal(back[0].q, full) and torch.equal(back[1].q, compact)  # bit-exact
+    assert all(s.q is None for s in back[2:])  # verified as one-hot: still exact
+
+
+# --------------------------------------------------------------------------- tree mask
+
+
+def test_branch_mask_sees_its_trunk_prefix_and_own_path_only():
+    visible = torch.tensor([2, 5, 0])
+    mask = branch_mask(visible, trunk_width=6, k=3, step=1)[:, 0]
+    assert mask.shape == (3, 9)
+    assert mask[0].tolist() == [1, 1, 0, 0, 0, 0, 1, 1, 0]
+    assert mask[1].tolist() == [1, 1, 1, 1, 1, 0, 1, 1, 0]
+    assert mask[2].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 0]
+
+
+def test_branch_metadata_never_reaches_a_sibling():
+    trunk_slots = torch.tensor([[0, 1, 2, 3, 4], [16, 17, 18, 0, 0]])
+    seq_of_branch = torch.tensor([0, 0, 1, 1])
+    visible = torch.tensor([3, 5, 2, 3])
+    k = 4
+    scratch = (100 + torch.arange(4 * k)).view(4, k)
+    for step in range(k):
+        meta = branch_metadata(trunk_slots, seq_of_branch, visible, scratch, step)
+        assert torch.equal(meta.slot_mapping, scratch[:, step])
+        for r in range(4):
+            seen = set(meta.gather_slots[r][meta.mask[r, 0]].tolist())
+            trunk = set(trunk_slots[seq_of_branch[r], :visible[r]].tolist())
+            path = set(scratch[r, :step + 1].tolist())
+            assert seen == trunk | path  # every branch sees its trunk prefix and its own path ...
+            others = set(scratch.flatten().tolist()) - set(scratch[r].tolist())
+            assert not seen & others     # ... and never a sibling's
+
+
+@pytest.fixture(scope="module")
+def nopad(tiny_model_dir) -> str:
+    return tiny_model_dir("qwen2", vocab_size=259)
+
+
+def _server(path: str, fanout: list[int], k: int):
+    runner = ModelRunner(path, load_config(path), num_kv_blocks=32 + -(-scratch_slots(fanout, k, 2) // 8),
+                         block_size=8, max_model_len=128, dtype=torch.float32, device=torch.device("cpu"))
+    return new_server(runner, 32, 8, k, 259, fanout, "jit", 2, seed=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_cached_branch_equals_decoding_its_context_with_transformers(nopad, temperature):
+    """Each branch (k, t*) decoded in the batched tree must be what decoding committed + x[:k] + t*
+    alone gives: greedy tokens equal HF's argmax; sampled rows equal HF's softmax at every step."""
+    k, fanout = 3, [2, 1, 2, 3]
+    server = _server(nopad, fanout, k)
+    hf = AutoModelForCausalLM.from_pretrained(nopad, dtype=torch.float32).eval()
+    prompts = {0: [5, 9, 14, 3, 77, 120, 8, 8, 31], 1: [200, 17, 4, 66]}
+    params = DraftParams(temperature=temperature)
+    server.apply(Request(entries=[Entry(i, -1, p, params) for i, p in prompts.items()]))
+    server.build([])
+    server.apply(Request(entries=[Entry(i, -1, [40 + i]) for i in prompts]))
+    sent = server.lookup([0, 1])
+    server.build([0, 1])
+    for seq_id, spec in zip((0, 1), sent):
+        seq = server.seqs[seq_id]
+        assert spec.source == JIT and len(seq.cache) == sum(fanout)
+        assert {key[0] for key in seq.cache} == {0, 1, 2, 3}
+        for (accepted, bonus), branch in seq.cache.items():
+            if accepted < k:
+                assert bonus != spec.tokens[accepted]  # a rejected token is never a bonus candidate
+            context = seq.tokens + spec.tokens[:accepted] + [bonus]
+            ids = torch.tensor([context + branch.tokens[:-1]])
+            with torch.no_grad():
+                logits = hf(ids).logits[0, len(context) - 1:, :259]
+            if temperature == 0:
+                assert branch.q is None and branch.tokens == logits.argmax(-1).tolist()
+            else:
+                expected = torch.softmax(logits / temperature, dim=-1)
+                assert torch.allclose(branch.q, expected, atol=1e-5)
+                assert all(branch.q[i, t] > 0 for i, t in enumerate(branch.tokens))
+
+
+def test_a_hit_replies_with_the_cached_branch(nopad):
+    k = 2
+    server = _server(nopad, [1, 1, 1], k)
+    server.apply(Request(entries=[Entry(0, -1, [5, 6, 7, 8], DraftParams())]))
+    server.build([])
+    server.apply(Request(entries=[Entry(0, -1, [9])]))
+    first = server.lookup([0])[0]
+    server.build([0])
+    cached = dict(server.seqs[0].cache)
+    (outcome, branch), = [(key, b) for key, b in cached.items() if key[0] == 1]
+    # the target accepted one draft token and chose the predicted bonus: a hit
+    server.apply(Request(entries=[Entry(0, 1, first.tokens[:1] + [outcome[1]])]))
+    second = server.lookup([0])[0]
+    assert second.source == HIT and second.tokens == branch.tokens
+    # an outcome nobody predicted misses and falls back to the just-in-time primary
+    server.build([0])
+    server.apply(Request(entries=[Entry(0, 0, [258])]))
+    assert server.lookup([0])[0].source == JIT
+
+
+# --------------------------------------------------------------------------- fast backup
+
+
+def test_ngram_proposes_what_followed_the_latest_match():
+    assert ngram_proposal([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 3) == [7, 1, 2]
+    assert ngram_proposal([5, 6, 5, 6], 3) == [5, 6, 6]  # short continuation padded with its last token
+    assert ngram_proposal([1, 2, 3, 4], 3) is None
+    gen = torch.Generator().manual_seed(0)
+    tokens = fast_proposal([1, 2, 3, 4], 4, 10, gen)
+    assert len(tokens) == 4 and all(0 <= t < 10 for t in tokens)
+
+
+# --------------------------------------------------------------------------- mixed one-hot verification
+
+
+def test_verify_one_hot_rows_equal_verifying_them_alone():
+    """A batch mixing sampled drafts (q rows) with deterministic ones gives each row the outcome it
+    gets alone: the q row of a one-hot row is ignored, its rule is accept w.p. p(x)."""
+    gen = torch.Generator().manual_seed(3)
+    n, k, vocab = 6, 3, 12
+    target = torch.softmax(torch.randn(n, k + 1, vocab, generator=gen), -1)
+    draft = torch.softmax(torch.randn(n, k, vocab, generator=gen), -1)
+    tokens = torch.randint(0, vocab, (n, k), generator=gen)
+    one_hot = torch.tensor([True, False, True, False, False, True])
+    seeds = [torch.Generator().manual_seed(100 + i) for i in range(n)]
+    mixed = verify(tokens, draft, target, seeds, one_hot_rows=one_hot)
+    for i in range(n):
+        alone = verify(tokens[i:i + 1], None if one_hot[i] else draft[i:i + 1], target[i:i + 1],
+                       [torch.Generator().manual_seed(100 + i)])
+        assert mixed.output_tokens[i] == alone.output_tokens[0]
+
+
+# --------------------------------------------------------------------------- the channel
+
+
+def test_link_carries_overflowing_requests_and_enforces_the_deadline():
+    store = dist.HashStore()
+    links = {}
+
+    def make(rank):
+        links[rank] = DraftLink(store, rank, timeout_s=1.0)
+    threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    coordinator, draft = links[0], links[1]
+    req = pack_request(Request(entries=[Entry(1, -1, list(range(REQUEST_CAPACITY + 5)), DraftParams())], wanted=[1]))
+    received = {}
+    t = threading.Thread(target=lambda: received.update(words=draft.recv_request()))
+    t.start()
+    coordinator.send_request(req)
+    t.join()
+    assert torch.equal(received["words"][:req.numel()], req)
+    t = threading.Thread(target=draft.send_reply, args=(torch.arange(6, dtype=torch.float32),))
+    t.start()
+    assert coordinator.recv_reply(6).tolist() == list(range(6))
+    t.join()
+    coordinator.send_request(req[:8].clone())  # one-way: returns although nobody receives yet
+    started = datetime.datetime.now()
+    with pytest.raises(DraftLinkError, match="[Tt]imed out"):
+        coordinator.recv_reply(6)  # the draft never answers
+    assert (datetime.datetime.now() - started).total_seconds() < 10
