@@ -3,9 +3,14 @@
     python benchmarks/bench.py --mode ar,hf-ar                       # AR: decode tok/s at batch 1/8, forward cost vs n
     python benchmarks/bench.py --mode ar,sd,hf-ar,hf-assisted --k 1,2,3,4,6   # SD sweep (batch 1)
 
+    python benchmarks/bench.py --mode ar,ar-all,sd,ssd --k 4 --cores 0 --threads 1 --draft-cores 1   # SSD, paper placement
+
 Modes: `ar` (our engine, no speculation), `sd` (our engine with the draft model, K drafts per
-round), `hf-ar` (transformers `generate`), `hf-assisted` (transformers assisted generation with
-the draft as `assistant_model`, K candidates per round, constant schedule, no confidence cut-off).
+round), `ssd` (our engine, the draft in its own process on --draft-cores; one engine per K),
+`ar-all` (our AR on --cores plus --draft-cores: every core SSD uses), `hf-ar` (transformers
+`generate`), `hf-assisted` (transformers assisted generation with the draft as `assistant_model`,
+K candidates per round, constant schedule, no confidence cut-off). With `ssd` the report adds
+SSD/SD, SSD/AR, hit rates, T_p and Corollary 9's bounds computed from the same run.
 
 Every mode runs in its own subprocess (so peak RSS is per engine and only one engine is ever in
 memory), pinned to the same cores with the same thread count, on the same prompts and dtype (fp32).
@@ -34,7 +39,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FORWARD_SIZES = (1, 2, 4, 8, 16)
-SD_MODES = ("sd", "hf-assisted")
+SD_MODES = ("sd", "ssd", "hf-assisted")
 
 
 def load_prompts(name: str, count: int) -> list[str]:
@@ -228,6 +233,47 @@ def run_ours_sd(args, prompt_sets: dict[str, list[str]]) -> dict:
     return {"runs": runs, "costs": costs, "peak_rss_gb": _peak_rss_gb()}
 
 
+def run_ours_ar_all(args, prompt_sets: dict[str, list[str]]) -> dict:
+    """`ar-all`: our AR on every core an SSD run uses (target's + draft's), for an honest baseline."""
+    import copy
+    wide = copy.copy(args)
+    wide.cores = set(args.cores) | set(args.draft_cores)
+    wide.threads = len(wide.cores)
+    return run_ours_ar_sd(wide, prompt_sets)
+
+
+def run_ours_ssd(args, prompt_sets: dict[str, list[str]]) -> dict:
+    """SSD: this process (the target, rank 0) on --cores, the draft process on --draft-cores.
+    One engine per K (K sizes the draft process's cache and payload)."""
+    os.sched_setaffinity(0, set(args.cores) | set(args.draft_cores))
+    from ssd_engine import LLM
+
+    placement = f"{','.join(map(str, sorted(args.cores)))};{','.join(map(str, sorted(args.draft_cores)))}"
+    runs = {name: [] for name in prompt_sets}
+    for k in args.k:
+        llm = LLM(args.model, draft_model=args.draft, speculative_mode="ssd", num_speculative_tokens=k,
+                  cpu_cores=placement, ssd_fanout=args.fanout, ssd_fallback=args.fallback,
+                  cpu_weight_layout=args.layout, max_num_seqs=1, enable_prefix_caching=False)
+        for name, prompts in prompt_sets.items():
+            _ours_warmup(llm, prompts[0])
+            from ssd_engine.spec.metrics import SpecMetrics
+            from ssd_engine.spec.ssd_metrics import SSDMetrics
+            llm.engine.spec_metrics = SpecMetrics(k)  # fresh counters for the timed prompts
+            llm.engine.speculator.metrics = SSDMetrics(k)
+            tokens, seconds, outputs = _ours_timed(llm, prompts, args.new_tokens)
+            spec = llm.speculation_metrics()
+            entry = _entry(k, tokens, seconds, outputs, spec)
+            entry["ssd"] = {key: spec[key] for key in SSD_KEYS}
+            runs[name].append(entry)
+        llm.close()
+    return {"runs": runs, "placement": placement, "peak_rss_gb": _peak_rss_gb()}
+
+
+SSD_KEYS = ("cache_hit_rate", "cache_hit_rate_warm", "cache_hit_rate_by_k", "acceptance_on_hits",
+            "acceptance_on_misses", "speculations_by_source", "draft_failures", "draft_build_s_per_round",
+            "coordinator_wait_s_per_round", "verify_s_per_round", "T_p")
+
+
 def _hf_load(path: str):
     import torch
     from transformers import AutoModelForCausalLM
@@ -322,8 +368,9 @@ def run_hf_assisted(args, prompt_sets: dict[str, list[str]]) -> dict:
 
 
 AR_RUNNERS = {"ar": run_ours, "hf-ar": run_hf}
-SD_RUNNERS = {"ar": run_ours_ar_sd, "sd": run_ours_sd, "hf-ar": run_hf_ar_sd, "hf-assisted": run_hf_assisted}
-MODES = ("ar", "sd", "hf-ar", "hf-assisted")
+SD_RUNNERS = {"ar": run_ours_ar_sd, "ar-all": run_ours_ar_all, "sd": run_ours_sd, "ssd": run_ours_ssd,
+              "hf-ar": run_hf_ar_sd, "hf-assisted": run_hf_assisted}
+MODES = ("ar", "ar-all", "sd", "ssd", "hf-ar", "hf-assisted")
 
 
 def _child(kind: str, mode: str, args, payload, path: str) -> None:
@@ -397,7 +444,7 @@ def report(args, results: dict[str, dict]) -> str:
 
 
 # ---- SD report ------------------------------------------------------------------------------
-BASELINE = {"sd": "ar", "hf-assisted": "hf-ar"}
+BASELINE = {"sd": "ar", "ssd": "ar", "ar-all": "ar", "hf-assisted": "hf-ar"}
 ENGINE_OF = {"sd": "ours", "hf-assisted": "transformers"}
 
 
@@ -454,6 +501,8 @@ def sd_report(args, results: dict[str, dict]) -> str:
             lines.append(f"ar outputs identical to hf-ar outputs: {_matches(base['ar']['outputs'], base['hf-ar']['outputs'])}")
         lines.append("")
 
+    if "ssd" in results:
+        lines += ssd_section(args, results)
     costed = [m for m in modes if results[m].get("costs")]
     if costed:
         lines += [f"## Forward costs after a {args.prefix}-token prefix (best of {args.reps}), "
@@ -470,6 +519,47 @@ def sd_report(args, results: dict[str, dict]) -> str:
         lines.append("")
     lines += ["Peak RSS: " + ", ".join(f"{m} {results[m]['peak_rss_gb']:.1f} GB" for m in results), ""]
     return "\n".join(lines)
+
+
+def ssd_section(args, results: dict[str, dict]) -> list[str]:
+    """SSD against SD and AR from the same run, with Corollary 9's bounds on SSD/SD:
+    (1 + T_SD)(p_hit E_p + 1 - p_hit) / E_SD <= SSD/SD <= (1 + T_SD) E_p / E_SD, where T_SD = K draft
+    steps / one verification (SD's measured costs), E_SD = SD's mean acceptance length, E_p = 1 + K x
+    SSD's acceptance on cache hits, p_hit = SSD's cache-hit rate."""
+    sd_costs = results.get("sd", {}).get("costs")
+    lines = [f"## SSD (target on cores {sorted(args.cores)}, draft process on cores {sorted(args.draft_cores)}; "
+             f"fan-out {args.fanout}, miss fallback {args.fallback})", "",
+             "T_p = draft cache-build time per round / coordinator verification time per round. "
+             "Bounds: Corollary 9 with this run's SD costs and acceptance (see ssd_section in bench.py).", "",
+             "| prompts | K | SSD tok/s | SSD/SD | SSD/AR | SSD/AR-all | hit rate (after 1st round) | acceptance "
+             "(hits / misses) | E_p | T_p | Cor. 9 lower | Cor. 9 upper | SSD/SD ÷ upper | speculations |",
+             "|---" * 14 + "|"]
+    for name in args.prompt_sets:
+        ar = results.get("ar", {}).get("runs", {}).get(name, [None])[0]
+        ar_all = results.get("ar-all", {}).get("runs", {}).get(name, [None])[0]
+        sd = {e["k"]: e for e in results.get("sd", {}).get("runs", {}).get(name, [])}
+        for e in results["ssd"]["runs"][name]:
+            k, m = e["k"], e["ssd"]
+            e_p = 1 + k * m["acceptance_on_hits"] if m["acceptance_on_hits"] else None
+            lower = upper = vs_sd = None
+            if k in sd and sd_costs:
+                t_sd = k * sd_costs["draft_step_s"] / sd_costs["verify_s"][k]
+                e_sd = sd[k]["mean_acceptance_length"]
+                vs_sd = e["tok_s"] / sd[k]["tok_s"]
+                p_hit = m["cache_hit_rate"]
+                if e_p:
+                    upper = (1 + t_sd) * e_p / e_sd
+                    lower = (1 + t_sd) * (p_hit * e_p + 1 - p_hit) / e_sd
+            lines.append(
+                f"| {name} | {k} | {e['tok_s']:.2f} | {_fmt(vs_sd, '.2f', 'x')} "
+                f"| {_fmt(e['tok_s'] / ar['tok_s'] if ar else None, '.2f', 'x')} "
+                f"| {_fmt(e['tok_s'] / ar_all['tok_s'] if ar_all else None, '.2f', 'x')} "
+                f"| {m['cache_hit_rate']:.3f} ({m['cache_hit_rate_warm']:.3f}) "
+                f"| {m['acceptance_on_hits']:.3f} / {m['acceptance_on_misses']:.3f} | {_fmt(e_p, '.2f')} "
+                f"| {m['T_p']:.2f} | {_fmt(lower, '.2f', 'x')} | {_fmt(upper, '.2f', 'x')} "
+                f"| {_fmt(vs_sd / upper if vs_sd and upper else None, '.2f')} | {m['speculations_by_source']} |")
+    lines.append("")
+    return lines
 
 
 def _write(path: str, text: str) -> None:
@@ -507,9 +597,14 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cores", default="0,1", help="comma-separated core ids to pin to")
     parser.add_argument("--layout", default="auto", help="our cpu_weight_layout")
+    parser.add_argument("--draft-cores", default="1", help="SSD: comma-separated cores of the draft process "
+                        "(the target, AR and SD run on --cores)")
+    parser.add_argument("--fanout", default="1", help="SSD fan-out: one int or K+1 of them")
+    parser.add_argument("--fallback", default="jit", help="SSD miss fallback: jit | fast")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     args = parser.parse_args()
     args.cores = set(_csv(args.cores, int))
+    args.draft_cores = set(_csv(args.draft_cores, int))
     modes = _csv(args.mode)
     unknown = [m for m in modes if m not in MODES]
     if unknown:

@@ -13,6 +13,8 @@ STYLE = {  # ours blue, transformers orange; AR baselines dotted, speculative mo
     "hf-ar": dict(color="tab:orange", linestyle=":"),
     "sd": dict(color="tab:blue", linestyle="-", marker="o"),
     "hf-assisted": dict(color="tab:orange", linestyle="--", marker="s"),
+    "ssd": dict(color="tab:green", linestyle="-", marker="^"),
+    "ar-all": dict(color="tab:gray", linestyle=":"),
 }
 
 

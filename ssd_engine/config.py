@@ -37,7 +37,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1            # target ranks: rank 0 here, 1..N-1 spawned (or joined via torchrun)
     cpu_cores: str | None = None             # core set per rank, e.g. "0;1" or "0-3;4-7"; None = split evenly (TP > 1)
     distributed_timeout_s: float = 60.0      # a collective waiting longer than this raises instead of hanging
-    ssd_fanout: str | int | tuple = 1        # SSD bonus candidates per accepted count k: one int, or K+1 ("1,1,1,1,2")
+    ssd_fanout: str | int | tuple = "1"      # SSD bonus candidates per accepted count k: one int, or K+1 ("1,1,1,1,2")
     ssd_fallback: str = "jit"                # SSD cache miss: jit (primary drafts now, exact-slow) | fast (n-gram/random)
     draft_timeout_s: float = 30.0            # SSD: a draft reply later than this counts as a dead draft
 

@@ -10,7 +10,10 @@ from ssd_engine.generate import build_parser
 
 def test_defaults_are_valid_and_frozen():
     config = EngineConfig()
-    assert config.speculative_mode == "ar" and config.model is None
+    assert config.speculative_mode == "ssd" and config.model is None  # the built-in pair runs SSD
+    assert EngineConfig(model="/t").speculative_mode == "ar"           # a target alone: no draft
+    assert EngineConfig(model="/t", draft_model="/d").speculative_mode == "ssd"
+    assert config.fanout() == [1] * (config.num_speculative_tokens + 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.block_size = 8
 
@@ -30,6 +33,10 @@ def test_defaults_are_valid_and_frozen():
     (dict(num_threads=0), "num_threads"),
     (dict(kv_cache_memory_gb=0), "kv_cache_memory_gb"),
     (dict(model="/some/target", speculative_mode="sd"), "draft_model"),
+    (dict(ssd_fanout="1,2"), "ssd_fanout"),
+    (dict(ssd_fanout=-1), "ssd_fanout"),
+    (dict(ssd_fallback="ngram"), "ssd_fallback"),
+    (dict(draft_timeout_s=0), "draft_timeout_s"),
 ])
 def test_invalid_values_raise_one_line_value_error(kwargs, needle):
     with pytest.raises(ValueError) as info:
@@ -100,7 +107,7 @@ def test_generate_parser_has_engine_and_sampling_flags():
 
 # non-default values for string fields whose valid values are constrained
 STRING_VALUES = {"speculative_mode": "sd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed",
-                 "cpu_cores": "0-1;2"}
+                 "cpu_cores": "0-1;2", "ssd_fanout": "2", "ssd_fallback": "fast"}
 
 
 def _non_default_argv(f):

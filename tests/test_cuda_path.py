@@ -35,3 +35,19 @@ def test_cuda_seeded_sampling_reproducible(tiny_qwen2):
         batch = llm.generate(PROMPTS, [params, SamplingParams(max_tokens=16), SamplingParams(max_tokens=16)],
                              use_tqdm=False)
     assert batch[0].token_ids == alone
+
+
+@pytest.mark.parametrize("fanout", ["1", "0"])
+def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout):
+    """SSD on CUDA: the draft process on the next GPU (or sharing the only one), greedy == transformers."""
+    path = tiny_model_dir("qwen2", vocab_size=259)
+    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    expected = [oracle.generate(torch.tensor([p], device="cuda"), max_new_tokens=48, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+    greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    with LLM(path, device="cuda", draft_model=path, num_speculative_tokens=3, ssd_fanout=fanout) as llm:
+        assert llm.config.speculative_mode == "ssd"
+        assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
+        metrics = llm.speculation_metrics()
+    assert metrics["draft_failures"] == []
+    assert (metrics["cache_hit_rate_warm"] == 1.0) if fanout == "1" else metrics["cache_hit_rate"] == 0.0

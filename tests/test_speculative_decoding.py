@@ -501,17 +501,20 @@ def test_sd_first_two_tokens_match_ar(small_pair, ar_samples, name):
     assert p >= ALPHA, f"SD's (t1, t2) distribution differs from AR's: chi2 = {stat:.1f}, dof = {dof}, p = {p:.2e}"
 
 
-def _accept_all(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None):
+def _accept_all(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None,
+                **options):
     """BROKEN on purpose: p := q at every drafted position, so every draft token is accepted."""
     k = draft_tokens.shape[1]
     forced = target_probs.clone()
     forced[:, :k] = draft_probs
-    return rejection.verify(draft_tokens, draft_probs, forced, generators, num_draft, default_generator)
+    return rejection.verify(draft_tokens, draft_probs, forced, generators, num_draft, default_generator, **options)
 
 
-def _bonus_from_p(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None):
+def _bonus_from_p(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None,
+                  **options):
     """BROKEN on purpose: after a rejection the bonus is drawn from p instead of max(0, p - q)."""
-    result = rejection.verify(draft_tokens, draft_probs, target_probs, generators, num_draft, default_generator)
+    result = rejection.verify(draft_tokens, draft_probs, target_probs, generators, num_draft, default_generator,
+                              **options)
     rejected = [i for i, a in enumerate(result.num_accepted.tolist()) if a < draft_tokens.shape[1]]
     if rejected:
         p = target_probs[rejected, result.num_accepted[rejected]]

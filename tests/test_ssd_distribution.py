@@ -20,8 +20,7 @@ import pytest
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.engine import llm_engine
-from ssd_engine.sampling import rejection
-from test_speculative_decoding import (ALPHA, DESIGN_POWER, DIST_PROMPT, _engine_options,
+from test_speculative_decoding import (ALPHA, DESIGN_POWER, DIST_PROMPT, _accept_all, _engine_options,
                                        design_power, homogeneity_test, small_pair)  # noqa: F401 (fixture)
 
 TESTED = 3  # t4
@@ -91,13 +90,6 @@ def test_ssd_tokens_match_ar_in_distribution(small_pair, ar_samples, name):
     assert dof >= 2 and power >= DESIGN_POWER, "too many cells for the sample size: raise n"
     assert p >= ALPHA, f"SSD's t4 distribution differs from AR's: chi2 = {stat:.1f}, dof = {dof}, p = {p:.2e}"
     assert result
-
-
-def _accept_all(draft_tokens, draft_probs, target_probs, generators, **options):
-    """BROKEN on purpose: p := q at every drafted position, so every draft token is accepted."""
-    forced = target_probs.clone()
-    forced[:, :draft_tokens.shape[1]] = draft_probs
-    return rejection.verify(draft_tokens, draft_probs, forced, generators, **options)
 
 
 def test_negative_control_broken_verifier_on_the_hit_path_is_rejected(small_pair, ar_samples, monkeypatch):

@@ -33,8 +33,9 @@ def draft_params(seq: Sequence) -> DraftParams:
 
 class AsyncDraftClient:
     def __init__(self, spec: DraftSpec, target_vocab: int, cores: list[int] | None, threads: int,
-                 timeout_s: float, generator: torch.Generator) -> None:
+                 timeout_s: float, generator: torch.Generator, device: torch.device) -> None:
         self.k, self.vocab, self.target_vocab = spec.k, spec.vocab, target_vocab
+        self.device = device  # the target's: proposals are verified there
         self.timeout_s = timeout_s
         self.generator = generator
         self.process, self._store = spawn(spec, cores, threads, timeout_s)
@@ -109,6 +110,7 @@ class AsyncDraftClient:
             for i, q in enumerate(qs):
                 if q is not None:
                     probs[i, :, :q.shape[-1]] = q
+            probs = probs.to(self.device)
         return Proposal(torch.tensor(tokens, dtype=torch.long).view(n, self.k), probs,
                         torch.tensor([self.k if d else 0 for d in drafted]),
                         one_hot=torch.tensor([q is None for q in qs]))

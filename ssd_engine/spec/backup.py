@@ -23,7 +23,7 @@ def ngram_proposal(tokens: list[int], k: int, max_n: int = 3) -> list[int] | Non
 
 
 def random_proposal(k: int, vocab: int, generator: torch.Generator) -> list[int]:
-    return torch.randint(0, vocab, (k,), generator=generator).tolist()
+    return torch.randint(0, vocab, (k,), generator=generator, device=generator.device).tolist()
 
 
 def fast_proposal(tokens: list[int], k: int, vocab: int, generator: torch.Generator, max_n: int = 3) -> list[int]:

@@ -43,7 +43,7 @@ def start_async_draft(config, engine, num_blocks: int, max_position: int, cores:
                      config.num_speculative_tokens, vocab, tuple(config.fanout()), config.ssd_fallback,
                      config.max_num_seqs, config.seed)
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, config.draft_timeout_s,
-                            engine.generator)
+                            engine.generator, engine.device)
 
 
 def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: torch.dtype) -> SyncDraft:

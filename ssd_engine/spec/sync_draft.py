@@ -93,13 +93,14 @@ class SyncDraft:
         logits = self._extend(extend, ends, drafting)
         if not dec_views:
             return None
-        tokens = torch.zeros(len(dec_views), self.k, dtype=torch.long)
+        device = self.runner.device
+        tokens = torch.zeros(len(dec_views), self.k, dtype=torch.long, device=device)
         num_draft = torch.tensor([self.k if v in drafting else 0 for v in dec_views])
         params = [v.seq.params for v in dec_views]
         greedy = all(p.greedy for p in params)
-        probs = None if greedy else torch.zeros(len(dec_views), self.k, self.runner.config.vocab_size)
+        probs = None if greedy else torch.zeros(len(dec_views), self.k, self.runner.config.vocab_size, device=device)
         if drafting:
-            rows = torch.tensor([dec_views.index(v) for v in drafting])
+            rows = torch.tensor([dec_views.index(v) for v in drafting], device=device)
             drawn_tokens, drawn_probs = self._draft(drafting, logits, greedy)
             tokens[rows] = drawn_tokens
             if probs is not None:
