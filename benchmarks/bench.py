@@ -21,7 +21,7 @@ A run with `sd` or `hf-assisted` is an SD run: batch 1, greedy, `--new-tokens` (
 prompt, each prompt set (`--prompts`, default code,english) reported separately, our prefix cache
 off (every K re-runs the same prompts; transformers has no such cache), plus the cost of
 a verification forward (K+1 tokens) and of a draft step (1 token), each relative to one target
-decode step. It writes `results/DATE-sd.md`, `DATE-sd.png` (tok/s vs K) and `DATE-sd.json`
+decode step. It writes `results/DATE-sd.md` (`DATE-ssd.*` when `ssd` runs), `DATE-sd.png` (tok/s vs K) and `DATE-sd.json`
 (raw numbers; `python benchmarks/plot.py DATE-sd.json` redraws the plot). An AR run writes
 `results/DATE-ar.md`.
 """
@@ -468,7 +468,7 @@ def _predicted(costs: dict | None, k: int, mean_len: float | None) -> float | No
 
 def sd_report(args, results: dict[str, dict]) -> str:
     modes = list(results)
-    lines = [f"# SD benchmark, {datetime.date.today().isoformat()}", "",
+    lines = [f"# SD / SSD benchmark, {datetime.date.today().isoformat()}", "",
              f"Machine: {machine_line(args)}", f"Target: {args.model}", f"Draft: {args.draft}",
              f"Command: {_command_line()}", "",
              f"Batch 1, greedy, {args.new_tokens} new tokens per prompt (EOS ignored), prompts one after another. "
@@ -645,7 +645,7 @@ def main() -> None:
     results = run_modes("sd", modes, args, prompt_sets)
     text = sd_report(args, results)
     print(text)
-    base = os.path.join(args.out, f"{stamp}-sd")
+    base = os.path.join(args.out, f"{stamp}-{'ssd' if 'ssd' in modes else 'sd'}")
     _write(base + ".md", text)
     raw = {"date": stamp, "machine": machine_line(args), "command": _command_line(), "target": args.model,
            "draft": args.draft, "new_tokens": args.new_tokens, "k": args.k, "prompt_sets": args.prompt_sets,
