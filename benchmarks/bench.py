@@ -247,6 +247,8 @@ def run_ours_ssd(args, prompt_sets: dict[str, list[str]]) -> dict:
     One engine per K (K sizes the draft process's cache and payload)."""
     os.sched_setaffinity(0, set(args.cores) | set(args.draft_cores))
     from ssd_engine import LLM
+    from ssd_engine.spec.metrics import SpecMetrics
+    from ssd_engine.spec.ssd_metrics import SSDMetrics
 
     placement = f"{','.join(map(str, sorted(args.cores)))};{','.join(map(str, sorted(args.draft_cores)))}"
     runs = {name: [] for name in prompt_sets}
@@ -256,8 +258,6 @@ def run_ours_ssd(args, prompt_sets: dict[str, list[str]]) -> dict:
                   cpu_weight_layout=args.layout, max_num_seqs=1, enable_prefix_caching=False)
         for name, prompts in prompt_sets.items():
             _ours_warmup(llm, prompts[0])
-            from ssd_engine.spec.metrics import SpecMetrics
-            from ssd_engine.spec.ssd_metrics import SSDMetrics
             llm.engine.spec_metrics = SpecMetrics(k)  # fresh counters for the timed prompts
             llm.engine.speculator.metrics = SSDMetrics(k)
             tokens, seconds, outputs = _ours_timed(llm, prompts, args.new_tokens)

@@ -153,8 +153,12 @@ def target_nopad(tiny_model_dir) -> str:
 
 @pytest.fixture(scope="module")
 def oracle(target) -> list[list[int]]:
+    return greedy_oracle(target)
+
+
+def greedy_oracle(path: str) -> list[list[int]]:
     """transformers' greedy continuation (EOS ignored) of _prompts(8); _prompts(n) is a prefix."""
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     outs = []
     for p in _prompts(8):
         out = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,

@@ -16,47 +16,17 @@ import signal
 import time
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
 from ssd_engine import LLM, SamplingParams
-from test_speculative_decoding import GREEDY, NEW_TOKENS, TOKENIZER_IDS, _derived, _prompts, _with_eos
+from test_speculative_decoding import (GREEDY, _derived, _prompts, _with_eos, greedy_oracle,  # noqa: F401 (fixtures)
+                                       noisy_draft, target, target_nopad)
 
 COMMON = dict(num_threads=1, block_size=8)
 
 
 @pytest.fixture(scope="module")
-def target(tiny_model_dir) -> str:
-    return tiny_model_dir("qwen2")
-
-
-@pytest.fixture(scope="module")
-def target_nopad(tiny_model_dir) -> str:
-    return tiny_model_dir("qwen2", vocab_size=TOKENIZER_IDS)
-
-
-@pytest.fixture(scope="module")
-def noisy_draft(target, tmp_path_factory) -> str:
-    gen = torch.Generator().manual_seed(1)
-
-    def perturb(state):
-        return {k: v + 0.005 * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v for k, v in state.items()}
-    return _derived(target, str(tmp_path_factory.mktemp("ssd_noisy_draft")), perturb)
-
-
-def _oracle(path: str, n: int = 8) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    outs = []
-    for p in _prompts(n):
-        out = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-        outs.append(out[0, len(p):].tolist())
-    return outs
-
-
-@pytest.fixture(scope="module")
 def oracles(target, target_nopad):
-    return {target: _oracle(target), target_nopad: _oracle(target_nopad)}
+    return {target: greedy_oracle(target), target_nopad: greedy_oracle(target_nopad)}
 
 
 def _ssd(target: str, draft: str, **options) -> LLM:

@@ -76,7 +76,7 @@ def test_ssd_tokens_match_ar_in_distribution(small_pair, ar_samples, name):
     params, path, n = VARIANTS[name]
     ar = ar_samples(params, max(v[2] for v in VARIANTS.values() if v[0] == params))
     ssd, metrics = _ssd_samples(small_pair, params, path, n)
-    stat, dof, p, n_a, n_b = result = homogeneity_test(ar, ssd)
+    stat, dof, p, n_a, n_b = homogeneity_test(ar, ssd)
     power = design_power(dof, n_a, n_b, SSD_DESIGN_TV)
     print(f"\nSSD [{name}] vs AR: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n_a} AR / {n_b} SSD, "
           f"power vs TV {SSD_DESIGN_TV} = {power:.3f}, hit rate after round 1 = {metrics['cache_hit_rate_warm']:.3f}, "
@@ -89,7 +89,6 @@ def test_ssd_tokens_match_ar_in_distribution(small_pair, ar_samples, name):
     assert 0.2 < metrics["acceptance_rate"] < 0.9  # accept and residual branches both carry mass
     assert dof >= 2 and power >= DESIGN_POWER, "too many cells for the sample size: raise n"
     assert p >= ALPHA, f"SSD's t4 distribution differs from AR's: chi2 = {stat:.1f}, dof = {dof}, p = {p:.2e}"
-    assert result
 
 
 def test_negative_control_broken_verifier_on_the_hit_path_is_rejected(small_pair, ar_samples, monkeypatch):

@@ -22,7 +22,7 @@ class DraftServer:
         assert fallback in FALLBACKS
         self.trunk, self.builder, self.fallback, self.seed = trunk, builder, fallback, seed
         self.seqs: dict[int, DraftSeq] = {}
-        self.build_seconds = 0.0
+        self.build_seconds = self.lookup_seconds = 0.0
 
     @property
     def k(self) -> int:

@@ -13,7 +13,7 @@ from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
-from ssd_engine.spec.payload import DraftParams, Speculation
+from ssd_engine.spec.payload import JIT, DraftParams, Speculation
 
 
 @dataclass
@@ -89,7 +89,6 @@ class Trunk:
 
     def draft_jit(self, seqs: list[DraftSeq]) -> list[Speculation]:
         """The primary drafting K tokens just in time (SD-style), for sequences that missed."""
-        from ssd_engine.spec.payload import JIT
         for seq in seqs:
             seq.cut_trunk(len(seq) - 1)  # re-feed the bonus token at least: its logits start the draft
         params = [s.params for s in seqs]
