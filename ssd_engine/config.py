@@ -11,7 +11,8 @@ from dataclasses import dataclass, fields
 SPECULATIVE_MODES = ("ar", "sd", "ssd")
 DTYPES = ("float32", "bfloat16", "float16")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
-SSD_FALLBACKS = ("jit", "fast")
+SSD_FALLBACKS = ("auto", "jit", "fast")
+FANOUT_RULES = ("auto", "geometric", "uniform")
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,8 +38,14 @@ class EngineConfig:
     tensor_parallel_size: int = 1            # target ranks: rank 0 here, 1..N-1 spawned (or joined via torchrun)
     cpu_cores: str | None = None             # core set per rank, e.g. "0;1" or "0-3;4-7"; None = split evenly (TP > 1)
     distributed_timeout_s: float = 60.0      # a collective waiting longer than this raises instead of hanging
-    ssd_fanout: str | int | tuple = "1"      # SSD bonus candidates per accepted count k: one int, or K+1 ("1,1,1,1,2")
-    ssd_fallback: str = "jit"                # SSD cache miss: jit (primary drafts now, exact-slow) | fast (n-gram/random)
+    ssd_fanout: str | int | tuple = "auto"   # SSD bonus candidates per accepted count k: auto (= geometric) |
+                                             # geometric (Theorem 12 from the calibration) | uniform | one int | K+1 ints
+    ssd_budget: int | None = None            # B = sum of the fan-out; None = the calibration's measured time budget
+    ssd_fallback: str = "auto"               # SSD cache miss: auto (jit below the critical batch size b*, else fast) |
+                                             # jit (primary drafts now) | fast (n-gram, else random)
+    ssd_critical_batch: float | None = None  # pins b* for ssd_fallback=auto; None = from running estimates
+    saguaro_c: float = 1.0                   # Saguaro sampling: draft's top-F probabilities times C (1 = plain)
+    calibration_dir: str | None = None       # where Saguaro calibrations are looked up; None = the repo's configs/
     draft_timeout_s: float = 30.0            # SSD: a draft reply later than this counts as a dead draft
 
     @property
@@ -56,9 +63,12 @@ class EngineConfig:
         # (a tensor-parallel rank reads this after pinning, so it sees its own thread count)
         return "dual" if threads == 1 else "packed"
 
-    def fanout(self) -> list[int]:
-        """ssd_fanout as K+1 non-negative integers (one value applies to every k)."""
+    def fanout(self) -> list[int] | None:
+        """ssd_fanout as K+1 non-negative integers (one value applies to every k); None for a rule
+        (auto / geometric / uniform) that the engine resolves from its calibration."""
         value = self.ssd_fanout
+        if isinstance(value, str) and value in FANOUT_RULES:
+            return None
         if isinstance(value, str):
             value = [int(v) for v in value.replace(" ", "").split(",") if v] if _all_ints(value) else None
         elif _is_int(value):
@@ -67,7 +77,8 @@ class EngineConfig:
             value = list(value) if isinstance(value, (list, tuple)) and all(_is_int(v) for v in value) else None
         k = self.num_speculative_tokens
         _check(value is not None and len(value) in (1, k + 1) and all(v >= 0 for v in value),
-               f"ssd_fanout must be one integer >= 0 or {k + 1} of them (one per accepted count k = 0..{k}), "
+               f"ssd_fanout must be one of {FANOUT_RULES}, one integer >= 0 or {k + 1} of them "
+               f"(one per accepted count k = 0..{k}), "
                f"got {self.ssd_fanout!r}")
         return value * (k + 1) if len(value) == 1 else value
 
@@ -98,6 +109,14 @@ class EngineConfig:
         _check(self.ssd_fallback in SSD_FALLBACKS,
                f"ssd_fallback must be one of {SSD_FALLBACKS}, got {self.ssd_fallback!r}")
         self.fanout()  # validates
+        _check(self.ssd_budget is None or (_is_int(self.ssd_budget) and self.ssd_budget >= 0),
+               f"ssd_budget must be an integer >= 0, got {self.ssd_budget!r}")
+        _check(self.ssd_critical_batch is None or (isinstance(self.ssd_critical_batch, (int, float))
+                                                   and not isinstance(self.ssd_critical_batch, bool)
+                                                   and self.ssd_critical_batch >= 0),
+               f"ssd_critical_batch must be a number >= 0, got {self.ssd_critical_batch!r}")
+        _check(isinstance(self.saguaro_c, (int, float)) and not isinstance(self.saguaro_c, bool)
+               and 0 <= self.saguaro_c <= 1, f"saguaro_c must be in [0, 1], got {self.saguaro_c!r}")
         if self.cpu_cores is not None:
             from ssd_engine.distributed.placement import parse_core_sets
             parse_core_sets(self.cpu_cores)  # a malformed spec fails here, naming itself

@@ -13,7 +13,8 @@ def test_defaults_are_valid_and_frozen():
     assert config.speculative_mode == "ssd" and config.model is None  # the built-in pair runs SSD
     assert EngineConfig(model="/t").speculative_mode == "ar"           # a target alone: no draft
     assert EngineConfig(model="/t", draft_model="/d").speculative_mode == "ssd"
-    assert config.fanout() == [1] * (config.num_speculative_tokens + 1)
+    assert config.fanout() is None and config.ssd_fallback == "auto"  # Saguaro: resolved from the calibration
+    assert EngineConfig(ssd_fanout="2").fanout() == [2] * (config.num_speculative_tokens + 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.block_size = 8
 
@@ -36,6 +37,10 @@ def test_defaults_are_valid_and_frozen():
     (dict(ssd_fanout="1,2"), "ssd_fanout"),
     (dict(ssd_fanout=-1), "ssd_fanout"),
     (dict(ssd_fallback="ngram"), "ssd_fallback"),
+    (dict(ssd_fanout="geometrik"), "ssd_fanout"),
+    (dict(ssd_budget=-1), "ssd_budget"),
+    (dict(saguaro_c=1.5), "saguaro_c"),
+    (dict(ssd_critical_batch=-2), "ssd_critical_batch"),
     (dict(draft_timeout_s=0), "draft_timeout_s"),
 ])
 def test_invalid_values_raise_one_line_value_error(kwargs, needle):
@@ -119,6 +124,8 @@ def _non_default_argv(f):
         return ([flag] if not default else ["--no-" + f.name.replace("_", "-")]), not default
     if kind is float:
         return [flag, str(default / 2)], default / 2
+    if default is None and str(f.type).startswith("float"):
+        return [flag, "3.0"], 3.0
     if kind is int or (default is None and "int" in str(f.type)):
         value = (default or 2) + 1
         return [flag, str(value)], value

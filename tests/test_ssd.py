@@ -48,7 +48,7 @@ def _children() -> set[int]:
 
 
 REGIMES = {
-    "forced_hit": ("nopad", dict(ssd_fanout="1,1,1,2")),
+    "forced_hit": ("nopad", dict(ssd_fanout="1,1,1,2", ssd_fallback="jit")),
     "forced_miss_jit": ("noisy", dict(ssd_fanout=0, ssd_fallback="jit")),
     "forced_miss_fast": ("noisy", dict(ssd_fanout=0, ssd_fallback="fast")),
     "natural": ("noisy", dict(ssd_fanout=1)),

@@ -29,7 +29,7 @@ PARAMS = {
     "T=1": SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True),
     "top_p=0.9": SamplingParams(temperature=1.0, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True),
 }
-PATHS = {"hit": dict(ssd_fanout=16), "miss_jit": dict(ssd_fanout=0), "miss_fast": dict(ssd_fanout=0, ssd_fallback="fast")}
+PATHS = {"hit": dict(ssd_fanout=16), "miss_jit": dict(ssd_fanout=0, ssd_fallback="jit"), "miss_fast": dict(ssd_fanout=0, ssd_fallback="fast")}
 VARIANTS = {  # name: (params, path, samples per side)
     "hit T=1": ("T=1", "hit", 20_000),
     "hit top_p=0.9": ("top_p=0.9", "hit", 20_000),

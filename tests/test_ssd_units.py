@@ -26,11 +26,11 @@ def test_request_round_trip_with_new_sequences_and_overflow():
     params = DraftParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
     long_prompt = list(range(3, 3 + REQUEST_CAPACITY + 100))  # longer than the preallocated buffer
     req = Request(finished=[4, 9], entries=[Entry(7, -1, long_prompt, params), Entry(8, 2, [11, 12, 13])],
-                  wanted=[8, 7])
+                  wanted=[8, 7], backup=FAST)
     words = pack_request(req)
     assert words.numel() > REQUEST_CAPACITY and int(words[1]) == words.numel()
     back = unpack_request(words)
-    assert back.finished == [4, 9] and back.wanted == [8, 7]
+    assert back.finished == [4, 9] and back.wanted == [8, 7] and back.backup == FAST
     assert back.entries[0].tokens == long_prompt and back.entries[1].k == 2 and back.entries[1].params is None
     got = back.entries[0].params
     assert (got.top_k, got.seed) == (40, 1234)
@@ -54,13 +54,15 @@ def test_reply_round_trip_every_q_mode():
     tied = torch.stack([_row(vocab, s, gen) for s in (4, 5, 3)])  # one row has more than top_k = 4 tokens
     params = [DraftParams(1.0), DraftParams(0.8, top_k=4), DraftParams(0.8, top_k=4), DraftParams(0.0),
               DraftParams(1.0), DraftParams(1.0, top_k=4)]
-    specs = [Speculation(HIT, [1, 2, 3], full), Speculation(JIT, [4, 5, 6], compact), Speculation(HIT, [7, 8, 9], tied),
+    specs = [Speculation(HIT, [1, 2, 3], full, bonus_rank=0), Speculation(JIT, [4, 5, 6], compact, bonus_rank=32),
+             Speculation(HIT, [7, 8, 9], tied),
              Speculation(HIT, [10, 11, 12]), Speculation(FAST, [13, 14, 15]), Speculation(NONE, [])]
     assert [_q_mode(s, p, vocab) for s, p in zip(specs, params)] == [FULL, COMPACT, ONE_HOT, ONE_HOT, ONE_HOT, ONE_HOT]
     assert [q_words(p, vocab) for p in params] == [vocab, 8, 8, 0, vocab, 8]
-    buf = pack_reply(specs, params, k, vocab, (0.25, 0.5))
+    buf = pack_reply(specs, params, k, vocab, (0.25, 0.5, 0.125, 0.0625, 12.0))
     back, timings = unpack_reply(buf.clone(), params, k, vocab)
-    assert timings == (0.25, 0.5)
+    assert timings == (0.25, 0.5, 0.125, 0.0625, 12.0)
+    assert [s.bonus_rank for s in back] == [0, 32, -1, -1, -1, -1]
     assert [s.source for s in back] == [HIT, JIT, HIT, HIT, FAST, NONE]
     assert [s.tokens for s in back] == [s.tokens for s in specs]
     assert torch.equal(back[0].q, full) and torch.equal(back[1].q, compact)  # bit-exact
@@ -103,9 +105,10 @@ def nopad(tiny_model_dir) -> str:
 
 
 def _server(path: str, fanout: list[int], k: int):
-    runner = ModelRunner(path, load_config(path), num_kv_blocks=32 + -(-scratch_slots(fanout, k, 2) // 8),
+    fanouts = [(0.0, fanout)]
+    runner = ModelRunner(path, load_config(path), num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8),
                          block_size=8, max_model_len=128, dtype=torch.float32, device=torch.device("cpu"))
-    return new_server(runner, 32, 8, k, 259, fanout, "jit", 2, seed=0)
+    return new_server(runner, 32, 8, k, 259, fanouts, 1.0, 2, seed=0)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

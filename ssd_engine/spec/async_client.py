@@ -18,7 +18,8 @@ from ssd_engine.engine.sequence import Sequence
 from ssd_engine.spec.backup import fast_proposal
 from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
 from ssd_engine.spec.draft_process import DraftSpec, spawn
-from ssd_engine.spec.payload import (NONE, SHUTDOWN, SOURCES, DraftParams, Entry, Request, pack_request,
+from ssd_engine.saguaro.plan import SaguaroPlan
+from ssd_engine.spec.payload import (FAST, JIT, NONE, SHUTDOWN, SOURCES, DraftParams, Entry, Request, pack_request,
                                      reply_words, unpack_reply)
 from ssd_engine.spec.ssd_metrics import SSDMetrics
 from ssd_engine.spec.sync_draft import Proposal
@@ -33,11 +34,12 @@ def draft_params(seq: Sequence) -> DraftParams:
 
 class AsyncDraftClient:
     def __init__(self, spec: DraftSpec, target_vocab: int, cores: list[int] | None, threads: int,
-                 timeout_s: float, generator: torch.Generator, device: torch.device) -> None:
+                 timeout_s: float, generator: torch.Generator, device: torch.device, plan: SaguaroPlan) -> None:
         self.k, self.vocab, self.target_vocab = spec.k, spec.vocab, target_vocab
         self.device = device  # the target's: proposals are verified there
         self.timeout_s = timeout_s
         self.generator = generator
+        self.plan, self.policy = plan, plan.policy
         self.process, self._store = spawn(spec, cores, threads, timeout_s)
         self.pid = self.process.pid
         try:
@@ -75,8 +77,9 @@ class AsyncDraftClient:
     def _from_draft(self, seqs: list[Sequence], wanted: list[Sequence]) -> Proposal | None:
         if self.process.poll() is not None:
             raise DraftLinkError(f"exited with code {self.process.returncode}")
+        backup = self._backup(len(wanted)) if wanted else JIT
         request = Request(finished=self.finished, entries=[e for e in map(self._news, seqs) if e],
-                          wanted=[s.seq_id for s in wanted])
+                          wanted=[s.seq_id for s in wanted], backup=backup)
         started = time.perf_counter()
         self.link.send_request(pack_request(request))
         self.finished = []
@@ -84,14 +87,26 @@ class AsyncDraftClient:
             return None
         params = [draft_params(s) for s in wanted]
         reply = self.link.recv_reply(reply_words(params, self.k, self.vocab))
-        specs, (build_s, _) = unpack_reply(reply, params, self.k, self.vocab)
+        specs, (build_s, _, glue_s, step_s, step_rows) = unpack_reply(reply, params, self.k, self.vocab)
         self.replied_at = time.perf_counter()
-        self.metrics.record_round(build_s, self.replied_at - started)
+        self.metrics.record_round(build_s, self.replied_at - started, glue_s, step_s, int(step_rows))
         for seq, spec in zip(wanted, specs):
-            self.metrics.record_lookup(self.verified_k.pop(seq.seq_id, -1), spec.source)
+            self.metrics.record_lookup(self.verified_k.pop(seq.seq_id, -1), spec.source, spec.bonus_rank)
             self.source[seq.seq_id] = SOURCES[spec.source]
         return self._proposal([s.tokens or [0] * self.k for s in specs], [s.q for s in specs],
                               [s.source != NONE for s in specs])
+
+    def _backup(self, batch_size: int) -> int:
+        """Saguaro fallback: what a miss takes this round, from the batch size and b*."""
+        if self.policy.due():
+            self.policy.update(**self.metrics.estimates())
+        choice = self.policy.choose(batch_size)
+        self.metrics.record_backup(choice)
+        return JIT if choice == "jit" else FAST
+
+    def summary(self) -> dict:
+        return {**self.metrics.summary(), **self.plan.describe(), "critical_batch_size": self.policy.critical_batch,
+                "estimates": vars(self.policy.estimates)}
 
     def _news(self, seq: Sequence) -> Entry | None:
         have = self.known.get(seq.seq_id)

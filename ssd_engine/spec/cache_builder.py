@@ -9,46 +9,49 @@ For each sequence with a speculation x_1..x_K out for verification:
 3. decode every branch (k, t*) K steps at once, each attending to its trunk prefix (committed +
    x_1..x_k) and its own path (tree_mask.py), sampling each token and keeping its exact q row.
 """
+import time
+
 import torch
 
 from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
-from ssd_engine.spec.payload import HIT, Speculation
+from ssd_engine.spec.payload import HIT, RANK_DEPTH, Speculation
 from ssd_engine.spec.tree_mask import branch_metadata
 
 
 class CacheBuilder:
-    def __init__(self, trunk: Trunk, fanout: list[int], scratch_base: int, max_branches: int) -> None:
-        assert len(fanout) == trunk.k + 1
-        self.trunk, self.fanout = trunk, fanout
+    def __init__(self, trunk: Trunk, scratch_base: int, max_branches: int) -> None:
+        self.trunk = trunk
         self.scratch_base, self.max_branches = scratch_base, max_branches  # slots reserved for branch paths
-
-    @property
-    def branches_per_seq(self) -> int:
-        return sum(self.fanout)
+        self.glue_seconds = self.step_seconds = 0.0  # the last build's glue forward and mean branch step
+        self.step_rows = 0
 
     def build(self, seqs: list[DraftSeq]) -> None:
-        """Fill seq.cache for every sequence (their `sent` speculation must be set)."""
+        """Fill seq.cache for every sequence (their `sent` speculation must be set), each with its
+        own fan-out; remember each position's top candidates to rank the outcome's bonus later."""
         k = self.trunk.k
+        started = time.perf_counter()
         for seq in seqs:
             seq.cache = {}
             seq.cut_trunk(len(seq) - 1)
         feeds = [(s.tokens + s.sent.tokens)[len(s.trunk):] for s in seqs]
-        logits = self.trunk.extend(seqs, feeds, k + 1)  # [S, K+1, V]: distributions at positions 1..K+1
-        if self.branches_per_seq == 0 or not seqs:
-            return
-        branch_seq, branch_k, branch_tok = self._candidates(seqs, logits[:, :, :self.trunk.vocab])
+        logits = self.trunk.extend(seqs, feeds, k + 1)[:, :, :self.trunk.vocab]  # positions 1..K+1
+        widest = min(max(RANK_DEPTH, max(max(s.fanout) for s in seqs) + 1), logits.shape[-1])
+        top = logits.topk(widest, dim=-1).indices.tolist()  # [S, K+1, widest]
+        for seq, ranked in zip(seqs, top):
+            seq.ranked = ranked
+        self.glue_seconds = time.perf_counter() - started
+        self.step_seconds, self.step_rows = 0.0, 0
+        branch_seq, branch_k, branch_tok = self._candidates(seqs, top)
         for start in range(0, len(branch_seq), self.max_branches):
             part = slice(start, start + self.max_branches)
             self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part])
 
-    def _candidates(self, seqs: list[DraftSeq], logits: torch.Tensor):
+    def _candidates(self, seqs: list[DraftSeq], top: list):
         """Per branch: its sequence index, accepted count k and bonus token t*."""
         k = self.trunk.k
-        widest = max(self.fanout) + 1
-        top = logits.topk(min(widest, logits.shape[-1]), dim=-1).indices.tolist()  # [S, K+1, widest]
         branch_seq, branch_k, branch_tok = [], [], []
         for i, seq in enumerate(seqs):
-            for accepted, fan in enumerate(self.fanout):
+            for accepted, fan in enumerate(seq.fanout):
                 excluded = seq.sent.tokens[accepted] if accepted < k else None
                 picks = [t for t in top[i][accepted] if t != excluded][:fan]
                 branch_seq += [i] * len(picks)
@@ -74,14 +77,25 @@ class CacheBuilder:
         gens = [seqs[i].generator for i in branch_seq]
         ids = torch.tensor(branch_tok, device=device)
         drawn, rows_q = [], []
+        started = time.perf_counter()
         for step in range(k):
             meta = branch_metadata(trunk_slots, seq_index, visible, scratch, step)
             logits = trunk.runner.run_metadata(ids, visible + step, meta)
-            ids, q = trunk.sample(logits, params, gens)
+            ids, q = trunk.sample(logits, params, gens, [seqs[i].fanout[step] for i in branch_seq])
             drawn.append(ids)
             rows_q.append(q)
+        if rows > self.step_rows:  # time the widest part: the one a budget is about
+            self.step_seconds, self.step_rows = (time.perf_counter() - started) / k, rows
         tokens = torch.stack(drawn, dim=1).tolist()
         q_all = None if rows_q[0] is None else torch.stack(rows_q, dim=1)  # [R, K, vocab]
         for r, (i, accepted, bonus) in enumerate(zip(branch_seq, branch_k, branch_tok)):
             q = None if q_all is None or seqs[i].params.greedy else q_all[r]
             seqs[i].cache[(accepted, bonus)] = Speculation(HIT, tokens[r], q)
+
+
+def bonus_rank(seq: DraftSeq, k: int, bonus: int) -> int:
+    """Where `bonus` stood among the candidates built for outcome k (0 = first; RANK_DEPTH = not
+    in the tracked top): the cache held it iff its rank < F_k, for any fan-out F_k."""
+    excluded = seq.sent.tokens[k] if k < len(seq.sent.tokens) else None
+    candidates = [t for t in seq.ranked[k] if t != excluded][:RANK_DEPTH]
+    return candidates.index(bonus) if bonus in candidates else RANK_DEPTH

@@ -30,8 +30,8 @@ class DraftSpec:
     weight_layout: str
     k: int
     vocab: int            # proposable ids: shared by tokenizer, draft and target
-    fanout: tuple
-    fallback: str
+    fanouts: tuple        # ((temperature, (F_0..F_K)), ...): per request temperature, the nearest
+    saguaro_c: float      # Saguaro sampling's down-weighting constant C
     max_num_seqs: int
     seed: int
 
@@ -72,12 +72,12 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
-    fanout = list(spec.fanout)
-    scratch_pages = -(-scratch_slots(fanout, spec.k, spec.max_num_seqs) // spec.block_size)
+    fanouts = [(t, list(f)) for t, f in spec.fanouts]
+    scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // spec.block_size)
     runner = ModelRunner(spec.model_path, load_config(spec.model_path), num_kv_blocks=spec.num_blocks + scratch_pages,
                          block_size=spec.block_size, max_model_len=spec.max_position, dtype=DTYPES[spec.dtype],
                          device=torch.device(spec.device), weight_layout=spec.weight_layout)
-    server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanout, spec.fallback,
+    server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
                         spec.max_num_seqs, spec.seed)
     store.set("draft/ready", str(os.getpid()))
     link = DraftLink(store, 1, timeout_s)
@@ -88,10 +88,9 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
             return
         server.apply(request)
         if request.wanted:
-            specs = server.lookup(request.wanted)
+            specs = server.lookup(request.wanted, request.backup)
             params = [server.seqs[i].params for i in request.wanted]
-            packed = pack_reply(specs, params, spec.k, spec.vocab, (server.build_seconds, server.lookup_seconds),
-                                out=reply)
+            packed = pack_reply(specs, params, spec.k, spec.vocab, server.timings(), out=reply)
             reply = packed if packed.numel() > reply.numel() else reply  # grows to the largest round seen
             link.send_reply(packed)
         server.build(request.wanted)

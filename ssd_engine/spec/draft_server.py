@@ -10,17 +10,15 @@ import torch
 
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.spec.backup import fast_proposal
-from ssd_engine.spec.cache_builder import CacheBuilder
+from ssd_engine.spec.cache_builder import CacheBuilder, bonus_rank
 from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
-from ssd_engine.spec.payload import FAST, NONE, DraftParams, Request, Speculation
-
-FALLBACKS = ("jit", "fast")
+from ssd_engine.spec.payload import FAST, JIT, NONE, DraftParams, Request, Speculation
 
 
 class DraftServer:
-    def __init__(self, trunk: Trunk, builder: CacheBuilder, fallback: str, seed: int) -> None:
-        assert fallback in FALLBACKS
-        self.trunk, self.builder, self.fallback, self.seed = trunk, builder, fallback, seed
+    def __init__(self, trunk: Trunk, builder: CacheBuilder, fanouts: list, seed: int) -> None:
+        self.trunk, self.builder, self.seed = trunk, builder, seed
+        self.fanouts = fanouts  # [(temperature, F_0..F_K)]: a sequence takes the nearest temperature's
         self.seqs: dict[int, DraftSeq] = {}
         self.build_seconds = self.lookup_seconds = 0.0
 
@@ -39,16 +37,19 @@ class DraftServer:
                 old = self.seqs.pop(e.seq_id, None)
                 if old is not None:
                     self.trunk.drop(old)
-                self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, self._generator(e.seq_id, e.params))
+                self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, self._generator(e.seq_id, e.params),
+                                               fanout=fanout_for(self.fanouts, e.params.temperature))
                 continue
             seq = self.seqs[e.seq_id]
             seq.tokens.extend(e.tokens)
             key = (e.k, e.tokens[-1]) if e.k >= 0 and seq.sent is not None else None
-            seq.sent = None
+            seq.bonus_rank = bonus_rank(seq, *key) if key and seq.ranked else -1
+            seq.sent, seq.ranked = None, None
             seq.cache = {key: seq.cache[key]} if key in seq.cache else {}
 
-    def lookup(self, wanted: list[int]) -> list[Speculation]:
-        """The next speculation of each wanted sequence: from the cache, else from the fallback."""
+    def lookup(self, wanted: list[int], backup: int = JIT) -> list[Speculation]:
+        """The next speculation of each wanted sequence: from the cache, else from `backup`
+        (JIT: the primary drafts now; FAST: n-gram, else random)."""
         started = time.perf_counter()
         specs: dict[int, Speculation] = {}
         missed = []
@@ -60,7 +61,7 @@ class DraftServer:
                 specs[seq_id] = next(iter(seq.cache.values()))
             else:
                 missed.append(seq)
-        if missed and self.fallback == "jit":
+        if missed and backup == JIT:
             for seq, spec in zip(missed, self.trunk.draft_jit(missed)):
                 specs[seq.seq_id] = spec
         else:
@@ -70,6 +71,7 @@ class DraftServer:
         for seq_id, spec in specs.items():
             seq = self.seqs[seq_id]
             seq.sent, seq.cache = (spec if spec.source != NONE else None), {}
+            spec.bonus_rank, seq.bonus_rank = seq.bonus_rank, -1
         self.lookup_seconds = time.perf_counter() - started
         return [specs[i] for i in wanted]
 
@@ -85,6 +87,11 @@ class DraftServer:
             self.trunk.extend(behind, [s.tokens[len(s.trunk):-1] for s in behind], 1)
         self.build_seconds = time.perf_counter() - started
 
+    def timings(self) -> tuple:
+        """The reply header's: last build, this lookup, the build's glue forward and branch step."""
+        b = self.builder
+        return self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, float(b.step_rows)
+
     def _generator(self, seq_id: int, params: DraftParams) -> torch.Generator | None:
         if params.greedy:
             return None
@@ -92,16 +99,25 @@ class DraftServer:
         return torch.Generator(device=self.trunk.runner.device).manual_seed(seed)
 
 
-def new_server(runner, num_blocks: int, block_size: int, k: int, vocab: int, fanout: list[int], fallback: str,
+def fanout_for(fanouts: list, temperature: float) -> list[int]:
+    """Greedy sequences take a greedy entry when there is one; sampled ones the closest T > 0."""
+    pool = [f for f in fanouts if (f[0] == 0) == (temperature == 0)] or fanouts
+    return list(min(pool, key=lambda f: abs(f[0] - temperature))[1])
+
+
+def new_server(runner, num_blocks: int, block_size: int, k: int, vocab: int, fanouts: list, saguaro_c: float,
                max_num_seqs: int, seed: int) -> DraftServer:
     """`runner`'s cache must hold num_blocks pages for trunks plus scratch_slots(...) for branches."""
     blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     generator = torch.Generator(device=runner.device).manual_seed(seed)
-    trunk = Trunk(runner, blocks, k, vocab, generator)
-    max_branches = max(1, max_num_seqs * sum(fanout))
-    builder = CacheBuilder(trunk, fanout, num_blocks * block_size, max_branches)
-    return DraftServer(trunk, builder, fallback, seed)
+    trunk = Trunk(runner, blocks, k, vocab, generator, saguaro_c)
+    builder = CacheBuilder(trunk, num_blocks * block_size, max_branches(fanouts, max_num_seqs))
+    return DraftServer(trunk, builder, fanouts, seed)
 
 
-def scratch_slots(fanout: list[int], k: int, max_num_seqs: int) -> int:
-    return max(1, max_num_seqs * sum(fanout)) * k
+def max_branches(fanouts: list, max_num_seqs: int) -> int:
+    return max(1, max_num_seqs * max(sum(f) for _, f in fanouts))
+
+
+def scratch_slots(fanouts: list, k: int, max_num_seqs: int) -> int:
+    return max_branches(fanouts, max_num_seqs) * k

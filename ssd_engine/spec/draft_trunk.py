@@ -13,6 +13,7 @@ from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
+from ssd_engine.saguaro.sampling import saguaro_probs
 from ssd_engine.spec.payload import JIT, DraftParams, Speculation
 
 
@@ -27,6 +28,9 @@ class DraftSeq:
     trunk: list[int] = field(default_factory=list)
     sent: Speculation | None = None           # the speculation the target is verifying
     cache: dict = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
+    fanout: list[int] = field(default_factory=list)  # F_0..F_K: bonus candidates prepared per k
+    ranked: list | None = None                # per position 1..K+1 of `sent`: the draft's top RANK_DEPTH ids
+    bonus_rank: int = -1                      # the last outcome's bonus among its candidates (payload.py)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -52,9 +56,10 @@ class Trunk:
     """Runs the draft model over trunks; samples draft tokens keeping their exact q rows."""
 
     def __init__(self, runner: ModelRunner, blocks: BlockManager, k: int, vocab: int,
-                 generator: torch.Generator) -> None:
+                 generator: torch.Generator, saguaro_c: float = 1.0) -> None:
         self.runner, self.blocks, self.k, self.vocab = runner, blocks, k, vocab
         self.generator = generator  # for sequences without a seed of their own
+        self.saguaro_c = saguaro_c
 
     def reserve(self, seq: DraftSeq, num_tokens: int) -> bool:
         """Pages for `num_tokens` trunk tokens; on shortage the sequence's trunk is dropped."""
@@ -77,14 +82,17 @@ class Trunk:
             seq.trunk.extend(fed)
         return logits.view(len(seqs), rows, -1)
 
-    def sample(self, logits: torch.Tensor, params: list[DraftParams],
-               generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def sample(self, logits: torch.Tensor, params: list[DraftParams], generators: list[torch.Generator | None],
+               fanouts: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[n, V] logits -> tokens [n] and the rows they were drawn from [n, vocab] (None if all greedy).
-        Ids past the shared vocabulary (embedding padding) are never proposed."""
+        fanouts[i]: the fan-out the cache will use at this position (Saguaro sampling down-weights
+        that many top tokens; greedy rows are unaffected). Ids past the shared vocabulary
+        (embedding padding) are never proposed."""
         logits = logits[:, :self.vocab]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1), None
         probs = sampling_of(params, logits.device).probs(logits)
+        probs = saguaro_probs(probs, torch.tensor(fanouts, device=logits.device), self.saguaro_c)
         return sample(probs, generators, self.generator), probs
 
     def draft_jit(self, seqs: list[DraftSeq]) -> list[Speculation]:
@@ -96,7 +104,7 @@ class Trunk:
         logits = self.extend(seqs, [s.tokens[len(s.trunk):] for s in seqs], 1)[:, 0]
         tokens, rows = [], []
         for step in range(self.k):
-            drawn, q = self.sample(logits, params, gens)
+            drawn, q = self.sample(logits, params, gens, [s.fanout[step] for s in seqs])
             tokens.append(drawn)
             rows.append(q)
             if step + 1 < self.k:

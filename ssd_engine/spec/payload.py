@@ -3,7 +3,8 @@
 Coordinator -> draft: one int64 `Request` in a preallocated buffer of REQUEST_CAPACITY words
 (a round whose new prompts do not fit sends the rest in a second tensor; the header says so).
 
-    header  [kind, total_words, n_finished, n_entries, n_wanted, 0, 0, 0]
+    header  [kind, total_words, n_finished, n_entries, n_wanted, backup, 0, 0]
+                                                       backup: what a miss takes this round (JIT or FAST)
     finished ids                                       n_finished words
     entries, one per sequence with news                n_entries variable-length records:
         [seq_id, is_new, k, num_new, tokens...]        k = drafts accepted in the round just verified
@@ -17,8 +18,13 @@ Draft -> coordinator: one float32 `Reply`, whose size both sides compute from th
 (`reply_words`), so it needs no header of its own to be received. Token ids are < 2**24, so
 float32 holds them exactly.
 
-    header  [build_seconds, lookup_seconds, 0, 0]     the draft's last cache build and this lookup
-    per wanted sequence: [source, q_mode, K tokens...]
+    header  [build_seconds, lookup_seconds, glue_seconds, step_seconds, step_rows, 0, 0, 0]
+            the draft's last cache build (glue forward; one branch-decode step over step_rows rows)
+            and this lookup
+    per wanted sequence: [source, q_mode, bonus_rank, K tokens...]
+        bonus_rank: where the round's bonus token t* stood among the draft's candidates for it
+        (0 = its first; RANK_DEPTH = deeper than tracked; -1 = no prediction was made), so the
+        coordinator learns the miss rate at every fan-out from any one
     per wanted sequence with a q slot: K rows of q_words(params) floats
 
 source: NONE (no speculation: the draft ran out of pages), HIT, JIT (primary drafted on the miss),
@@ -32,7 +38,8 @@ import torch
 
 REQUEST_CAPACITY = 8192
 HEADER = 8
-REPLY_HEADER = 4
+REPLY_HEADER = 8
+RANK_DEPTH = 32
 ROUND, SHUTDOWN = 1, 2
 NONE, HIT, JIT, FAST = 0, 1, 2, 3
 SOURCES = {NONE: "none", HIT: "hit", JIT: "jit", FAST: "fast"}
@@ -76,6 +83,7 @@ class Request:
     finished: list[int] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
     wanted: list[int] = field(default_factory=list)
+    backup: int = JIT
 
 
 def _f2i(x: float) -> int:
@@ -87,7 +95,7 @@ def _i2f(x: int) -> float:
 
 
 def pack_request(req: Request) -> torch.Tensor:
-    words = [req.kind, 0, len(req.finished), len(req.entries), len(req.wanted), 0, 0, 0]
+    words = [req.kind, 0, len(req.finished), len(req.entries), len(req.wanted), req.backup, 0, 0]
     words += req.finished
     for e in req.entries:
         words += [e.seq_id, int(e.params is not None), e.k, len(e.tokens)]
@@ -102,10 +110,10 @@ def pack_request(req: Request) -> torch.Tensor:
 
 def unpack_request(words: torch.Tensor) -> Request:
     w = words.tolist()
-    kind, total, n_fin, n_ent, n_want = w[:5]
+    kind, total, n_fin, n_ent, n_want, backup = w[:6]
     assert len(w) >= total, f"request of {total} words, got {len(w)}"
     at = HEADER
-    req = Request(kind, w[at:at + n_fin])
+    req = Request(kind, w[at:at + n_fin], backup=backup)
     at += n_fin
     for _ in range(n_ent):
         seq_id, is_new, k, n = w[at:at + 4]
@@ -127,27 +135,28 @@ class Speculation:
     source: int
     tokens: list[int]
     q: torch.Tensor | None = None     # [K, vocab] float32
+    bonus_rank: int = -1              # see the reply layout
 
 
 def reply_words(params: list[DraftParams], k: int, vocab: int) -> int:
-    return REPLY_HEADER + len(params) * (2 + k) + sum(k * q_words(p, vocab) for p in params)
+    return REPLY_HEADER + len(params) * (3 + k) + sum(k * q_words(p, vocab) for p in params)
 
 
 def pack_reply(specs: list[Speculation], params: list[DraftParams], k: int, vocab: int,
-               timings: tuple[float, float], out: torch.Tensor | None = None) -> torch.Tensor:
+               timings: tuple, out: torch.Tensor | None = None) -> torch.Tensor:
     size = reply_words(params, k, vocab)
     buf = out[:size] if out is not None and out.numel() >= size else torch.empty(size)
     buf.zero_()
-    buf[:2] = torch.tensor(timings)
+    buf[:len(timings)] = torch.tensor(timings, dtype=torch.float32)
     at = REPLY_HEADER
     modes = []
     for spec, p in zip(specs, params):
         mode = _q_mode(spec, p, vocab)
         modes.append(mode)
-        buf[at:at + 2] = torch.tensor([spec.source, mode], dtype=torch.float32)
+        buf[at:at + 3] = torch.tensor([spec.source, mode, spec.bonus_rank], dtype=torch.float32)
         if spec.tokens:
-            buf[at + 2:at + 2 + k] = torch.tensor(spec.tokens, dtype=torch.float32)
-        at += 2 + k
+            buf[at + 3:at + 3 + k] = torch.tensor(spec.tokens, dtype=torch.float32)
+        at += 3 + k
     for spec, p, mode in zip(specs, params, modes):
         width = q_words(p, vocab)
         if mode == FULL:
@@ -173,16 +182,16 @@ def _q_mode(spec: Speculation, p: DraftParams, vocab: int) -> int:
 
 
 def unpack_reply(buf: torch.Tensor, params: list[DraftParams], k: int, vocab: int
-                 ) -> tuple[list[Speculation], tuple[float, float]]:
-    timings = (float(buf[0]), float(buf[1]))
+                 ) -> tuple[list[Speculation], tuple]:
+    timings = tuple(buf[:5].tolist())
     at = REPLY_HEADER
     specs, modes = [], []
     for _ in params:
-        source, mode = int(buf[at]), int(buf[at + 1])
-        tokens = [int(t) for t in buf[at + 2:at + 2 + k].tolist()] if source != NONE else []
-        specs.append(Speculation(source, tokens))
+        source, mode, rank = (int(v) for v in buf[at:at + 3].tolist())
+        tokens = [int(t) for t in buf[at + 3:at + 3 + k].tolist()] if source != NONE else []
+        specs.append(Speculation(source, tokens, bonus_rank=rank))
         modes.append(mode)
-        at += 2 + k
+        at += 3 + k
     for spec, p, mode in zip(specs, params, modes):
         width = q_words(p, vocab)
         if mode == FULL:

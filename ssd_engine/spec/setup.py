@@ -4,6 +4,7 @@ from transformers import AutoTokenizer
 
 from ssd_engine.engine.model_runner import ModelRunner
 from ssd_engine.models.loader import load_config
+from ssd_engine.saguaro.plan import plan_saguaro
 from ssd_engine.spec.async_client import AsyncDraftClient
 from ssd_engine.spec.draft_process import DraftSpec
 from ssd_engine.spec.sync_draft import SyncDraft
@@ -38,12 +39,13 @@ def start_async_draft(config, engine, num_blocks: int, max_position: int, cores:
         wanted = first + config.tensor_parallel_size
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
+    plan = plan_saguaro(config, engine.model_path, draft_path)
     spec = DraftSpec(draft_path, num_blocks, config.block_size, max_position, config.dtype, device,
-                     config.weight_layout_for(threads),
-                     config.num_speculative_tokens, vocab, tuple(config.fanout()), config.ssd_fallback,
+                     config.weight_layout_for(threads), config.num_speculative_tokens, vocab,
+                     tuple((t, tuple(f)) for t, f in plan.fanouts), float(config.saguaro_c),
                      config.max_num_seqs, config.seed)
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, config.draft_timeout_s,
-                            engine.generator, engine.device)
+                            engine.generator, engine.device, plan)
 
 
 def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: torch.dtype) -> SyncDraft:

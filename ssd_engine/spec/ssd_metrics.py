@@ -7,7 +7,8 @@ T_p <= 1 means the draft keeps up and a hit costs the target nothing.
 """
 from dataclasses import dataclass, field
 
-from ssd_engine.spec.payload import HIT, SOURCES
+from ssd_engine.saguaro.calibration import miss_curve
+from ssd_engine.spec.payload import HIT, RANK_DEPTH, SOURCES
 
 
 @dataclass
@@ -19,6 +20,11 @@ class SSDMetrics:
     accepted: dict = field(default_factory=dict)              # source -> of those, accepted
     speculations: dict = field(default_factory=dict)          # source -> count ("local" after a draft failure)
     draft_failures: list[str] = field(default_factory=list)
+    rank_counts_by_k: list = field(default_factory=list)     # [k][rank]: where each bonus stood among candidates
+    rounds: dict = field(default_factory=dict)                # source -> verified rounds
+    backups: dict = field(default_factory=dict)               # jit / fast -> rounds the policy chose it for
+    step_samples: list = field(default_factory=list)          # (branch rows, seconds per branch-decode step)
+    glue_s: float = 0.0
     build_s: float = 0.0
     wait_s: float = 0.0
     verify_s: float = 0.0
@@ -28,11 +34,17 @@ class SSDMetrics:
     def __post_init__(self) -> None:
         self.lookups_by_k = self.lookups_by_k or [0] * (self.k + 2)
         self.hits_by_k = self.hits_by_k or [0] * (self.k + 2)
+        self.rank_counts_by_k = self.rank_counts_by_k or [[0] * (RANK_DEPTH + 1) for _ in range(self.k + 1)]
 
-    def record_lookup(self, prev_k: int, source: int) -> None:
+    def record_lookup(self, prev_k: int, source: int, bonus_rank: int = -1) -> None:
         self.lookups_by_k[prev_k + 1] += 1
         self.hits_by_k[prev_k + 1] += source == HIT
         self._count(SOURCES[source])
+        if prev_k >= 0 and bonus_rank >= 0:
+            self.rank_counts_by_k[prev_k][min(bonus_rank, RANK_DEPTH)] += 1
+
+    def record_backup(self, choice: str) -> None:
+        self.backups[choice] = self.backups.get(choice, 0) + 1
 
     def record_local(self, n: int) -> None:
         self._count("local", n)
@@ -43,11 +55,35 @@ class SSDMetrics:
     def record_verified(self, source: str, accepted: int) -> None:
         self.drafted[source] = self.drafted.get(source, 0) + self.k
         self.accepted[source] = self.accepted.get(source, 0) + accepted
+        self.rounds[source] = self.rounds.get(source, 0) + 1
 
-    def record_round(self, build_s: float, wait_s: float) -> None:
+    def record_round(self, build_s: float, wait_s: float, glue_s: float = 0.0, step_s: float = 0.0,
+                     step_rows: int = 0) -> None:
         self.build_s += build_s
         self.wait_s += wait_s
+        self.glue_s += glue_s
         self.timed_rounds += 1
+        if step_rows > 0:
+            self.step_samples.append((step_rows, step_s))
+
+    def rank_counts(self) -> list[int]:
+        return [sum(col) for col in zip(*self.rank_counts_by_k)]
+
+    def tokens_per_round(self, sources: tuple[str, ...]) -> tuple[float, int]:
+        """Mean tokens committed per verified round (accepted drafts + the bonus), and rounds."""
+        rounds = sum(self.rounds.get(s, 0) for s in sources)
+        accepted = sum(self.accepted.get(s, 0) for s in sources)
+        return (1 + accepted / rounds if rounds else 0.0), rounds
+
+    def estimates(self) -> dict:
+        """The fallback rule's inputs as measured so far: (value, samples) each."""
+        warm, hits = sum(self.lookups_by_k[1:]), sum(self.hits_by_k[1:])
+        t_p = self.build_s / self.timed_rounds / (self.verify_s / self.verify_rounds) if (
+            self.timed_rounds and self.verify_rounds and self.verify_s > 0) else 0.0
+        return dict(p_hit=(hits / warm if warm else 0.0, warm),
+                    e_primary=self.tokens_per_round(("hit", "jit")),
+                    e_fast=self.tokens_per_round(("fast",)),
+                    t_p=(t_p, min(self.timed_rounds, self.verify_rounds)))
 
     def record_verify(self, seconds: float) -> None:
         self.verify_s += seconds
@@ -76,5 +112,8 @@ class SSDMetrics:
             "coordinator_wait_s_per_round": rate(self.wait_s, self.timed_rounds),
             "verify_s_per_round": mean_verify,
             "T_p": rate(mean_build, mean_verify),
+            "glue_s_per_round": rate(self.glue_s, self.timed_rounds),
+            "miss_rate_by_fanout": miss_curve(self.rank_counts())[:8],
+            "backup_rounds": dict(self.backups),
         }
 

@@ -1,0 +1,121 @@
+"""Calibrated Saguaro parameters for one (target, draft, temperature), stored as JSON in configs/.
+
+A calibration holds what Theorems 12 and 17 need: acceptance alpha, the miss rate as a function
+of fan-out and its power-law fit (miss(F) ≈ c F^(-r)), the measured time budget B (branches whose
+K decode steps fit inside one verification), T_p, and the expected tokens per round of the
+primary and the fast backup. `python -m ssd_engine.calibrate` writes them; the engine finds the
+one matching its model pair (by fingerprint, not path) and each request's temperature.
+"""
+import hashlib
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("ssd_engine")
+
+CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
+# documented defaults for an uncalibrated pair (README "Saguaro"): uniform fan-out 1 per k,
+# alpha 0.7, r 1, T_p 1, the fast backup committing one token per round
+DEFAULT_ALPHA, DEFAULT_R, DEFAULT_T_P, DEFAULT_E_FAST, DEFAULT_P_HIT = 0.7, 1.0, 1.0, 1.0, 0.7
+
+
+@dataclass
+class Calibration:
+    target: str                      # fingerprints (model_fingerprint) of the pair
+    draft: str
+    temperature: float
+    k: int
+    alpha: float                     # per-token acceptance of the primary
+    r: float                         # miss(F) ≈ miss_coeff * F^(-r)
+    miss_coeff: float
+    miss_by_fanout: list[float]      # measured miss rate at F = 1, 2, ...
+    budget: int                      # B: branches per sequence that fit in one verification
+    t_p: float                       # draft cache build (at B) / verification
+    e_primary: float                 # tokens committed per round, primary speculation
+    e_fast: float                    # tokens committed per round, fast backup speculation
+    p_hit: float                     # hit rate expected at the geometric fan-out with budget B
+    timings: dict = field(default_factory=dict)   # verify_s, glue_s, step_s_per_row fit, ...
+    measured: dict = field(default_factory=dict)  # names, machine, date, prompts, commit
+
+    def save(self, directory: Path = CONFIG_DIR) -> Path:
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"{self.measured.get('target_name', self.target)}--{self.measured.get('draft_name', self.draft)}"
+        path = directory / f"saguaro-{_slug(name)}-T{self.temperature:g}.json"
+        path.write_text(json.dumps(asdict(self), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> "Calibration":
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def model_fingerprint(model_path: str) -> str:
+    """Identifies a checkpoint wherever it is stored: its config.json plus its weight files' sizes."""
+    folder = Path(model_path)
+    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    for weights in sorted(folder.glob("*.safetensors")):
+        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+    return digest.hexdigest()[:16]
+
+
+def find_calibrations(target_path: str, draft_path: str, directory: Path = CONFIG_DIR) -> list[Calibration]:
+    """Every stored calibration of this pair (any temperature), lowest temperature first."""
+    target, draft = model_fingerprint(target_path), model_fingerprint(draft_path)
+    found = []
+    for path in sorted(Path(directory).glob("saguaro-*.json")):
+        try:
+            cal = Calibration.load(path)
+        except (TypeError, ValueError) as error:
+            log.warning("ignoring unreadable calibration %s: %s", path, error)
+            continue
+        if cal.target == target and cal.draft == draft:
+            found.append(cal)
+    return sorted(found, key=lambda c: c.temperature)
+
+
+def nearest(calibrations: list[Calibration], temperature: float) -> Calibration:
+    """Greedy requests use a greedy calibration when there is one; sampled ones the closest T > 0."""
+    pool = [c for c in calibrations if (c.temperature == 0) == (temperature == 0)] or calibrations
+    return min(pool, key=lambda c: abs(c.temperature - temperature))
+
+
+def miss_curve(rank_counts: list[int]) -> list[float]:
+    """rank_counts[j] = outcomes whose bonus was the draft's (j+1)-th candidate (last entry:
+    beyond the tracked depth). -> miss rate at F = 1 .. depth: P(rank >= F)."""
+    total = sum(rank_counts)
+    if total == 0:
+        return []
+    beyond, misses = [], total
+    for count in rank_counts[:-1]:
+        misses -= count
+        beyond.append(misses / total)
+    return beyond
+
+
+def fit_power_law(miss_by_fanout: list[float]) -> tuple[float, float]:
+    """Least squares on log miss = log c - r log F over the F with miss > 0 -> (r, c)."""
+    points = [(math.log(f), math.log(m)) for f, m in enumerate(miss_by_fanout, start=1) if m > 0]
+    if len(points) < 2:
+        return DEFAULT_R, 1.0
+    mx = sum(x for x, _ in points) / len(points)
+    my = sum(y for _, y in points) / len(points)
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    slope = sum((x - mx) * (y - my) for x, y in points) / sxx
+    r = max(-slope, 1e-3)  # a miss rate that does not fall with F: nearly uniform fan-out
+    return r, math.exp(my + r * mx)
+
+
+def budget_from_timings(verify_s: float, glue_s: float, step_s, k: int, limit: int = 64) -> int:
+    """B = the most branches whose K decode steps, after the glue forward, end within one
+    verification; at least 1 (a draft slower than that still prepares its likeliest outcome)."""
+    best = 1
+    for b in range(1, limit + 1):
+        if glue_s + k * step_s(b) <= verify_s:
+            best = b
+    return best
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)

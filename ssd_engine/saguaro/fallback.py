@@ -1,0 +1,92 @@
+"""Saguaro fallback: on a cache miss, draft just in time with the primary (slow, exact-quality)
+below the critical batch size b*, use the fast backup (n-gram, else random) at or above it.
+
+Corollary 16: at batch size b the whole batch waits when any sequence misses, so with
+x = p^b (no sequence misses), M = max(1, T_p):
+    slow backup: S_slow(b) = E_p / [M x + (1 - x)(1 + T_p)]
+    fast backup: S_fast(b) = E_h / [M x + (1 - x)],  E_h = p E_p + (1 - p) E_f
+Equating (Theorem 17, solved in SAGUARO.md):
+    x* = [E_h (1 + T_p) - E_p] / [E_p (M - 1) + E_h (1 + T_p - M)],   b* = ln x* / ln p
+Slow wins for b < b* (x > x*); x* <= 0: slow always wins; x* >= 1: fast always wins.
+"""
+import math
+from dataclasses import dataclass
+
+NEVER = math.inf  # b* when the slow backup always wins
+
+
+def speedup_slow(b: float, p: float, e_p: float, t_p: float) -> float:
+    x, m = p ** b, max(1.0, t_p)
+    return e_p / (m * x + (1 - x) * (1 + t_p))
+
+
+def speedup_fast(b: float, p: float, e_p: float, e_f: float, t_p: float) -> float:
+    x, m = p ** b, max(1.0, t_p)
+    return (p * e_p + (1 - p) * e_f) / (m * x + (1 - x))
+
+
+def critical_batch_size(p: float, e_p: float, e_f: float, t_p: float) -> float:
+    """b*: the slow backup is the better one for batch sizes b < b* (inf: always; 0: never)."""
+    if not 0 <= p <= 1 or e_p <= 0 or e_f <= 0 or t_p < 0:
+        raise ValueError(f"need 0 <= p <= 1, E_p > 0, E_f > 0, T_p >= 0; got p={p}, E_p={e_p}, E_f={e_f}, T_p={t_p}")
+    m = max(1.0, t_p)
+    e_h = p * e_p + (1 - p) * e_f
+    denominator = e_p * (m - 1) + e_h * (1 + t_p - m)
+    if denominator <= 0:  # T_p = 0: the slow backup costs nothing, so it wins unless it drafts worse
+        return NEVER if e_p >= e_h else 0.0
+    x_star = (e_h * (1 + t_p) - e_p) / denominator
+    if x_star <= 0:
+        return NEVER
+    if x_star >= 1 or p >= 1:
+        return 0.0 if x_star >= 1 else NEVER
+    if p <= 0:
+        return 0.0  # every sequence misses: x = 0 < x* for every b >= 1
+    return math.log(x_star) / math.log(p)
+
+
+@dataclass
+class Estimates:
+    """Running estimates the rule needs; priors come from the calibration."""
+    p_hit: float
+    e_primary: float
+    e_fast: float
+    t_p: float
+
+
+class FallbackPolicy:
+    """Picks the backup for each round from its batch size.
+
+    mode: "auto" (b* from running estimates, recomputed every `period` rounds), "jit" or "fast"
+    (fixed). `pinned` fixes b* instead of computing it. Estimates start at `prior` and move to the
+    engine's measurements once each has `min_samples` behind it (a prior is worth that many)."""
+
+    def __init__(self, mode: str, prior: Estimates, pinned: float | None = None, period: int = 16,
+                 min_samples: int = 8) -> None:
+        self.mode, self.prior, self.pinned = mode, prior, pinned
+        self.period, self.min_samples = period, min_samples
+        self.estimates = prior
+        self.rounds = 0
+        self.critical_batch = pinned if pinned is not None else critical_batch_size(**_args(prior))
+
+    def choose(self, batch_size: int) -> str:
+        self.rounds += 1
+        if self.mode != "auto":
+            return self.mode
+        return "jit" if batch_size < self.critical_batch else "fast"
+
+    def due(self) -> bool:
+        return self.mode == "auto" and self.pinned is None and self.rounds % self.period == 0
+
+    def update(self, p_hit: tuple[float, int], e_primary: tuple[float, int], e_fast: tuple[float, int],
+               t_p: tuple[float, int]) -> None:
+        """Each argument is (measured value, number of samples behind it)."""
+        def blend(prior: float, measured: tuple[float, int]) -> float:
+            value, n = measured
+            return (prior * self.min_samples + value * n) / (self.min_samples + n)
+        self.estimates = Estimates(blend(self.prior.p_hit, p_hit), blend(self.prior.e_primary, e_primary),
+                                   blend(self.prior.e_fast, e_fast), blend(self.prior.t_p, t_p))
+        self.critical_batch = critical_batch_size(**_args(self.estimates))
+
+
+def _args(e: Estimates) -> dict:
+    return dict(p=e.p_hit, e_p=e.e_primary, e_f=e.e_fast, t_p=e.t_p)

@@ -1,0 +1,63 @@
+"""Turn the engine config plus the pair's calibrations into what the SSD round runs with: a fan-out
+per calibrated temperature (the draft picks the nearest for each request) and the fallback policy.
+"""
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from ssd_engine.saguaro import calibration as cal_mod
+from ssd_engine.saguaro.calibration import Calibration, find_calibrations
+from ssd_engine.saguaro.fallback import Estimates, FallbackPolicy
+from ssd_engine.saguaro.fanout import geometric_fanout, uniform_fanout
+
+log = logging.getLogger("ssd_engine")
+
+
+@dataclass
+class SaguaroPlan:
+    fanouts: list                  # [(temperature, [F_0..F_K])]
+    policy: FallbackPolicy
+    calibrations: list[Calibration]
+
+    def describe(self) -> dict:
+        return {"fanouts": {f"T={t:g}": f for t, f in self.fanouts},
+                "calibrated_temperatures": [c.temperature for c in self.calibrations],
+                "critical_batch_size": self.policy.critical_batch, "fallback": self.policy.mode}
+
+
+def plan_saguaro(config, target_path: str, draft_path: str) -> SaguaroPlan:
+    k = config.num_speculative_tokens
+    directory = Path(config.calibration_dir) if config.calibration_dir else cal_mod.CONFIG_DIR
+    calibrations = find_calibrations(target_path, draft_path, directory)
+    needs_calibration = config.fanout() is None or (config.ssd_fallback == "auto" and config.ssd_critical_batch is None)
+    if calibrations:
+        log.info("Saguaro: using calibration(s) for this pair from %s at T = %s", directory,
+                 ", ".join(f"{c.temperature:g}" for c in calibrations))
+    elif needs_calibration:
+        log.warning("Saguaro: no calibration for this model pair in %s; using the documented defaults "
+                    "(alpha %.1f, r %.1f, budget B = K+1, T_p %.1f). Run `python -m ssd_engine.calibrate` for better "
+                    "fan-outs and fallback choices.", directory, cal_mod.DEFAULT_ALPHA, cal_mod.DEFAULT_R,
+                    cal_mod.DEFAULT_T_P)
+    entries = calibrations or [None]
+    fanouts = [(c.temperature if c else 0.0, _fanout(config, c, k)) for c in entries]
+    policy = FallbackPolicy(config.ssd_fallback, _prior(calibrations, k), config.ssd_critical_batch)
+    return SaguaroPlan(fanouts, policy, calibrations)
+
+
+def _fanout(config, cal: Calibration | None, k: int) -> list[int]:
+    explicit = config.fanout()
+    if explicit is not None:
+        return explicit
+    budget = config.ssd_budget if config.ssd_budget is not None else (cal.budget if cal else k + 1)
+    if config.ssd_fanout == "uniform":
+        return uniform_fanout(budget, k)
+    alpha, r = (cal.alpha, cal.r) if cal else (cal_mod.DEFAULT_ALPHA, cal_mod.DEFAULT_R)
+    return geometric_fanout(alpha, r, budget, k)
+
+
+def _prior(calibrations: list[Calibration], k: int) -> Estimates:
+    if calibrations:
+        c = calibrations[0]  # the lowest temperature's; running estimates take over as rounds accrue
+        return Estimates(c.p_hit, c.e_primary, c.e_fast, c.t_p)
+    a = cal_mod.DEFAULT_ALPHA
+    return Estimates(cal_mod.DEFAULT_P_HIT, (1 - a ** (k + 1)) / (1 - a), cal_mod.DEFAULT_E_FAST, cal_mod.DEFAULT_T_P)
