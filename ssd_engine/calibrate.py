@@ -8,21 +8,24 @@ temperature. Three short SSD runs over the bundled calibration prompts:
      verification time, the glue forward, and one branch-step cost;
   2. fan-out 3 per k: a second branch-step cost (-> cost per branch row, a linear fit);
   3. no cache, fast backup only: tokens per round of the n-gram / random backup.
-Budget B = the most branches whose K steps fit, after the glue, inside one verification.
+Budget B: the most branches whose K steps fit, after the glue, inside one verification
+(`budget_fits`), extended by `best_budget` when the draft cannot keep up even with one branch: then
+the B that minimises the expected round time (build time vs the just-in-time drafting a hit saves).
 """
 import datetime
 import logging
 import platform
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
 
 from ssd_engine.config import EngineConfig
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, engine_options, fail
-from ssd_engine.saguaro.calibration import (CONFIG_DIR, Calibration, budget_from_timings, fit_power_law, miss_curve,
-                                            model_fingerprint)
-from ssd_engine.saguaro.fanout import expected_hit_rate, geometric_fanout
+from ssd_engine.saguaro.calibration import (CONFIG_DIR, Calibration, best_budget, budget_from_timings, fit_power_law,
+                                            miss_curve, model_fingerprint)
+from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes
 
 PROMPTS = Path(__file__).resolve().parent / "saguaro" / "calibration_prompts.txt"
 ENGINE_FIELDS_SET_HERE = ("speculative_mode", "ssd_fanout", "ssd_fallback", "ssd_budget", "calibration_dir")
@@ -48,7 +51,8 @@ def _run(options: dict, prompts: list[str], temperature: float, new_tokens: int,
     """One SSD run -> its SSDMetrics and the resolved model paths."""
     from ssd_engine import LLM, SamplingParams
     from ssd_engine.engine.llm_engine import resolve_model_path
-    with LLM(**{**options, **overrides, "speculative_mode": "ssd"}) as llm:
+    with tempfile.TemporaryDirectory() as nowhere, \
+            LLM(**{**options, **overrides, "speculative_mode": "ssd", "calibration_dir": nowhere}) as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=4, seed=0), use_tqdm=False)
         llm.engine.speculator.metrics.__init__(llm.config.num_speculative_tokens)  # drop the warm-up's counters
         params = [SamplingParams(temperature=temperature, max_tokens=new_tokens, seed=i, ignore_eos=True)
@@ -81,21 +85,24 @@ def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: i
     (rows1, step1), (rows2, step2) = _median_step(main), _median_step(wide)
     per_row = max((step2 - step1) / (rows2 - rows1), 0.0) if rows2 != rows1 else 0.0
     step_s = lambda rows: step1 + per_row * (rows - rows1)
-    budget = budget_from_timings(verify_s, glue_s, step_s, k)
-    fanout = geometric_fanout(alpha, r, budget, k)
     miss_at = lambda f: misses[f - 1] if f <= len(misses) else misses[-1]
+    fits = budget_from_timings(verify_s, glue_s, step_s, k)
+    rounds_by_k = [sum(col) for col in zip(*main.verified_k_counts.values())]
+    outcome_probs = [n / sum(rounds_by_k) for n in rounds_by_k]
+    budget = best_budget(verify_s, glue_s, step_s, k, outcome_probs, r, miss_at, miss_cost_s=k * step_s(1))
+    fanout = fanout_for_outcomes(outcome_probs, r, budget)
     e_primary, _ = main.tokens_per_round(("hit", "jit"))
     e_fast, _ = fast.tokens_per_round(("fast",))
     return Calibration(
         target=model_fingerprint(target_path), draft=model_fingerprint(draft_path), temperature=temperature, k=k,
-        alpha=round(alpha, 4), r=round(r, 4), miss_coeff=round(coeff, 4),
-        miss_by_fanout=[round(m, 4) for m in misses], budget=budget,
+        alpha=round(alpha, 4), outcome_probs=[round(p, 4) for p in outcome_probs], r=round(r, 4), miss_coeff=round(coeff, 4),
+        miss_by_fanout=[round(m, 4) for m in misses], budget=budget, budget_fits=fits,
         t_p=round((glue_s + k * step_s(budget)) / verify_s, 4), e_primary=round(e_primary, 4),
-        e_fast=round(e_fast, 4), p_hit=round(expected_hit_rate(fanout, alpha, miss_at), 4),
+        e_fast=round(e_fast, 4), p_hit=round(expected_hit_rate(fanout, outcome_probs, miss_at), 4),
         timings=dict(verify_s=round(verify_s, 4), glue_s=round(glue_s, 4), step_s_at_rows={
             str(rows1): round(step1, 4), str(rows2): round(step2, 4)}, step_s_per_extra_row=round(per_row, 5)),
         measured=dict(target_name=Path(target_path).name, draft_name=Path(draft_path).name,
-                      geometric_fanout_at_budget=fanout, outcomes_ranked=sum(main.rank_counts()),
+                      fanout_at_budget=fanout, outcomes_ranked=sum(main.rank_counts()),
                       rounds=main.verify_rounds, prompts=num_prompts, new_tokens=new_tokens,
                       date=datetime.date.today().isoformat(), machine=f"{platform.machine()} {platform.processor()}",
                       engine_options={key: v for key, v in options.items()}, commit=_commit()))
@@ -122,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         fail(str(error))
     path = cal.save(Path(args.out_dir))
-    print(f"[calibrate] alpha={cal.alpha} r={cal.r} budget B={cal.budget} "
-          f"fan-out={cal.measured['geometric_fanout_at_budget']} T_p={cal.t_p} p_hit={cal.p_hit} "
+    print(f"[calibrate] alpha={cal.alpha} r={cal.r} budget B={cal.budget} (fits in a verification: {cal.budget_fits}) "
+          f"fan-out={cal.measured['fanout_at_budget']} T_p={cal.t_p} p_hit={cal.p_hit} "
           f"E_p={cal.e_primary} E_fast={cal.e_fast} ({time.perf_counter() - started:.0f} s) -> {path}")
     return 0
 

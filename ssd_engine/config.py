@@ -38,8 +38,9 @@ class EngineConfig:
     tensor_parallel_size: int = 1            # target ranks: rank 0 here, 1..N-1 spawned (or joined via torchrun)
     cpu_cores: str | None = None             # core set per rank, e.g. "0;1" or "0-3;4-7"; None = split evenly (TP > 1)
     distributed_timeout_s: float = 60.0      # a collective waiting longer than this raises instead of hanging
-    ssd_fanout: str | int | tuple = "auto"   # SSD bonus candidates per accepted count k: auto (= geometric) |
-                                             # geometric (Theorem 12 from the calibration) | uniform | one int | K+1 ints
+    ssd_fanout: str | int | tuple = "auto"   # SSD bonus candidates per accepted count k: auto (Theorem 12 on the
+                                             # calibration's measured P(k)) | geometric (Theorem 12 with i.i.d.
+                                             # acceptance alpha) | uniform | one int | K+1 ints
     ssd_budget: int | None = None            # B = sum of the fan-out; None = the calibration's measured time budget
     ssd_fallback: str = "auto"               # SSD cache miss: auto (jit below the critical batch size b*, else fast) |
                                              # jit (primary drafts now) | fast (n-gram, else random)

@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{spec['verify_s_per_round'] * 1e3:.0f} ms per round; wait for draft "
                   f"{spec['coordinator_wait_s_per_round'] * 1e3:.0f} ms) draft_failures={len(spec['draft_failures'])}",
                   file=sys.stderr)
+            print(f"[saguaro] fanouts={spec['fanouts']} C={llm.config.saguaro_c} fallback={spec['fallback']} "
+                  f"b*={spec['critical_batch_size']:.2f} backup_rounds={spec['backup_rounds']} "
+                  f"miss_rate_by_fanout={[round(m, 3) for m in spec['miss_rate_by_fanout']]}", file=sys.stderr)
     llm.close()
     return 0
 

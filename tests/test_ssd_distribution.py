@@ -10,7 +10,8 @@ token and round 1 emits t2 or (t2, t3), so t4 and t5 always come from round 2 or
   process's tree-decoded branches (checked: the hit rate after the first round is 1);
 - forced miss: fan-out 0, every round is a miss, with the just-in-time primary (sampled drafts,
   q rows) and with the fast backup (n-gram / random proposals verified as one-hot).
-Variants: plain T = 1 (hit, miss-jit, miss-fast) and top_p = 0.9 (hit). AR draws the reference
+Variants: plain T = 1 (hit, miss-jit, miss-fast) and top_p = 0.9 (hit); Saguaro sampling with
+C = 0.3 (T = 1, fan-out 1) and C = 0 (top_p = 0.9, fan-out 2), mixing hits and just-in-time misses. AR draws the reference
 (t4, t5) sample once per variant. Negative control: the accept-everything verifier on the hit path
 must be rejected at p < 1e-3.
 """
@@ -29,12 +30,18 @@ PARAMS = {
     "T=1": SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, ignore_eos=True),
     "top_p=0.9": SamplingParams(temperature=1.0, top_p=0.9, max_tokens=MAX_TOKENS, ignore_eos=True),
 }
-PATHS = {"hit": dict(ssd_fanout=16), "miss_jit": dict(ssd_fanout=0, ssd_fallback="jit"), "miss_fast": dict(ssd_fanout=0, ssd_fallback="fast")}
+PATHS = {"hit": dict(ssd_fanout=16, ssd_fallback="jit"), "miss_jit": dict(ssd_fanout=0, ssd_fallback="jit"),
+         "miss_fast": dict(ssd_fanout=0, ssd_fallback="fast"),
+         # Saguaro sampling: drafts (cached and just-in-time) come from q_C, and q_C is what is verified
+         "saguaro_c0.3": dict(ssd_fanout=1, saguaro_c=0.3, ssd_fallback="jit"),
+         "saguaro_c0": dict(ssd_fanout=2, saguaro_c=0.0, ssd_fallback="jit")}
 VARIANTS = {  # name: (params, path, samples per side)
     "hit T=1": ("T=1", "hit", 20_000),
     "hit top_p=0.9": ("top_p=0.9", "hit", 20_000),
     "miss_jit T=1": ("T=1", "miss_jit", 20_000),
     "miss_fast T=1": ("T=1", "miss_fast", 20_000),
+    "saguaro C=0.3 T=1": ("T=1", "saguaro_c0.3", 20_000),
+    "saguaro C=0 top_p=0.9": ("top_p=0.9", "saguaro_c0", 20_000),
 }
 NEGATIVE_CONTROL_SAMPLES = 6_000
 SSD_DESIGN_TV = 0.03
@@ -84,6 +91,8 @@ def test_ssd_tokens_match_ar_in_distribution(small_pair, ar_samples, name):
     assert metrics["draft_failures"] == []
     if path == "hit":
         assert metrics["cache_hit_rate_warm"] == 1.0
+    elif path.startswith("saguaro"):
+        assert 0 < metrics["cache_hit_rate_warm"] < 1  # both the cached and the just-in-time q_C rows are tested
     else:
         assert metrics["cache_hit_rate"] == 0.0 and set(metrics["speculations_by_source"]) == {path[5:]}
     assert 0.2 < metrics["acceptance_rate"] < 0.9  # accept and residual branches both carry mass

@@ -28,10 +28,12 @@ class Calibration:
     temperature: float
     k: int
     alpha: float                     # per-token acceptance of the primary
+    outcome_probs: list[float]       # measured P(k accepted), k = 0..K (fan-out "auto" uses it)
     r: float                         # miss(F) ≈ miss_coeff * F^(-r)
     miss_coeff: float
     miss_by_fanout: list[float]      # measured miss rate at F = 1, 2, ...
-    budget: int                      # B: branches per sequence that fit in one verification
+    budget: int                      # B: branches per sequence (best_budget: the expected round time's minimum)
+    budget_fits: int                 # the most branches whose build fits inside one verification (>= 1)
     t_p: float                       # draft cache build (at B) / verification
     e_primary: float                 # tokens committed per round, primary speculation
     e_fast: float                    # tokens committed per round, fast backup speculation
@@ -105,6 +107,22 @@ def fit_power_law(miss_by_fanout: list[float]) -> tuple[float, float]:
     slope = sum((x - mx) * (y - my) for x, y in points) / sxx
     r = max(-slope, 1e-3)  # a miss rate that does not fall with F: nearly uniform fan-out
     return r, math.exp(my + r * mx)
+
+
+def best_budget(verify_s: float, glue_s: float, step_s, k: int, alpha, r: float, miss_at,
+                miss_cost_s: float, limit: int = 64) -> int:
+    """B minimising the expected round time max(verify, glue + K step(B)) + (1 - hit(B)) * miss cost,
+    with hit(B) the geometric fan-out's expected hit rate. While the draft keeps up this is at least
+    budget_from_timings' B (more branches cost nothing until the build outlasts verification); when
+    even one branch does not fit (the draft is the bottleneck) it weighs a branch's extra step time
+    against the just-in-time drafting it saves."""
+    from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes, geometric_fanout
+
+    def round_time(b: int) -> float:  # alpha: a rate (Theorem 12's fan-out) or a measured P(k)
+        fan = geometric_fanout(alpha, r, b, k) if isinstance(alpha, float) else fanout_for_outcomes(alpha, r, b)
+        hit = expected_hit_rate(fan, alpha, miss_at)
+        return max(verify_s, glue_s + k * step_s(b)) + (1 - hit) * miss_cost_s
+    return min(range(1, limit + 1), key=lambda b: (round(round_time(b), 9), b))
 
 
 def budget_from_timings(verify_s: float, glue_s: float, step_s, k: int, limit: int = 64) -> int:

@@ -75,7 +75,7 @@ class FallbackPolicy:
         return "jit" if batch_size < self.critical_batch else "fast"
 
     def due(self) -> bool:
-        return self.mode == "auto" and self.pinned is None and self.rounds % self.period == 0
+        return self.mode == "auto" and self.pinned is None and self.rounds > 0 and self.rounds % self.period == 0
 
     def update(self, p_hit: tuple[float, int], e_primary: tuple[float, int], e_fast: tuple[float, int],
                t_p: tuple[float, int]) -> None:
@@ -85,7 +85,8 @@ class FallbackPolicy:
             return (prior * self.min_samples + value * n) / (self.min_samples + n)
         self.estimates = Estimates(blend(self.prior.p_hit, p_hit), blend(self.prior.e_primary, e_primary),
                                    blend(self.prior.e_fast, e_fast), blend(self.prior.t_p, t_p))
-        self.critical_batch = critical_batch_size(**_args(self.estimates))
+        if self.pinned is None:
+            self.critical_batch = critical_batch_size(**_args(self.estimates))
 
 
 def _args(e: Estimates) -> dict:

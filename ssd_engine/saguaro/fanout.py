@@ -16,7 +16,8 @@ def geometric_weights(alpha: float, r: float, k: int) -> list[float]:
     """F_k / F_0 before normalisation: alpha^(j/(1+r)), and for j = K the extra (1-alpha)^(-1/(1+r)).
     Computed in log space so alpha near 0 or 1 and large r stay finite."""
     _check_model(alpha, r)
-    alpha = min(max(alpha, 1e-12), 1 - 1e-12)
+    if alpha in (0, 1):  # only one outcome is possible: every branch goes to it
+        return [0.0] * k + [1.0] if alpha == 1 else [1.0] + [0.0] * k
     logs = [j * math.log(alpha) / (1 + r) for j in range(k)]
     logs.append(k * math.log(alpha) / (1 + r) - math.log(1 - alpha) / (1 + r))
     top = max(logs)
@@ -53,9 +54,22 @@ def uniform_fanout(budget: int, k: int) -> list[int]:
     return round_to_budget([budget / (k + 1)] * (k + 1), budget)
 
 
-def expected_hit_rate(fanout: list[int], alpha: float, miss_by_fanout) -> float:
-    """sum_k P(k) (1 - miss(F_k)), miss(0) = 1: the per-round hit rate a fan-out should give."""
-    probs = outcome_probabilities(alpha, len(fanout) - 1)
+def fanout_for_outcomes(probs: list[float], r: float, budget: int) -> list[int]:
+    """Theorem 12's optimum for any outcome distribution P(k) (e.g. the measured one, which on
+    real pairs is far from i.i.d.: fully accepted rounds are much likelier than alpha^K):
+    F_k ∝ P(k)^(1/(1+r)), rounded to sum to `budget`."""
+    _check_budget(budget)
+    if not r > 0 or any(p < 0 for p in probs) or sum(probs) <= 0:
+        raise ValueError(f"need r > 0 and a non-negative, non-zero outcome distribution; got r={r}, P={probs}")
+    weights = [p ** (1 / (1 + r)) for p in probs]
+    total = sum(weights)
+    return round_to_budget([budget * w / total for w in weights], budget)
+
+
+def expected_hit_rate(fanout: list[int], alpha, miss_by_fanout) -> float:
+    """sum_k P(k) (1 - miss(F_k)), miss(0) = 1: the per-round hit rate a fan-out should give.
+    `alpha`: the acceptance rate (i.i.d. outcomes) or the outcome distribution P(0..K) itself."""
+    probs = outcome_probabilities(alpha, len(fanout) - 1) if isinstance(alpha, (int, float)) else alpha
     return sum(p * (1 - (1.0 if f == 0 else miss_by_fanout(f))) for p, f in zip(probs, fanout))
 
 

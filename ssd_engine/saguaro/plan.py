@@ -8,7 +8,7 @@ from pathlib import Path
 from ssd_engine.saguaro import calibration as cal_mod
 from ssd_engine.saguaro.calibration import Calibration, find_calibrations
 from ssd_engine.saguaro.fallback import Estimates, FallbackPolicy
-from ssd_engine.saguaro.fanout import geometric_fanout, uniform_fanout
+from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout, uniform_fanout
 
 log = logging.getLogger("ssd_engine")
 
@@ -51,8 +51,11 @@ def _fanout(config, cal: Calibration | None, k: int) -> list[int]:
     budget = config.ssd_budget if config.ssd_budget is not None else (cal.budget if cal else k + 1)
     if config.ssd_fanout == "uniform":
         return uniform_fanout(budget, k)
-    alpha, r = (cal.alpha, cal.r) if cal else (cal_mod.DEFAULT_ALPHA, cal_mod.DEFAULT_R)
-    return geometric_fanout(alpha, r, budget, k)
+    if cal is None:
+        return geometric_fanout(cal_mod.DEFAULT_ALPHA, cal_mod.DEFAULT_R, budget, k)
+    if config.ssd_fanout == "auto" and len(cal.outcome_probs) == k + 1:
+        return fanout_for_outcomes(cal.outcome_probs, cal.r, budget)  # Theorem 12 on the measured P(k)
+    return geometric_fanout(cal.alpha, cal.r, budget, k)
 
 
 def _prior(calibrations: list[Calibration], k: int) -> Estimates:

@@ -21,7 +21,8 @@ def saguaro_probs(probs: torch.Tensor, fanout: torch.Tensor | int, c: float) -> 
         return probs
     top = probs.topk(widest, dim=-1).indices                       # [n, widest]
     in_top = torch.arange(widest, device=probs.device) < fan[:, None]
-    scale = torch.ones_like(probs).scatter_(1, top, torch.where(in_top, c, 1.0).to(probs.dtype))
+    weights = torch.full(in_top.shape, 1.0, dtype=probs.dtype, device=probs.device).masked_fill_(in_top, c)
+    scale = torch.ones_like(probs).scatter_(1, top, weights)
     weighted = probs * scale
     total = weighted.sum(dim=-1, keepdim=True)
     keep = total > 0

@@ -10,6 +10,7 @@ exactly, because every proposal is verified.
 """
 import logging
 import time
+from collections import deque
 
 import torch
 
@@ -40,6 +41,7 @@ class AsyncDraftClient:
         self.timeout_s = timeout_s
         self.generator = generator
         self.plan, self.policy = plan, plan.policy
+        self.backup_log: deque = deque(maxlen=4096)  # (batch size, backup chosen, b* then), latest rounds
         self.process, self._store = spawn(spec, cores, threads, timeout_s)
         self.pid = self.process.pid
         try:
@@ -102,6 +104,7 @@ class AsyncDraftClient:
             self.policy.update(**self.metrics.estimates())
         choice = self.policy.choose(batch_size)
         self.metrics.record_backup(choice)
+        self.backup_log.append((batch_size, choice, self.policy.critical_batch))
         return JIT if choice == "jit" else FAST
 
     def summary(self) -> dict:

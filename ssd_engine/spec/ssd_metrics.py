@@ -22,6 +22,7 @@ class SSDMetrics:
     draft_failures: list[str] = field(default_factory=list)
     rank_counts_by_k: list = field(default_factory=list)     # [k][rank]: where each bonus stood among candidates
     rounds: dict = field(default_factory=dict)                # source -> verified rounds
+    verified_k_counts: dict = field(default_factory=dict)     # source -> [rounds that accepted k], k = 0..K
     backups: dict = field(default_factory=dict)               # jit / fast -> rounds the policy chose it for
     step_samples: list = field(default_factory=list)          # (branch rows, seconds per branch-decode step)
     glue_s: float = 0.0
@@ -56,6 +57,7 @@ class SSDMetrics:
         self.drafted[source] = self.drafted.get(source, 0) + self.k
         self.accepted[source] = self.accepted.get(source, 0) + accepted
         self.rounds[source] = self.rounds.get(source, 0) + 1
+        self.verified_k_counts.setdefault(source, [0] * (self.k + 1))[accepted] += 1
 
     def record_round(self, build_s: float, wait_s: float, glue_s: float = 0.0, step_s: float = 0.0,
                      step_rows: int = 0) -> None:
