@@ -128,6 +128,10 @@ def report(args, raw: dict) -> str:
                   "| C | hit rate (after round 1) | acceptance | tok/s | T_p |", "|---|---|---|---|---|"]
         for r in raw["c"]:
             lines.append(f"| {r['c']} | {r['hit_rate']:.3f} | {r['acceptance']:.3f} | {r['tok_s']:.2f} | {r['t_p']:.2f} |")
+    if "remeasured" in raw:
+        lines += [f"Re-measured on {raw['remeasured']['date']}: parts {raw['remeasured']['parts']} "
+                  f"(options {json.dumps({k: raw['remeasured']['args'][k] for k in ('batches', 'batch_tokens')})}); "
+                  "the replaced numbers are kept in the JSON under `superseded`.", ""]
     if "batch" in raw:
         lines += ["", f"## 3. Fallback vs batch size (greedy, {args.batch_tokens} tokens per sequence, "
                   "calibrated geometric fan-out)", "",
@@ -194,6 +198,8 @@ def main() -> None:
     parser.add_argument("--batches", default="1,2,4,8,16")
     parser.add_argument("--batch-tokens", type=int, default=24)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--update", default=None, help="an earlier DATE-saguaro.json: re-measure --parts into it "
+                        "(what they replace is kept under 'superseded')")
     args = parser.parse_args()
     args.c_values = [float(c) for c in args.c_values.split(",")]
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -203,6 +209,13 @@ def main() -> None:
     args.budgets = [_calibrated_budget(args) if b == "auto" else int(b) for b in args.budgets.split(",")]
     raw = dict(date=datetime.date.today().isoformat(), machine=machine_line(args), args=vars(args).copy())
     raw["args"]["cores"] = sorted(args.cores)
+    if args.update:
+        with open(args.update) as f:
+            earlier = json.load(f)
+        replaced = {p: earlier.pop(p) for p in args.parts.split(",") if p in earlier}
+        earlier.setdefault("superseded", []).append(dict(replaced, args=earlier["args"]))
+        earlier["remeasured"] = dict(date=raw["date"], parts=args.parts, args=raw["args"])
+        raw = earlier
     for part in args.parts.split(","):
         if part == "fanout":
             raw["fanout"] = part_fanout(args, prompts)
@@ -212,7 +225,7 @@ def main() -> None:
             raw["batch"], raw["estimates"] = part_batch(args, load_prompts("code", max(args.batches)))
         else:
             parser.error(f"unknown part {part!r}; choose from {PARTS}")
-    stem = os.path.join(args.out, f"{raw['date']}-saguaro")
+    stem = args.update[:-len(".json")] if args.update else os.path.join(args.out, f"{raw['date']}-saguaro")
     with open(stem + ".json", "w") as f:
         json.dump(raw, f, indent=1)
     plot(args, raw, stem + ".png")

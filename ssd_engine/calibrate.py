@@ -99,6 +99,7 @@ def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: i
         miss_by_fanout=[round(m, 4) for m in misses], budget=budget, budget_fits=fits,
         t_p=round((glue_s + k * step_s(budget)) / verify_s, 4), e_primary=round(e_primary, 4),
         e_fast=round(e_fast, 4), p_hit=round(expected_hit_rate(fanout, outcome_probs, miss_at), 4),
+        t_slow=round(main.jit_s / main.jit_rounds / verify_s, 4) if main.jit_rounds else None,
         timings=dict(verify_s=round(verify_s, 4), glue_s=round(glue_s, 4), step_s_at_rows={
             str(rows1): round(step1, 4), str(rows2): round(step2, 4)}, step_s_per_extra_row=round(per_row, 5)),
         measured=dict(target_name=Path(target_path).name, draft_name=Path(draft_path).name,

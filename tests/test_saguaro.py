@@ -31,6 +31,7 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
     cal = Calibration.load(path)
     assert (cal.target, cal.draft, cal.temperature, cal.k) == (model_fingerprint(target), model_fingerprint(noisy_draft),
                                                               0.0, 3)
+    assert cal.target != cal.draft  # same architecture and sizes, other weights
     assert 0 < cal.alpha < 1 and cal.r > 0 and cal.budget >= 1 and cal.measured["outcomes_ranked"] > 0
     assert cal.miss_by_fanout == sorted(cal.miss_by_fanout, reverse=True)  # a tail probability
 
@@ -45,7 +46,8 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
                           calibration_dir=str(out))
     assert plan_saguaro(config, target, noisy_draft).fanouts == [(0.0, geometric_fanout(cal.alpha, cal.r, cal.budget, 3))]
     # before any round the rule's b* comes from the calibration's numbers
-    assert summary["critical_batch_size"] == critical_batch_size(cal.p_hit, cal.e_primary, cal.e_fast, cal.t_p)
+    assert summary["critical_batch_size"] == critical_batch_size(cal.p_hit, cal.e_primary, cal.e_fast, cal.t_p,
+                                                                 cal.t_slow)
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="ssd_engine"):
@@ -70,7 +72,8 @@ def test_automatic_fallback_follows_the_computed_critical_batch_size(target, noi
     """No pin: b* comes from a calibration's estimates (here p_hit 0.9, E_p 3, E_fast 1.2, T_p 0.5,
     so b* = 1.30) and is then recomputed from the running estimates. A sweep over batch sizes 1..4
     must use the just-in-time backup exactly in the rounds whose batch was below the b* of the
-    moment, and both backups must occur."""
+    moment (rounds with no sequence in its first round, which no cache can serve), and both
+    backups must occur."""
     cal = Calibration(model_fingerprint(target), model_fingerprint(noisy_draft), 0.0, 3, alpha=0.8,
                       outcome_probs=[0.2, 0.16, 0.13, 0.51], r=1.0, miss_coeff=0.4, miss_by_fanout=[0.4, 0.2],
                       budget=4, budget_fits=4, t_p=0.5, e_primary=3.0, e_fast=1.2, p_hit=0.9)
@@ -81,8 +84,11 @@ def test_automatic_fallback_follows_the_computed_critical_batch_size(target, noi
             llm.generate(_prompts(1) * batch, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                          use_tqdm=False)
         log = list(llm.engine.speculator.backup_log)
-    assert {choice for _, choice, _ in log} == {"jit", "fast"}
-    assert all(choice == ("jit" if batch < b_star else "fast") for batch, choice, b_star in log)
+    warm = [(batch, choice, b_star) for batch, cold, choice, b_star in log if cold == 0]
+    assert {choice for _, choice, _ in warm} == {"jit", "fast"}
+    assert all(choice == ("jit" if batch < b_star else "fast") for batch, choice, b_star in warm)
+    # a first round is a certain miss: E_p / (1 + T_p) = 2 beats the fast backup's E_fast = 1.2
+    assert all(choice == "jit" for batch, cold, choice, _ in log if cold == batch)
 
 
 def test_bonus_ranks_account_for_every_hit_and_miss(target, noisy_draft):

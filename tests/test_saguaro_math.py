@@ -573,3 +573,26 @@ def test_best_budget_extends_the_fitting_budget_only_when_branches_pay():
     assert best_budget(0.2, 0.1, step, 4, 0.8, 1.0, miss, miss_cost_s=0.2) > 1
     costly = lambda rows: 0.05 + 0.5 * rows
     assert best_budget(0.2, 0.1, costly, 4, 0.8, 1.0, miss, miss_cost_s=0.2) == 1
+
+
+@pytest.mark.parametrize("p, e_p, e_f, t_p, t_slow", [(0.9, 3.5, 1.05, 1.5, 1.2), (0.8, 3.0, 1.2, 0.6, 0.3),
+                                                     (0.95, 4.0, 1.0, 1.3, 0.9)])
+def test_critical_batch_with_a_measured_slow_backup_cost_is_the_crossover(p, e_p, e_f, t_p, t_slow):
+    b_star = critical_batch_size(p, e_p, e_f, t_p, t_slow)
+    assert 0 < b_star < math.inf
+    assert math.isclose(speedup_slow(b_star, p, e_p, t_p, t_slow), speedup_fast(b_star, p, e_p, e_f, t_p), rel_tol=1e-9)
+    for b in (b_star * 0.5, b_star * 0.9):
+        assert speedup_slow(b, p, e_p, t_p, t_slow) > speedup_fast(b, p, e_p, e_f, t_p)
+    assert speedup_slow(b_star * 1.2, p, e_p, t_p, t_slow) < speedup_fast(b_star * 1.2, p, e_p, e_f, t_p)
+    assert critical_batch_size(p, e_p, e_f, t_p, t_p) == critical_batch_size(p, e_p, e_f, t_p)  # T_b = T_p default
+
+
+def test_rounds_with_first_round_sequences_compare_both_backups_directly():
+    # E_p / (1 + T_slow) = 3.5 / 2.2 = 1.59 against the fast backup's mean tokens for this batch
+    policy = FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5, 1.2))
+    assert policy.critical_batch < 2
+    assert policy.choose(8, cold=8) == "jit"   # all cold: fast gives E_fast = 1.05
+    assert policy.choose(8, cold=1) == "fast"  # mostly warm: (7 * 3.255 + 1.05) / 8 = 2.98
+    assert policy.choose(8, cold=0) == "fast" and policy.choose(1, cold=0) == ("jit" if 1 < policy.critical_batch
+                                                                                else "fast")
+    assert FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5), pinned=4).choose(8, cold=8) == "fast"  # pinned wins

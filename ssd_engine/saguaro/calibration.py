@@ -38,6 +38,7 @@ class Calibration:
     e_primary: float                 # tokens committed per round, primary speculation
     e_fast: float                    # tokens committed per round, fast backup speculation
     p_hit: float                     # hit rate expected at the geometric fan-out with budget B
+    t_slow: float | None = None      # just-in-time drafting on a miss / verification (None: assume T_p)
     timings: dict = field(default_factory=dict)   # verify_s, glue_s, step_s_per_row fit, ...
     measured: dict = field(default_factory=dict)  # names, machine, date, prompts, commit
 
@@ -53,12 +54,24 @@ class Calibration:
         return cls(**json.loads(Path(path).read_text()))
 
 
+# config.json keys that record how a folder was written, not which model it holds
+UNIDENTIFYING_KEYS = ("transformers_version", "_name_or_path", "torch_dtype", "dtype")
+
+
 def model_fingerprint(model_path: str) -> str:
-    """Identifies a checkpoint wherever it is stored: its config.json plus its weight files' sizes."""
+    """Identifies a checkpoint wherever it is stored and whichever transformers wrote it: its
+    config.json (less the writer's bookkeeping), its weight files' names and sizes, and 64 KiB
+    from the middle of each (so a fine-tune of the same architecture is a different model)."""
     folder = Path(model_path)
-    digest = hashlib.sha256((folder / "config.json").read_bytes())
+    config = json.loads((folder / "config.json").read_text())
+    identity = {key: value for key, value in config.items() if key not in UNIDENTIFYING_KEYS}
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode())
     for weights in sorted(folder.glob("*.safetensors")):
-        digest.update(f"{weights.name}:{weights.stat().st_size}".encode())
+        size = weights.stat().st_size
+        digest.update(f"{weights.name}:{size}".encode())
+        with open(weights, "rb") as f:
+            f.seek(size // 2)
+            digest.update(f.read(1 << 16))
     return digest.hexdigest()[:16]
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 NEVER = math.inf  # b* when the slow backup always wins
 
 
-def speedup_slow(b: float, p: float, e_p: float, t_p: float) -> float:
+def speedup_slow(b: float, p: float, e_p: float, t_p: float, t_slow: float | None = None) -> float:
     x, m = p ** b, max(1.0, t_p)
-    return e_p / (m * x + (1 - x) * (1 + t_p))
+    return e_p / (m * x + (1 - x) * (1 + (t_p if t_slow is None else t_slow)))
 
 
 def speedup_fast(b: float, p: float, e_p: float, e_f: float, t_p: float) -> float:
@@ -25,16 +25,19 @@ def speedup_fast(b: float, p: float, e_p: float, e_f: float, t_p: float) -> floa
     return (p * e_p + (1 - p) * e_f) / (m * x + (1 - x))
 
 
-def critical_batch_size(p: float, e_p: float, e_f: float, t_p: float) -> float:
-    """b*: the slow backup is the better one for batch sizes b < b* (inf: always; 0: never)."""
+def critical_batch_size(p: float, e_p: float, e_f: float, t_p: float, t_slow: float | None = None) -> float:
+    """b*: the slow backup is the better one for batch sizes b < b* (inf: always; 0: never).
+    t_slow: the slow backup's own cost when measured (a miss then costs 1 + t_slow instead of
+    1 + T_p; Theorem 17's derivation is unchanged with T_b = t_slow in the miss term)."""
     if not 0 <= p <= 1 or e_p <= 0 or e_f <= 0 or t_p < 0:
         raise ValueError(f"need 0 <= p <= 1, E_p > 0, E_f > 0, T_p >= 0; got p={p}, E_p={e_p}, E_f={e_f}, T_p={t_p}")
     m = max(1.0, t_p)
+    t_b = t_p if t_slow is None else t_slow
     e_h = p * e_p + (1 - p) * e_f
-    denominator = e_p * (m - 1) + e_h * (1 + t_p - m)
-    if denominator <= 0:  # T_p = 0: the slow backup costs nothing, so it wins unless it drafts worse
-        return NEVER if e_p >= e_h else 0.0
-    x_star = (e_h * (1 + t_p) - e_p) / denominator
+    denominator = e_p * (m - 1) + e_h * (1 + t_b - m)
+    if denominator <= 0:  # no crossover with slow winning small batches: decide once, at b = 1
+        return NEVER if speedup_slow(1, p, e_p, t_p, t_slow) >= speedup_fast(1, p, e_p, e_f, t_p) else 0.0
+    x_star = (e_h * (1 + t_b) - e_p) / denominator
     if x_star <= 0:
         return NEVER
     if x_star >= 1 or p >= 1:
@@ -51,6 +54,11 @@ class Estimates:
     e_primary: float
     e_fast: float
     t_p: float
+    t_slow: float | None = None  # the just-in-time backup's cost / verification; None: SAGUARO.md's T_b ≈ T_p
+
+    @property
+    def slow_cost(self) -> float:
+        return self.t_p if self.t_slow is None else self.t_slow
 
 
 class FallbackPolicy:
@@ -68,26 +76,37 @@ class FallbackPolicy:
         self.rounds = 0
         self.critical_batch = pinned if pinned is not None else critical_batch_size(**_args(prior))
 
-    def choose(self, batch_size: int) -> str:
+    def choose(self, batch_size: int, cold: int = 0) -> str:
+        """`cold`: sequences in their first decode round, which no cache can serve. Without them the
+        rule is b < b*. With them no round can be all hits (x = 0 in Corollary 16), so the two
+        backups are compared for this round directly: E_p / (1 + T_slow) against the batch's mean
+        tokens with the fast backup (warm ones hit with p_hit, cold ones get E_fast)."""
         self.rounds += 1
         if self.mode != "auto":
             return self.mode
-        return "jit" if batch_size < self.critical_batch else "fast"
+        if cold == 0 or self.pinned is not None:
+            return "jit" if batch_size < self.critical_batch else "fast"
+        e = self.estimates
+        warm = batch_size - cold
+        fast = (warm * (e.p_hit * e.e_primary + (1 - e.p_hit) * e.e_fast) + cold * e.e_fast) / batch_size
+        return "jit" if e.e_primary / (1 + e.slow_cost) > fast else "fast"
 
     def due(self) -> bool:
         return self.mode == "auto" and self.pinned is None and self.rounds > 0 and self.rounds % self.period == 0
 
     def update(self, p_hit: tuple[float, int], e_primary: tuple[float, int], e_fast: tuple[float, int],
-               t_p: tuple[float, int]) -> None:
+               t_p: tuple[float, int], t_slow: tuple[float, int] = (0.0, 0)) -> None:
         """Each argument is (measured value, number of samples behind it)."""
         def blend(prior: float, measured: tuple[float, int]) -> float:
             value, n = measured
             return (prior * self.min_samples + value * n) / (self.min_samples + n)
+        slow_prior = self.prior.slow_cost
         self.estimates = Estimates(blend(self.prior.p_hit, p_hit), blend(self.prior.e_primary, e_primary),
-                                   blend(self.prior.e_fast, e_fast), blend(self.prior.t_p, t_p))
+                                   blend(self.prior.e_fast, e_fast), blend(self.prior.t_p, t_p),
+                                   blend(slow_prior, t_slow) if t_slow[1] or self.prior.t_slow is not None else None)
         if self.pinned is None:
             self.critical_batch = critical_batch_size(**_args(self.estimates))
 
 
 def _args(e: Estimates) -> dict:
-    return dict(p=e.p_hit, e_p=e.e_primary, e_f=e.e_fast, t_p=e.t_p)
+    return dict(p=e.p_hit, e_p=e.e_primary, e_f=e.e_fast, t_p=e.t_p, t_slow=e.t_slow)

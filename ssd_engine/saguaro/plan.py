@@ -61,6 +61,6 @@ def _fanout(config, cal: Calibration | None, k: int) -> list[int]:
 def _prior(calibrations: list[Calibration], k: int) -> Estimates:
     if calibrations:
         c = calibrations[0]  # the lowest temperature's; running estimates take over as rounds accrue
-        return Estimates(c.p_hit, c.e_primary, c.e_fast, c.t_p)
+        return Estimates(c.p_hit, c.e_primary, c.e_fast, c.t_p, c.t_slow)
     a = cal_mod.DEFAULT_ALPHA
     return Estimates(cal_mod.DEFAULT_P_HIT, (1 - a ** (k + 1)) / (1 - a), cal_mod.DEFAULT_E_FAST, cal_mod.DEFAULT_T_P)

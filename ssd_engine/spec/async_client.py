@@ -41,7 +41,7 @@ class AsyncDraftClient:
         self.timeout_s = timeout_s
         self.generator = generator
         self.plan, self.policy = plan, plan.policy
-        self.backup_log: deque = deque(maxlen=4096)  # (batch size, backup chosen, b* then), latest rounds
+        self.backup_log: deque = deque(maxlen=4096)  # (batch size, cold, backup chosen, b* then), latest rounds
         self.process, self._store = spawn(spec, cores, threads, timeout_s)
         self.pid = self.process.pid
         try:
@@ -79,7 +79,7 @@ class AsyncDraftClient:
     def _from_draft(self, seqs: list[Sequence], wanted: list[Sequence]) -> Proposal | None:
         if self.process.poll() is not None:
             raise DraftLinkError(f"exited with code {self.process.returncode}")
-        backup = self._backup(len(wanted)) if wanted else JIT
+        backup = self._backup(len(wanted), sum(s.seq_id not in self.verified_k for s in wanted)) if wanted else JIT
         request = Request(finished=self.finished, entries=[e for e in map(self._news, seqs) if e],
                           wanted=[s.seq_id for s in wanted], backup=backup)
         started = time.perf_counter()
@@ -89,22 +89,25 @@ class AsyncDraftClient:
             return None
         params = [draft_params(s) for s in wanted]
         reply = self.link.recv_reply(reply_words(params, self.k, self.vocab))
-        specs, (build_s, _, glue_s, step_s, step_rows) = unpack_reply(reply, params, self.k, self.vocab)
+        specs, (build_s, lookup_s, glue_s, step_s, step_rows) = unpack_reply(reply, params, self.k, self.vocab)
         self.replied_at = time.perf_counter()
         self.metrics.record_round(build_s, self.replied_at - started, glue_s, step_s, int(step_rows))
+        if any(spec.source == JIT for spec in specs):
+            self.metrics.record_jit(lookup_s)
         for seq, spec in zip(wanted, specs):
             self.metrics.record_lookup(self.verified_k.pop(seq.seq_id, -1), spec.source, spec.bonus_rank)
             self.source[seq.seq_id] = SOURCES[spec.source]
         return self._proposal([s.tokens or [0] * self.k for s in specs], [s.q for s in specs],
                               [s.source != NONE for s in specs])
 
-    def _backup(self, batch_size: int) -> int:
-        """Saguaro fallback: what a miss takes this round, from the batch size and b*."""
+    def _backup(self, batch_size: int, cold: int) -> int:
+        """Saguaro fallback: what a miss takes this round, from the batch size and b* (`cold`:
+        sequences in their first decode round, which are certain misses)."""
         if self.policy.due():
             self.policy.update(**self.metrics.estimates())
-        choice = self.policy.choose(batch_size)
+        choice = self.policy.choose(batch_size, cold)
         self.metrics.record_backup(choice)
-        self.backup_log.append((batch_size, choice, self.policy.critical_batch))
+        self.backup_log.append((batch_size, cold, choice, self.policy.critical_batch))
         return JIT if choice == "jit" else FAST
 
     def summary(self) -> dict:

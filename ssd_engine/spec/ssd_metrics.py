@@ -26,6 +26,8 @@ class SSDMetrics:
     backups: dict = field(default_factory=dict)               # jit / fast -> rounds the policy chose it for
     step_samples: list = field(default_factory=list)          # (branch rows, seconds per branch-decode step)
     glue_s: float = 0.0
+    jit_s: float = 0.0                                        # draft lookups that drafted just in time
+    jit_rounds: int = 0
     build_s: float = 0.0
     wait_s: float = 0.0
     verify_s: float = 0.0
@@ -68,6 +70,10 @@ class SSDMetrics:
         if step_rows > 0:
             self.step_samples.append((step_rows, step_s))
 
+    def record_jit(self, lookup_s: float) -> None:
+        self.jit_s += lookup_s
+        self.jit_rounds += 1
+
     def rank_counts(self) -> list[int]:
         return [sum(col) for col in zip(*self.rank_counts_by_k)]
 
@@ -80,12 +86,14 @@ class SSDMetrics:
     def estimates(self) -> dict:
         """The fallback rule's inputs as measured so far: (value, samples) each."""
         warm, hits = sum(self.lookups_by_k[1:]), sum(self.hits_by_k[1:])
-        t_p = self.build_s / self.timed_rounds / (self.verify_s / self.verify_rounds) if (
-            self.timed_rounds and self.verify_rounds and self.verify_s > 0) else 0.0
+        verify = self.verify_s / self.verify_rounds if self.verify_rounds and self.verify_s > 0 else 0.0
+        t_p = self.build_s / self.timed_rounds / verify if self.timed_rounds and verify else 0.0
+        t_slow = self.jit_s / self.jit_rounds / verify if self.jit_rounds and verify else 0.0
         return dict(p_hit=(hits / warm if warm else 0.0, warm),
                     e_primary=self.tokens_per_round(("hit", "jit")),
                     e_fast=self.tokens_per_round(("fast",)),
-                    t_p=(t_p, min(self.timed_rounds, self.verify_rounds)))
+                    t_p=(t_p, min(self.timed_rounds, self.verify_rounds)),
+                    t_slow=(t_slow, self.jit_rounds if verify else 0))
 
     def record_verify(self, seconds: float) -> None:
         self.verify_s += seconds
