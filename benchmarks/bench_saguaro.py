@@ -31,7 +31,8 @@ def _llm(args, **options):
 
 def _counters(llm) -> dict:
     m = llm.engine.speculator.metrics
-    return dict(warm=sum(m.lookups_by_k[1:]), hits=sum(m.hits_by_k[1:]), drafted=sum(m.drafted.values()),
+    return dict(warm=sum(m.lookups_by_k[1:]), hits=sum(m.hits_by_k[1:]), rejected=sum(m.lookups_by_k[1:-1]),
+                rejected_hits=sum(m.hits_by_k[1:-1]), drafted=sum(m.drafted.values()),
                 accepted=sum(m.accepted.values()), backups=dict(m.backups), build=m.build_s, verify=m.verify_s,
                 rounds=m.timed_rounds, vrounds=m.verify_rounds)
 
@@ -44,11 +45,12 @@ def _timed(llm, prompts: list[str], params, batch: int) -> dict:
         tokens += sum(len(o.token_ids) for o in llm.generate(prompts[i:i + batch], params, use_tqdm=False))
     seconds = time.perf_counter() - started
     after = _counters(llm)
-    d = {key: after[key] - before[key] for key in ("warm", "hits", "drafted", "accepted", "build", "verify",
-                                                    "rounds", "vrounds")}
+    d = {key: after[key] - before[key] for key in ("warm", "hits", "rejected", "rejected_hits", "drafted", "accepted",
+                                                    "build", "verify", "rounds", "vrounds")}
     backups = {key: after["backups"].get(key, 0) - before["backups"].get(key, 0) for key in after["backups"]}
     return dict(tok_s=tokens / seconds, tokens=tokens, seconds=seconds,
                 hit_rate=d["hits"] / max(d["warm"], 1), acceptance=d["accepted"] / max(d["drafted"], 1),
+                rejected=d["rejected"], rejected_hits=d["rejected_hits"],
                 t_p=(d["build"] / max(d["rounds"], 1)) / max(d["verify"] / max(d["vrounds"], 1), 1e-9),
                 backups={k: v for k, v in backups.items() if v})
 
@@ -88,8 +90,10 @@ def _timed_each(llm, prompts, params_list) -> dict:
     parts = [_timed(llm, [p], params, 1) for p, params in zip(prompts, params_list)]
     tokens, seconds = sum(p["tokens"] for p in parts), sum(p["seconds"] for p in parts)
     weight = lambda key: sum(p[key] * p["tokens"] for p in parts) / tokens
+    rejected = sum(p["rejected"] for p in parts)
     return dict(tok_s=tokens / seconds, tokens=tokens, seconds=seconds, hit_rate=weight("hit_rate"),
-                acceptance=weight("acceptance"), t_p=weight("t_p"))
+                acceptance=weight("acceptance"), t_p=weight("t_p"), rejected=rejected,
+                hit_rate_after_rejection=sum(p["rejected_hits"] for p in parts) / max(rejected, 1))
 
 
 def part_batch(args, prompts) -> list[dict]:
@@ -111,29 +115,35 @@ def part_batch(args, prompts) -> list[dict]:
 
 
 def report(args, raw: dict) -> str:
+    def setting(part: str, key: str):
+        return raw.get("settings", {}).get(part, {}).get(key, getattr(args, key))
     lines = [f"# Saguaro benchmark, {raw['date']}", "", f"Machine: {raw['machine']}",
              f"Placement: target (coordinator) on core {args.target_core}, draft process on core {args.draft_core}, "
              f"1 thread each; K = {args.k}; fp32; default pair (Qwen2.5-Coder 1.5B / 0.5B, Q4_K_M dequantised)",
-             f"Command: `python benchmarks/bench_saguaro.py {' '.join(sys.argv[1:])}`", ""]
+             f"Command: `{raw.get('command', 'python benchmarks/bench_saguaro.py')}`"]
+    for again in raw.get("remeasured", []):
+        lines.append(f"Part `{again['parts']}` re-measured on {again['date']} with the same placement: "
+                     f"`{again.get('command', '')}` (the numbers it replaced are kept in the JSON under `superseded`)")
+    lines.append("")
     if "fanout" in raw:
-        lines += [f"## 1. Fan-out at equal budget B (greedy, {args.num_prompts} code prompts x {args.new_tokens} "
+        lines += [f"## 1. Fan-out at equal budget B (greedy, {setting('fanout', 'num_prompts')} code prompts x "
+                  f"{setting('fanout', 'new_tokens')} "
                   "tokens, batch 1, just-in-time backup)", "",
                   "| B | rule | F_0..F_K | hit rate (after round 1) | tok/s | T_p |", "|---|---|---|---|---|---|"]
         for r in raw["fanout"]:
             lines.append(f"| {r['budget']} | {r['rule']} | {r['fanout']} | {r['hit_rate']:.3f} | {r['tok_s']:.2f} | "
                          f"{r['t_p']:.2f} |")
     if "c" in raw:
-        lines += ["", f"## 2. Saguaro sampling constant C (T = 0.7, {args.num_prompts} code prompts x "
-                  f"{args.new_tokens} tokens, batch 1, calibrated geometric fan-out)", "",
-                  "| C | hit rate (after round 1) | acceptance | tok/s | T_p |", "|---|---|---|---|---|"]
+        lines += ["", f"## 2. Saguaro sampling constant C (T = 0.7, {setting('c', 'num_prompts')} code prompts x "
+                  f"{setting('c', 'new_tokens')} tokens, batch 1, calibrated geometric fan-out)", "",
+                  "| C | hit rate (after round 1) | hit rate after a rejection (k < K; lookups) | acceptance | tok/s | T_p |",
+                  "|---|---|---|---|---|---|"]
         for r in raw["c"]:
-            lines.append(f"| {r['c']} | {r['hit_rate']:.3f} | {r['acceptance']:.3f} | {r['tok_s']:.2f} | {r['t_p']:.2f} |")
-    if "remeasured" in raw:
-        lines += [f"Re-measured on {raw['remeasured']['date']}: parts {raw['remeasured']['parts']} "
-                  f"(options {json.dumps({k: raw['remeasured']['args'][k] for k in ('batches', 'batch_tokens')})}); "
-                  "the replaced numbers are kept in the JSON under `superseded`.", ""]
+            after = (f"{r['hit_rate_after_rejection']:.3f} ({r['rejected']})" if "rejected" in r else "-")
+            lines.append(f"| {r['c']} | {r['hit_rate']:.3f} | {after} | {r['acceptance']:.3f} | {r['tok_s']:.2f} | "
+                         f"{r['t_p']:.2f} |")
     if "batch" in raw:
-        lines += ["", f"## 3. Fallback vs batch size (greedy, {args.batch_tokens} tokens per sequence, "
+        lines += ["", f"## 3. Fallback vs batch size (greedy, {setting('batch', 'batch_tokens')} tokens per sequence, "
                   "calibrated geometric fan-out)", "",
                   f"Running estimates at the end: {json.dumps({k: round(v, 3) for k, v in raw['estimates'].items()})}",
                   "", "| b | jit tok/s | fast tok/s | auto tok/s | auto's choice (rounds) | b* | auto / best fixed |",
@@ -165,6 +175,8 @@ def plot(args, raw: dict, path: str) -> None:
         elif part == "c":
             cs = [r["c"] for r in raw["c"]]
             ax.plot(cs, [r["hit_rate"] for r in raw["c"]], "o-", label="cache hit rate")
+            if all("hit_rate_after_rejection" in r for r in raw["c"]):
+                ax.plot(cs, [r["hit_rate_after_rejection"] for r in raw["c"]], "^-", label="hit rate after a rejection")
             ax.plot(cs, [r["acceptance"] for r in raw["c"]], "s--", label="acceptance")
             ax.set_xlabel("Saguaro C (T = 0.7)")
             ax.invert_xaxis()
@@ -207,16 +219,22 @@ def main() -> None:
     args.threads = 1
     prompts = load_prompts("code", args.num_prompts)
     args.budgets = [_calibrated_budget(args) if b == "auto" else int(b) for b in args.budgets.split(",")]
-    raw = dict(date=datetime.date.today().isoformat(), machine=machine_line(args), args=vars(args).copy())
+    command = "python benchmarks/bench_saguaro.py " + " ".join(sys.argv[1:])
+    raw = dict(date=datetime.date.today().isoformat(), machine=machine_line(args), args=vars(args).copy(),
+               command=command.strip())
     raw["args"]["cores"] = sorted(args.cores)
     if args.update:
         with open(args.update) as f:
             earlier = json.load(f)
         replaced = {p: earlier.pop(p) for p in args.parts.split(",") if p in earlier}
-        earlier.setdefault("superseded", []).append(dict(replaced, args=earlier["args"]))
-        earlier["remeasured"] = dict(date=raw["date"], parts=args.parts, args=raw["args"])
+        if replaced:
+            earlier.setdefault("superseded", []).append(dict(replaced, args=earlier["args"]))
+            earlier.setdefault("remeasured", []).append(dict(date=raw["date"], parts=args.parts, args=raw["args"],
+                                                             command=raw["command"]))
         raw = earlier
-    for part in args.parts.split(","):
+    for part in filter(None, args.parts.split(",")):  # --parts "" --update F: just redraw F's report and plot
+        raw.setdefault("settings", {})[part] = dict(num_prompts=args.num_prompts, new_tokens=args.new_tokens,
+                                                    batch_tokens=args.batch_tokens)
         if part == "fanout":
             raw["fanout"] = part_fanout(args, prompts)
         elif part == "c":
