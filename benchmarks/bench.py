@@ -38,14 +38,17 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)  # prompt_sets.py
 FORWARD_SIZES = (1, 2, 4, 8, 16)
 SD_MODES = ("sd", "ssd", "hf-assisted")
 
 
 def load_prompts(name: str, count: int) -> list[str]:
-    with open(os.path.join(HERE, "prompts", f"{name}.txt")) as f:
-        prompts = [line.rstrip("\n").replace("\\n", "\n") for line in f if line.strip()]
-    return (prompts * count)[:count]
+    from prompt_sets import PromptSetError, load_prompt_set
+    try:
+        return load_prompt_set(name, count)
+    except PromptSetError as error:
+        sys.exit(f"error: {error}")
 
 
 def _setup(args) -> None:

@@ -596,3 +596,19 @@ def test_rounds_with_first_round_sequences_compare_both_backups_directly():
     assert policy.choose(8, cold=0) == "fast" and policy.choose(1, cold=0) == ("jit" if 1 < policy.critical_batch
                                                                                 else "fast")
     assert FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5), pinned=4).choose(8, cold=8) == "fast"  # pinned wins
+
+
+def test_theorem_7_reduces_to_its_corollaries():
+    from ssd_engine.saguaro.speedup import sd_speedup, ssd_speedup, stationary_hit_rate
+    # the two-state chain's stationary distribution: P(hit) = P(hit) P(hit|hit) + P(miss) P(hit|miss)
+    for p_p, p_b in [(0.9, 0.6), (0.5, 0.2), (0.99, 0.01)]:
+        p = stationary_hit_rate(p_p, p_b)
+        assert math.isclose(p, p * p_p + (1 - p) * p_b)
+    # batch 1 with the slow backup is Corollary 16's S_slow(1): the backup is the primary drafted late
+    assert math.isclose(ssd_speedup(0.8, 3.5, 3.5, 1.4, 1.4), speedup_slow(1, 0.8, 3.5, 1.4))
+    # Corollary 8: primary = backup = the SD draft (E, T_SD <= 1) is never slower than SD
+    for p in (0.0, 0.3, 1.0):
+        for e, t in [(3.0, 0.4), (2.2, 0.9), (4.1, 1.0)]:
+            assert ssd_speedup(p, e, e, t, t) >= sd_speedup(e, t) - 1e-12
+    # a sure hit with a draft that keeps up commits E_p tokens per verification
+    assert ssd_speedup(1.0, 4.0, 1.0, 0.7, 0.0) == 4.0
