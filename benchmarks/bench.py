@@ -274,7 +274,8 @@ def run_ours_ssd(args, prompt_sets: dict[str, list[str]]) -> dict:
 
 SSD_KEYS = ("cache_hit_rate", "cache_hit_rate_warm", "cache_hit_rate_by_k", "acceptance_on_hits",
             "acceptance_on_misses", "speculations_by_source", "draft_failures", "draft_build_s_per_round",
-            "coordinator_wait_s_per_round", "verify_s_per_round", "T_p")
+            "coordinator_wait_s_per_round", "verify_s_per_round", "T_p", "tokens_per_round_hit",
+            "tokens_per_round_miss", "jit_s_per_round")
 
 
 def _hf_load(path: str):
@@ -534,9 +535,13 @@ def ssd_section(args, results: dict[str, dict]) -> list[str]:
              f"fan-out {args.fanout}, miss fallback {args.fallback})", "",
              "T_p = draft cache-build time per round / coordinator verification time per round. "
              "Bounds: Corollary 9 with this run's SD costs and acceptance (see ssd_section in bench.py).", "",
+             "Theorem 7: predicted SSD/AR = [p E_p + (1-p) E_b] / [p max(1, T_p) + (1-p)(1 + T_b)] from this run's "
+             "warm hit rate p, tokens per hit / miss round E_p / E_b, T_p, and T_b = just-in-time drafting time / "
+             "verification (0 with the fast backup).", "",
              "| prompts | K | SSD tok/s | SSD/SD | SSD/AR | SSD/AR-all | hit rate (after 1st round) | acceptance "
-             "(hits / misses) | E_p | T_p | Cor. 9 lower | Cor. 9 upper | SSD/SD ÷ upper | speculations |",
-             "|---" * 14 + "|"]
+             "(hits / misses) | E_p | T_p | Cor. 9 lower | Cor. 9 upper | SSD/SD ÷ upper | Thm 7 SSD/AR | "
+             "measured ÷ Thm 7 | speculations |",
+             "|---" * 16 + "|"]
     for name in args.prompt_sets:
         ar = results.get("ar", {}).get("runs", {}).get(name, [None])[0]
         ar_all = results.get("ar-all", {}).get("runs", {}).get(name, [None])[0]
@@ -553,6 +558,8 @@ def ssd_section(args, results: dict[str, dict]) -> list[str]:
                 if e_p:
                     upper = (1 + t_sd) * e_p / e_sd
                     lower = (1 + t_sd) * (p_hit * e_p + 1 - p_hit) / e_sd
+            predicted = _theorem7(m)
+            vs_ar = e["tok_s"] / ar["tok_s"] if ar else None
             lines.append(
                 f"| {name} | {k} | {e['tok_s']:.2f} | {_fmt(vs_sd, '.2f', 'x')} "
                 f"| {_fmt(e['tok_s'] / ar['tok_s'] if ar else None, '.2f', 'x')} "
@@ -560,9 +567,20 @@ def ssd_section(args, results: dict[str, dict]) -> list[str]:
                 f"| {m['cache_hit_rate']:.3f} ({m['cache_hit_rate_warm']:.3f}) "
                 f"| {m['acceptance_on_hits']:.3f} / {m['acceptance_on_misses']:.3f} | {_fmt(e_p, '.2f')} "
                 f"| {m['T_p']:.2f} | {_fmt(lower, '.2f', 'x')} | {_fmt(upper, '.2f', 'x')} "
-                f"| {_fmt(vs_sd / upper if vs_sd and upper else None, '.2f')} | {m['speculations_by_source']} |")
+                f"| {_fmt(vs_sd / upper if vs_sd and upper else None, '.2f')} | {_fmt(predicted, '.2f', 'x')} "
+                f"| {_fmt(vs_ar / predicted if vs_ar and predicted else None, '.2f')} | {m['speculations_by_source']} |")
     lines.append("")
     return lines
+
+
+def _theorem7(m: dict) -> float | None:
+    """Theorem 7's SSD/AR from one run's SSD metrics (None when a needed number is missing)."""
+    from ssd_engine.saguaro.speedup import ssd_speedup
+    if "tokens_per_round_hit" not in m or not m["verify_s_per_round"] or not m["tokens_per_round_hit"]:
+        return None
+    t_b = m["jit_s_per_round"] / m["verify_s_per_round"]
+    e_b = m["tokens_per_round_miss"] or 1.0
+    return ssd_speedup(m["cache_hit_rate_warm"], m["tokens_per_round_hit"], e_b, m["T_p"], t_b)
 
 
 def _write(path: str, text: str) -> None:

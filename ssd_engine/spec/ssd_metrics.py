@@ -125,5 +125,10 @@ class SSDMetrics:
             "glue_s_per_round": rate(self.glue_s, self.timed_rounds),
             "miss_rate_by_fanout": miss_curve(self.rank_counts())[:8],
             "backup_rounds": dict(self.backups),
+            # Theorem 7's inputs: tokens per round from the primary (hits) and the backups (misses),
+            # and the just-in-time backup's drafting time per round that used it
+            "tokens_per_round_hit": self.tokens_per_round(("hit",))[0],
+            "tokens_per_round_miss": self.tokens_per_round(tuple(s for s in self.rounds if s != "hit"))[0],
+            "jit_s_per_round": rate(self.jit_s, self.jit_rounds),
         }
 
