@@ -482,6 +482,7 @@ def sd_report(args, results: dict[str, dict]) -> str:
              "per-round match counts. `= AR` = outputs identical to the same engine's AR outputs. "
              "`predicted` = L / (K·draft + verify) with the costs measured below: the speedup over the same "
              "engine's AR if a round cost nothing but its forwards.", ""]
+    lines += headline_section(args, results)
     for name in args.prompt_sets:
         base = {m: results[m]["runs"][name][0] for m in ("ar", "hf-ar") if m in results}
         count = len(next(iter(results.values()))["runs"][name][0]["outputs"])
@@ -523,6 +524,32 @@ def sd_report(args, results: dict[str, dict]) -> str:
         lines.append("")
     lines += ["Peak RSS: " + ", ".join(f"{m} {results[m]['peak_rss_gb']:.1f} GB" for m in results), ""]
     return "\n".join(lines)
+
+
+def headline_section(args, results: dict[str, dict]) -> list[str]:
+    """The paper's headline table (Appendix B.3 column order) when AR, SD and SSD all ran: per
+    prompt set and averaged over sets (mean tok/s; ratios of the means), at the largest K both SD and
+    SSD measured."""
+    if not {"ar", "sd", "ssd"} <= results.keys():
+        return []
+    ks = {e["k"] for e in results["sd"]["runs"][args.prompt_sets[0]]} & {
+        e["k"] for e in results["ssd"]["runs"][args.prompt_sets[0]]}
+    if not ks:
+        return []
+    k = max(ks)
+    lines = [f"## Headline (K = {k}; the paper's columns)", "", "| prompts | AR tok/s | SD tok/s | SSD tok/s | SSD/SD | SSD/AR |",
+             "|---|---|---|---|---|---|"]
+    rows = []
+    for name in args.prompt_sets:
+        ar = results["ar"]["runs"][name][0]["tok_s"]
+        sd = next(e["tok_s"] for e in results["sd"]["runs"][name] if e["k"] == k)
+        ssd = next(e["tok_s"] for e in results["ssd"]["runs"][name] if e["k"] == k)
+        rows.append((name, ar, sd, ssd))
+    if len(rows) > 1:
+        rows.append(("average",) + tuple(sum(r[i] for r in rows) / len(rows) for i in (1, 2, 3)))
+    for name, ar, sd, ssd in rows:
+        lines.append(f"| {name} | {ar:.2f} | {sd:.2f} | {ssd:.2f} | {ssd / sd:.2f}x | {ssd / ar:.2f}x |")
+    return lines + [""]
 
 
 def ssd_section(args, results: dict[str, dict]) -> list[str]:
