@@ -63,7 +63,7 @@ def _run(options: dict, prompts: list[str], temperature: float, new_tokens: int,
 
 
 def _median_step(metrics) -> tuple[int, float]:
-    samples = sorted(metrics.step_samples, key=lambda s: s[1])
+    samples = metrics.step_samples
     rows = max(r for r, _ in samples)
     widest = sorted(s for r, s in samples if r == rows)
     return rows, widest[len(widest) // 2]
@@ -106,7 +106,7 @@ def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: i
                       fanout_at_budget=fanout, outcomes_ranked=sum(main.rank_counts()),
                       rounds=main.verify_rounds, prompts=num_prompts, new_tokens=new_tokens,
                       date=datetime.date.today().isoformat(), machine=f"{platform.machine()} {platform.processor()}",
-                      engine_options={key: v for key, v in options.items()}, commit=_commit()))
+                      engine_options=dict(options), commit=_commit()))
 
 
 def _commit() -> str:

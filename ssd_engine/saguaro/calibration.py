@@ -13,6 +13,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes, geometric_fanout
+
 log = logging.getLogger("ssd_engine")
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -90,12 +92,6 @@ def find_calibrations(target_path: str, draft_path: str, directory: Path = CONFI
     return sorted(found, key=lambda c: c.temperature)
 
 
-def nearest(calibrations: list[Calibration], temperature: float) -> Calibration:
-    """Greedy requests use a greedy calibration when there is one; sampled ones the closest T > 0."""
-    pool = [c for c in calibrations if (c.temperature == 0) == (temperature == 0)] or calibrations
-    return min(pool, key=lambda c: abs(c.temperature - temperature))
-
-
 def miss_curve(rank_counts: list[int]) -> list[float]:
     """rank_counts[j] = outcomes whose bonus was the draft's (j+1)-th candidate (last entry:
     beyond the tracked depth). -> miss rate at F = 1 .. depth: P(rank >= F)."""
@@ -129,8 +125,6 @@ def best_budget(verify_s: float, glue_s: float, step_s, k: int, alpha, r: float,
     budget_from_timings' B (more branches cost nothing until the build outlasts verification); when
     even one branch does not fit (the draft is the bottleneck) it weighs a branch's extra step time
     against the just-in-time drafting it saves."""
-    from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes, geometric_fanout
-
     def round_time(b: int) -> float:  # alpha: a rate (Theorem 12's fan-out) or a measured P(k)
         fan = geometric_fanout(alpha, r, b, k) if isinstance(alpha, float) else fanout_for_outcomes(alpha, r, b)
         hit = expected_hit_rate(fan, alpha, miss_at)

@@ -7,7 +7,7 @@ must use. C = 1 or F = 0 is plain sampling.
 import torch
 
 
-def saguaro_probs(probs: torch.Tensor, fanout: torch.Tensor | int, c: float) -> torch.Tensor:
+def saguaro_probs(probs: torch.Tensor, fanout: torch.Tensor | list[int] | int, c: float) -> torch.Tensor:
     """probs [n, V] (temperature / top-k / top-p already applied), fanout F per row -> q_C [n, V].
 
     A row whose mass lies entirely inside its top-F tokens (so C would only rescale it) is left

@@ -111,8 +111,7 @@ class AsyncDraftClient:
         return JIT if choice == "jit" else FAST
 
     def summary(self) -> dict:
-        return {**self.metrics.summary(), **self.plan.describe(), "critical_batch_size": self.policy.critical_batch,
-                "estimates": vars(self.policy.estimates)}
+        return {**self.metrics.summary(), **self.plan.describe(), "estimates": vars(self.policy.estimates)}
 
     def _news(self, seq: Sequence) -> Entry | None:
         have = self.known.get(seq.seq_id)

@@ -92,7 +92,7 @@ class Trunk:
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1), None
         probs = sampling_of(params, logits.device).probs(logits)
-        probs = saguaro_probs(probs, torch.tensor(fanouts, device=logits.device), self.saguaro_c)
+        probs = saguaro_probs(probs, fanouts, self.saguaro_c)
         return sample(probs, generators, self.generator), probs
 
     def draft_jit(self, seqs: list[DraftSeq]) -> list[Speculation]:
