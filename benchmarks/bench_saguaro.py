@@ -18,7 +18,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench import load_prompts, machine_line  # noqa: E402
+from bench import load_prompts  # noqa: E402
+from suite.machine import machine_line  # noqa: E402
 
 PARTS = ("fanout", "c", "batch")
 
@@ -220,7 +221,7 @@ def main() -> None:
     prompts = load_prompts("code", args.num_prompts)
     args.budgets = [_calibrated_budget(args) if b == "auto" else int(b) for b in args.budgets.split(",")]
     command = "python benchmarks/bench_saguaro.py " + " ".join(sys.argv[1:])
-    raw = dict(date=datetime.date.today().isoformat(), machine=machine_line(args), args=vars(args).copy(),
+    raw = dict(date=datetime.date.today().isoformat(), machine=f"{machine_line()}; target core {args.target_core}, draft core {args.draft_core}", args=vars(args).copy(),
                command=command.strip())
     raw["args"]["cores"] = sorted(args.cores)
     if args.update:

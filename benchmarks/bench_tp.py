@@ -22,7 +22,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench import load_prompts, machine_line  # noqa: E402
+from bench import load_prompts  # noqa: E402
+from suite.machine import machine_line  # noqa: E402
 
 
 def child(spec: dict) -> dict:
@@ -103,7 +104,7 @@ def main() -> None:
         results[spec["name"]] = run_child(spec)
     reference = results[configs[0]["name"]]
     lines = [f"# Tensor-parallel AR benchmark, {datetime.date.today().isoformat()}", "",
-             f"Machine: {machine_line(argparse.Namespace(cores=set(cores), threads=len(cores)))}",
+             f"Machine: {machine_line()}; cores {cores}",
              f"Model: {args.model}", f"Command: `python benchmarks/bench_tp.py {' '.join(sys.argv[1:])}`",
              f"Greedy, {args.new_tokens} new tokens, {args.num_prompts} code prompts, fp32.", "",
              "| config | placement | " + " | ".join(f"batch {b} tok/s" for b in base["batch"])

@@ -1,0 +1,56 @@
+"""Every mode runs in a fresh spawned process: only one engine is ever in memory, its peak memory
+is its own, and a crash names the mode. Results come back through a file (they carry every
+output's token ids, more than a pipe buffer holds); progress through a queue to the parent's bar."""
+import multiprocessing as mp
+import os
+import pickle
+import queue
+import tempfile
+
+from tqdm.auto import tqdm
+
+
+def _runner(mode: str):
+    from suite import hf, ours
+    return {**ours.RUNNERS, **hf.RUNNERS}[mode]
+
+
+def _child(mode: str, opts, prompt_sets: dict, path: str, progress_queue) -> None:
+    result = _runner(mode)(opts, prompt_sets, lambda kind, label: progress_queue.put((kind, label)))
+    with open(path, "wb") as f:
+        pickle.dump(result, f)
+
+
+def cells_of(mode: str, opts, num_sets: int) -> int:
+    """How many cells a mode measures (the progress bar's total)."""
+    ks = len(opts.k) if mode in ("sd", "ssd", "hf-assisted") else 1
+    batch_sizes = 1 if mode == "hf-assisted" else len(opts.batch)
+    return ks * batch_sizes * num_sets
+
+
+def run_modes(modes: list[str], opts, prompt_sets: dict) -> dict[str, dict]:
+    ctx = mp.get_context("spawn")
+    total = sum(cells_of(mode, opts, len(prompt_sets)) for mode in modes)
+    results = {}
+    with tqdm(total=total, desc="bench", unit="cell", dynamic_ncols=True) as bar, \
+            tempfile.TemporaryDirectory() as tmp:
+        for mode in modes:
+            bar.set_postfix_str(f"{mode}: loading")
+            path = os.path.join(tmp, f"{mode}.pkl")
+            progress = ctx.Queue()
+            proc = ctx.Process(target=_child, args=(mode, opts, prompt_sets, path, progress))
+            proc.start()
+            while proc.is_alive() or not progress.empty():
+                try:
+                    kind, label = progress.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if kind == "done":
+                    bar.update(1)
+                bar.set_postfix_str(f"{kind} {label}")
+            proc.join()
+            if proc.exitcode != 0 or not os.path.exists(path):
+                raise SystemExit(f"mode {mode} failed (exit code {proc.exitcode}); see the traceback above")
+            with open(path, "rb") as f:
+                results[mode] = pickle.load(f)
+    return results

@@ -1,0 +1,122 @@
+"""bench.py's command line. With no flags: the built-in default pair, 4 HumanEval problems x 64
+new tokens, greedy, batch 1, K = 4, modes ar, sd, ssd; the target (and AR, SD) on core 0, the SSD
+draft process on core 1 (the paper's placement: SSD adds the draft's own device)."""
+import argparse
+from dataclasses import dataclass, field
+
+MODES = ("ar", "ar-all", "sd", "ssd", "hf-ar", "hf-assisted")
+SPECULATIVE = ("sd", "ssd", "hf-assisted")
+
+
+@dataclass
+class BenchOptions:
+    modes: list[str]
+    prompt_sets: list[str]
+    num_prompts: int
+    new_tokens: int
+    batch: list[int]
+    k: list[int]
+    temperature: float
+    model: str | None
+    draft: str | None
+    device: str
+    dtype: str
+    tp: int
+    cores: set[int]
+    draft_cores: set[int]
+    threads: int
+    layout: str
+    fanout: str | None
+    fallback: str | None
+    prefix: int
+    reps: int
+    out: str
+    tag: str
+    readme: bool
+    argv: list[str] = field(default_factory=list)
+
+    def placement(self, with_draft: bool) -> str:
+        """cpu_cores for our engine: --cores split evenly over the TP ranks, then the draft's set."""
+        cores = sorted(self.cores)
+        per_rank = len(cores) // self.tp
+        sets = [cores[r * per_rank:(r + 1) * per_rank] for r in range(self.tp)]
+        if with_draft:
+            sets.append(sorted(self.draft_cores))
+        return ";".join(",".join(map(str, s)) for s in sets)
+
+    def placement_text(self) -> str:
+        if self.device.startswith("cuda"):
+            gpus = ", ".join(str(g) for g in range(self.tp))
+            return (f"target on GPU {gpus} (TP {self.tp}); SSD draft process on GPU {self.tp} when that GPU exists, "
+                    f"else on the last GPU, shared with the target")
+        return (f"target (and ar, sd, hf-*) on cores {sorted(self.cores)} with {self.threads} thread(s), TP {self.tp}; "
+                f"SSD draft process on cores {sorted(self.draft_cores)}; ar-all on both")
+
+
+def _csv(text: str, cast=str) -> list:
+    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def parse(argv: list[str]) -> BenchOptions:
+    p = argparse.ArgumentParser(prog="python benchmarks/bench.py",
+                                description="AR / SD / SSD and transformers' peers side by side, in the paper's table shape.")
+    p.add_argument("--mode", default="ar,sd,ssd", help="comma-separated, from: " + ", ".join(MODES))
+    p.add_argument("--prompts", default="humaneval",
+                   help="comma-separated prompt sets: humaneval, gsm8k, alpaca, mtbench, code, english")
+    p.add_argument("--num-prompts", type=int, default=4, help="prompts per set")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (EOS ignored)")
+    p.add_argument("--batch", default="1", help="comma-separated batch sizes")
+    p.add_argument("--k", default="4", help="comma-separated draft lengths K")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--model", default=None, help="target HF folder (default: the built-in target)")
+    p.add_argument("--draft", default=None, help="draft HF folder (default: the built-in draft; needed with --model)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda (TP target on GPUs 0..N-1, the draft on GPU N)")
+    p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of our target")
+    p.add_argument("--cores", default="0", help="CPU: cores of the target (split over --tp ranks), AR, SD, hf-*")
+    p.add_argument("--draft-cores", default="1", help="CPU: cores of the SSD draft process")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores per rank)")
+    p.add_argument("--layout", default="auto", help="our cpu_weight_layout")
+    p.add_argument("--fanout", default=None, help="SSD fan-out (default: the engine's, auto from the calibration)")
+    p.add_argument("--fallback", default=None, help="SSD miss fallback jit | fast | auto (default: the engine's)")
+    p.add_argument("--prefix", type=int, default=200, help="prefix length of the forward-cost probes")
+    p.add_argument("--reps", type=int, default=3, help="repetitions of each forward-cost probe (0: skip them)")
+    p.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")
+    p.add_argument("--tag", default="", help="appended to the result files' names: DATE-bench-TAG.*")
+    p.add_argument("--readme", action="store_true", help="also put the headline table into README.md's benchmark section")
+    a = p.parse_args(argv)
+
+    modes = _csv(a.mode)
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        p.error(f"unknown mode {unknown[0]!r}; choose from {', '.join(MODES)}" if unknown else "--mode is empty")
+    batch, k = _csv(a.batch, int), sorted(set(_csv(a.k, int)))
+    if not batch or min(batch) < 1:
+        p.error("--batch needs batch sizes >= 1")
+    if not k or min(k) < 1:
+        p.error("--k needs draft lengths >= 1")
+    if a.temperature < 0:
+        p.error("--temperature must be >= 0")
+    if a.device != "cpu" and not a.device.startswith("cuda"):
+        p.error(f"--device must be cpu or cuda, got {a.device!r}")
+    cores, draft_cores = set(_csv(a.cores, int)), set(_csv(a.draft_cores, int))
+    if a.device == "cpu" and len(cores) < a.tp:
+        p.error(f"--tp {a.tp} needs at least {a.tp} cores in --cores")
+    if a.device == "cpu" and "ssd" in modes and cores & draft_cores:
+        p.error(f"--cores and --draft-cores overlap on {sorted(cores & draft_cores)}: the draft needs its own cores")
+    model, draft = a.model, a.draft
+    if model is None:
+        from ssd_engine.default_models import resolve_default_model
+        model = resolve_default_model("target")
+        if draft is None and any(m in SPECULATIVE for m in modes):
+            draft = resolve_default_model("draft")
+    if draft is None and any(m in SPECULATIVE for m in modes):
+        p.error("--model was given, so sd / ssd / hf-assisted need --draft too")
+    import os
+    out = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    return BenchOptions(
+        modes=modes, prompt_sets=_csv(a.prompts), num_prompts=a.num_prompts, new_tokens=a.new_tokens, batch=batch,
+        k=k, temperature=a.temperature, model=model, draft=draft, device=a.device,
+        dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"), tp=a.tp, cores=cores,
+        draft_cores=draft_cores, threads=a.threads or max(len(cores) // a.tp, 1), layout=a.layout, fanout=a.fanout,
+        fallback=a.fallback, prefix=a.prefix, reps=a.reps, out=out, tag=a.tag, readme=a.readme, argv=list(argv))
