@@ -106,3 +106,12 @@ def test_files_tables_and_plots_are_written(run):
     assert table["average"]["ssd"] == pytest.approx((table["code"]["ssd"] + table["english"]["ssd"]) / 2)
     assert "| code | " in text and "| average | " in text and "| 2/2 ar |" in text
     assert "hf-assisted is batch 1 only" in text
+
+
+def test_cuda_flags_place_the_target_on_gpus_and_the_draft_after_them(tiny_qwen2):
+    opts = options.parse(["--model", tiny_qwen2, "--draft", tiny_qwen2, "--device", "cuda", "--tp", "2"])
+    assert opts.dtype == "bfloat16" and opts.device == "cuda"
+    assert "target on GPU 0, 1 (TP 2); SSD draft process on GPU 2" in opts.placement_text()
+    cpu = options.parse(["--model", tiny_qwen2, "--draft", tiny_qwen2, "--tp", "2", "--cores", "0,1",
+                         "--draft-cores", "2"])
+    assert cpu.dtype == "float32" and cpu.placement(with_draft=True) == "0;1;2" and cpu.placement(False) == "0;1"

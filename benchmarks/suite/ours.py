@@ -4,6 +4,7 @@ one per K, since K sizes the draft process's cache and payload)."""
 import copy
 import time
 
+from suite.probe import best_of
 from suite.measure import Request, batches, cell, engine_peaks, merge_peaks, own_peak_gb, pin
 
 SSD_KEYS = ("cache_hit_rate", "cache_hit_rate_warm", "acceptance_on_hits", "acceptance_on_misses",
@@ -130,36 +131,8 @@ def run_ssd(opts, prompt_sets: dict, progress) -> dict:
 
 
 def forward_costs(runner, blocks, config, opts, sizes: list[int]) -> dict[int, float]:
-    """Seconds for one forward of n new tokens (logits for all n rows) after an `opts.prefix`-token
-    prefix, best of `opts.reps` (0 reps: not measured)."""
-    if opts.reps <= 0:
-        return {}
-    import torch
-    from ssd_engine.engine.scheduler import ScheduledBatch
-    from ssd_engine.engine.sequence import Sequence
-    from ssd_engine import SamplingParams
-
-    prefix = opts.prefix
-    sync = torch.cuda.synchronize if config.device.startswith("cuda") else (lambda: None)
-    seq = Sequence([3 + i % 250 for i in range(prefix)],  # ids every vocabulary has
-                    SamplingParams(temperature=0), config.block_size)
-    blocks.grow(seq, prefix)
-    runner.forward(ScheduledBatch([seq], [prefix]), [[prefix - 1]])
-    seq.num_computed_tokens = prefix
-    costs = {}
-    for n in sizes:
-        blocks.grow(seq, prefix + n)
-        seq.token_ids = seq.token_ids[:prefix] + [42] * n
-        step = ScheduledBatch([seq], [n])
-        times = []
-        for _ in range(opts.reps + 1):  # the first is a warm-up
-            started = time.perf_counter()
-            runner.forward(step, [list(range(n))])
-            sync()
-            times.append(time.perf_counter() - started)
-        costs[n] = min(times[1:])
-    blocks.deallocate(seq)
-    return costs
+    """Seconds for one forward of n new tokens after an `opts.prefix`-token prefix, best of `opts.reps`."""
+    return best_of(runner, blocks, config, opts.prefix, sizes, opts.reps)
 
 
 RUNNERS = {"ar": run_ar, "ar-all": run_ar_all, "sd": run_sd, "ssd": run_ssd}

@@ -24,7 +24,7 @@ def throughput(raw: dict, path: str, batch: int = 1) -> str:
     plt = _pyplot()
     sets, modes = raw["prompt_sets"], list(raw["results"])
     width = 0.8 / len(modes)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(sets) * len(modes) ** 0.5 + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(min(14.0, 2.0 + len(sets) * (0.5 + 0.35 * len(modes))), 4.4))
     for i, mode in enumerate(modes):
         cells = [_cell(raw, mode, name, batch) for name in sets]
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(sets))]
@@ -35,9 +35,10 @@ def throughput(raw: dict, path: str, batch: int = 1) -> str:
     ax.set_ylabel(f"decode tok/s (batch {batch})")
     ax.set_title(f"Throughput per mode, {raw['date']} (T = {raw['temperature']}, {raw['new_tokens']} tokens)",
                  fontsize=10)
-    ax.legend(fontsize=8, ncol=min(len(modes), 3))
+    ax.set_ylim(0, 1.15 * max([c["decode_tok_s"] for m in modes for n in sets if (c := _cell(raw, m, n, batch))] or [1]))
+    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=len(modes), fontsize=8, frameon=False)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -143,18 +143,21 @@ def ssd_lines(raw: dict) -> list[str]:
 
 
 def profile_lines(raw: dict) -> list[str]:
-    """Where a round's time goes, per side, from the same run's counters and forward costs."""
+    """Where a round's time goes, per side, from the same run's counters and forward costs. SD's
+    round is its decode time per verification round; its forwards are the probes below (best of
+    `reps`: the run's forwards vary around them). SSD's sides are the coordinator's and the draft
+    process's own clocks."""
     lines = ["| mode | K | prompts | round ms | side | phase | ms per round |", "|---|---|---|---|---|---|---|"]
     costs = raw["results"].get("sd", {}).get("costs", {})
     for r in rows_of(raw, "sd", batch=1):
         if not r.get("rounds") or not costs.get("draft_step_s"):
             continue
-        round_ms = 1e3 * r["latency_s"] * r["requests"] / r["rounds"]
+        round_ms = 1e3 * r["tpot_s"] * (r["tokens"] - r["requests"]) / r["rounds"]  # decode time, no prefill
         draft_ms = 1e3 * r["k"] * costs["draft_step_s"]
         verify_ms = 1e3 * (cost(costs["target_forward_s"], r["k"] + 1) or 0.0)
         for side, phase, ms in (("draft (same process)", f"{r['k']} draft steps (probe)", draft_ms),
                                 ("target", f"verify forward of {r['k'] + 1} tokens (probe)", verify_ms),
-                                ("both", "the rest: draft catch-up, sampling, bookkeeping, prefill", round_ms - draft_ms - verify_ms)):
+                                ("both", "the rest: sampling, verification, bookkeeping, and the probes' best-of vs the run's typical forward", round_ms - draft_ms - verify_ms)):
             lines.append(f"| sd | {r['k']} | {r['set']} | {round_ms:.0f} | {side} | {phase} | {ms:.0f} |")
     for r in rows_of(raw, "ssd", batch=1):
         m = r["ssd"]
