@@ -15,6 +15,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt)")
     add_engine_args(parser)
     add_sampling_args(parser, defaults={"max_tokens": 128, "temperature": 0.0})
     return parser
@@ -32,11 +33,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.chat:
             prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                                          add_generation_prompt=True) for p in prompts]
-        outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+        if args.stream and len(prompts) != 1:
+            raise ValueError(f"--stream takes one prompt, got {len(prompts)}")
+        if args.stream:
+            stream = llm.generate_stream(prompts[0], params)
+            for piece in stream:
+                print(piece, end="", flush=True)
+            print()
+            outputs = [stream.output]
+        else:
+            outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
     except ValueError as error:
         fail(str(error))
-    for out in outputs:
-        print(out.text if len(outputs) == 1 else f"--- [{out.request_id}] finish={out.finish_reason}\n{out.text}")
+    if not args.stream:
+        for out in outputs:
+            print(out.text if len(outputs) == 1 else f"--- [{out.request_id}] finish={out.finish_reason}\n{out.text}")
     tokens = sum(o.metrics.num_output_tokens for o in outputs)
     e2e = max(o.metrics.e2e_s for o in outputs)
     ttft = sum(o.metrics.ttft_s for o in outputs) / len(outputs)

@@ -7,6 +7,7 @@ from ssd_engine.config import EngineConfig
 from ssd_engine.engine.llm_engine import LLMEngine
 from ssd_engine.outputs import RequestOutput
 from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.streaming import TextStream
 
 Prompt = str | list[int]
 
@@ -62,6 +63,15 @@ class LLM:
             bar.update(len(done))
         bar.close()
         return [self.engine.to_output(seq) for seq in seqs]
+
+    def generate_stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> TextStream:
+        """Queue one request and return a TextStream: iterate it for text increments (they join to
+        the final text; `.output` holds the RequestOutput afterwards). Iterating steps the whole
+        engine, so other queued requests advance too; closing the stream early cancels the request.
+        A bad request raises ValueError here, before anything is queued."""
+        seq = self.engine.make_sequence(prompt, sampling_params)
+        self.engine.scheduler.add(seq)
+        return TextStream(self.engine, seq)
 
     def speculation_metrics(self) -> dict:
         """Engine-wide acceptance metrics (vLLM definitions; empty counters in AR mode), plus in SSD

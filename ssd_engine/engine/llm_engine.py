@@ -15,7 +15,7 @@ from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.scheduler import Scheduler
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.sequence import Sequence, SequenceStatus
 from ssd_engine.distributed.launch import close_at_exit, start_tensor_parallel, torchrun_world
 from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
 from ssd_engine.distributed.partition import check_splittable
@@ -178,6 +178,13 @@ class LLMEngine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
+
+    def abort(self, seq: Sequence) -> None:
+        """Cancel one request (a stream whose reader went away): its pages and draft state are freed."""
+        if seq.status != SequenceStatus.FINISHED:
+            seq.metrics.finish_time = time.perf_counter()
+            self.scheduler.abort(seq)
+            self.spec_metrics.pop(seq.seq_id)
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[Sequence]:

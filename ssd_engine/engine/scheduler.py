@@ -102,6 +102,15 @@ class Scheduler:
             self.running.remove(seq)
         self._release(seq)
 
+    def abort(self, seq: Sequence) -> None:
+        """Drop an unfinished request wherever it is (queued or running) and free its pages."""
+        if seq.status == SequenceStatus.FINISHED:
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.finish_reason = seq.finish_reason or "abort"
+        self.finish(seq)
+
     def _release(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
         for hook in self.release_hooks:

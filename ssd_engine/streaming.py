@@ -1,0 +1,50 @@
+"""Streaming one request's text while the engine steps (`LLM.generate_stream`, the CLI's
+`--stream`). Text is released only once it is final: not while the decoded text ends in an
+incomplete UTF-8 character (UTF-8 resynchronises, so only the
+last 3 replacement characters can still change), and not the last (longest stop string - 1) characters, which could
+still become the start of a stop string that the final text drops."""
+from collections.abc import Iterator
+
+from ssd_engine.engine.sequence import Sequence, SequenceStatus
+from ssd_engine.outputs import RequestOutput
+
+
+class TextStream:
+    """Iterate for text increments; they join to exactly `output.text`, which is set (with the
+    whole RequestOutput) once the request finishes. Closing the iterator early cancels the request."""
+
+    def __init__(self, engine, seq: Sequence) -> None:
+        self.engine, self.seq = engine, seq
+        self.output: RequestOutput | None = None
+        self._sent = 0
+        self._hold = max((len(stop) for stop in seq.params.stop), default=1) - 1
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while self.seq.status != SequenceStatus.FINISHED:
+                self.engine.step()  # advances every queued request, this one included
+                if self.seq.status != SequenceStatus.FINISHED:
+                    delta = self._safe_delta()
+                    if delta:
+                        yield delta
+        finally:
+            if self.seq.status != SequenceStatus.FINISHED:  # the reader went away
+                self.engine.abort(self.seq)
+        self.output = self.engine.to_output(self.seq)
+        rest = self.output.text[self._sent:]
+        self._sent = len(self.output.text)
+        if rest:
+            yield rest
+
+    def _safe_delta(self) -> str:
+        text = self.engine.output_processor.text(self.seq)
+        end = len(text) - self._hold
+        # an incomplete character at the end (at most 3 of its 4 UTF-8 bytes, so at most 3
+        # replacement characters) may still change; earlier replacement characters never will
+        for _ in range(3):
+            if end > self._sent and text[end - 1] == "\ufffd":
+                end -= 1
+        if end <= self._sent:
+            return ""
+        delta, self._sent = text[self._sent:end], end
+        return delta
