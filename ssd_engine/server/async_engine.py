@@ -1,0 +1,134 @@
+"""One engine loop shared by every connection: the engine steps on its own thread while requests
+are queued, every request's final-only text increments go back to its asyncio task, and a task
+that goes away (a client that disconnected) aborts its request, which frees its pages.
+
+The engine is only ever touched from the loop thread; the event loop only tokenizes and
+validates (`make_sequence`), so a bad request fails in its own handler and never reaches the loop."""
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from ssd_engine.engine.sequence import Sequence, SequenceStatus
+from ssd_engine.outputs import RequestOutput
+from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.streaming import TextIncrements
+
+log = logging.getLogger(__name__)
+
+
+class Overloaded(RuntimeError):
+    """More requests in flight than the configured limit."""
+
+
+@dataclass
+class Delta:
+    text: str
+    output: RequestOutput | None = None   # set on the last delta of a request
+
+
+@dataclass
+class _Request:
+    seq: Sequence
+    loop: asyncio.AbstractEventLoop
+    deltas: asyncio.Queue
+    increments: TextIncrements = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.increments = TextIncrements(self.seq)
+
+    def push(self, item) -> None:
+        self.loop.call_soon_threadsafe(self.deltas.put_nowait, item)
+
+
+class AsyncEngine:
+    def __init__(self, llm, max_pending: int = 256) -> None:
+        self.llm, self.engine, self.max_pending = llm, llm.engine, max_pending
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._live: dict[int, _Request] = {}
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="ssd-engine-loop", daemon=True)
+        self._thread.start()
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams) -> AsyncIterator[Delta]:
+        """Text increments of one request; the last one carries the RequestOutput. Raises
+        ValueError for a request that can never run and Overloaded when the queue is full."""
+        seq = self.engine.make_sequence(prompt, params)
+        with self._lock:
+            if self._in_flight >= self.max_pending:
+                raise Overloaded(f"{self._in_flight} requests in flight (limit {self.max_pending}); retry later")
+            self._in_flight += 1
+        request = _Request(seq, asyncio.get_running_loop(), asyncio.Queue())
+        self._send("add", request)
+        finished = False
+        try:
+            while True:
+                item = await request.deltas.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.output is not None:
+                    finished = True
+                    return
+        finally:
+            if not finished:
+                self._send("abort", request)
+            with self._lock:
+                self._in_flight -= 1
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _send(self, kind: str, request: _Request) -> None:
+        self._inbox.put((kind, request))
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._drain_inbox()
+            if not self.engine.has_unfinished():
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            try:
+                finished = self.engine.step()
+            except Exception as error:  # the engine itself failed: every live request gets the error
+                log.exception("engine step failed")
+                for request in self._live.values():
+                    self.engine.abort(request.seq)
+                    request.push(RuntimeError(f"engine failure: {error}"))
+                self._live.clear()
+                continue
+            self._publish(finished)
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, request = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._live[request.seq.seq_id] = request
+                self.engine.scheduler.add(request.seq)
+            elif self._live.pop(request.seq.seq_id, None) is not None:  # abort: the reader went away
+                self.engine.abort(request.seq)
+
+    def _publish(self, finished: list[Sequence]) -> None:
+        done = {seq.seq_id for seq in finished}
+        for seq_id, request in list(self._live.items()):
+            seq = request.seq
+            if seq_id in done or seq.status == SequenceStatus.FINISHED:
+                output = self.engine.to_output(seq)
+                request.push(Delta(request.increments.rest(output.text), output))
+                del self._live[seq_id]
+            else:
+                delta = request.increments.delta(self.engine.output_processor.text(seq))
+                if delta:
+                    request.push(Delta(delta))

@@ -1,0 +1,132 @@
+"""The OpenAI-compatible server, live on 127.0.0.1 (a kernel-picked port), through the official
+`openai` client: greedy answers equal LLM.generate's, streams join to them and end with [DONE],
+many concurrent streams neither lose nor duplicate tokens, a disconnecting client frees its
+pages, and bad requests get OpenAI-shaped errors."""
+import asyncio
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+import uvicorn
+
+from ssd_engine import LLM, SamplingParams
+from ssd_engine.server.async_engine import AsyncEngine
+from ssd_engine.server.openai_api import build_app
+
+PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "1, 2, 3,"]
+NAME = "tiny"
+
+
+@pytest.fixture(scope="module")
+def served(tiny_qwen2):
+    llm = LLM(tiny_qwen2, max_num_seqs=8, num_kv_blocks=256)
+    params = SamplingParams(temperature=0, max_tokens=12)
+    offline = {p: o.text for p, o in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False))}
+    engine = AsyncEngine(llm, max_pending=64)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, NAME), log_level="warning"))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+    yield client, engine, offline, port
+    server.should_exit = True
+    thread.join(timeout=10)
+    engine.close()
+    llm.close()
+
+
+def test_completion_equals_offline_generate(served):
+    client, _, offline, _ = served
+    for prompt in PROMPTS:
+        out = client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0)
+        assert out.choices[0].text == offline[prompt]
+        assert out.choices[0].finish_reason in ("length", "stop") and out.usage.completion_tokens <= 12
+
+
+def test_stream_joins_to_the_same_text_and_carries_usage(served):
+    client, _, offline, _ = served
+    chunks = list(client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=12, temperature=0, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == offline[PROMPTS[1]]
+    assert chunks[-1].choices[0].finish_reason is not None and chunks[-1].usage.total_tokens > 0
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_stop_string(served):
+    client, _, offline, _ = served
+    text = offline[PROMPTS[0]]
+    stop = text[4:6]
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=12, temperature=0, stop=[stop])
+    assert out.choices[0].text == text[:text.find(stop)] and out.choices[0].finish_reason == "stop"
+
+
+def test_concurrent_streams_each_complete_exactly(served):
+    client, engine, offline, port = served
+    async_client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+
+    async def one(prompt):
+        stream = await async_client.completions.create(model=NAME, prompt=prompt, max_tokens=12, temperature=0,
+                                                       stream=True)
+        return prompt, "".join([c.choices[0].text async for c in stream])
+
+    async def all_of_them():
+        return await asyncio.wait_for(asyncio.gather(*(one(PROMPTS[i % 4]) for i in range(32))), timeout=120)
+    for prompt, text in asyncio.run(all_of_them()):
+        assert text == offline[prompt]
+
+
+def test_disconnect_mid_stream_frees_pages(served):
+    _, engine, _, port = served
+    free = engine.engine.block_manager.num_free_blocks
+    body = json.dumps({"model": NAME, "prompt": PROMPTS[2], "max_tokens": 400, "temperature": 0, "stream": True,
+                       "ignore_eos": True}).encode()
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
+    response = urllib.request.urlopen(request, timeout=30)
+    response.readline()  # the first chunk arrived: the request is running
+    assert engine.engine.has_unfinished() and engine.engine.block_manager.num_free_blocks < free
+    response.close()     # the client goes away
+    deadline = time.time() + 30
+    while engine.engine.block_manager.num_free_blocks != free or engine.engine.has_unfinished():
+        assert time.time() < deadline, "the disconnected request's pages never came back"
+        time.sleep(0.05)
+
+
+def _post(port, path, raw: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", raw, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+@pytest.mark.parametrize("raw, status, needle", [
+    (b'{"model": "tiny", "prompt": "x"', 400, "malformed JSON"),
+    (json.dumps({"model": "other", "prompt": "x"}).encode(), 404, "'other' does not exist"),
+    (json.dumps({"model": NAME, "prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"model": NAME, "prompt": "x", "logprobs": 2}).encode(), 400, "unsupported field 'logprobs'"),
+    (json.dumps({"model": NAME, "prompt": "x", "n": 2}).encode(), 400, "'n'"),
+    (json.dumps({"model": NAME, "prompt": "x " * 2000, "max_tokens": 4}).encode(), 400, "more than max_model_len"),
+], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "n-2", "prompt-too-long"])
+def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle):
+    _, _, _, port = served
+    code, body = _post(port, "/v1/completions", raw)
+    assert code == status and needle in body["error"]["message"], body
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    code, body = _post(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "ok", "max_tokens": 2}).encode())
+    assert code == 200  # the server still answers
+
+
+def test_models_and_health(served):
+    client, _, _, port = served
+    assert [m.id for m in client.models.list()] == [NAME]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
+        assert json.loads(response.read()) == {"status": "ok"}
