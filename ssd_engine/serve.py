@@ -29,7 +29,12 @@ def main(argv: list[str] | None = None) -> None:
         llm = LLM(**engine_options(args))
     except ValueError as error:
         fail(str(error))
-    name = args.served_model_name or os.path.basename(os.path.normpath(llm.config.model))
+    if llm.config.model is None:  # the built-in pair
+        from ssd_engine.default_models import resolve_default_model
+        model_path = resolve_default_model("target")
+    else:
+        model_path = llm.config.model
+    name = args.served_model_name or os.path.basename(os.path.normpath(model_path))
     engine = AsyncEngine(llm, max_pending=args.max_pending)
     try:
         uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level="info")

@@ -20,6 +20,8 @@ from ssd_engine.server.openai_api import build_app
 
 PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "1, 2, 3,"]
 NAME = "tiny"
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."}]
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +29,9 @@ def served(tiny_qwen2):
     llm = LLM(tiny_qwen2, max_num_seqs=8, num_kv_blocks=256)
     params = SamplingParams(temperature=0, max_tokens=12)
     offline = {p: o.text for p, o in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False))}
+    llm.tokenizer.chat_template = CHAT_TEMPLATE  # the byte-level test tokenizer ships none
+    chat_prompt = llm.tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
+    offline["chat"] = llm.generate([chat_prompt], params, use_tqdm=False)[0].text
     engine = AsyncEngine(llm, max_pending=64)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -58,6 +63,15 @@ def test_stream_joins_to_the_same_text_and_carries_usage(served):
     assert "".join(c.choices[0].text for c in chunks) == offline[PROMPTS[1]]
     assert chunks[-1].choices[0].finish_reason is not None and chunks[-1].usage.total_tokens > 0
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
+
+
+def test_chat_uses_the_template_and_streams_deltas(served):
+    client, _, offline, _ = served
+    out = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12, temperature=0)
+    assert out.choices[0].message.content == offline["chat"] and out.choices[0].message.role == "assistant"
+    chunks = list(client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12, temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == offline["chat"]
+    assert chunks[-1].usage.completion_tokens == out.usage.completion_tokens
 
 
 def test_stop_string(served):
@@ -130,3 +144,27 @@ def test_models_and_health(served):
     assert [m.id for m in client.models.list()] == [NAME]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=10) as response:
         assert json.loads(response.read()) == {"status": "ok"}
+
+
+def test_serve_cli_starts_answers_and_stops_cleanly(tiny_qwen2):
+    import os
+    import re
+    import signal
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", tiny_qwen2, "--port", "0",
+                             "--served-model-name", "cli-tiny"], stderr=subprocess.PIPE, text=True)
+    try:
+        port = None
+        deadline = time.time() + 120
+        while port is None and time.time() < deadline:
+            line = proc.stderr.readline()
+            if match := re.search(r"running on http://127\.0\.0\.1:(\d+)", line):
+                port = int(match.group(1))
+        assert port, "the server never said where it listens"
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        assert client.completions.create(model="cli-tiny", prompt="hi", max_tokens=3).usage.completion_tokens >= 1
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 0
+    assert not os.path.exists(f"/proc/{proc.pid}")
