@@ -168,3 +168,43 @@ def test_serve_cli_starts_answers_and_stops_cleanly(tiny_qwen2):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=60) == 0
     assert not os.path.exists(f"/proc/{proc.pid}")
+
+
+def test_metrics_count_requests_tokens_and_errors(served):
+    client, _, _, port = served
+    def scrape() -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/plain")
+            lines = response.read().decode().splitlines()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in lines if line and line[0] != "#"}
+    before = scrape()
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=5, temperature=0,
+                                    extra_body={"ignore_eos": True})
+    assert out.usage.completion_tokens == 5
+    _post(port, "/v1/completions", json.dumps({"model": "nope", "prompt": "x"}).encode())
+    after = scrape()
+    assert after['ssd_requests_total{finish_reason="length"}'] - before.get('ssd_requests_total{finish_reason="length"}', 0) == 1
+    assert after["ssd_generation_tokens_total"] - before.get("ssd_generation_tokens_total", 0) == 5
+    assert after['ssd_rejected_requests_total{status="404"}'] - before.get('ssd_rejected_requests_total{status="404"}', 0) == 1
+    assert after["ssd_time_to_first_token_seconds_count"] - before.get("ssd_time_to_first_token_seconds_count", 0) == 1
+    for name in ("ssd_spec_acceptance_rate", "ssd_cache_hit_rate", "ssd_draft_failures_total", "ssd_aborted_requests_total"):
+        assert name in after
+
+
+def test_past_the_pending_limit_requests_are_refused_not_queued(tiny_qwen2):
+    from ssd_engine.server.async_engine import Overloaded
+    with LLM(tiny_qwen2, max_num_seqs=2, num_kv_blocks=64) as llm:
+        engine = AsyncEngine(llm, max_pending=1)
+        params = SamplingParams(temperature=0, max_tokens=300, ignore_eos=True)
+
+        async def scenario():
+            first = engine.generate("hello", params)
+            await anext(first)  # in flight
+            with pytest.raises(Overloaded, match="limit 1"):
+                await anext(engine.generate("again", params))
+            await first.aclose()  # the reader goes away: aborted, its slot is free again
+            short = [d async for d in engine.generate("again", SamplingParams(temperature=0, max_tokens=3))]
+            return short[-1].output
+        output = asyncio.run(scenario())
+        assert output.metrics.num_output_tokens == 3 and engine.aborted == 1
+        engine.close()

@@ -52,6 +52,7 @@ class AsyncEngine:
         self._in_flight = 0
         self._lock = threading.Lock()
         self._stopping = False
+        self.aborted = 0  # requests whose reader went away before they finished
         self._thread = threading.Thread(target=self._loop, name="ssd-engine-loop", daemon=True)
         self._thread.start()
 
@@ -77,16 +78,24 @@ class AsyncEngine:
                     return
         finally:
             if not finished:
+                self.aborted += 1
                 self._send("abort", request)
             with self._lock:
                 self._in_flight -= 1
+
+    async def snapshot(self) -> dict:
+        """The engine's speculation metrics, read on the loop thread between steps."""
+        loop, future = asyncio.get_running_loop(), None
+        future = loop.create_future()
+        self._send("snapshot", (loop, future))
+        return await future
 
     def close(self) -> None:
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=30)
 
-    def _send(self, kind: str, request: _Request) -> None:
+    def _send(self, kind: str, request) -> None:
         self._inbox.put((kind, request))
         self._wake.set()
 
@@ -114,7 +123,11 @@ class AsyncEngine:
                 kind, request = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
+            if kind == "snapshot":
+                loop, future = request
+                summary = self.llm.speculation_metrics()
+                loop.call_soon_threadsafe(lambda f=future, v=summary: f.done() or f.set_result(v))
+            elif kind == "add":
                 self._live[request.seq.seq_id] = request
                 self.engine.scheduler.add(request.seq)
             elif self._live.pop(request.seq.seq_id, None) is not None:  # abort: the reader went away

@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API over one AsyncEngine: /v1/completions, /v1/chat/completions
-(the model's chat template), /v1/models, /health. Streaming answers are Server-Sent Events in
+(the model's chat template), /v1/models, /health, /metrics (Prometheus). Streaming answers are Server-Sent Events in
 OpenAI's chunk format ending with `data: [DONE]`; the last chunk carries `usage`. Errors have
 OpenAI's shape {"error": {"message", "type", "param", "code"}}; fields this server does not
 implement are rejected with a 400 naming them, never ignored."""
@@ -10,11 +10,13 @@ from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict
 
 from ssd_engine.sampling_params import SamplingParams
 from ssd_engine.server.async_engine import AsyncEngine, Overloaded
+from ssd_engine.server.metrics import ServerMetrics
 
 
 class _Sampling(BaseModel):
@@ -60,17 +62,26 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
 def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     app = FastAPI(title="ssd_engine")
     tokenizer = engine.llm.tokenizer
+    metrics = ServerMetrics()
+
+    def reject(status: int, message: str, **fields) -> JSONResponse:
+        metrics.rejected.labels(str(status)).inc()
+        return error(status, message, **fields)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         if first.get("type") == "json_invalid":
-            return error(400, f"malformed JSON: {first.get('msg')}", code="malformed_json")
+            return reject(400, f"malformed JSON: {first.get('msg')}", code="malformed_json")
         if first.get("type") == "extra_forbidden":
-            return error(400, f"unsupported field {where!r}: this server does not implement it", param=where,
+            return reject(400, f"unsupported field {where!r}: this server does not implement it", param=where,
                          code="unsupported_field")
-        return error(400, f"invalid {where!r}: {first.get('msg')}", param=where or None)
+        return reject(400, f"invalid {where!r}: {first.get('msg')}", param=where or None)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(await engine.snapshot(), engine.aborted), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health() -> dict:
@@ -82,22 +93,23 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 
     async def _serve(body: _Sampling, prompt, kind: str):
         if body.model != model_name:
-            return error(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
+            return reject(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
                          param="model", code="model_not_found")
         try:
             params = body.params()
             stream = engine.generate(prompt, params)
             first = await anext(stream)  # validation and overload errors surface here, before any byte is sent
         except ValueError as exc:
-            return error(400, str(exc))
+            return reject(400, str(exc))
         except Overloaded as exc:
-            return error(503, str(exc), kind="server_overloaded", code="overloaded")
+            return reject(503, str(exc), kind="server_overloaded", code="overloaded")
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
             return StreamingResponse(_sse(first, stream, rid, created, kind), media_type="text/event-stream")
         text, output = first.text, first.output
         async for delta in stream:
             text, output = text + delta.text, delta.output
+        metrics.finished(output)
         return _response(rid, created, kind, text, output)
 
     def _choice(kind: str, text: str, finish: str | None, streaming: bool) -> dict:
@@ -131,6 +143,7 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
                      "choices": [_choice(kind, delta.text, delta.output.finish_reason if delta.output else None, True)]}
             if delta.output is not None:
                 chunk["usage"] = _usage(delta.output)
+                metrics.finished(delta.output)
             yield f"data: {json.dumps(chunk)}\n\n"
             if delta.output is not None:
                 break
@@ -144,7 +157,7 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat(body: ChatRequest):
         if not tokenizer.chat_template:
-            return error(400, f"model {model_name!r} has no chat template; use /v1/completions")
+            return reject(400, f"model {model_name!r} has no chat template; use /v1/completions")
         prompt = tokenizer.apply_chat_template([m.model_dump() for m in body.messages], tokenize=False,
                                                add_generation_prompt=True)
         return await _serve(body, prompt, "chat")
