@@ -91,10 +91,25 @@ def test_concurrent_streams_each_complete_exactly(served):
                                                        stream=True)
         return prompt, "".join([c.choices[0].text async for c in stream])
 
+    async def quitter():  # reads one chunk, then disconnects while the others stream
+        stream = await async_client.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=300, temperature=0,
+                                                       stream=True, extra_body={"ignore_eos": True})
+        async for _ in stream:
+            break
+        await stream.close()
+
     async def all_of_them():
-        return await asyncio.wait_for(asyncio.gather(*(one(PROMPTS[i % 4]) for i in range(32))), timeout=120)
-    for prompt, text in asyncio.run(all_of_them()):
+        jobs = [one(PROMPTS[i % 4]) for i in range(32)]
+        return await asyncio.wait_for(asyncio.gather(quitter(), *jobs), timeout=120)
+    free = engine.engine.block_manager.num_free_blocks
+    _, *results = asyncio.run(all_of_them())
+    assert len(results) == 32
+    for prompt, text in results:
         assert text == offline[prompt]
+    deadline = time.time() + 30
+    while engine.engine.has_unfinished() or engine.engine.block_manager.num_free_blocks != free:
+        assert time.time() < deadline, "pages did not return to the pool"
+        time.sleep(0.05)
 
 
 def test_disconnect_mid_stream_frees_pages(served):
@@ -207,4 +222,27 @@ def test_past_the_pending_limit_requests_are_refused_not_queued(tiny_qwen2):
             return short[-1].output
         output = asyncio.run(scenario())
         assert output.metrics.num_output_tokens == 3 and engine.aborted == 1
+        engine.close()
+
+
+def test_ssd_behind_the_server_gives_the_target_greedy_output(tiny_qwen2, tmp_path):
+    import sys
+    import os
+    sys.path.insert(0, os.path.dirname(__file__))
+    from tiny_checkpoints import build_checkpoint
+    draft = build_checkpoint(str(tmp_path / "draft"), "qwen2", seed=0, num_hidden_layers=1)
+    params = SamplingParams(temperature=0, max_tokens=10)
+    with LLM(tiny_qwen2, max_num_seqs=4) as reference:
+        offline = [o.text for o in reference.generate(PROMPTS, params, use_tqdm=False)]
+    with LLM(tiny_qwen2, draft_model=draft, speculative_mode="ssd", num_speculative_tokens=3, max_num_seqs=4,
+             cpu_cores="0;1") as llm:
+        engine = AsyncEngine(llm)
+
+        async def one(prompt):
+            return "".join([d.text async for d in engine.generate(prompt, params)])
+
+        async def all_of_them():
+            return await asyncio.gather(*(one(p) for p in PROMPTS))
+        assert asyncio.run(all_of_them()) == offline
+        assert llm.speculation_metrics()["rounds"] > 0
         engine.close()
