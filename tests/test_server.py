@@ -114,7 +114,7 @@ def test_concurrent_streams_each_complete_exactly(served):
 
 def test_disconnect_mid_stream_frees_pages(served):
     _, engine, _, port = served
-    free = engine.engine.block_manager.num_free_blocks
+    free, aborted = engine.engine.block_manager.num_free_blocks, engine.aborted
     body = json.dumps({"model": NAME, "prompt": PROMPTS[2], "max_tokens": 400, "temperature": 0, "stream": True,
                        "ignore_eos": True}).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"})
@@ -126,6 +126,7 @@ def test_disconnect_mid_stream_frees_pages(served):
     while engine.engine.block_manager.num_free_blocks != free or engine.engine.has_unfinished():
         assert time.time() < deadline, "the disconnected request's pages never came back"
         time.sleep(0.05)
+    assert engine.aborted == aborted + 1
 
 
 def _post(port, path, raw: bytes) -> tuple[int, dict]:
@@ -202,6 +203,10 @@ def test_metrics_count_requests_tokens_and_errors(served):
     assert after["ssd_generation_tokens_total"] - before.get("ssd_generation_tokens_total", 0) == 5
     assert after['ssd_rejected_requests_total{status="404"}'] - before.get('ssd_rejected_requests_total{status="404"}', 0) == 1
     assert after["ssd_time_to_first_token_seconds_count"] - before.get("ssd_time_to_first_token_seconds_count", 0) == 1
+    chunks = list(client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=4, temperature=0, stream=True))
+    assert chunks[-1].usage is not None
+    # a stream read to its end is not an abort; the request is counted once it finished
+    assert scrape()["ssd_aborted_requests_total"] == after["ssd_aborted_requests_total"]
     for name in ("ssd_spec_acceptance_rate", "ssd_cache_hit_rate", "ssd_draft_failures_total", "ssd_aborted_requests_total"):
         assert name in after
 

@@ -72,9 +72,9 @@ class AsyncEngine:
                 item = await request.deltas.get()
                 if isinstance(item, BaseException):
                     raise item
+                finished = item.output is not None  # before yielding: the reader may close us at the yield
                 yield item
-                if item.output is not None:
-                    finished = True
+                if finished:
                     return
         finally:
             if not finished:
