@@ -21,6 +21,7 @@ from ssd_engine.server.openai_api import build_app
 PROMPTS = ["hello world", "def f(x):", "The quick brown fox", "1, 2, 3,"]
 NAME = "tiny"
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+SAMPLED = dict(temperature=0.8, top_p=0.9, top_k=50, seed=7, max_tokens=12)
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."}]
 
 
@@ -29,6 +30,7 @@ def served(tiny_qwen2):
     llm = LLM(tiny_qwen2, max_num_seqs=8, num_kv_blocks=256)
     params = SamplingParams(temperature=0, max_tokens=12)
     offline = {p: o.text for p, o in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False))}
+    offline["sampled"] = llm.generate([PROMPTS[3]], SamplingParams(**SAMPLED), use_tqdm=False)[0].text
     llm.tokenizer.chat_template = CHAT_TEMPLATE  # the byte-level test tokenizer ships none
     chat_prompt = llm.tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
     offline["chat"] = llm.generate([chat_prompt], params, use_tqdm=False)[0].text
@@ -72,6 +74,14 @@ def test_chat_uses_the_template_and_streams_deltas(served):
     chunks = list(client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12, temperature=0, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == offline["chat"]
     assert chunks[-1].usage.completion_tokens == out.usage.completion_tokens
+
+
+def test_seeded_sampling_reproduces_the_offline_sample(served):
+    client, _, offline, _ = served
+    for _ in range(2):
+        out = client.completions.create(model=NAME, prompt=PROMPTS[3], **{k: v for k, v in SAMPLED.items() if k != "top_k"},
+                                        extra_body={"top_k": SAMPLED["top_k"]})
+        assert out.choices[0].text == offline["sampled"]
 
 
 def test_stop_string(served):
