@@ -261,3 +261,15 @@ def test_ssd_behind_the_server_gives_the_target_greedy_output(tiny_qwen2, tmp_pa
         assert asyncio.run(all_of_them()) == offline
         assert llm.speculation_metrics()["rounds"] > 0
         engine.close()
+
+
+def test_overload_is_a_503_in_openai_shape(tiny_qwen2):
+    from fastapi.testclient import TestClient
+    with LLM(tiny_qwen2, max_num_seqs=2, num_kv_blocks=32) as llm:
+        engine = AsyncEngine(llm, max_pending=0)  # every request is one too many
+        with TestClient(build_app(engine, NAME)) as http:
+            response = http.post("/v1/completions", json={"model": NAME, "prompt": "hi", "max_tokens": 2})
+            assert response.status_code == 503
+            assert response.json()["error"]["type"] == "server_overloaded" and "limit 0" in response.json()["error"]["message"]
+            assert http.get("/health").json() == {"status": "ok"}
+        engine.close()
