@@ -5,7 +5,7 @@ import copy
 import time
 
 from suite.probe import best_of
-from suite.measure import Request, batches, cell, engine_peaks, merge_peaks, own_peak_gb, pin
+from suite.measure import Request, batches, cell, engine_peaks, merge_peaks, pin
 
 SSD_KEYS = ("cache_hit_rate", "cache_hit_rate_warm", "acceptance_on_hits", "acceptance_on_misses",
             "speculations_by_source", "draft_failures", "draft_build_s_per_round", "coordinator_wait_s_per_round",
@@ -127,7 +127,7 @@ def run_ssd(opts, prompt_sets: dict, progress) -> dict:
                  **_engine_options(opts, True), **extra) as llm:
             rows += _cells(llm, opts, prompt_sets, "ssd", k, progress)
             peaks = merge_peaks(peaks, engine_peaks(llm))
-    return {"rows": rows, "costs": {}, "peaks": merge_peaks(peaks, {"engine": own_peak_gb()})}
+    return {"rows": rows, "costs": {}, "peaks": peaks}
 
 
 def forward_costs(runner, blocks, config, opts, sizes: list[int]) -> dict[int, float]:

@@ -85,7 +85,7 @@ class AsyncEngine:
 
     async def snapshot(self) -> dict:
         """The engine's speculation metrics, read on the loop thread between steps."""
-        loop, future = asyncio.get_running_loop(), None
+        loop = asyncio.get_running_loop()
         future = loop.create_future()
         self._send("snapshot", (loop, future))
         return await future
@@ -107,7 +107,7 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             try:
-                finished = self.engine.step()
+                self.engine.step()
             except Exception as error:  # the engine itself failed: every live request gets the error
                 log.exception("engine step failed")
                 for request in self._live.values():
@@ -115,7 +115,7 @@ class AsyncEngine:
                     request.push(RuntimeError(f"engine failure: {error}"))
                 self._live.clear()
                 continue
-            self._publish(finished)
+            self._publish()
 
     def _drain_inbox(self) -> None:
         while True:
@@ -133,11 +133,10 @@ class AsyncEngine:
             elif self._live.pop(request.seq.seq_id, None) is not None:  # abort: the reader went away
                 self.engine.abort(request.seq)
 
-    def _publish(self, finished: list[Sequence]) -> None:
-        done = {seq.seq_id for seq in finished}
+    def _publish(self) -> None:
         for seq_id, request in list(self._live.items()):
             seq = request.seq
-            if seq_id in done or seq.status == SequenceStatus.FINISHED:
+            if seq.status == SequenceStatus.FINISHED:
                 output = self.engine.to_output(seq)
                 request.push(Delta(request.increments.rest(output.text), output))
                 del self._live[seq_id]

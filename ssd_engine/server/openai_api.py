@@ -128,27 +128,23 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
                 "model": model_name, "choices": [_choice(kind, text, output.finish_reason, False)],
                 "usage": _usage(output)}
 
-    async def _sse(first, stream, rid, created, kind):
+    async def _sse(delta, stream, rid, created, kind):
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        delta = first
         try:
-            async for chunk in _chunks(delta, stream, rid, created, obj, kind):
-                yield chunk
+            while True:
+                chunk = {"id": rid, "object": obj, "created": created, "model": model_name,
+                         "choices": [_choice(kind, delta.text, delta.output.finish_reason if delta.output else None,
+                                             True)]}
+                if delta.output is not None:
+                    chunk["usage"] = _usage(delta.output)
+                    metrics.finished(delta.output)
+                yield f"data: {json.dumps(chunk)}\n\n"
+                if delta.output is not None:
+                    break
+                delta = await anext(stream)
+            yield "data: [DONE]\n\n"
         finally:  # also when the client disconnected mid-stream: the request is aborted now
             await stream.aclose()
-
-    async def _chunks(delta, stream, rid, created, obj, kind):
-        while True:
-            chunk = {"id": rid, "object": obj, "created": created, "model": model_name,
-                     "choices": [_choice(kind, delta.text, delta.output.finish_reason if delta.output else None, True)]}
-            if delta.output is not None:
-                chunk["usage"] = _usage(delta.output)
-                metrics.finished(delta.output)
-            yield f"data: {json.dumps(chunk)}\n\n"
-            if delta.output is not None:
-                break
-            delta = await anext(stream)
-        yield "data: [DONE]\n\n"
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
