@@ -9,7 +9,8 @@ import torch
 from dataclasses import dataclass, fields
 
 SPECULATIVE_MODES = ("ar", "sd", "ssd")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
 SSD_FALLBACKS = ("auto", "jit", "fast")
 FANOUT_RULES = ("auto", "geometric", "uniform")
@@ -29,10 +30,13 @@ class EngineConfig:
     num_kv_blocks: int | None = None         # KV pages; None = derived from kv_cache_memory_gb
     kv_cache_memory_gb: float = 1.0
     enable_prefix_caching: bool = True
-    dtype: str = "float32"
+    dtype: str = "auto"                      # auto = bfloat16 on CUDA, float32 on CPU (no bf16 units on AVX2)
     device: str = "cpu"
     num_threads: int | None = None           # torch intra-op threads; None = torch's default
-    enforce_eager: bool = False              # True: plain weights, no prepacking/compilation
+    enforce_eager: bool = False              # True: plain weights, no prepacking, no CUDA graphs
+    attention_backend: str = "auto"          # auto (CUDA: flash-attn if importable and pages fit, else triton;
+                                             # CPU: torch) | torch (reference) | triton | flash-attn
+    cuda_graph_max_batch: int = 64           # CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this
     cpu_weight_layout: str = "auto"          # auto | dual | packed | plain: see layers/linear.py
     seed: int = 0                            # seeds unseeded sampling
     tensor_parallel_size: int = 1            # target ranks: rank 0 here, 1..N-1 spawned (or joined via torchrun)
@@ -94,8 +98,12 @@ class EngineConfig:
         _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
         _check(self.device == "cpu" or self.device.startswith("cuda"),
                f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", "float32" if self.device == "cpu" else "bfloat16")
+        _check(self.attention_backend in ATTENTION_BACKENDS,
+               f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "tensor_parallel_size"):
+                     "tensor_parallel_size", "cuda_graph_max_batch"):
             value = getattr(self, name)
             _check(_is_int(value) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
         for name in ("max_model_len", "num_kv_blocks", "num_threads"):

@@ -21,16 +21,17 @@ def test_cuda_greedy_matches_transformers(tiny_model_dir, arch):
     expected = [oracle.generate(torch.tensor([p], device="cuda"), max_new_tokens=48, do_sample=False,
                                 eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-    with LLM(path, device="cuda") as llm:
+    with LLM(path, device="cuda", dtype="float32") as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
     draft = tiny_model_dir(arch, seed=1, num_hidden_layers=1)
-    with LLM(path, device="cuda", draft_model=draft, speculative_mode="sd", num_speculative_tokens=3) as llm:
+    with LLM(path, device="cuda", dtype="float32", draft_model=draft, speculative_mode="sd",
+             num_speculative_tokens=3) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
 
 
 def test_cuda_seeded_sampling_reproducible(tiny_qwen2):
     params = SamplingParams(temperature=1.0, top_p=0.9, seed=7, max_tokens=16, ignore_eos=True)
-    with LLM(tiny_qwen2, device="cuda") as llm:
+    with LLM(tiny_qwen2, device="cuda", dtype="float32") as llm:
         alone = llm.generate([PROMPTS[0]], params, use_tqdm=False)[0].token_ids
         batch = llm.generate(PROMPTS, [params, SamplingParams(max_tokens=16), SamplingParams(max_tokens=16)],
                              use_tqdm=False)
@@ -45,7 +46,8 @@ def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout):
     expected = [oracle.generate(torch.tensor([p], device="cuda"), max_new_tokens=48, do_sample=False,
                                 eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
-    with LLM(path, device="cuda", draft_model=path, num_speculative_tokens=3, ssd_fanout=fanout) as llm:
+    with LLM(path, device="cuda", dtype="float32", draft_model=path, num_speculative_tokens=3,
+             ssd_fanout=fanout) as llm:
         assert llm.config.speculative_mode == "ssd"
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         metrics = llm.speculation_metrics()

@@ -17,7 +17,7 @@ from ssd_engine.spec.draft_server import new_server, scratch_slots
 from ssd_engine.spec.payload import (COMPACT, FAST, FULL, HIT, JIT, NONE, ONE_HOT, REQUEST_CAPACITY, DraftParams,
                                      Entry, Request, Speculation, pack_reply, pack_request, q_words, unpack_reply,
                                      unpack_request, _q_mode)
-from ssd_engine.spec.tree_mask import branch_mask, branch_metadata
+from ssd_engine.spec.tree_mask import branch_metadata
 
 # --------------------------------------------------------------------------- payload
 
@@ -72,26 +72,33 @@ def test_reply_round_trip_every_q_mode():
 # --------------------------------------------------------------------------- tree mask
 
 
-def test_branch_mask_sees_its_trunk_prefix_and_own_path_only():
+def test_branch_metadata_dense_view_sees_its_trunk_prefix_and_own_path_only():
+    tables = torch.tensor([[0, 1]], dtype=torch.int32)  # one sequence, pages 0 and 1 of 4 slots
     visible = torch.tensor([2, 5, 0])
-    mask = branch_mask(visible, trunk_width=6, k=3, step=1)[:, 0]
+    scratch = torch.tensor([[20, 21, 22], [23, 24, 25], [26, 27, 28]])
+    meta = branch_metadata(tables, torch.tensor([0, 0, 0]), visible, 6, scratch, step=1, block_size=4)
+    dense = meta.dense()
+    mask = dense.mask[:, 0]
     assert mask.shape == (3, 9)
+    assert dense.gather_slots[1].tolist() == [0, 1, 2, 3, 4, 5, 23, 24, 25]
     assert mask[0].tolist() == [1, 1, 0, 0, 0, 0, 1, 1, 0]
     assert mask[1].tolist() == [1, 1, 1, 1, 1, 0, 1, 1, 0]
     assert mask[2].tolist() == [0, 0, 0, 0, 0, 0, 1, 1, 0]
 
 
 def test_branch_metadata_never_reaches_a_sibling():
-    trunk_slots = torch.tensor([[0, 1, 2, 3, 4], [16, 17, 18, 0, 0]])
+    tables = torch.tensor([[0, 1], [4, 0]], dtype=torch.int32)  # pages of 4 slots
+    trunk_slots = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [16, 17, 18, 19, 0, 0, 0, 0]])
     seq_of_branch = torch.tensor([0, 0, 1, 1])
     visible = torch.tensor([3, 5, 2, 3])
     k = 4
     scratch = (100 + torch.arange(4 * k)).view(4, k)
     for step in range(k):
-        meta = branch_metadata(trunk_slots, seq_of_branch, visible, scratch, step)
+        meta = branch_metadata(tables, seq_of_branch, visible, 5, scratch, step, block_size=4)
         assert torch.equal(meta.slot_mapping, scratch[:, step])
+        dense = meta.dense()
         for r in range(4):
-            seen = set(meta.gather_slots[r][meta.mask[r, 0]].tolist())
+            seen = set(dense.gather_slots[r][dense.mask[r, 0]].tolist())
             trunk = set(trunk_slots[seq_of_branch[r], :visible[r]].tolist())
             path = set(scratch[r, :step + 1].tolist())
             assert seen == trunk | path  # every branch sees its trunk prefix and its own path ...

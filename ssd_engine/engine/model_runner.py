@@ -15,6 +15,7 @@ from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.scheduler import ScheduledBatch
 from ssd_engine.layers.attention import AttentionMetadata
+from ssd_engine.layers.attention_backends import select_backend
 from ssd_engine.layers.linear import Linear
 from ssd_engine.models.loader import build_model, load_config
 
@@ -51,6 +52,7 @@ class RunnerSpec:
     dtype: str
     device: str            # rank 0's; rank r on CUDA takes the r-th GPU after it
     weight_layout: str
+    attention_backend: str = "auto"
 
     def build(self, tp: TPGroup | None = None) -> "ModelRunner":
         tp = tp or TPGroup.single()
@@ -59,13 +61,14 @@ class RunnerSpec:
             device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
         return ModelRunner(self.model_path, load_config(self.model_path), num_kv_blocks=self.num_kv_blocks,
                            block_size=self.block_size, max_model_len=self.max_model_len, dtype=DTYPES[self.dtype],
-                           device=device, weight_layout=self.weight_layout, tp=tp)
+                           device=device, weight_layout=self.weight_layout, tp=tp,
+                           attention_backend=self.attention_backend)
 
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_model_len: int,
                  dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
-                 tp: TPGroup | None = None) -> None:
+                 tp: TPGroup | None = None, attention_backend: str = "auto") -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
@@ -77,6 +80,9 @@ class ModelRunner:
                     tied = module is self.model.lm_head and self.model.tie_word_embeddings
                     module.pack_for_cpu(keep_plain=weight_layout == "dual" or tied)
         self._allocate_kv_cache(num_kv_blocks)
+        self.attention_backend = select_backend(attention_backend, device, block_size)
+        for layer in self.model.model.layers:
+            layer.self_attn.attn.backend = self.attention_backend
 
     @staticmethod
     def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
@@ -98,27 +104,23 @@ class ModelRunner:
     def prepare(self, inputs: StepInputs):
         """Flat input ids and positions plus the attention metadata of one step."""
         bs, dev = self.block_size, self.device
-        starts, lens = inputs.starts, [len(fed) for fed in inputs.token_ids]
-        ids, positions = [], []
-        for start, fed in zip(starts, inputs.token_ids):
+        ids, positions, slots, kv_lens, query_start = [], [], [], [], [0]
+        for start, fed, table in zip(inputs.starts, inputs.token_ids, inputs.block_tables):
+            end = start + len(fed)
             ids.extend(fed)
-            positions.extend(range(start, start + len(fed)))
-        max_q, context = max(lens), [s + n for s, n in zip(starts, lens)]
-        max_ctx = max(context)
-        max_pages = (max_ctx + bs - 1) // bs
-        tables = torch.tensor([table[:max_pages] + [0] * (max_pages - len(table[:max_pages]))
-                               for table in inputs.block_tables], dtype=torch.long)
-        num_seqs = len(starts)
-        gather = (tables[:, :, None] * bs + torch.arange(bs)).view(num_seqs, -1)[:, :max_ctx]
-        pos = torch.tensor(positions, dtype=torch.long)
-        seq_index = torch.repeat_interleave(torch.arange(num_seqs), torch.tensor(lens))
-        slot_mapping = gather[seq_index, pos]
-        offsets = torch.cat([torch.arange(n) for n in lens])
-        token_to_padded = seq_index * max_q + offsets
-        q_pos = torch.tensor(starts)[:, None] + torch.arange(max_q)[None, :]
-        mask = torch.arange(max_ctx)[None, None, :] <= q_pos[:, :, None]
-        meta = AttentionMetadata(slot_mapping.to(dev), gather.to(dev), token_to_padded.to(dev), mask.to(dev), max_q)
-        return torch.tensor(ids, dtype=torch.long, device=dev), pos.to(dev), meta
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            kv_lens.append(end)
+            query_start.append(query_start[-1] + len(fed))
+        max_kv = max(kv_lens)
+        pages = -(-max_kv // bs)
+        tables = [table[:pages] + [0] * (pages - len(table[:pages])) for table in inputs.block_tables]
+        as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=dev)
+        meta = AttentionMetadata(
+            slot_mapping=as_tensor(slots, torch.long), block_tables=as_tensor(tables, torch.int32),
+            kv_lens=as_tensor(kv_lens, torch.int32), query_start=as_tensor(query_start, torch.int32),
+            max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
+        return as_tensor(ids, torch.long), as_tensor(positions, torch.long), meta
 
     def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids=None):
         """Run the batch; return logits [R, V] (fp32) for the rows named by `logit_rows[i]`

@@ -1,14 +1,16 @@
 """Paged attention through one backend interface.
 
-The torch reference backend reads K/V through per-sequence slot tables (block tables expanded
-to token slots) and takes an explicit boolean mask, so the same code serves prefill (causal over
-cached prefix + new tokens), decode, verification of K+1 tokens, and tree attention (any mask).
-It runs on CPU and CUDA; a faster backend only has to honour the same AttentionMetadata. On CUDA,
-steps with one query per row (decode, SSD tree branches) use the Triton kernel in
-`kernels/tree_attention.py` when triton is installed (SSD_ENGINE_TRITON=0 keeps the reference).
+Every step describes its attention with compact metadata (block tables, key counts, query offsets,
+and for SSD tree-branch steps each branch's trunk row, fork point and own path slots); no backend
+is handed a dense mask. Backends (`layers/attention_backends.py`):
+- `torch`: the reference. Expands the metadata once per step into slot tables and a boolean mask
+  (`AttentionMetadata.dense`) and runs SDPA; the CPU path, and the oracle for the others.
+- `triton`: `kernels/paged_attention.py`, masks generated in the kernel; the CUDA default.
+- `flash-attn`: flash_attn_with_kvcache for paged steps when it is importable (tree steps stay
+  on Triton).
 """
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -16,12 +18,76 @@ from torch import nn
 
 
 @dataclass
+class DenseView:
+    """The metadata expanded for the torch reference: padded [R, Lq] query grid over [R, L] keys."""
+    gather_slots: torch.Tensor     # [R, L] cache slot of each key each row may read (padded)
+    token_to_padded: torch.Tensor  # [T] index of each query token in the padded [R * Lq] grid
+    mask: torch.Tensor             # [R, Lq, L] True where the query may attend the key
+
+
+@dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor     # [T] cache slot each new token's K/V is written to
-    gather_slots: torch.Tensor     # [B, L] cache slots of each sequence's context (padded)
-    token_to_padded: torch.Tensor  # [T] index of each new token in the padded [B * Lq] query grid
-    mask: torch.Tensor             # [B, Lq, L] True where query may attend key
+    block_tables: torch.Tensor     # [R, P] int32 KV pages of each row (tree steps: of each sequence)
+    kv_lens: torch.Tensor          # [R] int32 paged keys of each row (tree steps: the trunk keys a branch sees)
+    query_start: torch.Tensor      # [R + 1] int32 offsets of each row's queries among the T tokens
     max_query_len: int
+    max_kv_len: int                # host copy of kv_lens.max(), so the reference needs no device sync
+    block_size: int
+    table_rows: torch.Tensor | None = None  # tree steps: [R] block-table row (sequence) of each branch
+    path_slots: torch.Tensor | None = None  # tree steps: [R, K] cache slots of each branch's own path
+    path_len: int = 0                       # tree steps: how many path slots are visible (step + 1)
+    _dense: DenseView | None = field(default=None, repr=False)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.table_rows is not None
+
+    def dense(self) -> DenseView:
+        """Expanded once per step (every layer shares it)."""
+        if self._dense is None:
+            self._dense = _expand(self)
+        return self._dense
+
+
+def _expand(meta: AttentionMetadata) -> DenseView:
+    bs, dev = meta.block_size, meta.kv_lens.device
+    rows, width, max_q = meta.kv_lens.shape[0], meta.max_kv_len, meta.max_query_len
+    tables = meta.block_tables if meta.table_rows is None else meta.block_tables[meta.table_rows.long()]
+    pages = -(-width // bs)
+    gather = (tables[:, :pages].long()[:, :, None] * bs + torch.arange(bs, device=dev)).view(rows, -1)[:, :width]
+    starts = meta.query_start.long()
+    q_lens = starts[1:] - starts[:-1]
+    limit = (meta.kv_lens.long() - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :] + 1
+    mask = torch.arange(width, device=dev)[None, None, :] < limit[:, :, None]   # causal, [R, Lq, L]
+    if meta.path_slots is not None:  # tree: then the branch's own path, its first path_len slots
+        k = meta.path_slots.shape[1]
+        path = (torch.arange(k, device=dev) < meta.path_len).expand(rows, max_q, k)
+        gather = torch.cat([gather, meta.path_slots.long()], dim=1)
+        mask = torch.cat([mask, path], dim=2)
+    tokens = meta.slot_mapping.shape[0]
+    seq_index = torch.repeat_interleave(torch.arange(rows, device=dev), q_lens, output_size=tokens)
+    token_to_padded = seq_index * max_q + torch.arange(tokens, device=dev) - starts[seq_index]
+    return DenseView(gather, token_to_padded, mask)
+
+
+def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                    scale: float) -> torch.Tensor:
+    """The reference backend: gather each row's keys, SDPA with the explicit mask. -> [T, Hq, D]."""
+    dense = meta.dense()
+    rows, lq = dense.mask.shape[0], meta.max_query_len
+    heads, dim = q.shape[1], q.shape[2]
+    keys = k_cache[dense.gather_slots].transpose(1, 2)    # [R, Hk, L, D]
+    values = v_cache[dense.gather_slots].transpose(1, 2)
+    padded = q.new_zeros(rows * lq, heads, dim)
+    padded[dense.token_to_padded] = q
+    queries = padded.view(rows, lq, heads, dim).transpose(1, 2)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=dense.mask.unsqueeze(1), scale=scale,
+                                         enable_gqa=heads != k_cache.shape[1])
+    return out.transpose(1, 2).reshape(rows * lq, heads, dim)[dense.token_to_padded]
+
+
+Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
 
 
 class Attention(nn.Module):
@@ -31,38 +97,11 @@ class Attention(nn.Module):
         # bound by the model runner to this layer's slice of the paged cache: [num_slots, Hk, D]
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
+        self.backend: Backend = torch_attention  # the model runner picks the step's backend
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq * D]."""
         self.k_cache[meta.slot_mapping] = k
         self.v_cache[meta.slot_mapping] = v
-        if meta.max_query_len == 1 and q.is_cuda and _triton_kernel() is not None:
-            out = _triton_kernel()(q, self.k_cache, self.v_cache, meta.gather_slots, meta.mask[:, 0], self.scale)
-            return out.reshape(q.shape[0], self.num_heads * self.head_dim)
-        batch, lq = meta.mask.shape[0], meta.max_query_len
-        keys = self.k_cache[meta.gather_slots].transpose(1, 2)    # [B, Hk, L, D]
-        values = self.v_cache[meta.gather_slots].transpose(1, 2)
-        padded = q.new_zeros(batch * lq, self.num_heads, self.head_dim)
-        padded[meta.token_to_padded] = q
-        queries = padded.view(batch, lq, self.num_heads, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.mask.unsqueeze(1),
-                                             scale=self.scale, enable_gqa=self.num_heads != self.num_kv_heads)
-        out = out.transpose(1, 2).reshape(batch * lq, self.num_heads * self.head_dim)
-        return out[meta.token_to_padded]
-
-
-_KERNEL: list = []
-
-
-def _triton_kernel():
-    """The Triton masked-gather decode kernel, or None (no triton, or disabled)."""
-    if not _KERNEL:
-        kernel = None
-        if os.environ.get("SSD_ENGINE_TRITON", "1") != "0":
-            try:
-                from kernels.tree_attention import masked_gather_attention, triton
-                kernel = masked_gather_attention if triton is not None else None
-            except ImportError:
-                pass
-        _KERNEL.append(kernel)
-    return _KERNEL[0]
+        out = self.backend(q, self.k_cache, self.v_cache, meta, self.scale)
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)

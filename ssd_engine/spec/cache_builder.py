@@ -67,11 +67,11 @@ class CacheBuilder:
         bs = trunk.blocks.block_size
         width = max(len(s.trunk) for s in seqs)
         pages = -(-width // bs)
-        tables = torch.tensor([s.block_table[:pages] + [0] * (pages - len(s.block_table[:pages])) for s in seqs])
-        trunk_slots = (tables[:, :, None] * bs + torch.arange(bs)).view(len(seqs), -1)[:, :width].to(device)
+        tables = torch.tensor([s.block_table[:pages] + [0] * (pages - len(s.block_table[:pages])) for s in seqs],
+                              dtype=torch.int32, device=device)
         seq_index = torch.tensor(branch_seq, device=device)
-        committed = torch.tensor([len(s) for s in seqs], device=device)
-        visible = committed[seq_index] + torch.tensor(branch_k, device=device)   # fork point = t*'s position
+        visible_host = [len(seqs[i]) + accepted for i, accepted in zip(branch_seq, branch_k)]  # fork = t*'s position
+        visible = torch.tensor(visible_host, device=device)
         scratch = (self.scratch_base + torch.arange(rows * k, device=device)).view(rows, k)
         params = [seqs[i].params for i in branch_seq]
         gens = [seqs[i].generator for i in branch_seq]
@@ -79,7 +79,7 @@ class CacheBuilder:
         drawn, rows_q = [], []
         started = time.perf_counter()
         for step in range(k):
-            meta = branch_metadata(trunk_slots, seq_index, visible, scratch, step)
+            meta = branch_metadata(tables, seq_index, visible, max(visible_host), scratch, step, bs)
             logits = trunk.runner.run_metadata(ids, visible + step, meta)
             ids, q = trunk.sample(logits, params, gens, [seqs[i].fanout[step] for i in branch_seq])
             drawn.append(ids)

@@ -34,6 +34,7 @@ class DraftSpec:
     saguaro_c: float      # Saguaro sampling's down-weighting constant C
     max_num_seqs: int
     seed: int
+    attention_backend: str = "auto"
 
 
 def spawn(spec: DraftSpec, cores: list[int] | None, threads: int, timeout_s: float):
@@ -76,11 +77,12 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // spec.block_size)
     runner = ModelRunner(spec.model_path, load_config(spec.model_path), num_kv_blocks=spec.num_blocks + scratch_pages,
                          block_size=spec.block_size, max_model_len=spec.max_position, dtype=DTYPES[spec.dtype],
-                         device=torch.device(spec.device), weight_layout=spec.weight_layout)
+                         device=torch.device(spec.device), weight_layout=spec.weight_layout,
+                         attention_backend=spec.attention_backend)
     server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
                         spec.max_num_seqs, spec.seed)
     store.set("draft/ready", str(os.getpid()))
-    link = DraftLink(store, 1, timeout_s)
+    link = DraftLink(store, 1, timeout_s, payload_device=torch.device(spec.device))
     reply = torch.zeros(0)
     while True:
         request = unpack_request(link.recv_request())

@@ -6,29 +6,23 @@ At step j each branch feeds one token; it must attend to
 - the trunk prefix it grows from: the first `visible[r]` slots of its sequence's trunk, and
 - its own path so far: its scratch slots 0..j,
 and to nothing else: never a sibling branch, never trunk positions past its fork point.
-Each branch is one query row; its keys are [trunk slots (padded) | its K scratch slots], and the
-mask says which of them it sees. Built with broadcasting only (no per-element Python loops).
+Each branch is one query row described compactly: its sequence's block-table row, its fork point
+and its K scratch slots. The Triton kernel generates the mask from these; the torch reference
+expands them to [trunk slots (padded) | its K scratch slots] plus a boolean mask.
 """
 import torch
 
 from ssd_engine.layers.attention import AttentionMetadata
 
 
-def branch_mask(visible: torch.Tensor, trunk_width: int, k: int, step: int) -> torch.Tensor:
-    """[R, 1, trunk_width + K] bool: trunk slots < visible[r], then path slots 0..step."""
-    cols = torch.arange(trunk_width + k, device=visible.device)
-    trunk = cols[None, :] < visible[:, None]
-    path = (cols[None, :] >= trunk_width) & (cols[None, :] <= trunk_width + step)
-    return (trunk & (cols[None, :] < trunk_width) | path).unsqueeze(1)
-
-
-def branch_metadata(trunk_slots: torch.Tensor, seq_of_branch: torch.Tensor, visible: torch.Tensor,
-                    scratch_slots: torch.Tensor, step: int) -> AttentionMetadata:
-    """trunk_slots [S, W]: each sequence's trunk cache slots (padded); seq_of_branch [R]; visible [R]:
-    trunk slots each branch sees; scratch_slots [R, K]: where each branch's path K/V lives."""
-    rows, k = scratch_slots.shape
-    width = trunk_slots.shape[1]
-    gather = torch.cat([trunk_slots[seq_of_branch], scratch_slots], dim=1)
-    mask = branch_mask(visible, width, k, step)
-    return AttentionMetadata(slot_mapping=scratch_slots[:, step].contiguous(), gather_slots=gather,
-                             token_to_padded=torch.arange(rows, device=gather.device), mask=mask, max_query_len=1)
+def branch_metadata(trunk_tables: torch.Tensor, seq_of_branch: torch.Tensor, visible: torch.Tensor,
+                    max_visible: int, scratch_slots: torch.Tensor, step: int, block_size: int) -> AttentionMetadata:
+    """trunk_tables [S, P] int32: each sequence's trunk pages; seq_of_branch [R]; visible [R]: trunk
+    keys each branch sees (max_visible: their maximum, on the host); scratch_slots [R, K]: where each
+    branch's path K/V lives. Step `step` writes path slot `step` and sees path slots 0..step."""
+    rows = scratch_slots.shape[0]
+    return AttentionMetadata(
+        slot_mapping=scratch_slots[:, step].contiguous(), block_tables=trunk_tables,
+        kv_lens=visible.to(torch.int32), query_start=torch.arange(rows + 1, dtype=torch.int32, device=visible.device),
+        max_query_len=1, max_kv_len=max_visible, block_size=block_size,
+        table_rows=seq_of_branch.to(torch.int32), path_slots=scratch_slots, path_len=step + 1)

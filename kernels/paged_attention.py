@@ -1,0 +1,147 @@
+"""Triton paged attention: prefill / decode / verification and SSD tree-branch decoding, one kernel.
+
+K/V live in a paged cache flattened to slots `[num_pages * page_size, Hk, D]` and are reached through
+block tables; no mask is ever materialised, it is generated in the kernel from compact metadata:
+
+- paged (`paged_attention`): row b owns queries `query_start[b]:query_start[b+1]` (its last `qlen`
+  positions) over its first `kv_lens[b]` paged keys; query i sees keys `j < kv_len - qlen + i + 1`
+  (causal over cached prefix + new tokens). Decode is qlen = 1, verification qlen = K + 1.
+- tree (`tree_attention`): row r is one branch (one query). It reads block-table row
+  `table_rows[r]` (its sequence's trunk) up to `kv_lens[r]` (its fork point) and then its own path:
+  the first `path_len` slots of `path_slots[r]`. Siblings share the trunk pages but never see each
+  other's paths, and nothing past the fork point is read.
+
+One program handles one row, one KV head and BLOCK_Q queries: the GROUP query heads that share the
+KV head are stacked into the M dimension, so every K/V tile is read once for all of them (GQA) and
+for all K + 1 verification queries. `tl.dot` needs M, N, D >= 16 on GPUs, hence the padding.
+Runs compiled on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (how CI tests it).
+"""
+import torch
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without triton: callers use the torch reference
+    triton = None
+
+if triton is not None:
+
+    @triton.jit
+    def _paged_attn_kernel(
+        q_ptr, k_ptr, v_ptr, out_ptr,
+        table_ptr, table_row_ptr, kv_len_ptr, q_start_ptr, path_ptr,
+        path_len, scale, D,
+        sq_t, sq_h, sk_s, sk_h, sv_s, sv_h, so_t, so_h, st_b, sp_r,
+        PAGE: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TREE: tl.constexpr, PRECISION: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        kvh = tl.program_id(1)
+        q_block = tl.program_id(2)
+        q_first = tl.load(q_start_ptr + row)
+        q_len = tl.load(q_start_ptr + row + 1) - q_first
+        kv_len = tl.load(kv_len_ptr + row)
+        if TREE:
+            table_row = tl.load(table_row_ptr + row).to(tl.int64)
+        else:
+            table_row = row.to(tl.int64)
+
+        offs_m = tl.arange(0, BLOCK_M)
+        q_idx = q_block * BLOCK_Q + offs_m // GROUP             # query within the row
+        head = kvh * GROUP + offs_m % GROUP                     # query head
+        row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        tok = (q_first + q_idx).to(tl.int64)
+        q = tl.load(q_ptr + tok[:, None] * sq_t + head[:, None] * sq_h + offs_d[None, :],
+                    mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+        limit = kv_len - q_len + q_idx + 1                      # causal: keys j < limit per query
+        last_q = tl.minimum(q_len, (q_block + 1) * BLOCK_Q)
+        kv_end = tl.where(q_block * BLOCK_Q < q_len, kv_len - q_len + last_q, 0)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)   # running max
+        l_i = tl.zeros([BLOCK_M], tl.float32)                  # running softmax denominator
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for start in range(0, kv_end, BLOCK_N):
+            offs_n = start + tl.arange(0, BLOCK_N)
+            n_ok = offs_n < kv_end
+            page = tl.load(table_ptr + table_row * st_b + offs_n // PAGE, mask=n_ok, other=0).to(tl.int64)
+            slot = page * PAGE + offs_n % PAGE
+            visible = row_ok[:, None] & (offs_n[None, :] < limit[:, None])
+            m_i, l_i, acc = _attend(q, k_ptr, v_ptr, slot, n_ok, visible, offs_d, d_ok, sk_s, sk_h, sv_s, sv_h,
+                                    kvh, scale, m_i, l_i, acc, PRECISION)
+        if TREE:  # the branch's own path: scratch slots 0 .. path_len - 1
+            for start in range(0, path_len, BLOCK_N):
+                offs_n = start + tl.arange(0, BLOCK_N)
+                n_ok = offs_n < path_len
+                slot = tl.load(path_ptr + row.to(tl.int64) * sp_r + offs_n, mask=n_ok, other=0).to(tl.int64)
+                visible = row_ok[:, None] & n_ok[None, :]
+                m_i, l_i, acc = _attend(q, k_ptr, v_ptr, slot, n_ok, visible, offs_d, d_ok, sk_s, sk_h, sv_s, sv_h,
+                                        kvh, scale, m_i, l_i, acc, PRECISION)
+
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + tok[:, None] * so_t + head[:, None] * so_h + offs_d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+    @triton.jit
+    def _attend(q, k_ptr, v_ptr, slot, n_ok, visible, offs_d, d_ok, sk_s, sk_h, sv_s, sv_h, kvh, scale,
+                m_i, l_i, acc, PRECISION: tl.constexpr):
+        """One tile of keys: online-softmax update of (max, denominator, accumulator)."""
+        kv_mask = n_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_ptr + slot[:, None] * sk_s + kvh * sk_h + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet: no NaN
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        v = tl.load(v_ptr + slot[:, None] * sv_s + kvh * sv_h + offs_d[None, :], mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        return m_new, alpha * l_i + tl.sum(p, axis=1), acc
+
+
+def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_len, page_size, scale,
+            table_rows=None, path_slots=None, path_len=0, block_n=32):
+    T, Hq, D = q.shape
+    _, Hk, Dk = k_cache.shape
+    assert Dk == D and v_cache.shape == k_cache.shape and Hq % Hk == 0, (q.shape, k_cache.shape, v_cache.shape)
+    assert q.stride(-1) == 1 and k_cache.stride(-1) == 1 and v_cache.stride(-1) == 1
+    out = torch.empty_like(q)
+    rows = kv_lens.shape[0]
+    if T == 0 or rows == 0:
+        return out
+    group = Hq // Hk
+    block_q = max(1, min(triton.next_power_of_2(max_query_len), max(1, 64 // group)))
+    tree = table_rows is not None
+    dummy = kv_lens  # never read when TREE is off
+    grid = (rows, Hk, triton.cdiv(max_query_len, block_q))
+    _paged_attn_kernel[grid](
+        q, k_cache, v_cache, out,
+        block_tables, table_rows if tree else dummy, kv_lens, query_start, path_slots if tree else dummy,
+        int(path_len), float(scale), D,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        out.stride(0), out.stride(1), block_tables.stride(0), path_slots.stride(0) if tree else 0,
+        PAGE=page_size, GROUP=group, BLOCK_Q=block_q, BLOCK_M=max(16, triton.next_power_of_2(block_q * group)),
+        BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(D)), TREE=tree,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays exact fp32 (no TF32)
+    )
+    return out
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_len: int,
+                    page_size: int, scale: float):
+    """q [T, Hq, D] (rows' queries concatenated); k_cache, v_cache [S, Hk, D] (pages flattened to
+    slots, page p = slots p * page_size ...); block_tables [B, P] int32 pages per row; kv_lens [B] int32
+    keys of row b (its new tokens' K/V already written); query_start [B + 1] int32. -> [T, Hq, D]."""
+    return _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_len, page_size, scale)
+
+
+def tree_attention(q, k_cache, v_cache, block_tables, table_rows, kv_lens, path_slots, path_len: int,
+                   page_size: int, scale: float):
+    """One query per branch row r: q [R, Hq, D]; block_tables [S, P] trunk pages per sequence;
+    table_rows [R] the sequence of each branch; kv_lens [R] trunk keys it sees (its fork point);
+    path_slots [R, K] its own path's slots, of which the first `path_len` are visible. -> [R, Hq, D]."""
+    rows = q.shape[0]
+    query_start = torch.arange(rows + 1, dtype=torch.int32, device=q.device)
+    return _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, 1, page_size, scale,
+                   table_rows=table_rows, path_slots=path_slots, path_len=path_len)

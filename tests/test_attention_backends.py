@@ -1,0 +1,99 @@
+"""Attention backends behind one interface: the Triton kernels inside the engine, on CPU.
+
+With TRITON_INTERPRET=1 (set here before the kernels are imported) `attention_backend="triton"` runs
+the very kernels a GPU compiles, through the engine's own metadata: prefill chunks, decode,
+verification of K + 1 tokens (SD) and the SSD draft process's tree-branch steps. Greedy output must
+still equal transformers' token for token; the backends must agree on random step metadata.
+"""
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine.layers.attention import AttentionMetadata, torch_attention  # noqa: E402
+from ssd_engine.layers.attention_backends import select_backend, triton_attention  # noqa: E402
+from ssd_engine.spec.tree_mask import branch_metadata  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PROMPTS = [list(range(5, 12)), list(range(40, 75)), [7, 8, 9]]
+
+
+def _expected(path, prompts, n):
+    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
+    return [oracle.generate(torch.tensor([p], device=DEVICE), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_engine_with_triton_kernels_matches_transformers(tiny_model_dir, mode):
+    path = tiny_model_dir("qwen2", vocab_size=259)  # 4 query heads over 2 KV heads: GQA
+    prompts, n = (PROMPTS, 20) if mode != "ssd" else (PROMPTS[:2], 12)  # the interpreter is slow: SSD less
+    expected = _expected(path, prompts, n)
+    greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    # block_size 4 and a 16-token prefill budget: prompts span pages and arrive in chunks
+    options = dict(device=DEVICE, dtype="float32", attention_backend="triton", block_size=4,
+                   max_num_batched_tokens=16)
+    if mode != "ar":
+        options.update(draft_model=path if mode == "ssd" else tiny_model_dir("qwen2", seed=1, vocab_size=259),
+                       speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="2", draft_timeout_s=300)
+    with LLM(path, **options) as llm:
+        assert llm.engine.runner.attention_backend is triton_attention
+        assert [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == expected
+        if mode == "ssd":  # the cache was built by tree-branch steps and used
+            summary = llm.engine.speculator.metrics.summary()
+            assert not summary["draft_failures"] and summary["cache_hit_rate"] > 0
+
+
+def _random_paged(g, rows, hk, page):
+    q_lens = [int(x) for x in torch.randint(1, 7, (rows,), generator=g)]
+    kv_lens = [n + int(torch.randint(0, 30, (1,), generator=g)) for n in q_lens]
+    pages_each = max(-(-n // page) for n in kv_lens)
+    tables = torch.randperm(rows * pages_each + 2, generator=g)[:rows * pages_each].view(rows, pages_each)
+    slots = [tables[b, p // page] * page + p % page for b in range(rows) for p in range(kv_lens[b] - q_lens[b],
+                                                                                           kv_lens[b])]
+    starts = torch.tensor([0] + q_lens).cumsum(0)
+    return AttentionMetadata(torch.tensor(slots), tables.to(torch.int32), torch.tensor(kv_lens, dtype=torch.int32),
+                             starts.to(torch.int32), max(q_lens), max(kv_lens), page), rows * pages_each + 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_torch_and_triton_backends_agree_on_random_steps(seed):
+    g = torch.Generator().manual_seed(seed)
+    hq, hk, d, page = [(4, 2, 32, 4), (6, 3, 40, 8), (8, 1, 16, 16), (2, 2, 64, 4)][seed]
+    meta, pages = _random_paged(g, 1 + seed, hk, page)
+    k_cache = torch.randn(pages * page, hk, d, generator=g)
+    v_cache = torch.randn(pages * page, hk, d, generator=g)
+    q = torch.randn(meta.slot_mapping.shape[0], hq, d, generator=g)
+    ref = torch_attention(q, k_cache, v_cache, meta, d ** -0.5)
+    fast = triton_attention(q, k_cache, v_cache, meta, d ** -0.5)
+    torch.testing.assert_close(fast, ref, atol=2e-4, rtol=2e-4)
+    # a tree step over the same cache: two branches per row, forking inside each row's keys
+    rows = meta.kv_lens.shape[0]
+    seq_of_branch = torch.arange(rows).repeat_interleave(2)
+    visible = torch.clamp(meta.kv_lens.long()[seq_of_branch] - torch.tensor([0, 1] * rows), min=1)
+    scratch = torch.randperm(pages * page, generator=g)[:2 * rows * 3].view(2 * rows, 3)
+    for step in range(3):
+        tree = branch_metadata(meta.block_tables, seq_of_branch, visible, int(visible.max()), scratch, step, page)
+        qb = torch.randn(2 * rows, hq, d, generator=g)
+        torch.testing.assert_close(triton_attention(qb, k_cache, v_cache, tree, d ** -0.5),
+                                   torch_attention(qb, k_cache, v_cache, tree, d ** -0.5), atol=2e-4, rtol=2e-4)
+
+
+def test_backend_choice_errors_name_the_problem(monkeypatch):
+    cpu = torch.device("cpu")
+    assert select_backend("auto", cpu, 16) is torch_attention  # CPU inference stays on the reference
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        select_backend("flash-attn", cpu, 256)
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        select_backend("xformers", cpu, 16)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        select_backend("triton", cpu, 16)
+    with pytest.raises(ValueError, match="attention_backend must be one of"):
+        LLM("/nonexistent", attention_backend="flashinfer")
