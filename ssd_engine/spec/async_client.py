@@ -45,7 +45,7 @@ class AsyncDraftClient:
         self.process, self._store = spawn(spec, cores, threads, timeout_s)
         self.pid = self.process.pid
         try:
-            self.link: DraftLink | None = DraftLink(self._store, 0, timeout_s)
+            self.link: DraftLink | None = DraftLink(self._store, 0, timeout_s, payload_device=device)
         except BaseException:
             self.close()
             raise

@@ -1,12 +1,26 @@
-"""The coordinator <-> draft channel: a two-rank gloo group (rank 0 = coordinator, 1 = draft).
+"""The coordinator <-> draft channel: two ranks (0 = coordinator, 1 = draft).
 
 Each round is one request tensor out (payload.py; a second one only when new prompts overflow the
-preallocated buffer) and one reply tensor back. The payload is a few kilobytes of host data that
-the scheduler reads anyway, so it travels over gloo (TCP on loopback) on CPU and CUDA alike; no
-KV ever crosses. Every coordinator receive has a deadline: a dead draft fails it at once
-(connection closed), a stalled one after `timeout_s`; either way the caller stops using the draft.
+preallocated buffer) and, when sequences decode, one reply tensor back: a few kilobytes, no KV.
+Both sides publish their device in the store and pick the same transport from the pair:
+- gloo alone (TCP on loopback) on CPU, or when both processes share one GPU (NCCL cannot connect
+  two ranks on one device): requests and replies are host tensors on one gloo group;
+- NCCL between two distinct GPUs: requests and replies live on the GPUs and travel over a 2-rank
+  NCCL group, and the gloo group stays as the control channel.
+Every coordinator wait has a deadline: a dead draft fails it at once (connection closed), a stalled
+one after `timeout_s`; either way it raises DraftLinkError and the caller stops using the draft.
+NCCL offers neither: its waits take no deadline, and a receive from a dead peer hangs until the
+watchdog aborts the whole process (losing every request). So with NCCL the coordinator never posts
+a receive before knowing the reply is coming: the draft rings a one-word gloo "doorbell" (the
+reply's size) right before each NCCL reply send, the coordinator waits for it with the deadline and
+only then posts the NCCL receive, whose completion it polls against the deadline too. Requests are
+NCCL sends the draft receives with NCCL (a dead coordinator takes the draft with it:
+`exit_with_parent`). On any failure the NCCL group is aborted, so no kernel waits on a gone peer.
+`payload_backend="gloo-split"` (tests only, passed by both ends) runs that same split protocol
+with a second gloo group instead of NCCL, so it is exercised on CPU.
 """
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -14,65 +28,136 @@ import torch.distributed as dist
 from ssd_engine.spec.payload import HEADER, REQUEST_CAPACITY
 
 IDLE = datetime.timedelta(days=7)
+POLL_S = 2e-4  # longest nap while polling a payload op: bounds the latency polling adds
+REQUEST, REST, REPLY, DOORBELL, HELLO = range(5)  # tags (gloo matches them; NCCL keeps each pair in order)
 
 
 class DraftLinkError(RuntimeError):
     pass
 
 
+def _device_name(device) -> str:
+    """'cpu' or 'cuda:<index>'; the draft inherits the coordinator's environment, so indices agree."""
+    device = torch.device("cpu" if device is None else device)
+    if device.type != "cuda":
+        return "cpu"
+    return f"cuda:{torch.cuda.current_device() if device.index is None else device.index}"
+
+
+def _gloo(store, rank: int):
+    options = dist.ProcessGroupGloo._Options()
+    options._timeout = IDLE  # the draft waits for the next round as long as the coordinator idles
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    return dist.ProcessGroupGloo(store, rank, 2, options)
+
+
 class DraftLink:
-    def __init__(self, store, rank: int, timeout_s: float) -> None:
-        options = dist.ProcessGroupGloo._Options()
-        options._timeout = IDLE  # the draft waits for the next round as long as the coordinator idles
-        options._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-        self.group = dist.ProcessGroupGloo(dist.PrefixStore("ssd-draft", store), rank, 2, options)
+    def __init__(self, store, rank: int, timeout_s: float, payload_device=None, payload_backend: str | None = None):
         self.peer = 1 - rank
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.int64)  # the draft's receive buffer
-        self.reply_buf = torch.zeros(0)
+        mine = _device_name(payload_device)
+        store.set(f"ssd-draft/device/{rank}", mine)
+        self.group = _gloo(dist.PrefixStore("ssd-draft", store), rank)  # control (and payload unless split)
+        theirs = store.get(f"ssd-draft/device/{self.peer}").decode()
+        self.device = torch.device("cpu")
+        if mine.startswith("cuda") and theirs.startswith("cuda") and mine != theirs:
+            self.transport, self.device = "nccl", torch.device(mine)
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = IDLE  # as gloo's: the watchdog must not abort the idle draft's receive
+            self.payload = dist.ProcessGroupNCCL(dist.PrefixStore("ssd-draft-nccl", store), rank, 2, options)
+        elif payload_backend == "gloo-split":
+            self.transport = "gloo-split"
+            self.payload = _gloo(dist.PrefixStore("ssd-draft-payload", store), rank)
+        else:
+            self.transport, self.payload = "gloo", self.group
+        self.split = self.payload is not self.group
+        self.bell = torch.zeros(1, dtype=torch.int64)  # the doorbell: the size of the reply that follows
+        self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.int64, device=self.device)  # the draft's
+        self.reply_buf = torch.zeros(0, device=self.device)
         # gloo sends complete only once the peer posts its receive, and the draft posts it only
         # after building its cache: sends go out asynchronously from two alternating buffers
-        self.out_bufs = [torch.zeros(REQUEST_CAPACITY, dtype=torch.int64) for _ in range(2)]
+        self.out_bufs = [torch.zeros(REQUEST_CAPACITY, dtype=torch.int64, device=self.device) for _ in range(2)]
         self.in_flight: list[tuple[list, torch.Tensor | None]] = [([], None), ([], None)]
         self.turn = 0
+        if self.split:  # connect now (NCCL builds its communicator on the first op), not mid-round
+            hello = torch.zeros(1, dtype=torch.int64, device=self.device)
+            op = self.payload.send if rank == 0 else self.payload.recv
+            self._wait_payload(op([hello], self.peer, HELLO), patient=rank == 1)
 
     # ---- coordinator --------------------------------------------------------------------
     def send_request(self, words: torch.Tensor) -> None:
         """Queue one request without waiting for the draft to take it (it may be building)."""
         self.turn ^= 1
         for work in self.in_flight[self.turn][0]:  # this buffer's previous request must have left
-            self._wait(work)
+            self._wait_payload(work)
         buf = self.out_bufs[self.turn]
         n = min(words.numel(), REQUEST_CAPACITY)
         buf[:n] = words[:n]
-        works, rest = [self.group.send([buf], self.peer, 0)], None
+        works, rest = [self.payload.send([buf], self.peer, REQUEST)], None
         if words.numel() > REQUEST_CAPACITY:
-            rest = words[REQUEST_CAPACITY:].contiguous()  # held until its send completes
-            works.append(self.group.send([rest], self.peer, 1))
+            rest = words[REQUEST_CAPACITY:].to(self.device).contiguous()  # held until its send completes
+            works.append(self.payload.send([rest], self.peer, REST))
         self.in_flight[self.turn] = (works, rest)
 
     def recv_reply(self, size: int) -> torch.Tensor:
+        """The reply as a host tensor (valid until the next call)."""
+        if self.split:  # the doorbell first: once it rang, the draft is alive and its send is posted
+            self._wait(self.group.recv([self.bell], self.peer, DOORBELL))
+            if int(self.bell) != size:
+                self._fail(f"the draft announced a reply of {int(self.bell)} words, expected {size}")
         if self.reply_buf.numel() < size:
-            self.reply_buf = torch.zeros(size)
+            self.reply_buf = torch.zeros(size, device=self.device)
         view = self.reply_buf[:size]
-        self._wait(self.group.recv([view], self.peer, 2))
-        return view
-
-    def _wait(self, work) -> None:
-        try:
-            work.wait(self.timeout)
-        except RuntimeError as error:
-            raise DraftLinkError(str(error).splitlines()[0]) from error
+        self._wait_payload(self.payload.recv([view], self.peer, REPLY))
+        return view.cpu()  # on a GPU, one copy of a few kilobytes; on CPU the view itself
 
     # ---- draft --------------------------------------------------------------------------
     def recv_request(self) -> torch.Tensor:
-        self.group.recv([self.request_buf], self.peer, 0).wait()
-        total = int(self.request_buf[1])
+        """The next request as host int64 words (valid until the next call)."""
+        self._wait_payload(self.payload.recv([self.request_buf], self.peer, REQUEST), patient=True)
+        words = self.request_buf.cpu()
+        total = int(words[1])
         if total <= REQUEST_CAPACITY:
-            return self.request_buf[:max(total, HEADER)]
-        rest = torch.empty(total - REQUEST_CAPACITY, dtype=torch.int64)
-        self.group.recv([rest], self.peer, 1).wait()
-        return torch.cat([self.request_buf, rest])
+            return words[:max(total, HEADER)]
+        rest = torch.empty(total - REQUEST_CAPACITY, dtype=torch.int64, device=self.device)
+        self._wait_payload(self.payload.recv([rest], self.peer, REST), patient=True)
+        return torch.cat([words, rest.cpu()])
 
     def send_reply(self, buf: torch.Tensor) -> None:
-        self.group.send([buf.contiguous()], self.peer, 2).wait()
+        out = buf.contiguous().to(self.device)  # on CPU the tensor itself
+        if not self.split:
+            return self._wait(self.group.send([out], self.peer, REPLY), patient=True)
+        self.bell[0] = out.numel()  # ring right before the payload send: the coordinator then posts its receive
+        ring = self.group.send([self.bell], self.peer, DOORBELL)
+        sent = self.payload.send([out], self.peer, REPLY)
+        self._wait(ring, patient=True)
+        self._wait_payload(sent, patient=True)
+
+    # ---- waiting ------------------------------------------------------------------------
+    def _wait(self, work, patient: bool = False) -> None:
+        """The coordinator's waits have the deadline; the draft's (patient) ones wait out idle rounds."""
+        try:
+            work.wait(IDLE if patient else self.timeout)
+        except RuntimeError as error:
+            self._fail(str(error).splitlines()[0], error)
+
+    def _wait_payload(self, work, patient: bool = False) -> None:
+        if self.transport == "nccl":
+            self._poll(work, patient)
+        self._wait(work, patient)  # raises the op's error, if any; on a GPU orders the current stream after it
+
+    def _poll(self, work, patient: bool) -> None:
+        """Wait for a NCCL op by polling: its wait takes no deadline, and a blocking CUDA wait would
+        spin a core for as long as the draft idles. (gloo ops complete only inside wait().)"""
+        deadline = None if patient else time.monotonic() + self.timeout.total_seconds()
+        pause = 0.0
+        while not work.is_completed():
+            if deadline is not None and time.monotonic() > deadline:
+                self._fail(f"timed out after {self.timeout.total_seconds():g} s waiting for the draft (nccl)")
+            time.sleep(pause)
+            pause = min(2 * pause + 1e-5, POLL_S)
+
+    def _fail(self, message: str, cause: BaseException | None = None):
+        if self.transport == "nccl":
+            self.payload.abort()  # drop queued NCCL ops, so no kernel waits forever on a gone peer
+        raise DraftLinkError(message) from cause

@@ -1,0 +1,207 @@
+"""The SSD draft channel on its own: what the draft receives is exactly what the coordinator sent
+(overflow included, with requests queued before the draft reads), what the coordinator receives is
+exactly the reply, and a dead or stalled draft raises DraftLinkError instead of hanging. Both the
+plain gloo link and "gloo-split" (the NCCL protocol: doorbell on gloo, payload on a second group)
+run on CPU; NCCL itself only with two GPUs."""
+import datetime
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ssd_engine.spec.draft_link import DOORBELL, REPLY, DraftLink, DraftLinkError
+from ssd_engine.spec.payload import REQUEST_CAPACITY, DraftParams, Entry, Request, pack_request
+
+BACKENDS = [None, "gloo-split"]
+
+# the draft side in its own process: argv = port, mode, device; "die" takes one request and exits
+# without replying, "echo" answers one request with its last 100 words as floats
+CHILD = """
+import datetime, sys, time
+import torch, torch.distributed as dist
+from ssd_engine.spec.draft_link import DraftLink
+port, mode, device = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if device.startswith("cuda"):
+    torch.cuda.set_device(torch.device(device))
+store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
+link = DraftLink(store, 1, 20.0, payload_device=torch.device(device),
+                 payload_backend="gloo-split" if mode == "die" else None)
+words = link.recv_request()
+if mode == "die":
+    time.sleep(0.5)  # the coordinator is waiting for its reply by now
+    sys.exit(0)
+link.send_reply(words[-100:].float())
+sys.exit(0 if link.transport == "nccl" else 3)
+"""
+
+
+def _store() -> dist.TCPStore:
+    return dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+
+
+def _pair(timeout_s: float = 5.0, backend: str | None = None, devices=(None, None)):
+    """Both ranks in this process, one thread each (gloo lets one process hold both ends)."""
+    store = _store()
+    stores = [store, dist.TCPStore("127.0.0.1", store.port, 2, False, timeout=datetime.timedelta(seconds=30))]
+    links = {}
+
+    def make(rank):
+        links[rank] = DraftLink(stores[rank], rank, timeout_s, payload_device=devices[rank], payload_backend=backend)
+    threads = [threading.Thread(target=make, args=(r,), daemon=True) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert set(links) == {0, 1}, "the link did not connect"
+    return links[0], links[1], stores
+
+
+def _request(n_tokens: int, wanted: list[int]) -> torch.Tensor:
+    return pack_request(Request(entries=[Entry(1, -1, list(range(n_tokens)), DraftParams())], wanted=wanted))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_requests_and_replies_arrive_exactly(backend):
+    coordinator, draft, _ = _pair(backend=backend)
+    assert coordinator.transport == draft.transport == (backend or "gloo")
+    # (request, reply size or 0): two rounds queued before the draft reads, overflowing requests,
+    # then rounds alternating the two send buffers with replies of varying sizes
+    rounds = [(_request(5, []), 0), (_request(REQUEST_CAPACITY + 37, []), 0), (_request(3, [1]), 6),
+              (_request(2 * REQUEST_CAPACITY, [1]), 4000), (_request(10, [1]), 1), (_request(7, [1]), 1500),
+              (_request(REQUEST_CAPACITY - 20, [1]), 33)]
+    replies = [torch.randn(size) for _, size in rounds]
+    received, errors = [], []
+
+    def serve():
+        try:
+            time.sleep(0.3)  # the coordinator's first sends go out before any receive is posted
+            for (_, size), reply in zip(rounds, replies):
+                received.append(draft.recv_request().clone())
+                if size:
+                    draft.send_reply(reply)
+        except BaseException as error:  # reported by the main thread
+            errors.append(error)
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    for (words, size), reply in zip(rounds, replies):
+        coordinator.send_request(words)
+        if size:
+            got = coordinator.recv_reply(size)
+            assert got.device.type == "cpu" and torch.equal(got, reply)
+    server.join(30)
+    assert not server.is_alive() and not errors, errors
+    assert len(received) == len(rounds)
+    for (words, _), got in zip(rounds, received):
+        assert got.dtype == torch.int64 and torch.equal(got, words)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_stalled_draft_misses_its_deadline(backend):
+    coordinator, draft, _ = _pair(timeout_s=1.0, backend=backend)
+    coordinator.send_request(_request(4, [1]))
+    assert draft.recv_request().numel() > 0  # alive, took the request, never answers
+    started = time.monotonic()
+    with pytest.raises(DraftLinkError, match="[Tt]imed out"):
+        coordinator.recv_reply(6)
+    assert 0.9 < time.monotonic() - started < 5
+
+
+def test_a_draft_that_rings_but_never_sends_misses_its_deadline():
+    """The payload wait after the doorbell has a deadline too (polled on NCCL, gloo's own here)."""
+    coordinator, draft, _ = _pair(timeout_s=1.0, backend="gloo-split")
+    coordinator.send_request(_request(4, [1]))
+    draft.recv_request()
+    ring = draft.group.send([torch.tensor([6])], 0, DOORBELL)  # the doorbell alone
+    started = time.monotonic()
+    with pytest.raises(DraftLinkError, match="[Tt]imed out"):
+        coordinator.recv_reply(6)
+    assert 0.9 < time.monotonic() - started < 5
+    ring.wait()
+
+
+class _Work:
+    """Stands in for a NCCL op, which completes on the GPU without anyone waiting for it."""
+
+    def __init__(self, after_s: float) -> None:
+        self.at = time.monotonic() + after_s
+
+    def is_completed(self) -> bool:
+        return time.monotonic() >= self.at
+
+
+def test_nccl_ops_are_polled_against_the_deadline():
+    coordinator, draft, _ = _pair(timeout_s=1.0, backend="gloo-split")
+    started = time.monotonic()
+    coordinator._poll(_Work(0.2), patient=False)
+    assert 0.2 <= time.monotonic() - started < 0.5
+    with pytest.raises(DraftLinkError, match="timed out"):
+        coordinator._poll(_Work(float("inf")), patient=False)
+    assert 1.0 <= time.monotonic() - started < 3
+    draft._poll(_Work(1.5), patient=True)  # the draft has no deadline
+    assert time.monotonic() - started >= 2.7
+
+
+def test_a_wrong_reply_size_fails_instead_of_hanging():
+    coordinator, draft, _ = _pair(backend="gloo-split")
+    coordinator.send_request(_request(4, [1]))
+    draft.recv_request()
+    answer = threading.Thread(target=draft.send_reply, args=(torch.zeros(5),), daemon=True)
+    answer.start()
+    with pytest.raises(DraftLinkError, match="5 words, expected 6"):
+        coordinator.recv_reply(6)
+    coordinator.payload.recv([torch.zeros(5)], 1, REPLY).wait()  # take it, so the draft's thread ends
+    answer.join(10)
+    assert not answer.is_alive()
+
+
+def _run_child(mode: str, device: str, coordinator_device, body) -> int:
+    """Rank 1 in a child process; `body(link)` runs rank 0 here. Returns the child's exit code."""
+    store = _store()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, str(store.port), mode, device], stdin=subprocess.DEVNULL)
+    try:
+        link = DraftLink(store, 0, 20.0, payload_device=coordinator_device,
+                         payload_backend="gloo-split" if mode == "die" else None)
+        body(link)
+        return child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait()
+
+
+def test_a_dead_draft_fails_at_once():
+    def body(link):
+        assert link.transport == "gloo-split"
+        link.send_request(_request(4, [1]))
+        started = time.monotonic()
+        with pytest.raises(DraftLinkError):
+            link.recv_reply(6)  # timeout_s is 20: the closed connection must fail it well before
+        assert time.monotonic() - started < 10
+    assert _run_child("die", "cpu", None, body) == 0
+
+
+def test_cpu_and_a_shared_gpu_keep_gloo():
+    coordinator, draft, _ = _pair()
+    assert coordinator.transport == draft.transport == "gloo"
+    # both on one GPU (NCCL cannot connect two ranks on one device): decided from the names alone
+    coordinator, draft, _ = _pair(devices=(torch.device("cuda:0"), torch.device("cuda:0")))
+    assert coordinator.transport == draft.transport == "gloo"
+    assert coordinator.out_bufs[0].device.type == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="NCCL between the coordinator and the draft needs 2 CUDA GPUs")
+def test_distinct_gpus_use_nccl():
+    words = _request(REQUEST_CAPACITY + 300, [1])
+
+    def body(link):
+        assert link.transport == "nccl" and link.out_bufs[0].device == torch.device("cuda:0")
+        link.send_request(words)
+        got = link.recv_reply(100)
+        assert got.device.type == "cpu" and torch.equal(got, words[-100:].float())
+    torch.cuda.set_device(0)
+    assert _run_child("echo", "cuda:1", torch.device("cuda:0"), body) == 0
