@@ -8,7 +8,7 @@ block tables; no mask is ever materialised, it is generated in the kernel from c
   (causal over cached prefix + new tokens). Decode is qlen = 1, verification qlen = K + 1.
 - tree (`tree_attention`): row r is one branch (one query). It reads block-table row
   `table_rows[r]` (its sequence's trunk) up to `kv_lens[r]` (its fork point) and then its own path:
-  the first `path_len` slots of `path_slots[r]`. Siblings share the trunk pages but never see each
+  the first `path_lens[r]` slots of `path_slots[r]`. Siblings share the trunk pages but never see each
   other's paths, and nothing past the fork point is read.
 
 One program handles one row, one KV head and BLOCK_Q queries: the GROUP query heads that share the
@@ -30,7 +30,7 @@ if triton is not None:
     def _paged_attn_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr,
         table_ptr, table_row_ptr, kv_len_ptr, q_start_ptr, path_ptr,
-        path_len, scale, D,
+        path_len_ptr, scale, D,
         sq_t, sq_h, sk_s, sk_h, sv_s, sv_h, so_t, so_h, st_b, sp_r,
         PAGE: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, TREE: tl.constexpr, PRECISION: tl.constexpr,
@@ -71,6 +71,7 @@ if triton is not None:
             m_i, l_i, acc = _attend(q, k_ptr, v_ptr, slot, n_ok, visible, offs_d, d_ok, sk_s, sk_h, sv_s, sv_h,
                                     kvh, scale, m_i, l_i, acc, PRECISION)
         if TREE:  # the branch's own path: scratch slots 0 .. path_len - 1
+            path_len = tl.load(path_len_ptr + row)
             for start in range(0, path_len, BLOCK_N):
                 offs_n = start + tl.arange(0, BLOCK_N)
                 n_ok = offs_n < path_len
@@ -101,7 +102,7 @@ if triton is not None:
 
 
 def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_len, page_size, scale,
-            table_rows=None, path_slots=None, path_len=0, block_n=32):
+            table_rows=None, path_slots=None, path_lens=None, block_n=32):
     T, Hq, D = q.shape
     _, Hk, Dk = k_cache.shape
     assert Dk == D and v_cache.shape == k_cache.shape and Hq % Hk == 0, (q.shape, k_cache.shape, v_cache.shape)
@@ -118,7 +119,7 @@ def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_l
     _paged_attn_kernel[grid](
         q, k_cache, v_cache, out,
         block_tables, table_rows if tree else dummy, kv_lens, query_start, path_slots if tree else dummy,
-        int(path_len), float(scale), D,
+        path_lens if tree else dummy, float(scale), D,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1), block_tables.stride(0), path_slots.stride(0) if tree else 0,
         PAGE=page_size, GROUP=group, BLOCK_Q=block_q, BLOCK_M=max(16, triton.next_power_of_2(block_q * group)),
@@ -136,12 +137,14 @@ def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, query_start, max
     return _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_len, page_size, scale)
 
 
-def tree_attention(q, k_cache, v_cache, block_tables, table_rows, kv_lens, path_slots, path_len: int,
-                   page_size: int, scale: float):
+def tree_attention(q, k_cache, v_cache, block_tables, table_rows, kv_lens, path_slots, path_lens,
+                   page_size: int, scale: float, query_start=None):
     """One query per branch row r: q [R, Hq, D]; block_tables [S, P] trunk pages per sequence;
-    table_rows [R] the sequence of each branch; kv_lens [R] trunk keys it sees (its fork point);
-    path_slots [R, K] its own path's slots, of which the first `path_len` are visible. -> [R, Hq, D]."""
-    rows = q.shape[0]
-    query_start = torch.arange(rows + 1, dtype=torch.int32, device=q.device)
+    table_rows [R] int32 the sequence of each branch; kv_lens [R] int32 trunk keys it sees (its fork
+    point); path_slots [R, K] its own path's slots, of which the first `path_lens[r]` (int32) are
+    visible; query_start: arange(R + 1) int32, passed in when it must be a static buffer (CUDA graphs).
+    -> [R, Hq, D]."""
+    if query_start is None:
+        query_start = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, 1, page_size, scale,
-                   table_rows=table_rows, path_slots=path_slots, path_len=path_len)
+                   table_rows=table_rows, path_slots=path_slots, path_lens=path_lens)

@@ -57,6 +57,11 @@ class EngineConfig:
     def weight_layout(self) -> str:
         return self.weight_layout_for(self.num_threads or torch.get_num_threads())
 
+    @property
+    def graph_max_batch(self) -> int:
+        """Largest batch CUDA graphs are captured for; 0 = eager."""
+        return 0 if self.enforce_eager else self.cuda_graph_max_batch
+
     def weight_layout_for(self, threads: int) -> str:
         """The layout a process with `threads` torch threads should use (e.g. the SSD draft's)."""
         if self.enforce_eager or self.device != "cpu":

@@ -104,10 +104,13 @@ def test_tree_attention_matches_reference_on_random_shapes(seed):
     scale = d ** -0.5
     for path_len in range(1, k + 1):
         to = lambda t: t.to(DEVICE)
+        path_lens = torch.full((branches,), path_len, dtype=torch.int32)
+        path_lens[0] = 1 + (path_len - 1) // 2  # rows may stand at different depths
         out = tree_attention(to(q), to(k_cache), to(v_cache), to(tables), to(table_rows), to(visible),
-                             to(path_slots), path_len, page, scale).cpu()
+                             to(path_slots), to(path_lens), page, scale).cpu()
         for r in range(branches):
-            seen = slots_of(tables[table_rows[r]].tolist(), int(visible[r]), page) + path_slots[r, :path_len].tolist()
+            seen = (slots_of(tables[table_rows[r]].tolist(), int(visible[r]), page)
+                    + path_slots[r, :int(path_lens[r])].tolist())
             expected = attend(q[r], k_cache[seen], v_cache[seen], scale)
             torch.testing.assert_close(out[r], expected, atol=2e-4, rtol=2e-4)
 
@@ -133,7 +136,7 @@ def test_tree_attention_never_reads_siblings_or_keys_past_the_fork():
     q = torch.randn(4, hq, d, generator=g)
     to = lambda t: t.to(DEVICE)
     out = tree_attention(to(q), to(k_cache), to(v_cache), to(tables), to(table_rows), to(visible), to(path_slots),
-                         step + 1, page, d ** -0.5).cpu()
+                         to(torch.full((4,), step + 1, dtype=torch.int32)), page, d ** -0.5).cpu()
     assert torch.isfinite(out).all()
 
 

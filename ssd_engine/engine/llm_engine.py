@@ -65,7 +65,7 @@ class LLMEngine:
         # verification and drafting run up to K positions past the last token
         max_position = self.max_model_len + config.num_speculative_tokens + 1
         spec = RunnerSpec(self.model_path, num_blocks, config.block_size, max_position, config.dtype,
-                          config.device, config.weight_layout, config.attention_backend)
+                          config.device, config.weight_layout, config.attention_backend, config.graph_max_batch)
         if config.tensor_parallel_size > 1 or torchrun_world() is not None:
             self.runner = start_tensor_parallel(config, spec, core_sets and core_sets[:-1])
         else:

@@ -7,6 +7,7 @@ to every slot up to its own position (causal over cached prefix + new tokens).
 Under tensor parallelism every rank has a ModelRunner over its slice of the model and of the KV
 heads; all ranks run `run()` on the same StepInputs in lockstep and only rank 0 gets logits.
 """
+import os
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +15,8 @@ import torch
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.scheduler import ScheduledBatch
-from ssd_engine.layers.attention import AttentionMetadata
+from ssd_engine.engine.cuda_graphs import GraphRunner
+from ssd_engine.layers.attention import AttentionMetadata, torch_attention
 from ssd_engine.layers.attention_backends import select_backend
 from ssd_engine.layers.linear import Linear
 from ssd_engine.models.loader import build_model, load_config
@@ -53,6 +55,7 @@ class RunnerSpec:
     device: str            # rank 0's; rank r on CUDA takes the r-th GPU after it
     weight_layout: str
     attention_backend: str = "auto"
+    cuda_graph_max_batch: int = 0   # 0: eager
 
     def build(self, tp: TPGroup | None = None) -> "ModelRunner":
         tp = tp or TPGroup.single()
@@ -62,13 +65,13 @@ class RunnerSpec:
         return ModelRunner(self.model_path, load_config(self.model_path), num_kv_blocks=self.num_kv_blocks,
                            block_size=self.block_size, max_model_len=self.max_model_len, dtype=DTYPES[self.dtype],
                            device=device, weight_layout=self.weight_layout, tp=tp,
-                           attention_backend=self.attention_backend)
+                           attention_backend=self.attention_backend, cuda_graph_max_batch=self.cuda_graph_max_batch)
 
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_model_len: int,
                  dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
-                 tp: TPGroup | None = None, attention_backend: str = "auto") -> None:
+                 tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
@@ -79,10 +82,27 @@ class ModelRunner:
                     # a tied head shares the embedding table, which must stay plain
                     tied = module is self.model.lm_head and self.model.tie_word_embeddings
                     module.pack_for_cpu(keep_plain=weight_layout == "dual" or tied)
-        self._allocate_kv_cache(num_kv_blocks)
         self.attention_backend = select_backend(attention_backend, device, block_size)
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = self.attention_backend
+        self.graphs = self._graph_runner(cuda_graph_max_batch, num_kv_blocks, max_model_len)
+        self._allocate_kv_cache(num_kv_blocks + (self.graphs is not None))  # + the padding rows' page
+
+    def _graph_runner(self, cap: int, num_kv_blocks: int, max_model_len: int) -> GraphRunner | None:
+        """CUDA graphs on a GPU with a kernel backend; SSD_ENGINE_EMULATE_CUDA_GRAPHS=1 runs their
+        static-buffer path on CPU too (tests). The torch reference's dense masks cannot be captured."""
+        emulate = os.environ.get("SSD_ENGINE_EMULATE_CUDA_GRAPHS") == "1"
+        if cap == 0 or self.attention_backend is torch_attention or not (self.device.type == "cuda" or emulate):
+            return None
+        return GraphRunner(self.model, cap=cap, max_pages=-(-max_model_len // self.block_size),
+                           block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
+                           capture="cuda" if self.device.type == "cuda" else "emulate")
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        key = self.graphs and self.graphs.family_key(meta, input_ids.shape[0])
+        if key:
+            return self.graphs.run(input_ids, positions, meta, key)
+        return self.model(input_ids, positions, meta)
 
     @staticmethod
     def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
@@ -130,13 +150,13 @@ class ModelRunner:
     @torch.inference_mode()
     def run_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
         """Forward with attention metadata built by the caller (tree attention); logits of every row."""
-        return self.model.compute_logits(self.model(input_ids, positions, meta)).float()
+        return self.model.compute_logits(self._forward(input_ids, positions, meta)).float()
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
         """Forward one step; logits on rank 0, None on other tensor-parallel ranks."""
         input_ids, positions, meta = self.prepare(inputs)
-        hidden = self.model(input_ids, positions, meta)
+        hidden = self._forward(input_ids, positions, meta)
         flat, base = [], 0
         for rows, fed in zip(inputs.logit_rows, inputs.token_ids):
             flat.extend(base + r for r in rows)

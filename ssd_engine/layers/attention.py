@@ -31,12 +31,13 @@ class AttentionMetadata:
     block_tables: torch.Tensor     # [R, P] int32 KV pages of each row (tree steps: of each sequence)
     kv_lens: torch.Tensor          # [R] int32 paged keys of each row (tree steps: the trunk keys a branch sees)
     query_start: torch.Tensor      # [R + 1] int32 offsets of each row's queries among the T tokens
+                                   # (a padded graph batch may hold fewer: rows past them are empty)
     max_query_len: int
     max_kv_len: int                # host copy of kv_lens.max(), so the reference needs no device sync
     block_size: int
     table_rows: torch.Tensor | None = None  # tree steps: [R] block-table row (sequence) of each branch
     path_slots: torch.Tensor | None = None  # tree steps: [R, K] cache slots of each branch's own path
-    path_len: int = 0                       # tree steps: how many path slots are visible (step + 1)
+    path_lens: torch.Tensor | None = None   # tree steps: [R] int32 path slots each branch sees (step + 1)
     _dense: DenseView | None = field(default=None, repr=False)
 
     @property
@@ -62,7 +63,7 @@ def _expand(meta: AttentionMetadata) -> DenseView:
     mask = torch.arange(width, device=dev)[None, None, :] < limit[:, :, None]   # causal, [R, Lq, L]
     if meta.path_slots is not None:  # tree: then the branch's own path, its first path_len slots
         k = meta.path_slots.shape[1]
-        path = (torch.arange(k, device=dev) < meta.path_len).expand(rows, max_q, k)
+        path = (torch.arange(k, device=dev)[None, :] < meta.path_lens[:, None]).unsqueeze(1).expand(rows, max_q, k)
         gather = torch.cat([gather, meta.path_slots.long()], dim=1)
         mask = torch.cat([mask, path], dim=2)
     tokens = meta.slot_mapping.shape[0]

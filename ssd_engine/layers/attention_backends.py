@@ -41,7 +41,7 @@ def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
 
     if meta.is_tree:
         return tree_attention(q, k_cache, v_cache, meta.block_tables, meta.table_rows, meta.kv_lens,
-                              meta.path_slots, meta.path_len, meta.block_size, scale)
+                              meta.path_slots, meta.path_lens, meta.block_size, scale, meta.query_start)
     return paged_attention(q, k_cache, v_cache, meta.block_tables, meta.kv_lens, meta.query_start,
                            meta.max_query_len, meta.block_size, scale)
 

@@ -35,6 +35,7 @@ class DraftSpec:
     max_num_seqs: int
     seed: int
     attention_backend: str = "auto"
+    cuda_graph_max_batch: int = 0
 
 
 def spawn(spec: DraftSpec, cores: list[int] | None, threads: int, timeout_s: float):
@@ -78,7 +79,7 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     runner = ModelRunner(spec.model_path, load_config(spec.model_path), num_kv_blocks=spec.num_blocks + scratch_pages,
                          block_size=spec.block_size, max_model_len=spec.max_position, dtype=DTYPES[spec.dtype],
                          device=torch.device(spec.device), weight_layout=spec.weight_layout,
-                         attention_backend=spec.attention_backend)
+                         attention_backend=spec.attention_backend, cuda_graph_max_batch=spec.cuda_graph_max_batch)
     server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
                         spec.max_num_seqs, spec.seed)
     store.set("draft/ready", str(os.getpid()))

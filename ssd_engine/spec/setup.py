@@ -43,7 +43,7 @@ def start_async_draft(config, engine, num_blocks: int, max_position: int, cores:
     spec = DraftSpec(draft_path, num_blocks, config.block_size, max_position, config.dtype, device,
                      config.weight_layout_for(threads), config.num_speculative_tokens, vocab,
                      tuple((t, tuple(f)) for t, f in plan.fanouts), float(config.saguaro_c),
-                     config.max_num_seqs, config.seed, config.attention_backend)
+                     config.max_num_seqs, config.seed, config.attention_backend, config.graph_max_batch)
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, config.draft_timeout_s,
                             engine.generator, engine.device, plan)
 
@@ -52,6 +52,7 @@ def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: 
     draft_path, proposable = draft_path_and_vocab(config, engine)
     runner = ModelRunner(draft_path, load_config(draft_path), num_kv_blocks=num_blocks, block_size=config.block_size,
                          max_model_len=max_position, dtype=dtype, device=engine.device,
-                         weight_layout=config.weight_layout, attention_backend=config.attention_backend)
+                         weight_layout=config.weight_layout, attention_backend=config.attention_backend,
+                         cuda_graph_max_batch=config.graph_max_batch)
     return SyncDraft(runner, num_blocks, config.block_size, config.num_speculative_tokens, proposable,
                      engine.generator)

@@ -25,4 +25,5 @@ def branch_metadata(trunk_tables: torch.Tensor, seq_of_branch: torch.Tensor, vis
         slot_mapping=scratch_slots[:, step].contiguous(), block_tables=trunk_tables,
         kv_lens=visible.to(torch.int32), query_start=torch.arange(rows + 1, dtype=torch.int32, device=visible.device),
         max_query_len=1, max_kv_len=max_visible, block_size=block_size,
-        table_rows=seq_of_branch.to(torch.int32), path_slots=scratch_slots, path_len=step + 1)
+        table_rows=seq_of_branch.to(torch.int32), path_slots=scratch_slots,
+        path_lens=torch.full((rows,), step + 1, dtype=torch.int32, device=visible.device))

@@ -1,0 +1,141 @@
+"""CUDA graphs for the fixed-shape steps: decode (1 query per row), verification (K + 1 per row) and
+the SSD draft's tree-branch steps (1 query per branch).
+
+Why: an eager decode step of a small model on a GPU is bound by kernel launches, not by the GPU.
+A step whose rows all feed the same number of tokens is replayed from a graph captured for the
+smallest captured row count (1, 2, 4, ... up to a cap) that holds it. Its inputs are copied into
+static buffers; the padding rows are empty (no keys, no path; their K/V goes to a reserved
+padding slot) and their outputs are dropped. Graphs are captured lazily, the first time a shape is
+seen, and every family of shapes shares one memory pool. Prefill chunks, steps wider than the cap
+and the torch reference attention (its dense masks depend on the data) run eagerly.
+
+`capture="emulate"` runs the same static-buffer path without CUDA (each replay calls the forward
+again on the static buffers): CPU tests check padding and buffer reuse with it.
+"""
+from dataclasses import dataclass, replace
+
+import torch
+
+from ssd_engine.layers.attention import AttentionMetadata
+
+
+def bucket_sizes(cap: int) -> list[int]:
+    sizes, n = [], 1
+    while n < cap:
+        sizes.append(n)
+        n *= 2
+    return sizes + [cap]
+
+
+@dataclass
+class _Family:
+    """Static buffers shared by every captured row count of one step shape (kind, tokens per row)."""
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata   # views of the static buffers at full capacity
+
+
+class GraphRunner:
+    def __init__(self, forward, *, cap: int, max_pages: int, block_size: int, pad_slot: int,
+                 device: torch.device, capture: str) -> None:
+        self.forward = forward  # (input_ids, positions, meta) -> hidden [T, H]
+        self.sizes = bucket_sizes(cap)
+        self.max_pages, self.block_size, self.pad_slot, self.device = max_pages, block_size, pad_slot, device
+        self.capture = capture
+        self.families: dict[tuple, _Family] = {}
+        self.graphs: dict[tuple, tuple] = {}  # (family key, rows) -> (replay, static output)
+        self.pool = None
+
+    def family_key(self, meta: AttentionMetadata, tokens: int) -> tuple | None:
+        """Which static family a step belongs to, or None when it must run eagerly."""
+        rows = meta.kv_lens.shape[0]
+        if rows > self.sizes[-1] or tokens != rows * meta.max_query_len:
+            return None  # too wide, or rows feeding different token counts (prefill chunks)
+        if meta.block_tables.shape[1] > self.max_pages:
+            return None
+        if meta.is_tree:
+            if meta.block_tables.shape[0] > self.sizes[-1]:
+                return None
+            return "tree", meta.path_slots.shape[1]
+        return "paged", meta.max_query_len
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, key: tuple):
+        rows = meta.kv_lens.shape[0]
+        size = next(n for n in self.sizes if n >= rows)
+        family = self.families.get(key) or self._new_family(key)
+        self._fill(family, input_ids, positions, meta, size)
+        graph = self.graphs.get((key, size))
+        if graph is None:
+            graph = self.graphs[(key, size)] = self._capture(family, key, size)
+        replay, out = graph
+        replay()
+        return out[:input_ids.shape[0]]
+
+    # ---- static buffers -------------------------------------------------------------------
+    def _new_family(self, key: tuple) -> _Family:
+        kind, width = key
+        cap, dev = self.sizes[-1], self.device
+        per_row = width if kind == "paged" else 1
+        i32 = dict(dtype=torch.int32, device=dev)
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((cap * per_row,), self.pad_slot, dtype=torch.long, device=dev),
+            block_tables=torch.zeros(cap, self.max_pages, **i32), kv_lens=torch.zeros(cap, **i32),
+            query_start=torch.arange(cap + 1, **i32) * per_row, max_query_len=per_row, max_kv_len=0,
+            block_size=self.block_size)
+        if kind == "tree":
+            meta = replace(meta, table_rows=torch.zeros(cap, **i32), path_lens=torch.zeros(cap, **i32),
+                           path_slots=torch.full((cap, width), self.pad_slot, dtype=torch.long, device=dev))
+        family = _Family(torch.zeros(cap * per_row, dtype=torch.long, device=dev),
+                         torch.zeros(cap * per_row, dtype=torch.long, device=dev), meta)
+        self.families[key] = family
+        return family
+
+    def _fill(self, family: _Family, input_ids, positions, meta: AttentionMetadata, size: int) -> None:
+        """Copy the step in; rows past it up to `size` become empty rows."""
+        static, tokens, rows = family.meta, input_ids.shape[0], meta.kv_lens.shape[0]
+        per_row = static.max_query_len
+        family.input_ids[:tokens].copy_(input_ids)
+        family.positions[:tokens].copy_(positions)
+        static.slot_mapping[:tokens].copy_(meta.slot_mapping)
+        static.slot_mapping[tokens:size * per_row].fill_(self.pad_slot)
+        tables = meta.block_tables
+        static.block_tables[:tables.shape[0], :tables.shape[1]].copy_(tables)
+        static.kv_lens[:rows].copy_(meta.kv_lens)
+        static.kv_lens[rows:size].zero_()          # no keys: a padding row reads nothing
+        if meta.is_tree:
+            static.table_rows[:rows].copy_(meta.table_rows)
+            static.table_rows[rows:size].zero_()
+            static.path_slots[:rows].copy_(meta.path_slots)
+            static.path_lens[:rows].copy_(meta.path_lens)
+            static.path_lens[rows:size].zero_()
+
+    def _view(self, family: _Family, key: tuple, size: int):
+        """The inputs a graph of `size` rows is captured on: views into the family's buffers."""
+        static = family.meta
+        tokens = size * static.max_query_len
+        meta = replace(static, slot_mapping=static.slot_mapping[:tokens], kv_lens=static.kv_lens[:size],
+                       query_start=static.query_start[:size + 1], _dense=None)
+        if static.is_tree:
+            meta = replace(meta, table_rows=static.table_rows[:size], path_slots=static.path_slots[:size],
+                           path_lens=static.path_lens[:size])
+        else:
+            meta = replace(meta, block_tables=static.block_tables[:size])
+        return family.input_ids[:tokens], family.positions[:tokens], meta
+
+    # ---- capture --------------------------------------------------------------------------
+    def _capture(self, family: _Family, key: tuple, size: int):
+        input_ids, positions, meta = self._view(family, key, size)
+        run = lambda: self.forward(input_ids, positions, meta)
+        if self.capture == "emulate":
+            out = run()
+            return (lambda: out.copy_(run())), out
+        side = torch.cuda.Stream(self.device)  # warm-up off the capture stream (allocator, cuBLAS handles)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            out = run()
+        self.pool = graph.pool()
+        return graph.replay, out

@@ -1,0 +1,116 @@
+"""CUDA graphs' static-buffer path: bucketing, padding rows, buffer reuse, `enforce_eager`.
+
+On CPU the graphs are emulated (SSD_ENGINE_EMULATE_CUDA_GRAPHS=1: the same static buffers, padding
+and replay bookkeeping, each replay re-running the forward) over the Triton kernels under the
+interpreter; on a CUDA machine the last test captures real graphs.
+"""
+import os
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine.engine.cuda_graphs import bucket_sizes  # noqa: E402
+from ssd_engine.engine.model_runner import ModelRunner, StepInputs  # noqa: E402
+from ssd_engine.models.loader import load_config  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+PROMPTS = [list(range(5, 12)), list(range(40, 62)), [7, 8, 9]]  # 3 rows: padded to a graph of 4
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    if DEVICE == "cpu":
+        monkeypatch.setenv("SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1")  # the SSD draft process inherits it
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_dir):
+    return tiny_model_dir("qwen2", vocab_size=259)
+
+
+def _expected(path, n):
+    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
+    return [oracle.generate(torch.tensor([p], device=DEVICE), max_new_tokens=n, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+
+
+def test_bucket_sizes():
+    assert bucket_sizes(1) == [1]
+    assert bucket_sizes(8) == [1, 2, 4, 8]
+    assert bucket_sizes(48) == [1, 2, 4, 8, 16, 32, 48]
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_graphed_engine_matches_transformers(model, emulated, mode):
+    n = 16 if mode != "ssd" else 10
+    expected = [e[:n] for e in _expected(model, n)]
+    greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    options = dict(device=DEVICE, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=8)
+    if mode != "ar":
+        options.update(draft_model=model, speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="2",
+                       draft_timeout_s=300)
+    with LLM(model, **options) as llm:
+        assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
+        graphs = llm.engine.runner.graphs
+        shapes = {key for key, rows in graphs.graphs}
+        # AR decodes 1 token per row; SD and SSD verify K + 1 = 4 per row; 3 rows ride a graph of 4
+        assert shapes == ({("paged", 1)} if mode == "ar" else {("paged", 4)})
+        assert {rows for _, rows in graphs.graphs} >= {4}
+        if mode == "sd":
+            assert ("paged", 1) in {key for key, _ in llm.engine.speculator.runner.graphs.graphs}
+        if mode == "ssd":
+            assert not llm.engine.speculator.metrics.summary()["draft_failures"]
+
+
+def _runner(model, graphs: int) -> ModelRunner:
+    return ModelRunner(model, load_config(model), num_kv_blocks=16, block_size=4, max_model_len=64,
+                       dtype=torch.float32, device=torch.device(DEVICE), attention_backend="triton",
+                       cuda_graph_max_batch=graphs)
+
+
+def _slots_written(before: torch.Tensor, after: torch.Tensor) -> set[int]:
+    return set((after != before).flatten(0, 1).any(dim=-1).any(dim=-1).any(dim=0).nonzero().flatten().tolist())
+
+
+def test_padding_rows_write_only_the_padding_slot(model, emulated):
+    graphed, eager = _runner(model, 4), _runner(model, 0)
+    tables = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    prefill = StepInputs([0, 0, 0, 0], [[5, 6, 7], [8, 9], [10], [11, 12]], tables, [[2], [1], [0], [1]])
+    for runner in (graphed, eager):
+        runner.run(prefill)  # ragged: eager
+    assert not graphed.graphs.graphs
+    steps = [StepInputs([3, 2, 1, 2], [[13], [14], [15], [16]], tables, [[0]] * 4),  # 4 rows: graph of 4
+             StepInputs([4, 3, 2], [[17], [18], [19]], tables[:3], [[0]] * 3)]      # 3 rows: same graph, padded
+    pad_slot = 16 * 4
+    for step, new_slots in zip(steps, [{3, 10, 17, 26}, {4 * 1 + 0, 11, 18}]):
+        before = graphed.kv_cache.clone()
+        logits = graphed.run(step)
+        # only each row's new slot and the padding slot change: the 4th row's slot from the step
+        # before (still in the static buffer) is not written again
+        assert _slots_written(before, graphed.kv_cache) <= new_slots | {pad_slot}
+        torch.testing.assert_close(logits, eager.run(step))
+    assert list(graphed.graphs.graphs) == [(("paged", 1), 4)]
+
+
+def test_enforce_eager_and_the_reference_backend_capture_nothing(model, emulated):
+    with LLM(model, device=DEVICE, dtype="float32", attention_backend="triton", enforce_eager=True) as llm:
+        assert llm.engine.runner.graphs is None
+    with LLM(model, device=DEVICE, dtype="float32", attention_backend="torch") as llm:
+        assert llm.engine.runner.graphs is None  # dense masks depend on the data: no graphs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures real CUDA graphs: needs a CUDA GPU")
+def test_real_cuda_graphs_equal_eager(model):
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    options = dict(device="cuda", dtype="float32", draft_model=model, speculative_mode="sd", num_speculative_tokens=3)
+    with LLM(model, enforce_eager=True, **options) as llm:
+        eager = [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    with LLM(model, **options) as llm:
+        assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == eager
+        assert llm.engine.runner.graphs.capture == "cuda" and llm.engine.runner.graphs.graphs
