@@ -18,6 +18,7 @@ from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.engine.cuda_graphs import bucket_sizes  # noqa: E402
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs  # noqa: E402
 from ssd_engine.models.loader import load_config  # noqa: E402
+from ssd_engine.spec.tree_mask import branch_metadata  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPTS = [list(range(5, 12)), list(range(40, 62)), [7, 8, 9]]  # 3 rows: padded to a graph of 4
@@ -51,7 +52,7 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
     n = 16 if mode != "ssd" else 10
     expected = [e[:n] for e in _expected(model, n)]
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    options = dict(device=DEVICE, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=8)
+    options = dict(device=DEVICE, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=32)
     if mode != "ar":
         options.update(draft_model=model, speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="2",
                        draft_timeout_s=300)
@@ -96,6 +97,28 @@ def test_padding_rows_write_only_the_padding_slot(model, emulated):
         assert _slots_written(before, graphed.kv_cache) <= new_slots | {pad_slot}
         torch.testing.assert_close(logits, eager.run(step))
     assert list(graphed.graphs.graphs) == [(("paged", 1), 4)]
+
+
+def test_tree_steps_replay_and_match_eager(model, emulated):
+    graphed, eager = _runner(model, 8), _runner(model, 0)
+    tables = [[0, 1, 2], [3, 4, 5]]
+    prefill = StepInputs([0, 0], [list(range(5, 15)), list(range(20, 27))], tables, [[9], [6]])
+    for runner in (graphed, eager):
+        runner.run(prefill)
+    k, scratch_base = 3, 8 * 4  # branch paths in pages 8.. (after the trunks)
+    seq_of_branch, fork = torch.tensor([0, 0, 1, 1, 1]), [10, 8, 7, 5, 6]   # 5 branches: a graph of 8
+    scratch = (scratch_base + torch.arange(5 * k)).view(5, k)
+    trunk_tables = torch.tensor(tables, dtype=torch.int32)
+    ids = torch.tensor([30, 31, 32, 33, 34])
+    for step in range(k):
+        before = graphed.kv_cache.clone()
+        meta = lambda: branch_metadata(trunk_tables, seq_of_branch, torch.tensor(fork), max(fork), scratch, step, 4)
+        positions = torch.tensor(fork) + step
+        logits = graphed.run_metadata(ids, positions, meta())
+        assert _slots_written(before, graphed.kv_cache) <= set(scratch[:, step].tolist()) | {16 * 4}
+        torch.testing.assert_close(logits, eager.run_metadata(ids, positions, meta()))
+        ids = logits.argmax(dim=-1)
+    assert list(graphed.graphs.graphs) == [(("tree", k), 8)]
 
 
 def test_enforce_eager_and_the_reference_backend_capture_nothing(model, emulated):
