@@ -3,6 +3,7 @@ checkpoints (greedy outputs equal across engines, cells and files complete), and
 (decode throughput without prefill, batching, the README section) on hand-made numbers."""
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -115,3 +116,18 @@ def test_cuda_flags_place_the_target_on_gpus_and_the_draft_after_them(tiny_qwen2
     cpu = options.parse(["--model", tiny_qwen2, "--draft", tiny_qwen2, "--tp", "2", "--cores", "0,1",
                          "--draft-cores", "2"])
     assert cpu.dtype == "float32" and cpu.placement(with_draft=True) == "0;1;2" and cpu.placement(False) == "0;1"
+
+
+def test_cuda_kernel_benchmark_smoke_run_on_cpu():
+    """The GPU benchmark's code path, on tiny shapes under the Triton interpreter (so it cannot rot
+    between GPU loans): every kernel row and every backend / graphs row is produced."""
+    pytest.importorskip("triton")
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
+                          "bench_cuda_kernels.py")
+    done = subprocess.run([sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
+    assert [r[0].strip() for r in rows if r[0].strip() in ("decode", "verify", "tree")] == ["decode", "verify", "tree"]
+    engine = [(r[0].strip(), r[1].strip()) for r in rows if r[0].strip() in ("torch", "triton")]
+    assert engine == [("torch", "off")] * 2 + [("triton", "off")] * 2 + [("triton", "on")] * 2
+    assert all(float(r[3]) > 0 for r in rows if r[0].strip() in ("torch", "triton"))
