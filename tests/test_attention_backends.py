@@ -97,3 +97,23 @@ def test_backend_choice_errors_name_the_problem(monkeypatch):
         select_backend("triton", cpu, 16)
     with pytest.raises(ValueError, match="attention_backend must be one of"):
         LLM("/nonexistent", attention_backend="flashinfer")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-attn runs on CUDA only")
+def test_flash_attn_backend_matches_reference():
+    pytest.importorskip("flash_attn", reason="flash-attn is an optional extra")
+    from ssd_engine.layers.attention_backends import flash_attention
+
+    g = torch.Generator().manual_seed(0)
+    page, hq, hk, d, rows, q_len = 256, 12, 2, 128, 3, 5   # uniform K + 1 queries per row (verification)
+    kv_lens = torch.tensor([300, 700, 5], dtype=torch.int32)
+    tables = torch.randperm(9, generator=g)[:6].view(rows, 2).to(torch.int32)
+    slots = torch.cat([tables[b, (kv_lens[b] - q_len + torch.arange(q_len)) // page] * page
+                       + (kv_lens[b] - q_len + torch.arange(q_len)) % page for b in range(rows)])
+    meta = AttentionMetadata(slots.cuda(), tables.cuda(), kv_lens.cuda(),
+                             (torch.arange(rows + 1, dtype=torch.int32) * q_len).cuda(), q_len, 700, page)
+    k_cache = torch.randn(9 * page, hk, d, generator=g).cuda().bfloat16()
+    v_cache = torch.randn(9 * page, hk, d, generator=g).cuda().bfloat16()
+    q = torch.randn(rows * q_len, hq, d, generator=g).cuda().bfloat16()
+    torch.testing.assert_close(flash_attention(q, k_cache, v_cache, meta, d ** -0.5).float(),
+                               torch_attention(q, k_cache, v_cache, meta, d ** -0.5).float(), atol=3e-2, rtol=3e-2)
