@@ -137,3 +137,22 @@ def test_real_cuda_graphs_equal_eager(model):
     with LLM(model, **options) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == eager
         assert llm.engine.runner.graphs.capture == "cuda" and llm.engine.runner.graphs.graphs
+
+
+def test_capture_all_then_replay(model, emulated):
+    """Start-up capture (what the engine does on a GPU) on empty buffers: every bucket of every named
+    shape exists before the first step, reads nothing and writes only the padding slot; later steps
+    replay those graphs and equal eager."""
+    graphed, eager = _runner(model, 4), _runner(model, 0)
+    before = graphed.kv_cache.clone()
+    graphed.graphs.capture_all([("paged", 1), ("paged", 3), ("tree", 2)])
+    assert set(graphed.graphs.graphs) == {(key, n) for key in [("paged", 1), ("paged", 3), ("tree", 2)]
+                                          for n in (1, 2, 4)}
+    assert _slots_written(before, graphed.kv_cache) <= {16 * 4}
+    tables = [[0, 1], [2, 3]]
+    prefill = StepInputs([0, 0], [[5, 6, 7], [8, 9]], tables, [[2], [1]])
+    verify = StepInputs([3, 2], [[10, 11, 12], [13, 14, 15]], tables, [[0, 1, 2]] * 2)
+    for runner in (graphed, eager):
+        runner.run(prefill)
+    torch.testing.assert_close(graphed.run(verify), eager.run(verify))
+    assert len(graphed.graphs.graphs) == 9  # nothing new was captured

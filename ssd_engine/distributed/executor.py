@@ -61,6 +61,11 @@ class TensorParallelRunner:
             self.in_step = False
             return logits
 
+    def capture_graphs(self, keys: list[tuple]) -> None:
+        with self._guard("capturing CUDA graphs"):  # every rank captures: the graphs hold the all-reduces
+            self.tp.send_command("capture_graphs", keys)
+            self.runner.capture_graphs(keys)
+
     def release(self, seq) -> None:
         """The sequence's pages were freed: workers drop their copy of its table with the next step."""
         self.mirror.forget(seq.seq_id)

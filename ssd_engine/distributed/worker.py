@@ -61,6 +61,9 @@ class Worker:
         if self.tp.barrier_status(failed) or failed:
             raise SystemExit(1)  # rank 0 reports it; a half-built model must not serve
 
+    def capture_graphs(self, keys: list) -> None:
+        self.runner.capture_graphs(keys)
+
     def forward(self, message: tuple) -> None:
         seq_ids, starts, token_ids, deltas, logit_rows, freed = message
         for seq_id in freed:

@@ -5,8 +5,9 @@ Why: an eager decode step of a small model on a GPU is bound by kernel launches,
 A step whose rows all feed the same number of tokens is replayed from a graph captured for the
 smallest captured row count (1, 2, 4, ... up to a cap) that holds it. Its inputs are copied into
 static buffers; the padding rows are empty (no keys, no path; their K/V goes to a reserved
-padding slot) and their outputs are dropped. Graphs are captured lazily, the first time a shape is
-seen, and every family of shapes shares one memory pool. Prefill chunks, steps wider than the cap
+padding slot) and their outputs are dropped. The engine captures its step shapes for every row
+bucket at start-up (largest first, so smaller graphs reuse the pool's memory); a shape it did not
+name is captured the first time it is seen. All graphs share one memory pool. Prefill chunks, steps wider than the cap
 and the torch reference attention (its dense masks depend on the data) run eagerly.
 
 `capture="emulate"` runs the same static-buffer path without CUDA (each replay calls the forward
@@ -58,6 +59,15 @@ class GraphRunner:
                 return None
             return "tree", meta.path_slots.shape[1]
         return "paged", meta.max_query_len
+
+    def capture_all(self, keys: list[tuple]) -> None:
+        """Capture every row bucket of each (kind, width) key now, on the empty static buffers (rows
+        without keys, K/V written to the padding slot), instead of during the first requests."""
+        for key in keys:
+            family = self.families.get(key) or self._new_family(key)
+            for size in reversed(self.sizes):
+                if (key, size) not in self.graphs:
+                    self.graphs[(key, size)] = self._capture(family, key, size)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, key: tuple):
         rows = meta.kv_lens.shape[0]

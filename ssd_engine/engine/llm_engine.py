@@ -87,8 +87,18 @@ class LLMEngine:
             self.scheduler.release_hooks.append(self.speculator.release)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
+        self._capture_graphs()
 
     # ---- set-up helpers -------------------------------------------------------------------
+    def _capture_graphs(self) -> None:
+        """CUDA graphs for the steps this engine repeats: decode, verification of K + 1 tokens, and
+        the SD draft's one-token steps (the SSD draft process captures its own)."""
+        k = self.config.num_speculative_tokens
+        shapes = [("paged", 1)] if self.config.speculative_mode == "ar" else [("paged", 1), ("paged", k + 1)]
+        self.runner.capture_graphs(shapes)
+        if self.config.speculative_mode == "sd":
+            self.speculator.runner.capture_graphs([("paged", 1)])
+
     def _place(self) -> list[list[int]] | None:
         """On CPU, SSD gives the draft process cores of its own: one core set per target rank, then
         the draft's. This process (rank 0) is pinned to the first set until close()."""

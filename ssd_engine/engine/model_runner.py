@@ -104,6 +104,14 @@ class ModelRunner:
             return self.graphs.run(input_ids, positions, meta, key)
         return self.model(input_ids, positions, meta)
 
+    @torch.inference_mode()
+    def capture_graphs(self, keys: list[tuple]) -> None:
+        """Capture CUDA graphs for these step shapes at every row bucket now (real CUDA only: the
+        CPU emulation captures lazily, keeping tests fast). ("paged", n): n tokens per row;
+        ("tree", K): branch steps with K-token paths."""
+        if self.graphs is not None and self.graphs.capture == "cuda":
+            self.graphs.capture_all(keys)
+
     @staticmethod
     def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
         """Bytes of one KV page on the rank holding the most KV heads."""

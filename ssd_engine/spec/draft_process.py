@@ -82,6 +82,7 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
                          attention_backend=spec.attention_backend, cuda_graph_max_batch=spec.cuda_graph_max_batch)
     server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
                         spec.max_num_seqs, spec.seed)
+    runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps
     store.set("draft/ready", str(os.getpid()))
     link = DraftLink(store, 1, timeout_s, payload_device=torch.device(spec.device))
     reply = torch.zeros(0)
