@@ -70,15 +70,17 @@ def test_paged_attention_matches_reference_on_random_shapes(seed):
     scale = d ** -0.5
 
     to = lambda t: t.to(DEVICE)
-    out = paged_attention(to(q), to(k_cache), to(v_cache), to(tables), to(torch.tensor(kv_lens, dtype=torch.int32)),
-                          to(starts), max(q_lens), page, scale).cpu()
-    for b in range(rows):
-        slots = slots_of(tables[b].tolist(), kv_lens[b], page)
-        for i in range(q_lens[b]):
-            seen = slots[:kv_lens[b] - q_lens[b] + i + 1]  # causal
-            t = int(starts[b]) + i
-            expected = attend(q[t], k_cache[seen], v_cache[seen], scale)
-            torch.testing.assert_close(out[t], expected, atol=2e-4, rtol=2e-4)
+    for splits in (1, 1 + seed % 5):  # split-KV: partial softmaxes over key spans, merged
+        out = paged_attention(to(q), to(k_cache), to(v_cache), to(tables),
+                              to(torch.tensor(kv_lens, dtype=torch.int32)), to(starts), max(q_lens), page, scale,
+                              splits=splits).cpu()
+        for b in range(rows):
+            slots = slots_of(tables[b].tolist(), kv_lens[b], page)
+            for i in range(q_lens[b]):
+                seen = slots[:kv_lens[b] - q_lens[b] + i + 1]  # causal
+                t = int(starts[b]) + i
+                expected = attend(q[t], k_cache[seen], v_cache[seen], scale)
+                torch.testing.assert_close(out[t], expected, atol=2e-4, rtol=2e-4)
 
 
 @pytest.mark.parametrize("seed", range(8))
@@ -107,7 +109,7 @@ def test_tree_attention_matches_reference_on_random_shapes(seed):
         path_lens = torch.full((branches,), path_len, dtype=torch.int32)
         path_lens[0] = 1 + (path_len - 1) // 2  # rows may stand at different depths
         out = tree_attention(to(q), to(k_cache), to(v_cache), to(tables), to(table_rows), to(visible),
-                             to(path_slots), to(path_lens), page, scale).cpu()
+                             to(path_slots), to(path_lens), page, scale, splits=1 + (seed + path_len) % 3).cpu()
         for r in range(branches):
             seen = (slots_of(tables[table_rows[r]].tolist(), int(visible[r]), page)
                     + path_slots[r, :int(path_lens[r])].tolist())
@@ -136,7 +138,7 @@ def test_tree_attention_never_reads_siblings_or_keys_past_the_fork():
     q = torch.randn(4, hq, d, generator=g)
     to = lambda t: t.to(DEVICE)
     out = tree_attention(to(q), to(k_cache), to(v_cache), to(tables), to(table_rows), to(visible), to(path_slots),
-                         to(torch.full((4,), step + 1, dtype=torch.int32)), page, d ** -0.5).cpu()
+                         to(torch.full((4,), step + 1, dtype=torch.int32)), page, d ** -0.5, splits=3).cpu()
     assert torch.isfinite(out).all()
 
 
