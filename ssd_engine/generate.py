@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     e2e = max(o.metrics.e2e_s for o in outputs)
     ttft = sum(o.metrics.ttft_s for o in outputs) / len(outputs)
     decode = sum(o.metrics.decode_tokens_per_s for o in outputs) / len(outputs)
+    print("[engine] " + " ".join(f"{key}={value}" for key, value in llm.engine.execution().items()), file=sys.stderr)
     print(f"[stats] requests={len(outputs)} output_tokens={tokens} load={load_s:.1f}s e2e={e2e:.2f}s "
           f"ttft={ttft:.2f}s decode={decode:.2f} tok/s throughput={tokens / e2e:.2f} tok/s", file=sys.stderr)
     if llm.config.speculative_mode != "ar":

@@ -240,3 +240,5 @@ def test_torchrun_joins_instead_of_spawning(tiny_qwen2):
                              *args, "--tp", "2"], capture_output=True, text=True, timeout=180, env=env)
     assert joined.returncode == 0, joined.stderr
     assert joined.stdout == single.stdout and single.stdout.strip()
+    for run in (single, joined):  # how the target ran, read through the TP runner too
+        assert "[engine] device=cpu dtype=float32 attention=torch cuda_graphs=off" in run.stderr

@@ -19,6 +19,7 @@ from ssd_engine.engine.sequence import Sequence, SequenceStatus
 from ssd_engine.distributed.launch import close_at_exit, start_tensor_parallel, torchrun_world
 from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
 from ssd_engine.distributed.partition import check_splittable
+from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.models.loader import load_config
 from ssd_engine.outputs import RequestMetrics, RequestOutput
 from ssd_engine.sampling.processors import SamplingTensors
@@ -290,6 +291,14 @@ class LLMEngine:
     def _finish(self, seq: Sequence) -> None:
         seq.metrics.finish_time = time.perf_counter()
         self.scheduler.finish(seq)
+
+    def execution(self) -> dict:
+        """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets."""
+        runner = getattr(self.runner, "runner", self.runner)  # rank 0's own under tensor parallelism
+        graphs = runner.graphs
+        return {"device": str(self.device), "dtype": self.config.dtype,
+                "attention": backend_name(runner.attention_backend),
+                "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off"}
 
     def close(self) -> None:
         """Stop the draft process and tensor-parallel workers (if any); the engine is unusable afterwards."""
