@@ -88,13 +88,15 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
     from ssd_engine.config import EngineConfig
     from ssd_engine.engine.model_runner import DTYPES, ModelRunner, StepInputs
     from ssd_engine.models.loader import load_config
-    layout = EngineConfig(model=model_path, speculative_mode="ar", device=args.device,
-                          num_threads=args.threads).weight_layout  # the engine's own choice
+    config = EngineConfig(model=model_path, speculative_mode="ar", device=args.device, num_threads=args.threads,
+                          enforce_eager=args.enforce_eager)
+    layout = config.weight_layout  # the engine's own choices: layout, attention backend, CUDA graphs
     pages = -(-(args.context + 1) // BLOCK_SIZE)
     max_batch = max(args.batch)
     runner = ModelRunner(model_path, load_config(model_path), num_kv_blocks=max_batch * pages, block_size=BLOCK_SIZE,
                          max_model_len=args.context + 2, dtype=DTYPES[args.dtype], device=device,
-                         weight_layout=layout)
+                         weight_layout=layout, cuda_graph_max_batch=config.graph_max_batch)
+    runner.capture_graphs([("paged", 1)])  # as the engine does at start-up (GPU only)
     tables = [list(range(i * pages, (i + 1) * pages)) for i in range(max_batch)]
     prompt = [3 + i % 250 for i in range(args.context)]  # ids every vocabulary has
     runner.run(StepInputs([0], [prompt], tables[:1], [[args.context - 1]]))
@@ -116,7 +118,8 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
         weights, kv = step_bytes(runner, batch, args.context)
-        rows.append(dict(batch=batch, weights=weights, kv=kv, seconds=statistics.median(times), layout=layout))
+        rows.append(dict(batch=batch, weights=weights, kv=kv, seconds=statistics.median(times), layout=layout,
+                         graphs="on" if runner.graphs is not None else "off"))
     del runner
     gc.collect()
     if device.type == "cuda":
@@ -136,6 +139,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: cores this process may use)")
     p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--ceiling-gib", type=float, default=1.0, help="size of the ceiling's fp32 buffers")
+    p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (GPU), plain weights (CPU)")
     p.add_argument("--out", default=None, help="Markdown file (default: results/DATE-bandwidth-DEVICE.md)")
     args = p.parse_args(argv)
     args.batch = [int(b) for b in args.batch.split(",") if b.strip()]
@@ -169,7 +173,7 @@ def main(argv: list[str] | None = None) -> str:
     layouts = []
     for role, path in models:
         rows = time_decode(path, args, device)
-        layouts.append(f"{role} {rows[0]['layout']}")
+        layouts.append(f"{role} {rows[0]['layout']}, CUDA graphs {rows[0]['graphs']}")
         for r in rows:
             total = r["weights"] + r["kv"]
             achieved = total / r["seconds"]
@@ -185,7 +189,7 @@ def main(argv: list[str] | None = None) -> str:
     report = "\n".join([
         f"# Decode-step memory bandwidth ({datetime.date.today()}, {args.device})", "",
         "`" + " ".join([*pin, "python benchmarks/bench_bandwidth.py", *argv]) + "`", "",
-        f"{machine_line(args.device)}; {placement}; weight layout: {', '.join(layouts)}; "
+        f"{machine_line(args.device)}; {placement}; weight layout: {'; '.join(layouts)}; "
         f"median of {args.steps} steps after {args.warmup} warm-up; MB = 1e6 bytes, GB/s = 1e9 bytes/s.", "",
         f"Measured ceiling (torch, same threads, best of 5 on {args.ceiling_gib:g} GiB fp32): read (sum) {ceiling['read'] / 1e9:.1f} GB/s, "
         f"copy (read + write) {ceiling['copy'] / 1e9:.1f} GB/s; the ceiling column is the larger. "
