@@ -123,6 +123,16 @@ def _num_splits(programs: int, device: torch.device) -> int:
     return max(1, min(MAX_SPLITS, triton.cdiv(2 * sms, programs)))
 
 
+def block_config(group: int, max_query_len: int, head_dim: int, page_size: int, tree: bool, splits: int,
+                 fp32: bool, block_n: int = 32) -> dict:
+    """The kernel's compile-time parameters for a step shape (also what `compile_check` builds)."""
+    block_q = max(1, min(triton.next_power_of_2(max_query_len), max(1, 64 // group)))
+    return dict(PAGE=page_size, GROUP=group, BLOCK_Q=block_q, BLOCK_M=max(16, triton.next_power_of_2(block_q * group)),
+                BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(head_dim)), TREE=tree,
+                PRECISION="ieee" if fp32 else "tf32",  # fp32 stays exact fp32 (no TF32)
+                SPLITS=splits)
+
+
 def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_len, page_size, scale,
             table_rows=None, path_slots=None, path_lens=None, block_n=32, splits=None):
     T, Hq, D = q.shape
@@ -133,15 +143,15 @@ def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_l
     if T == 0 or rows == 0:
         return torch.empty_like(q)
     group = Hq // Hk
-    block_q = max(1, min(triton.next_power_of_2(max_query_len), max(1, 64 // group)))
-    q_blocks = triton.cdiv(max_query_len, block_q)
-    splits = splits or _num_splits(rows * Hk * q_blocks, q.device)
+    tree = table_rows is not None
+    config = block_config(group, max_query_len, D, page_size, tree, 1, q.dtype == torch.float32, block_n)
+    q_blocks = triton.cdiv(max_query_len, config["BLOCK_Q"])
+    config["SPLITS"] = splits = splits or _num_splits(rows * Hk * q_blocks, q.device)
     # one split writes the output directly; several write fp32 partials merged below
     out = torch.empty_like(q) if splits == 1 else torch.empty(splits, T, Hq, D, device=q.device)
     m = l = kv_lens  # never written with one split
     if splits > 1:
         m, l = (torch.empty(splits, T, Hq, device=q.device) for _ in range(2))
-    tree = table_rows is not None
     dummy = kv_lens  # never read when TREE is off
     _paged_attn_kernel[(rows, Hk, q_blocks * splits)](
         q, k_cache, v_cache, out, m, l,
@@ -149,11 +159,7 @@ def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_l
         path_lens if tree else dummy, float(scale), D, T, Hq,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         out.stride(0) if splits > 1 else 0, out.stride(-3), out.stride(-2), block_tables.stride(0),
-        path_slots.stride(0) if tree else 0,
-        PAGE=page_size, GROUP=group, BLOCK_Q=block_q, BLOCK_M=max(16, triton.next_power_of_2(block_q * group)),
-        BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(D)), TREE=tree,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",  # fp32 stays exact fp32 (no TF32)
-        SPLITS=splits,
+        path_slots.stride(0) if tree else 0, **config,
     )
     if splits == 1:
         return out

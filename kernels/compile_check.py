@@ -1,0 +1,64 @@
+"""Compile the attention kernel for NVIDIA GPUs ahead of time, on a machine without one.
+
+Triton ships ptxas, so the kernel can be lowered all the way to a cubin for a named architecture
+(sm_80 A100, sm_90 H100/H200) from its signature alone. This catches what the interpreter cannot:
+type errors in loop-carried values, `tl.dot` shape limits, register or shared-memory overflow.
+
+    python -m kernels.compile_check          # one line per variant; exit status 1 if any failed
+
+Must run without TRITON_INTERPRET (under it `@triton.jit` builds an interpreter function instead).
+"""
+import inspect
+import os
+import sys
+
+VARIANTS = [  # (dtype, tree, splits, GQA group, max query len, head dim): the engine's step shapes
+    ("bf16", False, 1, 6, 1, 128),   # Qwen2.5-1.5B decode
+    ("bf16", False, 8, 6, 1, 128),   # decode, split-KV
+    ("bf16", False, 1, 6, 5, 128),   # verification, K + 1 = 5
+    ("bf16", False, 1, 7, 512, 64),  # prefill chunk, Qwen2.5-0.5B heads (14 over 2)
+    ("bf16", True, 4, 7, 1, 64),     # SSD tree-branch step, split-KV
+    ("fp32", False, 1, 2, 16, 40),   # fp32 (exactness runs), head dim not a power of two
+    ("fp32", True, 3, 3, 1, 64),     # fp32 tree step, split-KV
+]
+
+
+def compile_variant(dtype: str, tree: bool, splits: int, group: int, max_query_len: int, head_dim: int,
+                    arch: int = 90):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kernels.paged_attention import _paged_attn_kernel, block_config
+
+    names = list(inspect.signature(_paged_attn_kernel.fn).parameters)
+    data = {"fp32": "*fp32", "bf16": "*bf16"}[dtype]
+    pointers = {"q_ptr": data, "k_ptr": data, "v_ptr": data, "out_ptr": data if splits == 1 else "*fp32",
+                "m_ptr": "*fp32", "l_ptr": "*fp32", "path_ptr": "*i64"}
+    config = block_config(group, max_query_len, head_dim, 16, tree, splits, dtype == "fp32")
+    signature = {n: "constexpr" if n in config else pointers.get(n, "*i32" if n.endswith("_ptr") else "i32")
+                 for n in names}
+    signature["scale"] = "fp32"
+    source = ASTSource(fn=_paged_attn_kernel, signature=signature,
+                       constexprs={(names.index(n),): v for n, v in config.items()})
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32))
+
+
+def main() -> int:
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        print("unset TRITON_INTERPRET first", file=sys.stderr)
+        return 2
+    failed = 0
+    for arch in (80, 90):
+        for variant in VARIANTS:
+            try:
+                kernel = compile_variant(*variant, arch=arch)
+                print(f"ok   sm_{arch} {variant} shared memory {kernel.metadata.shared} B")
+            except Exception as error:  # report every variant, then fail
+                failed += 1
+                print(f"FAIL sm_{arch} {variant}: {type(error).__name__}: {str(error)[:2000]}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
