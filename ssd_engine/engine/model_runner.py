@@ -1,8 +1,9 @@
 """Owns one model and its paged KV cache: turns a scheduled batch into tensors, runs forward.
 
-Inputs are flattened over the batch (no padding in the dense layers); attention gets per-
-sequence slot tables and a mask. A sequence computing new tokens [start, start + n) attends
-to every slot up to its own position (causal over cached prefix + new tokens).
+Inputs are flattened over the batch (no padding in the dense layers); attention gets compact
+metadata (block tables, key counts, query offsets). A sequence computing new tokens
+[start, start + n) attends to every slot up to its own position (causal over cached prefix + new
+tokens). On a GPU, steps of uniform shape replay CUDA graphs (engine/cuda_graphs.py).
 
 Under tensor parallelism every rank has a ModelRunner over its slice of the model and of the KV
 heads; all ranks run `run()` on the same StepInputs in lockstep and only rank 0 gets logits.
