@@ -69,10 +69,12 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
             assert not llm.engine.speculator.metrics.summary()["draft_failures"]
 
 
-def _runner(model, graphs: int) -> ModelRunner:
-    return ModelRunner(model, load_config(model), num_kv_blocks=16, block_size=4, max_model_len=64,
-                       dtype=torch.float32, device=torch.device(DEVICE), attention_backend="triton",
-                       cuda_graph_max_batch=graphs)
+def _runner(model, graphs: int, shapes=(("paged", 1),)) -> ModelRunner:
+    runner = ModelRunner(model, load_config(model), num_kv_blocks=16, block_size=4, max_model_len=64,
+                         dtype=torch.float32, device=torch.device(DEVICE), attention_backend="triton",
+                         cuda_graph_max_batch=graphs)
+    runner.capture_graphs(list(shapes))  # what the engine does at start-up
+    return runner
 
 
 def _slots_written(before: torch.Tensor, after: torch.Tensor) -> set[int]:
@@ -99,8 +101,19 @@ def test_padding_rows_write_only_the_padding_slot(model, emulated):
     assert list(graphed.graphs.graphs) == [(("paged", 1), 4)]
 
 
+def test_only_named_shapes_are_graphed(model, emulated):
+    """A uniform prefill (every row feeding the same number of tokens) is not a graph: only the
+    shapes the engine named at start-up (here decode) replay."""
+    runner = _runner(model, 4)
+    tables = [[0, 1], [2, 3]]
+    runner.run(StepInputs([0, 0], [[5, 6, 7], [8, 9, 10]], tables, [[2], [2]]))   # 2 rows x 3 tokens
+    assert not runner.graphs.graphs
+    runner.run(StepInputs([3, 3], [[11], [12]], tables, [[0], [0]]))
+    assert list(runner.graphs.graphs) == [(("paged", 1), 2)]
+
+
 def test_tree_steps_replay_and_match_eager(model, emulated):
-    graphed, eager = _runner(model, 8), _runner(model, 0)
+    graphed, eager = _runner(model, 8, [("tree", 3)]), _runner(model, 0)
     tables = [[0, 1, 2], [3, 4, 5]]
     prefill = StepInputs([0, 0], [list(range(5, 15)), list(range(20, 27))], tables, [[9], [6]])
     for runner in (graphed, eager):
@@ -143,7 +156,7 @@ def test_capture_all_then_replay(model, emulated):
     """Start-up capture (what the engine does on a GPU) on empty buffers: every bucket of every named
     shape exists before the first step, reads nothing and writes only the padding slot; later steps
     replay those graphs and equal eager."""
-    graphed, eager = _runner(model, 4), _runner(model, 0)
+    graphed, eager = _runner(model, 4, []), _runner(model, 0)
     before = graphed.kv_cache.clone()
     graphed.graphs.capture_all([("paged", 1), ("paged", 3), ("tree", 2)])
     assert set(graphed.graphs.graphs) == {(key, n) for key in [("paged", 1), ("paged", 3), ("tree", 2)]

@@ -5,13 +5,14 @@ Why: an eager decode step of a small model on a GPU is bound by kernel launches,
 A step whose rows all feed the same number of tokens is replayed from a graph captured for the
 smallest captured row count (1, 2, 4, ... up to a cap) that holds it. Its inputs are copied into
 static buffers; the padding rows are empty (no keys, no path; their K/V goes to a reserved
-padding slot) and their outputs are dropped. The engine captures its step shapes for every row
-bucket at start-up (largest first, so smaller graphs reuse the pool's memory); a shape it did not
-name is captured the first time it is seen. All graphs share one memory pool. Prefill chunks, steps wider than the cap
+padding slot) and their outputs are dropped. Only the shapes the engine names are graphed (a
+uniform prefill of equal chunks must not become a graph): on a GPU each is captured for every row
+bucket at start-up, largest first so smaller graphs reuse the pool's memory; all share one pool. Prefill chunks, steps wider than the cap
 and the torch reference attention (its dense masks depend on the data) run eagerly.
 
 `capture="emulate"` runs the same static-buffer path without CUDA (each replay calls the forward
-again on the static buffers): CPU tests check padding and buffer reuse with it.
+again on the static buffers; graphs are made when first needed): CPU tests check padding and
+buffer reuse with it.
 """
 from dataclasses import dataclass, replace
 
@@ -43,6 +44,7 @@ class GraphRunner:
         self.sizes = bucket_sizes(cap)
         self.max_pages, self.block_size, self.pad_slot, self.device = max_pages, block_size, pad_slot, device
         self.capture = capture
+        self.shapes: set[tuple] = set()  # the (kind, width) keys the engine named
         self.families: dict[tuple, _Family] = {}
         self.graphs: dict[tuple, tuple] = {}  # (family key, rows) -> (replay, static output)
         self.pool = None
@@ -55,14 +57,18 @@ class GraphRunner:
         if meta.block_tables.shape[1] > self.max_pages:
             return None
         if meta.is_tree:
-            if meta.block_tables.shape[0] > self.sizes[-1]:
-                return None
-            return "tree", meta.path_slots.shape[1]
-        return "paged", meta.max_query_len
+            key = ("tree", meta.path_slots.shape[1]) if meta.block_tables.shape[0] <= self.sizes[-1] else None
+        else:
+            key = ("paged", meta.max_query_len)
+        return key if key in self.shapes else None
+
+    def add_shapes(self, keys: list[tuple]) -> None:
+        self.shapes.update(keys)
 
     def capture_all(self, keys: list[tuple]) -> None:
         """Capture every row bucket of each (kind, width) key now, on the empty static buffers (rows
         without keys, K/V written to the padding slot), instead of during the first requests."""
+        self.add_shapes(keys)
         for key in keys:
             family = self.families.get(key) or self._new_family(key)
             for size in reversed(self.sizes):

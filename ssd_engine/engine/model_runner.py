@@ -107,11 +107,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def capture_graphs(self, keys: list[tuple]) -> None:
-        """Capture CUDA graphs for these step shapes at every row bucket now (real CUDA only: the
-        CPU emulation captures lazily, keeping tests fast). ("paged", n): n tokens per row;
-        ("tree", K): branch steps with K-token paths."""
-        if self.graphs is not None and self.graphs.capture == "cuda":
+        """Graph these step shapes, captured now for every row bucket (the CPU emulation captures
+        lazily, keeping tests fast). ("paged", n): n tokens per row; ("tree", K): branch steps
+        with K-token paths. Other shapes run eagerly."""
+        if self.graphs is None:
+            return
+        if self.graphs.capture == "cuda":
             self.graphs.capture_all(keys)
+        self.graphs.add_shapes(keys)
 
     @staticmethod
     def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
