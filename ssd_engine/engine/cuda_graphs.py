@@ -70,24 +70,29 @@ class GraphRunner:
         without keys, K/V written to the padding slot), instead of during the first requests."""
         self.add_shapes(keys)
         for key in keys:
-            family = self.families.get(key) or self._new_family(key)
+            family = self._family(key)
             for size in reversed(self.sizes):
                 if (key, size) not in self.graphs:
-                    self.graphs[(key, size)] = self._capture(family, key, size)
+                    self.graphs[(key, size)] = self._capture(family, size)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, key: tuple):
         rows = meta.kv_lens.shape[0]
         size = next(n for n in self.sizes if n >= rows)
-        family = self.families.get(key) or self._new_family(key)
+        family = self._family(key)
         self._fill(family, input_ids, positions, meta, size)
         graph = self.graphs.get((key, size))
         if graph is None:
-            graph = self.graphs[(key, size)] = self._capture(family, key, size)
+            graph = self.graphs[(key, size)] = self._capture(family, size)
         replay, out = graph
         replay()
         return out[:input_ids.shape[0]]
 
     # ---- static buffers -------------------------------------------------------------------
+    def _family(self, key: tuple) -> _Family:
+        if key not in self.families:
+            self.families[key] = self._new_family(key)
+        return self.families[key]
+
     def _new_family(self, key: tuple) -> _Family:
         kind, width = key
         cap, dev = self.sizes[-1], self.device
@@ -101,10 +106,8 @@ class GraphRunner:
         if kind == "tree":
             meta = replace(meta, table_rows=torch.zeros(cap, **i32), path_lens=torch.zeros(cap, **i32),
                            path_slots=torch.full((cap, width), self.pad_slot, dtype=torch.long, device=dev))
-        family = _Family(torch.zeros(cap * per_row, dtype=torch.long, device=dev),
-                         torch.zeros(cap * per_row, dtype=torch.long, device=dev), meta)
-        self.families[key] = family
-        return family
+        return _Family(torch.zeros(cap * per_row, dtype=torch.long, device=dev),
+                       torch.zeros(cap * per_row, dtype=torch.long, device=dev), meta)
 
     def _fill(self, family: _Family, input_ids, positions, meta: AttentionMetadata, size: int) -> None:
         """Copy the step in; rows past it up to `size` become empty rows."""
@@ -125,7 +128,7 @@ class GraphRunner:
             static.path_lens[:rows].copy_(meta.path_lens)
             static.path_lens[rows:size].zero_()
 
-    def _view(self, family: _Family, key: tuple, size: int):
+    def _view(self, family: _Family, size: int):
         """The inputs a graph of `size` rows is captured on: views into the family's buffers."""
         static = family.meta
         tokens = size * static.max_query_len
@@ -139,8 +142,8 @@ class GraphRunner:
         return family.input_ids[:tokens], family.positions[:tokens], meta
 
     # ---- capture --------------------------------------------------------------------------
-    def _capture(self, family: _Family, key: tuple, size: int):
-        input_ids, positions, meta = self._view(family, key, size)
+    def _capture(self, family: _Family, size: int):
+        input_ids, positions, meta = self._view(family, size)
         run = lambda: self.forward(input_ids, positions, meta)
         if self.capture == "emulate":
             out = run()

@@ -17,7 +17,7 @@ from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.scheduler import ScheduledBatch
 from ssd_engine.engine.cuda_graphs import GraphRunner
-from ssd_engine.layers.attention import AttentionMetadata, torch_attention
+from ssd_engine.layers.attention import AttentionMetadata, padded_block_tables, torch_attention
 from ssd_engine.layers.attention_backends import select_backend
 from ssd_engine.layers.linear import Linear
 from ssd_engine.models.loader import build_model, load_config
@@ -146,10 +146,10 @@ class ModelRunner:
             query_start.append(query_start[-1] + len(fed))
         max_kv = max(kv_lens)
         pages = -(-max_kv // bs)
-        tables = [table[:pages] + [0] * (pages - len(table[:pages])) for table in inputs.block_tables]
         as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=dev)
         meta = AttentionMetadata(
-            slot_mapping=as_tensor(slots, torch.long), block_tables=as_tensor(tables, torch.int32),
+            slot_mapping=as_tensor(slots, torch.long),
+            block_tables=padded_block_tables(inputs.block_tables, pages, dev),
             kv_lens=as_tensor(kv_lens, torch.int32), query_start=as_tensor(query_start, torch.int32),
             max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
         return as_tensor(ids, torch.long), as_tensor(positions, torch.long), meta

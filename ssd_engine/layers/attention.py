@@ -51,17 +51,24 @@ class AttentionMetadata:
         return self._dense
 
 
+def padded_block_tables(tables: list[list[int]], pages: int, device) -> torch.Tensor:
+    """[len(tables), pages] int32: each table cut or zero-padded to `pages` (padding is never read:
+    key counts stop short of it)."""
+    return torch.tensor([table[:pages] + [0] * (pages - len(table[:pages])) for table in tables],
+                        dtype=torch.int32, device=device)
+
+
 def _expand(meta: AttentionMetadata) -> DenseView:
     bs, dev = meta.block_size, meta.kv_lens.device
     rows, width, max_q = meta.kv_lens.shape[0], meta.max_kv_len, meta.max_query_len
-    tables = meta.block_tables if meta.table_rows is None else meta.block_tables[meta.table_rows.long()]
+    tables = meta.block_tables[meta.table_rows.long()] if meta.is_tree else meta.block_tables
     pages = -(-width // bs)
     gather = (tables[:, :pages].long()[:, :, None] * bs + torch.arange(bs, device=dev)).view(rows, -1)[:, :width]
     starts = meta.query_start.long()
     q_lens = starts[1:] - starts[:-1]
     limit = (meta.kv_lens.long() - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :] + 1
     mask = torch.arange(width, device=dev)[None, None, :] < limit[:, :, None]   # causal, [R, Lq, L]
-    if meta.path_slots is not None:  # tree: then the branch's own path, its first path_len slots
+    if meta.is_tree:  # then the branch's own path, its first path_lens[r] slots
         k = meta.path_slots.shape[1]
         path = (torch.arange(k, device=dev)[None, :] < meta.path_lens[:, None]).unsqueeze(1).expand(rows, max_q, k)
         gather = torch.cat([gather, meta.path_slots.long()], dim=1)

@@ -15,6 +15,7 @@ import torch
 
 from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
 from ssd_engine.spec.payload import HIT, RANK_DEPTH, Speculation
+from ssd_engine.layers.attention import padded_block_tables
 from ssd_engine.spec.tree_mask import branch_metadata
 
 
@@ -67,8 +68,7 @@ class CacheBuilder:
         bs = trunk.blocks.block_size
         width = max(len(s.trunk) for s in seqs)
         pages = -(-width // bs)
-        tables = torch.tensor([s.block_table[:pages] + [0] * (pages - len(s.block_table[:pages])) for s in seqs],
-                              dtype=torch.int32, device=device)
+        tables = padded_block_tables([s.block_table for s in seqs], pages, device)
         seq_index = torch.tensor(branch_seq, device=device)
         visible_host = [len(seqs[i]) + accepted for i, accepted in zip(branch_seq, branch_k)]  # fork = t*'s position
         visible = torch.tensor(visible_host, device=device)
