@@ -64,3 +64,11 @@ def smollm2_dir() -> str:
         if os.environ.get("CI"):
             raise  # CI installs the fixture: its absence is a failure there, not a skip
         pytest.skip(f"SmolLM2 fixture unavailable: {error}")
+
+
+@pytest.fixture(scope="session")
+def small_pair(tmp_path_factory) -> tuple[str, str]:
+    """(target, draft) of the T > 0 distribution tests: see tests/small_pair.py."""
+    from small_pair import build_small_pair
+
+    return build_small_pair(str(tmp_path_factory.mktemp("small_pair")))

@@ -1,9 +1,18 @@
-"""Goodness-of-fit helper shared by the sampler and verifier tests.
+"""Chi-square helpers shared by the sampler, verifier and distribution tests.
 
-Chi-square test of observed counts against probabilities; cells with expected count < 5 are pooled
-(growing the pooled cell with the smallest big cells until it reaches 5). The p-value is the
-chi-square survival function, computed as gammaincc(dof / 2, stat / 2).
+`chi_square_pvalue`: goodness of fit of observed counts against probabilities; cells with expected
+count < 5 are pooled (growing the pooled cell with the smallest big cells until it reaches 5). The
+p-value is the chi-square survival function, gammaincc(dof / 2, stat / 2).
+
+`gof_power`: the power of that test against the least favourable alternative at total variation d.
+Under an alternative q = p + delta the statistic is approximately noncentral chi-square with
+lambda = n * sum_i delta_i^2 / p_i, and by Cauchy-Schwarz (sum|delta_i|)^2 <= (sum delta_i^2 / p_i)
+(sum p_i), so lambda >= 4 n d^2 for ANY shift of total variation d on the tested (pooled) cells,
+with equality when |delta_i| is proportional to p_i. Power = P(chi2'(dof, 4 n d^2) > chi2^-1_{1-alpha}(dof)),
+the noncentral tail computed as a Poisson mixture of central tails (`ncx2_sf`).
 """
+import math
+
 import torch
 
 
@@ -28,3 +37,34 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float,
     dof = len(exp) - 1
     p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
     return stat, dof, p_value
+
+
+def chi2_sf(x: float, dof: int) -> float:
+    if dof <= 0:
+        return 1.0
+    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                         torch.tensor(x / 2, dtype=torch.float64)))
+
+
+def chi2_isf(alpha: float, dof: int) -> float:
+    lo, hi = 0.0, 10.0 * dof + 100.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_sf(mid, dof) > alpha else (lo, mid)
+    return (lo + hi) / 2
+
+
+def ncx2_sf(x: float, dof: int, lam: float) -> float:
+    """P(noncentral chi2(dof, lam) > x) = sum_j Poisson(j; lam/2) * P(chi2(dof + 2j) > x)."""
+    half = lam / 2
+    terms = int(half + 12 * math.sqrt(half) + 30)
+    j = torch.arange(terms, dtype=torch.float64)
+    weights = torch.exp(-half + j * math.log(half) - torch.lgamma(j + 1)) if half > 0 else (j == 0).double()
+    tails = torch.special.gammaincc((dof + 2 * j) / 2, torch.full_like(j, x / 2))
+    return float((weights * tails).sum())
+
+
+def gof_power(dof: int, n: int, tv: float, alpha: float) -> float:
+    """Power of the goodness-of-fit test against the least favourable shift of total variation `tv`."""
+    dof = max(dof, 1)
+    return ncx2_sf(chi2_isf(alpha, dof), dof, 4 * tv ** 2 * n)

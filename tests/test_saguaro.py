@@ -3,7 +3,7 @@ fallback switching at b*, the bonus-rank telemetry behind the miss-rate curve, a
 (lower C, higher cache hit rate) measured through the real draft process.
 
 The math itself (fan-out solver, b*, q_C, Theorem 15 exactly) is in test_saguaro_math.py;
-exactness at T > 0 with C < 1 is in test_ssd_distribution.py.
+exactness at T > 0 with C < 1 is in test_distribution.py.
 """
 import logging
 import math
@@ -16,8 +16,8 @@ from ssd_engine.saguaro.fallback import critical_batch_size
 from ssd_engine.config import EngineConfig
 from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout
 from ssd_engine.saguaro.plan import plan_saguaro
-from test_speculative_decoding import (DIST_PROMPT, _derived, _engine_options, _prompts, noisy_draft,  # noqa: F401
-                                       small_pair, target)
+from small_pair import DIST_PROMPT, engine_options as _engine_options
+from test_speculative_decoding import _prompts, noisy_draft, target  # noqa: F401 (fixtures)
 
 COMMON = dict(num_threads=1, block_size=8, num_speculative_tokens=3)
 

@@ -1,4 +1,4 @@
-"""Speculative decoding (SD, colocated draft) end to end: exact at T = 0 and in distribution at T > 0.
+"""Speculative decoding (SD, colocated draft) end to end: exact at T = 0, seeded requests reproducible.
 
 Greedy. SD output must be token-identical to transformers' greedy `generate` (EOS ignored, 48 new
 tokens) at batch 1 / 3 / 8 with ragged prompts and K in {1, 4, 8}, under forced preemption, under
@@ -9,86 +9,28 @@ often but not always: partial acceptances occur). A self-draft accepts everythin
 unrelated random draft accepts almost nothing; neither changes a single output token. Stops (EOS,
 stop_token_ids, max_tokens) that fall inside an accepted run cut it exactly where AR stops.
 
-Distribution at T > 0. The joint law of the first two generated tokens (t1, t2) must be the same
-under SD as under AR. t1 comes from the prefill; t2 is the first verified position of the first SD
-round, so it is an accepted draft token or a residual bonus: exactly the speculative-sampling rule.
-Model: Qwen2 with vocab_size = 16, hidden 32, one layer; its lm_head is scaled by 16 (equivalently,
-temperature 1/16 on the unscaled model) so that the mass sits on a few (t1, t2) cells. The draft is
-the blend 0.73 * target + 0.27 * (an unrelated random model), scaled the same way: P(accept t2)
-is about one half, so the accept and residual branches both carry mass. Variants: plain T = 1,
-top_k = 3, top_p = 0.9. Each variant draws N_AR AR samples and N_SD SD samples, each sample one
-request of max_tokens = 2 for the same prompt; all requests are unseeded, so they draw from the
-engine's RNG and are independent.
-
-Test: two-sample chi-square homogeneity test on the 2 x m table (sample x cell). Cells whose
-expected count in the smaller sample is < 5 are pooled into one cell (grown with the next-smallest
-cells until it reaches 5). Under H0, X^2 ~ chi2(m - 1) asymptotically; p = Q((m-1)/2, X^2/2)
-(``torch.special.gammaincc``); reject at ALPHA = 1e-3.
-
-Power. Let the two cell distributions be p_a (AR), p_b (SD), delta = p_a - p_b, total variation
-d = sum|delta| / 2, sample sizes n_a, n_b, N = n_a + n_b and p_bar = (n_a p_a + n_b p_b) / N. Under
-the alternative X^2 is approximately noncentral chi-square with m - 1 degrees of freedom and
-
-    lambda = N * sum_{s,i} (pi_si - pi_s. pi_.i)^2 / (pi_s. pi_.i) = (n_a n_b / N) * sum_i delta_i^2 / p_bar_i
-
-(pi = the 2 x m table of joint proportions, w_s = n_s / N: pi_si - pi_s. pi_.i = w_s (p_si - p_bar_i),
-p_a - p_bar = w_b delta, p_b - p_bar = -w_a delta). By Cauchy-Schwarz,
-(sum|delta_i|)^2 <= (sum delta_i^2 / p_bar_i)(sum p_bar_i) = sum delta_i^2 / p_bar_i, hence for ANY
-shift of total variation d on the tested cells
-
-    lambda >= 4 d^2 n_a n_b / N          (= 2 n d^2 when n_a = n_b = n),
-
-with equality when |delta_i| is proportional to p_bar_i (the shift spread over all cells: the worst
-case, whatever m is). Power = P(chi2'(m - 1, lambda) > chi2^-1_{1-ALPHA}(m - 1)). For d = 0.02 and
-ALPHA = 1e-3 the noncentrality needed for power 0.9 is 25.9 / 31.8 / 37.0 / 40.4 at m - 1 = 3 / 7 /
-12 / 16 degrees of freedom (0.8: 21.5 / 26.8 / 31.4 / 34.4), i.e. n = lambda / (2 d^2) = 32,400 /
-39,800 / 46,300 / 50,500 samples per side for 0.9 (26,900 / 33,500 / 39,300 / 43,000 for 0.8).
-After pooling, the plain T = 1 table has 13-14 cells (12-13 dof: the support has 256 cells, but the
-~243 with expected count < 5 hold 0.04% of the mass and form one pooled cell), top_k = 3 has 8
-(7 dof; support 9, the smallest cell is pooled into the next) and top_p = 0.9 has 4 (3 dof).
-We use n_a = n_b = 48,000 / 42,000 / 34,000: lambda_min = 38.4 / 33.6 / 27.2 and power
-0.917 (0.906 at 13 dof) / 0.923 / 0.919 against the least favourable shift of total variation 0.02
-(248,000 requests in all). Each test recomputes the power from the degrees of freedom it actually got
-(``ncx2_sf``: the Poisson mixture of central chi-square tails; checked against known values) and
-asserts it is >= 0.8, so a change that adds cells cannot silently weaken the test. d is the total
-variation on the tested (pooled) cells.
-
-Negative controls, through the same helper against the same AR sample (6,000 SD samples each):
-(1) the engine's `verify` replaced by one that accepts every draft token at T > 0 (it passes p := q
-at the drafted positions, so u * q < p always holds): t2 then follows q, total variation 0.51 from
-AR; (2) a subtler bug: after a rejection the bonus is drawn from p instead of the residual
-max(0, p - q): total variation 0.026. Both must be rejected with p < 1e-3.
-
-Family-wise false alarms: 3 homogeneity tests at 1e-3 each (<= 0.3%). Seeds are fixed, so a given
-checkout passes or fails deterministically. Run with -s to see the statistics.
+Distribution at T > 0 (seeded and unseeded, every path, with negative controls) is in
+test_distribution.py; seeded reproducibility alone and in a batch is here.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
-from collections import Counter
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.engine import llm_engine
-from ssd_engine.sampling import rejection
 from ssd_engine.spec.sync_draft import SyncDraft
+from tiny_checkpoints import derived_checkpoint as _derived
 
 NEW_TOKENS = 48
 TOKENIZER_IDS = 259  # byte-level test tokenizer: 3 specials + 256 bytes (transformers' Qwen2Tokenizer
                      # adds <|endoftext|> as id 259, so len() is 260 for qwen2); models have vocab 320
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 COMMON = dict(num_threads=1, block_size=8)
-
-ALPHA = 1e-3
-DESIGN_TV = 0.02
-DESIGN_POWER = 0.8
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -102,14 +44,6 @@ def _prompts(n: int) -> list[list[int]]:
         own = [(31 * i + 7 * j) % 250 + 3 for j in range(3 + 5 * i)]
         prompts.append(shared + own if i % 2 else own)
     return prompts
-
-
-def _derived(src: str, dst: str, transform) -> str:
-    """Copy checkpoint `src` to `dst`, replacing its weights by transform(state_dict)."""
-    shutil.copytree(src, dst, dirs_exist_ok=True)
-    state = load_file(os.path.join(src, "model.safetensors"))
-    save_file(transform(state), os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
-    return dst
 
 
 def _with_eos(src: str, dst: str, eos: int) -> str:
@@ -354,188 +288,6 @@ def test_draft_never_proposes_embedding_padding(target, noisy_draft, monkeypatch
     # draft's restriction is doing something
     emitted = [t for o in greedy_out + sampled_out for t in o.token_ids]
     assert max(emitted) >= bound
-
-
-# --------------------------------------------------------------------------- 5. distribution at T > 0
-
-SMALL = dict(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-             num_key_value_heads=2)
-SHARPNESS = 16.0   # lm_head scale: temperature 1 on the scaled model = 1/16 on the raw one
-DRAFT_BLEND = 0.27  # draft = (1 - b) * target + b * unrelated: P(accept) about 1/2
-DIST_PROMPT = [3, 7, 11, 5, 9]
-VARIANTS = {  # name: (sampling params, K, samples per side)
-    "T=1": (SamplingParams(temperature=1.0, max_tokens=2, ignore_eos=True), 2, 48_000),
-    "top_k=3": (SamplingParams(temperature=1.0, top_k=3, max_tokens=2, ignore_eos=True), 3, 42_000),
-    "top_p=0.9": (SamplingParams(temperature=1.0, top_p=0.9, max_tokens=2, ignore_eos=True), 1, 34_000),
-}
-NEGATIVE_CONTROL_SAMPLES = 6_000
-
-
-@pytest.fixture(scope="module")
-def small_pair(tiny_model_dir, tmp_path_factory) -> tuple[str, str]:
-    base = tiny_model_dir("qwen2", **SMALL)
-    other = load_file(os.path.join(tiny_model_dir("qwen2", seed=1, **SMALL), "model.safetensors"))
-
-    def sharpen(state, blend=0.0):
-        state = {k: (1 - blend) * v + blend * other[k] if v.dim() == 2 else v for k, v in state.items()}
-        state["lm_head.weight"] = state["lm_head.weight"] * SHARPNESS
-        return state
-    tgt = _derived(base, str(tmp_path_factory.mktemp("small_target")), sharpen)
-    drf = _derived(base, str(tmp_path_factory.mktemp("small_draft")), lambda s: sharpen(s, DRAFT_BLEND))
-    return tgt, drf
-
-
-def _sample_pairs(llm: LLM, params: SamplingParams, n: int) -> Counter:
-    """n independent requests of one prompt, run through the engine loop in one go (as `generate`
-    does, without building n RequestOutputs); counts of their output token tuples."""
-    engine = llm.engine
-    seqs = [engine.add_request(DIST_PROMPT, params) for _ in range(n)]
-    while engine.has_unfinished():
-        engine.step()
-    assert all(len(s.output_token_ids) == params.max_tokens for s in seqs)
-    return Counter(tuple(s.output_token_ids) for s in seqs)
-
-
-def _engine_options(**extra) -> dict:
-    # many short requests at once; a small max_model_len keeps the KV allocation small
-    return dict(num_threads=1, max_num_seqs=1024, max_num_batched_tokens=1 << 16, max_model_len=16, **extra)
-
-
-def homogeneity_test(a: Counter, b: Counter) -> tuple[float, int, float, int, int]:
-    """Two-sample chi-square homogeneity test -> (statistic, dof, p-value, n_a, n_b)."""
-    n_a, n_b = sum(a.values()), sum(b.values())
-    total = n_a + n_b
-    smaller = min(n_a, n_b) / total
-    cells = [(a[key], b[key]) for key in sorted(set(a) | set(b))]
-    small = [c for c in cells if (c[0] + c[1]) * smaller < 5]
-    big = sorted((c for c in cells if (c[0] + c[1]) * smaller >= 5), key=lambda c: c[0] + c[1])
-    pool = [sum(x for x, _ in small), sum(y for _, y in small)]
-    while 0 < sum(pool) * smaller < 5 and big:  # grow the pooled cell with the smallest big cells
-        x, y = big.pop(0)
-        pool = [pool[0] + x, pool[1] + y]
-    table = big + ([tuple(pool)] if sum(pool) else [])
-    stat = 0.0
-    for x, y in table:
-        e_a, e_b = (x + y) * n_a / total, (x + y) * n_b / total
-        stat += (x - e_a) ** 2 / e_a + (y - e_b) ** 2 / e_b
-    dof = len(table) - 1
-    return stat, dof, chi2_sf(stat, dof), n_a, n_b
-
-
-def chi2_sf(x: float, dof: int) -> float:
-    if dof <= 0:
-        return 1.0
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(x / 2, dtype=torch.float64)))
-
-
-def chi2_isf(alpha: float, dof: int) -> float:
-    lo, hi = 0.0, 10.0 * dof + 100.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if chi2_sf(mid, dof) > alpha else (lo, mid)
-    return (lo + hi) / 2
-
-
-def ncx2_sf(x: float, dof: int, lam: float) -> float:
-    """P(noncentral chi2(dof, lam) > x) = sum_j Poisson(j; lam/2) * P(chi2(dof + 2j) > x)."""
-    half = lam / 2
-    terms = int(half + 12 * math.sqrt(half) + 30)
-    j = torch.arange(terms, dtype=torch.float64)
-    weights = torch.exp(-half + j * math.log(half) - torch.lgamma(j + 1)) if half > 0 else (j == 0).double()
-    tails = torch.special.gammaincc((dof + 2 * j) / 2, torch.full_like(j, x / 2))
-    return float((weights * tails).sum())
-
-
-def design_power(dof: int, n_a: int, n_b: int, tv: float = DESIGN_TV) -> float:
-    """Power against the least detectable shift of total variation `tv` (see the module docstring)."""
-    lam = 4 * tv ** 2 * n_a * n_b / (n_a + n_b)
-    return ncx2_sf(chi2_isf(ALPHA, max(dof, 1)), max(dof, 1), lam)
-
-
-def test_power_helpers_against_known_values():
-    assert chi2_isf(1e-3, 4) == pytest.approx(18.467, abs=1e-3)
-    assert chi2_isf(1e-3, 12) == pytest.approx(32.909, abs=1e-3)
-    assert ncx2_sf(18.467, 4, 23.1) == pytest.approx(0.80, abs=0.005)
-    assert ncx2_sf(32.909, 12, 37.0) == pytest.approx(0.90, abs=0.005)
-    assert design_power(8, 34_800, 34_800) == pytest.approx(0.80, abs=0.01)
-
-
-@pytest.fixture(scope="module")
-def ar_samples(small_pair):
-    """AR reference samples per variant (shared by the SD tests and the negative controls)."""
-    target, _ = small_pair
-    cache = {}
-
-    def get(name: str) -> Counter:
-        if name not in cache:
-            params, _, n = VARIANTS[name]
-            with LLM(target, **_engine_options(seed=11)) as llm:
-                cache[name] = _sample_pairs(llm, params, n)
-        return cache[name]
-    return get
-
-
-def _sd_samples(small_pair, name: str, n: int | None = None, seed: int = 12) -> tuple[Counter, dict]:
-    target, draft = small_pair
-    params, k, default_n = VARIANTS[name]
-    with LLM(target, **_engine_options(seed=seed, draft_model=draft, speculative_mode="sd",
-                                         num_speculative_tokens=k)) as llm:
-        counts = _sample_pairs(llm, params, n or default_n)
-        return counts, llm.speculation_metrics()
-
-
-def _report(label: str, result, metrics: dict, power: bool = True) -> None:
-    stat, dof, p, n_a, n_b = result
-    extra = f", power vs TV {DESIGN_TV} = {design_power(dof, n_a, n_b):.3f}" if power else ""
-    print(f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n_a} AR / {n_b} SD{extra}, "
-          f"P(accept draft 1) = {metrics['per_position_acceptance_rate'][0]:.3f}")
-
-
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_sd_first_two_tokens_match_ar(small_pair, ar_samples, name):
-    ar = ar_samples(name)
-    sd, metrics = _sd_samples(small_pair, name)
-    result = homogeneity_test(ar, sd)
-    _report(f"SD vs AR [{name}]", result, metrics)
-    stat, dof, p, n_a, n_b = result
-    assert 0.2 < metrics["per_position_acceptance_rate"][0] < 0.9  # both branches carry real mass
-    assert dof >= 2
-    assert design_power(dof, n_a, n_b) >= DESIGN_POWER, "too many cells for the sample size: raise n"
-    assert p >= ALPHA, f"SD's (t1, t2) distribution differs from AR's: chi2 = {stat:.1f}, dof = {dof}, p = {p:.2e}"
-
-
-def _accept_all(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None,
-                **options):
-    """BROKEN on purpose: p := q at every drafted position, so every draft token is accepted."""
-    k = draft_tokens.shape[1]
-    forced = target_probs.clone()
-    forced[:, :k] = draft_probs
-    return rejection.verify(draft_tokens, draft_probs, forced, generators, num_draft, default_generator, **options)
-
-
-def _bonus_from_p(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None,
-                  **options):
-    """BROKEN on purpose: after a rejection the bonus is drawn from p instead of max(0, p - q)."""
-    result = rejection.verify(draft_tokens, draft_probs, target_probs, generators, num_draft, default_generator,
-                              **options)
-    rejected = [i for i, a in enumerate(result.num_accepted.tolist()) if a < draft_tokens.shape[1]]
-    if rejected:
-        p = target_probs[rejected, result.num_accepted[rejected]]
-        redrawn = torch.multinomial(p, 1, generator=default_generator).squeeze(1).tolist()
-        for i, t in zip(rejected, redrawn):
-            result.output_tokens[i][-1] = t
-    return result
-
-
-@pytest.mark.parametrize("broken", [_accept_all, _bonus_from_p], ids=["accept_all", "bonus_from_p"])
-def test_negative_control_broken_verifier_is_rejected(small_pair, ar_samples, monkeypatch, broken):
-    monkeypatch.setattr(llm_engine, "verify", broken)
-    ar = ar_samples("T=1")
-    sd, metrics = _sd_samples(small_pair, "T=1", n=NEGATIVE_CONTROL_SAMPLES, seed=13)
-    result = homogeneity_test(ar, sd)
-    _report(f"NEGATIVE CONTROL [{broken.__name__}] vs AR [T=1]", result, metrics, power=False)
-    assert result[2] < ALPHA
 
 
 # --------------------------------------------------------------------------- 6. seeded requests

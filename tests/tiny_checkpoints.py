@@ -58,3 +58,15 @@ def build_checkpoint(path: str, arch: str, seed: int = 0, **overrides) -> str:
     model.save_pretrained(path)
     byte_tokenizer().save_pretrained(path)
     return path
+
+
+def derived_checkpoint(src: str, dst: str, transform) -> str:
+    """Copy checkpoint `src` to `dst`, replacing its weights by transform(state_dict)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    state = load_file(os.path.join(src, "model.safetensors"))
+    save_file(transform(state), os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    return dst

@@ -25,6 +25,7 @@ from ssd_engine.outputs import RequestMetrics, RequestOutput
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
+from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.sampling_params import SamplingParams
 from ssd_engine.spec.metrics import SpecMetrics
 from ssd_engine.spec.setup import build_sync_draft, start_async_draft
@@ -76,7 +77,7 @@ class LLMEngine:
         if hasattr(self.runner, "release"):  # tensor-parallel workers forget freed page tables
             self.scheduler.release_hooks.append(self.runner.release)
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.generator = stream_generator(config.seed, Stream.TARGET, device=self.device)  # unseeded requests
         self.spec_metrics = SpecMetrics(config.num_speculative_tokens)
         if config.speculative_mode == "sd":
             self.speculator = build_sync_draft(config, self, num_blocks, max_position, dtype)

@@ -1,11 +1,13 @@
 """Per-request state: tokens, how many have KV computed, pages, and output bookkeeping."""
 import enum
+import functools
 import itertools
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.sampling_params import SamplingParams
 
 
@@ -40,13 +42,24 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.metrics = SequenceMetrics()
-        # a seeded request owns its RNG so its tokens don't depend on batch composition
+        # a seeded request owns its streams, so its tokens don't depend on batch composition;
+        # the target's and the draft's are unrelated (see sampling/streams.py)
         self.generator: torch.Generator | None = None
         if params.seed is not None:
-            self.generator = torch.Generator().manual_seed(params.seed)
+            self.generator = stream_generator(params.seed, Stream.TARGET)
 
     def __len__(self) -> int:
         return len(self.token_ids)
+
+    @functools.cached_property
+    def draft_generator(self) -> torch.Generator | None:
+        """The colocated (SD) draft's sampling stream of a seeded request."""
+        return None if self.params.seed is None else stream_generator(self.params.seed, Stream.DRAFT)
+
+    @functools.cached_property
+    def backup_generator(self) -> torch.Generator | None:
+        """The coordinator's fast backup's stream of a seeded request (after a draft failure)."""
+        return None if self.params.seed is None else stream_generator(self.params.seed, Stream.BACKUP, "coordinator")
 
     @property
     def output_token_ids(self) -> list[int]:

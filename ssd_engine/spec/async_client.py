@@ -140,7 +140,7 @@ class AsyncDraftClient:
         self.metrics.record_local(len(wanted))
         for seq in wanted:
             self.source[seq.seq_id] = "local"
-        tokens = [fast_proposal(s.token_ids, self.k, self.vocab, s.generator or self.generator) for s in wanted]
+        tokens = [fast_proposal(s.token_ids, self.k, self.vocab, s.backup_generator or self.generator) for s in wanted]
         return self._proposal(tokens, [None] * len(wanted), [True] * len(wanted))
 
     def on_verified(self, seq: Sequence, accepted: int) -> None:

@@ -6,9 +6,8 @@
 """
 import time
 
-import torch
-
 from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.spec.backup import fast_proposal
 from ssd_engine.spec.cache_builder import CacheBuilder, bonus_rank
 from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
@@ -37,7 +36,8 @@ class DraftServer:
                 old = self.seqs.pop(e.seq_id, None)
                 if old is not None:
                     self.trunk.drop(old)
-                self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, self._generator(e.seq_id, e.params),
+                draft_gen, backup_gen = self._generators(e.seq_id, e.params, len(e.tokens))
+                self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, draft_gen, backup_gen,
                                                fanout=fanout_for(self.fanouts, e.params.temperature))
                 continue
             seq = self.seqs[e.seq_id]
@@ -66,7 +66,7 @@ class DraftServer:
                 specs[seq.seq_id] = spec
         else:
             for seq in missed:
-                tokens = fast_proposal(seq.tokens, self.k, self.trunk.vocab, seq.generator or self.trunk.generator)
+                tokens = fast_proposal(seq.tokens, self.k, self.trunk.vocab, seq.backup_generator)
                 specs[seq.seq_id] = Speculation(FAST, tokens)
         for seq_id, spec in specs.items():
             seq = self.seqs[seq_id]
@@ -92,11 +92,15 @@ class DraftServer:
         b = self.builder
         return self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, float(b.step_rows)
 
-    def _generator(self, seq_id: int, params: DraftParams) -> torch.Generator | None:
-        if params.greedy:
-            return None
-        seed = params.seed if params.seed >= 0 else hash((self.seed, seq_id)) & (2**63 - 1)
-        return torch.Generator(device=self.trunk.runner.device).manual_seed(seed)
+    def _generators(self, seq_id: int, params: DraftParams, num_tokens: int) -> tuple:
+        """The sequence's draft and backup streams, unrelated to the target's (sampling/streams.py).
+        Salted with the token count: a sequence re-learnt after preemption gets fresh streams
+        instead of replaying draws that already shaped its emitted tokens."""
+        device = self.trunk.runner.device
+        salt = ("request", num_tokens) if params.seed >= 0 else ("engine", seq_id, num_tokens)
+        seed = params.seed if params.seed >= 0 else self.seed
+        draft = None if params.greedy else stream_generator(seed, Stream.DRAFT, *salt, device=device)
+        return draft, stream_generator(seed, Stream.BACKUP, "draft process", *salt, device=device)
 
 
 def fanout_for(fanouts: list, temperature: float) -> list[int]:
@@ -109,8 +113,7 @@ def new_server(runner, num_blocks: int, block_size: int, k: int, vocab: int, fan
                max_num_seqs: int, seed: int) -> DraftServer:
     """`runner`'s cache must hold num_blocks pages for trunks plus scratch_slots(...) for branches."""
     blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-    generator = torch.Generator(device=runner.device).manual_seed(seed)
-    trunk = Trunk(runner, blocks, k, vocab, generator, saguaro_c)
+    trunk = Trunk(runner, blocks, k, vocab, saguaro_c)
     builder = CacheBuilder(trunk, num_blocks * block_size, max_branches(fanouts, max_num_seqs))
     return DraftServer(trunk, builder, fanouts, seed)
 

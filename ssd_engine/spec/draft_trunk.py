@@ -22,7 +22,8 @@ class DraftSeq:
     seq_id: int
     tokens: list[int]                         # committed tokens, as the coordinator has them
     params: DraftParams
-    generator: torch.Generator | None
+    generator: torch.Generator | None         # draft sampling (None: greedy)
+    backup_generator: torch.Generator         # the fast backup's random proposals
     block_table: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0              # BlockManager bookkeeping; the trunk is the truth
     trunk: list[int] = field(default_factory=list)
@@ -56,9 +57,8 @@ class Trunk:
     """Runs the draft model over trunks; samples draft tokens keeping their exact q rows."""
 
     def __init__(self, runner: ModelRunner, blocks: BlockManager, k: int, vocab: int,
-                 generator: torch.Generator, saguaro_c: float = 1.0) -> None:
+                 saguaro_c: float = 1.0) -> None:
         self.runner, self.blocks, self.k, self.vocab = runner, blocks, k, vocab
-        self.generator = generator  # for sequences without a seed of their own
         self.saguaro_c = saguaro_c
 
     def reserve(self, seq: DraftSeq, num_tokens: int) -> bool:
@@ -93,7 +93,7 @@ class Trunk:
             return logits.argmax(dim=-1), None
         probs = sampling_of(params, logits.device).probs(logits)
         probs = saguaro_probs(probs, fanouts, self.saguaro_c)
-        return sample(probs, generators, self.generator), probs
+        return sample(probs, generators), probs  # every sampled row has its own stream (greedy: one-hot)
 
     def draft_jit(self, seqs: list[DraftSeq]) -> list[Speculation]:
         """The primary drafting K tokens just in time (SD-style), for sequences that missed."""

@@ -4,6 +4,7 @@ from transformers import AutoTokenizer
 
 from ssd_engine.engine.model_runner import ModelRunner
 from ssd_engine.models.loader import load_config
+from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.saguaro.plan import plan_saguaro
 from ssd_engine.spec.async_client import AsyncDraftClient
 from ssd_engine.spec.draft_process import DraftSpec
@@ -45,7 +46,8 @@ def start_async_draft(config, engine, num_blocks: int, max_position: int, cores:
                      tuple((t, tuple(f)) for t, f in plan.fanouts), float(config.saguaro_c),
                      config.max_num_seqs, config.seed, config.attention_backend, config.graph_max_batch)
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, config.draft_timeout_s,
-                            engine.generator, engine.device, plan)
+                            stream_generator(config.seed, Stream.BACKUP, "coordinator", device=engine.device),
+                            engine.device, plan)
 
 
 def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: torch.dtype) -> SyncDraft:
@@ -55,4 +57,4 @@ def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: 
                          weight_layout=config.weight_layout, attention_backend=config.attention_backend,
                          cuda_graph_max_batch=config.graph_max_batch)
     return SyncDraft(runner, num_blocks, config.block_size, config.num_speculative_tokens, proposable,
-                     engine.generator)
+                     stream_generator(config.seed, Stream.DRAFT, device=engine.device))

@@ -118,7 +118,7 @@ class SyncDraft:
         """K autoregressive draft steps from the catch-up logits; returns tokens [n, K] and the
         exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
         sampling = None if greedy else SamplingTensors.from_params([v.seq.params for v in views], self.runner.device)
-        generators = [v.seq.generator for v in views]
+        generators = [v.seq.draft_generator for v in views]
         tokens, rows = [], []
         for step in range(self.k):
             logits = logits[:, :self.proposable_vocab]  # ids past the tokenizer are never proposed
