@@ -9,6 +9,7 @@ exit code, never as a hang.
 import datetime
 import os
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 
@@ -61,9 +62,8 @@ def spawn(spec: DraftSpec, cores: list[int] | None, threads: int, timeout_s: flo
 def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict) -> None:
     from ssd_engine.engine.model_runner import DTYPES, ModelRunner
     from ssd_engine.models.loader import load_config
-    from ssd_engine.spec.draft_link import DraftLink
+    from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
     from ssd_engine.spec.draft_server import new_server, scratch_slots
-    from ssd_engine.spec.payload import SHUTDOWN, pack_reply, unpack_request
 
     spec = DraftSpec(**spec)
     if cores is not None:
@@ -83,6 +83,19 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps
     store.set("draft/ready", str(os.getpid()))
     link = DraftLink(store, 1, timeout_s, payload_device=torch.device(spec.device))
+    try:
+        _serve(link, server, spec)
+    except DraftLinkError:
+        # the coordinator went away without a shutdown (it crashed, or exited without close()):
+        # its own error says why; a traceback from here would only bury it
+        print(f"SSD draft {os.getpid()}: the coordinator closed the link, exiting", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _serve(link, server, spec: DraftSpec) -> None:
+    """Answer the coordinator's rounds until it says shutdown."""
+    from ssd_engine.spec.payload import SHUTDOWN, pack_reply, unpack_request
+
     reply = torch.zeros(0)
     while True:
         request = unpack_request(link.recv_request())
