@@ -60,16 +60,20 @@ def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     return proc.stdout.readline() if ready else ""
 
 
-def kill_session(proc: subprocess.Popen, extra_pids=()) -> None:
+def kill_session(proc: subprocess.Popen, extra_pids=()) -> str:
     """Kill a child started with start_new_session=True and everything it started: its process
-    group by the leader's pid (grandchildren stay in it after re-parenting), then any `extra_pids`."""
+    group by the leader's pid (grandchildren stay in it after re-parenting), then any `extra_pids`.
+    Returns what was left unread on its stderr (if piped), for a failure message."""
     for kill in [lambda: os.killpg(proc.pid, signal.SIGKILL)] + [lambda p=p: os.kill(p, signal.SIGKILL)
                                                                   for p in extra_pids if alive(p)]:
         try:
             kill()
         except (ProcessLookupError, PermissionError):
             pass
-    proc.wait()
-    for stream in (proc.stdout, proc.stderr):
-        if stream is not None:
-            stream.close()
+    try:
+        _, err = proc.communicate(timeout=10)
+    except (subprocess.TimeoutExpired, ValueError):  # ValueError: its pipes were already read and closed
+        proc.kill()
+        proc.wait()
+        err = None
+    return err or ""

@@ -4,9 +4,11 @@ with the engine process in every phase (interpreter start-up, model loading, gen
 Each case runs an engine script in its own session, SIGKILLs the script at one moment and checks the
 children's pids in the process table: gone (or a zombie) within a few seconds. However a case ends,
 its whole session is killed by pid, so a failure leaves nothing running. And the converse: children
-of an engine built on a thread that then ends live on.
+of an engine built on a thread that then ends live on, and Ctrl-C in the CLI stops everything
+with one line.
 """
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -16,7 +18,7 @@ import time
 
 import pytest
 
-from process_helpers import alive, gone_within, kill_session, read_line, wait_for_children
+from process_helpers import alive, children_of, gone_within, kill_session, read_line, wait_for_children
 
 SCRIPT = """
 import sys
@@ -49,7 +51,7 @@ def test_children_die_with_a_killed_engine(kind, moment, tiny_qwen2, draft):
     children = set()
     try:
         children = wait_for_children(proc.pid, 1, timeout_s=60)
-        assert children, f"the engine started no child: {proc.stderr.read() if proc.poll() is not None else ''}"
+        assert children, "the engine started no child"
         if moment == "loading":
             time.sleep(0.5)
         elif moment == "generating":
@@ -83,3 +85,28 @@ def test_an_engine_built_on_a_thread_that_ends_keeps_its_children(tiny_qwen2):
         assert len(out[0].token_ids) == 4
     finally:
         llm.close()
+
+
+# A shell that starts a job in the background ignores SIGINT for it, and the child inherits that:
+# restore Python's handler so the test sends a Ctrl-C the child can actually receive.
+WITH_SIGINT = ("import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "runpy.run_module('ssd_engine.generate', run_name='__main__', alter_sys=True)")
+
+
+def test_ctrl_c_in_the_cli_prints_one_line_and_leaves_no_child(tiny_qwen2, draft):
+    args = ["--model", tiny_qwen2, "--draft-model", draft, "--mode", "ssd", "--tp", "2", "--num-threads", "1",
+            "--num-kv-blocks", "64", "--prompt", "abc", "--max-tokens", "480", "--ignore-eos", "--stream"]
+    proc = subprocess.Popen([sys.executable, "-c", WITH_SIGINT, *args], env=ENV, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    children = set()
+    try:
+        assert select.select([proc.stdout], [], [], 60)[0], "no text streamed"
+        children = children_of(proc.pid)
+        assert len(children) == 2, children  # the draft and one worker, both serving
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "Traceback" not in err and err.strip().splitlines()[-1] == "interrupted", err
+        assert gone_within(children, 5)
+    finally:
+        kill_session(proc, children)
