@@ -11,11 +11,17 @@ from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_ar
 from ssd_engine.config import EngineConfig
 from ssd_engine.sampling_params import SamplingParams
 
+DEFAULT_PROMPT = "def quicksort(arr):"
+
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="python -m ssd_engine.generate", description=__doc__.splitlines()[0],
-                            allow_abbrev=False)
-    parser.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    parser = ArgumentParser(prog="python -m ssd_engine.generate", allow_abbrev=False,
+                            description="Generate text for each --prompt with the built-in model pair, or your "
+                                        "--model (and --draft-model); print it, then stats on stderr.",
+                            epilog="Exit status: 0 done; 2 bad input (one `error: ...` line, refused before "
+                                   "loading when no model is needed to tell); 130 interrupted (Ctrl-C).")
+    parser.add_argument("--prompt", action="append",
+                        help=f"prompt text (repeat for a batch; default: {DEFAULT_PROMPT!r})")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt)")
@@ -52,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def checked_request(args) -> tuple[list[str], SamplingParams]:
     """The prompts and sampling parameters, refused here if no model could ever run them."""
-    prompts = args.prompt or ["def quicksort(arr):"]
+    prompts = args.prompt or [DEFAULT_PROMPT]
     for i, prompt in enumerate(prompts):
         if not prompt:
             raise ValueError("prompt is empty" if len(prompts) == 1 else f"prompt {i} is empty")
