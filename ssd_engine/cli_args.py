@@ -10,6 +10,7 @@ import typing
 from dataclasses import MISSING, fields
 
 from ssd_engine.config import EngineConfig
+from ssd_engine.options import choices_of, help_of
 from ssd_engine.sampling_params import SamplingParams
 
 ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"], "tensor_parallel_size": ["--tp"]}
@@ -48,32 +49,45 @@ def _base_type(annotation):
 
 
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("seed",)) -> None:
-    """EngineConfig.seed is left out: on the command line --seed is the request's sampling seed."""
-    group = parser.add_argument_group("engine")
+    """EngineConfig.seed is left out: on the command line --seed is the request's sampling seed.
+
+    Every flag defaults to None (unset), so EngineConfig's defaults stay in one place; the help
+    shows them."""
+    group = parser.add_argument_group("engine", "options of the engine (ssd_engine/config.py, EngineConfig)")
     for f in fields(EngineConfig):
         if f.name in skip:
             continue
         names = [_flag(f.name)] + ALIASES.get(f.name, [])
         kind = _base_type(f.type)
+        help = help_of(f) + ("" if f.default is None else f" (default: {_shown(f.default)})")
         if kind is bool:
-            group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=None)
+            group.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help)
+        elif choices_of(f):
+            group.add_argument(*names, dest=f.name, type=kind, default=None, choices=choices_of(f), help=help)
         else:
-            group.add_argument(*names, dest=f.name, type=kind, default=None, metavar=f.name.upper())
+            group.add_argument(*names, dest=f.name, type=kind, default=None, metavar=f.name.upper(), help=help)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
-    group = parser.add_argument_group("sampling")
+    """`defaults` overrides SamplingParams' own (the CLI generates more than 16 tokens, greedily)."""
+    group = parser.add_argument_group("sampling", "per-request sampling (ssd_engine/sampling_params.py)")
     for f in fields(SamplingParams):
         if f.name not in SAMPLING_FIELDS:
             continue
         default = (defaults or {}).get(f.name, None if f.default is MISSING else f.default)
+        help = help_of(f) + ("" if default is None else " (default: %(default)s)")
         if f.name == "ignore_eos":
-            group.add_argument(_flag(f.name), action="store_true", default=default)
+            group.add_argument(_flag(f.name), action="store_true", default=default, help=help_of(f))
         elif f.name in ("stop", "stop_token_ids"):
             group.add_argument(_flag(f.name), action="append", type=int if f.name == "stop_token_ids" else str,
-                               default=None)
+                               default=None, metavar=f.name.upper(), help=help)
         else:
-            group.add_argument(_flag(f.name), type=_base_type(f.type), default=default)
+            group.add_argument(_flag(f.name), type=_base_type(f.type), default=default, metavar=f.name.upper(),
+                               help=help)
+
+
+def _shown(default) -> str:
+    return str(default).lower() if isinstance(default, bool) else str(default)
 
 
 def engine_options(args: argparse.Namespace) -> dict:

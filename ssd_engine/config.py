@@ -1,12 +1,15 @@
 """EngineConfig: every engine option in one validated, frozen dataclass.
 
-The CLI maps its flags 1:1 onto these fields (`--max-model-len` -> max_model_len). Values that
-depend on the checkpoint (max_model_len=None, num_kv_blocks=None) are resolved by the engine.
+The CLI maps its flags 1:1 onto these fields (`--max-model-len` -> max_model_len), and its help
+text is each field's `option(...)` help and choices. Values that depend on the checkpoint
+(max_model_len=None, num_kv_blocks=None) are resolved by the engine.
 """
 import difflib
 
 import torch
 from dataclasses import dataclass, fields
+
+from ssd_engine.options import option
 
 SPECULATIVE_MODES = ("ar", "sd", "ssd")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -18,40 +21,53 @@ FANOUT_RULES = ("auto", "geometric", "uniform")
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    model: str | None = None                 # HF folder; None = the built-in default target
-    draft_model: str | None = None           # HF folder; None with model=None = the default draft
-    speculative_mode: str | None = None      # ar | sd | ssd; None = ssd when a draft is known, else ar
-    num_speculative_tokens: int = 4          # K: draft tokens per round
-    tokenizer: str | None = None             # defaults to the model folder
-    max_model_len: int | None = None         # prompt + output limit; None = min(checkpoint's, 4096)
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 2048       # tokens computed per step (prefill is chunked to fit)
-    block_size: int = 16                     # tokens per KV page
-    num_kv_blocks: int | None = None         # KV pages; None = derived from kv_cache_memory_gb
-    kv_cache_memory_gb: float = 1.0
-    enable_prefix_caching: bool = True
-    dtype: str = "auto"                      # auto = bfloat16 on CUDA, float32 on CPU (no bf16 units on AVX2)
-    device: str = "cpu"
-    num_threads: int | None = None           # torch intra-op threads; None = torch's default
-    enforce_eager: bool = False              # True: plain weights, no prepacking, no CUDA graphs
-    attention_backend: str = "auto"          # auto (CUDA: flash-attn if importable and pages fit, else triton;
-                                             # CPU: torch) | torch (reference) | triton | flash-attn
-    cuda_graph_max_batch: int = 64           # CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this
-    cpu_weight_layout: str = "auto"          # auto | dual | packed | plain: see layers/linear.py
-    seed: int = 0                            # seeds unseeded sampling
-    tensor_parallel_size: int = 1            # target ranks: rank 0 here, 1..N-1 spawned (or joined via torchrun)
-    cpu_cores: str | None = None             # core set per rank, e.g. "0;1" or "0-3;4-7"; None = split evenly (TP > 1)
-    distributed_timeout_s: float = 60.0      # a collective waiting longer than this raises instead of hanging
-    ssd_fanout: str | int | tuple = "auto"   # SSD bonus candidates per accepted count k: auto (Theorem 12 on the
-                                             # calibration's measured P(k)) | geometric (Theorem 12 with i.i.d.
-                                             # acceptance alpha) | uniform | one int | K+1 ints
-    ssd_budget: int | None = None            # B = sum of the fan-out; None = the calibration's measured time budget
-    ssd_fallback: str = "auto"               # SSD cache miss: auto (jit below the critical batch size b*, else fast) |
-                                             # jit (primary drafts now) | fast (n-gram, else random)
-    ssd_critical_batch: float | None = None  # pins b* for ssd_fallback=auto; None = from running estimates
-    saguaro_c: float = 1.0                   # Saguaro sampling: draft's top-F probabilities times C (1 = plain)
-    calibration_dir: str | None = None       # where Saguaro calibrations are looked up; None = the repo's configs/
-    draft_timeout_s: float = 30.0            # SSD: a draft reply later than this counts as a dead draft
+    model: str | None = option(None, "Hugging Face model folder; unset: the built-in default target")
+    draft_model: str | None = option(None, "draft model folder (same tokenizer as the model); unset with no "
+                                           "model: the built-in default draft")
+    speculative_mode: str | None = option(None, "ar: no speculation; sd: a colocated draft; ssd: speculative "
+                                                "speculative decoding with the draft in its own process; unset: "
+                                                "ssd when a draft is known, else ar", SPECULATIVE_MODES)
+    num_speculative_tokens: int = option(4, "K: draft tokens per round")
+    tokenizer: str | None = option(None, "tokenizer folder; unset: the model folder")
+    max_model_len: int | None = option(None, "prompt + output token limit; unset: min(the checkpoint's, 4096)")
+    max_num_seqs: int = option(16, "most requests in one batch")
+    max_num_batched_tokens: int = option(2048, "tokens computed per step (a longer prefill is chunked to fit)")
+    block_size: int = option(16, "tokens per KV-cache page")
+    num_kv_blocks: int | None = option(None, "KV-cache pages; unset: derived from kv_cache_memory_gb")
+    kv_cache_memory_gb: float = option(1.0, "memory for the KV cache in GiB, per rank")
+    enable_prefix_caching: bool = option(True, "reuse the KV pages of a prompt prefix seen before")
+    dtype: str = option("auto", "weights and activations; auto: bfloat16 on CUDA, float32 on CPU (no bf16 units "
+                                "on AVX2)", DTYPES)
+    device: str = option("cpu", "cpu or cuda[:N]")
+    num_threads: int | None = option(None, "torch intra-op threads; unset: torch's default")
+    enforce_eager: bool = option(False, "plain weights: no prepacking, no CUDA graphs")
+    attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the pages fit, else "
+                                            "triton, on CPU torch; torch is the reference", ATTENTION_BACKENDS)
+    cuda_graph_max_batch: int = option(64, "CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this")
+    cpu_weight_layout: str = option("auto", "CPU weight layout (see layers/linear.py); auto picks by thread "
+                                            "count", WEIGHT_LAYOUTS)
+    seed: int = option(0, "seeds unseeded sampling")
+    tensor_parallel_size: int = option(1, "target ranks: rank 0 in this process, 1..N-1 spawned (or joined "
+                                          "via torchrun)")
+    cpu_cores: str | None = option(None, "cores per rank (then the SSD draft's), e.g. \"0;1\" or "
+                                         "\"0-3;4-7\"; unset: the usable cores split evenly")
+    distributed_timeout_s: float = option(60.0, "seconds a tensor-parallel collective may wait before it "
+                                                "raises instead of hanging")
+    ssd_fanout: str | int | tuple = option("auto", "SSD bonus candidates per accepted count k: auto (Theorem 12 "
+                                                   "on the calibration's measured P(k)), geometric (Theorem 12 "
+                                                   "with i.i.d. acceptance alpha), uniform, one integer, or K+1 "
+                                                   "comma-separated integers")
+    ssd_budget: int | None = option(None, "B, the sum of the SSD fan-out; unset: the calibration's measured "
+                                          "time budget")
+    ssd_fallback: str = option("auto", "what an SSD cache miss takes: jit (the draft drafts now), fast (n-gram, "
+                                       "else random), auto (jit below the critical batch size b*, else fast)",
+                               SSD_FALLBACKS)
+    ssd_critical_batch: float | None = option(None, "pins b* for ssd_fallback=auto; unset: from running "
+                                                    "estimates")
+    saguaro_c: float = option(1.0, "Saguaro sampling: the draft's top-F probabilities times C, in [0, 1] (1: "
+                                   "plain sampling)")
+    calibration_dir: str | None = option(None, "folder of Saguaro calibrations; unset: the repo's configs/")
+    draft_timeout_s: float = option(30.0, "SSD: seconds after which a draft reply counts as a dead draft")
 
     @property
     def weight_layout(self) -> str:

@@ -1,18 +1,27 @@
 """CLI: python -m ssd_engine.generate --prompt "def quicksort(arr):"
 
 Runs the built-in default pair's target unless --model is given; prints each completion and one
-closing stats line. Bad input prints one `error: ...` line and exits with status 2.
+closing stats line. Bad input prints one `error: ...` line and exits with status 2 (what needs no
+model is refused before anything loads); Ctrl-C prints `interrupted` and exits with status 130.
 """
 import sys
 import time
 
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, fail, sampling_params
+from ssd_engine.config import EngineConfig
+from ssd_engine.sampling_params import SamplingParams
+
+DEFAULT_PROMPT = "def quicksort(arr):"
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="python -m ssd_engine.generate", description=__doc__.splitlines()[0],
-                            allow_abbrev=False)
-    parser.add_argument("--prompt", action="append", help="prompt text (repeat for a batch)")
+    parser = ArgumentParser(prog="python -m ssd_engine.generate", allow_abbrev=False,
+                            description="Generate text for each --prompt with the built-in model pair, or your "
+                                        "--model (and --draft-model); print it, then stats on stderr.",
+                            epilog="Exit status: 0 done; 2 bad input (one `error: ...` line, refused before "
+                                   "loading when no model is needed to tell); 130 interrupted (Ctrl-C).")
+    parser.add_argument("--prompt", action="append",
+                        help=f"prompt text (repeat for a batch; default: {DEFAULT_PROMPT!r})")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt)")
@@ -23,31 +32,59 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    prompts = args.prompt or ["def quicksort(arr):"]
+    try:
+        prompts, params = checked_request(args)
+        EngineConfig.from_kwargs(**engine_options(args))
+    except ValueError as error:
+        fail(str(error))  # before anything loads: a typo costs no loading time
+    llm = None
     try:
         from ssd_engine import LLM
-        params = sampling_params(args)
         started = time.perf_counter()
         llm = LLM(**engine_options(args))
         load_s = time.perf_counter() - started
-        if args.chat:
-            prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                                         add_generation_prompt=True) for p in prompts]
-        if args.stream and len(prompts) != 1:
-            raise ValueError(f"--stream takes one prompt, got {len(prompts)}")
-        if args.stream:
-            stream = llm.generate_stream(prompts[0], params)
-            for piece in stream:
-                print(piece, end="", flush=True)
-            print()
-            outputs = [stream.output]
-        else:
-            outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
+        outputs = run(llm, prompts, params, args)
+        report(llm, outputs, load_s)
     except ValueError as error:
         fail(str(error))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)  # the finally below stops every child process
+        return 130
+    finally:
+        if llm is not None:
+            llm.close()
+    return 0
+
+
+def checked_request(args) -> tuple[list[str], SamplingParams]:
+    """The prompts and sampling parameters, refused here if no model could ever run them."""
+    prompts = args.prompt or [DEFAULT_PROMPT]
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError("prompt is empty" if len(prompts) == 1 else f"prompt {i} is empty")
+    if args.stream and len(prompts) != 1:
+        raise ValueError(f"--stream takes one prompt, got {len(prompts)}")
+    return prompts, sampling_params(args)
+
+
+def run(llm, prompts: list[str], params: SamplingParams, args) -> list:
+    if args.chat:
+        prompts = [llm.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                                     add_generation_prompt=True) for p in prompts]
     if not args.stream:
+        outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
         for out in outputs:
             print(out.text if len(outputs) == 1 else f"--- [{out.request_id}] finish={out.finish_reason}\n{out.text}")
+        return outputs
+    stream = llm.generate_stream(prompts[0], params)
+    for piece in stream:
+        print(piece, end="", flush=True)
+    print()
+    return [stream.output]
+
+
+def report(llm, outputs: list, load_s: float) -> None:
+    """The closing stats lines, on stderr."""
     tokens = sum(o.metrics.num_output_tokens for o in outputs)
     e2e = max(o.metrics.e2e_s for o in outputs)
     ttft = sum(o.metrics.ttft_s for o in outputs) / len(outputs)
@@ -74,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[saguaro] fanouts={spec['fanouts']} C={llm.config.saguaro_c} fallback={spec['fallback']} "
                   f"b*={spec['critical_batch_size']:.2f} backup_rounds={spec['backup_rounds']} "
                   f"miss_rate_by_fanout={[round(m, 3) for m in spec['miss_rate_by_fanout']]}", file=sys.stderr)
-    llm.close()
-    return 0
 
 
 if __name__ == "__main__":

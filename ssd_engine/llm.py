@@ -47,7 +47,10 @@ class LLM:
 
     def _run(self, seqs, use_tqdm: bool) -> list[RequestOutput]:
         pending = {seq.seq_id for seq in seqs}
-        bar = tqdm(total=len(seqs), desc="Generating", dynamic_ncols=True, disable=not use_tqdm)
+        # counts generated tokens, not requests (one request would sit at 0/1 until it is done);
+        # the total is every request's max_tokens, less what requests that stopped early left unused
+        bar = tqdm(total=sum(seq.params.max_tokens for seq in seqs), desc="Generating", unit="tok",
+                   dynamic_ncols=True, disable=not use_tqdm)
         stats = self.engine.stats
         while pending:
             before, start = dict(stats), time.perf_counter()
@@ -55,12 +58,14 @@ class LLM:
             elapsed = max(time.perf_counter() - start, 1e-9)
             prefill = stats["prefill_tokens"] - before["prefill_tokens"]
             decode = stats["decode_tokens"] - before["decode_tokens"]
-            if prefill or decode:
-                bar.set_postfix(prefill=f"{prefill / elapsed:.0f} tok/s" if prefill else "-",
-                                decode=f"{decode / elapsed:.1f} tok/s" if decode else "-", refresh=False)
             done = [seq for seq in finished if seq.seq_id in pending]
             pending -= {seq.seq_id for seq in done}
-            bar.update(len(done))
+            bar.total -= sum(seq.params.max_tokens - seq.num_output_tokens for seq in done)
+            if prefill or decode or done:
+                bar.set_postfix({"requests": f"{len(seqs) - len(pending)}/{len(seqs)}",
+                                 "prefill": f"{prefill / elapsed:.0f} tok/s" if prefill else "-",
+                                 "decode": f"{decode / elapsed:.1f} tok/s" if decode else "-"}, refresh=False)
+            bar.update(sum(seq.num_output_tokens for seq in seqs) - bar.n)
         bar.close()
         return [self.engine.to_output(seq) for seq in seqs]
 

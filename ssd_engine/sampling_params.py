@@ -5,29 +5,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ssd_engine.options import option
+
 
 @dataclass
 class SamplingParams:
-    """How one request is decoded.
+    """How one request is decoded; each field's meaning is its `option` help (also the CLI's --help).
+    stop / stop_token_ids are normalised to (possibly empty) lists."""
 
-    temperature: 0 means greedy (argmax); otherwise logits are divided by it.
-    top_p:       keep the smallest set of top tokens whose probability reaches top_p (1 = off).
-    top_k:       keep the k most likely tokens. -1 and 0 both mean "disabled", as in current vLLM.
-    min_p:       drop tokens whose probability is below min_p times the top token's (0 = off).
-    seed:        a seeded request draws only from its own generator, so its output does not
-                 depend on what else is in the batch.
-    stop / stop_token_ids are normalised to (possibly empty) lists.
-    """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    seed: int | None = None
-    max_tokens: int = 16
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    ignore_eos: bool = False
+    temperature: float = option(1.0, "0 is greedy (argmax); otherwise the logits are divided by it")
+    top_p: float = option(1.0, "keep the smallest set of most likely tokens whose probability reaches top_p, "
+                               "in (0, 1] (1: off)")
+    top_k: int = option(-1, "keep the k most likely tokens; -1 and 0 both disable it, as in vLLM")
+    min_p: float = option(0.0, "drop tokens less likely than min_p times the top token, in [0, 1] (0: off)")
+    seed: int | None = option(None, "a seeded request draws only from its own generator, so its output does "
+                                    "not depend on the rest of the batch")
+    max_tokens: int = option(16, "most tokens to generate")
+    stop: str | list[str] | None = option(None, "stop at the first occurrence of this string, which is cut "
+                                                "from the text (CLI: repeat for several)")
+    stop_token_ids: list[int] | None = option(None, "stop once this token id is generated (CLI: repeat for "
+                                                    "several)")
+    ignore_eos: bool = option(False, "keep generating past the end-of-sequence token")
 
     def __post_init__(self) -> None:
         # `not (x >= 0)` also rejects nan, which compares false with everything.

@@ -26,15 +26,27 @@ def llm(tiny_qwen2):
     return LLM(tiny_qwen2, max_model_len=MAX_LEN, block_size=4, num_kv_blocks=64, max_num_seqs=4, num_threads=1)
 
 
+@pytest.fixture(scope="module")
+def unloadable(tiny_qwen2, tmp_path_factory):
+    """A folder that passes every check that needs no weights and fails loudly (a SafetensorError
+    and its traceback, not a one-line error) the moment anything loads it: a run that reports
+    something else never loaded a model, nor started a draft process that would load it."""
+    path = tmp_path_factory.mktemp("cli") / "unloadable"
+    shutil.copytree(tiny_qwen2, path)
+    (path / "model.safetensors").write_bytes(b"not a safetensors file")
+    return str(path)
+
+
 # ---- CLI runs: started together (each subprocess pays ~3 s of imports) ------------------------------
 @pytest.fixture(scope="module")
-def cli_runs(tiny_qwen2, tmp_path_factory):
+def cli_runs(tiny_qwen2, unloadable, tmp_path_factory):
     """Real subprocesses for the cases where the process boundary matters (exit status, no
     traceback); the other CLI cases call ssd_engine.generate.main in-process (same code path)."""
     missing = str(tmp_path_factory.mktemp("cli") / "no_such_model")
     cases = {
         "unknown_flag": ["--model", tiny_qwen2, "--max-model-length", "64"],
         "missing_model": ["--model", missing],
+        "empty_prompt": ["--model", unloadable, "--draft-model", unloadable, "--mode", "ssd", "--prompt", ""],
     }
     env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     procs = {name: subprocess.Popen([sys.executable, "-m", "ssd_engine.generate", "--no-progress", *args],
@@ -267,8 +279,31 @@ def test_cli_missing_model_dir(cli_runs):
     assert_cli_error(cli_runs("missing_model"), cli_runs.missing_dir)
 
 
-def test_cli_negative_temperature(tiny_qwen2, capsys):
-    assert_cli_error(run_cli_in_process(["--model", tiny_qwen2, "--temperature", "-1"], capsys), "temperature")
+def test_cli_empty_prompt_is_refused_before_loading(cli_runs):
+    assert_cli_error(cli_runs("empty_prompt"), "prompt is empty")
+
+
+def test_cli_negative_temperature(unloadable, capsys):
+    assert_cli_error(run_cli_in_process(["--model", unloadable, "--temperature", "-1"], capsys), "temperature")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--prompt", "a", "--prompt", ""], "prompt 1 is empty"),
+    (["--stream", "--prompt", "a", "--prompt", "b"], "--stream takes one prompt"),
+    (["--top-p", "0"], "top_p"),
+    (["--k", "0"], "num_speculative_tokens"),
+    (["--dtype", "float64"], "dtype"),
+], ids=["empty_second_prompt", "stream_batch", "top_p", "k", "dtype"])
+def test_cli_refuses_before_loading(unloadable, capsys, argv, needle):
+    assert_cli_error(run_cli_in_process(["--model", unloadable, *argv], capsys), needle)
+
+
+def test_missing_draft_is_refused_before_the_target_loads(unloadable, tmp_path, capsys):
+    missing = str(tmp_path / "no_such_draft")
+    assert_cli_error(run_cli_in_process(["--model", unloadable, "--draft-model", missing], capsys), missing)
+    with pytest.raises(ValueError) as info:
+        LLM(unloadable, draft_model=missing, speculative_mode="sd")
+    assert missing in one_line_error(info)
 
 
 def test_cli_prompt_too_long(tiny_qwen2, capsys):

@@ -1,4 +1,5 @@
-"""EngineConfig validation, from_kwargs' unknown-option message, and the CLI flag mapping."""
+"""EngineConfig validation, from_kwargs' unknown-option message, the CLI flag mapping and its help."""
+import argparse
 import dataclasses
 
 import pytest
@@ -6,6 +7,8 @@ import pytest
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, sampling_params
 from ssd_engine.config import EngineConfig, field_names
 from ssd_engine.generate import build_parser
+from ssd_engine.options import help_of
+from ssd_engine.sampling_params import SamplingParams
 
 
 def test_defaults_are_valid_and_frozen():
@@ -190,3 +193,33 @@ def test_unknown_flag_names_closest_and_exits_2(capsys):
     with pytest.raises(SystemExit) as info:  # a bad value is also exit 2
         build_parser().parse_args(["--block-size", "four"])
     assert info.value.code == 2
+
+
+def test_every_field_is_documented_where_the_help_reads_it():
+    for f in dataclasses.fields(EngineConfig) + dataclasses.fields(SamplingParams):
+        assert help_of(f).strip(), f"{f.name} has no help"
+
+
+def test_help_gives_every_flag_a_description_default_and_choices():
+    parser = build_parser()
+    by_dest = {a.dest: a for a in parser._actions}
+    for action in parser._actions:
+        assert action.help and action.help != argparse.SUPPRESS, f"{action.option_strings} has no description"
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == "seed":
+            continue
+        text = by_dest[f.name].help
+        # a field without a default says what leaving it unset means instead
+        assert ("unset" in text) if f.default is None else (f"(default: {str(f.default).lower()})" in text.lower())
+    help_text = " ".join(parser.format_help().split())  # argparse wraps lines; compare unwrapped
+    for needle in ("--speculative-mode {ar,sd,ssd}, --mode {ar,sd,ssd}", "K: draft tokens per round (default: 4)",
+                   "--dtype {auto,float32,bfloat16,float16}", "--ssd-fallback {auto,jit,fast}",
+                   "most tokens to generate (default: 128)", "(default: 0.0)", "Exit status"):
+        assert needle in help_text, needle
+
+
+def test_a_value_outside_the_choices_is_one_error_line(capsys):
+    with pytest.raises(SystemExit) as info:
+        build_parser().parse_args(["--mode", "fast"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "'ar', 'sd', 'ssd'" in err

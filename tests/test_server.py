@@ -73,6 +73,8 @@ def test_chat_uses_the_template_and_streams_deltas(served):
     assert out.choices[0].message.content == offline["chat"] and out.choices[0].message.role == "assistant"
     chunks = list(client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=12, temperature=0, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == offline["chat"]
+    assert chunks[0].choices[0].delta.role == "assistant"  # OpenAI's first delta names the role, once
+    assert all(c.choices[0].delta.role is None for c in chunks[1:])
     assert chunks[-1].usage.completion_tokens == out.usage.completion_tokens
 
 

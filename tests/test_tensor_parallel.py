@@ -29,6 +29,7 @@ from ssd_engine.engine.model_runner import ModelRunner
 from ssd_engine.engine.scheduler import ScheduledBatch
 from ssd_engine.engine.sequence import Sequence
 from ssd_engine.models.loader import load_config
+from process_helpers import gone_within, kill_session, read_line
 
 TOL = 1e-4
 PROMPTS = [list(range(5, 12)), list(range(40, 53)), [7, 8, 9], [(7 * i) % 250 + 3 for i in range(37)]]
@@ -186,7 +187,8 @@ def test_rank0_placement_is_restored_after_close(tiny_qwen2):
 
 
 SCRIPT = """
-import os, sys, time
+import os, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a background launch leaves SIGINT ignored: a Ctrl-C must land
 from ssd_engine import LLM, SamplingParams
 llm = LLM({path!r}, tensor_parallel_size=2)
 print(" ".join(str(p.pid) for p in llm.engine.runner.processes.values()), flush=True)
@@ -197,35 +199,34 @@ if {loop}:
 
 
 def _run_script(path: str, loop: bool) -> tuple[subprocess.Popen, list[int]]:
+    """The script in its own session; callers kill that session by pid in a finally (kill_session)."""
     proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SCRIPT.format(path=path, loop=loop))],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    workers = [int(pid) for pid in proc.stdout.readline().split()]
-    assert workers, proc.stderr.read()
+    workers = [int(pid) for pid in read_line(proc, timeout_s=120).split()]
+    if not workers:
+        pytest.fail(f"the script started no worker: {kill_session(proc)}")
     return proc, workers
-
-
-def _gone_within(pids: list[int], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if not any(os.path.exists(f"/proc/{pid}") for pid in pids):
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_interpreter_exit_without_close_stops_workers(tiny_qwen2):
     proc, workers = _run_script(tiny_qwen2, loop=False)
-    assert proc.wait(timeout=60) == 0, proc.stderr.read()
-    assert _gone_within(workers, 10)
+    try:
+        assert proc.wait(timeout=60) == 0, proc.stderr.read()
+        assert gone_within(workers, 10)
+    finally:
+        kill_session(proc, workers)
 
 
 def test_ctrl_c_stops_every_process(tiny_qwen2):
     proc, workers = _run_script(tiny_qwen2, loop=True)
-    time.sleep(1.0)  # let it get into the generate loop
-    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
-    proc.wait(timeout=60)
-    assert "KeyboardInterrupt" in proc.stderr.read()
-    assert _gone_within(workers, 15)
+    try:
+        time.sleep(1.0)  # let it get into the generate loop
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        proc.wait(timeout=60)
+        assert "KeyboardInterrupt" in proc.stderr.read()
+        assert gone_within(workers, 15)
+    finally:
+        kill_session(proc, workers)  # also when an assertion failed: nothing keeps spinning after pytest
 
 
 def test_torchrun_joins_instead_of_spawning(tiny_qwen2):

@@ -9,7 +9,6 @@ then exit (multi-node deployments use torchrun, not a launcher of ours).
 import atexit
 import dataclasses
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from ssd_engine.distributed import lifeline
 from ssd_engine.distributed.comm import SHM_CAPACITY, TPGroup
 from ssd_engine.distributed.shm_collectives import ShmCollectives
 from ssd_engine.distributed.shm_collectives import supported as shm_supported
@@ -65,8 +65,8 @@ def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> Tenso
         device = spec.device if on_cpu else f"cuda:{(torch.device(spec.device).index or 0) + rank}"
         args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
                     device=device, timeout_s=config.distributed_timeout_s, shm_fd=shm_fd)
-        processes[rank] = subprocess.Popen([sys.executable, "-m", "ssd_engine.distributed.worker_main", json.dumps(args)],
-                                           stdin=subprocess.DEVNULL, pass_fds=() if shm_fd is None else (shm_fd,))
+        processes[rank] = lifeline.start("ssd_engine.distributed.worker_main", args, stdin=subprocess.DEVNULL,
+                                         pass_fds=() if shm_fd is None else (shm_fd,))
     restore = pin(core_sets[0], threads[0]) if on_cpu else None
     spec = dataclasses.replace(spec, weight_layout=config.weight_layout)  # for rank 0's pinned thread count
     where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: cuda:{r}" for r in range(size))

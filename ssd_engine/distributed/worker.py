@@ -5,9 +5,6 @@ page-table delta (pages kept + pages appended), plus ids of sequences that left.
 a mirror of every live sequence's page table, rebuilds the same StepInputs and runs its slice.
 """
 import os
-import sys
-import threading
-import time
 import traceback
 
 import torch
@@ -85,7 +82,7 @@ def serve(tp: TPGroup) -> None:
 def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
                    timeout_s: float, shm_fd: int | None = None) -> None:
     """A spawned worker (ranks 1..N-1 on this machine): join rank 0's store, then serve."""
-    parent = exit_with_parent()
+    parent = os.getppid()  # checked by the entry point (lifeline.child_args): still the rank 0 that started us
     if cores is not None:
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
@@ -98,18 +95,4 @@ def worker_process(port: int, rank: int, size: int, cores: list[int] | None, thr
     tp = TPGroup.create(store, rank, size, torch.device(device), timeout_s, loopback=True, shm_fd=shm_fd,
                         peers_alive=lambda: os.getppid() == parent)
     serve(tp)
-
-
-def exit_with_parent(label: str = "tensor-parallel worker") -> int:
-    """Exit if rank 0's process goes away (even by SIGKILL), so no child is ever orphaned."""
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(0.5)
-        print(f"{label} {os.getpid()}: coordinator {parent} is gone, exiting", file=sys.stderr)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="parent-watch").start()
-    return parent
 

@@ -14,6 +14,7 @@ from ssd_engine.config import EngineConfig
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
+from ssd_engine.engine.preflight import check_before_loading
 from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.engine.sequence import Sequence, SequenceStatus
 from ssd_engine.distributed.launch import close_at_exit, start_tensor_parallel, torchrun_world
@@ -55,6 +56,7 @@ class LLMEngine:
 
     def _build(self) -> None:
         config = self.config
+        check_before_loading(config)
         core_sets = self._place()
         self.model_path = resolve_model_path(config)
         self.hf_config = load_config(self.model_path)

@@ -112,9 +112,10 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
         metrics.finished(output)
         return _response(rid, created, kind, text, output)
 
-    def _choice(kind: str, text: str, finish: str | None, streaming: bool) -> dict:
+    def _choice(kind: str, text: str, finish: str | None, streaming: bool, first: bool = False) -> dict:
         if kind == "chat":
-            body = {"role": "assistant", "content": text} if not streaming else {"content": text}
+            # as OpenAI does, a stream names the role once, in its first delta
+            body = {"role": "assistant", "content": text} if first or not streaming else {"content": text}
             return {"index": 0, "delta" if streaming else "message": body, "finish_reason": finish}
         return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
 
@@ -130,11 +131,13 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 
     async def _sse(delta, stream, rid, created, kind):
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        first = True
         try:
             while True:
                 chunk = {"id": rid, "object": obj, "created": created, "model": model_name,
                          "choices": [_choice(kind, delta.text, delta.output.finish_reason if delta.output else None,
-                                             True)]}
+                                             True, first)]}
+                first = False
                 if delta.output is not None:
                     chunk["usage"] = _usage(delta.output)
                     metrics.finished(delta.output)

@@ -1,4 +1,4 @@
-"""`python -m ssd_engine.spec.draft_main ARGS_JSON`: how the coordinator starts the SSD draft process.
+"""`python -m ssd_engine.spec.draft_main PARENT_PID ARGS_JSON`: how the coordinator starts the SSD draft process.
 
 A module of its own (imported by nothing) so running it does not import itself twice.
 """
@@ -6,8 +6,8 @@ import signal
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the coordinator stops us
-    import json
-    import sys
+    from ssd_engine.distributed.lifeline import child_args
+    args = child_args("SSD draft")  # before anything slow: from here on we die with the coordinator
 
     from ssd_engine.spec.draft_process import draft_main
-    draft_main(**json.loads(sys.argv[1]))
+    draft_main(**args)

@@ -1,12 +1,12 @@
 """Start the SSD draft process (coordinator side) and run it (draft side).
 
 Like tensor-parallel workers it is a fresh interpreter (`python -m ssd_engine.spec.draft_main`),
-pinned to its own cores on CPU or on its own GPU, that finds the coordinator through a TCPStore
-on a kernel-picked port. It loads its model before joining the channel, so a draft that fails to
-load is reported at start-up with its exit code, never as a hang.
+pinned to its own cores on CPU or on its own GPU, that dies with the coordinator in every phase
+(distributed/lifeline.py) and finds it through a TCPStore on a kernel-picked port. It loads its
+model before joining the channel, so a draft that fails to load is reported at start-up with its
+exit code, never as a hang.
 """
 import datetime
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
+
+from ssd_engine.distributed import lifeline
 
 STARTUP_TIMEOUT_S = 300.0
 
@@ -43,8 +45,7 @@ def spawn(spec: DraftSpec, cores: list[int] | None, threads: int, timeout_s: flo
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
     args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, spec=asdict(spec))
-    process = subprocess.Popen([sys.executable, "-m", "ssd_engine.spec.draft_main", json.dumps(args)],
-                               stdin=subprocess.DEVNULL)
+    process = lifeline.start("ssd_engine.spec.draft_main", args, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while not store.check(["draft/ready"]):
         if process.poll() is not None:
@@ -59,14 +60,11 @@ def spawn(spec: DraftSpec, cores: list[int] | None, threads: int, timeout_s: flo
 
 
 def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict) -> None:
-    from ssd_engine.distributed.worker import exit_with_parent
     from ssd_engine.engine.model_runner import DTYPES, ModelRunner
     from ssd_engine.models.loader import load_config
-    from ssd_engine.spec.draft_link import DraftLink
+    from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
     from ssd_engine.spec.draft_server import new_server, scratch_slots
-    from ssd_engine.spec.payload import SHUTDOWN, pack_reply, unpack_request
 
-    exit_with_parent("SSD draft")
     spec = DraftSpec(**spec)
     if cores is not None:
         os.sched_setaffinity(0, cores)
@@ -85,6 +83,19 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps
     store.set("draft/ready", str(os.getpid()))
     link = DraftLink(store, 1, timeout_s, payload_device=torch.device(spec.device))
+    try:
+        _serve(link, server, spec)
+    except DraftLinkError:
+        # the coordinator went away without a shutdown (it crashed, or exited without close()):
+        # its own error says why; a traceback from here would only bury it
+        print(f"SSD draft {os.getpid()}: the coordinator closed the link, exiting", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _serve(link, server, spec: DraftSpec) -> None:
+    """Answer the coordinator's rounds until it says shutdown."""
+    from ssd_engine.spec.payload import SHUTDOWN, pack_reply, unpack_request
+
     reply = torch.zeros(0)
     while True:
         request = unpack_request(link.recv_request())

@@ -1,0 +1,98 @@
+"""Child processes (SSD draft, tensor-parallel workers) die with the engine process that started them.
+
+Even a SIGKILL of the engine (an out-of-memory kill, `kill -9`) must not leave a child running under
+PID 1, in any phase: interpreter start-up, imports, model loading, serving. On Linux the child asks
+the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG) as the first thing its entry point
+does, then checks that the parent is still the one that started it: a parent that died before the
+request took effect is caught there. Elsewhere a thread polls the parent pid instead.
+
+The kernel sends that signal when the parent *thread* that forked the child exits, not only the
+process, so `start` forks from a thread that lives as long as the process: the main thread, or, when
+called from any other thread (an engine built inside a worker thread), one spawner thread kept for
+the purpose.
+
+Only this module imports nothing heavy: the child runs it before torch is imported.
+"""
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import Future
+
+PR_SET_PDEATHSIG = 1
+WATCH_INTERVAL_S = 0.5
+
+_spawn_requests: "queue.SimpleQueue | None" = None
+_spawn_lock = threading.Lock()
+
+
+def start(module: str, args: dict, **popen_kwargs) -> subprocess.Popen:
+    """Parent side: run `python -m module` in a fresh interpreter that dies with this process.
+
+    The module's entry point must call `child_args` first."""
+    argv = [sys.executable, "-m", module, str(os.getpid()), json.dumps(args)]
+    if threading.current_thread() is threading.main_thread():
+        return subprocess.Popen(argv, **popen_kwargs)
+    done: Future = Future()
+    _spawner().put((argv, popen_kwargs, done))
+    return done.result()
+
+
+def child_args(label: str) -> dict:
+    """Child side, first thing in the entry point: tie this process to its parent, return its arguments."""
+    parent = int(sys.argv[1])
+    die_with_parent(parent, label)
+    return json.loads(sys.argv[2])
+
+
+def die_with_parent(parent: int, label: str) -> None:
+    if not _kernel_kills_orphans():
+        threading.Thread(target=_watch, args=(parent, label), daemon=True, name="parent-watch").start()
+    if os.getppid() != parent:  # the parent died before the kernel knew to tell us
+        _orphaned(parent, label)
+
+
+def _kernel_kills_orphans() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _watch(parent: int, label: str) -> None:
+    while os.getppid() == parent:
+        time.sleep(WATCH_INTERVAL_S)
+    _orphaned(parent, label)
+
+
+def _orphaned(parent: int, label: str) -> None:
+    print(f"{label} {os.getpid()}: its engine process {parent} is gone, exiting", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def _spawner() -> "queue.SimpleQueue":
+    """The queue of the one spawner thread; it blocks forever between requests and never returns,
+    so the children it forks never see their parent thread exit before the process does."""
+    global _spawn_requests
+    with _spawn_lock:
+        if _spawn_requests is None:
+            _spawn_requests = queue.SimpleQueue()
+            threading.Thread(target=_serve_spawns, args=(_spawn_requests,), daemon=True, name="child-spawner").start()
+        return _spawn_requests
+
+
+def _serve_spawns(requests: "queue.SimpleQueue") -> None:
+    while True:
+        argv, popen_kwargs, done = requests.get()
+        try:
+            done.set_result(subprocess.Popen(argv, **popen_kwargs))
+        except BaseException as error:  # handed to the caller's thread, which raises it
+            done.set_exception(error)

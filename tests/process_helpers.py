@@ -1,0 +1,79 @@
+"""The process table, read by pid, for tests that start engines in child processes and must leave
+nothing running when they fail."""
+import os
+import select
+import signal
+import subprocess
+import time
+
+
+def state(pid: int) -> str | None:
+    """/proc state letter of `pid` (R, S, Z, ...), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in (None, "Z", "X")  # a zombie has exited; only its parent has not reaped it
+
+
+def children_of(parent: int) -> set[int]:
+    """Live processes whose parent is `parent`."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == parent and fields[0] not in ("Z", "X"):
+                found.add(int(entry))
+    return found
+
+
+def wait_for_children(parent: int, count: int, timeout_s: float) -> set[int]:
+    """Poll until `parent` has at least `count` live children; returns them (fewer on timeout)."""
+    deadline = time.monotonic() + timeout_s
+    found = children_of(parent)
+    while len(found) < count and time.monotonic() < deadline and alive(parent):
+        time.sleep(0.005)  # the first moments of a child's life are the ones under test
+        found = children_of(parent)
+    return found
+
+
+def gone_within(pids, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """One line of the child's stdout, or "" if none came in time (never blocks past the timeout)."""
+    ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
+    return proc.stdout.readline() if ready else ""
+
+
+def kill_session(proc: subprocess.Popen, extra_pids=()) -> str:
+    """Kill a child started with start_new_session=True and everything it started: its process
+    group by the leader's pid (grandchildren stay in it after re-parenting), then any `extra_pids`.
+    Returns what was left unread on its stderr (if piped), for a failure message."""
+    for kill in [lambda: os.killpg(proc.pid, signal.SIGKILL)] + [lambda p=p: os.kill(p, signal.SIGKILL)
+                                                                  for p in extra_pids if alive(p)]:
+        try:
+            kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+    try:
+        _, err = proc.communicate(timeout=10)
+    except (subprocess.TimeoutExpired, ValueError):  # ValueError: its pipes were already read and closed
+        proc.kill()
+        proc.wait()
+        err = None
+    return err or ""
