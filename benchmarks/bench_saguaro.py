@@ -224,6 +224,8 @@ def main() -> None:
     raw = dict(date=datetime.date.today().isoformat(), machine=f"{machine_line()}; target core {args.target_core}, draft core {args.draft_core}", args=vars(args).copy(),
                command=command.strip())
     raw["args"]["cores"] = sorted(args.cores)
+    # a result names where it was written relative to the checkout, not this machine's layout
+    raw["args"]["out"] = os.path.relpath(os.path.abspath(args.out), os.path.dirname(HERE))
     if args.update:
         with open(args.update) as f:
             earlier = json.load(f)

@@ -1,7 +1,7 @@
 """CLI: python -m ssd_engine.calibrate [--model M --draft-model D] --temperature T
 
 Measures what Saguaro needs for one model pair at one temperature and writes it as JSON under
-configs/ (saguaro_engine/calibration.py), which the engine then loads for requests at that
+configs/ (ssd_engine/saguaro/calibration.py; the math: docs/saguaro.md), which the engine then loads for requests at that
 temperature. Three short SSD runs over the bundled calibration prompts:
   1. fan-out 1 per k, just-in-time backup: acceptance alpha, the rank of every bonus token among
      the draft's candidates (-> miss rate at every fan-out F, and r from a log-log fit), the

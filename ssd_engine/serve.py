@@ -3,9 +3,14 @@
 An OpenAI-compatible server (FastAPI + uvicorn) on the built-in pair in SSD mode unless --model /
 --speculative-mode say otherwise. Every engine option of `python -m ssd_engine.generate` applies.
 """
+import importlib.util
 import os
 
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, engine_options, fail
+
+# the `serve` extra; checked after parsing so that --help works on an install without it
+SERVER_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
+SERVE_INSTALL = 'pip install "ssd_engine[serve]"'
 
 
 def build_parser() -> ArgumentParser:
@@ -18,13 +23,25 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    import uvicorn
-    from ssd_engine import LLM
-    from ssd_engine.server.async_engine import AsyncEngine
-    from ssd_engine.server.openai_api import build_app
+def missing_server_packages() -> list[str]:
+    """All of them at once, so one reinstall fixes the lot."""
+    return [name for name in SERVER_PACKAGES if importlib.util.find_spec(name) is None]
 
+
+def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    # before the model loads: a missing package should cost the user seconds, not a model load
+    missing = missing_server_packages()
+    if missing:
+        fail(f"python -m ssd_engine.serve needs {', '.join(missing)}: {SERVE_INSTALL}")
+    try:
+        import uvicorn
+        from ssd_engine.server.async_engine import AsyncEngine
+        from ssd_engine.server.openai_api import build_app
+    except ImportError as error:  # installed but unimportable (e.g. a dependency of theirs)
+        fail(f"python -m ssd_engine.serve cannot import {error.name or error}: {SERVE_INSTALL}")
+    from ssd_engine import LLM
+
     try:
         llm = LLM(**engine_options(args))
     except ValueError as error:

@@ -1,4 +1,4 @@
-"""BlockManager: page allocation, ref counts, chained-hash prefix caching, commit, truncate."""
+"""BlockManager: page allocation, ref counts, chained-hash prefix caching, commit, trim (rollback)."""
 import pytest
 
 from ssd_engine.engine.block_manager import BlockManager
@@ -258,44 +258,42 @@ def test_prefix_caching_disabled_never_hits():
 
 
 # ---- rollback ------------------------------------------------------------------------------------
-def test_truncate_frees_pages_drops_tokens_and_unhashes_partial_page():
+def test_trim_frees_pages_reserved_past_the_sequence_and_keeps_committed_hashes():
     bm = BlockManager(8, BS)
-    seq = make_seq(range(10, 24))  # 14 tokens -> 4 pages, 3 full
+    seq = make_seq(range(10, 16))  # 6 tokens -> 2 pages, 1 full
     bm.allocate(seq)
     compute_all(bm, seq)
-    table = list(seq.block_table)
-    assert all(hashed(bm, x) for x in table[:3])
+    head = list(seq.block_table)
+    bm.grow(seq, len(seq) + 1 + 5)  # a verification step's lookahead: last token + K = 5 drafts
+    assert len(seq.block_table) == 3 and bm.num_free_blocks == 5
 
-    bm.truncate(seq, 6)
-    assert seq.token_ids == list(range(10, 16))
-    assert seq.block_table == table[:2]
-    assert seq.num_computed_tokens == 6
-    assert bm.num_free_blocks == 6
-    assert all(bm.blocks[x].ref_count == 0 and x in bm.free for x in table[2:])
-    assert hashed(bm, table[0])  # fully kept page keeps its hash
-    assert bm.blocks[table[1]].hash is None and not hashed(bm, table[1])  # partially kept page loses it
+    seq.token_ids += [16, 17]  # one draft accepted, then the bonus: 8 tokens, pages 0-1 in use
+    seq.num_computed_tokens = len(seq) - 1
+    reserved = seq.block_table[2]
+    bm.trim(seq)
+    assert seq.block_table == head and bm.num_free_blocks == 6
+    assert bm.blocks[reserved].ref_count == 0 and reserved in bm.free and bm.blocks[reserved].hash is None
+    assert hashed(bm, head[0])
+    bm.commit(seq)
+    assert not hashed(bm, head[1])  # the bonus token's K/V is computed by the next step
+    compute_all(bm, seq)
+    assert hashed(bm, head[1])
 
-    # a prompt with the old second page no longer hits it
+    # a later prompt with this prefix reuses both pages
     probe = make_seq(range(10, 19))
     bm.allocate(probe)
-    assert probe.block_table[0] == table[0] and probe.block_table[1] != table[1]
-    assert probe.num_cached_tokens == BS
-    bm.deallocate(probe)
-
-    # truncating on a page boundary keeps that page's hash
-    bm.truncate(seq, 4)
-    assert seq.block_table == table[:1] and hashed(bm, table[0])
-    assert seq.token_ids == [10, 11, 12, 13] and seq.num_computed_tokens == 4
+    assert probe.block_table[:2] == head and probe.num_cached_tokens == 2 * BS
 
 
-def test_truncate_clamps_but_never_raises_num_computed():
+def test_trim_keeps_exactly_the_pages_the_tokens_need():
     bm = BlockManager(8, BS)
-    seq = make_seq(range(10, 20))
+    seq = make_seq(range(10, 18))  # 8 tokens: exactly 2 pages
     bm.allocate(seq)
-    seq.num_computed_tokens = 3
-    bm.truncate(seq, 7)
-    assert seq.num_computed_tokens == 3
-    assert len(seq) == 7 and len(seq.block_table) == 2
-    bm.truncate(seq, 0)
-    assert seq.block_table == [] and len(seq) == 0 and seq.num_computed_tokens == 0
+    bm.grow(seq, 13)
+    assert len(seq.block_table) == 4
+    bm.trim(seq)
+    assert len(seq.block_table) == 2 and bm.num_free_blocks == 6
+    bm.trim(seq)  # nothing past the tokens: no-op
+    assert len(seq.block_table) == 2 and bm.num_free_blocks == 6
+    bm.deallocate(seq)
     assert bm.num_free_blocks == 8

@@ -17,10 +17,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-    sys.path.insert(0, REPO_ROOT)
 
-from kernels.paged_attention import paged_attention, tree_attention  # noqa: E402
+from ssd_engine.kernels.paged_attention import paged_attention, tree_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HEADS = [(4, 4), (6, 2), (8, 1), (12, 2)]
@@ -193,7 +191,7 @@ def test_kernel_compiles_to_cubin_for_a100_and_h100():
         pytest.skip("this triton build has no NVIDIA backend (ptxas)")
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    done = subprocess.run([sys.executable, "-m", "kernels.compile_check"], cwd=REPO_ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "ssd_engine.kernels.compile_check"], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     assert done.stdout.count("\nok ") + done.stdout.startswith("ok ") == 14, done.stdout

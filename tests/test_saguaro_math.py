@@ -1,4 +1,4 @@
-"""Saguaro's math, checked against first principles (SAGUARO.md; no model, CPU only).
+"""Saguaro's math, checked against first principles (docs/saguaro.md; no model, CPU only).
 
 - Theorem 12 fan-out: closed form, Lagrange condition, rounding, edge cases, and a brute-force
   integer optimum.
@@ -294,7 +294,7 @@ def test_critical_batch_is_the_crossover(p, e_p, e_f, t_p, kind):
 @pytest.mark.parametrize("p, e_p, e_f, t_p, kind", [c for c in B_STAR_CASES if c[3] <= 1 and c[4] == "finite"])
 def test_critical_batch_matches_simplified_m1_expression(p, e_p, e_f, t_p, kind):
     e_h = p * e_p + (1 - p) * e_f
-    x_star = (e_h * (1 + t_p) - e_p) / (e_h * t_p)  # SAGUARO.md, M = 1
+    x_star = (e_h * (1 + t_p) - e_p) / (e_h * t_p)  # docs/saguaro.md, M = 1
     assert 0 < x_star < 1
     assert math.isclose(critical_batch_size(p, e_p, e_f, t_p), math.log(x_star) / math.log(p), rel_tol=1e-12)
 
@@ -309,7 +309,7 @@ def test_critical_batch_decreases_as_t_p_grows():
 
 
 def test_critical_batch_direction_in_p():
-    # SAGUARO.md: b* "decreases as p falls". That holds when E_h is held fixed (b* = ln x*/ln p);
+    # Is b* lower when p is? That holds when E_h is held fixed (b* = ln x*/ln p);
     # with E_h = p E_p + (1 - p) E_f it holds in a case like this one (T_p > 1, b* < 1) ...
     falling = [critical_batch_size(p, 2.0, 1.0, 3.0) for p in (0.9, 0.8, 0.7, 0.6)]
     assert all(0 < b < math.inf for b in falling) and falling == sorted(falling, reverse=True)
@@ -502,8 +502,8 @@ def test_mc_emitted_token_follows_target(mc_case, mc_run):
 
 
 def test_mc_negative_control_wrong_q_row_is_detected(mc_case):
-    # Sampling from q_C but verifying with plain q (SAGUARO.md: "q_C is what verification must
-    # use") biases the output; the same test must see it.
+    # Sampling from q_C but verifying with plain q (docs/saguaro.md: q_C is the row
+    # that is verified) biases the output; the same test must see it.
     p, q, q_c, _ = mc_case
     assert float((q - q_c).abs().sum()) > 0.1
     first, _, _ = run_verifier(p, q_c, q, seed=22)

@@ -132,25 +132,10 @@ class BlockManager:
             prev_hash = block.hash
 
     def trim(self, seq: Sequence) -> None:
-        """Free pages past the sequence's current tokens (slots of rejected speculative tokens)."""
+        """Rollback after verification: free pages past the sequence's current tokens (the slots
+        `grow` reserved for speculative tokens that were rejected). Rejected tokens never enter
+        `seq`, and `commit` hashes only pages of committed tokens, so a freed page holds no hash."""
         keep = self.blocks_needed(len(seq))
         for block_id in seq.block_table[keep:]:
             self._release(block_id)
         del seq.block_table[keep:]
-
-    def truncate(self, seq: Sequence, num_tokens: int) -> None:
-        """Roll `seq` back to its first `num_tokens` tokens; pages past them return to the pool."""
-        keep = self.blocks_needed(num_tokens)
-        for block_id in seq.block_table[keep:]:
-            self._release(block_id)
-        del seq.block_table[keep:]
-        del seq.token_ids[num_tokens:]
-        seq.num_computed_tokens = min(seq.num_computed_tokens, num_tokens)
-        if keep and num_tokens % self.block_size:
-            last = self.blocks[seq.block_table[-1]]
-            if last.hash is not NO_HASH:
-                # a partially kept page can no longer stand for its full-page hash
-                assert last.ref_count == 1, "cannot truncate into a shared page"
-                if self.hash_to_block.get(last.hash) == last.block_id:
-                    del self.hash_to_block[last.hash]
-                last.hash, last.token_ids = NO_HASH, []

@@ -82,7 +82,7 @@ class LLMEngine:
         self.generator = stream_generator(config.seed, Stream.TARGET, device=self.device)  # unseeded requests
         self.spec_metrics = SpecMetrics(config.num_speculative_tokens)
         if config.speculative_mode == "sd":
-            self.speculator = build_sync_draft(config, self, num_blocks, max_position, dtype)
+            self.speculator = build_sync_draft(config, self, num_blocks, max_position)
             self.scheduler.release_hooks.append(self.speculator.release)
         elif config.speculative_mode == "ssd":
             cores = core_sets[-1] if core_sets else None

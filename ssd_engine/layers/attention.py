@@ -5,7 +5,7 @@ and for SSD tree-branch steps each branch's trunk row, fork point and own path s
 is handed a dense mask. Backends (`layers/attention_backends.py`):
 - `torch`: the reference. Expands the metadata once per step into slot tables and a boolean mask
   (`AttentionMetadata.dense`) and runs SDPA; the CPU path, and the oracle for the others.
-- `triton`: `kernels/paged_attention.py`, masks generated in the kernel; the CUDA default.
+- `triton`: `ssd_engine/kernels/paged_attention.py`, masks generated in the kernel; the CUDA default.
 - `flash-attn`: flash_attn_with_kvcache for paged steps when it is importable (tree steps stay
   on Triton).
 """

@@ -21,7 +21,7 @@ def _interpreting() -> bool:
 
 def triton_available() -> bool:
     try:
-        from kernels.paged_attention import triton
+        from ssd_engine.kernels.paged_attention import triton
     except ImportError:
         return False
     return triton is not None
@@ -37,7 +37,7 @@ def flash_attn_available() -> bool:
 
 def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                      scale: float) -> torch.Tensor:
-    from kernels.paged_attention import paged_attention, tree_attention
+    from ssd_engine.kernels.paged_attention import paged_attention, tree_attention
 
     if meta.is_tree:
         return tree_attention(q, k_cache, v_cache, meta.block_tables, meta.table_rows, meta.kv_lens,

@@ -5,7 +5,7 @@ Corollary 16: at batch size b the whole batch waits when any sequence misses, so
 x = p^b (no sequence misses), M = max(1, T_p):
     slow backup: S_slow(b) = E_p / [M x + (1 - x)(1 + T_p)]
     fast backup: S_fast(b) = E_h / [M x + (1 - x)],  E_h = p E_p + (1 - p) E_f
-Equating (Theorem 17, solved in SAGUARO.md):
+Equating (Theorem 17, solved in docs/saguaro.md):
     x* = [E_h (1 + T_p) - E_p] / [E_p (M - 1) + E_h (1 + T_p - M)],   b* = ln x* / ln p
 Slow wins for b < b* (x > x*); x* <= 0: slow always wins; x* >= 1: fast always wins.
 """
@@ -54,7 +54,7 @@ class Estimates:
     e_primary: float
     e_fast: float
     t_p: float
-    t_slow: float | None = None  # the just-in-time backup's cost / verification; None: SAGUARO.md's T_b ≈ T_p
+    t_slow: float | None = None  # the just-in-time backup's cost / verification; None: the paper's T_b ≈ T_p
 
     @property
     def slow_cost(self) -> float:

@@ -1,6 +1,6 @@
 """Which verification outcomes the draft prepares: fan-out F_0..F_K per accepted count k.
 
-Theorem 12 (SAGUARO.md): with per-token acceptance alpha, P(k accepted) = alpha^k (1 - alpha) for
+Theorem 12 (docs/saguaro.md): with per-token acceptance alpha, P(k accepted) = alpha^k (1 - alpha) for
 k < K and alpha^K for k = K; with a power-law miss rate P(miss | F) ∝ F^(-r), the hit rate
 sum_k P(k) (1 - c F_k^(-r)) under sum_k F_k = B is maximised by F_k ∝ P(k)^(1/(1+r)).
 """

@@ -17,7 +17,7 @@ Order (the same as vLLM / Hugging Face):
 5. softmax over the survivors (masked logits are -inf), which renormalises.
 
 Everything is computed in float32 on the logits' device. Rows sent to the verifier as q must be
-exactly these rows (see SAGUARO.md "q transport").
+exactly these rows (docs/saguaro.md "Exact verification").
 """
 
 from __future__ import annotations

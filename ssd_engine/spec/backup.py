@@ -3,7 +3,7 @@
 n-gram (prompt lookup): find the latest earlier occurrence of the context's last n tokens
 (n = max_n down to 1) and propose the K tokens that followed it; code and quoted text repeat a
 lot. With no match, random tokens. These proposals were not sampled from a distribution, so they
-are verified as q = one-hot (SAGUARO.md "Deterministic proposals stay exact").
+are verified as q = one-hot (docs/saguaro.md "Exact verification").
 """
 import torch
 

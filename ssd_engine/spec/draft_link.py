@@ -15,7 +15,7 @@ a receive before knowing the reply is coming: the draft rings a one-word gloo "d
 reply's size) right before each NCCL reply send, the coordinator waits for it with the deadline and
 only then posts the NCCL receive, whose completion it polls against the deadline too. Requests are
 NCCL sends the draft receives with NCCL (a dead coordinator takes the draft with it:
-`exit_with_parent`). On any failure the NCCL group is aborted, so no kernel waits on a gone peer.
+`distributed/lifeline.py`). On any failure the NCCL group is aborted, so no kernel waits on a gone peer.
 `payload_backend="gloo-split"` (tests only, passed by both ends) runs that same split protocol
 with a second gloo group instead of NCCL, so it is exercised on CPU.
 """

@@ -60,8 +60,7 @@ def spawn(spec: DraftSpec, cores: list[int] | None, threads: int, timeout_s: flo
 
 
 def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict) -> None:
-    from ssd_engine.engine.model_runner import DTYPES, ModelRunner
-    from ssd_engine.models.loader import load_config
+    from ssd_engine.engine.model_runner import RunnerSpec
     from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
     from ssd_engine.spec.draft_server import new_server, scratch_slots
 
@@ -74,10 +73,9 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
     fanouts = [(t, list(f)) for t, f in spec.fanouts]
     scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // spec.block_size)
-    runner = ModelRunner(spec.model_path, load_config(spec.model_path), num_kv_blocks=spec.num_blocks + scratch_pages,
-                         block_size=spec.block_size, max_model_len=spec.max_position, dtype=DTYPES[spec.dtype],
-                         device=torch.device(spec.device), weight_layout=spec.weight_layout,
-                         attention_backend=spec.attention_backend, cuda_graph_max_batch=spec.cuda_graph_max_batch)
+    runner = RunnerSpec(spec.model_path, spec.num_blocks + scratch_pages, spec.block_size, spec.max_position,
+                        spec.dtype, spec.device, spec.weight_layout, spec.attention_backend,
+                        spec.cuda_graph_max_batch).build()
     server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
                         spec.max_num_seqs, spec.seed)
     runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps

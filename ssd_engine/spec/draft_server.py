@@ -1,4 +1,4 @@
-"""The draft process: one loop per round (DESIGN.md "The SSD round", draft side).
+"""The draft process: one loop per round (docs/ARCHITECTURE.md "The SSD round", draft side).
 
     receive the round's outcomes -> look each wanted sequence up in the speculation cache
     -> reply at once (hit) or after the fallback (miss) -> build the next cache, which overlaps

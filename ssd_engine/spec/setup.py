@@ -2,7 +2,7 @@
 import torch
 from transformers import AutoTokenizer
 
-from ssd_engine.engine.model_runner import ModelRunner
+from ssd_engine.engine.model_runner import RunnerSpec
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.saguaro.plan import plan_saguaro
@@ -50,11 +50,10 @@ def start_async_draft(config, engine, num_blocks: int, max_position: int, cores:
                             engine.device, plan)
 
 
-def build_sync_draft(config, engine, num_blocks: int, max_position: int, dtype: torch.dtype) -> SyncDraft:
+def build_sync_draft(config, engine, num_blocks: int, max_position: int) -> SyncDraft:
     draft_path, proposable = draft_path_and_vocab(config, engine)
-    runner = ModelRunner(draft_path, load_config(draft_path), num_kv_blocks=num_blocks, block_size=config.block_size,
-                         max_model_len=max_position, dtype=dtype, device=engine.device,
-                         weight_layout=config.weight_layout, attention_backend=config.attention_backend,
-                         cuda_graph_max_batch=config.graph_max_batch)
+    # the target's settings: the draft runs in the same process, on the same device
+    runner = RunnerSpec(draft_path, num_blocks, config.block_size, max_position, config.dtype, config.device,
+                        config.weight_layout, config.attention_backend, config.graph_max_batch).build()
     return SyncDraft(runner, num_blocks, config.block_size, config.num_speculative_tokens, proposable,
                      stream_generator(config.seed, Stream.DRAFT, device=engine.device))

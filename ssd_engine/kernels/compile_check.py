@@ -4,7 +4,7 @@ Triton ships ptxas, so the kernel can be lowered all the way to a cubin for a na
 (sm_80 A100, sm_90 H100/H200) from its signature alone. This catches what the interpreter cannot:
 type errors in loop-carried values, `tl.dot` shape limits, register or shared-memory overflow.
 
-    python -m kernels.compile_check          # one line per variant; exit status 1 if any failed
+    python -m ssd_engine.kernels.compile_check          # one line per variant; exit status 1 if any failed
 
 Must run without TRITON_INTERPRET (under it `@triton.jit` builds an interpreter function instead).
 """
@@ -29,7 +29,7 @@ def compile_variant(dtype: str, tree: bool, splits: int, group: int, max_query_l
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from kernels.paged_attention import _paged_attn_kernel, block_config
+    from ssd_engine.kernels.paged_attention import _paged_attn_kernel, block_config
 
     names = list(inspect.signature(_paged_attn_kernel.fn).parameters)
     data = {"fp32": "*fp32", "bf16": "*bf16"}[dtype]
