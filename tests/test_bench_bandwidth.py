@@ -73,6 +73,6 @@ def test_end_to_end_table(tiny_qwen2, tiny_llama, tmp_path):
         total = weights + batch * 21 * kv_per_token
         assert float(cells[4]) == round(total / 1e6, 1) and float(cells[5]) == round(batch * 21 * kv_per_token / 1e6, 1)
         step_ms, achieved, ceiling = float(cells[6]), float(cells[7]), float(cells[8])
-        assert step_ms > 0 and achieved > 0 and ceiling > 0
+        assert step_ms > 0 and achieved >= 0 and ceiling > 0  # a slow step of a tiny model rounds to 0.0 GB/s
         assert achieved == pytest.approx(total / (step_ms / 1e3) / 1e9, rel=0.06, abs=0.06)  # rounded cells
         assert re.fullmatch(r"\d+%", cells[9]) and cells[10] == "n/a"  # no datasheet peak on CPU
