@@ -13,8 +13,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ssd_engine.spec.draft_link import DOORBELL, REPLY, DraftLink, DraftLinkError
-from ssd_engine.spec.payload import REQUEST_CAPACITY, DraftParams, Entry, Request, pack_request
+from ssd_engine.speculative.ssd.link import DOORBELL, REPLY, DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.protocol import REQUEST_CAPACITY, DraftParams, Entry, Request, pack_request
 
 BACKENDS = [None, "gloo-split"]
 
@@ -23,7 +23,7 @@ BACKENDS = [None, "gloo-split"]
 CHILD = """
 import datetime, sys, time
 import torch, torch.distributed as dist
-from ssd_engine.spec.draft_link import DraftLink
+from ssd_engine.speculative.ssd.link import DraftLink
 port, mode, device = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 if device.startswith("cuda"):
     torch.cuda.set_device(torch.device(device))

@@ -11,13 +11,13 @@ from transformers import AutoModelForCausalLM
 from ssd_engine.engine.model_runner import ModelRunner
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling.rejection import verify
-from ssd_engine.spec.backup import fast_proposal, ngram_proposal
-from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
-from ssd_engine.spec.draft_server import new_server, scratch_slots
-from ssd_engine.spec.payload import (COMPACT, FAST, FULL, HIT, JIT, NONE, ONE_HOT, REQUEST_CAPACITY, DraftParams,
+from ssd_engine.speculative.ngram import fast_proposal, ngram_proposal
+from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
+from ssd_engine.speculative.ssd.protocol import (COMPACT, FAST, FULL, HIT, JIT, NONE, ONE_HOT, REQUEST_CAPACITY, DraftParams,
                                      Entry, Request, Speculation, pack_reply, pack_request, q_words, unpack_reply,
                                      unpack_request, _q_mode)
-from ssd_engine.spec.tree_mask import branch_metadata
+from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 # --------------------------------------------------------------------------- payload
 

@@ -11,6 +11,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from ssd_engine.config import EngineConfig
+from ssd_engine.default_models import resolve_model_path
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
@@ -28,18 +29,10 @@ from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.sampling_params import SamplingParams
-from ssd_engine.spec.metrics import SpecMetrics
-from ssd_engine.spec.setup import build_sync_draft, start_async_draft
+from ssd_engine.speculative.metrics import SpecMetrics
+from ssd_engine.speculative.setup import build_sync_draft, start_async_draft
 
 log = logging.getLogger("ssd_engine")
-
-
-def resolve_model_path(config: EngineConfig, which: str = "target") -> str:
-    chosen = config.model if which == "target" else config.draft_model
-    if chosen is not None:
-        return chosen
-    from ssd_engine.default_models import resolve_default_model
-    return resolve_default_model(which)
 
 
 class LLMEngine:

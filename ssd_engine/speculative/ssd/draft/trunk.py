@@ -14,7 +14,7 @@ from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.saguaro.sampling import saguaro_probs
-from ssd_engine.spec.payload import JIT, DraftParams, Speculation
+from ssd_engine.speculative.ssd.protocol import JIT, DraftParams, Speculation
 
 
 @dataclass

@@ -8,10 +8,10 @@ import time
 
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.sampling.streams import Stream, stream_generator
-from ssd_engine.spec.backup import fast_proposal
-from ssd_engine.spec.cache_builder import CacheBuilder, bonus_rank
-from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
-from ssd_engine.spec.payload import FAST, JIT, NONE, DraftParams, Request, Speculation
+from ssd_engine.speculative.ngram import fast_proposal
+from ssd_engine.speculative.ssd.draft.cache_builder import CacheBuilder, bonus_rank
+from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
+from ssd_engine.speculative.ssd.protocol import FAST, JIT, NONE, DraftParams, Request, Speculation
 
 
 class DraftServer:

@@ -25,7 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ssd_engine.spec.payload import HEADER, REQUEST_CAPACITY
+from ssd_engine.speculative.ssd.protocol import HEADER, REQUEST_CAPACITY
 
 IDLE = datetime.timedelta(days=7)
 POLL_S = 2e-4  # longest nap while polling a payload op: bounds the latency polling adds

@@ -8,7 +8,7 @@ T_p <= 1 means the draft keeps up and a hit costs the target nothing.
 from dataclasses import dataclass, field
 
 from ssd_engine.saguaro.calibration import miss_curve
-from ssd_engine.spec.payload import HIT, RANK_DEPTH, SOURCES
+from ssd_engine.speculative.ssd.protocol import HIT, RANK_DEPTH, SOURCES
 
 
 @dataclass

@@ -16,14 +16,14 @@ import torch
 
 from ssd_engine.engine.scheduler import ScheduledBatch
 from ssd_engine.engine.sequence import Sequence
-from ssd_engine.spec.backup import fast_proposal
-from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
-from ssd_engine.spec.draft_process import DraftSpec, spawn
+from ssd_engine.speculative.ngram import fast_proposal
+from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.process import DraftSpec, spawn
 from ssd_engine.saguaro.plan import SaguaroPlan
-from ssd_engine.spec.payload import (FAST, JIT, NONE, SHUTDOWN, SOURCES, DraftParams, Entry, Request, pack_request,
+from ssd_engine.speculative.ssd.protocol import (FAST, JIT, NONE, SHUTDOWN, SOURCES, DraftParams, Entry, Request, pack_request,
                                      reply_words, unpack_reply)
-from ssd_engine.spec.ssd_metrics import SSDMetrics
-from ssd_engine.spec.sync_draft import Proposal
+from ssd_engine.speculative.ssd.metrics import SSDMetrics
+from ssd_engine.speculative.sd import Proposal
 
 log = logging.getLogger("ssd_engine")
 

@@ -13,10 +13,10 @@ import time
 
 import torch
 
-from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
-from ssd_engine.spec.payload import HIT, RANK_DEPTH, Speculation
+from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
+from ssd_engine.speculative.ssd.protocol import HIT, RANK_DEPTH, Speculation
 from ssd_engine.layers.attention import padded_block_tables
-from ssd_engine.spec.tree_mask import branch_metadata
+from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 
 class CacheBuilder:
