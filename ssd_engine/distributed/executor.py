@@ -11,7 +11,7 @@ import threading
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.placement import unpin
 from ssd_engine.distributed.worker import PageTableMirror, step_message
-from ssd_engine.engine.model_runner import RunnerSpec, StepInputs
+from ssd_engine.engine.model_runner import ModelRunner, RunnerSpec, StepInputs
 
 
 class TensorParallelError(RuntimeError):
@@ -49,6 +49,10 @@ class TensorParallelRunner:
     @property
     def device(self):
         return self.runner.device
+
+    @property
+    def local(self) -> ModelRunner:
+        return self.runner
 
     def forward(self, batch, logit_rows: list[list[int]], token_ids=None):
         inputs = StepInputs.from_batch(batch, logit_rows, token_ids)

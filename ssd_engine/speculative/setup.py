@@ -55,5 +55,6 @@ def build_sync_draft(config, engine, num_blocks: int, max_position: int) -> Sync
     # the target's settings: the draft runs in the same process, on the same device
     runner = RunnerSpec(draft_path, num_blocks, config.block_size, max_position, config.dtype, config.device,
                         config.weight_layout, config.attention_backend, config.graph_max_batch).build()
+    runner.capture_graphs([("paged", 1)])  # its one-token draft steps
     return SyncDraft(runner, num_blocks, config.block_size, config.num_speculative_tokens, proposable,
                      stream_generator(config.seed, Stream.DRAFT, device=engine.device))

@@ -1,5 +1,5 @@
 """SSD, coordinator side: the speculator the engine loop calls each round (`propose`, then
-`on_verified` / `release`), backed by the draft process.
+`on_outcome` / `release`), backed by the draft process.
 
 Per round it sends one request (what changed for each scheduled sequence: its new committed
 tokens and the accepted count k of the round just verified; new prompts; finished ids) and, when
@@ -14,8 +14,7 @@ from collections import deque
 
 import torch
 
-from ssd_engine.engine.scheduler import ScheduledBatch
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
 from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import DraftSpec, spawn
@@ -23,7 +22,6 @@ from ssd_engine.saguaro.plan import SaguaroPlan
 from ssd_engine.speculative.ssd.protocol import (FAST, JIT, NONE, SHUTDOWN, SOURCES, DraftParams, Entry, Request, pack_request,
                                      reply_words, unpack_reply)
 from ssd_engine.speculative.ssd.metrics import SSDMetrics
-from ssd_engine.speculative.sd import Proposal
 
 log = logging.getLogger("ssd_engine")
 
@@ -42,10 +40,11 @@ class AsyncDraftClient:
         self.generator = generator
         self.plan, self.policy = plan, plan.policy
         self.backup_log: deque = deque(maxlen=4096)  # (batch size, cold, backup chosen, b* then), latest rounds
+        self.link: DraftLink | None = None
         self.process, self._store = spawn(spec, cores, threads, timeout_s)
         self.pid = self.process.pid
         try:
-            self.link: DraftLink | None = DraftLink(self._store, 0, timeout_s, payload_device=device)
+            self.link = DraftLink(self._store, 0, timeout_s, payload_device=device)
         except BaseException:
             self.close()
             raise
@@ -55,10 +54,6 @@ class AsyncDraftClient:
         self.source: dict[int, str] = {}       # seq_id -> where its current speculation came from
         self.finished: list[int] = []
         self.replied_at: float | None = None
-
-    @property
-    def lookahead(self) -> int:
-        return self.k
 
     @property
     def alive(self) -> bool:
@@ -143,12 +138,12 @@ class AsyncDraftClient:
         tokens = [fast_proposal(s.token_ids, self.k, self.vocab, s.backup_generator or self.generator) for s in wanted]
         return self._proposal(tokens, [None] * len(wanted), [True] * len(wanted))
 
-    def on_verified(self, seq: Sequence, accepted: int) -> None:
-        self.verified_k[seq.seq_id] = accepted
-        self.metrics.record_verified(self.source.pop(seq.seq_id, "local"), accepted)
-
-    def accept(self, seq: Sequence, num_kept: int) -> None:
+    def on_outcome(self, outcome: Outcome) -> None:
         """Nothing to roll back here: the draft learns the outcome from the next request."""
+        if outcome.accepted is None:  # no drafts were verified (the draft had no pages for it)
+            return
+        self.verified_k[outcome.seq.seq_id] = outcome.accepted
+        self.metrics.record_verified(self.source.pop(outcome.seq.seq_id, "local"), outcome.accepted)
 
     def release(self, seq: Sequence) -> None:
         """Finished or preempted: the draft forgets it (a preempted one comes back as new)."""
@@ -166,7 +161,7 @@ class AsyncDraftClient:
         self._stop(polite=True)
 
     def _stop(self, polite: bool) -> None:
-        link, self.link = getattr(self, "link", None), None
+        link, self.link = self.link, None
         if self.process.poll() is None:
             if polite and link is not None:
                 try:
