@@ -14,9 +14,10 @@ from ssd_engine.sampling.rejection import verify
 from ssd_engine.speculative.ngram import fast_proposal, ngram_proposal
 from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
-from ssd_engine.speculative.ssd.protocol import (COMPACT, FAST, FULL, HIT, JIT, NONE, ONE_HOT, REQUEST_CAPACITY, DraftParams,
+from ssd_engine.speculative.ssd.protocol import (COMPACT, FULL, ONE_HOT, REQUEST_CAPACITY, DraftParams,
                                      Entry, Request, Speculation, pack_reply, pack_request, q_words, unpack_reply,
                                      unpack_request, _q_mode)
+from ssd_engine.speculative.ssd.source import Source
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 # --------------------------------------------------------------------------- payload
@@ -26,11 +27,11 @@ def test_request_round_trip_with_new_sequences_and_overflow():
     params = DraftParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
     long_prompt = list(range(3, 3 + REQUEST_CAPACITY + 100))  # longer than the preallocated buffer
     req = Request(finished=[4, 9], entries=[Entry(7, -1, long_prompt, params), Entry(8, 2, [11, 12, 13])],
-                  wanted=[8, 7], backup=FAST)
+                  wanted=[8, 7], backup=Source.FAST)
     words = pack_request(req)
     assert words.numel() > REQUEST_CAPACITY and int(words[1]) == words.numel()
     back = unpack_request(words)
-    assert back.finished == [4, 9] and back.wanted == [8, 7] and back.backup == FAST
+    assert back.finished == [4, 9] and back.wanted == [8, 7] and back.backup == Source.FAST
     assert back.entries[0].tokens == long_prompt and back.entries[1].k == 2 and back.entries[1].params is None
     got = back.entries[0].params
     assert (got.top_k, got.seed) == (40, 1234)
@@ -54,16 +55,16 @@ def test_reply_round_trip_every_q_mode():
     tied = torch.stack([_row(vocab, s, gen) for s in (4, 5, 3)])  # one row has more than top_k = 4 tokens
     params = [DraftParams(1.0), DraftParams(0.8, top_k=4), DraftParams(0.8, top_k=4), DraftParams(0.0),
               DraftParams(1.0), DraftParams(1.0, top_k=4)]
-    specs = [Speculation(HIT, [1, 2, 3], full, bonus_rank=0), Speculation(JIT, [4, 5, 6], compact, bonus_rank=32),
-             Speculation(HIT, [7, 8, 9], tied),
-             Speculation(HIT, [10, 11, 12]), Speculation(FAST, [13, 14, 15]), Speculation(NONE, [])]
+    specs = [Speculation(Source.HIT, [1, 2, 3], full, bonus_rank=0), Speculation(Source.JIT, [4, 5, 6], compact, bonus_rank=32),
+             Speculation(Source.HIT, [7, 8, 9], tied),
+             Speculation(Source.HIT, [10, 11, 12]), Speculation(Source.FAST, [13, 14, 15]), Speculation(Source.NONE, [])]
     assert [_q_mode(s, p, vocab) for s, p in zip(specs, params)] == [FULL, COMPACT, ONE_HOT, ONE_HOT, ONE_HOT, ONE_HOT]
     assert [q_words(p, vocab) for p in params] == [vocab, 8, 8, 0, vocab, 8]
     buf = pack_reply(specs, params, k, vocab, (0.25, 0.5, 0.125, 0.0625, 12.0))
     back, timings = unpack_reply(buf.clone(), params, k, vocab)
     assert timings == (0.25, 0.5, 0.125, 0.0625, 12.0)
     assert [s.bonus_rank for s in back] == [0, 32, -1, -1, -1, -1]
-    assert [s.source for s in back] == [HIT, JIT, HIT, HIT, FAST, NONE]
+    assert [s.source for s in back] == [Source.HIT, Source.JIT, Source.HIT, Source.HIT, Source.FAST, Source.NONE]
     assert [s.tokens for s in back] == [s.tokens for s in specs]
     assert torch.equal(back[0].q, full) and torch.equal(back[1].q, compact)  # bit-exact
     assert all(s.q is None for s in back[2:])  # verified as one-hot: still exact
@@ -134,7 +135,7 @@ def test_every_cached_branch_equals_decoding_its_context_with_transformers(nopad
     server.build([0, 1])
     for seq_id, spec in zip((0, 1), sent):
         seq = server.seqs[seq_id]
-        assert spec.source == JIT and len(seq.cache) == sum(fanout)
+        assert spec.source == Source.JIT and len(seq.cache) == sum(fanout)
         assert {key[0] for key in seq.cache} == {0, 1, 2, 3}
         for (accepted, bonus), branch in seq.cache.items():
             if accepted < k:
@@ -164,11 +165,11 @@ def test_a_hit_replies_with_the_cached_branch(nopad):
     # the target accepted one draft token and chose the predicted bonus: a hit
     server.apply(Request(entries=[Entry(0, 1, first.tokens[:1] + [outcome[1]])]))
     second = server.lookup([0])[0]
-    assert second.source == HIT and second.tokens == branch.tokens
+    assert second.source == Source.HIT and second.tokens == branch.tokens
     # an outcome nobody predicted misses and falls back to the just-in-time primary
     server.build([0])
     server.apply(Request(entries=[Entry(0, 0, [258])]))
-    assert server.lookup([0])[0].source == JIT
+    assert server.lookup([0])[0].source == Source.JIT
 
 
 # --------------------------------------------------------------------------- fast backup

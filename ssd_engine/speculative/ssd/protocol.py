@@ -27,8 +27,7 @@ float32 holds them exactly.
         coordinator learns the miss rate at every fan-out from any one
     per wanted sequence with a q slot: K rows of q_words(params) floats
 
-source: NONE (no speculation: the draft ran out of pages), HIT, JIT (primary drafted on the miss),
-FAST (n-gram / random backup on the miss). q_mode: ONE_HOT (verify as deterministic proposals:
+source: a `Source` (source.py). q_mode: ONE_HOT (verify as deterministic proposals:
 greedy, FAST, or a row that did not fit its slot), COMPACT (top-k rows as top_k (id, prob) pairs),
 FULL (the whole row). Every q sent is the exact row its token was sampled from.
 """
@@ -36,13 +35,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ssd_engine.speculative.ssd.source import Source
+
 REQUEST_CAPACITY = 8192
 HEADER = 8
 REPLY_HEADER = 8
 RANK_DEPTH = 32
 ROUND, SHUTDOWN = 1, 2
-NONE, HIT, JIT, FAST = 0, 1, 2, 3
-SOURCES = {NONE: "none", HIT: "hit", JIT: "jit", FAST: "fast"}
 ONE_HOT, COMPACT, FULL = 0, 1, 2
 
 
@@ -83,7 +82,7 @@ class Request:
     finished: list[int] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
     wanted: list[int] = field(default_factory=list)
-    backup: int = JIT
+    backup: Source = Source.JIT
 
 
 def _f2i(x: float) -> int:
@@ -113,7 +112,7 @@ def unpack_request(words: torch.Tensor) -> Request:
     kind, total, n_fin, n_ent, n_want, backup = w[:6]
     assert len(w) >= total, f"request of {total} words, got {len(w)}"
     at = HEADER
-    req = Request(kind, w[at:at + n_fin], backup=backup)
+    req = Request(kind, w[at:at + n_fin], backup=Source(backup))
     at += n_fin
     for _ in range(n_ent):
         seq_id, is_new, k, n = w[at:at + 4]
@@ -132,7 +131,7 @@ def unpack_request(words: torch.Tensor) -> Request:
 @dataclass
 class Speculation:
     """One sequence's next K tokens and the rows they were sampled from (None: verify as one-hot)."""
-    source: int
+    source: Source
     tokens: list[int]
     q: torch.Tensor | None = None     # [K, vocab] float32
     bonus_rank: int = -1              # see the reply layout
@@ -188,8 +187,8 @@ def unpack_reply(buf: torch.Tensor, params: list[DraftParams], k: int, vocab: in
     specs, modes = [], []
     for _ in params:
         source, mode, rank = (int(v) for v in buf[at:at + 3].tolist())
-        tokens = [int(t) for t in buf[at + 3:at + 3 + k].tolist()] if source != NONE else []
-        specs.append(Speculation(source, tokens, bonus_rank=rank))
+        tokens = [int(t) for t in buf[at + 3:at + 3 + k].tolist()] if source != Source.NONE else []
+        specs.append(Speculation(Source(source), tokens, bonus_rank=rank))
         modes.append(mode)
         at += 3 + k
     for spec, p, mode in zip(specs, params, modes):
