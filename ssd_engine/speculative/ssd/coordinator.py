@@ -20,8 +20,8 @@ from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import DraftSpec, spawn
 from ssd_engine.saguaro.plan import SaguaroPlan
-from ssd_engine.speculative.ssd.protocol import (SHUTDOWN, DraftParams, Entry, Request, pack_request, reply_words,
-                                                 unpack_reply)
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_request
+from ssd_engine.speculative.ssd.protocol import DraftParams, Entry, Kind, Request, Wanted, q_width
 from ssd_engine.speculative.ssd.source import Source
 from ssd_engine.speculative.ssd.metrics import SSDMetrics
 from ssd_engine.speculative.sd import Proposal
@@ -83,19 +83,20 @@ class AsyncDraftClient:
         cold = sum(s.seq_id not in self.verified_k for s in wanted)
         backup = self._backup(len(wanted), cold) if wanted else Source.JIT
         request = Request(finished=self.finished, entries=[e for e in map(self._news, seqs) if e],
-                          wanted=[s.seq_id for s in wanted], backup=backup)
+                          wanted=[Wanted(s.seq_id, q_width(draft_params(s), self.vocab)) for s in wanted],
+                          backup=backup)
         started = time.perf_counter()
-        self.link.send_request(pack_request(request))
+        self.link.send_request(encode_request(request))
         self.finished = []
         if not wanted:
             return None
-        params = [draft_params(s) for s in wanted]
-        reply = self.link.recv_reply(reply_words(params, self.k, self.vocab))
-        specs, (build_s, lookup_s, glue_s, step_s, step_rows) = unpack_reply(reply, params, self.k, self.vocab)
+        layout = ReplyLayout.of(request, self.k)
+        reply = decode_reply(self.link.recv_reply(layout.size), layout, self.vocab)
+        specs, t = reply.speculations, reply.timings
         self.replied_at = time.perf_counter()
-        self.metrics.record_round(build_s, self.replied_at - started, glue_s, step_s, int(step_rows))
+        self.metrics.record_round(t.build_s, self.replied_at - started, t.glue_s, t.step_s, t.step_rows)
         if any(spec.source == Source.JIT for spec in specs):
-            self.metrics.record_jit(lookup_s)
+            self.metrics.record_jit(t.lookup_s)
         for seq, spec in zip(wanted, specs):
             self.metrics.record_lookup(self.verified_k.pop(seq.seq_id, -1), spec.source, spec.bonus_rank)
             self.source[seq.seq_id] = spec.source
@@ -172,7 +173,7 @@ class AsyncDraftClient:
         if self.process.poll() is None:
             if polite and link is not None:
                 try:
-                    link.send_request(pack_request(Request(kind=SHUTDOWN)))
+                    link.send_request(encode_request(Request(kind=Kind.SHUTDOWN)))
                     self.process.wait(timeout=10)
                 except Exception:
                     pass

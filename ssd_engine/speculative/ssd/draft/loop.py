@@ -14,7 +14,8 @@ from ssd_engine.engine.model_runner import RunnerSpec
 from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
 from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import STARTUP_TIMEOUT_S, DraftSpec
-from ssd_engine.speculative.ssd.protocol import SHUTDOWN, pack_reply, unpack_request
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_request, encode_reply
+from ssd_engine.speculative.ssd.protocol import Kind, Reply
 
 
 def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict) -> None:
@@ -46,16 +47,16 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
 
 def _serve(link, server, spec: DraftSpec) -> None:
     """Answer the coordinator's rounds until it says shutdown."""
-    reply = torch.zeros(0)
+    out = torch.zeros(0, dtype=torch.uint8)
     while True:
-        request = unpack_request(link.recv_request())
-        if request.kind == SHUTDOWN:
+        request = decode_request(link.recv_request())
+        if request.kind == Kind.SHUTDOWN:
             return
         server.apply(request)
-        if request.wanted:
-            specs = server.lookup(request.wanted, request.backup)
-            params = [server.seqs[i].params for i in request.wanted]
-            packed = pack_reply(specs, params, spec.k, spec.vocab, server.timings(), out=reply)
-            reply = packed if packed.numel() > reply.numel() else reply  # grows to the largest round seen
-            link.send_reply(packed)
-        server.build(request.wanted)
+        wanted = request.wanted_ids
+        if wanted:
+            reply = Reply(server.timings(), server.lookup(wanted, request.backup))
+            encoded = encode_reply(reply, ReplyLayout.of(request, spec.k), spec.vocab, out=out)
+            out = encoded if encoded.numel() > out.numel() else out  # grows to the largest round seen
+            link.send_reply(encoded)
+        server.build(wanted)

@@ -11,7 +11,7 @@ from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.draft.cache_builder import CacheBuilder, bonus_rank
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
-from ssd_engine.speculative.ssd.protocol import DraftParams, Request, Speculation
+from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Request, Speculation
 from ssd_engine.speculative.ssd.source import Source
 
 
@@ -88,10 +88,10 @@ class DraftServer:
             self.trunk.extend(behind, [s.tokens[len(s.trunk):-1] for s in behind], 1)
         self.build_seconds = time.perf_counter() - started
 
-    def timings(self) -> tuple:
-        """The reply header's: last build, this lookup, the build's glue forward and branch step."""
+    def timings(self) -> DraftTimings:
+        """The reply's: last build, this lookup, the build's glue forward and branch step."""
         b = self.builder
-        return self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, float(b.step_rows)
+        return DraftTimings(self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, b.step_rows)
 
     def _generators(self, seq_id: int, params: DraftParams, num_tokens: int) -> tuple:
         """The sequence's draft and backup streams, unrelated to the target's (sampling/streams.py).

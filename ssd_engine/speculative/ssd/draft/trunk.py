@@ -32,7 +32,7 @@ class DraftSeq:
     cache: dict = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
     fanout: list[int] = field(default_factory=list)  # F_0..F_K: bonus candidates prepared per k
     ranked: list | None = None                # per position 1..K+1 of `sent`: the draft's top RANK_DEPTH ids
-    bonus_rank: int = -1                      # the last outcome's bonus among its candidates (payload.py)
+    bonus_rank: int = -1                      # the last outcome's bonus among its candidates (protocol.py)
 
     def __len__(self) -> int:
         return len(self.tokens)
