@@ -14,6 +14,7 @@ from collections import deque
 
 import torch
 
+from ssd_engine.distributed import supervise
 from ssd_engine.engine.scheduler import ScheduledBatch
 from ssd_engine.engine.sequence import Sequence
 from ssd_engine.speculative.ngram import fast_proposal
@@ -170,13 +171,11 @@ class AsyncDraftClient:
 
     def _stop(self, polite: bool) -> None:
         link, self.link = getattr(self, "link", None), None
-        if self.process.poll() is None:
-            if polite and link is not None:
-                try:
-                    link.send_request(encode_request(Request(kind=Kind.SHUTDOWN)))
-                    self.process.wait(timeout=10)
-                except Exception:
-                    pass
-            if self.process.poll() is None:
-                self.process.kill()
-        self.process.wait()
+        asked = False
+        if polite and link is not None and self.process.poll() is None:
+            try:
+                link.send_request(encode_request(Request(kind=Kind.SHUTDOWN)))
+                asked = True
+            except Exception:
+                pass
+        supervise.stop(self.process, exit_s=10.0 if asked else 0.0)
