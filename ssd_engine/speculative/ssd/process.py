@@ -1,21 +1,19 @@
 """Start the SSD draft process (coordinator side); its main loop is speculative/ssd/draft/loop.py.
 
 Like tensor-parallel workers it is a fresh interpreter (`python -m ssd_engine.speculative.ssd.draft.main`),
-pinned to its own cores on CPU or on its own GPU, that dies with the coordinator in every phase
-(distributed/lifeline.py) and finds it through a TCPStore on a kernel-picked port. It loads its
-model before joining the channel, so a draft that fails to load is reported at start-up with its
-exit code, never as a hang.
+pinned to its own cores on CPU or on its own GPU, started and awaited by distributed/supervise.py:
+it dies with the coordinator in every phase and finds it through a TCPStore on a kernel-picked
+port. It loads its model before announcing itself, so a draft that fails to load is reported at
+start-up with its exit code, never as a hang.
 """
-import datetime
 import subprocess
-import time
 from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
 
-from ssd_engine.distributed import lifeline
+from ssd_engine.distributed import supervise
 
-STARTUP_TIMEOUT_S = 300.0
+READY_KEY = "draft/ready"
 
 
 @dataclass(frozen=True)
@@ -37,20 +35,11 @@ class DraftSpec:
     cuda_graph_max_batch: int = 0
 
 
-def spawn(spec: DraftSpec, cores: list[int] | None, threads: int, timeout_s: float):
+def spawn(spec: DraftSpec, cores: list[int] | None, threads: int,
+          timeout_s: float) -> tuple[subprocess.Popen, dist.TCPStore]:
     """-> (process, store); returns once the draft has loaded its model and waits on the channel."""
-    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    store = supervise.host_store(2)
     args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, spec=asdict(spec))
-    process = lifeline.start("ssd_engine.speculative.ssd.draft.main", args, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while not store.check(["draft/ready"]):
-        if process.poll() is not None:
-            raise RuntimeError(f"SSD draft process (pid {process.pid}) exited with code {process.returncode} "
-                               f"while starting (its traceback is above)")
-        if time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            raise RuntimeError(f"SSD draft process did not start within {STARTUP_TIMEOUT_S:.0f} s")
-        time.sleep(0.02)
-    return process, store
+    draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
+    supervise.wait_ready(store, [draft])
+    return draft.process, store

@@ -1,49 +1,35 @@
-"""The two fused tensors of an SSD round, defined once: pack, unpack, sizes.
+"""The messages of an SSD round, as typed values (their byte layout is codec.py's).
 
-Coordinator -> draft: one int64 `Request` in a preallocated buffer of REQUEST_CAPACITY words
-(a round whose new prompts do not fit sends the rest in a second tensor; the header says so).
+Coordinator -> draft, once per round: a `Request`, the round's news (finished ids; one `Entry` per
+sequence with new committed tokens; whole prompt + sampling parameters the first time) and the
+sequences that need a speculation now (`Wanted`, in batch order), with the backup a miss takes.
 
-    header  [kind, total_words, n_finished, n_entries, n_wanted, backup, 0, 0]
-                                                       backup: what a miss takes this round (JIT or FAST)
-    finished ids                                       n_finished words
-    entries, one per sequence with news                n_entries variable-length records:
-        [seq_id, is_new, k, num_new, tokens...]        k = drafts accepted in the round just verified
-                                                       (-1: that round had no draft speculation);
-                                                       the bonus token t* is tokens[-1]
-        is_new adds [temperature, top_k, top_p, min_p, seed] before the tokens (floats as their
-        float32 bit pattern, seed -1 = none); its tokens are then all tokens so far
-    wanted ids                                         n_wanted words: need a speculation now, in batch order
-
-Draft -> coordinator: one float32 `Reply`, whose size both sides compute from the request
-(`reply_words`), so it needs no header of its own to be received. Token ids are < 2**24, so
-float32 holds them exactly.
-
-    header  [build_seconds, lookup_seconds, glue_seconds, step_seconds, step_rows, 0, 0, 0]
-            the draft's last cache build (glue forward; one branch-decode step over step_rows rows)
-            and this lookup
-    per wanted sequence: [source, q_mode, bonus_rank, K tokens...]
-        bonus_rank: where the round's bonus token t* stood among the draft's candidates for it
-        (0 = its first; RANK_DEPTH = deeper than tracked; -1 = no prediction was made), so the
-        coordinator learns the miss rate at every fan-out from any one
-    per wanted sequence with a q slot: K rows of q_words(params) floats
-
-source: NONE (no speculation: the draft ran out of pages), HIT, JIT (primary drafted on the miss),
-FAST (n-gram / random backup on the miss). q_mode: ONE_HOT (verify as deterministic proposals:
-greedy, FAST, or a row that did not fit its slot), COMPACT (top-k rows as top_k (id, prob) pairs),
-FULL (the whole row). Every q sent is the exact row its token was sampled from.
+Draft -> coordinator, when some sequence is wanted: a `Reply`, the draft's timings and one
+`Speculation` per wanted sequence. Its size follows from the request alone (each `Wanted` names
+the q slot the reply reserves for it), so the coordinator knows what to receive.
 """
+import enum
 from dataclasses import dataclass, field
 
 import torch
 
-REQUEST_CAPACITY = 8192
-HEADER = 8
-REPLY_HEADER = 8
-RANK_DEPTH = 32
-ROUND, SHUTDOWN = 1, 2
-NONE, HIT, JIT, FAST = 0, 1, 2, 3
-SOURCES = {NONE: "none", HIT: "hit", JIT: "jit", FAST: "fast"}
-ONE_HOT, COMPACT, FULL = 0, 1, 2
+from ssd_engine.speculative.ssd.source import Source
+
+RANK_DEPTH = 32  # bonus ranks are tracked this deep; deeper ones are reported as RANK_DEPTH
+
+
+class Kind(enum.IntEnum):
+    ROUND = 1
+    SHUTDOWN = 2
+
+
+class QMode(enum.IntEnum):
+    """How a speculation's q rows travel in its slot. Every q sent is the exact row its token was
+    sampled from; ONE_HOT sends none and the target verifies the tokens as deterministic proposals
+    (greedy, FAST, or rows that did not fit the slot), which is still exact."""
+    ONE_HOT = 0
+    COMPACT = 1  # top-k rows as top_k (id, prob) pairs
+    FULL = 2     # whole rows
 
 
 @dataclass
@@ -53,15 +39,16 @@ class DraftParams:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
-    seed: int = -1
+    seed: int = -1  # -1: none
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def q_words(params: DraftParams, vocab: int) -> int:
-    """Floats per drafted position reserved for its q row."""
+def q_width(params: DraftParams, vocab: int) -> int:
+    """Floats per drafted position reserved for its q row: none when greedy (verified one-hot),
+    top_k (id, prob) pairs when that is under half a row, else the whole row."""
     if params.greedy:
         return 0
     if 0 < params.top_k < vocab // 2:
@@ -69,135 +56,63 @@ def q_words(params: DraftParams, vocab: int) -> int:
     return vocab
 
 
+def q_mode_of_width(width: int, vocab: int) -> QMode:
+    """The best mode a slot of `width` floats allows."""
+    if width == 0:
+        return QMode.ONE_HOT
+    return QMode.FULL if width == vocab else QMode.COMPACT
+
+
 @dataclass
 class Entry:
     seq_id: int
-    k: int
-    tokens: list[int]
-    params: DraftParams | None = None  # set for a sequence the draft has not seen (tokens = all so far)
+    k: int              # drafts accepted in the round just verified (-1: it had no draft speculation)
+    tokens: list[int]   # new committed tokens (the bonus token t* last); all tokens so far when new
+    params: DraftParams | None = None  # set for a sequence the draft has not seen
+
+
+@dataclass
+class Wanted:
+    seq_id: int
+    q_width: int  # the reply's q slot for it: floats per drafted position (q_width(params, vocab))
 
 
 @dataclass
 class Request:
-    kind: int = ROUND
+    kind: Kind = Kind.ROUND
     finished: list[int] = field(default_factory=list)
     entries: list[Entry] = field(default_factory=list)
-    wanted: list[int] = field(default_factory=list)
-    backup: int = JIT
+    wanted: list[Wanted] = field(default_factory=list)
+    backup: Source = Source.JIT  # what a miss takes this round: JIT or FAST
 
-
-def _f2i(x: float) -> int:
-    return int(torch.tensor([x], dtype=torch.float32).view(torch.int32).item())
-
-
-def _i2f(x: int) -> float:
-    return float(torch.tensor([x], dtype=torch.int32).view(torch.float32).item())
-
-
-def pack_request(req: Request) -> torch.Tensor:
-    words = [req.kind, 0, len(req.finished), len(req.entries), len(req.wanted), req.backup, 0, 0]
-    words += req.finished
-    for e in req.entries:
-        words += [e.seq_id, int(e.params is not None), e.k, len(e.tokens)]
-        if e.params is not None:
-            p = e.params
-            words += [_f2i(p.temperature), p.top_k, _f2i(p.top_p), _f2i(p.min_p), p.seed]
-        words += e.tokens
-    words += req.wanted
-    words[1] = len(words)
-    return torch.tensor(words, dtype=torch.int64)
-
-
-def unpack_request(words: torch.Tensor) -> Request:
-    w = words.tolist()
-    kind, total, n_fin, n_ent, n_want, backup = w[:6]
-    assert len(w) >= total, f"request of {total} words, got {len(w)}"
-    at = HEADER
-    req = Request(kind, w[at:at + n_fin], backup=backup)
-    at += n_fin
-    for _ in range(n_ent):
-        seq_id, is_new, k, n = w[at:at + 4]
-        at += 4
-        params = None
-        if is_new:
-            t, top_k, top_p, min_p, seed = w[at:at + 5]
-            params = DraftParams(_i2f(t), top_k, _i2f(top_p), _i2f(min_p), seed)
-            at += 5
-        req.entries.append(Entry(seq_id, k, w[at:at + n], params))
-        at += n
-    req.wanted = w[at:at + n_want]
-    return req
+    @property
+    def wanted_ids(self) -> list[int]:
+        return [w.seq_id for w in self.wanted]
 
 
 @dataclass
 class Speculation:
     """One sequence's next K tokens and the rows they were sampled from (None: verify as one-hot)."""
-    source: int
+    source: Source
     tokens: list[int]
     q: torch.Tensor | None = None     # [K, vocab] float32
-    bonus_rank: int = -1              # see the reply layout
+    # where the round's bonus token t* stood among the draft's candidates for it (0 = its first;
+    # RANK_DEPTH = deeper than tracked; -1 = no prediction was made): the miss rate at every fan-out
+    bonus_rank: int = -1
 
 
-def reply_words(params: list[DraftParams], k: int, vocab: int) -> int:
-    return REPLY_HEADER + len(params) * (3 + k) + sum(k * q_words(p, vocab) for p in params)
+@dataclass
+class DraftTimings:
+    """The draft's last cache build (glue forward; one branch-decode step over step_rows rows)
+    and this round's lookup."""
+    build_s: float = 0.0
+    lookup_s: float = 0.0
+    glue_s: float = 0.0
+    step_s: float = 0.0
+    step_rows: int = 0
 
 
-def pack_reply(specs: list[Speculation], params: list[DraftParams], k: int, vocab: int,
-               timings: tuple, out: torch.Tensor | None = None) -> torch.Tensor:
-    size = reply_words(params, k, vocab)
-    buf = out[:size] if out is not None and out.numel() >= size else torch.empty(size)
-    buf.zero_()
-    buf[:len(timings)] = torch.tensor(timings, dtype=torch.float32)
-    at = REPLY_HEADER
-    modes = []
-    for spec, p in zip(specs, params):
-        mode = _q_mode(spec, p, vocab)
-        modes.append(mode)
-        buf[at:at + 3] = torch.tensor([spec.source, mode, spec.bonus_rank], dtype=torch.float32)
-        if spec.tokens:
-            buf[at + 3:at + 3 + k] = torch.tensor(spec.tokens, dtype=torch.float32)
-        at += 3 + k
-    for spec, p, mode in zip(specs, params, modes):
-        width = q_words(p, vocab)
-        if mode == FULL:
-            buf[at:at + k * width] = spec.q.reshape(-1)
-        elif mode == COMPACT:
-            slot = buf[at:at + k * width].view(k, 2, width // 2)
-            ids = (spec.q > 0).float().topk(width // 2, dim=-1).indices  # the support, padded with zeros
-            slot[:, 0] = ids.float()
-            slot[:, 1] = spec.q.gather(1, ids)
-        at += k * width
-    return buf
-
-
-def _q_mode(spec: Speculation, p: DraftParams, vocab: int) -> int:
-    width = q_words(p, vocab)
-    if spec.q is None or width == 0:
-        return ONE_HOT
-    if width == vocab:
-        return FULL
-    # ties at the k-th logit can leave more than top_k tokens; such a row is sent as one-hot,
-    # which is still exact (any proposal verified as deterministic is)
-    return COMPACT if int((spec.q > 0).sum(dim=-1).max()) <= width // 2 else ONE_HOT
-
-
-def unpack_reply(buf: torch.Tensor, params: list[DraftParams], k: int, vocab: int
-                 ) -> tuple[list[Speculation], tuple]:
-    timings = tuple(buf[:5].tolist())
-    at = REPLY_HEADER
-    specs, modes = [], []
-    for _ in params:
-        source, mode, rank = (int(v) for v in buf[at:at + 3].tolist())
-        tokens = [int(t) for t in buf[at + 3:at + 3 + k].tolist()] if source != NONE else []
-        specs.append(Speculation(source, tokens, bonus_rank=rank))
-        modes.append(mode)
-        at += 3 + k
-    for spec, p, mode in zip(specs, params, modes):
-        width = q_words(p, vocab)
-        if mode == FULL:
-            spec.q = buf[at:at + k * width].view(k, vocab).clone()
-        elif mode == COMPACT:
-            slot = buf[at:at + k * width].view(k, 2, width // 2)
-            spec.q = torch.zeros(k, vocab).scatter_(1, slot[:, 0].long(), slot[:, 1])
-        at += k * width
-    return specs, timings
+@dataclass
+class Reply:
+    timings: DraftTimings
+    speculations: list[Speculation]  # one per wanted sequence, in the request's order

@@ -3,18 +3,18 @@
 Each round: receive the request, apply the outcomes, reply (cache hit or fallback), then build
 the next speculation cache while the target verifies (speculative/ssd/draft/server.py).
 """
-import datetime
 import os
 import sys
 
 import torch
-import torch.distributed as dist
 
+from ssd_engine.distributed import supervise
 from ssd_engine.engine.model_runner import RunnerSpec
 from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
 from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
-from ssd_engine.speculative.ssd.process import STARTUP_TIMEOUT_S, DraftSpec
-from ssd_engine.speculative.ssd.protocol import SHUTDOWN, pack_reply, unpack_request
+from ssd_engine.speculative.ssd.process import READY_KEY, DraftSpec
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_request, encode_reply
+from ssd_engine.speculative.ssd.protocol import Kind, Reply
 
 
 def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict) -> None:
@@ -24,7 +24,7 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     torch.set_num_threads(threads)
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
-    store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    store = supervise.join_store(port, 2, supervise.STARTUP_TIMEOUT_S)
     fanouts = [(t, list(f)) for t, f in spec.fanouts]
     scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // spec.block_size)
     runner = RunnerSpec(spec.model_path, spec.num_blocks + scratch_pages, spec.block_size, spec.max_position,
@@ -33,7 +33,7 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
                         spec.max_num_seqs, spec.seed)
     runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps
-    store.set("draft/ready", str(os.getpid()))
+    supervise.announce_ready(store, READY_KEY)
     link = DraftLink(store, 1, timeout_s, payload_device=torch.device(spec.device))
     try:
         _serve(link, server, spec)
@@ -46,16 +46,16 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
 
 def _serve(link, server, spec: DraftSpec) -> None:
     """Answer the coordinator's rounds until it says shutdown."""
-    reply = torch.zeros(0)
+    out = torch.zeros(0, dtype=torch.uint8)
     while True:
-        request = unpack_request(link.recv_request())
-        if request.kind == SHUTDOWN:
+        request = decode_request(link.recv_request())
+        if request.kind == Kind.SHUTDOWN:
             return
         server.apply(request)
-        if request.wanted:
-            specs = server.lookup(request.wanted, request.backup)
-            params = [server.seqs[i].params for i in request.wanted]
-            packed = pack_reply(specs, params, spec.k, spec.vocab, server.timings(), out=reply)
-            reply = packed if packed.numel() > reply.numel() else reply  # grows to the largest round seen
-            link.send_reply(packed)
-        server.build(request.wanted)
+        wanted = request.wanted_ids
+        if wanted:
+            reply = Reply(server.timings(), server.lookup(wanted, request.backup))
+            encoded = encode_reply(reply, ReplyLayout.of(request, spec.k), spec.vocab, out=out)
+            out = encoded if encoded.numel() > out.numel() else out  # grows to the largest round seen
+            link.send_reply(encoded)
+        server.build(wanted)
