@@ -37,7 +37,7 @@ def timed(fn, reps: int) -> float:
 def _step(kind: str, rows: int, context: int, hq: int, hk: int, d: int, page: int, device, dtype, k: int = 4):
     """Random cache + metadata of one step: (q, k_cache, v_cache, meta, KV bytes read)."""
     from ssd_engine.layers.attention import AttentionMetadata
-    from ssd_engine.spec.tree_mask import branch_metadata
+    from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
     pages_each = -(-(context + k + 1) // page)
     total = rows * pages_each + -(-rows * k // page) + 1

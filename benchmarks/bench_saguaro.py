@@ -257,7 +257,7 @@ def main() -> None:
 
 
 def _calibrated_budget(args) -> int:
-    from ssd_engine.engine.llm_engine import resolve_model_path
+    from ssd_engine.default_models import resolve_model_path
     from ssd_engine.config import EngineConfig
     from ssd_engine.saguaro.calibration import find_calibrations
     config = EngineConfig(model=args.model, draft_model=args.draft)

@@ -3,7 +3,7 @@ from typing import TYPE_CHECKING
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "RequestMetrics"]
 
-# Imported on first use: child processes (`python -m ssd_engine.spec.draft_main`) import this
+# Imported on first use: child processes (`python -m ssd_engine.speculative.ssd.draft.main`) import this
 # package before their entry point runs, and must reach it without first importing torch.
 _HOMES = {"LLM": "ssd_engine.llm", "SamplingParams": "ssd_engine.sampling_params",
           "RequestOutput": "ssd_engine.outputs", "RequestMetrics": "ssd_engine.outputs"}

@@ -26,6 +26,7 @@ from ssd_engine.cli_args import ArgumentParser, add_engine_args, engine_options,
 from ssd_engine.saguaro.calibration import (CONFIG_DIR, Calibration, best_budget, budget_from_timings, fit_power_law,
                                             miss_curve, model_fingerprint)
 from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes
+from ssd_engine.speculative.ssd.source import Source
 
 PROMPTS = Path(__file__).resolve().parent / "saguaro" / "calibration_prompts.txt"
 ENGINE_FIELDS_SET_HERE = ("speculative_mode", "ssd_fanout", "ssd_fallback", "ssd_budget", "calibration_dir")
@@ -50,7 +51,7 @@ def load_prompts(count: int) -> list[str]:
 def _run(options: dict, prompts: list[str], temperature: float, new_tokens: int, **overrides):
     """One SSD run -> its SSDMetrics and the resolved model paths."""
     from ssd_engine import LLM, SamplingParams
-    from ssd_engine.engine.llm_engine import resolve_model_path
+    from ssd_engine.default_models import resolve_model_path
     with tempfile.TemporaryDirectory() as nowhere, \
             LLM(**{**options, **overrides, "speculative_mode": "ssd", "calibration_dir": nowhere}) as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=4, seed=0), use_tqdm=False)
@@ -76,8 +77,9 @@ def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: i
     wide, _, _ = _run(options, prompts[:2], temperature, new_tokens // 2, ssd_fanout=3, ssd_fallback="jit")
     fast, _, _ = _run(options, prompts[:4], temperature, new_tokens // 2, ssd_fanout=0, ssd_fallback="fast")
 
-    drafted = sum(main.drafted.get(s, 0) for s in ("hit", "jit"))
-    alpha = sum(main.accepted.get(s, 0) for s in ("hit", "jit")) / max(drafted, 1)
+    primary = (Source.HIT.label, Source.JIT.label)
+    drafted = sum(main.drafted.get(s, 0) for s in primary)
+    alpha = sum(main.accepted.get(s, 0) for s in primary) / max(drafted, 1)
     misses = miss_curve([a + b for a, b in zip(main.rank_counts(), wide.rank_counts())])
     r, coeff = fit_power_law(misses)
     verify_s = main.verify_s / max(main.verify_rounds, 1)
@@ -91,8 +93,8 @@ def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: i
     outcome_probs = [n / sum(rounds_by_k) for n in rounds_by_k]
     budget = best_budget(verify_s, glue_s, step_s, k, outcome_probs, r, miss_at, miss_cost_s=k * step_s(1))
     fanout = fanout_for_outcomes(outcome_probs, r, budget)
-    e_primary, _ = main.tokens_per_round(("hit", "jit"))
-    e_fast, _ = fast.tokens_per_round(("fast",))
+    e_primary, _ = main.tokens_per_round((Source.HIT, Source.JIT))
+    e_fast, _ = fast.tokens_per_round((Source.FAST,))
     return Calibration(
         target=model_fingerprint(target_path), draft=model_fingerprint(draft_path), temperature=temperature, k=k,
         alpha=round(alpha, 4), outcome_probs=[round(p, 4) for p in outcome_probs], r=round(r, 4), miss_coeff=round(coeff, 4),

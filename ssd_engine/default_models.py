@@ -285,3 +285,9 @@ __all__ = [
     "convert_gguf_to_hf", "find_smollm2_gguf", "is_complete", "join_parts", "locate_parts",
     "resolve_default_model", "resolve_smollm2",
 ]
+
+
+def resolve_model_path(config, which: str = "target") -> str:
+    """The folder of the engine's target or draft: the configured one, else the built-in pair's."""
+    chosen = config.model if which == "target" else config.draft_model
+    return chosen if chosen is not None else resolve_default_model(which)

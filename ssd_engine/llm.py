@@ -82,8 +82,8 @@ class LLM:
         """Engine-wide acceptance metrics (vLLM definitions; empty counters in AR mode), plus in SSD
         mode the cache-hit rates, acceptance on hits and misses, fallbacks, draft failures and T_p."""
         summary = self.engine.spec_metrics.total.summary()
-        ssd = getattr(self.engine.speculator, "summary", None)
-        return {**summary, **ssd()} if ssd is not None else summary
+        speculator = self.engine.speculator
+        return {**summary, **speculator.summary()} if speculator is not None else summary
 
     def close(self) -> None:
         """Stop every child process (draft process, tensor-parallel workers); safe to call twice."""

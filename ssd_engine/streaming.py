@@ -5,7 +5,7 @@ last 3 replacement characters can still change), and not the last (longest stop 
 still become the start of a stop string that the final text drops."""
 from collections.abc import Iterator
 
-from ssd_engine.engine.sequence import Sequence, SequenceStatus
+from ssd_engine.engine.core import Sequence, SequenceStatus
 from ssd_engine.outputs import RequestOutput
 
 

@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.layers.attention import AttentionMetadata, torch_attention  # noqa: E402
 from ssd_engine.layers.attention_backends import select_backend, triton_attention  # noqa: E402
-from ssd_engine.spec.tree_mask import branch_metadata  # noqa: E402
+from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPTS = [list(range(5, 12)), list(range(40, 75)), [7, 8, 9]]

@@ -2,7 +2,7 @@
 import pytest
 
 from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.core import Sequence
 from ssd_engine.sampling_params import SamplingParams
 
 BS = 4

@@ -18,7 +18,7 @@ from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.engine.cuda_graphs import bucket_sizes  # noqa: E402
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs  # noqa: E402
 from ssd_engine.models.loader import load_config  # noqa: E402
-from ssd_engine.spec.tree_mask import branch_metadata  # noqa: E402
+from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPTS = [list(range(5, 12)), list(range(40, 62)), [7, 8, 9]]  # 3 rows: padded to a graph of 4

@@ -46,8 +46,8 @@ import pytest
 import torch
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.engine import llm_engine
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.sampling import verifier
+from ssd_engine.engine.core import Sequence
 from ssd_engine.sampling import rejection
 from ssd_engine.sampling.streams import Stream, stream_generator
 from exact_law import marginal, output_law
@@ -198,7 +198,7 @@ def _bonus_from_p(draft_tokens, draft_probs, target_probs, generators, num_draft
 
 @pytest.mark.parametrize("broken", [_accept_all, _bonus_from_p], ids=["accept_all", "bonus_from_p"])
 def test_negative_control_broken_verifier_is_rejected(small_pair, exact, monkeypatch, broken):
-    monkeypatch.setattr(llm_engine, "verify", broken)
+    monkeypatch.setattr(verifier, "verify", broken)
     sample, _ = _sd(small_pair, "T=1", NEGATIVE_CONTROL_SAMPLES, seeded=False, seed=13)
     stat, dof, p, _ = fit(sample, exact("T=1", 2))
     print(f"\nNEGATIVE CONTROL [{broken.__name__}, SD]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
@@ -257,7 +257,7 @@ def test_ssd_fourth_token_follows_the_target(small_pair, exact, path, name, seed
 
 
 def test_negative_control_broken_verifier_on_the_hit_path_is_rejected(small_pair, exact, monkeypatch):
-    monkeypatch.setattr(llm_engine, "verify", _accept_all)
+    monkeypatch.setattr(verifier, "verify", _accept_all)
     sample, metrics = _ssd(small_pair, "hit", "T=1", NEGATIVE_CONTROL_SAMPLES // 2, seeded=False, seed=23)
     stat, dof, p, _ = fit(sample, marginal(exact("T=1", SSD_TOKENS), SSD_TESTED))
     print(f"\nNEGATIVE CONTROL [accept_all, SSD hit path]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")

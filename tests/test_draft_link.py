@@ -13,17 +13,18 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ssd_engine.spec.draft_link import DOORBELL, REPLY, DraftLink, DraftLinkError
-from ssd_engine.spec.payload import REQUEST_CAPACITY, DraftParams, Entry, Request, pack_request
+from ssd_engine.speculative.ssd.codec import encode_request
+from ssd_engine.speculative.ssd.link import DOORBELL, REPLY, REQUEST_CAPACITY, DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.protocol import DraftParams, Entry, Request, Wanted
 
 BACKENDS = [None, "gloo-split"]
 
 # the draft side in its own process: argv = port, mode, device; "die" takes one request and exits
-# without replying, "echo" answers one request with its last 100 words as floats
+# without replying, "echo" answers one request with its last 100 bytes
 CHILD = """
 import datetime, sys, time
 import torch, torch.distributed as dist
-from ssd_engine.spec.draft_link import DraftLink
+from ssd_engine.speculative.ssd.link import DraftLink
 port, mode, device = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 if device.startswith("cuda"):
     torch.cuda.set_device(torch.device(device))
@@ -34,7 +35,7 @@ words = link.recv_request()
 if mode == "die":
     time.sleep(0.5)  # the coordinator is waiting for its reply by now
     sys.exit(0)
-link.send_reply(words[-100:].float())
+link.send_reply(words[-100:].clone())
 sys.exit(0 if link.transport == "nccl" else 3)
 """
 
@@ -60,8 +61,16 @@ def _pair(timeout_s: float = 5.0, backend: str | None = None, devices=(None, Non
     return links[0], links[1], stores
 
 
+TOKENS_PER_BUFFER = REQUEST_CAPACITY // 8  # a request's tokens are int64: about this many fill the buffer
+
+
 def _request(n_tokens: int, wanted: list[int]) -> torch.Tensor:
-    return pack_request(Request(entries=[Entry(1, -1, list(range(n_tokens)), DraftParams())], wanted=wanted))
+    return encode_request(Request(entries=[Entry(1, -1, list(range(n_tokens)), DraftParams())],
+                                  wanted=[Wanted(i, 0) for i in wanted]))
+
+
+def _bytes(n: int) -> torch.Tensor:
+    return torch.randint(0, 256, (n,), dtype=torch.uint8)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -70,10 +79,11 @@ def test_requests_and_replies_arrive_exactly(backend):
     assert coordinator.transport == draft.transport == (backend or "gloo")
     # (request, reply size or 0): two rounds queued before the draft reads, overflowing requests,
     # then rounds alternating the two send buffers with replies of varying sizes
-    rounds = [(_request(5, []), 0), (_request(REQUEST_CAPACITY + 37, []), 0), (_request(3, [1]), 6),
-              (_request(2 * REQUEST_CAPACITY, [1]), 4000), (_request(10, [1]), 1), (_request(7, [1]), 1500),
-              (_request(REQUEST_CAPACITY - 20, [1]), 33)]
-    replies = [torch.randn(size) for _, size in rounds]
+    rounds = [(_request(5, []), 0), (_request(TOKENS_PER_BUFFER + 37, []), 0), (_request(3, [1]), 6),
+              (_request(2 * TOKENS_PER_BUFFER, [1]), 4000), (_request(10, [1]), 1), (_request(7, [1]), 1500),
+              (_request(TOKENS_PER_BUFFER - 20, [1]), 33)]
+    assert rounds[-1][0].numel() < REQUEST_CAPACITY < rounds[1][0].numel()
+    replies = [_bytes(size) for _, size in rounds]
     received, errors = [], []
 
     def serve():
@@ -96,7 +106,7 @@ def test_requests_and_replies_arrive_exactly(backend):
     assert not server.is_alive() and not errors, errors
     assert len(received) == len(rounds)
     for (words, _), got in zip(rounds, received):
-        assert got.dtype == torch.int64 and torch.equal(got, words)
+        assert got.dtype == torch.uint8 and torch.equal(got, words)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -149,11 +159,11 @@ def test_a_wrong_reply_size_fails_instead_of_hanging():
     coordinator, draft, _ = _pair(backend="gloo-split")
     coordinator.send_request(_request(4, [1]))
     draft.recv_request()
-    answer = threading.Thread(target=draft.send_reply, args=(torch.zeros(5),), daemon=True)
+    answer = threading.Thread(target=draft.send_reply, args=(_bytes(5),), daemon=True)
     answer.start()
-    with pytest.raises(DraftLinkError, match="5 words, expected 6"):
+    with pytest.raises(DraftLinkError, match="5 bytes, expected 6"):
         coordinator.recv_reply(6)
-    coordinator.payload.recv([torch.zeros(5)], 1, REPLY).wait()  # take it, so the draft's thread ends
+    coordinator.payload.recv([_bytes(5)], 1, REPLY).wait()  # take it, so the draft's thread ends
     answer.join(10)
     assert not answer.is_alive()
 
@@ -196,12 +206,12 @@ def test_cpu_and_a_shared_gpu_keep_gloo():
 @pytest.mark.skipif(torch.cuda.device_count() < 2,
                     reason="NCCL between the coordinator and the draft needs 2 CUDA GPUs")
 def test_distinct_gpus_use_nccl():
-    words = _request(REQUEST_CAPACITY + 300, [1])
+    words = _request(TOKENS_PER_BUFFER + 300, [1])
 
     def body(link):
         assert link.transport == "nccl" and link.out_bufs[0].device == torch.device("cuda:0")
         link.send_request(words)
         got = link.recv_reply(100)
-        assert got.device.type == "cpu" and torch.equal(got, words[-100:].float())
+        assert got.device.type == "cpu" and torch.equal(got, words[-100:])
     torch.cuda.set_device(0)
     assert _run_child("echo", "cuda:1", torch.device("cuda:0"), body) == 0

@@ -10,8 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import ModelRunner
-from ssd_engine.engine.scheduler import ScheduledBatch
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.core import ScheduledBatch
+from ssd_engine.engine.core import Sequence
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling_params import SamplingParams
 

@@ -16,6 +16,7 @@ from ssd_engine.saguaro.fallback import critical_batch_size
 from ssd_engine.config import EngineConfig
 from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout
 from ssd_engine.saguaro.plan import plan_saguaro
+from ssd_engine.speculative.ssd.source import Source
 from small_pair import DIST_PROMPT, engine_options as _engine_options
 from test_speculative_decoding import _prompts, noisy_draft, target  # noqa: F401 (fixtures)
 
@@ -86,10 +87,10 @@ def test_automatic_fallback_follows_the_computed_critical_batch_size(target, noi
                          use_tqdm=False)
         log = list(llm.engine.speculator.backup_log)
     warm = [(batch, choice, b_star) for batch, cold, choice, b_star in log if cold == 0]
-    assert {choice for _, choice, _ in warm} == {"jit", "fast"}
-    assert all(choice == ("jit" if batch < b_star else "fast") for batch, choice, b_star in warm)
+    assert {choice for _, choice, _ in warm} == {Source.JIT, Source.FAST}
+    assert all(choice == (Source.JIT if batch < b_star else Source.FAST) for batch, choice, b_star in warm)
     # a first round is a certain miss: E_p / (1 + T_p) = 2 beats the fast backup's E_fast = 1.2
-    assert all(choice == "jit" for batch, cold, choice, _ in log if cold == batch)
+    assert all(choice == Source.JIT for batch, cold, choice, _ in log if cold == batch)
 
 
 def test_bonus_ranks_account_for_every_hit_and_miss(target, noisy_draft):

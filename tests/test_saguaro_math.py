@@ -41,6 +41,7 @@ from ssd_engine.saguaro.fanout import (
 )
 from ssd_engine.saguaro.sampling import saguaro_probs
 from ssd_engine.sampling.rejection import verify
+from ssd_engine.speculative.ssd.source import Source
 from stats_helpers import chi_square_pvalue
 
 ALPHAS = (0.01, 0.3, 0.6, 0.9, 0.99)
@@ -330,15 +331,16 @@ def test_critical_batch_rejects_invalid_arguments():
 # --------------------------------------------------------------------------- 3. FallbackPolicy
 
 PRIOR = Estimates(p_hit=0.8, e_primary=3.0, e_fast=1.2, t_p=0.2)  # b* = 5.13
+JIT, FAST = Source.JIT, Source.FAST
 
 
 def test_policy_auto_switches_at_critical_batch():
     policy = FallbackPolicy("auto", PRIOR)
     assert math.isclose(policy.critical_batch, critical_batch_size(0.8, 3.0, 1.2, 0.2))
     assert 5 < policy.critical_batch < 6
-    assert [policy.choose(b) for b in (1, 2, 5, 6, 7, 64)] == ["jit", "jit", "jit", "fast", "fast", "fast"]
+    assert [policy.choose(b) for b in (1, 2, 5, 6, 7, 64)] == [JIT, JIT, JIT, FAST, FAST, FAST]
     pinned = FallbackPolicy("auto", PRIOR, pinned=4)
-    assert [pinned.choose(b) for b in (1, 3, 4, 5)] == ["jit", "jit", "fast", "fast"]  # b = b*: fast
+    assert [pinned.choose(b) for b in (1, 3, 4, 5)] == [JIT, JIT, FAST, FAST]  # b = b*: fast
 
 
 def test_policy_pinned_critical_batch_is_never_recomputed():
@@ -350,14 +352,14 @@ def test_policy_pinned_critical_batch_is_never_recomputed():
     # ... and an update anyway (e.g. a caller not going through due()) must not overwrite the pin.
     policy.update(p_hit=(0.5, 100), e_primary=(2.0, 100), e_fast=(1.0, 100), t_p=(2.0, 100))
     assert policy.critical_batch == 4.0
-    assert policy.choose(3) == "jit" and policy.choose(4) == "fast"
+    assert policy.choose(3) == JIT and policy.choose(4) == FAST
 
 
 @pytest.mark.parametrize("mode", ("jit", "fast"))
 def test_policy_fixed_modes_ignore_batch_size(mode):
     policy = FallbackPolicy(mode, PRIOR, period=2)
     for batch_size in (1, 2, 5, 6, 100, 10 ** 6):
-        assert policy.choose(batch_size) == mode
+        assert policy.choose(batch_size) == Source[mode.upper()]
         assert not policy.due()
 
 
@@ -591,11 +593,11 @@ def test_rounds_with_first_round_sequences_compare_both_backups_directly():
     # E_p / (1 + T_slow) = 3.5 / 2.2 = 1.59 against the fast backup's mean tokens for this batch
     policy = FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5, 1.2))
     assert policy.critical_batch < 2
-    assert policy.choose(8, cold=8) == "jit"   # all cold: fast gives E_fast = 1.05
-    assert policy.choose(8, cold=1) == "fast"  # mostly warm: (7 * 3.255 + 1.05) / 8 = 2.98
-    assert policy.choose(8, cold=0) == "fast" and policy.choose(1, cold=0) == ("jit" if 1 < policy.critical_batch
-                                                                                else "fast")
-    assert FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5), pinned=4).choose(8, cold=8) == "fast"  # pinned wins
+    assert policy.choose(8, cold=8) == JIT   # all cold: fast gives E_fast = 1.05
+    assert policy.choose(8, cold=1) == FAST  # mostly warm: (7 * 3.255 + 1.05) / 8 = 2.98
+    assert policy.choose(8, cold=0) == FAST and policy.choose(1, cold=0) == (JIT if 1 < policy.critical_batch
+                                                                            else FAST)
+    assert FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5), pinned=4).choose(8, cold=8) == FAST  # pinned wins
 
 
 def test_theorem_7_reduces_to_its_corollaries():

@@ -6,7 +6,7 @@ num_computed_tokens by its num_new_tokens and, when a sequence's computed tokens
 """
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.scheduler import Scheduler
-from ssd_engine.engine.sequence import Sequence, SequenceStatus
+from ssd_engine.engine.core import Sequence, SequenceStatus
 from ssd_engine.sampling_params import SamplingParams
 
 BS = 4
@@ -35,8 +35,8 @@ def check_batch(sched, batch):
         assert seq.block_table == [] and seq.status == SequenceStatus.WAITING
 
 
-def step(sched, lookahead=0):
-    batch = sched.schedule(lookahead)
+def step(sched, k=0):
+    batch = sched.schedule(k)
     check_batch(sched, batch)
     finished = []
     for seq, n in zip(batch.seqs, batch.num_new_tokens):
@@ -217,24 +217,24 @@ def test_preemption_of_several_keeps_their_order():
         sched.add(s)
     step(sched)
     assert sched.block_manager.num_free_blocks == 0
-    batch = sched.schedule(lookahead=8)  # a's decode needs 3 + 9 = 12 slots: 2 more pages
+    batch = sched.schedule(k=8)  # a's decode needs 3 + 9 = 12 slots: 2 more pages
     assert batch.seqs == [a] and batch.num_new_tokens == [9]
     assert len(a.block_table) == 3
     assert sched.running == [a] and list(sched.waiting) == [b, c]
     assert sched.num_preemptions == 2
 
 
-def test_lookahead_grows_pages_for_decodes_only():
+def test_draft_slots_grow_pages_for_decodes_only():
     sched = make_scheduler(num_blocks=8)
     a = make_seq(3, max_tokens=8)
     sched.add(a)
-    batch = sched.schedule(lookahead=3)
-    assert batch.num_new_tokens == [3]  # a prefill gets no lookahead
+    batch = sched.schedule(k=3)
+    assert batch.num_new_tokens == [3]  # a prefill gets no draft slots
     assert len(a.block_table) == 1
     a.num_computed_tokens += 3
     a.token_ids.append(NEXT_TOKEN)
-    batch = sched.schedule(lookahead=3)
-    assert batch.num_new_tokens == [4]  # 1 decode + 3 lookahead slots
+    batch = sched.schedule(k=3)
+    assert batch.num_new_tokens == [4]  # 1 decode + 3 draft slots
     assert len(a.block_table) == 2  # computed 3 + 4 = 7 slots -> 2 pages
     assert sched.block_manager.num_free_blocks == 6
 

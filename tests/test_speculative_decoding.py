@@ -23,7 +23,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.spec.sync_draft import SyncDraft
+from ssd_engine.speculative.sd import SyncDraft
 from tiny_checkpoints import derived_checkpoint as _derived
 
 NEW_TOKENS = 48

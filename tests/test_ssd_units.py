@@ -1,4 +1,4 @@
-"""SSD building blocks without the engine: payload layout, tree masks, branch decoding against
+"""SSD building blocks without the engine: the round's messages and their codec, tree masks, branch decoding against
 transformers, the fast backup, mixed one-hot verification, the draft channel's overflow and deadline."""
 import datetime
 import threading
@@ -11,32 +11,38 @@ from transformers import AutoModelForCausalLM
 from ssd_engine.engine.model_runner import ModelRunner
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling.rejection import verify
-from ssd_engine.spec.backup import fast_proposal, ngram_proposal
-from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
-from ssd_engine.spec.draft_server import new_server, scratch_slots
-from ssd_engine.spec.payload import (COMPACT, FAST, FULL, HIT, JIT, NONE, ONE_HOT, REQUEST_CAPACITY, DraftParams,
-                                     Entry, Request, Speculation, pack_reply, pack_request, q_words, unpack_reply,
-                                     unpack_request, _q_mode)
-from ssd_engine.spec.tree_mask import branch_metadata
+from ssd_engine.speculative.ngram import fast_proposal, ngram_proposal
+from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
+from ssd_engine.speculative.ssd.codec import (ReplyLayout, decode_reply, decode_request, encode_reply, encode_request,
+                                              q_mode, request_size)
+from ssd_engine.speculative.ssd.link import REQUEST_CAPACITY, DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Kind, QMode, Reply, Request,
+                                                 Speculation, Wanted, q_width)
+from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
-# --------------------------------------------------------------------------- payload
+# --------------------------------------------------------------------------- messages
 
 
 def test_request_round_trip_with_new_sequences_and_overflow():
     params = DraftParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
-    long_prompt = list(range(3, 3 + REQUEST_CAPACITY + 100))  # longer than the preallocated buffer
+    long_prompt = list(range(3, 3 + REQUEST_CAPACITY // 8 + 100))  # longer than the link's preallocated buffer
     req = Request(finished=[4, 9], entries=[Entry(7, -1, long_prompt, params), Entry(8, 2, [11, 12, 13])],
-                  wanted=[8, 7], backup=FAST)
-    words = pack_request(req)
-    assert words.numel() > REQUEST_CAPACITY and int(words[1]) == words.numel()
-    back = unpack_request(words)
-    assert back.finished == [4, 9] and back.wanted == [8, 7] and back.backup == FAST
+                  wanted=[Wanted(8, 0), Wanted(7, 80)], backup=Source.FAST)
+    frame = encode_request(req)
+    assert frame.dtype == torch.uint8 and frame.numel() > REQUEST_CAPACITY and request_size(frame) == frame.numel()
+    back = decode_request(frame)
+    assert back.kind == Kind.ROUND and back.finished == [4, 9] and back.backup == Source.FAST
+    assert back.wanted == req.wanted and back.wanted_ids == [8, 7]
     assert back.entries[0].tokens == long_prompt and back.entries[1].k == 2 and back.entries[1].params is None
     got = back.entries[0].params
     assert (got.top_k, got.seed) == (40, 1234)
-    # floats travel as their float32 bit pattern: exact float32 values come back
+    # sampling parameters travel as float32, the values the draft samples with
     for name in ("temperature", "top_p", "min_p"):
         assert got.__dict__[name] == torch.tensor(getattr(params, name), dtype=torch.float32).item()
+    # the reply's layout follows from the request alone: both ends compute the same one
+    assert ReplyLayout.of(back, 4) == ReplyLayout.of(req, 4) == ReplyLayout(4, (0, 80))
+    assert decode_request(encode_request(Request(kind=Kind.SHUTDOWN))).kind == Kind.SHUTDOWN
 
 
 def _row(vocab, support, gen):
@@ -54,19 +60,26 @@ def test_reply_round_trip_every_q_mode():
     tied = torch.stack([_row(vocab, s, gen) for s in (4, 5, 3)])  # one row has more than top_k = 4 tokens
     params = [DraftParams(1.0), DraftParams(0.8, top_k=4), DraftParams(0.8, top_k=4), DraftParams(0.0),
               DraftParams(1.0), DraftParams(1.0, top_k=4)]
-    specs = [Speculation(HIT, [1, 2, 3], full, bonus_rank=0), Speculation(JIT, [4, 5, 6], compact, bonus_rank=32),
-             Speculation(HIT, [7, 8, 9], tied),
-             Speculation(HIT, [10, 11, 12]), Speculation(FAST, [13, 14, 15]), Speculation(NONE, [])]
-    assert [_q_mode(s, p, vocab) for s, p in zip(specs, params)] == [FULL, COMPACT, ONE_HOT, ONE_HOT, ONE_HOT, ONE_HOT]
-    assert [q_words(p, vocab) for p in params] == [vocab, 8, 8, 0, vocab, 8]
-    buf = pack_reply(specs, params, k, vocab, (0.25, 0.5, 0.125, 0.0625, 12.0))
-    back, timings = unpack_reply(buf.clone(), params, k, vocab)
-    assert timings == (0.25, 0.5, 0.125, 0.0625, 12.0)
-    assert [s.bonus_rank for s in back] == [0, 32, -1, -1, -1, -1]
-    assert [s.source for s in back] == [HIT, JIT, HIT, HIT, FAST, NONE]
-    assert [s.tokens for s in back] == [s.tokens for s in specs]
-    assert torch.equal(back[0].q, full) and torch.equal(back[1].q, compact)  # bit-exact
-    assert all(s.q is None for s in back[2:])  # verified as one-hot: still exact
+    specs = [Speculation(Source.HIT, [1, 2, 3], full, bonus_rank=0),
+             Speculation(Source.JIT, [4, 5, 6], compact, bonus_rank=32), Speculation(Source.HIT, [7, 8, 9], tied),
+             Speculation(Source.HIT, [10, 11, 12]), Speculation(Source.FAST, [13, 14, 15]),
+             Speculation(Source.NONE, [])]
+    widths = [q_width(p, vocab) for p in params]
+    assert widths == [vocab, 8, 8, 0, vocab, 8]
+    assert [q_mode(s, w, vocab) for s, w in zip(specs, widths)] == [QMode.FULL, QMode.COMPACT] + [QMode.ONE_HOT] * 4
+    layout = ReplyLayout(k, tuple(widths))
+    timings = DraftTimings(0.25, 0.5, 0.125, 1 / 3, 12)
+    buf = encode_reply(Reply(timings, specs), layout, vocab, out=torch.full((layout.size + 10,), 7, dtype=torch.uint8))
+    assert buf.dtype == torch.uint8 and buf.numel() == layout.size
+    back = decode_reply(buf.clone(), layout, vocab)
+    assert back.timings == timings  # float64: the draft's timings arrive exactly
+    assert [s.bonus_rank for s in back.speculations] == [0, 32, -1, -1, -1, -1]
+    assert [s.source for s in back.speculations] == [s.source for s in specs]
+    assert [s.tokens for s in back.speculations] == [s.tokens for s in specs]
+    assert torch.equal(back.speculations[0].q, full) and torch.equal(back.speculations[1].q, compact)  # bit-exact
+    assert all(s.q is None for s in back.speculations[2:])  # verified as one-hot: still exact
+    with pytest.raises(ValueError, match="2 tokens"):
+        encode_reply(Reply(timings, [Speculation(Source.FAST, [1, 2])]), ReplyLayout(k, (0,)), vocab)
 
 
 # --------------------------------------------------------------------------- tree mask
@@ -134,7 +147,7 @@ def test_every_cached_branch_equals_decoding_its_context_with_transformers(nopad
     server.build([0, 1])
     for seq_id, spec in zip((0, 1), sent):
         seq = server.seqs[seq_id]
-        assert spec.source == JIT and len(seq.cache) == sum(fanout)
+        assert spec.source == Source.JIT and len(seq.cache) == sum(fanout)
         assert {key[0] for key in seq.cache} == {0, 1, 2, 3}
         for (accepted, bonus), branch in seq.cache.items():
             if accepted < k:
@@ -164,11 +177,11 @@ def test_a_hit_replies_with_the_cached_branch(nopad):
     # the target accepted one draft token and chose the predicted bonus: a hit
     server.apply(Request(entries=[Entry(0, 1, first.tokens[:1] + [outcome[1]])]))
     second = server.lookup([0])[0]
-    assert second.source == HIT and second.tokens == branch.tokens
+    assert second.source == Source.HIT and second.tokens == branch.tokens
     # an outcome nobody predicted misses and falls back to the just-in-time primary
     server.build([0])
     server.apply(Request(entries=[Entry(0, 0, [258])]))
-    assert server.lookup([0])[0].source == JIT
+    assert server.lookup([0])[0].source == Source.JIT
 
 
 # --------------------------------------------------------------------------- fast backup
@@ -218,14 +231,15 @@ def test_link_carries_overflowing_requests_and_enforces_the_deadline():
     for t in threads:
         t.join()
     coordinator, draft = links[0], links[1]
-    req = pack_request(Request(entries=[Entry(1, -1, list(range(REQUEST_CAPACITY + 5)), DraftParams())], wanted=[1]))
+    req = encode_request(Request(entries=[Entry(1, -1, list(range(REQUEST_CAPACITY // 8 + 5)), DraftParams())],
+                                 wanted=[Wanted(1, 0)]))
     received = {}
     t = threading.Thread(target=lambda: received.update(words=draft.recv_request()))
     t.start()
     coordinator.send_request(req)
     t.join()
     assert torch.equal(received["words"][:req.numel()], req)
-    t = threading.Thread(target=draft.send_reply, args=(torch.arange(6, dtype=torch.float32),))
+    t = threading.Thread(target=draft.send_reply, args=(torch.arange(6, dtype=torch.uint8),))
     t.start()
     assert coordinator.recv_reply(6).tolist() == list(range(6))
     t.join()

@@ -7,7 +7,7 @@ target, draft and backup generators never start alike.
 import torch
 
 from ssd_engine import SamplingParams
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.core import Sequence
 from ssd_engine.sampling.streams import Stream, stream_generator, stream_seed
 
 

@@ -26,8 +26,8 @@ from ssd_engine.distributed.executor import TensorParallelError
 from ssd_engine.distributed.shm_collectives import supported as shm_supported
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import ModelRunner
-from ssd_engine.engine.scheduler import ScheduledBatch
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.core import ScheduledBatch
+from ssd_engine.engine.core import Sequence
 from ssd_engine.models.loader import load_config
 from process_helpers import gone_within, kill_session, read_line
 

@@ -36,8 +36,8 @@ def _warm_up(llm, prompt: str, batch: int) -> None:
 
 def _reset_counters(llm, k: int | None) -> None:
     """Fresh speculation counters, so a cell's acceptance and hit rates are its own."""
-    from ssd_engine.spec.metrics import SpecMetrics
-    from ssd_engine.spec.ssd_metrics import SSDMetrics
+    from ssd_engine.speculative.metrics import SpecMetrics
+    from ssd_engine.speculative.ssd.metrics import SSDMetrics
     engine = llm.engine
     if k is not None:
         engine.speculator.k = k  # SD: an engine built for the largest K runs any smaller K in place

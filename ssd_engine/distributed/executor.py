@@ -8,10 +8,11 @@ import contextlib
 import subprocess
 import threading
 
+from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.placement import unpin
 from ssd_engine.distributed.worker import PageTableMirror, step_message
-from ssd_engine.engine.model_runner import RunnerSpec, StepInputs
+from ssd_engine.engine.model_runner import ModelRunner, RunnerSpec, StepInputs
 
 
 class TensorParallelError(RuntimeError):
@@ -49,6 +50,10 @@ class TensorParallelRunner:
     @property
     def device(self):
         return self.runner.device
+
+    @property
+    def local(self) -> ModelRunner:
+        return self.runner
 
     def forward(self, batch, logit_rows: list[list[int]], token_ids=None):
         inputs = StepInputs.from_batch(batch, logit_rows, token_ids)
@@ -110,16 +115,9 @@ class TensorParallelRunner:
             sender = threading.Thread(target=self._send_shutdown, daemon=True)
             sender.start()
             sender.join(timeout=5.0)  # exiting while it still sends would abort the interpreter
+        polite = 10.0 if self.error is None and not self.in_step else 0.0
         for process in self.processes.values():
-            polite = 10.0 if self.error is None and not self.in_step else 0.0
-            for stop, wait_s in ((None, polite), (process.terminate, 3.0), (process.kill, None)):
-                if stop is not None:
-                    stop()
-                try:
-                    process.wait(timeout=wait_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
+            supervise.stop(process, exit_s=polite, term_s=3.0)
         if self._restore is not None:
             unpin(self._restore)
         self.runner = None

@@ -8,27 +8,23 @@ then exit (multi-node deployments use torchrun, not a launcher of ours).
 """
 import atexit
 import dataclasses
-import datetime
 import os
-import subprocess
 import sys
-import time
 import weakref
 
 import torch
 import torch.distributed as dist
 
-from ssd_engine.distributed import lifeline
+from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import SHM_CAPACITY, TPGroup
 from ssd_engine.distributed.shm_collectives import ShmCollectives
 from ssd_engine.distributed.shm_collectives import supported as shm_supported
 from ssd_engine.distributed.executor import TensorParallelError, TensorParallelRunner
 from ssd_engine.distributed.placement import describe, pin, plan_core_sets, unpin
-from ssd_engine.distributed.worker import serve
+from ssd_engine.distributed.worker import ready_key, serve
 from ssd_engine.engine.model_runner import RunnerSpec
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-STARTUP_TIMEOUT_S = 300.0
 
 
 def torchrun_world() -> tuple[int, int] | None:
@@ -54,19 +50,19 @@ def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> Tenso
     else:
         core_sets = [None] * size
     threads = [config.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
-    store = dist.TCPStore("127.0.0.1", 0, size, True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    store = supervise.host_store(size)
     # SSD_ENGINE_TP_SHM=0 keeps every collective on gloo (to compare, or to rule the shared memory out)
     use_shm = on_cpu and shm_supported() and os.environ.get("SSD_ENGINE_TP_SHM", "1") != "0"
     shm_fd = ShmCollectives.create_fd(size, SHM_CAPACITY) if use_shm else None
-    processes = {}
+    workers = {}
     for rank in range(1, size):
         # a fresh interpreter (not multiprocessing): no re-import of the user's __main__, no helper processes
         device = spec.device if on_cpu else f"cuda:{(torch.device(spec.device).index or 0) + rank}"
         args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
                     device=device, timeout_s=config.distributed_timeout_s, shm_fd=shm_fd)
-        processes[rank] = lifeline.start("ssd_engine.distributed.worker_main", args, stdin=subprocess.DEVNULL,
-                                         pass_fds=() if shm_fd is None else (shm_fd,))
+        workers[rank] = supervise.start(f"tensor-parallel worker rank {rank}", "ssd_engine.distributed.worker_main",
+                                        args, ready_key(rank), pass_fds=() if shm_fd is None else (shm_fd,))
+    processes = {rank: worker.process for rank, worker in workers.items()}
     restore = pin(core_sets[0], threads[0]) if on_cpu else None
     spec = dataclasses.replace(spec, weight_layout=config.weight_layout)  # for rank 0's pinned thread count
     where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: cuda:{r}" for r in range(size))
@@ -74,7 +70,7 @@ def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> Tenso
     print(f"tensor parallel: {size} ranks ({transport}); {where}; "
           f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)
     try:
-        _wait_started(store, processes)
+        supervise.wait_ready(store, list(workers.values()), TensorParallelError)
         tp = TPGroup.create(store, 0, size, torch.device(spec.device), config.distributed_timeout_s, loopback=True,
                             shm_fd=shm_fd, peers_alive=lambda: all(p.poll() is None for p in processes.values()))
         runner = TensorParallelRunner(tp, spec, processes, restore)
@@ -89,19 +85,6 @@ def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> Tenso
     runner._store = store  # the store lives as long as the group
     close_at_exit(runner)
     return runner
-
-
-def _wait_started(store, processes: dict) -> None:
-    """Wait until every spawned worker reached the store; a worker dying at start-up fails fast."""
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    for rank, process in processes.items():
-        while not store.check([f"started/{rank}"]):
-            if process.poll() is not None:
-                raise TensorParallelError(f"tensor-parallel worker rank {rank} (pid {process.pid}) exited with code "
-                                          f"{process.returncode} while starting (its traceback is above)")
-            if time.monotonic() > deadline:
-                raise TensorParallelError(f"tensor-parallel worker rank {rank} did not start within {STARTUP_TIMEOUT_S:.0f} s")
-            time.sleep(0.02)
 
 
 def _join_torchrun(config, spec: RunnerSpec, rank: int, size: int) -> TensorParallelRunner:
@@ -130,8 +113,7 @@ def _join_torchrun(config, spec: RunnerSpec, rank: int, size: int) -> TensorPara
 
 def _stop(processes: dict) -> None:
     for process in processes.values():
-        process.kill()
-        process.wait()
+        supervise.stop(process)
 
 
 def close_at_exit(owner) -> None:

@@ -9,6 +9,7 @@ import traceback
 
 import torch
 
+from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.engine.model_runner import ModelRunner, RunnerSpec, StepInputs
 
@@ -79,6 +80,10 @@ def serve(tp: TPGroup) -> None:
         getattr(worker, method)(*args)
 
 
+def ready_key(rank: int) -> str:
+    return f"started/{rank}"
+
+
 def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
                    timeout_s: float, shm_fd: int | None = None) -> None:
     """A spawned worker (ranks 1..N-1 on this machine): join rank 0's store, then serve."""
@@ -88,10 +93,8 @@ def worker_process(port: int, rank: int, size: int, cores: list[int] | None, thr
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    import datetime
-    import torch.distributed as dist
-    store = dist.TCPStore("127.0.0.1", port, size, False, timeout=datetime.timedelta(seconds=timeout_s))
-    store.set(f"started/{rank}", str(os.getpid()))
+    store = supervise.join_store(port, size, timeout_s)
+    supervise.announce_ready(store, ready_key(rank))
     tp = TPGroup.create(store, rank, size, torch.device(device), timeout_s, loopback=True, shm_fd=shm_fd,
                         peers_alive=lambda: os.getppid() == parent)
     serve(tp)

@@ -9,7 +9,7 @@ prefix survives until its page is actually needed for something else.
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.core import Sequence
 
 NO_HASH = None
 

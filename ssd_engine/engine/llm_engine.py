@@ -11,35 +11,26 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig
 
 from ssd_engine.config import EngineConfig
+from ssd_engine.default_models import resolve_model_path
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.preflight import check_before_loading
 from ssd_engine.engine.scheduler import Scheduler
-from ssd_engine.engine.sequence import Sequence, SequenceStatus
+from ssd_engine.engine.core import Outcome, ScheduledBatch, Sequence, SequenceStatus
 from ssd_engine.distributed.launch import close_at_exit, start_tensor_parallel, torchrun_world
 from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.models.loader import load_config
 from ssd_engine.outputs import RequestMetrics, RequestOutput
-from ssd_engine.sampling.processors import SamplingTensors
-from ssd_engine.sampling.rejection import verify, verify_greedy
-from ssd_engine.sampling.sampler import sample
+from ssd_engine.sampling.verifier import StepResult, Verifier
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.sampling_params import SamplingParams
-from ssd_engine.spec.metrics import SpecMetrics
-from ssd_engine.spec.setup import build_sync_draft, start_async_draft
+from ssd_engine.speculative.metrics import SpecMetrics
+from ssd_engine.speculative.setup import build_sync_draft, start_async_draft
 
 log = logging.getLogger("ssd_engine")
-
-
-def resolve_model_path(config: EngineConfig, which: str = "target") -> str:
-    chosen = config.model if which == "target" else config.draft_model
-    if chosen is not None:
-        return chosen
-    from ssd_engine.default_models import resolve_default_model
-    return resolve_default_model(which)
 
 
 class LLMEngine:
@@ -76,10 +67,9 @@ class LLMEngine:
             self.runner = spec.build()
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
-        if hasattr(self.runner, "release"):  # tensor-parallel workers forget freed page tables
-            self.scheduler.release_hooks.append(self.runner.release)
+        self.scheduler.release_hooks.append(self.runner.release)  # tensor-parallel workers forget freed tables
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
-        self.generator = stream_generator(config.seed, Stream.TARGET, device=self.device)  # unseeded requests
+        self.verifier = Verifier(stream_generator(config.seed, Stream.TARGET, device=self.device))  # unseeded requests
         self.spec_metrics = SpecMetrics(config.num_speculative_tokens)
         if config.speculative_mode == "sd":
             self.speculator = build_sync_draft(config, self, num_blocks, max_position)
@@ -96,12 +86,10 @@ class LLMEngine:
     # ---- set-up helpers -------------------------------------------------------------------
     def _capture_graphs(self) -> None:
         """CUDA graphs for the steps this engine repeats: decode, verification of K + 1 tokens, and
-        the SD draft's one-token steps (the SSD draft process captures its own)."""
+        (the SD draft captures its one-token steps when built, the SSD draft process its own)."""
         k = self.config.num_speculative_tokens
         shapes = [("paged", 1)] if self.config.speculative_mode == "ar" else [("paged", 1), ("paged", k + 1)]
         self.runner.capture_graphs(shapes)
-        if self.config.speculative_mode == "sd":
-            self.speculator.runner.capture_graphs([("paged", 1)])
 
     def _place(self) -> list[list[int]] | None:
         """On CPU, SSD gives the draft process cores of its own: one core set per target rank, then
@@ -168,14 +156,14 @@ class LLMEngine:
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} "
                              f"exceeds max_model_len={self.max_model_len}")
-        pages = self.block_manager.blocks_needed(n + params.max_tokens + self.lookahead)
+        pages = self.block_manager.blocks_needed(n + params.max_tokens + self.k)
         if pages > self.block_manager.num_blocks:
             raise ValueError(f"request needs {pages} KV pages (prompt {n} + max_tokens {params.max_tokens}) but the "
                              f"whole KV cache has {self.block_manager.num_blocks}; raise num_kv_blocks")
 
     @property
-    def lookahead(self) -> int:
-        return self.speculator.lookahead if self.speculator else 0
+    def k(self) -> int:
+        return self.speculator.k if self.speculator else 0
 
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
         """Tokenize and validate one request without queuing it; raises ValueError if it can never run."""
@@ -202,94 +190,44 @@ class LLMEngine:
 
     # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """One round: schedule -> speculate -> forward + verify/sample -> postprocess.
+        """One round: schedule -> propose -> forward -> sample or verify -> postprocess.
 
         Returns the sequences that finished in it."""
-        batch = self.scheduler.schedule(self.lookahead)
+        batch = self.scheduler.schedule(self.k)
         if not batch.seqs:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress")  # admission checks should make this impossible
             return []
-        # speculate only where the scheduler reserved the lookahead slots: a sequence admitted with
-        # all but its last token served from the prefix cache also has one token left, but got n = 1
-        decoding = [len(seq) - seq.num_computed_tokens == 1 and n == 1 + self.lookahead
-                    for seq, n in zip(batch.seqs, batch.num_new_tokens)]
+        decoding = batch.decoding(self.k)
         proposal = self.speculator.propose(batch, decoding) if self.speculator else None
         speculated = [dec and proposal is not None for dec in decoding]
-        feed, logit_rows, draft_row = [], [], 0
-        for seq, n, spec in zip(batch.seqs, batch.num_new_tokens, speculated):
-            start = seq.num_computed_tokens
-            if spec:  # the last committed token, then the K drafts: K + 1 positions to verify
-                feed.append([seq.token_ids[-1]] + proposal.tokens[draft_row].tolist())
-                logit_rows.append(list(range(n)))
-                draft_row += 1
-            else:
-                feed.append(seq.token_ids[start:start + n])
-                logit_rows.append([n - 1] if start + n == len(seq) else [])
+        feed, logit_rows = batch.feed(speculated, proposal)
         logits = self.runner.forward(batch, logit_rows, token_ids=feed)
-        new_tokens = self._sample_or_verify(batch, logit_rows, logits, speculated, proposal)
+        results = self.verifier.sample_or_verify(batch.seqs, logit_rows, logits, speculated, proposal)
+        return self._postprocess(batch, speculated, results)
+
+    def _postprocess(self, batch: ScheduledBatch, speculated: list[bool], results: list[StepResult]) -> list[Sequence]:
         finished = []
-        for seq, n, spec, tokens in zip(batch.seqs, batch.num_new_tokens, speculated, new_tokens):
+        for seq, n, spec, result in zip(batch.seqs, batch.num_new_tokens, speculated, results):
             self.stats["decode_tokens" if n == 1 or spec else "prefill_tokens"] += n
-            if tokens is None:  # a prefill chunk that does not reach the end of the prompt
+            if result.tokens is None:  # a prefill chunk that does not reach the end of the prompt
                 seq.num_computed_tokens += n
                 continue
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = time.perf_counter()
-            self.output_processor.append(seq, tokens)
+            self.output_processor.append(seq, result.tokens)
             # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
             seq.num_computed_tokens = len(seq) - 1
             if spec:
                 self.block_manager.trim(seq)
-                self.speculator.accept(seq, len(seq) - 1)
+                if result.accepted is not None:
+                    self.spec_metrics.record(seq.seq_id, result.accepted)
+                self.speculator.on_outcome(Outcome(seq, result.accepted, seq.num_computed_tokens))
             self.block_manager.commit(seq)
             if seq.finish_reason is not None:
                 self._finish(seq)
                 finished.append(seq)
         return finished
-
-    def _sample_or_verify(self, batch, logit_rows, logits, speculated, proposal) -> list[list[int] | None]:
-        """Per scheduled sequence: its verified run (speculated), one sampled token, or None."""
-        out: list[list[int] | None] = [None] * len(batch.seqs)
-        first_row = [0]
-        for rows in logit_rows:
-            first_row.append(first_row[-1] + len(rows))
-        plain = [i for i, rows in enumerate(logit_rows) if rows and not speculated[i]]
-        if plain:
-            sampled = self._sample([batch.seqs[i] for i in plain], logits[[first_row[i] for i in plain]])
-            for i, token in zip(plain, sampled.tolist()):
-                out[i] = [token]
-        spec = [i for i, s in enumerate(speculated) if s]
-        if spec:
-            seqs = [batch.seqs[i] for i in spec]
-            target_logits = logits[torch.cat([torch.arange(first_row[i], first_row[i + 1]) for i in spec])]
-            result = self._verify(seqs, proposal, target_logits)
-            for j, i in enumerate(spec):
-                out[i] = result.output_tokens[j]
-                if proposal.num_draft[j] > 0:
-                    accepted = len(result.output_tokens[j]) - 1
-                    self.spec_metrics.record(batch.seqs[i].seq_id, accepted)
-                    self.speculator.on_verified(batch.seqs[i], accepted)
-        return out
-
-    def _verify(self, seqs: list[Sequence], proposal, target_logits: torch.Tensor):
-        """Exact verification of each sequence's K drafts against the target's K + 1 rows."""
-        k = proposal.tokens.shape[1]
-        params = [s.params for s in seqs]
-        if all(p.greedy for p in params):
-            return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),
-                                 proposal.num_draft)
-        probs = SamplingTensors.from_params(params, target_logits.device).repeat_interleave(k + 1).probs(target_logits)
-        return verify(proposal.tokens, proposal.probs, probs.view(len(seqs), k + 1, -1),
-                      [s.generator for s in seqs], num_draft=proposal.num_draft, default_generator=self.generator,
-                      one_hot_rows=proposal.one_hot)
-
-    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
-        params = [seq.params for seq in seqs]
-        if all(p.greedy for p in params):
-            return logits.argmax(dim=-1)
-        probs = SamplingTensors.from_params(params, logits.device).probs(logits)
-        return sample(probs, [seq.generator for seq in seqs], self.generator)
 
     def _finish(self, seq: Sequence) -> None:
         seq.metrics.finish_time = time.perf_counter()
@@ -297,7 +235,7 @@ class LLMEngine:
 
     def execution(self) -> dict:
         """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets."""
-        runner = getattr(self.runner, "runner", self.runner)  # rank 0's own under tensor parallelism
+        runner = self.runner.local  # rank 0's own ModelRunner under tensor parallelism
         graphs = runner.graphs
         return {"device": str(self.device), "dtype": self.config.dtype,
                 "attention": backend_name(runner.attention_backend),
@@ -305,9 +243,9 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop the draft process and tensor-parallel workers (if any); the engine is unusable afterwards."""
-        if hasattr(self.speculator, "close"):
+        if self.speculator is not None:
             self.speculator.close()
-        if hasattr(self.runner, "close"):
+        if self.runner is not None:
             self.runner.close()
         if self._pinned is not None:
             unpin(self._pinned)

@@ -15,7 +15,7 @@ import torch
 
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
-from ssd_engine.engine.scheduler import ScheduledBatch
+from ssd_engine.engine.core import ScheduledBatch
 from ssd_engine.engine.cuda_graphs import GraphRunner
 from ssd_engine.layers.attention import AttentionMetadata, padded_block_tables, torch_attention
 from ssd_engine.layers.attention_backends import select_backend
@@ -124,7 +124,6 @@ class ModelRunner:
         return per_token * block_size * torch.finfo(dtype).bits // 8
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
-        cfg = self.config
         layers = self.model.model.layers
         attn0 = layers[0].self_attn.attn
         shape = (2, len(layers), num_blocks * self.block_size, attn0.num_kv_heads, attn0.head_dim)
@@ -153,6 +152,17 @@ class ModelRunner:
             kv_lens=as_tensor(kv_lens, torch.int32), query_start=as_tensor(query_start, torch.int32),
             max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
         return as_tensor(ids, torch.long), as_tensor(positions, torch.long), meta
+
+    @property
+    def local(self) -> "ModelRunner":
+        """This process's own runner (a tensor-parallel runner answers its rank 0's)."""
+        return self
+
+    def release(self, seq) -> None:
+        """A sequence's pages were freed: nothing to forget here (its page table is the caller's)."""
+
+    def close(self) -> None:
+        """Nothing runs beside it: the model and its KV cache go with the object."""
 
     def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids=None):
         """Run the batch; return logits [R, V] (fp32) for the rows named by `logit_rows[i]`

@@ -3,7 +3,7 @@
 Several tokens may arrive at once (speculative rounds); they are appended one by one and the
 first stop condition wins, so no token beyond a stop, EOS or max_tokens is ever emitted.
 """
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.core import Sequence
 
 
 class OutputProcessor:

@@ -1,31 +1,16 @@
 """Continuous batching with chunked prefill and preemption by recompute.
 
 Every step each scheduled sequence computes a run of new tokens starting at its
-`num_computed_tokens`: a decode computes 1 (plus `lookahead` draft slots when speculating),
+`num_computed_tokens`: a decode computes 1 (plus `k` draft slots when speculating),
 a prefill computes a chunk of its prompt. Running sequences go first (oldest first), then
 waiting ones join while the token budget (`max_num_batched_tokens`) and `max_num_seqs` allow.
 When pages run out, the most recently admitted running sequence is preempted: its pages are
 freed and it returns to the front of the queue to be recomputed later (FCFS fairness).
 """
 from collections import deque
-from dataclasses import dataclass
 
 from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.sequence import Sequence, SequenceStatus
-
-
-@dataclass
-class ScheduledBatch:
-    seqs: list[Sequence]
-    num_new_tokens: list[int]   # tokens each sequence computes this step
-
-    def __len__(self) -> int:
-        return len(self.seqs)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new_tokens)
-
+from ssd_engine.engine.core import ScheduledBatch, Sequence, SequenceStatus
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
@@ -43,8 +28,8 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self, lookahead: int = 0) -> ScheduledBatch:
-        """`lookahead`: extra slots a decoding sequence needs this step (speculative tokens)."""
+    def schedule(self, k: int = 0) -> ScheduledBatch:
+        """`k`: draft tokens a decoding sequence is verified with this step (its extra slots)."""
         batch = ScheduledBatch([], [])
         budget = self.max_num_batched_tokens
         index = 0
@@ -52,7 +37,7 @@ class Scheduler:
             seq = self.running[index]
             remaining = len(seq) - seq.num_computed_tokens
             decoding = remaining == 1
-            want = 1 + lookahead if decoding else min(remaining, budget)
+            want = 1 + k if decoding else min(remaining, budget)
             if decoding and want > budget:
                 break
             if not self._make_room(seq, seq.num_computed_tokens + want, batch):

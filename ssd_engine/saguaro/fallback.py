@@ -12,6 +12,8 @@ Slow wins for b < b* (x > x*); x* <= 0: slow always wins; x* >= 1: fast always w
 import math
 from dataclasses import dataclass
 
+from ssd_engine.speculative.ssd.source import Source
+
 NEVER = math.inf  # b* when the slow backup always wins
 
 
@@ -62,10 +64,10 @@ class Estimates:
 
 
 class FallbackPolicy:
-    """Picks the backup for each round from its batch size.
+    """Picks the backup for each round from its batch size: Source.JIT or Source.FAST.
 
-    mode: "auto" (b* from running estimates, recomputed every `period` rounds), "jit" or "fast"
-    (fixed). `pinned` fixes b* instead of computing it. Estimates start at `prior` and move to the
+    mode: the user's setting, "auto" (b* from running estimates, recomputed every `period` rounds),
+    "jit" or "fast" (fixed). `pinned` fixes b* instead of computing it. Estimates start at `prior` and move to the
     engine's measurements once each has `min_samples` behind it (a prior is worth that many)."""
 
     def __init__(self, mode: str, prior: Estimates, pinned: float | None = None, period: int = 16,
@@ -76,20 +78,20 @@ class FallbackPolicy:
         self.rounds = 0
         self.critical_batch = pinned if pinned is not None else critical_batch_size(**_args(prior))
 
-    def choose(self, batch_size: int, cold: int = 0) -> str:
+    def choose(self, batch_size: int, cold: int = 0) -> Source:
         """`cold`: sequences in their first decode round, which no cache can serve. Without them the
         rule is b < b*. With them no round can be all hits (x = 0 in Corollary 16), so the two
         backups are compared for this round directly: E_p / (1 + T_slow) against the batch's mean
         tokens with the fast backup (warm ones hit with p_hit, cold ones get E_fast)."""
         self.rounds += 1
         if self.mode != "auto":
-            return self.mode
+            return Source[self.mode.upper()]
         if cold == 0 or self.pinned is not None:
-            return "jit" if batch_size < self.critical_batch else "fast"
+            return Source.JIT if batch_size < self.critical_batch else Source.FAST
         e = self.estimates
         warm = batch_size - cold
         fast = (warm * (e.p_hit * e.e_primary + (1 - e.p_hit) * e.e_fast) + cold * e.e_fast) / batch_size
-        return "jit" if e.e_primary / (1 + e.slow_cost) > fast else "fast"
+        return Source.JIT if e.e_primary / (1 + e.slow_cost) > fast else Source.FAST
 
     def due(self) -> bool:
         return self.mode == "auto" and self.pinned is None and self.rounds > 0 and self.rounds % self.period == 0

@@ -11,7 +11,7 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ssd_engine.engine.sequence import Sequence, SequenceStatus
+from ssd_engine.engine.core import Sequence, SequenceStatus
 from ssd_engine.outputs import RequestOutput
 from ssd_engine.sampling_params import SamplingParams
 from ssd_engine.streaming import TextIncrements

@@ -4,11 +4,14 @@ by where the speculation came from, fallbacks, draft failures, and T_p.
 T_p = the draft's cache-build time per round / the coordinator's verification time per round
 (from receiving a speculation to asking for the next one: target forward, verify, bookkeeping).
 T_p <= 1 means the draft keeps up and a hit costs the target nothing.
+
+Every method takes a `Source`; the dictionaries are what users read, keyed by its label ("hit", ...).
 """
 from dataclasses import dataclass, field
 
 from ssd_engine.saguaro.calibration import miss_curve
-from ssd_engine.spec.payload import HIT, RANK_DEPTH, SOURCES
+from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
+from ssd_engine.speculative.ssd.source import Source
 
 
 @dataclass
@@ -39,27 +42,28 @@ class SSDMetrics:
         self.hits_by_k = self.hits_by_k or [0] * (self.k + 2)
         self.rank_counts_by_k = self.rank_counts_by_k or [[0] * (RANK_DEPTH + 1) for _ in range(self.k + 1)]
 
-    def record_lookup(self, prev_k: int, source: int, bonus_rank: int = -1) -> None:
+    def record_lookup(self, prev_k: int, source: Source, bonus_rank: int = -1) -> None:
         self.lookups_by_k[prev_k + 1] += 1
-        self.hits_by_k[prev_k + 1] += source == HIT
-        self._count(SOURCES[source])
+        self.hits_by_k[prev_k + 1] += source == Source.HIT
+        self._count(source)
         if prev_k >= 0 and bonus_rank >= 0:
             self.rank_counts_by_k[prev_k][min(bonus_rank, RANK_DEPTH)] += 1
 
-    def record_backup(self, choice: str) -> None:
-        self.backups[choice] = self.backups.get(choice, 0) + 1
+    def record_backup(self, choice: Source) -> None:
+        self.backups[choice.label] = self.backups.get(choice.label, 0) + 1
 
     def record_local(self, n: int) -> None:
-        self._count("local", n)
+        self._count(Source.LOCAL, n)
 
-    def _count(self, name: str, n: int = 1) -> None:
-        self.speculations[name] = self.speculations.get(name, 0) + n
+    def _count(self, source: Source, n: int = 1) -> None:
+        self.speculations[source.label] = self.speculations.get(source.label, 0) + n
 
-    def record_verified(self, source: str, accepted: int) -> None:
-        self.drafted[source] = self.drafted.get(source, 0) + self.k
-        self.accepted[source] = self.accepted.get(source, 0) + accepted
-        self.rounds[source] = self.rounds.get(source, 0) + 1
-        self.verified_k_counts.setdefault(source, [0] * (self.k + 1))[accepted] += 1
+    def record_verified(self, source: Source, accepted: int) -> None:
+        name = source.label
+        self.drafted[name] = self.drafted.get(name, 0) + self.k
+        self.accepted[name] = self.accepted.get(name, 0) + accepted
+        self.rounds[name] = self.rounds.get(name, 0) + 1
+        self.verified_k_counts.setdefault(name, [0] * (self.k + 1))[accepted] += 1
 
     def record_round(self, build_s: float, wait_s: float, glue_s: float = 0.0, step_s: float = 0.0,
                      step_rows: int = 0) -> None:
@@ -77,10 +81,13 @@ class SSDMetrics:
     def rank_counts(self) -> list[int]:
         return [sum(col) for col in zip(*self.rank_counts_by_k)]
 
-    def tokens_per_round(self, sources: tuple[str, ...]) -> tuple[float, int]:
+    def tokens_per_round(self, sources: tuple[Source, ...]) -> tuple[float, int]:
         """Mean tokens committed per verified round (accepted drafts + the bonus), and rounds."""
-        rounds = sum(self.rounds.get(s, 0) for s in sources)
-        accepted = sum(self.accepted.get(s, 0) for s in sources)
+        return self._tokens_per_round(tuple(s.label for s in sources))
+
+    def _tokens_per_round(self, names: tuple[str, ...]) -> tuple[float, int]:
+        rounds = sum(self.rounds.get(s, 0) for s in names)
+        accepted = sum(self.accepted.get(s, 0) for s in names)
         return (1 + accepted / rounds if rounds else 0.0), rounds
 
     def estimates(self) -> dict:
@@ -90,8 +97,8 @@ class SSDMetrics:
         t_p = self.build_s / self.timed_rounds / verify if self.timed_rounds and verify else 0.0
         t_slow = self.jit_s / self.jit_rounds / verify if self.jit_rounds and verify else 0.0
         return dict(p_hit=(hits / warm if warm else 0.0, warm),
-                    e_primary=self.tokens_per_round(("hit", "jit")),
-                    e_fast=self.tokens_per_round(("fast",)),
+                    e_primary=self.tokens_per_round((Source.HIT, Source.JIT)),
+                    e_fast=self.tokens_per_round((Source.FAST,)),
                     t_p=(t_p, min(self.timed_rounds, self.verify_rounds)),
                     t_slow=(t_slow, self.jit_rounds if verify else 0))
 
@@ -105,8 +112,9 @@ class SSDMetrics:
         rate = lambda a, b: a / b if b else 0.0
         mean_build = rate(self.build_s, self.timed_rounds)
         mean_verify = rate(self.verify_s, self.verify_rounds)
-        hit_acc = rate(self.accepted.get("hit", 0), self.drafted.get("hit", 0))
-        miss = [s for s in self.drafted if s != "hit"]
+        hit = Source.HIT.label
+        hit_acc = rate(self.accepted.get(hit, 0), self.drafted.get(hit, 0))
+        miss = [s for s in self.drafted if s != hit]
         return {
             "cache_hit_rate": rate(hits, lookups),
             "cache_hit_rate_warm": rate(hits, warm),
@@ -127,8 +135,8 @@ class SSDMetrics:
             "backup_rounds": dict(self.backups),
             # Theorem 7's inputs: tokens per round from the primary (hits) and the backups (misses),
             # and the just-in-time backup's drafting time per round that used it
-            "tokens_per_round_hit": self.tokens_per_round(("hit",))[0],
-            "tokens_per_round_miss": self.tokens_per_round(tuple(s for s in self.rounds if s != "hit"))[0],
+            "tokens_per_round_hit": self._tokens_per_round((hit,))[0],
+            "tokens_per_round_miss": self._tokens_per_round(tuple(s for s in self.rounds if s != hit))[0],
             "jit_s_per_round": rate(self.jit_s, self.jit_rounds),
         }
 

@@ -13,10 +13,11 @@ import time
 
 import torch
 
-from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
-from ssd_engine.spec.payload import HIT, RANK_DEPTH, Speculation
+from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
+from ssd_engine.speculative.ssd.protocol import RANK_DEPTH, Speculation
+from ssd_engine.speculative.ssd.source import Source
 from ssd_engine.layers.attention import padded_block_tables
-from ssd_engine.spec.tree_mask import branch_metadata
+from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 
 class CacheBuilder:
@@ -90,7 +91,7 @@ class CacheBuilder:
         q_all = None if rows_q[0] is None else torch.stack(rows_q, dim=1)  # [R, K, vocab]
         for r, (i, accepted, bonus) in enumerate(zip(branch_seq, branch_k, branch_tok)):
             q = None if q_all is None or seqs[i].params.greedy else q_all[r]
-            seqs[i].cache[(accepted, bonus)] = Speculation(HIT, tokens[r], q)
+            seqs[i].cache[(accepted, bonus)] = Speculation(Source.HIT, tokens[r], q)
 
 
 def bonus_rank(seq: DraftSeq, k: int, bonus: int) -> int:

@@ -6,20 +6,17 @@ computed count. The draft's KV is valid for a prefix of the sequence; each round
 catches up (the bonus token, plus the last draft token after a fully accepted round), then
 decodes K tokens, keeping for each the exact probability row it was sampled from.
 """
-from dataclasses import dataclass
-
 import torch
 
 from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.model_runner import ModelRunner
-from ssd_engine.engine.scheduler import ScheduledBatch
-from ssd_engine.engine.sequence import Sequence
+from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
+from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
 
 
 class DraftView:
-    """What the block manager and model runner need of a sequence, on the draft's side."""
+    """The draft's side of a sequence: its own page table and how many tokens have draft K/V."""
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = seq
@@ -34,14 +31,6 @@ class DraftView:
         return len(self.seq.token_ids)
 
 
-@dataclass
-class Proposal:
-    tokens: torch.Tensor                 # [n, K] draft tokens of the decoding sequences (batch order)
-    probs: torch.Tensor | None           # [n, K, V] rows they were sampled from; None when all greedy
-    num_draft: torch.Tensor              # [n] real drafts per row (0: no drafts this round)
-    one_hot: torch.Tensor | None = None  # [n] bool: verify this row as deterministic proposals (probs row unused)
-
-
 class SyncDraft:
     def __init__(self, runner: ModelRunner, num_blocks: int, block_size: int, k: int,
                  proposable_vocab: int, generator: torch.Generator) -> None:
@@ -51,10 +40,6 @@ class SyncDraft:
         self.views: dict[int, DraftView] = {}
         self.proposable_vocab = proposable_vocab  # ids past the tokenizer are embedding padding
         self.generator = generator
-
-    @property
-    def lookahead(self) -> int:
-        return self.k
 
     def view(self, seq: Sequence) -> DraftView:
         if seq.seq_id not in self.views:
@@ -140,8 +125,9 @@ class SyncDraft:
             return torch.empty(0)
         wanted = {id(v) for v in drafting}
         logit_rows = [[end - v.num_computed_tokens - 1] if id(v) in wanted else [] for v, end in zip(views, ends)]
-        batch = ScheduledBatch(views, [end - v.num_computed_tokens for v, end in zip(views, ends)])
-        logits = self.runner.forward(batch, logit_rows)
+        logits = self.runner.run(StepInputs([v.num_computed_tokens for v in views],
+                                            [v.token_ids[v.num_computed_tokens:end] for v, end in zip(views, ends)],
+                                            [v.block_table for v in views], logit_rows))
         for view, end in zip(views, ends):
             view.num_computed_tokens = end
         row_of = {id(v): j for j, v in enumerate(v for v, rows in zip(views, logit_rows) if rows)}
@@ -149,20 +135,21 @@ class SyncDraft:
 
     def _decode_one(self, views: list[DraftView], tokens: list[int], offset: int) -> torch.Tensor:
         """Feed draft token `offset` of each view (position len(seq) + offset)."""
-        batch = ScheduledBatch(views, [1] * len(views))
-        for view in views:
-            view.num_computed_tokens = len(view.seq) + offset
-        logits = self.runner.forward(batch, [[0]] * len(views), token_ids=[[t] for t in tokens])
+        logits = self.runner.run(StepInputs([len(v.seq) + offset for v in views], [[t] for t in tokens],
+                                            [v.block_table for v in views], [[0]] * len(views)))
         for view in views:
             view.num_computed_tokens = len(view.seq) + offset + 1
         return logits
 
-    def on_verified(self, seq: Sequence, accepted: int) -> None:
-        """SD keeps no per-round outcome state: accept() trims the draft KV."""
-
-    def accept(self, seq: Sequence, num_kept: int) -> None:
-        """After verification: the draft KV is valid up to the accepted prefix of `seq`."""
-        view = self.views.get(seq.seq_id)
+    def on_outcome(self, outcome: Outcome) -> None:
+        """After verification: the draft KV is valid up to the accepted prefix of the sequence."""
+        view = self.views.get(outcome.seq.seq_id)
         if view is not None:
-            view.num_computed_tokens = min(view.num_computed_tokens, num_kept)
+            view.num_computed_tokens = min(view.num_computed_tokens, outcome.num_kept)
             self.blocks.trim(view)  # pages holding only rejected drafts go back to the pool
+
+    def summary(self) -> dict:
+        return {}  # SD's acceptance metrics are the engine's own
+
+    def close(self) -> None:
+        """Nothing runs beside the engine: the draft model lives in this process."""

@@ -1,4 +1,4 @@
-"""`python -m ssd_engine.spec.draft_main PARENT_PID ARGS_JSON`: how the coordinator starts the SSD draft process.
+"""`python -m ssd_engine.speculative.ssd.draft.main PARENT_PID ARGS_JSON`: how the coordinator starts the SSD draft process.
 
 A module of its own (imported by nothing) so running it does not import itself twice.
 """
@@ -9,5 +9,5 @@ if __name__ == "__main__":
     from ssd_engine.distributed.lifeline import child_args
     args = child_args("SSD draft")  # before anything slow: from here on we die with the coordinator
 
-    from ssd_engine.spec.draft_process import draft_main
+    from ssd_engine.speculative.ssd.draft.loop import draft_main
     draft_main(**args)

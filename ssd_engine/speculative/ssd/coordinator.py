@@ -1,5 +1,5 @@
 """SSD, coordinator side: the speculator the engine loop calls each round (`propose`, then
-`on_verified` / `release`), backed by the draft process.
+`on_outcome` / `release`), backed by the draft process.
 
 Per round it sends one request (what changed for each scheduled sequence: its new committed
 tokens and the accepted count k of the round just verified; new prompts; finished ids) and, when
@@ -14,16 +14,16 @@ from collections import deque
 
 import torch
 
-from ssd_engine.engine.scheduler import ScheduledBatch
-from ssd_engine.engine.sequence import Sequence
-from ssd_engine.spec.backup import fast_proposal
-from ssd_engine.spec.draft_link import DraftLink, DraftLinkError
-from ssd_engine.spec.draft_process import DraftSpec, spawn
+from ssd_engine.distributed import supervise
+from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
+from ssd_engine.speculative.ngram import fast_proposal
+from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.process import DraftSpec, spawn
 from ssd_engine.saguaro.plan import SaguaroPlan
-from ssd_engine.spec.payload import (FAST, JIT, NONE, SHUTDOWN, SOURCES, DraftParams, Entry, Request, pack_request,
-                                     reply_words, unpack_reply)
-from ssd_engine.spec.ssd_metrics import SSDMetrics
-from ssd_engine.spec.sync_draft import Proposal
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_request
+from ssd_engine.speculative.ssd.protocol import DraftParams, Entry, Kind, Request, Wanted, q_width
+from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.speculative.ssd.metrics import SSDMetrics
 
 log = logging.getLogger("ssd_engine")
 
@@ -42,23 +42,20 @@ class AsyncDraftClient:
         self.generator = generator
         self.plan, self.policy = plan, plan.policy
         self.backup_log: deque = deque(maxlen=4096)  # (batch size, cold, backup chosen, b* then), latest rounds
+        self.link: DraftLink | None = None
         self.process, self._store = spawn(spec, cores, threads, timeout_s)
         self.pid = self.process.pid
         try:
-            self.link: DraftLink | None = DraftLink(self._store, 0, timeout_s, payload_device=device)
+            self.link = DraftLink(self._store, 0, timeout_s, payload_device=device)
         except BaseException:
             self.close()
             raise
         self.metrics = SSDMetrics(self.k)
         self.known: dict[int, int] = {}        # seq_id -> committed tokens the draft has
         self.verified_k: dict[int, int] = {}   # seq_id -> drafts accepted in its last verified round
-        self.source: dict[int, str] = {}       # seq_id -> where its current speculation came from
+        self.source: dict[int, Source] = {}    # seq_id -> where its current speculation came from
         self.finished: list[int] = []
         self.replied_at: float | None = None
-
-    @property
-    def lookahead(self) -> int:
-        return self.k
 
     @property
     def alive(self) -> bool:
@@ -79,28 +76,30 @@ class AsyncDraftClient:
     def _from_draft(self, seqs: list[Sequence], wanted: list[Sequence]) -> Proposal | None:
         if self.process.poll() is not None:
             raise DraftLinkError(f"exited with code {self.process.returncode}")
-        backup = self._backup(len(wanted), sum(s.seq_id not in self.verified_k for s in wanted)) if wanted else JIT
+        cold = sum(s.seq_id not in self.verified_k for s in wanted)
+        backup = self._backup(len(wanted), cold) if wanted else Source.JIT
         request = Request(finished=self.finished, entries=[e for e in map(self._news, seqs) if e],
-                          wanted=[s.seq_id for s in wanted], backup=backup)
+                          wanted=[Wanted(s.seq_id, q_width(draft_params(s), self.vocab)) for s in wanted],
+                          backup=backup)
         started = time.perf_counter()
-        self.link.send_request(pack_request(request))
+        self.link.send_request(encode_request(request))
         self.finished = []
         if not wanted:
             return None
-        params = [draft_params(s) for s in wanted]
-        reply = self.link.recv_reply(reply_words(params, self.k, self.vocab))
-        specs, (build_s, lookup_s, glue_s, step_s, step_rows) = unpack_reply(reply, params, self.k, self.vocab)
+        layout = ReplyLayout.of(request, self.k)
+        reply = decode_reply(self.link.recv_reply(layout.size), layout, self.vocab)
+        specs, t = reply.speculations, reply.timings
         self.replied_at = time.perf_counter()
-        self.metrics.record_round(build_s, self.replied_at - started, glue_s, step_s, int(step_rows))
-        if any(spec.source == JIT for spec in specs):
-            self.metrics.record_jit(lookup_s)
+        self.metrics.record_round(t.build_s, self.replied_at - started, t.glue_s, t.step_s, t.step_rows)
+        if any(spec.source == Source.JIT for spec in specs):
+            self.metrics.record_jit(t.lookup_s)
         for seq, spec in zip(wanted, specs):
             self.metrics.record_lookup(self.verified_k.pop(seq.seq_id, -1), spec.source, spec.bonus_rank)
-            self.source[seq.seq_id] = SOURCES[spec.source]
+            self.source[seq.seq_id] = spec.source
         return self._proposal([s.tokens or [0] * self.k for s in specs], [s.q for s in specs],
-                              [s.source != NONE for s in specs])
+                              [s.source != Source.NONE for s in specs])
 
-    def _backup(self, batch_size: int, cold: int) -> int:
+    def _backup(self, batch_size: int, cold: int) -> Source:
         """Saguaro fallback: what a miss takes this round, from the batch size and b* (`cold`:
         sequences in their first decode round, which are certain misses)."""
         if self.policy.due():
@@ -108,7 +107,7 @@ class AsyncDraftClient:
         choice = self.policy.choose(batch_size, cold)
         self.metrics.record_backup(choice)
         self.backup_log.append((batch_size, cold, choice, self.policy.critical_batch))
-        return JIT if choice == "jit" else FAST
+        return choice
 
     def summary(self) -> dict:
         return {**self.metrics.summary(), **self.plan.describe(), "estimates": vars(self.policy.estimates)}
@@ -139,16 +138,16 @@ class AsyncDraftClient:
         """Without a draft: n-gram (else random) proposals, verified as one-hot."""
         self.metrics.record_local(len(wanted))
         for seq in wanted:
-            self.source[seq.seq_id] = "local"
+            self.source[seq.seq_id] = Source.LOCAL
         tokens = [fast_proposal(s.token_ids, self.k, self.vocab, s.backup_generator or self.generator) for s in wanted]
         return self._proposal(tokens, [None] * len(wanted), [True] * len(wanted))
 
-    def on_verified(self, seq: Sequence, accepted: int) -> None:
-        self.verified_k[seq.seq_id] = accepted
-        self.metrics.record_verified(self.source.pop(seq.seq_id, "local"), accepted)
-
-    def accept(self, seq: Sequence, num_kept: int) -> None:
+    def on_outcome(self, outcome: Outcome) -> None:
         """Nothing to roll back here: the draft learns the outcome from the next request."""
+        if outcome.accepted is None:  # no drafts were verified (the draft had no pages for it)
+            return
+        self.verified_k[outcome.seq.seq_id] = outcome.accepted
+        self.metrics.record_verified(self.source.pop(outcome.seq.seq_id, Source.LOCAL), outcome.accepted)
 
     def release(self, seq: Sequence) -> None:
         """Finished or preempted: the draft forgets it (a preempted one comes back as new)."""
@@ -166,14 +165,12 @@ class AsyncDraftClient:
         self._stop(polite=True)
 
     def _stop(self, polite: bool) -> None:
-        link, self.link = getattr(self, "link", None), None
-        if self.process.poll() is None:
-            if polite and link is not None:
-                try:
-                    link.send_request(pack_request(Request(kind=SHUTDOWN)))
-                    self.process.wait(timeout=10)
-                except Exception:
-                    pass
-            if self.process.poll() is None:
-                self.process.kill()
-        self.process.wait()
+        link, self.link = self.link, None
+        asked = False
+        if polite and link is not None and self.process.poll() is None:
+            try:
+                link.send_request(encode_request(Request(kind=Kind.SHUTDOWN)))
+                asked = True
+            except Exception:
+                pass
+        supervise.stop(self.process, exit_s=10.0 if asked else 0.0)

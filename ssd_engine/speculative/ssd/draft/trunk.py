@@ -14,7 +14,8 @@ from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.saguaro.sampling import saguaro_probs
-from ssd_engine.spec.payload import JIT, DraftParams, Speculation
+from ssd_engine.speculative.ssd.protocol import DraftParams, Speculation
+from ssd_engine.speculative.ssd.source import Source
 
 
 @dataclass
@@ -31,7 +32,7 @@ class DraftSeq:
     cache: dict = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
     fanout: list[int] = field(default_factory=list)  # F_0..F_K: bonus candidates prepared per k
     ranked: list | None = None                # per position 1..K+1 of `sent`: the draft's top RANK_DEPTH ids
-    bonus_rank: int = -1                      # the last outcome's bonus among its candidates (payload.py)
+    bonus_rank: int = -1                      # the last outcome's bonus among its candidates (protocol.py)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -110,5 +111,5 @@ class Trunk:
             if step + 1 < self.k:
                 logits = self.extend(seqs, [[t] for t in drawn.tolist()], 1)[:, 0]
         tokens = torch.stack(tokens, dim=1).tolist()
-        return [Speculation(JIT, tokens[i], None if rows[0] is None else torch.stack([r[i] for r in rows]))
+        return [Speculation(Source.JIT, tokens[i], None if rows[0] is None else torch.stack([r[i] for r in rows]))
                 for i in range(len(seqs))]

@@ -6,9 +6,9 @@ from ssd_engine.engine.model_runner import RunnerSpec
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.saguaro.plan import plan_saguaro
-from ssd_engine.spec.async_client import AsyncDraftClient
-from ssd_engine.spec.draft_process import DraftSpec
-from ssd_engine.spec.sync_draft import SyncDraft
+from ssd_engine.speculative.ssd.coordinator import AsyncDraftClient
+from ssd_engine.speculative.ssd.process import DraftSpec
+from ssd_engine.speculative.sd import SyncDraft
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: str) -> None:
@@ -20,7 +20,7 @@ def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: st
 def draft_path_and_vocab(config, engine) -> tuple[str, int]:
     """The draft's folder (checked against the target's tokenizer) and the ids it may propose:
     ids past the tokenizer (embedding padding) or past either model's vocabulary never are."""
-    from ssd_engine.engine.llm_engine import resolve_model_path
+    from ssd_engine.default_models import resolve_model_path
     draft_path = resolve_model_path(config, "draft")
     draft_config = load_config(draft_path)
     check_same_tokenizer(engine.tokenizer, AutoTokenizer.from_pretrained(draft_path), engine.model_path, draft_path)
@@ -55,5 +55,6 @@ def build_sync_draft(config, engine, num_blocks: int, max_position: int) -> Sync
     # the target's settings: the draft runs in the same process, on the same device
     runner = RunnerSpec(draft_path, num_blocks, config.block_size, max_position, config.dtype, config.device,
                         config.weight_layout, config.attention_backend, config.graph_max_batch).build()
+    runner.capture_graphs([("paged", 1)])  # its one-token draft steps
     return SyncDraft(runner, num_blocks, config.block_size, config.num_speculative_tokens, proposable,
                      stream_generator(config.seed, Stream.DRAFT, device=engine.device))

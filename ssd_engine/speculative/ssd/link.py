@@ -1,7 +1,8 @@
 """The coordinator <-> draft channel: two ranks (0 = coordinator, 1 = draft).
 
-Each round is one request tensor out (payload.py; a second one only when new prompts overflow the
-preallocated buffer) and, when sequences decode, one reply tensor back: a few kilobytes, no KV.
+Each round is one request out (a byte tensor from codec.py in a preallocated buffer of
+REQUEST_CAPACITY bytes; the rest in a second tensor only when new prompts overflow it) and, when
+sequences decode, one reply back: a few kilobytes, or the q rows of sampled sequences; no KV.
 Both sides publish their device in the store and pick the same transport from the pair:
 - gloo alone (TCP on loopback) on CPU, or when both processes share one GPU (NCCL cannot connect
   two ranks on one device): requests and replies are host tensors on one gloo group;
@@ -25,8 +26,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from ssd_engine.spec.payload import HEADER, REQUEST_CAPACITY
+from ssd_engine.speculative.ssd.codec import request_size
 
+REQUEST_CAPACITY = 64 * 1024  # bytes: a round's news fits unless it brings long new prompts
 IDLE = datetime.timedelta(days=7)
 POLL_S = 2e-4  # longest nap while polling a payload op: bounds the latency polling adds
 REQUEST, REST, REPLY, DOORBELL, HELLO = range(5)  # tags (gloo matches them; NCCL keeps each pair in order)
@@ -72,11 +74,11 @@ class DraftLink:
             self.transport, self.payload = "gloo", self.group
         self.split = self.payload is not self.group
         self.bell = torch.zeros(1, dtype=torch.int64)  # the doorbell: the size of the reply that follows
-        self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.int64, device=self.device)  # the draft's
-        self.reply_buf = torch.zeros(0, device=self.device)
+        self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device)  # the draft's
+        self.reply_buf = torch.zeros(0, dtype=torch.uint8, device=self.device)
         # gloo sends complete only once the peer posts its receive, and the draft posts it only
         # after building its cache: sends go out asynchronously from two alternating buffers
-        self.out_bufs = [torch.zeros(REQUEST_CAPACITY, dtype=torch.int64, device=self.device) for _ in range(2)]
+        self.out_bufs = [torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device) for _ in range(2)]
         self.in_flight: list[tuple[list, torch.Tensor | None]] = [([], None), ([], None)]
         self.turn = 0
         if self.split:  # connect now (NCCL builds its communicator on the first op), not mid-round
@@ -85,46 +87,47 @@ class DraftLink:
             self._wait_payload(op([hello], self.peer, HELLO), patient=rank == 1)
 
     # ---- coordinator --------------------------------------------------------------------
-    def send_request(self, words: torch.Tensor) -> None:
-        """Queue one request without waiting for the draft to take it (it may be building)."""
+    def send_request(self, frame: torch.Tensor) -> None:
+        """Queue one encoded request (uint8) without waiting for the draft to take it (it may be building)."""
         self.turn ^= 1
         for work in self.in_flight[self.turn][0]:  # this buffer's previous request must have left
             self._wait_payload(work)
         buf = self.out_bufs[self.turn]
-        n = min(words.numel(), REQUEST_CAPACITY)
-        buf[:n] = words[:n]
+        n = min(frame.numel(), REQUEST_CAPACITY)
+        buf[:n] = frame[:n]
         works, rest = [self.payload.send([buf], self.peer, REQUEST)], None
-        if words.numel() > REQUEST_CAPACITY:
-            rest = words[REQUEST_CAPACITY:].to(self.device).contiguous()  # held until its send completes
+        if frame.numel() > REQUEST_CAPACITY:
+            rest = frame[REQUEST_CAPACITY:].to(self.device).contiguous()  # held until its send completes
             works.append(self.payload.send([rest], self.peer, REST))
         self.in_flight[self.turn] = (works, rest)
 
     def recv_reply(self, size: int) -> torch.Tensor:
-        """The reply as a host tensor (valid until the next call)."""
+        """The reply of `size` bytes as a host uint8 tensor (valid until the next call)."""
         if self.split:  # the doorbell first: once it rang, the draft is alive and its send is posted
             self._wait(self.group.recv([self.bell], self.peer, DOORBELL))
             if int(self.bell) != size:
-                self._fail(f"the draft announced a reply of {int(self.bell)} words, expected {size}")
+                self._fail(f"the draft announced a reply of {int(self.bell)} bytes, expected {size}")
         if self.reply_buf.numel() < size:
-            self.reply_buf = torch.zeros(size, device=self.device)
+            self.reply_buf = torch.zeros(size, dtype=torch.uint8, device=self.device)
         view = self.reply_buf[:size]
         self._wait_payload(self.payload.recv([view], self.peer, REPLY))
         return view.cpu()  # on a GPU, one copy of a few kilobytes; on CPU the view itself
 
     # ---- draft --------------------------------------------------------------------------
     def recv_request(self) -> torch.Tensor:
-        """The next request as host int64 words (valid until the next call)."""
+        """The next encoded request as a host uint8 tensor (valid until the next call)."""
         self._wait_payload(self.payload.recv([self.request_buf], self.peer, REQUEST), patient=True)
-        words = self.request_buf.cpu()
-        total = int(words[1])
+        frame = self.request_buf.cpu()
+        total = request_size(frame)
         if total <= REQUEST_CAPACITY:
-            return words[:max(total, HEADER)]
-        rest = torch.empty(total - REQUEST_CAPACITY, dtype=torch.int64, device=self.device)
+            return frame[:total]
+        rest = torch.empty(total - REQUEST_CAPACITY, dtype=torch.uint8, device=self.device)
         self._wait_payload(self.payload.recv([rest], self.peer, REST), patient=True)
-        return torch.cat([words, rest.cpu()])
+        return torch.cat([frame, rest.cpu()])
 
-    def send_reply(self, buf: torch.Tensor) -> None:
-        out = buf.contiguous().to(self.device)  # on CPU the tensor itself
+    def send_reply(self, frame: torch.Tensor) -> None:
+        """Send one encoded reply (uint8)."""
+        out = frame.contiguous().to(self.device)  # on CPU the tensor itself
         if not self.split:
             return self._wait(self.group.send([out], self.peer, REPLY), patient=True)
         self.bell[0] = out.numel()  # ring right before the payload send: the coordinator then posts its receive

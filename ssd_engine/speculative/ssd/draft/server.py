@@ -8,10 +8,11 @@ import time
 
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.sampling.streams import Stream, stream_generator
-from ssd_engine.spec.backup import fast_proposal
-from ssd_engine.spec.cache_builder import CacheBuilder, bonus_rank
-from ssd_engine.spec.draft_trunk import DraftSeq, Trunk
-from ssd_engine.spec.payload import FAST, JIT, NONE, DraftParams, Request, Speculation
+from ssd_engine.speculative.ngram import fast_proposal
+from ssd_engine.speculative.ssd.draft.cache_builder import CacheBuilder, bonus_rank
+from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
+from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Request, Speculation
+from ssd_engine.speculative.ssd.source import Source
 
 
 class DraftServer:
@@ -47,7 +48,7 @@ class DraftServer:
             seq.sent, seq.ranked = None, None
             seq.cache = {key: seq.cache[key]} if key in seq.cache else {}
 
-    def lookup(self, wanted: list[int], backup: int = JIT) -> list[Speculation]:
+    def lookup(self, wanted: list[int], backup: Source = Source.JIT) -> list[Speculation]:
         """The next speculation of each wanted sequence: from the cache, else from `backup`
         (JIT: the primary drafts now; FAST: n-gram, else random)."""
         started = time.perf_counter()
@@ -56,21 +57,21 @@ class DraftServer:
         for seq_id in wanted:
             seq = self.seqs[seq_id]
             if not self.trunk.reserve(seq, len(seq) + self.k):
-                specs[seq_id] = Speculation(NONE, [])
+                specs[seq_id] = Speculation(Source.NONE, [])
             elif seq.cache:  # apply() kept only the entry matching the outcome
                 specs[seq_id] = next(iter(seq.cache.values()))
             else:
                 missed.append(seq)
-        if missed and backup == JIT:
+        if missed and backup == Source.JIT:
             for seq, spec in zip(missed, self.trunk.draft_jit(missed)):
                 specs[seq.seq_id] = spec
         else:
             for seq in missed:
                 tokens = fast_proposal(seq.tokens, self.k, self.trunk.vocab, seq.backup_generator)
-                specs[seq.seq_id] = Speculation(FAST, tokens)
+                specs[seq.seq_id] = Speculation(Source.FAST, tokens)
         for seq_id, spec in specs.items():
             seq = self.seqs[seq_id]
-            seq.sent, seq.cache = (spec if spec.source != NONE else None), {}
+            seq.sent, seq.cache = (spec if spec.source != Source.NONE else None), {}
             spec.bonus_rank, seq.bonus_rank = seq.bonus_rank, -1
         self.lookup_seconds = time.perf_counter() - started
         return [specs[i] for i in wanted]
@@ -87,10 +88,10 @@ class DraftServer:
             self.trunk.extend(behind, [s.tokens[len(s.trunk):-1] for s in behind], 1)
         self.build_seconds = time.perf_counter() - started
 
-    def timings(self) -> tuple:
-        """The reply header's: last build, this lookup, the build's glue forward and branch step."""
+    def timings(self) -> DraftTimings:
+        """The reply's: last build, this lookup, the build's glue forward and branch step."""
         b = self.builder
-        return self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, float(b.step_rows)
+        return DraftTimings(self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, b.step_rows)
 
     def _generators(self, seq_id: int, params: DraftParams, num_tokens: int) -> tuple:
         """The sequence's draft and backup streams, unrelated to the target's (sampling/streams.py).

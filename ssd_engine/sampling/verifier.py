@@ -1,0 +1,64 @@
+"""One step's logits -> each scheduled sequence's new tokens: sample, or verify a speculation.
+
+A speculated sequence's K + 1 logit rows verify its K drafts exactly (rejection.py, against the
+q rows the drafts were sampled from); a sequence that reached its end without a speculation
+samples one token; a prefill chunk short of the end gets nothing. Seeded requests draw from their
+own streams, the others from the engine's (`generator`).
+"""
+from dataclasses import dataclass
+
+import torch
+
+from ssd_engine.engine.core import Proposal, Sequence
+from ssd_engine.sampling.processors import SamplingTensors
+from ssd_engine.sampling.rejection import verify, verify_greedy
+from ssd_engine.sampling.sampler import sample
+
+
+@dataclass
+class StepResult:
+    tokens: list[int] | None     # emitted this step (None: a prefill chunk short of the end)
+    accepted: int | None = None  # drafts accepted, for a verified speculation with drafts
+
+
+class Verifier:
+    def __init__(self, generator: torch.Generator) -> None:
+        self.generator = generator  # unseeded requests' stream
+
+    def sample_or_verify(self, seqs: list[Sequence], logit_rows: list[list[int]], logits: torch.Tensor,
+                         speculated: list[bool], proposal: Proposal | None) -> list[StepResult]:
+        out = [StepResult(None) for _ in seqs]
+        first_row = [0]
+        for rows in logit_rows:
+            first_row.append(first_row[-1] + len(rows))
+        plain = [i for i, rows in enumerate(logit_rows) if rows and not speculated[i]]
+        if plain:
+            sampled = self.sample([seqs[i] for i in plain], logits[[first_row[i] for i in plain]])
+            for i, token in zip(plain, sampled.tolist()):
+                out[i] = StepResult([token])
+        spec = [i for i, s in enumerate(speculated) if s]
+        if spec:
+            rows = torch.cat([torch.arange(first_row[i], first_row[i + 1]) for i in spec])
+            result = self.verify([seqs[i] for i in spec], proposal, logits[rows])
+            for j, i in enumerate(spec):
+                tokens = result.output_tokens[j]
+                out[i] = StepResult(tokens, len(tokens) - 1 if proposal.num_draft[j] > 0 else None)
+        return out
+
+    def verify(self, seqs: list[Sequence], proposal: Proposal, target_logits: torch.Tensor):
+        """Exact verification of each sequence's K drafts against the target's K + 1 rows."""
+        k = proposal.tokens.shape[1]
+        params = [s.params for s in seqs]
+        if all(p.greedy for p in params):
+            return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),
+                                 proposal.num_draft)
+        probs = SamplingTensors.from_params(params, target_logits.device).repeat_interleave(k + 1).probs(target_logits)
+        return verify(proposal.tokens, proposal.probs, probs.view(len(seqs), k + 1, -1), [s.generator for s in seqs],
+                      num_draft=proposal.num_draft, default_generator=self.generator, one_hot_rows=proposal.one_hot)
+
+    def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        params = [seq.params for seq in seqs]
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1)
+        probs = SamplingTensors.from_params(params, logits.device).probs(logits)
+        return sample(probs, [seq.generator for seq in seqs], self.generator)

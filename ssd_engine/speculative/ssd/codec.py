@@ -1,0 +1,179 @@
+"""The byte layout of protocol.py's messages: one encoder and one decoder per message, so both ends
+derive every size and offset from the same code.
+
+A message is one uint8 tensor (what the link sends) made of typed sections. Every value is stored
+in its own type (ids and counts as int64, sampling parameters as float32, timings as float64) and
+each section starts on an 8-byte boundary, so it is read in place as a typed view. Scalars go
+through numpy (a list to int64 bytes and back is cheapest there); q rows through torch.
+
+Request = [int64 ints | float32 floats]
+    header    [total_bytes, kind, backup, n_finished, n_entries, n_wanted, n_ints, n_floats]
+    finished  ids
+    entries   [seq_id, is_new, k, n_tokens, (top_k, seed when new), tokens...]
+    wanted    [seq_id, q_width]
+    floats    per new entry [temperature, top_p, min_p]: float32, the values the draft samples with
+total_bytes leads, so the link reads a request's length from its first word (`request_size`).
+
+Reply = [float64 timings | int64 ints | float32 q slots], laid out by `ReplyLayout.of(request, k)`:
+    timings   [build_s, lookup_s, glue_s, step_s]
+    ints      [step_rows], then per wanted [source, q_mode, bonus_rank, K tokens]
+    q slots   per wanted K * q_width floats: FULL rows as they are (the fast path: one copy each
+              way), COMPACT as [K x top_k int32 ids][K x top_k float32 probs], unused when ONE_HOT
+"""
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Kind, QMode, Reply, Request,
+                                                 Speculation, Wanted, q_mode_of_width)
+from ssd_engine.speculative.ssd.source import Source
+
+REQUEST_HEADER = 8  # int64 words
+TIMINGS = 4         # float64 words
+INT, FLOAT, TIME = 8, 4, 8  # bytes per int64, float32, float64
+
+
+def request_size(frame: torch.Tensor) -> int:
+    """Bytes of the request that starts `frame` (at least its first 8 bytes)."""
+    return int(frame[:INT].numpy().view(np.int64)[0])
+
+
+def encode_request(req: Request) -> torch.Tensor:
+    ints = [0, int(req.kind), int(req.backup), len(req.finished), len(req.entries), len(req.wanted), 0, 0]
+    floats = []
+    ints += req.finished
+    for e in req.entries:
+        p = e.params
+        ints += (e.seq_id, int(p is not None), e.k, len(e.tokens))
+        if p is not None:
+            ints += (p.top_k, p.seed)
+            floats += (p.temperature, p.top_p, p.min_p)
+        ints += e.tokens
+    for w in req.wanted:
+        ints += (w.seq_id, w.q_width)
+    ints[6], ints[7] = len(ints), len(floats)
+    ints[0] = INT * len(ints) + FLOAT * len(floats)
+    out = np.empty(ints[0], dtype=np.uint8)
+    out[:INT * len(ints)].view(np.int64)[:] = ints
+    out[INT * len(ints):].view(np.float32)[:] = floats
+    return torch.from_numpy(out)
+
+
+def decode_request(frame: torch.Tensor) -> Request:
+    raw = frame.numpy()
+    total, kind, backup, n_fin, n_ent, n_want, n_ints, n_floats = raw[:INT * REQUEST_HEADER].view(np.int64).tolist()
+    if raw.size < total:
+        raise ValueError(f"request of {total} bytes, got {raw.size}")
+    w = raw[:INT * n_ints].view(np.int64).tolist()
+    floats = iter(raw[INT * n_ints:INT * n_ints + FLOAT * n_floats].view(np.float32).tolist())
+    at = REQUEST_HEADER
+    req = Request(Kind(kind), w[at:at + n_fin], backup=Source(backup))
+    at += n_fin
+    for _ in range(n_ent):
+        seq_id, is_new, k, n = w[at:at + 4]
+        at += 4
+        params = None
+        if is_new:
+            top_k, seed = w[at:at + 2]
+            at += 2
+            params = DraftParams(next(floats), top_k, next(floats), next(floats), seed)
+        req.entries.append(Entry(seq_id, k, w[at:at + n], params))
+        at += n
+    req.wanted = [Wanted(w[i], w[i + 1]) for i in range(at, at + 2 * n_want, 2)]
+    return req
+
+
+@dataclass(frozen=True)
+class ReplyLayout:
+    """Where everything sits in a reply; a function of the request, so both ends agree on it."""
+    k: int
+    q_widths: tuple[int, ...]  # per wanted sequence, floats per drafted position
+
+    @classmethod
+    def of(cls, request: Request, k: int) -> "ReplyLayout":
+        return cls(k, tuple(w.q_width for w in request.wanted))
+
+    @property
+    def ints_at(self) -> int:
+        return TIME * TIMINGS
+
+    @property
+    def q_at(self) -> int:
+        return self.ints_at + INT * (1 + len(self.q_widths) * (3 + self.k))
+
+    @property
+    def size(self) -> int:
+        """Bytes of the whole reply."""
+        return self.q_at + FLOAT * self.k * sum(self.q_widths)
+
+
+def q_mode(spec: Speculation, width: int, vocab: int) -> QMode:
+    """How `spec`'s rows go in a slot of `width` floats per position."""
+    if spec.q is None:
+        return QMode.ONE_HOT
+    mode = q_mode_of_width(width, vocab)
+    # ties at the k-th logit can leave more than top_k tokens; such a row goes one-hot, which is
+    # still exact (any proposal verified as deterministic is)
+    if mode == QMode.COMPACT and int(torch.count_nonzero(spec.q, dim=-1).max()) > width // 2:
+        return QMode.ONE_HOT
+    return mode
+
+
+def encode_reply(reply: Reply, layout: ReplyLayout, vocab: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`out`: a buffer to write into when it is large enough (the draft reuses one)."""
+    k = layout.k
+    buf = out[:layout.size] if out is not None and out.numel() >= layout.size else \
+        torch.empty(layout.size, dtype=torch.uint8)
+    raw = buf.numpy()
+    t = reply.timings
+    raw[:layout.ints_at].view(np.float64)[:] = (t.build_s, t.lookup_s, t.glue_s, t.step_s)
+    ints = [t.step_rows]
+    at = layout.q_at
+    for spec, width in zip(reply.speculations, layout.q_widths, strict=True):
+        tokens = spec.tokens or [0] * k  # NONE: no speculation
+        if len(tokens) != k:
+            raise ValueError(f"a speculation of {len(tokens)} tokens, the reply carries {k}")
+        mode = q_mode(spec, width, vocab)
+        ints += (int(spec.source), int(mode), spec.bonus_rank, *tokens)
+        slot = buf[at:at + FLOAT * k * width]
+        if mode == QMode.FULL:
+            slot.view(torch.float32).view(k, width).copy_(spec.q)
+        elif mode == QMode.COMPACT:
+            ids, probs = _compact_views(slot, k, width // 2)
+            top = spec.q.topk(width // 2, dim=-1).indices  # the whole support, padded with zero-probability ids
+            ids.copy_(top)
+            probs.copy_(spec.q.gather(1, top))
+        elif width:
+            slot.zero_()  # an unused slot: nothing stale crosses
+        at += slot.numel()
+    raw[layout.ints_at:layout.q_at].view(np.int64)[:] = ints
+    return buf
+
+
+def decode_reply(buf: torch.Tensor, layout: ReplyLayout, vocab: int) -> Reply:
+    k = layout.k
+    raw = buf.numpy()
+    build_s, lookup_s, glue_s, step_s = raw[:layout.ints_at].view(np.float64).tolist()
+    ints = raw[layout.ints_at:layout.q_at].view(np.int64).tolist()
+    specs = []
+    i, at = 1, layout.q_at
+    for width in layout.q_widths:
+        source, mode, rank = Source(ints[i]), QMode(ints[i + 1]), ints[i + 2]
+        spec = Speculation(source, ints[i + 3:i + 3 + k] if source != Source.NONE else [], bonus_rank=rank)
+        slot = buf[at:at + FLOAT * k * width]
+        if mode == QMode.FULL:
+            spec.q = slot.view(torch.float32).view(k, width).clone()
+        elif mode == QMode.COMPACT:
+            ids, probs = _compact_views(slot, k, width // 2)
+            spec.q = torch.zeros(k, vocab).scatter_(1, ids.long(), probs)
+        specs.append(spec)
+        i += 3 + k
+        at += slot.numel()
+    return Reply(DraftTimings(build_s, lookup_s, glue_s, step_s, ints[0]), specs)
+
+
+def _compact_views(slot: torch.Tensor, k: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A COMPACT slot's two halves: [k, top_k] int32 ids, then [k, top_k] float32 probabilities."""
+    half = FLOAT * k * top_k
+    return slot[:half].view(torch.int32).view(k, top_k), slot[half:].view(torch.float32).view(k, top_k)

@@ -1,0 +1,61 @@
+"""The SSD draft process's main loop (draft side): load the draft, then answer rounds.
+
+Each round: receive the request, apply the outcomes, reply (cache hit or fallback), then build
+the next speculation cache while the target verifies (speculative/ssd/draft/server.py).
+"""
+import os
+import sys
+
+import torch
+
+from ssd_engine.distributed import supervise
+from ssd_engine.engine.model_runner import RunnerSpec
+from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
+from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.process import READY_KEY, DraftSpec
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_request, encode_reply
+from ssd_engine.speculative.ssd.protocol import Kind, Reply
+
+
+def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict) -> None:
+    spec = DraftSpec(**spec)
+    if cores is not None:
+        os.sched_setaffinity(0, cores)
+    torch.set_num_threads(threads)
+    if spec.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(spec.device))
+    store = supervise.join_store(port, 2, supervise.STARTUP_TIMEOUT_S)
+    fanouts = [(t, list(f)) for t, f in spec.fanouts]
+    scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // spec.block_size)
+    runner = RunnerSpec(spec.model_path, spec.num_blocks + scratch_pages, spec.block_size, spec.max_position,
+                        spec.dtype, spec.device, spec.weight_layout, spec.attention_backend,
+                        spec.cuda_graph_max_batch).build()
+    server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
+                        spec.max_num_seqs, spec.seed)
+    runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps
+    supervise.announce_ready(store, READY_KEY)
+    link = DraftLink(store, 1, timeout_s, payload_device=torch.device(spec.device))
+    try:
+        _serve(link, server, spec)
+    except DraftLinkError:
+        # the coordinator went away without a shutdown (it crashed, or exited without close()):
+        # its own error says why; a traceback from here would only bury it
+        print(f"SSD draft {os.getpid()}: the coordinator closed the link, exiting", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def _serve(link, server, spec: DraftSpec) -> None:
+    """Answer the coordinator's rounds until it says shutdown."""
+    out = torch.zeros(0, dtype=torch.uint8)
+    while True:
+        request = decode_request(link.recv_request())
+        if request.kind == Kind.SHUTDOWN:
+            return
+        server.apply(request)
+        wanted = request.wanted_ids
+        if wanted:
+            reply = Reply(server.timings(), server.lookup(wanted, request.backup))
+            encoded = encode_reply(reply, ReplyLayout.of(request, spec.k), spec.vocab, out=out)
+            out = encoded if encoded.numel() > out.numel() else out  # grows to the largest round seen
+            link.send_reply(encoded)
+        server.build(wanted)

@@ -1,0 +1,19 @@
+"""Where a speculation came from, which is also the name of the backup a round's misses take.
+
+One enum for every place that names it: the wire (its integer value), the draft server, the
+coordinator, the fallback rule's choice and the metrics, whose dictionaries users read keyed by
+`label` ("hit", "jit", ...). Users' `ssd_fallback` setting stays a string ("auto" | "jit" | "fast").
+"""
+import enum
+
+
+class Source(enum.IntEnum):
+    NONE = 0   # no speculation: the draft ran out of pages (the sequence takes a plain target step)
+    HIT = 1    # the speculation cache built while the target verified the previous round
+    JIT = 2    # a miss, drafted just in time by the primary draft model
+    FAST = 3   # a miss, n-gram (else random) tokens from the draft process's fast backup
+    LOCAL = 4  # the coordinator's own n-gram speculator, once the draft process has failed
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
