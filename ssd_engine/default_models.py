@@ -168,11 +168,12 @@ def _sha256_file(path: Path) -> str:
 def convert_gguf_to_hf(gguf_path, out_dir) -> str:
     """Dequantize a GGUF into an fp32 HF folder (config, safetensors, tokenizer, generation config).
 
-    Written to a sibling temp folder and renamed into place, so out_dir either does not exist
-    or is complete (has the marker); a crash can only leave a hidden temp folder behind.
+    Streams tensor by tensor (ssd_engine/gguf_stream.py), so converting needs a few hundred MB
+    whatever the model's size. Written to a sibling temp folder and renamed into place, so out_dir
+    either does not exist or is complete (has the marker); a crash can only leave a hidden temp
+    folder behind.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from ssd_engine.gguf_stream import convert
 
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -180,33 +181,10 @@ def convert_gguf_to_hf(gguf_path, out_dir) -> str:
     try:
         # fp32 because every dequantized Q4/Q5/Q6/Q8 value is exactly representable in it;
         # fp16/bf16 would round some, and the checkpoint would no longer equal the GGUF.
-        kwargs = {}
         try:
-            # transformers >= 5 keeps GGUF weights packed when the `kernels` package is present;
-            # ask for a plain dense model so it can be saved as safetensors at all.
-            from transformers import GgufConfig
-
-            kwargs["quantization_config"] = GgufConfig(dequantize=True)
-        except ImportError:  # transformers 4.x always dequantizes
-            pass
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32, **kwargs
-        )
-        # Even dequantized, 5.x leaves the GGUF quantizer attached and save_pretrained refuses
-        # ("not serializable"); the weights are dense fp32 by now, so drop the marker.
-        quantizer = getattr(model, "hf_quantizer", None)
-        if quantizer is not None:
-            quantizer.remove_quantization_config(model)
-        bad = {n: p.dtype for n, p in model.state_dict().items() if p.dtype != torch.float32}
-        if bad:
-            raise DefaultModelError(f"GGUF conversion left non-fp32 tensors: {list(bad.items())[:5]}")
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        # GGUF-derived configs can lack `architectures`, which loaders keyed on it need.
-        if not getattr(model.config, "architectures", None):
-            model.config.architectures = [type(model).__name__]
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        del model
+            convert(gguf_path, tmp)
+        except ValueError as error:  # an architecture or tensor set the engine cannot run
+            raise DefaultModelError(f"cannot convert {gguf_path.name}: {error}") from error
         config = json.loads((tmp / "config.json").read_text())
         info = {"source": gguf_path.name, "architectures": config.get("architectures")}
         (tmp / MARKER).write_text(json.dumps(info) + "\n")
