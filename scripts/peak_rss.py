@@ -11,6 +11,7 @@ killer cares about the sum while a single bloated process is what a fix has to f
   samples still counts), labelled by what the process runs;
 - summed: the highest sum of current RSS over one sample (processes peak at different times, so
   this is at most the sum of the per-process peaks).
+GB here is 2^30 bytes, as in the benchmark reports.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ class TreePeak:
     summed_peak_gb: float = 0.0
     summed_at_s: float = 0.0
     processes: dict[int, ProcessPeak] = field(default_factory=dict)
+    trace: list[tuple[float, dict[int, float]]] = field(default_factory=list)  # (s, pid -> RSS GB)
 
     @property
     def largest_gb(self) -> float:
@@ -74,18 +76,20 @@ def sample(root: psutil.Process, result: TreePeak, started: float) -> None:
         tree = [root] + root.children(recursive=True)
     except psutil.NoSuchProcess:
         return
-    total = 0
+    total, now = 0, {}
     for proc in tree:
         try:
             rss = proc.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
         total += rss
+        now[proc.pid] = round(rss / GB, 3)
         peak = result.processes.get(proc.pid)
         if peak is None:
             peak = result.processes[proc.pid] = ProcessPeak(proc.pid, label_of(proc))
         hwm = vm_hwm_bytes(proc.pid) or rss
         peak.peak_gb = max(peak.peak_gb, hwm / GB, rss / GB)
+    result.trace.append((round(time.monotonic() - started, 2), now))
     if total / GB > result.summed_peak_gb:
         result.summed_peak_gb, result.summed_at_s = total / GB, time.monotonic() - started
 
@@ -116,7 +120,7 @@ def report(result: TreePeak) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--interval", type=float, default=0.2, help="seconds between samples (default 0.2)")
-    ap.add_argument("--json", help="also write the result here")
+    ap.add_argument("--json", help="also write the result here, with every sample (the trace)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = ap.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -68,10 +68,10 @@ class EngineConfig:
             return "plain"
         if self.cpu_weight_layout != "auto":
             return self.cpu_weight_layout
-        # measured on AVX2: with one thread plain F.linear wins for single rows, so keep both
-        # layouts; with two or more the packed kernel wins for every row count
-        # (a tensor-parallel rank reads this after pinning, so it sees its own thread count)
-        return "dual" if threads == 1 else "packed"
+        # one copy of every weight: the packed kernel wins for every row count with two or more
+        # threads, and with one it loses ~X% on single rows but wins on verification and
+        # branch steps (benchmarks/results/DATE-layouts.md); "dual" keeps both copies
+        return "packed"
 
     def fanout(self) -> list[int] | None:
         """ssd_fanout as K+1 non-negative integers (one value applies to every k); None for a rule
