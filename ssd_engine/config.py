@@ -37,7 +37,7 @@ class EngineConfig:
     attention_backend: str = "auto"          # auto (CUDA: flash-attn if importable and pages fit, else triton;
                                              # CPU: torch) | torch (reference) | triton | flash-attn
     cuda_graph_max_batch: int = 64           # CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this
-    cpu_weight_layout: str = "auto"          # auto | dual | packed | plain: see layers/linear.py
+    cpu_weight_layout: str = "auto"          # auto (= packed) | packed | dual (two copies) | plain: layers/linear.py
     seed: int = 0                            # seeds unseeded sampling
     tensor_parallel_size: int = 1            # target ranks: rank 0 here, 1..N-1 spawned (or joined via torchrun)
     cpu_cores: str | None = None             # core set per rank, e.g. "0;1" or "0-3;4-7"; None = split evenly (TP > 1)
@@ -68,9 +68,9 @@ class EngineConfig:
             return "plain"
         if self.cpu_weight_layout != "auto":
             return self.cpu_weight_layout
-        # one copy of every weight: the packed kernel wins for every row count with two or more
-        # threads, and with one it loses ~X% on single rows but wins on verification and
-        # branch steps (benchmarks/results/DATE-layouts.md); "dual" keeps both copies
+        # one copy of every weight: with two or more threads the packed kernel wins at every row
+        # count; with one it loses ~8% on single-row decode but scores K+1 rows ~3x faster than
+        # plain (benchmarks/results/2026-11-23-layouts.md); "dual" buys the 8% with a second copy
         return "packed"
 
     def fanout(self) -> list[int] | None:
