@@ -44,8 +44,8 @@ class EngineConfig:
     attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the pages fit, else "
                                             "triton, on CPU torch; torch is the reference", ATTENTION_BACKENDS)
     cuda_graph_max_batch: int = option(64, "CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this")
-    cpu_weight_layout: str = option("auto", "CPU weight layout (see layers/linear.py); auto picks by thread "
-                                            "count", WEIGHT_LAYOUTS)
+    cpu_weight_layout: str = option("auto", "CPU weight layout (see layers/linear.py): auto = packed (one copy "
+                                            "of each weight); dual keeps a second, plain copy", WEIGHT_LAYOUTS)
     seed: int = option(0, "seeds unseeded sampling")
     tensor_parallel_size: int = option(1, "target ranks: rank 0 in this process, 1..N-1 spawned (or joined "
                                           "via torchrun)")
@@ -84,10 +84,10 @@ class EngineConfig:
             return "plain"
         if self.cpu_weight_layout != "auto":
             return self.cpu_weight_layout
-        # measured on AVX2: with one thread plain F.linear wins for single rows, so keep both
-        # layouts; with two or more the packed kernel wins for every row count
-        # (a tensor-parallel rank reads this after pinning, so it sees its own thread count)
-        return "dual" if threads == 1 else "packed"
+        # one copy of every weight: with two or more threads the packed kernel wins at every row
+        # count; with one it loses ~8% on single-row decode but scores K+1 rows ~3x faster than
+        # plain (benchmarks/results/2026-11-23-layouts.md); "dual" buys the 8% with a second copy
+        return "packed"
 
     def fanout(self) -> list[int] | None:
         """ssd_fanout as K+1 non-negative integers (one value applies to every k); None for a rule

@@ -17,6 +17,8 @@ import importlib.util
 import json
 import os
 import shutil
+import subprocess
+import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -168,45 +170,18 @@ def _sha256_file(path: Path) -> str:
 def convert_gguf_to_hf(gguf_path, out_dir) -> str:
     """Dequantize a GGUF into an fp32 HF folder (config, safetensors, tokenizer, generation config).
 
-    Written to a sibling temp folder and renamed into place, so out_dir either does not exist
-    or is complete (has the marker); a crash can only leave a hidden temp folder behind.
+    Streams tensor by tensor (ssd_engine/gguf_stream.py), so converting needs about 1 GB whatever
+    the model's size, in a child process whose memory all returns when it exits. Written to a
+    sibling temp folder and renamed into place, so out_dir either does not exist or is complete
+    (has the marker); a crash can only leave a hidden temp folder behind.
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         # fp32 because every dequantized Q4/Q5/Q6/Q8 value is exactly representable in it;
         # fp16/bf16 would round some, and the checkpoint would no longer equal the GGUF.
-        kwargs = {}
-        try:
-            # transformers >= 5 keeps GGUF weights packed when the `kernels` package is present;
-            # ask for a plain dense model so it can be saved as safetensors at all.
-            from transformers import GgufConfig
-
-            kwargs["quantization_config"] = GgufConfig(dequantize=True)
-        except ImportError:  # transformers 4.x always dequantizes
-            pass
-        model = AutoModelForCausalLM.from_pretrained(
-            str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32, **kwargs
-        )
-        # Even dequantized, 5.x leaves the GGUF quantizer attached and save_pretrained refuses
-        # ("not serializable"); the weights are dense fp32 by now, so drop the marker.
-        quantizer = getattr(model, "hf_quantizer", None)
-        if quantizer is not None:
-            quantizer.remove_quantization_config(model)
-        bad = {n: p.dtype for n, p in model.state_dict().items() if p.dtype != torch.float32}
-        if bad:
-            raise DefaultModelError(f"GGUF conversion left non-fp32 tensors: {list(bad.items())[:5]}")
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        # GGUF-derived configs can lack `architectures`, which loaders keyed on it need.
-        if not getattr(model.config, "architectures", None):
-            model.config.architectures = [type(model).__name__]
-        model.save_pretrained(str(tmp))
-        tokenizer.save_pretrained(str(tmp))
-        del model
+        _convert_in_child(gguf_path, tmp)
         config = json.loads((tmp / "config.json").read_text())
         info = {"source": gguf_path.name, "architectures": config.get("architectures")}
         (tmp / MARKER).write_text(json.dumps(info) + "\n")
@@ -220,6 +195,17 @@ def convert_gguf_to_hf(gguf_path, out_dir) -> str:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return str(out_dir)
+
+
+def _convert_in_child(gguf_path: Path, out_dir: Path) -> None:
+    # the child imports this very copy of the package, wherever the working directory is
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "ssd_engine.gguf_stream", str(gguf_path), str(out_dir)],
+                          env=env, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise DefaultModelError(f"converting {gguf_path.name} failed (exit code {done.returncode}; "
+                                f"its error is printed above)")
 
 
 def _resolve_cached(name: str, make_gguf: Callable[[Path], Path], cleanup: bool) -> str:

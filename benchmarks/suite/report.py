@@ -175,10 +175,15 @@ def profile_lines(raw: dict) -> list[str]:
 
 
 def memory_lines(raw: dict) -> list[str]:
-    lines = ["| mode | peak memory per process (GB; RSS high-water mark, GPU: allocated) |", "|---|---|"]
+    # the host sum is what the kernel's OOM killer weighs; processes peak at different moments, so
+    # the sum of their peaks bounds the simultaneous total from above
+    lines = ["| mode | peak memory per process (GB = 2^30 B; RSS high-water mark, GPU: allocated) "
+             "| host processes summed (GB) |", "|---|---|---|"]
     for mode, result in raw["results"].items():
-        peaks = ", ".join(f"{name} {gb:.2f}" for name, gb in sorted(result.get("peaks", {}).items()))
-        lines.append(f"| {mode} | {peaks} |")
+        peaks = result.get("peaks", {})
+        listed = ", ".join(f"{name} {gb:.2f}" for name, gb in sorted(peaks.items()))
+        host = sum(gb for name, gb in peaks.items() if "GPU" not in name)
+        lines.append(f"| {mode} | {listed} | {host:.2f} |")
     return lines + [""]
 
 

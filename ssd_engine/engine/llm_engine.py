@@ -50,6 +50,10 @@ class LLMEngine:
         check_before_loading(config)
         core_sets = self._place()
         self.model_path = resolve_model_path(config)
+        if config.speculative_mode != "ar":
+            # a default draft's first-run conversion happens here, before any weights are loaded,
+            # so its working memory never adds to a loaded target's
+            resolve_model_path(config, "draft")
         self.hf_config = load_config(self.model_path)
         check_splittable(self.hf_config, config.tensor_parallel_size)
         self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or self.model_path)

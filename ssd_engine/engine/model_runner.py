@@ -20,6 +20,7 @@ from ssd_engine.engine.cuda_graphs import GraphRunner
 from ssd_engine.layers.attention import AttentionMetadata, padded_block_tables, torch_attention
 from ssd_engine.layers.attention_backends import select_backend
 from ssd_engine.layers.linear import Linear
+from ssd_engine.memory import lazy_zeros
 from ssd_engine.models.loader import build_model, load_config
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -76,18 +77,25 @@ class ModelRunner:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
-        self.model = build_model(model_path, hf_config, max_model_len, dtype, device, self.tp)
-        if weight_layout != "plain":
-            for module in self.model.modules():
-                if isinstance(module, Linear):
-                    # a tied head shares the embedding table, which must stay plain
-                    tied = module is self.model.lm_head and self.model.tie_word_embeddings
-                    module.pack_for_cpu(keep_plain=weight_layout == "dual" or tied)
+        self.weight_layout = weight_layout
+        self.model = build_model(model_path, hf_config, max_model_len, dtype, device, self.tp,
+                                 progress=self.tp.rank == 0, on_module_loaded=self._pack)
         self.attention_backend = select_backend(attention_backend, device, block_size)
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = self.attention_backend
         self.graphs = self._graph_runner(cuda_graph_max_batch, num_kv_blocks, max_model_len)
         self._allocate_kv_cache(num_kv_blocks + (self.graphs is not None))  # + the padding rows' page
+
+    def _pack(self, name: str, module) -> None:
+        """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
+        if self.weight_layout == "plain" or not isinstance(module, Linear):
+            return
+        # a tied head shares the embedding table, which must stay plain: packing it would be a
+        # second copy, which only "dual" pays for
+        tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        if name == "lm_head" and tied and self.weight_layout != "dual":
+            return
+        module.pack_for_cpu(keep_plain=self.weight_layout == "dual")
 
     def _graph_runner(self, cap: int, num_kv_blocks: int, max_model_len: int) -> GraphRunner | None:
         """CUDA graphs on a GPU with a kernel backend; SSD_ENGINE_EMULATE_CUDA_GRAPHS=1 runs their
@@ -127,7 +135,8 @@ class ModelRunner:
         layers = self.model.model.layers
         attn0 = layers[0].self_attn.attn
         shape = (2, len(layers), num_blocks * self.block_size, attn0.num_kv_heads, attn0.head_dim)
-        self.kv_cache = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        # sized for every sequence at full length; on CPU only the pages written become resident
+        self.kv_cache = lazy_zeros(shape, self.dtype, self.device)
         for i, layer in enumerate(layers):
             layer.self_attn.attn.k_cache = self.kv_cache[0, i]
             layer.self_attn.attn.v_cache = self.kv_cache[1, i]

@@ -2,6 +2,10 @@
 
 A rank looks up the ids in its span, writes zeros for the rest, and the all-reduce sums the
 ranks' partial results into the full embedding. The tied LM head shares this same span.
+
+On CPU the table is mapped from the checkpoint file instead of copied (`map_from`): a lookup reads
+a few hundred of its ~150k rows, so a copy would hold ~1 GB (the 1.5B default) of which a
+request touches a few MB. A tied head reads every row, which then become resident like a copy.
 """
 import torch
 import torch.nn.functional as F
@@ -9,6 +13,7 @@ from torch import nn
 
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import Span
+from ssd_engine.memory import map_rows
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -19,6 +24,17 @@ class VocabParallelEmbedding(nn.Module):
 
     def load(self, loaded: torch.Tensor, shard: str | None = None, is_bias: bool = False) -> None:
         self.weight.copy_(loaded.narrow(0, self.rows.start, self.rows.size))
+
+    def map_from(self, path: str, name: str) -> bool:
+        """Point the weight at this rank's rows of the checkpoint file; False: copy it instead
+        (another device or dtype than the file's)."""
+        if self.weight.device.type != "cpu":
+            return False
+        mapped = map_rows(path, name, self.rows.start, self.rows.size)
+        if mapped is None or mapped.dtype != self.weight.dtype or mapped.shape != self.weight.shape:
+            return False
+        self.weight.data = mapped  # the same Parameter object: a tied head follows
+        return True
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:

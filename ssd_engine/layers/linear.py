@@ -2,14 +2,13 @@
 
 Why prepack: on CPU, eager `F.linear` runs small-M matmuls (M = 2..16 rows, exactly the
 verification / branch-decoding shapes) through MKL's generic path, which costs nearly M times
-one row. oneDNN's packed-weight kernel shares the weight streaming across rows, so scoring 4
-tokens costs ~1.6x one token instead of ~3x. For a single row, though, plain `F.linear` is
-~20% faster than the packed kernel with one thread (with two threads packed wins everywhere;
-measured on this AVX2 CPU, see benchmarks/results), so:
-- layout "dual": keep both, plain for M = 1 and packed for M >= 2 (fastest; ~2x weight memory)
-- layout "packed": packed only (one copy; single-row decode ~20% slower)
+one row. oneDNN's packed-weight kernel shares the weight streaming across rows, so scoring 5
+tokens costs ~0.9x one plain row instead of ~2.5x. For a single row with one thread, plain
+`F.linear` is ~8% faster (benchmarks/results/2026-11-23-layouts.md), so:
+- layout "packed": packed only, one copy (EngineConfig cpu_weight_layout "auto" at any thread count)
+- layout "dual": both, plain for M = 1 and packed for M >= 2: ~8% faster one-thread decode for a
+  second copy of every weight (+5.8 GB for the default target, +1.8 GB for its draft)
 - layout "plain": F.linear only (what --enforce-eager gives)
-- layout "auto" (EngineConfig default): dual with one thread, packed with more
 
 Fused layers (qkv, gate_up) load each Hugging Face tensor into its slice via `shard_offsets`.
 Under tensor parallelism one Linear is this rank's slice: `shards` says which rows of each HF

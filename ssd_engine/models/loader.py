@@ -1,11 +1,15 @@
 """Read a Hugging Face checkpoint folder: config, safetensors weights (single or sharded)."""
 import os
 from glob import glob
+from typing import Callable
 
 import torch
+from torch import nn
 from safetensors import safe_open
+from tqdm.auto import tqdm
 from transformers import AutoConfig
 
+from ssd_engine.memory import safetensors_header
 from ssd_engine.models import model_class_for
 
 
@@ -27,42 +31,85 @@ def load_config(path: str):
     return config
 
 
-def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device, tp=None):
-    """Build the model (this rank's slice when `tp` has more than one rank) and load its weights."""
+def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device, tp=None,
+                progress: bool = True, on_module_loaded: Callable[[str, nn.Module], None] | None = None):
+    """Build the model (this rank's slice when `tp` has more than one rank) and load its weights;
+    `on_module_loaded(name, module)` runs once per module as soon as all its parameters are loaded."""
     cls = model_class_for(config)
     with torch.device(device):
         model = cls(config, max_position, tp).to(dtype)
-    load_weights(model, path)
+    load_weights(model, path, progress=progress, on_module_loaded=on_module_loaded)
     return model.eval()
 
 
-def load_weights(model, path: str, window_bytes: int = 512 * 2**20) -> None:
-    """Copy every checkpoint tensor into the model.
+def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bool = False,
+                 on_module_loaded: Callable[[str, nn.Module], None] | None = None) -> None:
+    """Copy every checkpoint tensor into the model, except what a module maps straight from the file
+    (the embedding: only the rows a prompt uses ever become resident).
 
-    Files are mmap'd; touched pages count as resident while mapped, so each file is reopened every
-    `window_bytes` of tensors to unmap what was already copied (otherwise loading a 6 GB checkpoint
-    briefly holds twice its size in RSS)."""
-    params = dict(model.named_parameters(remove_duplicate=False))
+    safetensors maps each file whole, and pages touched through a mapping count as resident until
+    it is closed, so each file is reopened every `window_bytes` of copied tensors: otherwise loading
+    a 7 GB checkpoint briefly holds twice its size in RSS. `on_module_loaded` (the CPU weight
+    packing) runs while the rest is still unloaded, so a layer's transient second copy never
+    comes on top of the whole model."""
+    # names only: holding the parameters here would keep each packed layer's plain copy alive
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     loaded = set()
-    for file in sorted(glob(os.path.join(path, "*.safetensors"))):
-        with safe_open(file, "pt", "cpu") as f:
-            names = list(f.keys())
-        while names:
-            with safe_open(file, "pt", "cpu") as f:
-                taken = 0
-                while names and taken < window_bytes:
-                    name = names.pop(0)
-                    if (model.tie_word_embeddings and name == "lm_head.weight") or "rotary_emb.inv_freq" in name:
-                        continue  # tied: the embedding is the head; rotary tables are recomputed
-                    tensor = f.get_tensor(name)
-                    taken += tensor.numel() * tensor.element_size()
-                    loaded.add(_load_one(model, params, name, tensor))
+    finished: set[str] = set()
+
+    def finish_ready(module_name: str) -> None:
+        module = model.get_submodule(module_name)
+        names = [f"{module_name}.{n}" for n, _ in module.named_parameters(recurse=False)]
+        if module_name not in finished and all(_covered(n, loaded, model) for n in names):
+            finished.add(module_name)
+            if on_module_loaded is not None:
+                on_module_loaded(module_name, module)
+
+    files = sorted(glob(os.path.join(path, "*.safetensors")))
+    headers = [safetensors_header(file)[0] for file in files]
+    total = sum(_nbytes(entry) for header in headers for entry in header.values())
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+              desc=f"loading {os.path.basename(os.path.normpath(path))}") as bar:
+        for file, header in zip(files, headers):
+            names = sorted(header, key=lambda n: header[n]["data_offsets"][0])  # file order: pages read forward
+            while names:
+                with safe_open(file, "pt", "cpu") as f:
+                    taken = 0
+                    while names and taken < window_bytes:
+                        name = names.pop(0)
+                        bar.update(_nbytes(header[name]))
+                        if (model.tie_word_embeddings and name == "lm_head.weight") or "rotary_emb.inv_freq" in name:
+                            continue  # tied: the embedding is the head; rotary tables are recomputed
+                        module = _owner(model, params, name)
+                        if module is not None and getattr(module, "map_from", None) and module.map_from(file, name):
+                            key = (name, None)
+                        else:
+                            tensor = f.get_tensor(name)
+                            taken += _nbytes(header[name])
+                            key = _load_one(model, params, name, tensor)
+                            del tensor  # its pages leave RSS when the window's mapping closes
+                        loaded.add(key)
+                        finish_ready(key[0].rsplit(".", 1)[0])
+    for module_name, _ in model.named_modules():  # e.g. a tied head, whose weight came with the embedding
+        finish_ready(module_name)
     missing = [n for n in params if not _covered(n, loaded, model)]
     if missing:
         raise ValueError(f"checkpoint {path} lacks weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
 
 
-def _load_one(model, params, name: str, tensor: torch.Tensor) -> tuple[str, str | None]:
+def _nbytes(entry: dict) -> int:
+    begin, end = entry["data_offsets"]
+    return end - begin
+
+
+def _owner(model, params: set[str], name: str):
+    """The module holding checkpoint tensor `name` as a whole parameter (None: fused or unknown)."""
+    if name not in params:
+        return None
+    return model.get_submodule(name.rsplit(".", 1)[0])
+
+
+def _load_one(model, params: set[str], name: str, tensor: torch.Tensor) -> tuple[str, str | None]:
     """Copy one HF tensor into its parameter (or its slice of a fused one); return (param, shard)."""
     for hf_part, (fused, shard) in model.stacked_params.items():
         if f".{hf_part}." in name:
@@ -77,7 +124,7 @@ def _load_one(model, params, name: str, tensor: torch.Tensor) -> tuple[str, str 
         if hasattr(module, "load"):  # sharded layers keep only this rank's slice
             module.load(tensor, is_bias=name.endswith(".bias"))
         else:
-            params[name].copy_(tensor)
+            model.get_parameter(name).copy_(tensor)
     return name, None
 
 

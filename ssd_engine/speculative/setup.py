@@ -1,4 +1,7 @@
 """Build the SD draft (colocated) or start the SSD draft process: load it, check it shares the target's tokenizer, size its KV like the target's."""
+import filecmp
+import os
+
 import torch
 from transformers import AutoTokenizer
 
@@ -17,13 +20,23 @@ def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: st
                          f"draft {draft_path} has {len(draft_tok)}; speculative decoding needs the same vocabulary")
 
 
+def same_tokenizer_files(target_path: str, draft_path: str) -> bool:
+    """True when both folders hold byte-identical tokenizer files (the default pair does): then the
+    draft's tokenizer need not be loaded to compare vocabularies (~100 MB that would stay in RSS)."""
+    names = ("tokenizer.json", "tokenizer_config.json")
+    paths = [(os.path.join(target_path, n), os.path.join(draft_path, n)) for n in names]
+    return all(os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False) for a, b in paths)
+
+
 def draft_path_and_vocab(config, engine) -> tuple[str, int]:
     """The draft's folder (checked against the target's tokenizer) and the ids it may propose:
     ids past the tokenizer (embedding padding) or past either model's vocabulary never are."""
     from ssd_engine.default_models import resolve_model_path
     draft_path = resolve_model_path(config, "draft")
     draft_config = load_config(draft_path)
-    check_same_tokenizer(engine.tokenizer, AutoTokenizer.from_pretrained(draft_path), engine.model_path, draft_path)
+    tokenizer_source = config.tokenizer or engine.model_path
+    if not same_tokenizer_files(tokenizer_source, draft_path):
+        check_same_tokenizer(engine.tokenizer, AutoTokenizer.from_pretrained(draft_path), engine.model_path, draft_path)
     if config.max_num_batched_tokens < config.num_speculative_tokens + 1:
         raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} cannot fit one verification of "
                          f"num_speculative_tokens+1={config.num_speculative_tokens + 1} tokens")

@@ -1,0 +1,121 @@
+"""One copy of every weight, and RSS only where memory is used (issue 19, item 1).
+
+Without the 1.5B model: a tiny checkpoint loaded with the default layout holds exactly the
+checkpoint's bytes (the old one-thread default, "dual", held two copies of every Linear); the
+embedding is a mapping of the checkpoint file of which only looked-up rows become resident; the
+KV cache costs nothing until written; loading packs layer by layer, so no plain copy outlives it.
+"""
+import os
+
+import pytest
+import torch
+
+from ssd_engine.config import EngineConfig
+from ssd_engine.engine.model_runner import ModelRunner
+from ssd_engine.layers.linear import Linear
+from ssd_engine.memory import lazy_zeros, map_rows, safetensors_header
+from ssd_engine.models.loader import load_config
+
+
+def runner(path: str, layout: str) -> ModelRunner:
+    return ModelRunner(path, load_config(path), num_kv_blocks=64, block_size=16, max_model_len=256,
+                       dtype=torch.float32, device=torch.device("cpu"), weight_layout=layout)
+
+
+def checkpoint_bytes(path: str) -> int:
+    header, _ = safetensors_header(os.path.join(path, "model.safetensors"))
+    return sum(end - begin for begin, end in (entry["data_offsets"] for entry in header.values()))
+
+
+def weight_bytes(model) -> int:
+    """Bytes of every distinct storage behind parameters, plus the packed Linear weights (oneDNN's
+    opaque tensors: their element count; buffers such as the rotary tables are not weights)."""
+    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    packed = [m.packed for m in model.modules() if isinstance(m, Linear) and m.packed is not None]
+    return sum(storages.values()) + sum(t.numel() * t.element_size() for t in packed)
+
+
+def mapping_rss(tensor: torch.Tensor) -> int:
+    """Resident bytes of the memory mapping holding `tensor` (its VMA's Rss in /proc/self/smaps)."""
+    address = tensor.data_ptr()
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and not head.endswith(":"):
+                start, end = (int(x, 16) for x in head.split("-"))
+                inside = start <= address < end
+            elif inside and head == "Rss:":
+                return int(line.split()[1]) * 1024
+    raise AssertionError("tensor is not inside any mapping")
+
+
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_default_layout_keeps_one_copy(threads):
+    assert EngineConfig().weight_layout_for(threads) == "packed"
+    assert EngineConfig(cpu_weight_layout="dual").weight_layout_for(threads) == "dual"
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # untied head; tied head (llama)
+def test_default_layout_holds_the_checkpoint_once(tiny_model_dir, arch):
+    path = tiny_model_dir(arch)
+    size = checkpoint_bytes(path)
+    model = runner(path, EngineConfig().weight_layout_for(1)).model
+    assert all(m.weight is None for m in model.modules() if isinstance(m, Linear) and m.packed is not None)
+    assert weight_bytes(model) == size
+    assert weight_bytes(runner(path, "plain").model) == size
+    # "dual" is the opt-in second copy: every Linear twice (a tied head's table included)
+    assert weight_bytes(runner(path, "dual").model) > 1.8 * size
+
+
+def test_embedding_is_mapped_and_only_looked_up_rows_become_resident(tiny_model_dir):
+    # a 64 MB table (2^18 x 64 fp32, tied so the file holds it once): a few rows are a small part
+    # of it even though the kernel maps a fault's neighbours too (read-around, large folios: <= 2 MB)
+    path = tiny_model_dir("llama", vocab_size=2**18)
+    model = runner(path, "packed").model
+    table = model.model.embed_tokens.weight
+    with open("/proc/self/maps") as f:
+        mapped = [line for line in f if line.rstrip().endswith("model.safetensors")]
+    address = table.data_ptr()
+    assert any(int(l.split()[0].split("-")[0], 16) <= address < int(l.split()[0].split("-")[1], 16) for l in mapped)
+    size = table.numel() * table.element_size()
+    assert mapping_rss(table) < size / 8  # loading did not read the table
+    ids = [5, 90000, 260000]
+    rows = model.model.embed_tokens(torch.tensor(ids))
+    assert mapping_rss(table) < size / 4  # three rows and their neighbours, not the table
+    with safe_open_tensor(path, "model.embed_tokens.weight") as expected:
+        assert torch.equal(rows, expected[ids])
+
+
+class safe_open_tensor:
+    def __init__(self, path: str, name: str) -> None:
+        self.path, self.name = os.path.join(path, "model.safetensors"), name
+
+    def __enter__(self) -> torch.Tensor:
+        from safetensors import safe_open
+        self.file = safe_open(self.path, "pt", "cpu").__enter__()
+        return self.file.get_tensor(self.name)
+
+    def __exit__(self, *exc) -> None:
+        self.file.__exit__(*exc)
+
+
+def test_map_rows_reads_a_slice_of_the_file(tmp_path):
+    from safetensors.torch import save_file
+    table = torch.arange(5000 * 7, dtype=torch.float32).view(5000, 7)
+    save_file({"a": torch.ones(3), "table": table}, str(tmp_path / "m.safetensors"))
+    rows = map_rows(str(tmp_path / "m.safetensors"), "table", 1234, 100)  # an offset off any page boundary
+    assert torch.equal(rows, table[1234:1334])
+    rows[0, 0] = -1.0  # a private mapping: writable, never written back
+    assert torch.equal(map_rows(str(tmp_path / "m.safetensors"), "table", 1234, 1), table[1234:1235])
+
+
+def test_lazy_zeros_cost_nothing_until_written():
+    kv = lazy_zeros((2, 4, 2**20, 8), torch.float32, torch.device("cpu"))  # 256 MB
+    assert mapping_rss(kv) == 0
+    assert kv[1, 3, -5:].abs().sum().item() == 0.0  # reads see zeros (the shared zero page)
+    kv[0, 0, :1024] = 1.0  # 32 KB written
+    assert 0 < mapping_rss(kv) <= 4 * 2**20  # those pages (huge pages at most), not 256 MB
+    assert kv.sum().item() == 1024 * 8
+    half = lazy_zeros((3, 5), torch.bfloat16, torch.device("cpu"))
+    assert half.dtype == torch.bfloat16 and half.shape == (3, 5) and not half.any()
