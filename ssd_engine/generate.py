@@ -4,6 +4,8 @@ Runs the built-in default pair's target unless --model is given; prints each com
 closing stats line. Bad input prints one `error: ...` line and exits with status 2 (what needs no
 model is refused before anything loads); Ctrl-C prints `interrupted` and exits with status 130.
 """
+import contextlib
+import os
 import sys
 import time
 
@@ -23,7 +25,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--prompt", action="append",
                         help=f"prompt text (repeat for a batch; default: {DEFAULT_PROMPT!r})")
     parser.add_argument("--chat", action="store_true", help="wrap each prompt in the model's chat template")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars (loading, generation)")
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt)")
     add_engine_args(parser)
     add_sampling_args(parser, defaults={"max_tokens": 128, "temperature": 0.0})
@@ -37,6 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         EngineConfig.from_kwargs(**engine_options(args))
     except ValueError as error:
         fail(str(error))  # before anything loads: a typo costs no loading time
+    with _no_progress_bars() if args.no_progress else contextlib.nullcontext():
+        return _generate(prompts, params, args)
+
+
+def _generate(prompts: list[str], params: SamplingParams, args) -> int:
     llm = None
     try:
         from ssd_engine import LLM
@@ -54,6 +61,21 @@ def main(argv: list[str] | None = None) -> int:
         if llm is not None:
             llm.close()
     return 0
+
+
+@contextlib.contextmanager
+def _no_progress_bars():
+    """TQDM_DISABLE, tqdm's own switch: the children started meanwhile (draft process, workers)
+    inherit it, and the model loader reads it for its bars in this process too."""
+    before = os.environ.get("TQDM_DISABLE")
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TQDM_DISABLE", None)
+        else:
+            os.environ["TQDM_DISABLE"] = before
 
 
 def checked_request(args) -> tuple[list[str], SamplingParams]:

@@ -68,7 +68,8 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
     files = sorted(glob(os.path.join(path, "*.safetensors")))
     headers = [safetensors_header(file)[0] for file in files]
     total = sum(_nbytes(entry) for header in headers for entry in header.values())
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
+    quiet = os.environ.get("TQDM_DISABLE", "") not in ("", "0")  # tqdm reads it at import only
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress or quiet,
               desc=f"loading {os.path.basename(os.path.normpath(path))}") as bar:
         for file, header in zip(files, headers):
             names = sorted(header, key=lambda n: header[n]["data_offsets"][0])  # file order: pages read forward
