@@ -51,6 +51,7 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
                                                                  cal.t_slow)
 
     caplog.clear()
+    (tmp_path / "empty").mkdir()  # a folder that does not exist is refused before any lookup
     with caplog.at_level(logging.INFO, logger="ssd_engine"):
         with LLM(target, draft_model=noisy_draft, calibration_dir=str(tmp_path / "empty"), **COMMON) as llm:
             assert llm.speculation_metrics()["fanouts"] == {"T=0": [1, 1, 1, 1]}  # documented defaults, B = K+1

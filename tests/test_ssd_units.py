@@ -127,7 +127,7 @@ def nopad(tiny_model_dir) -> str:
 def _server(path: str, fanout: list[int], k: int):
     fanouts = [(0.0, fanout)]
     runner = ModelRunner(path, load_config(path), num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8),
-                         block_size=8, max_model_len=128, dtype=torch.float32, device=torch.device("cpu"))
+                         block_size=8, max_position=128, dtype=torch.float32, device=torch.device("cpu"))
     return new_server(runner, 32, 8, k, 259, fanouts, 1.0, 2, seed=0)
 
 

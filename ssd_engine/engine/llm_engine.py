@@ -6,6 +6,7 @@ reach its end gets one sampled token. Requests join and leave between steps (con
 import logging
 import os
 import time
+from dataclasses import replace
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig
@@ -57,10 +58,12 @@ class LLMEngine:
         self.device = torch.device(config.device)
         dtype = DTYPES[config.dtype]
         num_blocks = self._num_kv_blocks(dtype)
+        # after _place: the weight layout follows this process's pinned threads
+        self.parts = parts = config.parts()
         # verification and drafting run up to K positions past the last token
-        max_position = self.max_model_len + config.num_speculative_tokens + 1
-        spec = RunnerSpec(self.model_path, num_blocks, config.block_size, max_position, config.dtype,
-                          config.device, config.weight_layout, config.attention_backend, config.graph_max_batch)
+        max_position = self.max_model_len + parts.speculative.k + 1
+        spec = RunnerSpec(replace(parts.model, path=self.model_path), replace(parts.cache, num_kv_blocks=num_blocks),
+                          max_position)
         if config.tensor_parallel_size > 1 or torchrun_world() is not None:
             self.runner = start_tensor_parallel(config, spec, core_sets and core_sets[:-1])
         else:
@@ -70,14 +73,14 @@ class LLMEngine:
         self.scheduler.release_hooks.append(self.runner.release)  # tensor-parallel workers forget freed tables
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
         self.verifier = Verifier(stream_generator(config.seed, Stream.TARGET, device=self.device))  # unseeded requests
-        self.spec_metrics = SpecMetrics(config.num_speculative_tokens)
+        self.spec_metrics = SpecMetrics(parts.speculative.k)
         if config.speculative_mode == "sd":
-            self.speculator = build_sync_draft(config, self, num_blocks, max_position)
+            self.speculator = build_sync_draft(config, self, spec)
             self.scheduler.release_hooks.append(self.speculator.release)
         elif config.speculative_mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             threads = config.num_threads or (len(cores) if cores else torch.get_num_threads())
-            self.speculator = start_async_draft(config, self, num_blocks, max_position, cores, threads)
+            self.speculator = start_async_draft(config, self, spec, cores, threads)
             self.scheduler.release_hooks.append(self.speculator.release)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
@@ -87,7 +90,7 @@ class LLMEngine:
     def _capture_graphs(self) -> None:
         """CUDA graphs for the steps this engine repeats: decode, verification of K + 1 tokens, and
         (the SD draft captures its one-token steps when built, the SSD draft process its own)."""
-        k = self.config.num_speculative_tokens
+        k = self.parts.speculative.k
         shapes = [("paged", 1)] if self.config.speculative_mode == "ar" else [("paged", 1), ("paged", k + 1)]
         self.runner.capture_graphs(shapes)
 
