@@ -72,7 +72,7 @@ def _median_step(metrics) -> tuple[int, float]:
 
 def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: int) -> Calibration:
     prompts = load_prompts(num_prompts)
-    k = EngineConfig.from_kwargs(**options).num_speculative_tokens
+    k = EngineConfig.from_kwargs(**options).parts().speculative.k
     main, target_path, draft_path = _run(options, prompts, temperature, new_tokens, ssd_fanout=1, ssd_fallback="jit")
     wide, _, _ = _run(options, prompts[:2], temperature, new_tokens // 2, ssd_fanout=3, ssd_fallback="jit")
     fast, _, _ = _run(options, prompts[:4], temperature, new_tokens // 2, ssd_fanout=0, ssd_fallback="fast")

@@ -47,7 +47,8 @@ class ParallelConfig:
 @dataclass(frozen=True, slots=True)
 class SSDConfig:
     """The asynchronous draft's policy: fan-out, its budget, and what a cache miss takes."""
-    fanout: str | int | tuple     # as the user gave it; EngineConfig.fanout() resolves integers
+    fanout_rule: str | None       # auto / geometric / uniform; None when the user gave the fan-out
+    fanout: tuple[int, ...] | None  # the user's K+1 integers (one given applies to every k); None for a rule
     budget: int | None
     fallback: str
     critical_batch: float | None
@@ -77,6 +78,8 @@ class Config:
 def build_config(options) -> Config:
     """Cut a validated EngineConfig into its parts. The weight layout depends on this process's
     torch thread count, so build it after the process is pinned."""
+    fanout = options.fanout()
+    rule, fanout = (options.ssd_fanout, None) if fanout is None else (None, tuple(fanout))
     return Config(
         model=ModelConfig(options.model, options.tokenizer, options.dtype, options.device, options.weight_layout,
                           options.attention_backend, options.graph_max_batch, options.num_threads),
@@ -86,6 +89,6 @@ def build_config(options) -> Config:
         parallel=ParallelConfig(options.tensor_parallel_size, options.cpu_cores, options.distributed_timeout_s),
         speculative=SpeculativeConfig(
             options.speculative_mode, options.draft_model, options.num_speculative_tokens, options.draft_timeout_s,
-            SSDConfig(options.ssd_fanout, options.ssd_budget, options.ssd_fallback, options.ssd_critical_batch,
+            SSDConfig(rule, fanout, options.ssd_budget, options.ssd_fallback, options.ssd_critical_batch,
                       float(options.saguaro_c), options.calibration_dir)),
         seed=options.seed)

@@ -41,7 +41,7 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
         wanted = first + config.tensor_parallel_size
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
-    plan = plan_saguaro(config, engine.model_path, draft_path)
+    plan = plan_saguaro(engine.parts.speculative, engine.model_path, draft_path)
     parts = engine.parts
     runner = target.with_model(path=draft_path, device=device, weight_layout=config.weight_layout_for(threads))
     spec = DraftSpec(runner, parts.speculative.k, vocab, tuple((t, tuple(f)) for t, f in plan.fanouts),
