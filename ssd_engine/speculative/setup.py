@@ -35,19 +35,19 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
     """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU.
     `target` is the target's runner spec: the draft's KV cache and positions are sized like it."""
     draft_path, vocab = draft_path_and_vocab(config, engine)
-    device = config.device
+    parts = engine.parts
+    device = parts.model.device
     if device.startswith("cuda"):
         first = torch.device(device).index or 0
-        wanted = first + config.tensor_parallel_size
+        wanted = first + parts.parallel.tensor_parallel_size
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
-    plan = plan_saguaro(engine.parts.speculative, engine.model_path, draft_path)
-    parts = engine.parts
+    plan = plan_saguaro(parts.speculative, engine.model_path, draft_path)
     runner = target.with_model(path=draft_path, device=device, weight_layout=config.weight_layout_for(threads))
     spec = DraftSpec(runner, parts.speculative.k, vocab, tuple((t, tuple(f)) for t, f in plan.fanouts),
                      parts.speculative.ssd.saguaro_c, parts.scheduler.max_num_seqs, parts.seed)
-    return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, config.draft_timeout_s,
-                            stream_generator(config.seed, Stream.BACKUP, "coordinator", device=engine.device),
+    return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
+                            stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
                             engine.device, plan)
 
 
@@ -58,4 +58,4 @@ def build_sync_draft(config, engine, target: RunnerSpec) -> SyncDraft:
     runner = target.with_model(path=draft_path, weight_layout=config.weight_layout).build()
     runner.capture_graphs([("paged", 1)])  # its one-token draft steps
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, engine.parts.speculative.k,
-                     proposable, stream_generator(config.seed, Stream.DRAFT, device=engine.device))
+                     proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device))
