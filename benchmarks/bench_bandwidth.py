@@ -94,7 +94,7 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
     pages = -(-(args.context + 1) // BLOCK_SIZE)
     max_batch = max(args.batch)
     runner = ModelRunner(model_path, load_config(model_path), num_kv_blocks=max_batch * pages, block_size=BLOCK_SIZE,
-                         max_model_len=args.context + 2, dtype=DTYPES[args.dtype], device=device,
+                         max_position=args.context + 2, dtype=DTYPES[args.dtype], device=device,
                          weight_layout=layout, cuda_graph_max_batch=config.graph_max_batch)
     runner.capture_graphs([("paged", 1)])  # as the engine does at start-up (GPU only)
     tables = [list(range(i * pages, (i + 1) * pages)) for i in range(max_batch)]

@@ -55,7 +55,7 @@ def _run(options: dict, prompts: list[str], temperature: float, new_tokens: int,
     with tempfile.TemporaryDirectory() as nowhere, \
             LLM(**{**options, **overrides, "speculative_mode": "ssd", "calibration_dir": nowhere}) as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=4, seed=0), use_tqdm=False)
-        llm.engine.speculator.metrics.__init__(llm.config.num_speculative_tokens)  # drop the warm-up's counters
+        llm.engine.speculator.metrics.reset()  # drop the warm-up's counters
         params = [SamplingParams(temperature=temperature, max_tokens=new_tokens, seed=i, ignore_eos=True)
                   for i in range(len(prompts))]
         for prompt, p in zip(prompts, params):  # batch 1: the budget is per sequence
@@ -72,7 +72,7 @@ def _median_step(metrics) -> tuple[int, float]:
 
 def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: int) -> Calibration:
     prompts = load_prompts(num_prompts)
-    k = EngineConfig.from_kwargs(**options).num_speculative_tokens
+    k = EngineConfig.from_kwargs(**options).parts().speculative.k
     main, target_path, draft_path = _run(options, prompts, temperature, new_tokens, ssd_fanout=1, ssd_fallback="jit")
     wide, _, _ = _run(options, prompts[:2], temperature, new_tokens // 2, ssd_fanout=3, ssd_fallback="jit")
     fast, _, _ = _run(options, prompts[:4], temperature, new_tokens // 2, ssd_fanout=0, ssd_fallback="fast")
@@ -89,7 +89,7 @@ def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: i
     step_s = lambda rows: step1 + per_row * (rows - rows1)
     miss_at = lambda f: misses[f - 1] if f <= len(misses) else misses[-1]
     fits = budget_from_timings(verify_s, glue_s, step_s, k)
-    rounds_by_k = [sum(col) for col in zip(*main.verified_k_counts.values())]
+    rounds_by_k = [sum(col) for col in zip(*main.rounds_by_accepted.values())]
     outcome_probs = [n / sum(rounds_by_k) for n in rounds_by_k]
     budget = best_budget(verify_s, glue_s, step_s, k, outcome_probs, r, miss_at, miss_cost_s=k * step_s(1))
     fanout = fanout_for_outcomes(outcome_probs, r, budget)

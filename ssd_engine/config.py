@@ -9,6 +9,7 @@ import difflib
 import torch
 from dataclasses import dataclass, fields
 
+from ssd_engine.config_parts import Config, build_config
 from ssd_engine.options import option
 
 SPECULATIVE_MODES = ("ar", "sd", "ssd")
@@ -77,6 +78,11 @@ class EngineConfig:
     def graph_max_batch(self) -> int:
         """Largest batch CUDA graphs are captured for; 0 = eager."""
         return 0 if self.enforce_eager else self.cuda_graph_max_batch
+
+    def parts(self) -> Config:
+        """These options cut into the engine's frozen parts (config_parts.py); the weight layout is
+        this process's at the time of the call."""
+        return build_config(self)
 
     def weight_layout_for(self, threads: int) -> str:
         """The layout a process with `threads` torch threads should use (e.g. the SSD draft's)."""

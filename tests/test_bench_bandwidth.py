@@ -24,7 +24,7 @@ TABLE = 320 * 64                # the LM head (or the tied embedding table)
 
 
 def runner(path: str, layout: str) -> ModelRunner:
-    return ModelRunner(path, load_config(path), num_kv_blocks=8, block_size=16, max_model_len=64,
+    return ModelRunner(path, load_config(path), num_kv_blocks=8, block_size=16, max_position=64,
                        dtype=torch.float32, device=torch.device("cpu"), weight_layout=layout)
 
 

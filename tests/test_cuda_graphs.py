@@ -70,7 +70,7 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
 
 
 def _runner(model, graphs: int, shapes=(("paged", 1),)) -> ModelRunner:
-    runner = ModelRunner(model, load_config(model), num_kv_blocks=16, block_size=4, max_model_len=64,
+    runner = ModelRunner(model, load_config(model), num_kv_blocks=16, block_size=4, max_position=64,
                          dtype=torch.float32, device=torch.device(DEVICE), attention_backend="triton",
                          cuda_graph_max_batch=graphs)
     runner.capture_graphs(list(shapes))  # what the engine does at start-up

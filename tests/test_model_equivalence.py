@@ -21,7 +21,7 @@ TOL = 1e-4
 def _compare(path: str, prompts: list[list[int]], pack: bool, block_size: int = 4) -> tuple[float, float]:
     """Max |ours - transformers| over every prefill position, then over one decode step."""
     config = load_config(path)
-    runner = ModelRunner(path, config, num_kv_blocks=256, block_size=block_size, max_model_len=512,
+    runner = ModelRunner(path, config, num_kv_blocks=256, block_size=block_size, max_position=512,
                          dtype=torch.float32, device=torch.device("cpu"), weight_layout=pack)
     oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     blocks = BlockManager(256, block_size, enable_prefix_caching=False)

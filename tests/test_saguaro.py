@@ -45,7 +45,7 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
     assert summary["fanouts"]["T=0"] == cal.measured["fanout_at_budget"] and sum(cal.outcome_probs) == pytest.approx(1)
     config = EngineConfig(model=target, draft_model=noisy_draft, num_speculative_tokens=3, ssd_fanout="geometric",
                           calibration_dir=str(out))
-    assert plan_saguaro(config, target, noisy_draft).fanouts == [(0.0, geometric_fanout(cal.alpha, cal.r, cal.budget, 3))]
+    assert plan_saguaro(config.parts().speculative, target, noisy_draft).fanouts == [(0.0, geometric_fanout(cal.alpha, cal.r, cal.budget, 3))]
     # before any round the rule's b* comes from the calibration's numbers
     assert summary["critical_batch_size"] == critical_batch_size(cal.p_hit, cal.e_primary, cal.e_fast, cal.t_p,
                                                                  cal.t_slow)

@@ -34,7 +34,7 @@ def test_request_round_trip_with_new_sequences_and_overflow():
     back = decode_request(frame)
     assert back.kind == Kind.ROUND and back.finished == [4, 9] and back.backup == Source.FAST
     assert back.wanted == req.wanted and back.wanted_ids == [8, 7]
-    assert back.entries[0].tokens == long_prompt and back.entries[1].k == 2 and back.entries[1].params is None
+    assert back.entries[0].tokens == long_prompt and back.entries[1].accepted == 2 and back.entries[1].params is None
     got = back.entries[0].params
     assert (got.top_k, got.seed) == (40, 1234)
     # sampling parameters travel as float32, the values the draft samples with
@@ -127,7 +127,7 @@ def nopad(tiny_model_dir) -> str:
 def _server(path: str, fanout: list[int], k: int):
     fanouts = [(0.0, fanout)]
     runner = ModelRunner(path, load_config(path), num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8),
-                         block_size=8, max_model_len=128, dtype=torch.float32, device=torch.device("cpu"))
+                         block_size=8, max_position=128, dtype=torch.float32, device=torch.device("cpu"))
     return new_server(runner, 32, 8, k, 259, fanouts, 1.0, 2, seed=0)
 
 

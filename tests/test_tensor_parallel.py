@@ -75,7 +75,7 @@ def _step_logits(runner, blocks: BlockManager, prompts: list[list[int]]) -> torc
 
 def _check_tp2_matches_tp1(path: str) -> None:
     config = load_config(path)
-    single = ModelRunner(path, config, num_kv_blocks=64, block_size=16, max_model_len=256, dtype=torch.float32,
+    single = ModelRunner(path, config, num_kv_blocks=64, block_size=16, max_position=256, dtype=torch.float32,
                          device=torch.device("cpu"), weight_layout="plain")
     expected = _step_logits(single, BlockManager(64, 16, enable_prefix_caching=False), PROMPTS)
     with LLM(path, num_threads=1) as llm:

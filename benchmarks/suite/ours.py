@@ -1,6 +1,6 @@
 """Our engine's runners. Each runs in its own process (isolate.py) and measures every cell of
-its mode: K x batch size x prompt set. One engine per mode (SD switches K in place; SSD builds
-one per K, since K sizes the draft process's cache and payload)."""
+its mode: K x batch size x prompt set. SD and SSD build one engine per K: K is fixed when an
+engine is built (it sizes position tables, CUDA graphs and the draft process's cache and payload)."""
 import copy
 import time
 
@@ -34,25 +34,22 @@ def _warm_up(llm, prompt: str, batch: int) -> None:
     llm.generate([prompt] * batch, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
 
 
-def _reset_counters(llm, k: int | None) -> None:
+def _reset_counters(llm) -> None:
     """Fresh speculation counters, so a cell's acceptance and hit rates are its own."""
-    from ssd_engine.speculative.metrics import SpecMetrics
-    from ssd_engine.speculative.ssd.metrics import SSDMetrics
     engine = llm.engine
-    if k is not None:
-        engine.speculator.k = k  # SD: an engine built for the largest K runs any smaller K in place
-        engine.spec_metrics = SpecMetrics(k)
+    if engine.speculator is not None:
+        engine.spec_metrics.reset()
     if hasattr(engine.speculator, "metrics"):
-        engine.speculator.metrics = SSDMetrics(k)
+        engine.speculator.metrics.reset()
 
 
 def _cells(llm, opts, prompt_sets: dict, mode: str, k: int | None, progress) -> list[dict]:
     rows = []
     for batch in opts.batch:
-        _reset_counters(llm, k)
+        _reset_counters(llm)
         _warm_up(llm, next(iter(prompt_sets.values()))[0], batch)
         for name, prompts in prompt_sets.items():
-            _reset_counters(llm, k)
+            _reset_counters(llm)
             label = f"{mode}{f' K={k}' if k else ''} b={batch} {name}"
             progress("measuring", label)
             row = {"mode": mode, "set": name, "batch": batch, "k": k, **measure(llm, opts, prompts, batch)}
@@ -103,15 +100,18 @@ def run_ar_all(opts, prompt_sets: dict, progress) -> dict:
 def run_sd(opts, prompt_sets: dict, progress) -> dict:
     pin(opts.cores, opts.threads, opts.device)
     from ssd_engine import LLM
-    with LLM(opts.model, draft_model=opts.draft, speculative_mode="sd", num_speculative_tokens=max(opts.k),
-             **_engine_options(opts, False)) as llm:
-        rows = [row for k in opts.k for row in _cells(llm, opts, prompt_sets, "sd", k, progress)]
-        engine = llm.engine
-        costs = {"target_forward_s": forward_costs(engine.runner, engine.block_manager, engine.config, opts,
-                                                   sorted({1} | {k + 1 for k in opts.k})),
-                 "draft_step_s": forward_costs(engine.speculator.runner, engine.speculator.blocks, engine.config,
-                                               opts, [1]).get(1)}
-        peaks = engine_peaks(llm)
+    rows, costs, peaks = [], {}, {}
+    for k in opts.k:
+        with LLM(opts.model, draft_model=opts.draft, speculative_mode="sd", num_speculative_tokens=k,
+                 **_engine_options(opts, False)) as llm:
+            rows += _cells(llm, opts, prompt_sets, "sd", k, progress)
+            engine = llm.engine
+            if k == max(opts.k):  # its positions cover every verification width measured
+                costs = {"target_forward_s": forward_costs(engine.runner, engine.block_manager, engine.config, opts,
+                                                           sorted({1} | {n + 1 for n in opts.k})),
+                         "draft_step_s": forward_costs(engine.speculator.runner, engine.speculator.blocks,
+                                                       engine.config, opts, [1]).get(1)}
+            peaks = merge_peaks(peaks, engine_peaks(llm))
     return {"rows": rows, "costs": costs, "peaks": peaks}
 
 

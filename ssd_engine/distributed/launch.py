@@ -7,7 +7,6 @@ that group instead: every process runs the same script, rank 0 drives, the other
 then exit (multi-node deployments use torchrun, not a launcher of ours).
 """
 import atexit
-import dataclasses
 import os
 import sys
 import weakref
@@ -44,7 +43,7 @@ def start_tensor_parallel(config, spec: RunnerSpec, core_sets: list[list[int]] |
 
 def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> TensorParallelRunner:
     size = config.tensor_parallel_size
-    on_cpu = spec.device == "cpu"
+    on_cpu = spec.model.device == "cpu"
     if on_cpu:
         core_sets = core_sets or plan_core_sets(size, config.cpu_cores)
     else:
@@ -57,21 +56,21 @@ def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> Tenso
     workers = {}
     for rank in range(1, size):
         # a fresh interpreter (not multiprocessing): no re-import of the user's __main__, no helper processes
-        device = spec.device if on_cpu else f"cuda:{(torch.device(spec.device).index or 0) + rank}"
+        device = spec.model.device if on_cpu else f"cuda:{(torch.device(spec.model.device).index or 0) + rank}"
         args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
                     device=device, timeout_s=config.distributed_timeout_s, shm_fd=shm_fd)
         workers[rank] = supervise.start(f"tensor-parallel worker rank {rank}", "ssd_engine.distributed.worker_main",
                                         args, ready_key(rank), pass_fds=() if shm_fd is None else (shm_fd,))
     processes = {rank: worker.process for rank, worker in workers.items()}
     restore = pin(core_sets[0], threads[0]) if on_cpu else None
-    spec = dataclasses.replace(spec, weight_layout=config.weight_layout)  # for rank 0's pinned thread count
+    spec = spec.with_model(weight_layout=config.weight_layout)  # for rank 0's pinned thread count
     where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: cuda:{r}" for r in range(size))
     transport = ("shared memory + gloo" if use_shm else "gloo") if on_cpu else "nccl"
     print(f"tensor parallel: {size} ranks ({transport}); {where}; "
           f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)
     try:
         supervise.wait_ready(store, list(workers.values()), TensorParallelError)
-        tp = TPGroup.create(store, 0, size, torch.device(spec.device), config.distributed_timeout_s, loopback=True,
+        tp = TPGroup.create(store, 0, size, torch.device(spec.model.device), config.distributed_timeout_s, loopback=True,
                             shm_fd=shm_fd, peers_alive=lambda: all(p.poll() is None for p in processes.values()))
         runner = TensorParallelRunner(tp, spec, processes, restore)
     except BaseException:
@@ -91,16 +90,16 @@ def _join_torchrun(config, spec: RunnerSpec, rank: int, size: int) -> TensorPara
     if size != config.tensor_parallel_size:
         raise ValueError(f"torchrun started WORLD_SIZE={size} processes but tensor_parallel_size="
                          f"{config.tensor_parallel_size}; pass --tensor-parallel-size {size}")
-    device = spec.device
+    device = spec.model.device
     if device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
         torch.cuda.set_device(device)
-        spec = dataclasses.replace(spec, device=device)
+        spec = spec.with_model(device=device)
     restore = None
     if device == "cpu" and config.cpu_cores is not None:
         cores = plan_core_sets(size, config.cpu_cores)[rank]
         restore = pin(cores, config.num_threads or len(cores))
-        spec = dataclasses.replace(spec, weight_layout=config.weight_layout)
+        spec = spec.with_model(weight_layout=config.weight_layout)
     store, _, _ = next(dist.rendezvous("env://", rank, size))
     tp = TPGroup.create(store, rank, size, torch.device(device), config.distributed_timeout_s, loopback=False)
     if rank != 0:

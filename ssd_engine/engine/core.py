@@ -98,6 +98,10 @@ class Proposal:
     num_draft: torch.Tensor              # [n] real drafts per row (0: no drafts this round)
     one_hot: torch.Tensor | None = None  # [n] bool: verify this row as deterministic proposals (probs row unused)
 
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[1]
+
 
 @dataclass
 class ScheduledBatch:

@@ -6,6 +6,7 @@ reach its end gets one sampled token. Requests join and leave between steps (con
 import logging
 import os
 import time
+from dataclasses import replace
 
 import torch
 from transformers import AutoTokenizer, GenerationConfig
@@ -49,39 +50,42 @@ class LLMEngine:
         config = self.config
         check_before_loading(config)
         core_sets = self._place()
+        # after _place: the weight layout follows this process's pinned threads
+        self.parts = parts = config.parts()
         self.model_path = resolve_model_path(config)
         if config.speculative_mode != "ar":
             # a default draft's first-run conversion happens here, before any weights are loaded,
             # so its working memory never adds to a loaded target's
             resolve_model_path(config, "draft")
         self.hf_config = load_config(self.model_path)
-        check_splittable(self.hf_config, config.tensor_parallel_size)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.tokenizer or self.model_path)
+        check_splittable(self.hf_config, parts.parallel.tensor_parallel_size)
+        self.tokenizer = AutoTokenizer.from_pretrained(parts.model.tokenizer or self.model_path)
         self.max_model_len = self._max_model_len()
-        self.device = torch.device(config.device)
-        dtype = DTYPES[config.dtype]
+        self.device = torch.device(parts.model.device)
+        dtype = DTYPES[parts.model.dtype]
         num_blocks = self._num_kv_blocks(dtype)
         # verification and drafting run up to K positions past the last token
-        max_position = self.max_model_len + config.num_speculative_tokens + 1
-        spec = RunnerSpec(self.model_path, num_blocks, config.block_size, max_position, config.dtype,
-                          config.device, config.weight_layout, config.attention_backend, config.graph_max_batch)
-        if config.tensor_parallel_size > 1 or torchrun_world() is not None:
+        max_position = self.max_model_len + parts.speculative.k + 1
+        spec = RunnerSpec(replace(parts.model, path=self.model_path), replace(parts.cache, num_kv_blocks=num_blocks),
+                          max_position)
+        if parts.parallel.tensor_parallel_size > 1 or torchrun_world() is not None:
             self.runner = start_tensor_parallel(config, spec, core_sets and core_sets[:-1])
         else:
             self.runner = spec.build()
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.block_manager = BlockManager(num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, parts.scheduler.max_num_seqs,
+                                   parts.scheduler.max_num_batched_tokens)
         self.scheduler.release_hooks.append(self.runner.release)  # tensor-parallel workers forget freed tables
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
-        self.verifier = Verifier(stream_generator(config.seed, Stream.TARGET, device=self.device))  # unseeded requests
-        self.spec_metrics = SpecMetrics(config.num_speculative_tokens)
-        if config.speculative_mode == "sd":
-            self.speculator = build_sync_draft(config, self, num_blocks, max_position)
+        self.verifier = Verifier(stream_generator(parts.seed, Stream.TARGET, device=self.device))  # unseeded requests
+        self.spec_metrics = SpecMetrics(parts.speculative.k)
+        if parts.speculative.mode == "sd":
+            self.speculator = build_sync_draft(config, self, spec)
             self.scheduler.release_hooks.append(self.speculator.release)
-        elif config.speculative_mode == "ssd":
+        elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             threads = config.num_threads or (len(cores) if cores else torch.get_num_threads())
-            self.speculator = start_async_draft(config, self, num_blocks, max_position, cores, threads)
+            self.speculator = start_async_draft(config, self, spec, cores, threads)
             self.scheduler.release_hooks.append(self.speculator.release)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
@@ -91,8 +95,8 @@ class LLMEngine:
     def _capture_graphs(self) -> None:
         """CUDA graphs for the steps this engine repeats: decode, verification of K + 1 tokens, and
         (the SD draft captures its one-token steps when built, the SSD draft process its own)."""
-        k = self.config.num_speculative_tokens
-        shapes = [("paged", 1)] if self.config.speculative_mode == "ar" else [("paged", 1), ("paged", k + 1)]
+        k = self.parts.speculative.k
+        shapes = [("paged", 1)] if self.parts.speculative.mode == "ar" else [("paged", 1), ("paged", k + 1)]
         self.runner.capture_graphs(shapes)
 
     def _place(self) -> list[list[int]] | None:
@@ -113,22 +117,23 @@ class LLMEngine:
 
     def _max_model_len(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 4096
-        if self.config.max_model_len is None:
+        wanted = self.parts.scheduler.max_model_len
+        if wanted is None:
             return min(limit, 4096)
-        if self.config.max_model_len > limit:
-            raise ValueError(f"max_model_len={self.config.max_model_len} exceeds the model's "
-                             f"max_position_embeddings={limit}")
-        return self.config.max_model_len
+        if wanted > limit:
+            raise ValueError(f"max_model_len={wanted} exceeds the model's max_position_embeddings={limit}")
+        return wanted
 
     def _num_kv_blocks(self, dtype: torch.dtype) -> int:
-        if self.config.num_kv_blocks is not None:
-            return self.config.num_kv_blocks
+        cache = self.parts.cache
+        if cache.num_kv_blocks is not None:
+            return cache.num_kv_blocks
         # kv_cache_memory_gb is per rank, as GPU memory limits are per device
-        per_block = ModelRunner.kv_bytes_per_block(self.hf_config, self.config.block_size, dtype,
-                                                   self.config.tensor_parallel_size)
-        by_memory = int(self.config.kv_cache_memory_gb * 2**30 // per_block)
+        per_block = ModelRunner.kv_bytes_per_block(self.hf_config, cache.block_size, dtype,
+                                                   self.parts.parallel.tensor_parallel_size)
+        by_memory = int(cache.kv_cache_memory_gb * 2**30 // per_block)
         # more pages than every slot of every sequence at full length can never be used
-        useful = self.config.max_num_seqs * -(-self.max_model_len // self.config.block_size) + 1
+        useful = self.parts.scheduler.max_num_seqs * -(-self.max_model_len // cache.block_size) + 1
         return max(1, min(by_memory, useful))
 
     def _eos_token_ids(self) -> set[int]:
@@ -174,7 +179,7 @@ class LLMEngine:
         params = params or SamplingParams()
         token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
-        return Sequence(token_ids, params, self.config.block_size, prompt if isinstance(prompt, str) else None)
+        return Sequence(token_ids, params, self.parts.cache.block_size, prompt if isinstance(prompt, str) else None)
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
         """Queue one request; raises ValueError (and changes nothing) if it can never run."""

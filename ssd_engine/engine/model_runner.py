@@ -9,10 +9,11 @@ Under tensor parallelism every rank has a ModelRunner over its slice of the mode
 heads; all ranks run `run()` on the same StepInputs in lockstep and only rank 0 gets logits.
 """
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
+from ssd_engine.config_parts import CacheConfig, ModelConfig
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.core import ScheduledBatch
@@ -48,42 +49,43 @@ class StepInputs:
 
 @dataclass(frozen=True)
 class RunnerSpec:
-    """How to build a ModelRunner, in plain values, so tensor-parallel workers can build their own."""
-    model_path: str
-    num_kv_blocks: int
-    block_size: int
-    max_model_len: int
-    dtype: str
-    device: str            # rank 0's; rank r on CUDA takes the r-th GPU after it
-    weight_layout: str
-    attention_backend: str = "auto"
-    cuda_graph_max_batch: int = 0   # 0: eager
+    """The one way to build a ModelRunner (target, tensor-parallel ranks, SD draft, SSD draft
+    process), in plain values so other processes can build their own."""
+    model: ModelConfig     # path resolved
+    cache: CacheConfig     # num_kv_blocks resolved
+    max_position: int      # positions the model must cover: max_model_len + K + 1 (drafting and verifying run past it)
+
+    def with_model(self, **changes) -> "RunnerSpec":
+        """This spec with some ModelConfig fields changed (a draft's path, a rank's device)."""
+        return replace(self, model=replace(self.model, **changes))
 
     def build(self, tp: TPGroup | None = None) -> "ModelRunner":
         tp = tp or TPGroup.single()
-        device = torch.device(self.device)
+        model = self.model
+        device = torch.device(model.device)
         if device.type == "cuda" and tp.rank > 0:
             device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
-        return ModelRunner(self.model_path, load_config(self.model_path), num_kv_blocks=self.num_kv_blocks,
-                           block_size=self.block_size, max_model_len=self.max_model_len, dtype=DTYPES[self.dtype],
-                           device=device, weight_layout=self.weight_layout, tp=tp,
-                           attention_backend=self.attention_backend, cuda_graph_max_batch=self.cuda_graph_max_batch)
+        return ModelRunner(model.path, load_config(model.path), num_kv_blocks=self.cache.num_kv_blocks,
+                           block_size=self.cache.block_size, max_position=self.max_position,
+                           dtype=DTYPES[model.dtype], device=device, weight_layout=model.weight_layout, tp=tp,
+                           attention_backend=model.attention_backend,
+                           cuda_graph_max_batch=model.cuda_graph_max_batch)
 
 
 class ModelRunner:
-    def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_model_len: int,
+    def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_position: int,
                  dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
                  tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
         self.weight_layout = weight_layout
-        self.model = build_model(model_path, hf_config, max_model_len, dtype, device, self.tp,
+        self.model = build_model(model_path, hf_config, max_position, dtype, device, self.tp,
                                  progress=self.tp.rank == 0, on_module_loaded=self._pack)
         self.attention_backend = select_backend(attention_backend, device, block_size)
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = self.attention_backend
-        self.graphs = self._graph_runner(cuda_graph_max_batch, num_kv_blocks, max_model_len)
+        self.graphs = self._graph_runner(cuda_graph_max_batch, num_kv_blocks, max_position)
         self._allocate_kv_cache(num_kv_blocks + (self.graphs is not None))  # + the padding rows' page
 
     def _pack(self, name: str, module) -> None:
@@ -97,13 +99,13 @@ class ModelRunner:
             return
         module.pack_for_cpu(keep_plain=self.weight_layout == "dual")
 
-    def _graph_runner(self, cap: int, num_kv_blocks: int, max_model_len: int) -> GraphRunner | None:
+    def _graph_runner(self, cap: int, num_kv_blocks: int, max_position: int) -> GraphRunner | None:
         """CUDA graphs on a GPU with a kernel backend; SSD_ENGINE_EMULATE_CUDA_GRAPHS=1 runs their
         static-buffer path on CPU too (tests). The torch reference's dense masks cannot be captured."""
         emulate = os.environ.get("SSD_ENGINE_EMULATE_CUDA_GRAPHS") == "1"
         if cap == 0 or self.attention_backend is torch_attention or not (self.device.type == "cuda" or emulate):
             return None
-        return GraphRunner(self.model, cap=cap, max_pages=-(-max_model_len // self.block_size),
+        return GraphRunner(self.model, cap=cap, max_pages=-(-max_position // self.block_size),
                            block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
                            capture="cuda" if self.device.type == "cuda" else "emulate")
 

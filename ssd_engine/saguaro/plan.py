@@ -5,6 +5,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from ssd_engine.config_parts import SpeculativeConfig, SSDConfig
 from ssd_engine.saguaro import calibration as cal_mod
 from ssd_engine.saguaro.calibration import Calibration, find_calibrations
 from ssd_engine.saguaro.fallback import Estimates, FallbackPolicy
@@ -25,11 +26,11 @@ class SaguaroPlan:
                 "critical_batch_size": self.policy.critical_batch, "fallback": self.policy.mode}
 
 
-def plan_saguaro(config, target_path: str, draft_path: str) -> SaguaroPlan:
-    k = config.num_speculative_tokens
-    directory = Path(config.calibration_dir) if config.calibration_dir else cal_mod.CONFIG_DIR
+def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: str) -> SaguaroPlan:
+    k, ssd = speculative.k, speculative.ssd
+    directory = Path(ssd.calibration_dir) if ssd.calibration_dir else cal_mod.CONFIG_DIR
     calibrations = find_calibrations(target_path, draft_path, directory)
-    needs_calibration = config.fanout() is None or (config.ssd_fallback == "auto" and config.ssd_critical_batch is None)
+    needs_calibration = ssd.fanout is None or (ssd.fallback == "auto" and ssd.critical_batch is None)
     if calibrations:
         log.info("Saguaro: using calibration(s) for this pair from %s at T = %s", directory,
                  ", ".join(f"{c.temperature:g}" for c in calibrations))
@@ -39,21 +40,20 @@ def plan_saguaro(config, target_path: str, draft_path: str) -> SaguaroPlan:
                     "fan-outs and fallback choices.", directory, cal_mod.DEFAULT_ALPHA, cal_mod.DEFAULT_R,
                     cal_mod.DEFAULT_T_P)
     entries = calibrations or [None]
-    fanouts = [(c.temperature if c else 0.0, _fanout(config, c, k)) for c in entries]
-    policy = FallbackPolicy(config.ssd_fallback, _prior(calibrations, k), config.ssd_critical_batch)
+    fanouts = [(c.temperature if c else 0.0, _fanout(ssd, c, k)) for c in entries]
+    policy = FallbackPolicy(ssd.fallback, _prior(calibrations, k), ssd.critical_batch)
     return SaguaroPlan(fanouts, policy, calibrations)
 
 
-def _fanout(config, cal: Calibration | None, k: int) -> list[int]:
-    explicit = config.fanout()
-    if explicit is not None:
-        return explicit
-    budget = config.ssd_budget if config.ssd_budget is not None else (cal.budget if cal else k + 1)
-    if config.ssd_fanout == "uniform":
+def _fanout(ssd: SSDConfig, cal: Calibration | None, k: int) -> list[int]:
+    if ssd.fanout is not None:
+        return list(ssd.fanout)
+    budget = ssd.budget if ssd.budget is not None else (cal.budget if cal else k + 1)
+    if ssd.fanout_rule == "uniform":
         return uniform_fanout(budget, k)
     if cal is None:
         return geometric_fanout(cal_mod.DEFAULT_ALPHA, cal_mod.DEFAULT_R, budget, k)
-    if config.ssd_fanout == "auto" and len(cal.outcome_probs) == k + 1:
+    if ssd.fanout_rule == "auto" and len(cal.outcome_probs) == k + 1:
         return fanout_for_outcomes(cal.outcome_probs, cal.r, budget)  # Theorem 12 on the measured P(k)
     return geometric_fanout(cal.alpha, cal.r, budget, k)
 

@@ -47,7 +47,7 @@ class Verifier:
 
     def verify(self, seqs: list[Sequence], proposal: Proposal, target_logits: torch.Tensor):
         """Exact verification of each sequence's K drafts against the target's K + 1 rows."""
-        k = proposal.tokens.shape[1]
+        k = proposal.k
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
             return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),

@@ -47,6 +47,11 @@ class SpecMetrics:
         self.total = SpecCounters(k)
         self.per_request: dict[int, SpecCounters] = {}
 
+    def reset(self) -> None:
+        """Drop every count (a warm-up's, a previous cell's); K stays."""
+        self.total = SpecCounters(self.k)
+        self.per_request = {}
+
     def record(self, seq_id: int, accepted: int) -> None:
         self.total.record(accepted)
         self.per_request.setdefault(seq_id, SpecCounters(self.k)).record(accepted)

@@ -43,31 +43,32 @@ def draft_path_and_vocab(config, engine) -> tuple[str, int]:
     return draft_path, min(len(engine.tokenizer), draft_config.vocab_size, engine.hf_config.vocab_size)
 
 
-def start_async_draft(config, engine, num_blocks: int, max_position: int, cores: list[int] | None,
+def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | None,
                       threads: int) -> AsyncDraftClient:
-    """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU."""
+    """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU.
+    `target` is the target's runner spec: the draft's KV cache and positions are sized like it."""
     draft_path, vocab = draft_path_and_vocab(config, engine)
-    device = config.device
+    parts = engine.parts
+    device = parts.model.device
     if device.startswith("cuda"):
         first = torch.device(device).index or 0
-        wanted = first + config.tensor_parallel_size
+        wanted = first + parts.parallel.tensor_parallel_size
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
-    plan = plan_saguaro(config, engine.model_path, draft_path)
-    spec = DraftSpec(draft_path, num_blocks, config.block_size, max_position, config.dtype, device,
-                     config.weight_layout_for(threads), config.num_speculative_tokens, vocab,
-                     tuple((t, tuple(f)) for t, f in plan.fanouts), float(config.saguaro_c),
-                     config.max_num_seqs, config.seed, config.attention_backend, config.graph_max_batch)
-    return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, config.draft_timeout_s,
-                            stream_generator(config.seed, Stream.BACKUP, "coordinator", device=engine.device),
+    plan = plan_saguaro(parts.speculative, engine.model_path, draft_path)
+    runner = target.with_model(path=draft_path, device=device, weight_layout=config.weight_layout_for(threads))
+    spec = DraftSpec(runner, parts.speculative.k, vocab, tuple((t, tuple(f)) for t, f in plan.fanouts),
+                     parts.speculative.ssd.saguaro_c, parts.scheduler.max_num_seqs, parts.seed)
+    return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
+                            stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
                             engine.device, plan)
 
 
-def build_sync_draft(config, engine, num_blocks: int, max_position: int) -> SyncDraft:
+def build_sync_draft(config, engine, target: RunnerSpec) -> SyncDraft:
     draft_path, proposable = draft_path_and_vocab(config, engine)
-    # the target's settings: the draft runs in the same process, on the same device
-    runner = RunnerSpec(draft_path, num_blocks, config.block_size, max_position, config.dtype, config.device,
-                        config.weight_layout, config.attention_backend, config.graph_max_batch).build()
+    # the target's settings: the draft runs in the same process, on the same device; the layout is
+    # read now, as tensor parallelism may have pinned this process since the target's spec was made
+    runner = target.with_model(path=draft_path, weight_layout=config.weight_layout).build()
     runner.capture_graphs([("paged", 1)])  # its one-token draft steps
-    return SyncDraft(runner, num_blocks, config.block_size, config.num_speculative_tokens, proposable,
-                     stream_generator(config.seed, Stream.DRAFT, device=engine.device))
+    return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, engine.parts.speculative.k,
+                     proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device))

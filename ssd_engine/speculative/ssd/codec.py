@@ -45,7 +45,7 @@ def encode_request(req: Request) -> torch.Tensor:
     ints += req.finished
     for e in req.entries:
         p = e.params
-        ints += (e.seq_id, int(p is not None), e.k, len(e.tokens))
+        ints += (e.seq_id, int(p is not None), e.accepted, len(e.tokens))
         if p is not None:
             ints += (p.top_k, p.seed)
             floats += (p.temperature, p.top_p, p.min_p)
@@ -71,14 +71,14 @@ def decode_request(frame: torch.Tensor) -> Request:
     req = Request(Kind(kind), w[at:at + n_fin], backup=Source(backup))
     at += n_fin
     for _ in range(n_ent):
-        seq_id, is_new, k, n = w[at:at + 4]
+        seq_id, is_new, accepted, n = w[at:at + 4]
         at += 4
         params = None
         if is_new:
             top_k, seed = w[at:at + 2]
             at += 2
             params = DraftParams(next(floats), top_k, next(floats), next(floats), seed)
-        req.entries.append(Entry(seq_id, k, w[at:at + n], params))
+        req.entries.append(Entry(seq_id, accepted, w[at:at + n], params))
         at += n
     req.wanted = [Wanted(w[i], w[i + 1]) for i in range(at, at + 2 * n_want, 2)]
     return req

@@ -52,7 +52,7 @@ class AsyncDraftClient:
             raise
         self.metrics = SSDMetrics(self.k)
         self.known: dict[int, int] = {}        # seq_id -> committed tokens the draft has
-        self.verified_k: dict[int, int] = {}   # seq_id -> drafts accepted in its last verified round
+        self.last_accepted: dict[int, int] = {}  # seq_id -> drafts accepted in its last verified round
         self.source: dict[int, Source] = {}    # seq_id -> where its current speculation came from
         self.finished: list[int] = []
         self.replied_at: float | None = None
@@ -76,7 +76,7 @@ class AsyncDraftClient:
     def _from_draft(self, seqs: list[Sequence], wanted: list[Sequence]) -> Proposal | None:
         if self.process.poll() is not None:
             raise DraftLinkError(f"exited with code {self.process.returncode}")
-        cold = sum(s.seq_id not in self.verified_k for s in wanted)
+        cold = sum(s.seq_id not in self.last_accepted for s in wanted)
         backup = self._backup(len(wanted), cold) if wanted else Source.JIT
         request = Request(finished=self.finished, entries=[e for e in map(self._news, seqs) if e],
                           wanted=[Wanted(s.seq_id, q_width(draft_params(s), self.vocab)) for s in wanted],
@@ -94,7 +94,7 @@ class AsyncDraftClient:
         if any(spec.source == Source.JIT for spec in specs):
             self.metrics.record_jit(t.lookup_s)
         for seq, spec in zip(wanted, specs):
-            self.metrics.record_lookup(self.verified_k.pop(seq.seq_id, -1), spec.source, spec.bonus_rank)
+            self.metrics.record_lookup(self.last_accepted.pop(seq.seq_id, -1), spec.source, spec.bonus_rank)
             self.source[seq.seq_id] = spec.source
         return self._proposal([s.tokens or [0] * self.k for s in specs], [s.q for s in specs],
                               [s.source != Source.NONE for s in specs])
@@ -119,7 +119,7 @@ class AsyncDraftClient:
             return Entry(seq.seq_id, -1, list(seq.token_ids), draft_params(seq))
         if len(seq) == have:
             return None
-        return Entry(seq.seq_id, self.verified_k.get(seq.seq_id, -1), seq.token_ids[have:])
+        return Entry(seq.seq_id, self.last_accepted.get(seq.seq_id, -1), seq.token_ids[have:])
 
     def _proposal(self, tokens: list[list[int]], qs: list, drafted: list[bool]) -> Proposal:
         n = len(tokens)
@@ -146,14 +146,14 @@ class AsyncDraftClient:
         """Nothing to roll back here: the draft learns the outcome from the next request."""
         if outcome.accepted is None:  # no drafts were verified (the draft had no pages for it)
             return
-        self.verified_k[outcome.seq.seq_id] = outcome.accepted
+        self.last_accepted[outcome.seq.seq_id] = outcome.accepted
         self.metrics.record_verified(self.source.pop(outcome.seq.seq_id, Source.LOCAL), outcome.accepted)
 
     def release(self, seq: Sequence) -> None:
         """Finished or preempted: the draft forgets it (a preempted one comes back as new)."""
         if self.known.pop(seq.seq_id, None) is not None:
             self.finished.append(seq.seq_id)
-        self.verified_k.pop(seq.seq_id, None)
+        self.last_accepted.pop(seq.seq_id, None)
         self.source.pop(seq.seq_id, None)
 
     def _lost(self, message: str) -> None:

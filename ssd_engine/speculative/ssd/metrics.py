@@ -7,7 +7,7 @@ T_p <= 1 means the draft keeps up and a hit costs the target nothing.
 
 Every method takes a `Source`; the dictionaries are what users read, keyed by its label ("hit", ...).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from ssd_engine.saguaro.calibration import miss_curve
 from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
@@ -25,7 +25,7 @@ class SSDMetrics:
     draft_failures: list[str] = field(default_factory=list)
     rank_counts_by_k: list = field(default_factory=list)     # [k][rank]: where each bonus stood among candidates
     rounds: dict = field(default_factory=dict)                # source -> verified rounds
-    verified_k_counts: dict = field(default_factory=dict)     # source -> [rounds that accepted k], k = 0..K
+    rounds_by_accepted: dict = field(default_factory=dict)    # source -> [rounds that accepted a], a = 0..K
     backups: dict = field(default_factory=dict)               # jit / fast -> rounds the policy chose it for
     step_samples: list = field(default_factory=list)          # (branch rows, seconds per branch-decode step)
     glue_s: float = 0.0
@@ -42,12 +42,19 @@ class SSDMetrics:
         self.hits_by_k = self.hits_by_k or [0] * (self.k + 2)
         self.rank_counts_by_k = self.rank_counts_by_k or [[0] * (RANK_DEPTH + 1) for _ in range(self.k + 1)]
 
-    def record_lookup(self, prev_k: int, source: Source, bonus_rank: int = -1) -> None:
-        self.lookups_by_k[prev_k + 1] += 1
-        self.hits_by_k[prev_k + 1] += source == Source.HIT
+    def reset(self) -> None:
+        """Drop every count (a warm-up's, a previous cell's); K stays. In place, as the coordinator
+        holds this object."""
+        fresh = SSDMetrics(self.k)
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
+
+    def record_lookup(self, prev_accepted: int, source: Source, bonus_rank: int = -1) -> None:
+        self.lookups_by_k[prev_accepted + 1] += 1
+        self.hits_by_k[prev_accepted + 1] += source == Source.HIT
         self._count(source)
-        if prev_k >= 0 and bonus_rank >= 0:
-            self.rank_counts_by_k[prev_k][min(bonus_rank, RANK_DEPTH)] += 1
+        if prev_accepted >= 0 and bonus_rank >= 0:
+            self.rank_counts_by_k[prev_accepted][min(bonus_rank, RANK_DEPTH)] += 1
 
     def record_backup(self, choice: Source) -> None:
         self.backups[choice.label] = self.backups.get(choice.label, 0) + 1
@@ -63,7 +70,7 @@ class SSDMetrics:
         self.drafted[name] = self.drafted.get(name, 0) + self.k
         self.accepted[name] = self.accepted.get(name, 0) + accepted
         self.rounds[name] = self.rounds.get(name, 0) + 1
-        self.verified_k_counts.setdefault(name, [0] * (self.k + 1))[accepted] += 1
+        self.rounds_by_accepted.setdefault(name, [0] * (self.k + 1))[accepted] += 1
 
     def record_round(self, build_s: float, wait_s: float, glue_s: float = 0.0, step_s: float = 0.0,
                      step_rows: int = 0) -> None:

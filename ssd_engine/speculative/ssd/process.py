@@ -11,35 +11,41 @@ from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
 
+from ssd_engine.config_parts import CacheConfig, ModelConfig
 from ssd_engine.distributed import supervise
+from ssd_engine.engine.model_runner import RunnerSpec
 
 READY_KEY = "draft/ready"
 
 
 @dataclass(frozen=True)
 class DraftSpec:
-    model_path: str
-    num_blocks: int
-    block_size: int
-    max_position: int
-    dtype: str
-    device: str
-    weight_layout: str
-    k: int
+    """What the draft process needs: its runner (the target's sizes, the draft's model, device and
+    layout; the draft adds scratch pages itself) and its speculation settings."""
+    runner: RunnerSpec
+    k: int                # draft tokens per round
     vocab: int            # proposable ids: shared by tokenizer, draft and target
     fanouts: tuple        # ((temperature, (F_0..F_K)), ...): per request temperature, the nearest
     saguaro_c: float      # Saguaro sampling's down-weighting constant C
     max_num_seqs: int
     seed: int
-    attention_backend: str = "auto"
-    cuda_graph_max_batch: int = 0
+
+    def to_args(self) -> dict:
+        """Plain values for the child's JSON arguments."""
+        return asdict(self)
+
+    @classmethod
+    def from_args(cls, args: dict) -> "DraftSpec":
+        runner = args["runner"]
+        spec = RunnerSpec(ModelConfig(**runner["model"]), CacheConfig(**runner["cache"]), runner["max_position"])
+        return cls(**{**args, "runner": spec})
 
 
 def spawn(spec: DraftSpec, cores: list[int] | None, threads: int,
           timeout_s: float) -> tuple[subprocess.Popen, dist.TCPStore]:
     """-> (process, store); returns once the draft has loaded its model and waits on the channel."""
     store = supervise.host_store(2)
-    args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, spec=asdict(spec))
+    args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, spec=spec.to_args())
     draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
     supervise.wait_ready(store, [draft])
     return draft.process, store

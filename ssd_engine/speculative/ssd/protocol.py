@@ -66,7 +66,7 @@ def q_mode_of_width(width: int, vocab: int) -> QMode:
 @dataclass
 class Entry:
     seq_id: int
-    k: int              # drafts accepted in the round just verified (-1: it had no draft speculation)
+    accepted: int       # drafts accepted in the round just verified (-1: it had no draft speculation)
     tokens: list[int]   # new committed tokens (the bonus token t* last); all tokens so far when new
     params: DraftParams | None = None  # set for a sequence the draft has not seen
 

@@ -5,11 +5,11 @@ the next speculation cache while the target verifies (speculative/ssd/draft/serv
 """
 import os
 import sys
+from dataclasses import replace
 
 import torch
 
 from ssd_engine.distributed import supervise
-from ssd_engine.engine.model_runner import RunnerSpec
 from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
 from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import READY_KEY, DraftSpec
@@ -18,23 +18,24 @@ from ssd_engine.speculative.ssd.protocol import Kind, Reply
 
 
 def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict) -> None:
-    spec = DraftSpec(**spec)
+    spec = DraftSpec.from_args(spec)
+    device = spec.runner.model.device
     if cores is not None:
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
-    if spec.device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(spec.device))
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
     store = supervise.join_store(port, 2, supervise.STARTUP_TIMEOUT_S)
     fanouts = [(t, list(f)) for t, f in spec.fanouts]
-    scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // spec.block_size)
-    runner = RunnerSpec(spec.model_path, spec.num_blocks + scratch_pages, spec.block_size, spec.max_position,
-                        spec.dtype, spec.device, spec.weight_layout, spec.attention_backend,
-                        spec.cuda_graph_max_batch).build()
-    server = new_server(runner, spec.num_blocks, spec.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
+    cache = spec.runner.cache
+    scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // cache.block_size)
+    # the scratch pages sit past the target-sized cache the server's block manager hands out
+    runner = replace(spec.runner, cache=replace(cache, num_kv_blocks=cache.num_kv_blocks + scratch_pages)).build()
+    server = new_server(runner, cache.num_kv_blocks, cache.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
                         spec.max_num_seqs, spec.seed)
     runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps
     supervise.announce_ready(store, READY_KEY)
-    link = DraftLink(store, 1, timeout_s, payload_device=torch.device(spec.device))
+    link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device))
     try:
         _serve(link, server, spec)
     except DraftLinkError:

@@ -43,7 +43,7 @@ class DraftServer:
                 continue
             seq = self.seqs[e.seq_id]
             seq.tokens.extend(e.tokens)
-            key = (e.k, e.tokens[-1]) if e.k >= 0 and seq.sent is not None else None
+            key = (e.accepted, e.tokens[-1]) if e.accepted >= 0 and seq.sent is not None else None
             seq.bonus_rank = bonus_rank(seq, *key) if key and seq.ranked else -1
             seq.sent, seq.ranked = None, None
             seq.cache = {key: seq.cache[key]} if key in seq.cache else {}
