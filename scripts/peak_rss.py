@@ -86,7 +86,10 @@ def sample(root: psutil.Process, result: TreePeak, started: float) -> None:
         now[proc.pid] = round(rss / GB, 3)
         peak = result.processes.get(proc.pid)
         if peak is None:
-            peak = result.processes[proc.pid] = ProcessPeak(proc.pid, label_of(proc))
+            peak = result.processes[proc.pid] = ProcessPeak(proc.pid, "?")
+        label = label_of(proc)  # re-read: a child sampled between fork and exec shows our own argv
+        if label != "?":
+            peak.label = label
         hwm = vm_hwm_bytes(proc.pid) or rss
         peak.peak_gb = max(peak.peak_gb, hwm / GB, rss / GB)
     result.trace.append((round(time.monotonic() - started, 2), now))

@@ -10,6 +10,7 @@ read on first use, shared with every process mapping the same file and dropped u
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import mmap
@@ -57,3 +58,16 @@ def map_rows(path: str, name: str, start: int, rows: int) -> torch.Tensor | None
         # ACCESS_COPY = MAP_PRIVATE: writable for torch, never written back, clean until written
         region = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_COPY, offset=aligned)
     return torch.frombuffer(region, dtype=dtype, count=rows * shape[1], offset=first - aligned).view(rows, shape[1])
+
+
+def release_freed_heap() -> None:
+    """Hand freed heap pages back to the kernel (glibc's malloc_trim; a no-op elsewhere).
+
+    glibc serves blocks below its mmap threshold, which rises to the size of the last large
+    block freed (up to 32 MB), from its heap, and keeps freed heap blocks mapped. Packing frees
+    each layer's ~10 MB plain copies there, and the holes they leave between live packed weights
+    stayed resident: 0 to 0.3 GB more RSS from one run of the 1.5B target to the next, measured."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

@@ -9,7 +9,7 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import AutoConfig
 
-from ssd_engine.memory import safetensors_header
+from ssd_engine.memory import release_freed_heap, safetensors_header
 from ssd_engine.models import model_class_for
 
 
@@ -91,6 +91,7 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
                             del tensor  # its pages leave RSS when the window's mapping closes
                         loaded.add(key)
                         finish_ready(key[0].rsplit(".", 1)[0])
+                release_freed_heap()  # the window's packed layers freed their plain copies
     for module_name, _ in model.named_modules():  # e.g. a tied head, whose weight came with the embedding
         finish_ready(module_name)
     missing = [n for n in params if not _covered(n, loaded, model)]
