@@ -26,10 +26,9 @@ from ssd_engine.distributed.executor import TensorParallelError
 from ssd_engine.distributed.shm_collectives import supported as shm_supported
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.model_runner import ModelRunner
-from ssd_engine.engine.core import ScheduledBatch
-from ssd_engine.engine.core import Sequence
+from ssd_engine.engine.core import ScheduledBatch, Sequence
 from ssd_engine.models.loader import load_config
-from process_helpers import gone_within, kill_session, read_line
+from process_helpers import children_of, gone_within, kill_session, read_line
 
 TOL = 1e-4
 PROMPTS = [list(range(5, 12)), list(range(40, 53)), [7, 8, 9], [(7 * i) % 250 + 3 for i in range(37)]]
@@ -43,17 +42,7 @@ SPLITS = {
 
 def child_pids() -> set[int]:
     """Live children of this process, read from the process table."""
-    children = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == os.getpid() and fields[0] != "Z":
-                children.add(int(entry))
-    return children
+    return children_of(os.getpid())
 
 
 def _step_logits(runner, blocks: BlockManager, prompts: list[list[int]]) -> torch.Tensor:
