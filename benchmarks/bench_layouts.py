@@ -1,7 +1,9 @@
 """What each CPU weight layout costs in speed and memory on one core. (Not a test.)
 
-    python benchmarks/bench_layouts.py                 # default target: plain / packed / dual
-    python benchmarks/bench_layouts.py --which draft --rounds 5
+    PYTHONPATH=. python benchmarks/bench_layouts.py    # default target: plain / packed / dual
+    PYTHONPATH=. python benchmarks/bench_layouts.py --which draft --rounds 5
+
+(PYTHONPATH=. so this checkout's ssd_engine is timed, not an installed one.)
 
 `plain` keeps F.linear's row-major weights, `packed` oneDNN's blocked copy only, `dual` both
 (plain for one row, packed for more). One process pinned to one core with one thread loads the
