@@ -18,7 +18,7 @@ from ssd_engine.models.loader import load_config
 
 
 def runner(path: str, layout: str) -> ModelRunner:
-    return ModelRunner(path, load_config(path), num_kv_blocks=64, block_size=16, max_model_len=256,
+    return ModelRunner(path, load_config(path), num_kv_blocks=64, block_size=16, max_position=256,
                        dtype=torch.float32, device=torch.device("cpu"), weight_layout=layout)
 
 
