@@ -3,10 +3,12 @@
 Runs the built-in default pair's target unless --model is given; prints each completion and one
 closing stats line. Bad input prints one `error: ...` line and exits with status 2.
 """
+import os
 import sys
 import time
 
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, fail, sampling_params
+from ssd_engine.progress import PROGRESS_ENV
 
 
 def build_parser() -> ArgumentParser:
@@ -23,6 +25,8 @@ def build_parser() -> ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.no_progress:  # the loading bars too, the SSD draft process's included (it inherits this)
+        os.environ[PROGRESS_ENV] = "0"
     prompts = args.prompt or ["def quicksort(arr):"]
     try:
         from ssd_engine import LLM

@@ -11,6 +11,7 @@ from transformers import AutoConfig
 
 from ssd_engine.memory import release_freed_heap, safetensors_header
 from ssd_engine.models import model_class_for
+from ssd_engine.progress import progress_enabled
 
 
 def check_model_dir(path: str) -> None:
@@ -38,7 +39,7 @@ def build_model(path: str, config, max_position: int, dtype: torch.dtype, device
     cls = model_class_for(config)
     with torch.device(device):
         model = cls(config, max_position, tp).to(dtype)
-    load_weights(model, path, progress=progress, on_module_loaded=on_module_loaded)
+    load_weights(model, path, progress=progress and progress_enabled(), on_module_loaded=on_module_loaded)
     return model.eval()
 
 
