@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List
 
+from ssd_engine.progress import progress_enabled
+
 MARKER = ".complete"
 CACHE_ENV = "SSD_ENGINE_CACHE"
 # Set to 1 to keep the joined .gguf next to the converted folder (debugging, llama.cpp parity).
@@ -240,7 +242,7 @@ def resolve_default_model(which: str = "target") -> str:
         # A GGUF kept from an earlier run (SSD_ENGINE_KEEP_GGUF) is reused only if intact.
         if dest.is_file() and _sha256_file(dest) == spec.sha256:
             return dest
-        return join_parts(spec, dest)
+        return join_parts(spec, dest, progress=progress_enabled())
 
     return _resolve_cached(spec.name, make_gguf, cleanup=True)
 

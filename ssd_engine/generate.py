@@ -11,6 +11,7 @@ import time
 
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, fail, sampling_params
 from ssd_engine.config import EngineConfig
+from ssd_engine.progress import PROGRESS_ENV
 from ssd_engine.sampling_params import SamplingParams
 
 DEFAULT_PROMPT = "def quicksort(arr):"
@@ -65,17 +66,17 @@ def _generate(prompts: list[str], params: SamplingParams, args) -> int:
 
 @contextlib.contextmanager
 def _no_progress_bars():
-    """TQDM_DISABLE, tqdm's own switch: the children started meanwhile (draft process, workers)
-    inherit it, and the model loader reads it for its bars in this process too."""
-    before = os.environ.get("TQDM_DISABLE")
-    os.environ["TQDM_DISABLE"] = "1"
+    """The loading and conversion bars read PROGRESS_ENV (ssd_engine/progress.py), here and in the
+    children started meanwhile (draft process, workers, converter), which inherit it."""
+    before = os.environ.get(PROGRESS_ENV)
+    os.environ[PROGRESS_ENV] = "0"
     try:
         yield
     finally:
         if before is None:
-            os.environ.pop("TQDM_DISABLE", None)
+            os.environ.pop(PROGRESS_ENV, None)
         else:
-            os.environ["TQDM_DISABLE"] = before
+            os.environ[PROGRESS_ENV] = before
 
 
 def checked_request(args) -> tuple[list[str], SamplingParams]:

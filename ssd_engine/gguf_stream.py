@@ -187,12 +187,14 @@ def main(argv: list[str] | None = None) -> int:
     staying in the engine's RSS (~0.3 GB measured)."""
     import sys
 
+    from ssd_engine.progress import progress_enabled
+
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
         print("usage: python -m ssd_engine.gguf_stream GGUF OUT_DIR", file=sys.stderr)
         return 2
     try:
-        convert(Path(args[0]), Path(args[1]))
+        convert(Path(args[0]), Path(args[1]), show_progress=progress_enabled())
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

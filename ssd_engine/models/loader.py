@@ -11,6 +11,7 @@ from transformers import AutoConfig
 
 from ssd_engine.memory import release_freed_heap, safetensors_header
 from ssd_engine.models import model_class_for
+from ssd_engine.progress import progress_enabled
 
 
 def check_model_dir(path: str) -> None:
@@ -38,7 +39,7 @@ def build_model(path: str, config, max_position: int, dtype: torch.dtype, device
     cls = model_class_for(config)
     with torch.device(device):
         model = cls(config, max_position, tp).to(dtype)
-    load_weights(model, path, progress=progress, on_module_loaded=on_module_loaded)
+    load_weights(model, path, progress=progress and progress_enabled(), on_module_loaded=on_module_loaded)
     return model.eval()
 
 
@@ -68,8 +69,7 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
     files = sorted(glob(os.path.join(path, "*.safetensors")))
     headers = [safetensors_header(file)[0] for file in files]
     total = sum(_nbytes(entry) for header in headers for entry in header.values())
-    quiet = os.environ.get("TQDM_DISABLE", "") not in ("", "0")  # tqdm reads it at import only
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress or quiet,
+    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
               desc=f"loading {os.path.basename(os.path.normpath(path))}") as bar:
         for file, header in zip(files, headers):
             names = sorted(header, key=lambda n: header[n]["data_offsets"][0])  # file order: pages read forward
