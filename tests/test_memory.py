@@ -6,6 +6,7 @@ embedding is a mapping of the checkpoint file of which only looked-up rows becom
 KV cache costs nothing until written; loading packs layer by layer, so no plain copy outlives it.
 """
 import os
+import struct
 
 import pytest
 import torch
@@ -36,18 +37,16 @@ def weight_bytes(model) -> int:
 
 
 def mapping_rss(tensor: torch.Tensor) -> int:
-    """Resident bytes of the memory mapping holding `tensor` (its VMA's Rss in /proc/self/smaps)."""
-    address = tensor.data_ptr()
-    with open("/proc/self/smaps") as f:
-        inside = False
-        for line in f:
-            head = line.split()[0]
-            if "-" in head and not head.endswith(":"):
-                start, end = (int(x, 16) for x in head.split("-"))
-                inside = start <= address < end
-            elif inside and head == "Rss:":
-                return int(line.split()[1]) * 1024
-    raise AssertionError("tensor is not inside any mapping")
+    """Bytes of `tensor`'s own pages mapped in this process (present bits in /proc/self/pagemap).
+    Not the VMA's Rss in smaps: the kernel may merge a new anonymous mapping with a neighbour
+    that is already resident, so that figure is not the tensor's."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = tensor.data_ptr()
+    first, last = start // page, (start + tensor.numel() * tensor.element_size() - 1) // page
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(first * 8)
+        entries = struct.unpack(f"{last - first + 1}Q", f.read((last - first + 1) * 8))
+    return sum(entry >> 63 & 1 for entry in entries) * page
 
 
 @pytest.mark.parametrize("threads", [1, 2, 8])
@@ -113,7 +112,7 @@ def test_map_rows_reads_a_slice_of_the_file(tmp_path):
 def test_lazy_zeros_cost_nothing_until_written():
     kv = lazy_zeros((2, 4, 2**20, 8), torch.float32, torch.device("cpu"))  # 256 MB
     assert mapping_rss(kv) == 0
-    assert kv[1, 3, -5:].abs().sum().item() == 0.0  # reads see zeros (the shared zero page)
+    assert kv[1, 3, -5:].abs().sum().item() == 0.0  # reads see zeros (the shared zero page: one page)
     kv[0, 0, :1024] = 1.0  # 32 KB written
     assert 0 < mapping_rss(kv) <= 4 * 2**20  # those pages (huge pages at most), not 256 MB
     assert kv.sum().item() == 1024 * 8
