@@ -32,8 +32,8 @@ def _llm(args, **options):
 
 def _counters(llm) -> dict:
     m = llm.engine.speculator.metrics
-    return dict(warm=sum(m.lookups_by_k[1:]), hits=sum(m.hits_by_k[1:]), rejected=sum(m.lookups_by_k[1:-1]),
-                rejected_hits=sum(m.hits_by_k[1:-1]), drafted=sum(m.drafted.values()),
+    return dict(warm=sum(m.lookups_by_accepted[1:]), hits=sum(m.hits_by_accepted[1:]), rejected=sum(m.lookups_by_accepted[1:-1]),
+                rejected_hits=sum(m.hits_by_accepted[1:-1]), drafted=sum(m.drafted.values()),
                 accepted=sum(m.accepted.values()), backups=dict(m.backups), build=m.build_s, verify=m.verify_s,
                 rounds=m.timed_rounds, vrounds=m.verify_rounds)
 

@@ -89,8 +89,8 @@ def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: i
     step_s = lambda rows: step1 + per_row * (rows - rows1)
     miss_at = lambda f: misses[f - 1] if f <= len(misses) else misses[-1]
     fits = budget_from_timings(verify_s, glue_s, step_s, k)
-    rounds_by_k = [sum(col) for col in zip(*main.rounds_by_accepted.values())]
-    outcome_probs = [n / sum(rounds_by_k) for n in rounds_by_k]
+    rounds_per_accepted = [sum(col) for col in zip(*main.rounds_by_accepted.values())]
+    outcome_probs = [n / sum(rounds_per_accepted) for n in rounds_per_accepted]
     budget = best_budget(verify_s, glue_s, step_s, k, outcome_probs, r, miss_at, miss_cost_s=k * step_s(1))
     fanout = fanout_for_outcomes(outcome_probs, r, budget)
     e_primary, _ = main.tokens_per_round((Source.HIT, Source.JIT))

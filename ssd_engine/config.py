@@ -6,7 +6,6 @@ text is each field's `option(...)` help and choices. Values that depend on the c
 """
 import difflib
 
-import torch
 from dataclasses import dataclass, fields
 
 from ssd_engine.config_parts import Config, build_config
@@ -72,20 +71,7 @@ class EngineConfig:
 
     @property
     def weight_layout(self) -> str:
-        return self.weight_layout_for(self.num_threads or torch.get_num_threads())
-
-    @property
-    def graph_max_batch(self) -> int:
-        """Largest batch CUDA graphs are captured for; 0 = eager."""
-        return 0 if self.enforce_eager else self.cuda_graph_max_batch
-
-    def parts(self) -> Config:
-        """These options cut into the engine's frozen parts (config_parts.py); the weight layout is
-        this process's at the time of the call."""
-        return build_config(self)
-
-    def weight_layout_for(self, threads: int) -> str:
-        """The layout a process with `threads` torch threads should use (e.g. the SSD draft's)."""
+        """The CPU weight layout every process of this engine uses (target ranks and drafts alike)."""
         if self.enforce_eager or self.device != "cpu":
             return "plain"
         if self.cpu_weight_layout != "auto":
@@ -94,6 +80,15 @@ class EngineConfig:
         # count; with one it loses ~8% on single-row decode but scores K+1 rows ~3x faster than
         # plain (benchmarks/results/2026-11-23-layouts.md); "dual" buys the 8% with a second copy
         return "packed"
+
+    @property
+    def graph_max_batch(self) -> int:
+        """Largest batch CUDA graphs are captured for; 0 = eager."""
+        return 0 if self.enforce_eager else self.cuda_graph_max_batch
+
+    def parts(self) -> Config:
+        """These options cut into the engine's frozen parts (config_parts.py)."""
+        return build_config(self)
 
     def fanout(self) -> list[int] | None:
         """ssd_fanout as K+1 non-negative integers (one value applies to every k); None for a rule

@@ -16,7 +16,7 @@ class ModelConfig:
     tokenizer: str | None         # tokenizer folder; None: the model folder
     dtype: str                    # resolved: never "auto"
     device: str                   # rank 0's; rank r on CUDA takes the r-th GPU after it
-    weight_layout: str            # resolved for this process's thread count (layers/linear.py)
+    weight_layout: str            # resolved: plain, packed or dual (layers/linear.py)
     attention_backend: str = "auto"
     cuda_graph_max_batch: int = 0  # 0: eager (enforce_eager or no graphs)
     num_threads: int | None = None
@@ -76,8 +76,7 @@ class Config:
 
 
 def build_config(options) -> Config:
-    """Cut a validated EngineConfig into its parts. The weight layout depends on this process's
-    torch thread count, so build it after the process is pinned."""
+    """Cut a validated EngineConfig into its parts."""
     fanout = options.fanout()
     rule, fanout = (options.ssd_fanout, None) if fanout is None else (None, tuple(fanout))
     return Config(

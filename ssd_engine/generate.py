@@ -122,9 +122,9 @@ def report(llm, outputs: list, load_s: float) -> None:
               f"per_position={[round(x, 3) for x in spec['per_position_acceptance_rate']]} "
               f"histogram={spec['accepted_length_histogram']}", file=sys.stderr)
         if "cache_hit_rate" in spec:
-            by_k = {k: round(v, 3) for k, v in spec["cache_hit_rate_by_k"].items()}
+            by_accepted = {k: round(v, 3) for k, v in spec["cache_hit_rate_by_accepted"].items()}
             print(f"[ssd] cache_hit_rate={spec['cache_hit_rate']:.3f} (after the first round: "
-                  f"{spec['cache_hit_rate_warm']:.3f}) by_k={by_k} acceptance_on_hits={spec['acceptance_on_hits']:.3f} "
+                  f"{spec['cache_hit_rate_warm']:.3f}) by_accepted={by_accepted} acceptance_on_hits={spec['acceptance_on_hits']:.3f} "
                   f"acceptance_on_misses={spec['acceptance_on_misses']:.3f} "
                   f"speculations={spec['speculations_by_source']} T_p={spec['T_p']:.2f} "
                   f"(draft build {spec['draft_build_s_per_round'] * 1e3:.0f} ms / verify "

@@ -51,15 +51,16 @@ def mapping_rss(tensor: torch.Tensor) -> int:
 
 @pytest.mark.parametrize("threads", [1, 2, 8])
 def test_default_layout_keeps_one_copy(threads):
-    assert EngineConfig().weight_layout_for(threads) == "packed"
-    assert EngineConfig(cpu_weight_layout="dual").weight_layout_for(threads) == "dual"
+    assert EngineConfig(num_threads=threads).weight_layout == "packed"
+    assert EngineConfig(num_threads=threads, cpu_weight_layout="dual").weight_layout == "dual"
+    assert EngineConfig(num_threads=threads, enforce_eager=True).weight_layout == "plain"
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])  # untied head; tied head (llama)
 def test_default_layout_holds_the_checkpoint_once(tiny_model_dir, arch):
     path = tiny_model_dir(arch)
     size = checkpoint_bytes(path)
-    model = runner(path, EngineConfig().weight_layout_for(1)).model
+    model = runner(path, EngineConfig().weight_layout).model
     assert all(m.weight is None for m in model.modules() if isinstance(m, Linear) and m.packed is not None)
     assert weight_bytes(model) == size
     assert weight_bytes(runner(path, "plain").model) == size

@@ -102,10 +102,10 @@ def test_bonus_ranks_account_for_every_hit_and_miss(target, noisy_draft):
         llm.generate(_prompts(4), SamplingParams(temperature=0, max_tokens=24), use_tqdm=False)
         metrics = llm.engine.speculator.metrics
     for k, f in enumerate(fanout):
-        ranks = metrics.rank_counts_by_k[k]
-        assert sum(ranks) == metrics.lookups_by_k[k + 1]  # every warm lookup was ranked
-        assert sum(ranks[:f]) == metrics.hits_by_k[k + 1]
-    assert 0 < sum(metrics.hits_by_k) < sum(metrics.lookups_by_k)
+        ranks = metrics.bonus_ranks_by_accepted[k]
+        assert sum(ranks) == metrics.lookups_by_accepted[k + 1]  # every warm lookup was ranked
+        assert sum(ranks[:f]) == metrics.hits_by_accepted[k + 1]
+    assert 0 < sum(metrics.hits_by_accepted) < sum(metrics.lookups_by_accepted)
 
 
 def _hit_rate(pair, c: float, n: int) -> tuple[float, int, float]:
@@ -120,8 +120,8 @@ def _hit_rate(pair, c: float, n: int) -> tuple[float, int, float]:
         while engine.has_unfinished():
             engine.step()
         m = llm.speculation_metrics()
-        rejected = engine.speculator.metrics.lookups_by_k[1]  # outcome k = 0: the bonus came from the residual
-        hits = engine.speculator.metrics.hits_by_k[1]
+        rejected = engine.speculator.metrics.lookups_by_accepted[1]  # outcome k = 0: the bonus came from the residual
+        hits = engine.speculator.metrics.hits_by_accepted[1]
     return hits / rejected, rejected, m["acceptance_rate"]
 
 

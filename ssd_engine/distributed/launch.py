@@ -21,6 +21,7 @@ from ssd_engine.distributed.shm_collectives import supported as shm_supported
 from ssd_engine.distributed.executor import TensorParallelError, TensorParallelRunner
 from ssd_engine.distributed.placement import describe, pin, plan_core_sets, unpin
 from ssd_engine.distributed.worker import ready_key, serve
+from ssd_engine.config_parts import ParallelConfig
 from ssd_engine.engine.model_runner import RunnerSpec
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -33,22 +34,23 @@ def torchrun_world() -> tuple[int, int] | None:
     return None
 
 
-def start_tensor_parallel(config, spec: RunnerSpec, core_sets: list[list[int]] | None = None) -> TensorParallelRunner:
+def start_tensor_parallel(parallel: ParallelConfig, spec: RunnerSpec,
+                          core_sets: list[list[int]] | None = None) -> TensorParallelRunner:
     """`core_sets`: the ranks' cores when the caller planned them (SSD adds the draft's set)."""
     joined = torchrun_world()
     if joined is not None:
-        return _join_torchrun(config, spec, *joined)
-    return _spawn(config, spec, core_sets)
+        return _join_torchrun(parallel, spec, *joined)
+    return _spawn(parallel, spec, core_sets)
 
 
-def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> TensorParallelRunner:
-    size = config.tensor_parallel_size
+def _spawn(parallel: ParallelConfig, spec: RunnerSpec, core_sets: list[list[int]] | None) -> TensorParallelRunner:
+    size = parallel.tensor_parallel_size
     on_cpu = spec.model.device == "cpu"
     if on_cpu:
-        core_sets = core_sets or plan_core_sets(size, config.cpu_cores)
+        core_sets = core_sets or plan_core_sets(size, parallel.cpu_cores)
     else:
         core_sets = [None] * size
-    threads = [config.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
+    threads = [spec.model.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
     store = supervise.host_store(size)
     # SSD_ENGINE_TP_SHM=0 keeps every collective on gloo (to compare, or to rule the shared memory out)
     use_shm = on_cpu and shm_supported() and os.environ.get("SSD_ENGINE_TP_SHM", "1") != "0"
@@ -58,19 +60,18 @@ def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> Tenso
         # a fresh interpreter (not multiprocessing): no re-import of the user's __main__, no helper processes
         device = spec.model.device if on_cpu else f"cuda:{(torch.device(spec.model.device).index or 0) + rank}"
         args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
-                    device=device, timeout_s=config.distributed_timeout_s, shm_fd=shm_fd)
+                    device=device, timeout_s=parallel.distributed_timeout_s, shm_fd=shm_fd)
         workers[rank] = supervise.start(f"tensor-parallel worker rank {rank}", "ssd_engine.distributed.worker_main",
                                         args, ready_key(rank), pass_fds=() if shm_fd is None else (shm_fd,))
     processes = {rank: worker.process for rank, worker in workers.items()}
     restore = pin(core_sets[0], threads[0]) if on_cpu else None
-    spec = spec.with_model(weight_layout=config.weight_layout)  # for rank 0's pinned thread count
     where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: cuda:{r}" for r in range(size))
     transport = ("shared memory + gloo" if use_shm else "gloo") if on_cpu else "nccl"
     print(f"tensor parallel: {size} ranks ({transport}); {where}; "
           f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)
     try:
         supervise.wait_ready(store, list(workers.values()), TensorParallelError)
-        tp = TPGroup.create(store, 0, size, torch.device(spec.model.device), config.distributed_timeout_s, loopback=True,
+        tp = TPGroup.create(store, 0, size, torch.device(spec.model.device), parallel.distributed_timeout_s, loopback=True,
                             shm_fd=shm_fd, peers_alive=lambda: all(p.poll() is None for p in processes.values()))
         runner = TensorParallelRunner(tp, spec, processes, restore)
     except BaseException:
@@ -86,22 +87,21 @@ def _spawn(config, spec: RunnerSpec, core_sets: list[list[int]] | None) -> Tenso
     return runner
 
 
-def _join_torchrun(config, spec: RunnerSpec, rank: int, size: int) -> TensorParallelRunner:
-    if size != config.tensor_parallel_size:
+def _join_torchrun(parallel: ParallelConfig, spec: RunnerSpec, rank: int, size: int) -> TensorParallelRunner:
+    if size != parallel.tensor_parallel_size:
         raise ValueError(f"torchrun started WORLD_SIZE={size} processes but tensor_parallel_size="
-                         f"{config.tensor_parallel_size}; pass --tensor-parallel-size {size}")
+                         f"{parallel.tensor_parallel_size}; pass --tensor-parallel-size {size}")
     device = spec.model.device
     if device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
         torch.cuda.set_device(device)
         spec = spec.with_model(device=device)
     restore = None
-    if device == "cpu" and config.cpu_cores is not None:
-        cores = plan_core_sets(size, config.cpu_cores)[rank]
-        restore = pin(cores, config.num_threads or len(cores))
-        spec = spec.with_model(weight_layout=config.weight_layout)
+    if device == "cpu" and parallel.cpu_cores is not None:
+        cores = plan_core_sets(size, parallel.cpu_cores)[rank]
+        restore = pin(cores, spec.model.num_threads or len(cores))
     store, _, _ = next(dist.rendezvous("env://", rank, size))
-    tp = TPGroup.create(store, rank, size, torch.device(device), config.distributed_timeout_s, loopback=False)
+    tp = TPGroup.create(store, rank, size, torch.device(device), parallel.distributed_timeout_s, loopback=False)
     if rank != 0:
         serve(tp)
         raise SystemExit(0)  # this process only served rank 0; the script's remaining work is rank 0's

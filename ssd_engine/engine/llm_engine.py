@@ -69,7 +69,7 @@ class LLMEngine:
         spec = RunnerSpec(replace(parts.model, path=self.model_path), replace(parts.cache, num_kv_blocks=num_blocks),
                           max_position)
         if parts.parallel.tensor_parallel_size > 1 or torchrun_world() is not None:
-            self.runner = start_tensor_parallel(config, spec, core_sets and core_sets[:-1])
+            self.runner = start_tensor_parallel(parts.parallel, spec, core_sets and core_sets[:-1])
         else:
             self.runner = spec.build()
         self.block_manager = BlockManager(num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching)

@@ -56,7 +56,7 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
     plan = plan_saguaro(parts.speculative, engine.model_path, draft_path)
-    runner = target.with_model(path=draft_path, device=device, weight_layout=config.weight_layout_for(threads))
+    runner = target.with_model(path=draft_path, device=device)
     spec = DraftSpec(runner, parts.speculative.k, vocab, tuple((t, tuple(f)) for t, f in plan.fanouts),
                      parts.speculative.ssd.saguaro_c, parts.scheduler.max_num_seqs, parts.seed)
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
@@ -66,9 +66,8 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
 
 def build_sync_draft(config, engine, target: RunnerSpec) -> SyncDraft:
     draft_path, proposable = draft_path_and_vocab(config, engine)
-    # the target's settings: the draft runs in the same process, on the same device; the layout is
-    # read now, as tensor parallelism may have pinned this process since the target's spec was made
-    runner = target.with_model(path=draft_path, weight_layout=config.weight_layout).build()
+    # the target's settings: the draft runs in the same process, on the same device
+    runner = target.with_model(path=draft_path).build()
     runner.capture_graphs([("paged", 1)])  # its one-token draft steps
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, engine.parts.speculative.k,
                      proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device))

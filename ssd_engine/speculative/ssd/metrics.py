@@ -17,13 +17,13 @@ from ssd_engine.speculative.ssd.source import Source
 @dataclass
 class SSDMetrics:
     k: int
-    lookups_by_k: list[int] = field(default_factory=list)   # index k + 1; index 0 = no previous speculation
-    hits_by_k: list[int] = field(default_factory=list)
+    lookups_by_accepted: list[int] = field(default_factory=list)   # index k + 1; index 0 = no previous speculation
+    hits_by_accepted: list[int] = field(default_factory=list)
     drafted: dict = field(default_factory=dict)               # source -> draft tokens verified
     accepted: dict = field(default_factory=dict)              # source -> of those, accepted
     speculations: dict = field(default_factory=dict)          # source -> count ("local" after a draft failure)
     draft_failures: list[str] = field(default_factory=list)
-    rank_counts_by_k: list = field(default_factory=list)     # [k][rank]: where each bonus stood among candidates
+    bonus_ranks_by_accepted: list = field(default_factory=list)     # [k][rank]: where each bonus stood among candidates
     rounds: dict = field(default_factory=dict)                # source -> verified rounds
     rounds_by_accepted: dict = field(default_factory=dict)    # source -> [rounds that accepted a], a = 0..K
     backups: dict = field(default_factory=dict)               # jit / fast -> rounds the policy chose it for
@@ -38,9 +38,9 @@ class SSDMetrics:
     verify_rounds: int = 0
 
     def __post_init__(self) -> None:
-        self.lookups_by_k = self.lookups_by_k or [0] * (self.k + 2)
-        self.hits_by_k = self.hits_by_k or [0] * (self.k + 2)
-        self.rank_counts_by_k = self.rank_counts_by_k or [[0] * (RANK_DEPTH + 1) for _ in range(self.k + 1)]
+        self.lookups_by_accepted = self.lookups_by_accepted or [0] * (self.k + 2)
+        self.hits_by_accepted = self.hits_by_accepted or [0] * (self.k + 2)
+        self.bonus_ranks_by_accepted = self.bonus_ranks_by_accepted or [[0] * (RANK_DEPTH + 1) for _ in range(self.k + 1)]
 
     def reset(self) -> None:
         """Drop every count (a warm-up's, a previous cell's); K stays. In place, as the coordinator
@@ -50,11 +50,11 @@ class SSDMetrics:
             setattr(self, f.name, getattr(fresh, f.name))
 
     def record_lookup(self, prev_accepted: int, source: Source, bonus_rank: int = -1) -> None:
-        self.lookups_by_k[prev_accepted + 1] += 1
-        self.hits_by_k[prev_accepted + 1] += source == Source.HIT
+        self.lookups_by_accepted[prev_accepted + 1] += 1
+        self.hits_by_accepted[prev_accepted + 1] += source == Source.HIT
         self._count(source)
         if prev_accepted >= 0 and bonus_rank >= 0:
-            self.rank_counts_by_k[prev_accepted][min(bonus_rank, RANK_DEPTH)] += 1
+            self.bonus_ranks_by_accepted[prev_accepted][min(bonus_rank, RANK_DEPTH)] += 1
 
     def record_backup(self, choice: Source) -> None:
         self.backups[choice.label] = self.backups.get(choice.label, 0) + 1
@@ -86,7 +86,7 @@ class SSDMetrics:
         self.jit_rounds += 1
 
     def rank_counts(self) -> list[int]:
-        return [sum(col) for col in zip(*self.rank_counts_by_k)]
+        return [sum(col) for col in zip(*self.bonus_ranks_by_accepted)]
 
     def tokens_per_round(self, sources: tuple[Source, ...]) -> tuple[float, int]:
         """Mean tokens committed per verified round (accepted drafts + the bonus), and rounds."""
@@ -99,7 +99,7 @@ class SSDMetrics:
 
     def estimates(self) -> dict:
         """The fallback rule's inputs as measured so far: (value, samples) each."""
-        warm, hits = sum(self.lookups_by_k[1:]), sum(self.hits_by_k[1:])
+        warm, hits = sum(self.lookups_by_accepted[1:]), sum(self.hits_by_accepted[1:])
         verify = self.verify_s / self.verify_rounds if self.verify_rounds and self.verify_s > 0 else 0.0
         t_p = self.build_s / self.timed_rounds / verify if self.timed_rounds and verify else 0.0
         t_slow = self.jit_s / self.jit_rounds / verify if self.jit_rounds and verify else 0.0
@@ -114,8 +114,8 @@ class SSDMetrics:
         self.verify_rounds += 1
 
     def summary(self) -> dict:
-        lookups, hits = sum(self.lookups_by_k), sum(self.hits_by_k)
-        warm = sum(self.lookups_by_k[1:])  # lookups with a previous speculation to predict from
+        lookups, hits = sum(self.lookups_by_accepted), sum(self.hits_by_accepted)
+        warm = sum(self.lookups_by_accepted[1:])  # lookups with a previous speculation to predict from
         rate = lambda a, b: a / b if b else 0.0
         mean_build = rate(self.build_s, self.timed_rounds)
         mean_verify = rate(self.verify_s, self.verify_rounds)
@@ -125,8 +125,8 @@ class SSDMetrics:
         return {
             "cache_hit_rate": rate(hits, lookups),
             "cache_hit_rate_warm": rate(hits, warm),
-            "cache_hit_rate_by_k": {str(k): rate(self.hits_by_k[k + 1], self.lookups_by_k[k + 1])
-                                    for k in range(self.k + 1) if self.lookups_by_k[k + 1]},
+            "cache_hit_rate_by_accepted": {str(k): rate(self.hits_by_accepted[k + 1], self.lookups_by_accepted[k + 1])
+                                    for k in range(self.k + 1) if self.lookups_by_accepted[k + 1]},
             "lookups": lookups,
             "acceptance_on_hits": hit_acc,
             "acceptance_on_misses": rate(sum(self.accepted[s] for s in miss), sum(self.drafted[s] for s in miss)),
