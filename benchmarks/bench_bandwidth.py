@@ -49,8 +49,8 @@ def step_bytes(runner, batch: int, context: int) -> tuple[int, int]:
     weights = 0
     for module in runner.model.modules():
         if isinstance(module, Linear):  # one copy: the plain matrix if kept, else the packed one
-            matrix = module.weight if module.weight is not None else module.packed
-            weights += matrix.numel() * matrix.element_size()
+            plain = module.weight
+            weights += plain.numel() * plain.element_size() if plain is not None else module.prepared.nbytes
             weights += module.bias.numel() * module.bias.element_size() if module.bias is not None else 0
         elif isinstance(module, VocabParallelEmbedding):  # only the looked-up rows
             weights += batch * module.weight.shape[1] * module.weight.element_size()

@@ -33,14 +33,14 @@ class LayoutSwitch:
 
     def __init__(self, model) -> None:
         from ssd_engine.layers.linear import Linear
-        self.linears = [(m, m.weight, m.packed) for m in model.modules() if isinstance(m, Linear)]
+        self.linears = [(m, m.weight, m.prepared) for m in model.modules() if isinstance(m, Linear)]
         self.other = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
                          if not name.endswith(".weight") or "norm" in name or "embed" in name)
 
     def use(self, layout: str) -> None:
         for module, weight, packed in self.linears:
             module.weight = weight if layout in ("plain", "dual") or packed is None else None
-            module.packed = packed if layout in ("packed", "dual") else None
+            module.prepared = packed if layout in ("packed", "dual") else None
 
     def weight_bytes(self, layout: str) -> int:
         """Weights a model loaded in `layout` holds (embedding, norms and biases included)."""
@@ -49,7 +49,7 @@ class LayoutSwitch:
             if layout in ("plain", "dual") or packed is None:
                 total += weight.numel() * weight.element_size()
             if layout in ("packed", "dual") and packed is not None:
-                total += packed.numel() * packed.element_size()
+                total += packed.nbytes
         return total
 
 

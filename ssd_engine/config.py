@@ -16,6 +16,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
 SSD_FALLBACKS = ("auto", "jit", "fast")
+DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # auto: the fastest this CPU runs (engine/draft_format.py)
 FANOUT_RULES = ("auto", "geometric", "uniform")
 
 
@@ -28,6 +29,9 @@ class EngineConfig:
                                                 "speculative decoding with the draft in its own process; unset: "
                                                 "ssd when a draft is known, else ar", SPECULATIVE_MODES)
     num_speculative_tokens: int = option(4, "K: draft tokens per round")
+    draft_dtype: str = option("auto", "the draft's weight format (its precision never changes the output): auto "
+                                      "picks the fastest this CPU runs, measured once per machine; int8/int4 are "
+                                      "weight-only with bf16 activations, CPU only", DRAFT_DTYPES)
     tokenizer: str | None = option(None, "tokenizer folder; unset: the model folder")
     max_model_len: int | None = option(None, "prompt + output token limit; unset: min(the checkpoint's, 4096)")
     max_num_seqs: int = option(16, "most requests in one batch")
@@ -137,6 +141,9 @@ class EngineConfig:
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
                    f"{name} must be > 0, got {value!r}")
+        _check(self.draft_dtype in DRAFT_DTYPES, f"draft_dtype must be one of {DRAFT_DTYPES}, got {self.draft_dtype!r}")
+        _check(self.device == "cpu" or self.draft_dtype not in ("int8", "int4"),
+               f"draft_dtype={self.draft_dtype} is CPU-only; on {self.device} use auto, bf16 or fp32")
         _check(self.ssd_fallback in SSD_FALLBACKS,
                f"ssd_fallback must be one of {SSD_FALLBACKS}, got {self.ssd_fallback!r}")
         self.fanout()  # validates

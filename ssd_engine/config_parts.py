@@ -20,6 +20,7 @@ class ModelConfig:
     attention_backend: str = "auto"
     cuda_graph_max_batch: int = 0  # 0: eager (enforce_eager or no graphs)
     num_threads: int | None = None
+    weight_format: str | None = None  # a draft's resolved format (layers/weight_formats.py); None: dtype's own
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +61,7 @@ class SSDConfig:
 class SpeculativeConfig:
     mode: str                     # "ar", "sd" or "ssd"
     draft_model: str | None
+    draft_dtype: str              # the option; resolved per draft by engine/draft_format.py
     k: int                        # draft tokens per round (the option num_speculative_tokens)
     draft_timeout_s: float
     ssd: SSDConfig
@@ -87,7 +89,7 @@ def build_config(options) -> Config:
         scheduler=SchedulerConfig(options.max_num_seqs, options.max_num_batched_tokens, options.max_model_len),
         parallel=ParallelConfig(options.tensor_parallel_size, options.cpu_cores, options.distributed_timeout_s),
         speculative=SpeculativeConfig(
-            options.speculative_mode, options.draft_model, options.num_speculative_tokens, options.draft_timeout_s,
+            options.speculative_mode, options.draft_model, options.draft_dtype, options.num_speculative_tokens, options.draft_timeout_s,
             SSDConfig(rule, fanout, options.ssd_budget, options.ssd_fallback, options.ssd_critical_batch,
                       float(options.saguaro_c), options.calibration_dir)),
         seed=options.seed)

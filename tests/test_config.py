@@ -116,7 +116,7 @@ def test_generate_parser_has_engine_and_sampling_flags():
 # non-default values for string fields whose valid values are constrained
 STRING_VALUES = {"speculative_mode": "sd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed",
                  "cpu_cores": "0-1;2", "ssd_fanout": "2", "ssd_fallback": "fast",
-                 "attention_backend": "torch"}
+                 "attention_backend": "torch", "draft_dtype": "bf16"}
 
 
 def _non_default_argv(f):

@@ -32,8 +32,8 @@ def weight_bytes(model) -> int:
     """Bytes of every distinct storage behind parameters, plus the packed Linear weights (oneDNN's
     opaque tensors: their element count; buffers such as the rotary tables are not weights)."""
     storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
-    packed = [m.packed for m in model.modules() if isinstance(m, Linear) and m.packed is not None]
-    return sum(storages.values()) + sum(t.numel() * t.element_size() for t in packed)
+    prepared = [m.prepared for m in model.modules() if isinstance(m, Linear) and m.prepared is not None]
+    return sum(storages.values()) + sum(p.nbytes for p in prepared)
 
 
 def mapping_rss(tensor: torch.Tensor) -> int:
@@ -61,7 +61,7 @@ def test_default_layout_holds_the_checkpoint_once(tiny_model_dir, arch):
     path = tiny_model_dir(arch)
     size = checkpoint_bytes(path)
     model = runner(path, EngineConfig().weight_layout).model
-    assert all(m.weight is None for m in model.modules() if isinstance(m, Linear) and m.packed is not None)
+    assert all(m.weight is None for m in model.modules() if isinstance(m, Linear) and m.prepared is not None)
     assert weight_bytes(model) == size
     assert weight_bytes(runner(path, "plain").model) == size
     # "dual" is the opt-in second copy: every Linear twice (a tied head's table included)

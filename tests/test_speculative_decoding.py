@@ -141,6 +141,19 @@ def test_greedy_sd_matches_transformers(target, noisy_draft, oracle, batch, k):
             assert sum(1 for c in totals["accepted_length_histogram"][1:k] if c) >= 1
 
 
+@pytest.mark.parametrize("draft_dtype", ["bf16", "int4"])
+def test_greedy_sd_with_a_low_precision_draft_matches_transformers(target, noisy_draft, oracle, draft_dtype):
+    """The draft in bf16 or int4 (bf16 activations, bf16 KV): its q rows change, the output does not."""
+    with _sd(target, noisy_draft, 3, draft_dtype=draft_dtype) as llm:
+        assert llm.engine.draft_format.name == draft_dtype
+        assert llm.engine.execution()["draft_format"].startswith(draft_dtype)
+        draft = llm.engine.speculator.runner
+        assert draft.dtype == torch.bfloat16 and llm.engine.runner.dtype == torch.float32  # the target stays fp32
+        outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
+        assert 0 < llm.speculation_metrics()["acceptance_rate"] < 1
+    assert [o.token_ids for o in outputs] == oracle
+
+
 def test_greedy_sd_under_preemption(target, oracle):
     # 8 sequences of up to ~110 tokens + K slots need ~110 pages of 8; 40 force preemption by recompute.
     # The draft is the target itself (it still rejects: it never proposes the padding ids the target
@@ -203,7 +216,7 @@ def test_self_speculation_accepts_everything(target_nopad, k):
     prompts = _prompts(3)
     with LLM(target_nopad, **COMMON) as ar:
         expected = [o.token_ids for o in ar.generate(prompts, params, use_tqdm=False)]
-    with _sd(target_nopad, target_nopad, k) as llm:
+    with _sd(target_nopad, target_nopad, k, draft_dtype="fp32") as llm:  # the draft is the target, bit for bit
         outputs = llm.generate(prompts, params, use_tqdm=False)
         totals = llm.speculation_metrics()
     assert [o.token_ids for o in outputs] == expected
@@ -349,7 +362,7 @@ def test_stops_inside_accepted_runs_match_ar(target, target_nopad, noisy_draft, 
         batch_params = [params for _, params, _ in group]
         with LLM(checkpoint, **COMMON) as ar:
             wants = ar.generate(batch_prompts, batch_params, use_tqdm=False)
-        with _sd(checkpoint, drf, STOP_K) as sd:
+        with _sd(checkpoint, drf, STOP_K, draft_dtype="fp32" if draft_kind == "self" else "auto") as sd:
             gots = sd.generate(batch_prompts, batch_params, use_tqdm=False)
         for (i, params, j), want, got in zip(group, wants, gots):
             assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason), (params, j)

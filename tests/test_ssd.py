@@ -48,7 +48,7 @@ def _children() -> set[int]:
 
 
 REGIMES = {
-    "forced_hit": ("nopad", dict(ssd_fanout="1,1,1,2", ssd_fallback="jit")),
+    "forced_hit": ("nopad", dict(ssd_fanout="1,1,1,2", ssd_fallback="jit", draft_dtype="fp32")),  # draft = target
     "forced_miss_jit": ("noisy", dict(ssd_fanout=0, ssd_fallback="jit")),
     "forced_miss_fast": ("noisy", dict(ssd_fanout=0, ssd_fallback="fast")),
     "natural": ("noisy", dict(ssd_fanout=1)),
@@ -77,6 +77,16 @@ def test_greedy_ssd_matches_transformers(target, target_nopad, noisy_draft, orac
         assert m["cache_hit_rate"] == 0 and set(sources) == {regime.rsplit("_", 1)[1]}
     else:
         assert 0 < m["cache_hit_rate"] < 1 and 0 < m["acceptance_on_hits"] and 0 < m["acceptance_on_misses"]
+
+
+@pytest.mark.parametrize("draft_dtype", ["bf16", "int4"])
+def test_greedy_ssd_with_a_low_precision_draft_matches_transformers(target, noisy_draft, oracles, draft_dtype):
+    with _ssd(target, noisy_draft, ssd_fanout=2, draft_dtype=draft_dtype) as llm:
+        assert llm.engine.execution()["draft_format"].startswith(draft_dtype)
+        outs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
+        m = llm.speculation_metrics()
+    assert [o.token_ids for o in outs] == oracles[target]
+    assert m["draft_failures"] == [] and 0 < m["cache_hit_rate"] and 0 < m["acceptance_on_hits"]
 
 
 @pytest.mark.parametrize("num_kv_blocks", [14, 18])

@@ -40,6 +40,7 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self._pinned, self.runner, self.speculator = None, None, None
+        self.draft_format = None  # engine/draft_format.DraftFormat once a draft is built
         try:
             self._build()
         except BaseException:
@@ -246,9 +247,12 @@ class LLMEngine:
         """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets."""
         runner = self.runner.local  # rank 0's own ModelRunner under tensor parallelism
         graphs = runner.graphs
-        return {"device": str(self.device), "dtype": self.config.dtype,
-                "attention": backend_name(runner.attention_backend),
-                "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off"}
+        described = {"device": str(self.device), "dtype": self.config.dtype,
+                     "attention": backend_name(runner.attention_backend),
+                     "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off"}
+        if self.draft_format is not None:
+            described["draft_format"] = self.draft_format.describe()
+        return described
 
     def close(self) -> None:
         """Stop the draft process and tensor-parallel workers (if any); the engine is unusable afterwards."""

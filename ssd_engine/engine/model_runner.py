@@ -69,17 +69,19 @@ class RunnerSpec:
                            block_size=self.cache.block_size, max_position=self.max_position,
                            dtype=DTYPES[model.dtype], device=device, weight_layout=model.weight_layout, tp=tp,
                            attention_backend=model.attention_backend,
-                           cuda_graph_max_batch=model.cuda_graph_max_batch)
+                           cuda_graph_max_batch=model.cuda_graph_max_batch, weight_format=model.weight_format)
 
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_position: int,
                  dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
-                 tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0) -> None:
+                 tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0,
+                 weight_format: str | None = None) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
         self.weight_layout = weight_layout
+        self.weight_format = weight_format  # a draft's chosen format; None: this dtype's own
         self.model = build_model(model_path, hf_config, max_position, dtype, device, self.tp,
                                  progress=self.tp.rank == 0, on_module_loaded=self._pack)
         self.attention_backend = select_backend(attention_backend, device, block_size)
@@ -90,14 +92,20 @@ class ModelRunner:
 
     def _pack(self, name: str, module) -> None:
         """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
-        if self.weight_layout == "plain" or not isinstance(module, Linear):
+        if not isinstance(module, Linear) or self.device.type != "cpu":
+            return
+        if self.weight_format is not None:  # a draft: every Linear, a tied head included, in its format
+            module.pack_for_cpu(keep_plain=False, fmt=self.weight_format)
+            return
+        native = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype)
+        if self.weight_layout == "plain" or native is None:
             return
         # a tied head shares the embedding table, which must stay plain: packing it would be a
         # second copy, which only "dual" pays for
         tied = bool(getattr(self.config, "tie_word_embeddings", False))
         if name == "lm_head" and tied and self.weight_layout != "dual":
             return
-        module.pack_for_cpu(keep_plain=self.weight_layout == "dual")
+        module.pack_for_cpu(keep_plain=self.weight_layout == "dual", fmt=native)
 
     def _graph_runner(self, cap: int, num_kv_blocks: int, max_position: int) -> GraphRunner | None:
         """CUDA graphs on a GPU with a kernel backend; SSD_ENGINE_EMULATE_CUDA_GRAPHS=1 runs their

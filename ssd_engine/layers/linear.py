@@ -1,4 +1,5 @@
-"""Linear layers with optional oneDNN weight prepacking for CPU.
+"""Linear layers with an optional prepared CPU weight (oneDNN prepacking, or a draft's bf16/int8/int4
+format: layers/weight_formats.py).
 
 Why prepack: on CPU, eager `F.linear` runs small-M matmuls (M = 2..16 rows, exactly the
 verification / branch-decoding shapes) through MKL's generic path, which costs nearly M times
@@ -21,6 +22,7 @@ from torch import nn
 
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import Span
+from ssd_engine.layers.weight_formats import PreparedWeight, prepare
 
 
 class Linear(nn.Module):
@@ -44,7 +46,7 @@ class Linear(nn.Module):
         for name, span in self.shards.items():
             self.shard_offsets[name] = (offset, span.size)
             offset += span.size
-        self.packed: torch.Tensor | None = None
+        self.prepared: PreparedWeight | None = None
 
     def load(self, loaded: torch.Tensor, shard: str | None = None, is_bias: bool = False) -> None:
         rows = self.shards[shard]
@@ -57,17 +59,18 @@ class Linear(nn.Module):
             raise ValueError(f"weight shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}")
         target.copy_(loaded)
 
-    def pack_for_cpu(self, keep_plain: bool, batch_hint: int = 8) -> None:
-        if self.weight.device.type != "cpu" or self.weight.dtype != torch.float32:
+    def pack_for_cpu(self, keep_plain: bool, fmt: str = "fp32") -> None:
+        """Prepare the weight in format `fmt`; drop the plain one unless `keep_plain` (layout "dual")."""
+        if self.weight.device.type != "cpu":
             return
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.data, batch_hint)
+        self.prepared = prepare(self.weight.data, fmt)
         if not keep_plain:
             self.weight = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.reduce else self.bias  # row-parallel: add the bias once, after the sum
-        if self.packed is not None and (x.shape[0] > 1 or self.weight is None):
-            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        if self.prepared is not None and (x.shape[0] > 1 or self.weight is None):
+            out = self.prepared(x, bias)
         else:
             out = F.linear(x, self.weight, bias)
         if self.reduce:

@@ -5,6 +5,8 @@ import os
 import torch
 from transformers import AutoTokenizer
 
+from ssd_engine.default_models import cache_dir
+from ssd_engine.engine import draft_format
 from ssd_engine.engine.model_runner import RunnerSpec
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling.streams import Stream, stream_generator
@@ -56,7 +58,11 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
     plan = plan_saguaro(parts.speculative, engine.model_path, draft_path)
-    runner = target.with_model(path=draft_path, device=device)
+    k = parts.speculative.k
+    branch_rows = max(sum(fanout) for _, fanout in plan.fanouts)
+    # a round: the glue scores K+1 rows, then K branch steps of B rows; a miss drafts one row
+    runner = with_draft_format(target.with_model(path=draft_path, device=device), parts.speculative.draft_dtype,
+                               engine, [(1, 1), (k + 1, 1), (max(branch_rows, 1), k)], cores, threads)
     spec = DraftSpec(runner, parts.speculative.k, vocab, tuple((t, tuple(f)) for t, f in plan.fanouts),
                      parts.speculative.ssd.saguaro_c, parts.scheduler.max_num_seqs, parts.seed)
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
@@ -67,7 +73,19 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
 def build_sync_draft(config, engine, target: RunnerSpec) -> SyncDraft:
     draft_path, proposable = draft_path_and_vocab(config, engine)
     # the target's settings: the draft runs in the same process, on the same device
-    runner = target.with_model(path=draft_path).build()
+    spec = with_draft_format(target.with_model(path=draft_path), engine.parts.speculative.draft_dtype, engine,
+                             [(1, engine.parts.speculative.k)], None, torch.get_num_threads())
+    runner = spec.build()
     runner.capture_graphs([("paged", 1)])  # its one-token draft steps
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, engine.parts.speculative.k,
                      proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device))
+
+
+def with_draft_format(spec: RunnerSpec, option: str, engine, workload: list[tuple[int, int]],
+                      cores: list[int] | None, threads: int) -> RunnerSpec:
+    """The draft's spec in the weight format `option` resolves to on the cores it will run on
+    (engine/draft_format.py); the engine keeps the choice to report it."""
+    chosen = draft_format.resolve(option, load_config(spec.model.path), spec.model.device, workload, cores, threads,
+                                  cache_dir())
+    engine.draft_format = chosen
+    return spec.with_model(dtype=chosen.dtype, weight_format=chosen.name if spec.model.device == "cpu" else None)

@@ -1,0 +1,103 @@
+"""CPU weight formats for a Linear: one prepared copy of the weight and the torch op that multiplies by it.
+
+- "fp32": oneDNN's packed fp32 weight (the target's format: exact against transformers in fp32).
+- "bf16": oneDNN's packed bf16 weight, bf16 activations.
+- "int8": weight-only int8, one scale per output channel, bf16 activations (`torch._weight_int8pack_mm`).
+- "int4": weight-only int4 with a scale and zero point per group of input columns, bf16 activations
+  (`aten._weight_int4pack_mm_for_cpu`, torchao's CPU layout).
+
+Only a draft takes the lossy ones: verification uses the q rows the draft's own logits give,
+whatever precision produced them, so the draft's format changes speed and acceptance, never the
+output. The int ops are vectorised for bf16 activations only (fp32 ones take a scalar loop many
+times slower), hence bf16 activations for all three; which format is fastest depends on the CPU
+(bf16 units, AMX, AVX2 only) and the row count, so the engine measures (engine/draft_format.py).
+"""
+from typing import Protocol
+
+import torch
+
+FORMATS = ("fp32", "bf16", "int8", "int4")
+ACTIVATION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16}
+INT4_GROUP = 32  # input columns per scale: acceptance drops with coarser groups, speed barely moves
+INT4_ROWS = 16   # the packed int4 layout tiles output rows by 16
+
+
+class PreparedWeight(Protocol):
+    nbytes: int  # what it holds in memory (and reads per forward)
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
+
+
+class OneDNNWeight:
+    """fp32 or bf16, reordered once into oneDNN's blocked layout: small row counts (verification,
+    branch decoding) share one pass over the weight instead of ~one pass per row."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, batch_hint: int = 8) -> None:
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), batch_hint)
+        self.dtype = dtype
+        self.nbytes = self.packed.numel() * self.packed.element_size()
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        bias = None if bias is None else bias.to(self.dtype)
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, bias, "none", [], "")
+
+
+class Int8Weight:
+    def __init__(self, weight: torch.Tensor) -> None:
+        weight = weight.float()
+        scales = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12)
+        self.q = (weight / scales[:, None]).round().clamp(-128, 127).to(torch.int8)
+        self.scales = scales.to(torch.bfloat16)
+        self.nbytes = self.q.numel() + self.scales.numel() * 2
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        out = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.q, self.scales)
+        out = out.reshape(*x.shape[:-1], -1)
+        return out if bias is None else out + bias.to(out.dtype)
+
+
+class Int4Weight:
+    """Asymmetric int4 per group: w = (q - 8) * scale + zero, with zero = min + 8 * scale."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        rows, cols = weight.shape
+        self.group = INT4_GROUP
+        grouped = weight.float().reshape(rows, cols // self.group, self.group)
+        low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+        scales = ((high - low) / 15).clamp_min(1e-12)
+        q = ((grouped - low) / scales).round().clamp(0, 15).to(torch.int32).reshape(rows, cols)
+        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        zeros = low + 8 * scales
+        # [groups, rows, 2]: the op's scales_and_zeros layout
+        self.scales_and_zeros = torch.cat([scales, zeros], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        self.nbytes = self.packed.numel() * self.packed.element_size() + self.scales_and_zeros.numel() * 2
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_and_zeros)
+        out = out.reshape(*x.shape[:-1], -1)
+        return out if bias is None else out + bias.to(out.dtype)
+
+
+def prepare(weight: torch.Tensor, fmt: str) -> PreparedWeight:
+    """`weight` ([out, in], any float dtype) in format `fmt`; a new tensor, the caller may drop the original."""
+    if fmt in ("fp32", "bf16"):
+        return OneDNNWeight(weight, ACTIVATION_DTYPE[fmt])
+    if fmt == "int8":
+        return Int8Weight(weight)
+    if fmt == "int4":
+        if weight.shape[1] % INT4_GROUP or weight.shape[0] % INT4_ROWS:
+            return Int8Weight(weight)  # the int4 layout does not tile this shape: the next-smallest format
+        return Int4Weight(weight)
+    raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
+
+
+def dequantized(weight: torch.Tensor, fmt: str) -> torch.Tensor:
+    """The fp32 weight that format `fmt` actually multiplies by (tests compare against it)."""
+    if fmt == "fp32":
+        return weight.float()
+    if fmt == "bf16":
+        return weight.to(torch.bfloat16).float()
+    prepared = prepare(weight, fmt)
+    eye = torch.eye(weight.shape[1], dtype=torch.bfloat16)
+    return prepared(eye, None).float().t()  # exact when rows of the identity pass through unrounded
