@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from ssd_engine.config_parts import Config, build_config
 from ssd_engine.options import option
 
-SPECULATIVE_MODES = ("ar", "sd", "ssd")
+SPECULATIVE_MODES = ("auto", "ar", "sd", "ssd")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
@@ -26,8 +26,9 @@ class EngineConfig:
     draft_model: str | None = option(None, "draft model folder (same tokenizer as the model); unset with no "
                                            "model: the built-in default draft")
     speculative_mode: str | None = option(None, "ar: no speculation; sd: a colocated draft; ssd: speculative "
-                                                "speculative decoding with the draft in its own process; unset: "
-                                                "ssd when a draft is known, else ar", SPECULATIVE_MODES)
+                                                "speculative decoding with the draft in its own process; auto: the "
+                                                "one (and its K) predicted fastest on this machine's cores; unset: "
+                                                "auto when a draft is known, else ar", SPECULATIVE_MODES)
     num_speculative_tokens: int = option(4, "K: draft tokens per round")
     draft_dtype: str = option("auto", "the draft's weight format (its precision never changes the output): auto "
                                       "picks the fastest this CPU runs, measured once per machine; int8/int4 are "
@@ -116,7 +117,7 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.speculative_mode is None:  # the default pair, or a user-given draft, means SSD
             drafted = self.model is None or self.draft_model is not None
-            object.__setattr__(self, "speculative_mode", "ssd" if drafted else "ar")
+            object.__setattr__(self, "speculative_mode", "auto" if drafted else "ar")
         _check(self.speculative_mode in SPECULATIVE_MODES,
                f"speculative_mode must be one of {SPECULATIVE_MODES}, got {self.speculative_mode!r}")
         _check(self.cpu_weight_layout in WEIGHT_LAYOUTS,

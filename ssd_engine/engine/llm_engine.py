@@ -11,6 +11,7 @@ from dataclasses import replace
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
+from ssd_engine.auto_mode.choose import resolve_auto
 from ssd_engine.config import EngineConfig
 from ssd_engine.default_models import resolve_model_path
 from ssd_engine.engine.block_manager import BlockManager
@@ -20,7 +21,7 @@ from ssd_engine.engine.preflight import check_before_loading
 from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.engine.core import Outcome, ScheduledBatch, Sequence, SequenceStatus
 from ssd_engine.distributed.launch import close_at_exit, start_tensor_parallel, torchrun_world
-from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
+from ssd_engine.distributed.placement import available_cores, parse_core_sets, pin, plan_core_sets, unpin
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.models.loader import load_config
@@ -41,6 +42,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self._pinned, self.runner, self.speculator = None, None, None
         self.draft_format = None  # engine/draft_format.DraftFormat once a draft is built
+        self.mode_choice = None   # auto_mode/choose.ModeChoice when speculative_mode was "auto"
         try:
             self._build()
         except BaseException:
@@ -50,6 +52,9 @@ class LLMEngine:
     def _build(self) -> None:
         config = self.config
         check_before_loading(config)
+        if config.speculative_mode == "auto":
+            config, self.mode_choice = resolve_auto(config)
+            self.config = config
         core_sets = self._place()
         # after _place: the weight layout follows this process's pinned threads
         self.parts = parts = config.parts()
@@ -102,9 +107,15 @@ class LLMEngine:
 
     def _place(self) -> list[list[int]] | None:
         """On CPU, SSD gives the draft process cores of its own: one core set per target rank, then
-        the draft's. This process (rank 0) is pinned to the first set until close()."""
+        the draft's. This process (rank 0) is pinned to the first set until close(). Without a
+        draft process, one given core set pins this process (auto's AR and SD take every core)."""
         config = self.config
-        if config.speculative_mode != "ssd" or config.device != "cpu" or torchrun_world() is not None:
+        if config.device != "cpu" or torchrun_world() is not None:
+            return None
+        if config.speculative_mode != "ssd":
+            sets = parse_core_sets(config.cpu_cores) if config.cpu_cores else []
+            if len(sets) == 1 and config.tensor_parallel_size == 1:
+                self._pinned = pin(sets[0], config.num_threads or len(sets[0]))
             return None
         needed = config.tensor_parallel_size + 1
         if config.cpu_cores is None and len(available_cores()) < needed:
@@ -250,6 +261,7 @@ class LLMEngine:
         described = {"device": str(self.device), "dtype": self.config.dtype,
                      "attention": backend_name(runner.attention_backend),
                      "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off"}
+        described["mode"] = self.mode_choice.describe() if self.mode_choice else self.config.speculative_mode
         if self.draft_format is not None:
             described["draft_format"] = self.draft_format.describe()
         return described

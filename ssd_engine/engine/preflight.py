@@ -14,6 +14,6 @@ def check_before_loading(config: EngineConfig) -> None:
     for path in folders:
         if path is not None:
             load_config(path)
-    if config.speculative_mode == "ssd" and config.calibration_dir is not None \
+    if config.speculative_mode in ("ssd", "auto") and config.calibration_dir is not None \
             and not os.path.isdir(config.calibration_dir):
         raise ValueError(f"calibration_dir not found: {config.calibration_dir}")

@@ -1,0 +1,84 @@
+"""speculative_mode="auto": run the mode (AR, SD or SSD) and K predicted fastest on this machine.
+
+The engine's cores are the baseline's too: AR and SD get every core the engine was given, SSD
+splits them into a target set and a draft set. Costs come from auto_mode/costs.py (measured once
+per machine, cached), acceptance from the pair's Saguaro calibration (configs/), the prediction
+from auto_mode/predict.py. A speculative mode must beat AR by MARGIN to be chosen, so that a
+prediction error costs little where AR is nearly as fast. The choice, its K, the draft's format
+and (for SSD) the budget B are written into the engine's config; `ModeChoice` reports them.
+"""
+import logging
+from dataclasses import dataclass, field, replace
+
+from ssd_engine.auto_mode.costs import load_or_measure
+from ssd_engine.auto_mode.predict import Acceptance, predict_all
+from ssd_engine.config import EngineConfig
+from ssd_engine.config_parts import ModelConfig
+from ssd_engine.default_models import cache_dir, resolve_model_path
+from ssd_engine.distributed.placement import available_cores, parse_core_sets
+from ssd_engine.machine import fingerprint
+from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_fingerprint
+
+log = logging.getLogger("ssd_engine")
+MARGIN = 1.05
+
+
+@dataclass(frozen=True)
+class ModeChoice:
+    mode: str                                 # ar, sd or ssd
+    k: int
+    how: str                                  # what the choice rests on
+    predicted_tok_s: dict = field(default_factory=dict)
+    detail: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        if not self.predicted_tok_s:
+            return f"{self.mode} ({self.how})"
+        ar = self.predicted_tok_s.get("ar")
+        preds = ", ".join(f"{m} {v:.2f} tok/s" + (f" ({v / ar:.2f}x AR)" if ar and m != "ar" else "")
+                          for m, v in sorted(self.predicted_tok_s.items(), key=lambda kv: -kv[1]))
+        k = f" K={self.k}" if self.mode != "ar" else ""
+        return f"{self.mode}{k} (predicted: {preds}; {self.how})"
+
+
+def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
+    """The config with speculative_mode="auto" replaced by the chosen mode and its settings."""
+    if config.model is not None and config.draft_model is None:
+        return replace(config, speculative_mode="ar"), ModeChoice("ar", 0, "no draft model")
+    if config.device != "cpu" or config.tensor_parallel_size > 1:
+        # not calibrated there yet: the draft on its own device, as before "auto" existed
+        return replace(config, speculative_mode="ssd"), ModeChoice("ssd", config.num_speculative_tokens,
+                                                                  "not calibrated off CPU or under TP: SSD")
+    target_path, draft_path = resolve_model_path(config), resolve_model_path(config, "draft")
+    every = sorted({c for s in parse_core_sets(config.cpu_cores) for c in s}) if config.cpu_cores else available_cores()
+    half = len(every) // 2
+    target_cores, draft_cores = (every[:half], every[half:]) if half else (every, [])
+    key = "-".join([fingerprint(every, len(every)), model_fingerprint(target_path)[:8],
+                    model_fingerprint(draft_path)[:8], config.draft_dtype])
+    model = ModelConfig(target_path, None, config.dtype, "cpu", config.weight_layout)
+    measured, cached = load_or_measure(key, str(cache_dir()), model, replace(model, path=draft_path),
+                                       config.draft_dtype, target_cores, draft_cores)
+    directory = config.calibration_dir or CONFIG_DIR
+    calibrations = find_calibrations(target_path, draft_path, directory)
+    acceptance = Acceptance.from_calibration(calibrations[0] if calibrations else None)
+    predictions = predict_all(measured.costs(), acceptance)
+    best = max(predictions.values(), key=lambda p: p.tokens_per_s)
+    if best.mode != "ar" and best.tokens_per_s < MARGIN * predictions["ar"].tokens_per_s:
+        best = predictions["ar"]
+    how = (f"{'cached ' if cached else ''}costs measured on {len(every)} core(s) in {measured.seconds:.0f} s, "
+           f"acceptance from {'the pair calibration' if calibrations else 'defaults (no calibration)'}")
+    choice = ModeChoice(best.mode, best.k, how, {m: p.tokens_per_s for m, p in predictions.items()}, best.detail)
+    return _apply(config, choice, every, target_cores, draft_cores, measured), choice
+
+
+def _apply(config: EngineConfig, choice: ModeChoice, every, target_cores, draft_cores, measured) -> EngineConfig:
+    together = ",".join(map(str, every))
+    if choice.mode == "ssd":
+        budget = config.ssd_budget if config.ssd_budget is not None else choice.detail["budget"]
+        return replace(config, speculative_mode="ssd", num_speculative_tokens=choice.k, ssd_budget=budget,
+                       draft_dtype=measured.ssd_format,
+                       cpu_cores=";".join(",".join(map(str, s)) for s in (target_cores, draft_cores)))
+    if choice.mode == "sd":
+        return replace(config, speculative_mode="sd", num_speculative_tokens=choice.k, draft_dtype=measured.sd_format,
+                       cpu_cores=together, num_threads=config.num_threads or len(every))
+    return replace(config, speculative_mode="ar", cpu_cores=together, num_threads=config.num_threads or len(every))

@@ -1,0 +1,159 @@
+"""Measure what one forward costs on this machine, once per machine, for the mode choice.
+
+Four curves, seconds per forward by rows after a PREFIX-token context: the target on every core
+the engine was given (AR and SD), the target on SSD's target cores (its verification), the SD
+draft on every core (its one-row steps), and the SSD draft on its own cores (glue and branch
+steps), each draft in the weight format it will run in (engine/draft_format.py). The models are
+loaded here, timed, and dropped before the engine loads its own: about half a minute on the
+default pair, with a progress bar. The result is cached under the cache directory, keyed by the
+machine fingerprint (CPU, flags, torch, cores, threads) and the pair, so later runs start at once.
+"""
+import gc
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+from tqdm import tqdm
+
+from ssd_engine.auto_mode.predict import Costs
+from ssd_engine.config_parts import CacheConfig, ModelConfig
+from ssd_engine.distributed.placement import pin, unpin
+from ssd_engine.engine import draft_format
+from ssd_engine.engine.model_runner import RunnerSpec, StepInputs
+from ssd_engine.memory import release_freed_heap
+from ssd_engine.models.loader import load_config
+from ssd_engine.progress import progress_enabled
+
+PREFIX = 128
+BLOCK = 16
+TARGET_ROWS = (1, 3, 5, 9)               # AR's one row, verification of K + 1 for K up to 8
+DRAFT_ROWS = (1, 3, 5, 9, 16, 32, 64)    # one-row drafting, the glue (K + 1), branch steps (B)
+SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K = 4, B ~ 8
+REPEATS = 3
+PAGES = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
+VERSION = 1
+
+
+@dataclass
+class MeasuredCosts:
+    key: str
+    target_cores: list[int]
+    draft_cores: list[int]
+    target_all: dict[int, float]
+    target_one: dict[int, float]
+    draft_all: dict[int, float]
+    draft_one: dict[int, float]
+    sd_format: str
+    ssd_format: str
+    seconds: float                  # how long measuring took
+    version: int = VERSION
+
+    def costs(self) -> Costs:
+        return Costs(_curve(self.target_all), _curve(self.target_one), _curve(self.draft_all), _curve(self.draft_one),
+                     ssd_possible=bool(self.draft_cores))
+
+    @classmethod
+    def load(cls, path: str) -> "MeasuredCosts":
+        with open(path) as f:
+            raw = json.load(f)
+        for name in ("target_all", "target_one", "draft_all", "draft_one"):
+            raw[name] = {int(rows): s for rows, s in raw[name].items()}
+        return cls(**raw)
+
+    def save(self, path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(asdict(self), f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+def _curve(points: dict[int, float]):
+    """Piecewise-linear in rows through the measured points, extended linearly past the last two."""
+    rows = sorted(points)
+
+    def at(n: float) -> float:
+        if n <= rows[0] or len(rows) == 1:
+            return points[rows[0]]
+        for lo, hi in zip(rows, rows[1:]):
+            if n <= hi or hi == rows[-1]:
+                return points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
+        raise AssertionError("unreachable")
+    return at
+
+
+def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
+                    target_cores: list[int], draft_cores: list[int]) -> tuple[MeasuredCosts, bool]:
+    """-> (costs, whether they came from the cache). `draft_cores` empty: no SSD (too few cores)."""
+    path = os.path.join(cache_dir, "calibrations", f"mode-costs-{key}.json")
+    try:
+        cached = MeasuredCosts.load(path)
+        if cached.version == VERSION and cached.key == key:
+            return cached, True
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    measured = measure(key, cache_dir, target, draft, draft_dtype, target_cores, draft_cores)
+    measured.save(path)
+    return measured, False
+
+
+def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
+            target_cores: list[int], draft_cores: list[int]) -> MeasuredCosts:
+    started = time.perf_counter()
+    every = sorted(set(target_cores) | set(draft_cores))
+    draft_hf = load_config(draft.path)
+    sd_format = draft_format.resolve(draft_dtype, draft_hf, "cpu", [(1, 4)], every, len(every), cache_dir)
+    ssd_format = (draft_format.resolve(draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores),
+                                       cache_dir) if draft_cores else sd_format)
+    steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) + 1 + (len(DRAFT_ROWS) if draft_cores else 0)
+    with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
+        runner = _build(target)
+        target_all = _time(runner, TARGET_ROWS, every, bar)
+        target_one = _time(runner, TARGET_ROWS, target_cores, bar) if draft_cores else {}
+        del runner
+        _release()  # the target's weights go before a draft loads
+        runner = _build(draft, sd_format)
+        draft_all = _time(runner, (1,), every, bar)
+        if draft_cores and ssd_format.name != sd_format.name:
+            del runner
+            _release()
+            runner = _build(draft, ssd_format)
+        draft_one = _time(runner, DRAFT_ROWS, draft_cores, bar) if draft_cores else {}
+        del runner
+        _release()
+    return MeasuredCosts(key, target_cores, draft_cores, target_all, target_one or target_all, draft_all,
+                         draft_one or draft_all, sd_format.name, ssd_format.name, time.perf_counter() - started)
+
+
+def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
+    if fmt is not None:
+        model = ModelConfig(**{**asdict(model), "dtype": fmt.dtype, "weight_format": fmt.name})
+    runner = RunnerSpec(model, CacheConfig(BLOCK, PAGES), PREFIX + max(DRAFT_ROWS) + 1).build()
+    context = [3 + i % 250 for i in range(PREFIX)]  # ids every vocabulary has
+    runner.run(StepInputs([0], [context], [list(range(PAGES))], [[PREFIX - 1]]))
+    return runner
+
+
+def _time(runner, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, float]:
+    """Median seconds of a forward of n new rows (logits for every row) on `cores`."""
+    token = pin(cores, len(cores))
+    try:
+        result = {}
+        for n in rows:
+            inputs = StepInputs([PREFIX], [[42] * n], [list(range(PAGES))], [list(range(n))])
+            runner.run(inputs)  # warm-up: first calls at a shape allocate
+            times = []
+            for _ in range(REPEATS):
+                start = time.perf_counter()
+                runner.run(inputs)
+                times.append(time.perf_counter() - start)
+            result[n] = sorted(times)[REPEATS // 2]
+            bar.update(1)
+        return result
+    finally:
+        unpin(token)
+
+
+def _release() -> None:
+    gc.collect()
+    release_freed_heap()

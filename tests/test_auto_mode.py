@@ -1,0 +1,119 @@
+"""speculative_mode="auto": the throughput predictions (auto_mode/predict.py), the cached cost
+measurement (auto_mode/costs.py) and the choice applied to a real engine (auto_mode/choose.py)."""
+import pytest
+
+from ssd_engine import LLM
+from ssd_engine.auto_mode import choose
+from ssd_engine.auto_mode.costs import MeasuredCosts, _curve
+from ssd_engine.auto_mode.predict import (Acceptance, Costs, Prediction, predict_all, predict_sd, predict_ssd)
+from ssd_engine.saguaro.calibration import Calibration
+from ssd_engine.saguaro.fanout import outcome_probabilities
+from test_speculative_decoding import GREEDY, _prompts, greedy_oracle, noisy_draft, target  # noqa: F401 (fixtures)
+
+
+def _calibration(probs: list[float]) -> Calibration:
+    return Calibration("t", "d", 0.0, len(probs) - 1, alpha=0.7, outcome_probs=probs, r=1.0, miss_coeff=0.3,
+                       miss_by_fanout=[0.3, 0.15, 0.1], budget=4, budget_fits=4, t_p=1.0, e_primary=3.0,
+                       e_fast=1.2, p_hit=0.7)
+
+
+def test_acceptance_reproduces_the_calibrated_outcome_law_and_extends_it():
+    measured = [0.156, 0.1743, 0.1284, 0.0367, 0.5046]  # the default pair's, at K = 4: whole runs are likely
+    acc = Acceptance.from_calibration(_calibration(measured))
+    assert acc.outcome_probs(4) == pytest.approx(measured, abs=1e-9)
+    assert acc.tokens_per_round(4) == pytest.approx(sum((j + 1) * p for j, p in enumerate(measured)))
+    assert sum(acc.outcome_probs(8)) == pytest.approx(1.0)
+    assert acc.tokens_per_round(1) < acc.tokens_per_round(4) < acc.tokens_per_round(8)
+    iid = Acceptance.from_calibration(_calibration(outcome_probabilities(0.6, 3)))
+    assert iid.outcome_probs(6) == pytest.approx(outcome_probabilities(0.6, 6))  # i.i.d. stays i.i.d.
+    assert iid.miss(0) == 1.0 and iid.miss(2) == 0.15 and iid.miss(6) == pytest.approx(0.1 * 3 / 6)
+
+
+def _costs(target_s: float, draft_s: float, ssd: bool = True) -> Costs:
+    target = lambda rows: target_s * (1 + 0.05 * (rows - 1))  # verification barely costs more than a step
+    draft = lambda rows: draft_s * (1 + 0.5 * (rows - 1))
+    return Costs(target, lambda rows: 1.6 * target(rows), draft, lambda rows: 1.3 * draft(rows), ssd)
+
+
+ACC = Acceptance.from_calibration(_calibration([0.156, 0.1743, 0.1284, 0.0367, 0.5046]))
+
+
+def test_a_cheap_draft_beats_ar_and_an_expensive_one_does_not():
+    cheap = predict_all(_costs(0.4, 0.02), ACC)
+    assert cheap["sd"].tokens_per_s > 2 * cheap["ar"].tokens_per_s and cheap["sd"].k >= 3
+    assert cheap["ssd"].tokens_per_s > cheap["ar"].tokens_per_s
+    costly = predict_all(_costs(0.4, 0.4), ACC)
+    assert max(costly["sd"].tokens_per_s, costly["ssd"].tokens_per_s) < costly["ar"].tokens_per_s
+    assert "ssd" not in predict_all(_costs(0.4, 0.02, ssd=False), ACC)
+
+
+def test_sd_round_is_one_verification_plus_k_draft_steps():
+    costs = _costs(0.4, 0.02)
+    p = predict_sd(costs, ACC, 4)
+    assert p.detail["round_s"] == pytest.approx(costs.target_all(5) + 4 * costs.draft_all(1))
+    assert p.tokens_per_s == pytest.approx(ACC.tokens_per_round(4) / p.detail["round_s"])
+
+
+def test_ssd_budget_is_the_largest_build_inside_one_verification():
+    costs = _costs(0.4, 0.02)
+    p = predict_ssd(costs, ACC, 4)
+    verify = costs.target_one(5) * 1.1
+    build = lambda b: costs.draft_one(5) + 4 * costs.draft_one(b)
+    assert build(p.detail["budget"]) <= verify < build(p.detail["budget"] + 1)
+    assert sum(p.detail["fanout"]) == p.detail["budget"] and p.detail["t_p"] <= 1
+    assert 0 < p.detail["p_hit"] <= 1
+
+
+def test_cost_curves_interpolate_and_extend():
+    curve = _curve({1: 1.0, 3: 2.0, 5: 4.0})
+    assert (curve(1), curve(2), curve(5), curve(7)) == (1.0, 1.5, 4.0, 6.0)
+    assert _curve({1: 0.3})(9) == 0.3
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SSD_ENGINE_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_auto_measures_once_then_reuses_and_stays_exact(target, noisy_draft, private_cache):
+    oracle = greedy_oracle(target)[:3]
+    with LLM(target, draft_model=noisy_draft, num_threads=1, block_size=8) as llm:
+        choice = llm.engine.mode_choice
+        assert llm.config.speculative_mode == "auto" and llm.engine.config.speculative_mode == choice.mode
+        assert choice.mode in ("ar", "sd", "ssd") and not choice.how.startswith("cached")
+        assert set(choice.predicted_tok_s) >= {"ar", "sd"} and choice.describe().startswith(choice.mode)
+        assert llm.engine.execution()["mode"] == choice.describe()
+        assert [o.token_ids for o in llm.generate(_prompts(3), GREEDY, use_tqdm=False)] == oracle
+    (stored,) = (private_cache / "calibrations").iterdir()
+    assert MeasuredCosts.load(str(stored)).target_all[1] > 0
+    with LLM(target, draft_model=noisy_draft, num_threads=1, block_size=8) as again:
+        assert again.engine.mode_choice.how.startswith("cached") and again.engine.mode_choice.mode == choice.mode
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkeypatch, mode):
+    """Whatever the prediction says, the engine runs that mode with its K, format, cores and budget."""
+    fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.0 + (mode == "sd")),
+             "ssd": Prediction("ssd", 3, 1.0 + 2 * (mode == "ssd"), {"budget": 5})}
+    monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
+    with LLM(target, draft_model=noisy_draft, block_size=8, draft_dtype="int8") as llm:
+        config = llm.engine.config
+        assert config.speculative_mode == mode and llm.engine.mode_choice.mode == mode
+        outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
+        if mode == "ssd":
+            assert config.num_speculative_tokens == 3 and config.ssd_budget == 5
+            assert config.cpu_cores == "0;1" and llm.engine.draft_format.name == "int8"
+        elif mode == "sd":
+            assert config.num_speculative_tokens == 2 and config.cpu_cores == "0,1" and config.num_threads == 2
+            assert llm.engine.draft_format.name == "int8"
+        else:
+            assert llm.engine.speculator is None and config.num_threads == 2
+    assert [o.token_ids for o in outs] == greedy_oracle(target)[:3]
+
+
+def test_a_near_tie_goes_to_ar(target, noisy_draft, private_cache, monkeypatch):
+    fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.04)}
+    monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
+    with LLM(target, draft_model=noisy_draft, block_size=8) as llm:
+        assert llm.engine.config.speculative_mode == "ar"
