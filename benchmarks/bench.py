@@ -4,13 +4,17 @@
     python benchmarks/bench.py --mode ar,sd,ssd,hf-ar,hf-assisted --prompts humaneval,gsm8k,alpaca,mtbench
     python benchmarks/bench.py --batch 1,2,4,8 --k 2,4 --temperature 0.7
     python benchmarks/bench.py --device cuda --tp 1  # the target on GPU 0, the SSD draft on GPU 1
+    python benchmarks/bench.py --mode ar,sd,ar-all,sd-all,ssd,auto --draft-dtype int4  # every ratio goal
 
-Modes: `ar`, `sd`, `ssd` (our engine), `ar-all` (our AR on the target's and the draft's cores
-together), `hf-ar` (transformers `generate`), `hf-assisted` (transformers assisted generation).
+Modes: `ar`, `sd`, `ssd` (our engine), `ar-all` and `sd-all` (our AR / SD on the target's and the
+draft's cores together: the baselines for SSD, which uses both), `auto` (our engine on both sets
+choosing AR / SD / SSD and K itself; run once, not per --k), `hf-ar` (transformers `generate`),
+`hf-assisted` (transformers assisted generation). `--draft-dtype` sets our draft's weight format.
 Each mode runs in its own pinned subprocess on the same prompts. Writes
-`benchmarks/results/DATE-bench[-TAG].md` (tables), `.json` (raw numbers, machine, placement, torch
-version, git commit) and PNG plots; `--readme` also puts the headline table into README.md;
-`python benchmarks/bench.py --report RESULT.json` prints an earlier run's tables again.
+`benchmarks/results/DATE-bench[-TAG].md` (tables), `.json` (raw numbers, machine, CPU model and
+flags, placement, torch version, git commit) and PNG plots; `--readme` also puts the headline
+table into README.md; `python benchmarks/bench.py --report RESULT.json` prints an earlier run's
+tables again.
 See `python benchmarks/bench.py --help` for every flag, benchmarks/suite/ for how it measures.
 """
 import datetime
@@ -54,6 +58,7 @@ def update_readme(raw: dict, base: str, readme: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     from suite import isolate, options, plots, report
     from suite.machine import machine_line
+    from ssd_engine.machine import describe
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--report"] and len(argv) == 2:  # re-render an earlier run's tables
@@ -66,11 +71,11 @@ def main(argv: list[str] | None = None) -> dict:
     results = isolate.run_modes(opts.modes, opts, prompt_sets)
 
     stamp = datetime.date.today().isoformat()
-    raw = {"date": stamp, "machine": machine_line(opts.device), "placement": opts.placement_text(),
+    raw = {"date": stamp, "machine": machine_line(opts.device), "cpu": describe(), "placement": opts.placement_text(),
            "command": "python benchmarks/bench.py " + " ".join(argv), "target": opts.model, "draft": opts.draft,
            "temperature": opts.temperature, "new_tokens": opts.new_tokens, "num_prompts": opts.num_prompts,
            "prompt_sets": opts.prompt_sets, "batch": opts.batch, "k": opts.k, "dtype": opts.dtype,
-           "prefix": opts.prefix, "reps": opts.reps, "results": results}
+           "draft_dtype": opts.draft_dtype, "prefix": opts.prefix, "reps": opts.reps, "results": results}
     text = report.render(raw)
     print(text)
     os.makedirs(opts.out, exist_ok=True)

@@ -5,14 +5,17 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import bench  # noqa: E402
-from suite import options  # noqa: E402
+from suite import isolate, options, ours  # noqa: E402
+from suite.goals import goal_lines  # noqa: E402
+from suite.machine import machine_line  # noqa: E402
 from suite.measure import Request, batches, cell  # noqa: E402
-from suite.report import headline, render  # noqa: E402
+from suite.report import detail_lines, headline, headline_lines, render  # noqa: E402
 
 
 def test_decode_throughput_excludes_prefill():
@@ -39,6 +42,11 @@ def test_bad_flags_are_named(tiny_qwen2, capsys):
                           (["--model", tiny_qwen2, "--mode", "sd"], "need --draft too"),
                           (["--model", tiny_qwen2, "--draft", tiny_qwen2, "--mode", "ssd", "--cores", "0",
                             "--draft-cores", "0"], "overlap on [0]"),
+                          (["--model", tiny_qwen2, "--draft", tiny_qwen2, "--mode", "auto", "--draft-cores", "0"],
+                           "overlap on [0]"),  # auto may split the cores for SSD: they must be disjoint
+                          (["--model", tiny_qwen2, "--draft-dtype", "int3"], "invalid choice: 'int3'"),
+                          (["--model", tiny_qwen2, "--draft", tiny_qwen2, "--device", "cuda", "--draft-dtype", "int4"],
+                           "int4 is CPU-only"),
                           (["--model", tiny_qwen2, "--k", "0"], "--k needs draft lengths >= 1")):
         with pytest.raises(SystemExit):
             options.parse(argv)
@@ -61,14 +69,17 @@ def test_readme_section_is_replaced_and_nothing_else(tmp_path):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """One run of every mode on a tiny target and a shallower draft, two prompt sets, batch 1 and 2."""
+    """One run of every mode on a tiny target and a shallower draft, two prompt sets, batch 1 and 2
+    (`auto` once the engine has that mode)."""
     sys.path.insert(0, os.path.dirname(__file__))
     from tiny_checkpoints import build_checkpoint
     root = tmp_path_factory.mktemp("bench")
     target = build_checkpoint(str(root / "target"), "qwen2", seed=0)
     draft = build_checkpoint(str(root / "draft"), "qwen2", seed=0, num_hidden_layers=1)
     out = root / "results"
-    raw = bench.main(["--model", target, "--draft", draft, "--mode", "ar,sd,ssd,hf-ar,hf-assisted",
+    from ssd_engine.config import SPECULATIVE_MODES
+    modes = "ar,sd,sd-all,ssd,hf-ar,hf-assisted" + (",auto" if "auto" in SPECULATIVE_MODES else "")
+    raw = bench.main(["--model", target, "--draft", draft, "--mode", modes,
                       "--prompts", "code,english", "--num-prompts", "2", "--new-tokens", "6", "--batch", "1,2",
                       "--k", "2", "--reps", "1", "--out", str(out), "--tag", "t"])
     return raw, out
@@ -77,7 +88,11 @@ def run(tmp_path_factory):
 def test_every_mode_measures_every_cell_and_greedy_outputs_agree(run):
     raw, _ = run
     results = raw["results"]
-    for mode, batch_sizes in (("ar", [1, 2]), ("sd", [1, 2]), ("ssd", [1, 2]), ("hf-ar", [1, 2]), ("hf-assisted", [1])):
+    for mode, batch_sizes in (("ar", [1, 2]), ("sd", [1, 2]), ("sd-all", [1, 2]), ("ssd", [1, 2]), ("auto", [1, 2]),
+                              ("hf-ar", [1, 2]), ("hf-assisted", [1])):
+        if mode not in results:
+            assert mode == "auto"  # an engine without auto mode yet
+            continue
         rows = results[mode]["rows"]
         assert sorted((r["set"], r["batch"]) for r in rows) == sorted(
             (s, b) for s in ("code", "english") for b in batch_sizes), mode
@@ -86,8 +101,12 @@ def test_every_mode_measures_every_cell_and_greedy_outputs_agree(run):
             assert 0 < r["ttft_s"] < r["latency_s"] and r["decode_tok_s"] > 0
             reference = next(a for a in results["ar"]["rows"] if a["set"] == r["set"] and a["batch"] == r["batch"])
             assert r["outputs"] == reference["outputs"], (mode, r["set"], r["batch"])  # greedy: same tokens
-        if mode in ("sd", "ssd", "hf-assisted"):
+        if mode in ("sd", "sd-all", "ssd", "hf-assisted"):
             assert all(r["rounds"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in rows)
+        if mode in ("sd", "sd-all", "ssd"):
+            assert {r["draft_format"] for r in rows} <= {"fp32", "bf16", "int8", "int4"}
+        if mode == "auto":
+            assert all(r["chosen_mode"] in ("ar", "sd", "ssd") and r["k"] == r["chosen_k"] for r in rows)
     assert all("cache_hit_rate_warm" in r["ssd"] for r in results["ssd"]["rows"])
     assert results["ssd"]["peaks"]["draft process"] > 0  # the draft process's own peak memory
     assert set(results["sd"]["costs"]["target_forward_s"]) == {1, 3} and results["sd"]["costs"]["draft_step_s"] > 0
@@ -101,12 +120,14 @@ def test_files_tables_and_plots_are_written(run):
                            (".md", ".json", "-throughput.png", "-batch.png"))
     saved = json.loads((out / f"{stamp}-bench-t.json").read_text())
     assert saved["machine"].count("commit ") == 1 and "cores [1]" in saved["placement"]
+    assert saved["cpu"]["visible_cores"] == os.cpu_count() and saved["machine"].startswith(saved["cpu"]["cpu_model"])
     text = (out / f"{stamp}-bench-t.md").read_text()
     assert text == render(saved)  # the JSON alone reproduces the report
     table = headline(saved, 1)
     assert table["average"]["ssd"] == pytest.approx((table["code"]["ssd"] + table["english"]["ssd"]) / 2)
     assert "| code | " in text and "| average | " in text and "| 2/2 ar |" in text
     assert "hf-assisted is batch 1 only" in text
+    assert "| SD / AR |" in text and "| SSD / SD |" in text and "| SD / hf-assisted |" in text
 
 
 def test_cuda_flags_place_the_target_on_gpus_and_the_draft_after_them(tiny_qwen2):
@@ -131,3 +152,141 @@ def test_cuda_kernel_benchmark_smoke_run_on_cpu():
     engine = [(r[0].strip(), r[1].strip()) for r in rows if r[0].strip() in ("torch", "triton")]
     assert engine == [("torch", "off")] * 2 + [("triton", "off")] * 2 + [("triton", "on")] * 2
     assert all(float(r[3]) > 0 for r in rows if r[0].strip() in ("torch", "triton"))
+
+
+def test_cpu_model_and_flags_are_in_every_machine_line(monkeypatch):
+    import ssd_engine.machine
+    monkeypatch.setattr(ssd_engine.machine, "cpu_model", lambda: "Test CPU 9000")
+    monkeypatch.setattr(ssd_engine.machine, "cpu_flags", lambda: ["avx2", "avx512_bf16"])
+    assert machine_line().startswith(f"Test CPU 9000 (avx2, avx512_bf16), {os.cpu_count()} cores visible; torch ")
+    monkeypatch.setattr(ssd_engine.machine, "cpu_flags", lambda: [])
+    assert machine_line().startswith("Test CPU 9000 (no AVX2 / AVX-512 / AMX), ")
+
+
+def test_sd_all_and_auto_get_both_core_sets_and_auto_no_k_sweep():
+    opts = options.parse(["--model", "t", "--draft", "d", "--mode", "sd-all,auto", "--cores", "0", "--draft-cores", "1",
+                          "--k", "2,4", "--batch", "1,2", "--draft-dtype", "int8"])
+    assert opts.draft_dtype == "int8" and options.parse(["--model", "t", "--mode", "ar"]).draft_dtype == "auto"
+    wide = ours._wide(opts)
+    assert wide.cores == {0, 1} and wide.threads == 2 and opts.cores == {0}  # a copy: ar / sd keep core 0
+    assert ours._engine_options(opts, True)["cpu_cores"] == "0;1"  # auto: the target's set, then the draft's
+    assert isolate.cells_of("sd-all", opts, 3) == 2 * 2 * 3 and isolate.cells_of("auto", opts, 3) == 2 * 3
+    # sd-all shares the cores between target and draft: overlapping flags are fine for it
+    assert options.parse(["--model", "t", "--draft", "d", "--mode", "sd-all", "--draft-cores", "0"]).modes == ["sd-all"]
+
+
+class FakeLLM:
+    """Stands in for ssd_engine.LLM: records how it was built, generates 6 tokens per request with
+    fixed timings, and reports speculation counters consistent with K."""
+    built: list = []
+
+    def __init__(self, model, choice=True, **kwargs):
+        self.kwargs = kwargs
+        FakeLLM.built.append(self)
+        mode, k = kwargs["speculative_mode"], kwargs.get("num_speculative_tokens", 4)
+        self.config = SimpleNamespace(device="cpu", speculative_mode=mode, num_speculative_tokens=k)
+        self.engine = SimpleNamespace(speculator=SimpleNamespace(runner=None, blocks=None), runner=None,
+                                      spec_metrics=SimpleNamespace(reset=lambda: None), block_manager=None,
+                                      config=self.config, draft_format=SimpleNamespace(name="int4"))
+        if mode == "auto" and choice:
+            self.engine.mode_choice = SimpleNamespace(mode="ssd", k=3, predicted_tok_s={"ar": 2.0, "ssd": 5.0},
+                                                      describe=lambda: "ssd K=3 (predicted ar 2.0, ssd 5.0 tok/s)")
+        self.k = self.engine.mode_choice.k if hasattr(self.engine, "mode_choice") else k
+
+    def generate(self, prompts, params, use_tqdm=False):
+        metrics = SimpleNamespace(ttft_s=0.1, e2e_s=0.6)
+        return [SimpleNamespace(token_ids=[7] * 6, metrics=metrics) for _ in prompts]
+
+    def speculation_metrics(self):
+        return {"rounds": 5, "drafted": 5 * self.k, "accepted": 4, "acceptance_rate": 0.5,
+                "mean_acceptance_length": 2.0, "cache_hit_rate_warm": 0.75}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+@pytest.fixture
+def fake_engine(monkeypatch):
+    import ssd_engine
+    pinned = []
+    FakeLLM.built = []
+    monkeypatch.setattr(ssd_engine, "LLM", FakeLLM)
+    monkeypatch.setattr(ours, "pin", lambda cores, threads, device: pinned.append((set(cores), threads)))
+    opts = options.parse(["--model", "t", "--draft", "d", "--cores", "0", "--draft-cores", "1", "--batch", "1,2",
+                          "--k", "2", "--reps", "0", "--draft-dtype", "int4", "--fanout", "3"])
+    return opts, pinned
+
+
+def test_auto_runs_once_per_batch_on_every_core_and_records_its_choice(fake_engine):
+    opts, pinned = fake_engine
+    result = ours.run_auto(opts, {"code": ["a", "b"]}, lambda *_: None)
+    kwargs = FakeLLM.built[0].kwargs
+    assert len(FakeLLM.built) == 1 and pinned == [({0, 1}, 2)]
+    assert kwargs["speculative_mode"] == "auto" and "num_speculative_tokens" not in kwargs  # it picks K
+    assert kwargs["cpu_cores"] == "0;1" and kwargs["num_threads"] is None and kwargs["draft_dtype"] == "int4"
+    assert kwargs["ssd_fanout"] == "3"
+    assert [(r["mode"], r["batch"], r["k"]) for r in result["rows"]] == [("auto", 1, 3), ("auto", 2, 3)]
+    row = result["rows"][0]
+    assert (row["chosen_mode"], row["chosen_k"], row["draft_format"]) == ("ssd", 3, "int4")
+    assert row["predicted_tok_s"] == {"ar": 2.0, "ssd": 5.0} and row["drafted"] == 15
+    assert row["ssd"]["cache_hit_rate_warm"] == 0.75  # it ran SSD: SSD's counters
+    assert result["mode_choice"].startswith("ssd K=3")
+
+
+def test_auto_without_a_reported_choice_still_measures(fake_engine, monkeypatch):
+    opts, _ = fake_engine
+    import ssd_engine
+    monkeypatch.setattr(ssd_engine, "LLM", lambda model, **kw: FakeLLM(model, choice=False, **kw))
+    result = ours.run_auto(opts, {"code": ["a"]}, lambda *_: None)
+    row = result["rows"][0]
+    assert row["chosen_mode"] == "auto" and row["k"] is None and "drafted" not in row
+    assert row["predicted_tok_s"] is None and result["mode_choice"] is None
+
+
+def test_sd_all_is_sd_with_the_draft_in_process_on_both_core_sets(fake_engine):
+    opts, pinned = fake_engine
+    result = ours.run_sd_all(opts, {"code": ["a", "b"]}, lambda *_: None)
+    kwargs = FakeLLM.built[0].kwargs
+    assert pinned == [({0, 1}, 2)] and kwargs["num_threads"] == 2 and "cpu_cores" not in kwargs
+    assert kwargs["speculative_mode"] == "sd" and kwargs["num_speculative_tokens"] == 2
+    assert kwargs["draft_dtype"] == "int4"
+    assert {(r["mode"], r["k"], r["draft_format"]) for r in result["rows"]} == {("sd-all", 2, "int4")}
+    assert all(r["drafted"] == 2 * r["rounds"] and "ssd" not in r for r in result["rows"])
+
+
+def _fake_raw(tok_s: dict, batch=(1,)) -> dict:
+    """A result with one prompt set: mode -> (K, decode tok/s, extra row fields) at every batch size."""
+    def row(mode, k, value, b, extra):
+        return {"mode": mode, "set": "code", "batch": b, "k": k, "decode_tok_s": value / b, "e2e_tok_s": 1.0,
+                "ttft_s": 0.1, "tpot_s": 0.2, "latency_s": 1.0, **extra}
+    return {"date": "d", "machine": "m", "placement": "p", "target": "t", "draft": "d", "command": "c",
+            "temperature": 0.0, "new_tokens": 6, "num_prompts": 1, "prompt_sets": ["code"], "batch": list(batch),
+            "k": [4], "dtype": "float32", "draft_dtype": "int4", "prefix": 8, "reps": 0,
+            "results": {mode: {"rows": [row(mode, k, v, b, extra) for b in batch if mode != "hf-assisted" or b == 1]}
+                        for mode, (k, v, extra) in tok_s.items()}}
+
+
+def test_report_shows_draft_formats_auto_choices_and_the_goal_ratios():
+    spec = {"draft_format": "int4"}
+    raw = _fake_raw({"ar": (None, 2.0, {}), "ar-all": (None, 3.0, {}), "sd": (4, 4.0, spec),
+                     "sd-all": (4, 5.0, spec), "auto": (3, 4.5, {**spec, "chosen_mode": "sd", "chosen_k": 3,
+                                                                   "predicted_tok_s": {"sd": 5.0}}),
+                     "hf-assisted": (4, 2.5, {})}, batch=(1, 2))
+    raw["results"]["auto"]["mode_choice"] = "sd K=3"
+    assert "SD at K = 4, int4 draft" in headline_lines(raw)[0]
+    details = "\n".join(detail_lines(raw))
+    assert "| sd-all | 4 | int4 | 1 | 5.00 |" in details and "| auto: sd | 3 | int4 | 2 | 2.25 |" in details
+    assert "| ar | - | - | 1 | 2.00 |" in details
+    goals = "\n".join(goal_lines(raw))
+    assert "| SD / AR | speculation on the target's cores | 2.00x | 2.00x |" in goals
+    assert "| auto / ar-all | auto vs AR on the same cores | 1.50x | 1.50x |" in goals
+    assert "| auto / best of (ar-all, sd-all) |" in goals and "| 0.90x (sd-all) | 0.90x (sd-all) |" in goals
+    assert "| SD / hf-assisted | our SD vs transformers' assisted generation | 1.60x | n/a |" in goals
+    assert "SSD" not in goals  # no ssd run: none of its ratios
+    assert "auto ran sd at K = 3: sd K=3" in goals and "Predicted 5.00 tok/s for sd; measured 4.50 at batch 1, 2.25 at batch 2." in goals
+    text = render(raw)
+    assert "## Goals" in text and "draft weights int4" in text
+    assert goal_lines(_fake_raw({"ar": (None, 2.0, {})})) == []  # nothing to compare: no section

@@ -23,7 +23,7 @@ def _child(mode: str, opts, prompt_sets: dict, path: str, progress_queue) -> Non
 
 def cells_of(mode: str, opts, num_sets: int) -> int:
     """How many cells a mode measures (the progress bar's total)."""
-    ks = len(opts.k) if mode in ("sd", "ssd", "hf-assisted") else 1
+    ks = len(opts.k) if mode in ("sd", "sd-all", "ssd", "hf-assisted") else 1  # auto picks its own K
     batch_sizes = 1 if mode == "hf-assisted" else len(opts.batch)
     return ks * batch_sizes * num_sets
 

@@ -6,12 +6,12 @@ import subprocess
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "cpu"
+def cpu_line() -> str:
+    """The CPU model and the flags that decide which kernels and draft formats are fast (from
+    ssd_engine.machine, the same reading the engine's cached probes are keyed by)."""
+    from ssd_engine.machine import cpu_flags, cpu_model
+    flags = cpu_flags()
+    return f"{cpu_model()} ({', '.join(flags) if flags else 'no AVX2 / AVX-512 / AMX'})"
 
 
 def device_name(device: str) -> str:
@@ -19,7 +19,7 @@ def device_name(device: str) -> str:
         import torch
         count = torch.cuda.device_count()
         return f"{count} x {torch.cuda.get_device_name(0)}" if count else "cuda (no GPU visible)"
-    return f"{cpu_name()}, {os.cpu_count()} cores visible"
+    return f"{cpu_line()}, {os.cpu_count()} cores visible"
 
 
 def git_commit() -> str:

@@ -1,11 +1,14 @@
 """bench.py's command line. With no flags: the built-in default pair, 4 HumanEval problems x 64
 new tokens, greedy, batch 1, K = 4, modes ar, sd, ssd; the target (and AR, SD) on core 0, the SSD
-draft process on core 1 (the paper's placement: SSD adds the draft's own device)."""
+draft process on core 1 (the paper's placement: SSD adds the draft's own device). `ar-all`,
+`sd-all` and `auto` get both sets: what SSD's two sets are worth to a mode that is not split."""
 import argparse
 from dataclasses import dataclass, field
 
-MODES = ("ar", "ar-all", "sd", "ssd", "hf-ar", "hf-assisted")
-SPECULATIVE = ("sd", "ssd", "hf-assisted")
+MODES = ("ar", "ar-all", "sd", "sd-all", "ssd", "auto", "hf-ar", "hf-assisted")
+SPECULATIVE = ("sd", "sd-all", "ssd", "auto", "hf-assisted")  # need a draft checkpoint
+DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # our engine's draft_dtype
+SPLIT = ("ssd", "auto")  # the draft gets (ssd) or may get (auto) its own core set: the sets must be disjoint
 
 
 @dataclass
@@ -16,6 +19,7 @@ class BenchOptions:
     new_tokens: int
     batch: list[int]
     k: list[int]
+    draft_dtype: str
     temperature: float
     model: str | None
     draft: str | None
@@ -50,7 +54,7 @@ class BenchOptions:
             return (f"target on GPU {gpus} (TP {self.tp}); SSD draft process on GPU {self.tp} when that GPU exists, "
                     f"else on the last GPU, shared with the target")
         return (f"target (and ar, sd, hf-*) on cores {sorted(self.cores)} with {self.threads} thread(s), TP {self.tp}; "
-                f"SSD draft process on cores {sorted(self.draft_cores)}; ar-all on both")
+                f"SSD draft process on cores {sorted(self.draft_cores)}; ar-all, sd-all and auto on both")
 
 
 def _csv(text: str, cast=str) -> list:
@@ -67,6 +71,8 @@ def parse(argv: list[str]) -> BenchOptions:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per prompt (EOS ignored)")
     p.add_argument("--batch", default="1", help="comma-separated batch sizes")
     p.add_argument("--k", default="4", help="comma-separated draft lengths K")
+    p.add_argument("--draft-dtype", default="auto", choices=DRAFT_DTYPES,
+                   help="our draft's weight format (sd, sd-all, ssd, auto); auto: the engine measures and picks")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--model", default=None, help="target HF folder (default: the built-in target)")
     p.add_argument("--draft", default=None, help="draft HF folder (default: the built-in draft; needed with --model)")
@@ -74,7 +80,7 @@ def parse(argv: list[str]) -> BenchOptions:
     p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of our target")
     p.add_argument("--cores", default="0", help="CPU: cores of the target (split over --tp ranks), AR, SD, hf-*")
-    p.add_argument("--draft-cores", default="1", help="CPU: cores of the SSD draft process")
+    p.add_argument("--draft-cores", default="1", help="CPU: cores of the SSD draft process (ar-all, sd-all, auto add them to --cores)")
     p.add_argument("--threads", type=int, default=None, help="torch threads per process (default: cores per rank)")
     p.add_argument("--layout", default="auto", help="our cpu_weight_layout")
     p.add_argument("--fanout", default=None, help="SSD fan-out (default: the engine's, auto from the calibration)")
@@ -102,7 +108,9 @@ def parse(argv: list[str]) -> BenchOptions:
     cores, draft_cores = set(_csv(a.cores, int)), set(_csv(a.draft_cores, int))
     if a.device == "cpu" and len(cores) < a.tp:
         p.error(f"--tp {a.tp} needs at least {a.tp} cores in --cores")
-    if a.device == "cpu" and "ssd" in modes and cores & draft_cores:
+    if a.device != "cpu" and a.draft_dtype in ("int8", "int4"):
+        p.error(f"--draft-dtype {a.draft_dtype} is CPU-only; on {a.device} use auto, bf16 or fp32")
+    if a.device == "cpu" and any(m in SPLIT for m in modes) and cores & draft_cores:
         p.error(f"--cores and --draft-cores overlap on {sorted(cores & draft_cores)}: the draft needs its own cores")
     model, draft = a.model, a.draft
     if model is None:
@@ -111,12 +119,12 @@ def parse(argv: list[str]) -> BenchOptions:
         if draft is None and any(m in SPECULATIVE for m in modes):
             draft = resolve_default_model("draft")
     if draft is None and any(m in SPECULATIVE for m in modes):
-        p.error("--model was given, so sd / ssd / hf-assisted need --draft too")
+        p.error("--model was given, so " + " / ".join(SPECULATIVE) + " need --draft too")
     import os
     out = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
     return BenchOptions(
         modes=modes, prompt_sets=_csv(a.prompts), num_prompts=a.num_prompts, new_tokens=a.new_tokens, batch=batch,
-        k=k, temperature=a.temperature, model=model, draft=draft, device=a.device,
+        k=k, draft_dtype=a.draft_dtype, temperature=a.temperature, model=model, draft=draft, device=a.device,
         dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"), tp=a.tp, cores=cores,
         draft_cores=draft_cores, threads=a.threads or max(len(cores) // a.tp, 1), layout=a.layout, fanout=a.fanout,
         fallback=a.fallback, prefix=a.prefix, reps=a.reps, out=out, tag=a.tag, readme=a.readme, argv=list(argv))

@@ -1,6 +1,8 @@
 """Our engine's runners. Each runs in its own process (isolate.py) and measures every cell of
 its mode: K x batch size x prompt set. SD and SSD build one engine per K: K is fixed when an
-engine is built (it sizes position tables, CUDA graphs and the draft process's cache and payload)."""
+engine is built (it sizes position tables, CUDA graphs and the draft process's cache and payload).
+`auto` builds one engine and lets it pick its mode and K; `ar-all` / `sd-all` are AR / SD on the
+target's and the draft's cores together."""
 import copy
 import time
 
@@ -43,7 +45,12 @@ def _reset_counters(llm) -> None:
         engine.speculator.metrics.reset()
 
 
-def _cells(llm, opts, prompt_sets: dict, mode: str, k: int | None, progress) -> list[dict]:
+def _cells(llm, opts, prompt_sets: dict, mode: str, progress, k: int | None = None, ran: str | None = None,
+           tags: dict | None = None) -> list[dict]:
+    """Every batch size x prompt set of one engine. `mode` names the rows; `ran` is the mode the
+    engine runs (ar / sd / ssd; `auto` picks one), which decides the counters a row gets; `tags`
+    go into every row (the draft's format, auto's choice)."""
+    ran = ran or mode
     rows = []
     for batch in opts.batch:
         _reset_counters(llm)
@@ -52,17 +59,29 @@ def _cells(llm, opts, prompt_sets: dict, mode: str, k: int | None, progress) -> 
             _reset_counters(llm)
             label = f"{mode}{f' K={k}' if k else ''} b={batch} {name}"
             progress("measuring", label)
-            row = {"mode": mode, "set": name, "batch": batch, "k": k, **measure(llm, opts, prompts, batch)}
-            if k is not None:
-                spec = llm.speculation_metrics()
-                if mode == "sd" and spec["drafted"] != k * spec["rounds"]:
-                    raise RuntimeError(f"K={k} not honoured: {spec['drafted']} drafts in {spec['rounds']} rounds")
-                row.update({key: spec.get(key) for key in SPEC_KEYS})
-                if mode == "ssd":
-                    row["ssd"] = {key: spec.get(key) for key in SSD_KEYS}
+            row = {"mode": mode, "set": name, "batch": batch, "k": k, **(tags or {}),
+                   **measure(llm, opts, prompts, batch)}
+            if ran in ("sd", "ssd"):
+                row.update(_spec_counters(llm, ran, k))
             rows.append(row)
             progress("done", label)
     return rows
+
+
+def _spec_counters(llm, ran: str, k: int | None) -> dict:
+    spec = llm.speculation_metrics()
+    if ran == "sd" and k is not None and spec["drafted"] != k * spec["rounds"]:
+        raise RuntimeError(f"K={k} not honoured: {spec['drafted']} drafts in {spec['rounds']} rounds")
+    counters = {key: spec.get(key) for key in SPEC_KEYS}
+    if ran == "ssd":
+        counters["ssd"] = {key: spec.get(key) for key in SSD_KEYS}
+    return counters
+
+
+def _draft_tag(llm) -> dict:
+    """The draft's weight format the engine runs (None: no draft, e.g. auto chose AR)."""
+    fmt = llm.engine.draft_format
+    return {"draft_format": fmt.name if fmt is not None else None}
 
 
 def _engine_options(opts, with_draft: bool) -> dict:
@@ -75,11 +94,25 @@ def _engine_options(opts, with_draft: bool) -> dict:
     return options
 
 
-def run_ar(opts, prompt_sets: dict, progress) -> dict:
+def _ssd_options(opts) -> dict:
+    """The SSD knobs the user set (unset: the engine's defaults)."""
+    return {key: value for key, value in (("ssd_fanout", opts.fanout), ("ssd_fallback", opts.fallback)) if value}
+
+
+def _wide(opts):
+    """The options with the target's and the draft's cores as one set, for the modes that are not
+    split across them (ar-all, sd-all): the honest baseline for SSD, which uses both sets."""
+    wide = copy.copy(opts)
+    wide.cores = set(opts.cores) | set(opts.draft_cores)
+    wide.threads = max(len(wide.cores) // opts.tp, 1)  # every core busy, none oversubscribed
+    return wide
+
+
+def run_ar(opts, prompt_sets: dict, progress, mode: str = "ar") -> dict:
     pin(opts.cores, opts.threads, opts.device)
     from ssd_engine import LLM
     with LLM(opts.model, speculative_mode="ar", **_engine_options(opts, False)) as llm:
-        rows = _cells(llm, opts, prompt_sets, "ar", None, progress)
+        rows = _cells(llm, opts, prompt_sets, mode, progress, ran="ar")
         costs = {"target_forward_s": forward_costs(llm.engine.runner, llm.engine.block_manager, llm.engine.config,
                                                    opts, sorted({1, 2, 4, 8} | {k + 1 for k in opts.k}))}
         peaks = engine_peaks(llm)
@@ -87,24 +120,18 @@ def run_ar(opts, prompt_sets: dict, progress) -> dict:
 
 
 def run_ar_all(opts, prompt_sets: dict, progress) -> dict:
-    """`ar-all`: our AR on every core an SSD run uses (target's + draft's): the honest baseline for SSD."""
-    wide = copy.copy(opts)
-    wide.cores = set(opts.cores) | set(opts.draft_cores)
-    wide.threads = len(wide.cores)
-    result = run_ar(wide, prompt_sets, progress)
-    for row in result["rows"]:
-        row["mode"] = "ar-all"
-    return result
+    """`ar-all`: our AR on every core an SSD run uses (target's + draft's)."""
+    return run_ar(_wide(opts), prompt_sets, progress, mode="ar-all")
 
 
-def run_sd(opts, prompt_sets: dict, progress) -> dict:
+def run_sd(opts, prompt_sets: dict, progress, mode: str = "sd") -> dict:
     pin(opts.cores, opts.threads, opts.device)
     from ssd_engine import LLM
     rows, costs, peaks = [], {}, {}
     for k in opts.k:
         with LLM(opts.model, draft_model=opts.draft, speculative_mode="sd", num_speculative_tokens=k,
-                 **_engine_options(opts, False)) as llm:
-            rows += _cells(llm, opts, prompt_sets, "sd", k, progress)
+                 draft_dtype=opts.draft_dtype, **_engine_options(opts, False)) as llm:
+            rows += _cells(llm, opts, prompt_sets, mode, progress, k=k, ran="sd", tags=_draft_tag(llm))
             engine = llm.engine
             if k == max(opts.k):  # its positions cover every verification width measured
                 costs = {"target_forward_s": forward_costs(engine.runner, engine.block_manager, engine.config, opts,
@@ -115,19 +142,49 @@ def run_sd(opts, prompt_sets: dict, progress) -> dict:
     return {"rows": rows, "costs": costs, "peaks": peaks}
 
 
+def run_sd_all(opts, prompt_sets: dict, progress) -> dict:
+    """`sd-all`: our SD, target and in-process draft together on every core an SSD run uses."""
+    return run_sd(_wide(opts), prompt_sets, progress, mode="sd-all")
+
+
 def run_ssd(opts, prompt_sets: dict, progress) -> dict:
     """The target (rank 0) is this process; the draft process gets its own cores / GPU. The engine
     pins each side to its core set (cpu_cores), so this process first may use all of them."""
     pin(set(opts.cores) | set(opts.draft_cores), opts.threads, opts.device)
     from ssd_engine import LLM
-    extra = {key: value for key, value in (("ssd_fanout", opts.fanout), ("ssd_fallback", opts.fallback)) if value}
     rows, peaks = [], {}
     for k in opts.k:
         with LLM(opts.model, draft_model=opts.draft, speculative_mode="ssd", num_speculative_tokens=k,
-                 **_engine_options(opts, True), **extra) as llm:
-            rows += _cells(llm, opts, prompt_sets, "ssd", k, progress)
+                 draft_dtype=opts.draft_dtype, **_engine_options(opts, True), **_ssd_options(opts)) as llm:
+            rows += _cells(llm, opts, prompt_sets, "ssd", progress, k=k, ran="ssd", tags=_draft_tag(llm))
             peaks = merge_peaks(peaks, engine_peaks(llm))
     return {"rows": rows, "costs": {}, "peaks": peaks}
+
+
+def auto_tags(llm) -> tuple[str, int | None, dict]:
+    """(the mode an `auto` engine runs, its K, the row tags). The engine reports its choice as
+    `engine.mode_choice`; without it (an engine from before that) the config names the mode."""
+    choice = getattr(llm.engine, "mode_choice", None)
+    ran = choice.mode if choice is not None else llm.config.speculative_mode
+    k = (choice.k if choice is not None else llm.config.num_speculative_tokens) if ran in ("sd", "ssd") else None
+    predicted = dict(choice.predicted_tok_s) if choice is not None else None
+    return ran, k, {**_draft_tag(llm), "chosen_mode": ran, "chosen_k": k, "predicted_tok_s": predicted}
+
+
+def run_auto(opts, prompt_sets: dict, progress) -> dict:
+    """`auto`: the engine predicts AR, SD and SSD on every core (the target's sets, then the draft's,
+    so it can split them for SSD), runs the fastest with its own K and threads: one engine, no K sweep."""
+    every = set(opts.cores) | set(opts.draft_cores)
+    pin(every, len(every), opts.device)
+    from ssd_engine import LLM
+    options = {**_engine_options(opts, True), "num_threads": None}  # the engine sizes each side's threads
+    with LLM(opts.model, draft_model=opts.draft, speculative_mode="auto", draft_dtype=opts.draft_dtype,
+             **options, **_ssd_options(opts)) as llm:
+        ran, k, tags = auto_tags(llm)
+        rows = _cells(llm, opts, prompt_sets, "auto", progress, k=k, ran=ran, tags=tags)
+        choice = getattr(llm.engine, "mode_choice", None)
+        peaks = engine_peaks(llm)
+    return {"rows": rows, "costs": {}, "peaks": peaks, "mode_choice": choice.describe() if choice else None}
 
 
 def forward_costs(runner, blocks, config, opts, sizes: list[int]) -> dict[int, float]:
@@ -135,4 +192,5 @@ def forward_costs(runner, blocks, config, opts, sizes: list[int]) -> dict[int, f
     return best_of(runner, blocks, config, opts.prefix, sizes, opts.reps)
 
 
-RUNNERS = {"ar": run_ar, "ar-all": run_ar_all, "sd": run_sd, "ssd": run_ssd}
+RUNNERS = {"ar": run_ar, "ar-all": run_ar_all, "sd": run_sd, "sd-all": run_sd_all, "ssd": run_ssd,
+           "auto": run_auto}

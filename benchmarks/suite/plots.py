@@ -3,8 +3,8 @@ against batch size, and tok/s against K when several K ran. `python benchmarks/p
 redraws them from the raw JSON."""
 from suite.report import best_k, rows_of
 
-COLORS = {"ar": "tab:blue", "ar-all": "tab:gray", "sd": "tab:orange", "ssd": "tab:green",
-          "hf-ar": "tab:purple", "hf-assisted": "tab:red"}
+COLORS = {"ar": "tab:blue", "ar-all": "tab:gray", "sd": "tab:orange", "sd-all": "tab:brown", "ssd": "tab:green",
+          "auto": "tab:olive", "hf-ar": "tab:purple", "hf-assisted": "tab:red"}
 
 
 def _pyplot():
@@ -73,7 +73,7 @@ def batch_ratio(raw: dict, path: str) -> str | None:
 
 
 def by_k(raw: dict, path: str) -> str | None:
-    """Decode tok/s against K at batch 1, one subplot per prompt set; AR modes as horizontal lines."""
+    """Decode tok/s against K at batch 1, one subplot per prompt set; AR modes and auto as horizontal lines."""
     if len(raw["k"]) < 2:
         return None
     plt = _pyplot()
@@ -82,7 +82,7 @@ def by_k(raw: dict, path: str) -> str | None:
     for ax, name in zip(axes[0], sets):
         for mode in raw["results"]:
             rows = rows_of(raw, mode, set=name, batch=1)
-            if rows and rows[0]["k"] is None:
+            if rows and (rows[0]["k"] is None or mode == "auto"):  # one K (auto's own): a level, not a curve
                 ax.axhline(rows[0]["decode_tok_s"], color=COLORS.get(mode), linestyle=":", label=mode)
             elif rows:
                 ax.plot([r["k"] for r in rows], [r["decode_tok_s"] for r in rows], marker="o", label=mode,

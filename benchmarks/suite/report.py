@@ -1,6 +1,7 @@
 """The Markdown report of one bench.py run: headline in the paper's column order (Appendix B.3),
 per-set details, SSD next to Theorem 7 and Corollary 9, a per-round profile of each side, memory."""
-REFERENCE = {"ar": None, "ar-all": "ar", "sd": "ar", "ssd": "ar", "hf-ar": "ar", "hf-assisted": "hf-ar"}
+REFERENCE = {"ar": None, "ar-all": "ar", "sd": "ar", "sd-all": "ar", "ssd": "ar", "auto": "ar", "hf-ar": "ar",
+             "hf-assisted": "hf-ar"}
 
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
@@ -44,12 +45,23 @@ def headline(raw: dict, batch: int) -> dict[str, dict[str, float | None]]:
     return table
 
 
+def draft_format(raw: dict, mode: str, batch: int, k: int | None) -> str | None:
+    """The draft weight format a mode ran at this batch size and K (None: not recorded, e.g. an
+    older result file, or no draft)."""
+    return next((r.get("draft_format") for r in rows_of(raw, mode, batch=batch, k=k) if r.get("draft_format")), None)
+
+
+def _at_k(raw: dict, mode: str, batch: int) -> str:
+    k = best_k(raw, mode, batch)
+    fmt = draft_format(raw, mode, batch, k)
+    return f"{mode.upper()} at K = {_fmt(k, 'd')}" + (f", {fmt} draft" if fmt else "")
+
+
 def headline_lines(raw: dict) -> list[str]:
     lines = []
     for batch in raw["batch"]:
-        ks = {m: best_k(raw, m, batch) for m in ("sd", "ssd")}
-        lines += [f"### Batch {batch} (decode tok/s, prefill excluded; SD at K = {_fmt(ks['sd'], 'd')}, "
-                  f"SSD at K = {_fmt(ks['ssd'], 'd')})", "",
+        lines += [f"### Batch {batch} (decode tok/s, prefill excluded; {_at_k(raw, 'sd', batch)}; "
+                  f"{_at_k(raw, 'ssd', batch)})", "",
                   "| prompts | AR tok/s | SD tok/s | SSD tok/s | SSD/SD | SSD/AR |", "|---|---|---|---|---|---|"]
         for name, v in headline(raw, batch).items():
             lines.append(f"| {name} | {_fmt(v['ar'])} | {_fmt(v['sd'])} | {_fmt(v['ssd'])} "
@@ -69,17 +81,23 @@ def _same_as(raw: dict, row: dict) -> str:
     return f"{same}/{len(row['outputs'])} {ref_mode}"
 
 
+def _mode_cell(row: dict) -> str:
+    """The row's mode; `auto` rows name the mode the engine chose (their K column is its K)."""
+    return f"auto: {row['chosen_mode']}" if row["mode"] == "auto" and row.get("chosen_mode") else row["mode"]
+
+
 def detail_lines(raw: dict) -> list[str]:
     lines = []
     for name in raw["prompt_sets"]:
         lines += [f"### {name}", "",
-                  "| mode | K | batch | decode tok/s | e2e tok/s | TTFT ms | TPOT ms | latency s | acceptance "
-                  "| mean acc. length | hit rate | T_p | same output as |", "|---" * 13 + "|"]
+                  "| mode | K | draft | batch | decode tok/s | e2e tok/s | TTFT ms | TPOT ms | latency s | acceptance "
+                  "| mean acc. length | hit rate | T_p | same output as |", "|---" * 14 + "|"]
         for mode in raw["results"]:
             for r in rows_of(raw, mode, set=name):
                 ssd = r.get("ssd") or {}
                 lines.append(
-                    f"| {mode} | {r['k'] or '-'} | {r['batch']} | {r['decode_tok_s']:.2f} | {r['e2e_tok_s']:.2f} "
+                    f"| {_mode_cell(r)} | {r['k'] or '-'} | {r.get('draft_format') or '-'} | {r['batch']} "
+                    f"| {r['decode_tok_s']:.2f} | {r['e2e_tok_s']:.2f} "
                     f"| {r['ttft_s'] * 1e3:.0f} | {_fmt(r['tpot_s'] and r['tpot_s'] * 1e3, '.0f')} | {r['latency_s']:.1f} "
                     f"| {_fmt(r.get('acceptance_rate'), '.3f') if r['k'] else '-'} "
                     f"| {_fmt(r.get('mean_acceptance_length')) if r['k'] else '-'} "
@@ -201,17 +219,26 @@ def costs_lines(raw: dict) -> list[str]:
     return lines + [""]
 
 
+def _draft_setting(raw: dict) -> str:
+    return f", draft weights {raw['draft_dtype']} (--draft-dtype)" if raw.get("draft_dtype") else ""
+
+
 def render(raw: dict) -> str:
     lines = [f"# Benchmark, {raw['date']}", "",
              f"- Machine: {raw['machine']}", f"- Placement: {raw['placement']}",
              f"- Target: `{raw['target']}`", f"- Draft: `{raw['draft']}`", f"- Command: `{raw['command']}`",
              f"- Settings: temperature {raw['temperature']}, {raw['new_tokens']} new tokens per prompt (EOS ignored), "
-             f"{raw['num_prompts']} prompts per set, batch sizes {raw['batch']}, K {raw['k']}, {raw['dtype']}; "
+             f"{raw['num_prompts']} prompts per set, batch sizes {raw['batch']}, K {raw['k']}, {raw['dtype']}"
+             f"{_draft_setting(raw)}; "
              "decode tok/s = tokens after each request's first / time after the batch's last first token; "
              "e2e tok/s includes prefill; acceptance = accepted / drafted, mean acceptance length = tokens per "
              "verification round incl. the bonus (vLLM definitions); hit rate = SSD cache hits after a sequence's "
              "first round.", "", "## Headline (the paper's columns)", ""]
     lines += headline_lines(raw)
+    from suite.goals import goal_lines  # goals.py builds on this module's helpers
+    goals = goal_lines(raw)
+    if goals:
+        lines += ["## Goals (decode tok/s ratios, each mode at its best K, mean over the prompt sets)", ""] + goals
     lines += ["## Every cell", ""] + detail_lines(raw)
     if rows_of(raw, "ssd"):
         lines += ["## SSD against Theorem 7 and Corollary 9", ""] + ssd_lines(raw)
