@@ -21,6 +21,7 @@ class ModelConfig:
     cuda_graph_max_batch: int = 0  # 0: eager (enforce_eager or no graphs)
     num_threads: int | None = None
     weight_format: str | None = None  # a draft's resolved format (layers/weight_formats.py); None: dtype's own
+    synthetic_weights: bool = False   # real shapes, constant values, nothing read: timing only (auto_mode/costs.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,6 +68,7 @@ def test_cost_curves_interpolate_and_extend():
     curve = _curve({1: 1.0, 3: 2.0, 5: 4.0})
     assert (curve(1), curve(2), curve(5), curve(7)) == (1.0, 1.5, 4.0, 6.0)
     assert _curve({1: 0.3})(9) == 0.3
+    assert _curve({1: 2.0, 5: 1.0, 9: 3.0})(1) == 1.0  # a noisy first point cannot exceed a later one
 
 
 @pytest.fixture

@@ -4,16 +4,18 @@ Four curves, seconds per forward by rows after a PREFIX-token context: the targe
 the engine was given (AR and SD), the target on SSD's target cores (its verification), the SD
 draft on every core (its one-row steps), and the SSD draft on its own cores (glue and branch
 steps), each draft in the weight format it will run in (engine/draft_format.py). The models are
-loaded here, timed, and dropped before the engine loads its own: about half a minute on the
-default pair, with a progress bar. The result is cached under the cache directory, keyed by the
+built here at their real shapes and formats with synthetic weights (a forward's cost does not
+depend on the values, and nothing is read from disk), timed, and dropped before the engine loads
+its own: well under a minute on the default pair, with a progress bar. The result is cached under the cache directory, keyed by the
 machine fingerprint (CPU, flags, torch, cores, threads) and the pair, so later runs start at once.
 """
 import gc
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
+import torch
 from tqdm import tqdm
 
 from ssd_engine.auto_mode.predict import Costs
@@ -27,10 +29,11 @@ from ssd_engine.progress import progress_enabled
 
 PREFIX = 128
 BLOCK = 16
-TARGET_ROWS = (1, 3, 5, 9)               # AR's one row, verification of K + 1 for K up to 8
-DRAFT_ROWS = (1, 3, 5, 9, 16, 32, 64)    # one-row drafting, the glue (K + 1), branch steps (B)
+TARGET_ROWS = (1, 5, 9)                  # AR's one row, verification of K + 1 for K up to 8
+DRAFT_ROWS = (1, 5, 9, 16, 32)           # one-row drafting, the glue (K + 1), branch steps (B)
 SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K = 4, B ~ 8
-REPEATS = 3
+REPEATS = 3                              # after two warm-ups; the median counts
+TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
 PAGES = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
 VERSION = 1
 
@@ -68,9 +71,12 @@ class MeasuredCosts:
         os.replace(path + ".tmp", path)
 
 
-def _curve(points: dict[int, float]):
-    """Piecewise-linear in rows through the measured points, extended linearly past the last two."""
-    rows = sorted(points)
+def _curve(measured: dict[int, float]):
+    """Piecewise-linear in rows through the measured points, extended linearly past the last two.
+    A forward of fewer rows never costs more than one of more: a point above a later one is
+    noise (a neighbour's memory traffic, a first call's allocations) and takes the later value."""
+    rows = sorted(measured)
+    points = {n: min(measured[m] for m in rows if m >= n) for n in rows}
 
     def at(n: float) -> float:
         if n <= rows[0] or len(rows) == 1:
@@ -126,32 +132,45 @@ def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, d
 
 
 def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
-    if fmt is not None:
-        model = ModelConfig(**{**asdict(model), "dtype": fmt.dtype, "weight_format": fmt.name})
-    runner = RunnerSpec(model, CacheConfig(BLOCK, PAGES), PREFIX + max(DRAFT_ROWS) + 1).build()
+    """The model in its real format and shapes, with TIMED_LAYERS of its decoder layers and
+    synthetic weights: a forward's cost does not depend on the values, every layer costs the same,
+    and nothing is read from disk (seconds, where building the whole model takes tens)."""
+    changes = {"synthetic_weights": True} | ({"dtype": fmt.dtype, "weight_format": fmt.name} if fmt else {})
+    hf_config = load_config(model.path)
+    layers = hf_config.num_hidden_layers
+    hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)
+    runner = RunnerSpec(replace(model, **changes), CacheConfig(BLOCK, PAGES), PREFIX + max(DRAFT_ROWS) + 1).build(
+        hf_config=hf_config)
     context = [3 + i % 250 for i in range(PREFIX)]  # ids every vocabulary has
     runner.run(StepInputs([0], [context], [list(range(PAGES))], [[PREFIX - 1]]))
-    return runner
+    return runner, layers / hf_config.num_hidden_layers
 
 
-def _time(runner, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, float]:
-    """Median seconds of a forward of n new rows (logits for every row) on `cores`."""
+def _time(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, float]:
+    """Median seconds of a whole model's forward of n new rows (logits for every row) on `cores`:
+    the built layers' time scaled to the model's layer count, plus the LM head's."""
+    runner, scale = built
     token = pin(cores, len(cores))
     try:
         result = {}
         for n in rows:
-            inputs = StepInputs([PREFIX], [[42] * n], [list(range(PAGES))], [list(range(n))])
-            runner.run(inputs)  # warm-up: first calls at a shape allocate
-            times = []
-            for _ in range(REPEATS):
-                start = time.perf_counter()
-                runner.run(inputs)
-                times.append(time.perf_counter() - start)
+            ids, positions, meta = runner.prepare(StepInputs([PREFIX], [[42] * n], [list(range(PAGES))],
+                                                             [list(range(n))]))
+            times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][2:]
             result[n] = sorted(times)[REPEATS // 2]
             bar.update(1)
         return result
     finally:
         unpin(token)
+
+
+@torch.inference_mode()
+def _forward_s(runner, ids, positions, meta, scale: float) -> float:
+    start = time.perf_counter()
+    hidden = runner.model(ids, positions, meta)
+    layers_done = time.perf_counter()
+    runner.model.compute_logits(hidden)
+    return (layers_done - start) * scale + time.perf_counter() - layers_done
 
 
 def _release() -> None:

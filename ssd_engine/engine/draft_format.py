@@ -24,6 +24,10 @@ from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, prepare
 log = logging.getLogger("ssd_engine")
 TIE = 1.10
 HEAD_SLICE = 16384  # LM-head rows the probe times; the full head costs vocab / HEAD_SLICE times that
+# A model's weights stream from memory, not from cache: the probe cycles through copies of each
+# shape totalling at least this much fp32 (up to the model's own count), or compact formats whose
+# one copy fits in the last-level cache would look faster than they run
+WORKING_SET_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,7 @@ def probe(shapes, workload, cores: list[int] | None, threads: int) -> dict[str, 
         result = {}
         for fmt in FORMATS:
             try:
-                result[fmt] = sum(_time_shape(out, inp, fmt, workload, generator) * count
-                                  for out, inp, count in shapes)
+                result[fmt] = sum(_time_shape(out, inp, count, fmt, workload, generator) for out, inp, count in shapes)
             except RuntimeError as error:  # an op this CPU / torch build lacks
                 log.info("draft format %s unavailable here: %s", fmt, str(error).splitlines()[0])
         log.info("draft format probe took %.1f s: %s", time.perf_counter() - started, result)
@@ -109,18 +112,21 @@ def probe(shapes, workload, cores: list[int] | None, threads: int) -> dict[str, 
             unpin(token)
 
 
-def _time_shape(out: int, inp: int, fmt: str, workload, generator) -> float:
+def _time_shape(out: int, inp: int, count: int, fmt: str, workload, generator) -> float:
+    """ms of `count` Linears [out, in] over one round's workload, in format `fmt`."""
     rows_timed = min(out, HEAD_SLICE)
     weight = torch.randn(rows_timed, inp, generator=generator) * 0.02
-    prepared = prepare(weight, fmt)
+    copies = max(1, min(count, -(-WORKING_SET_BYTES // weight.nbytes)))
+    prepared = [prepare(weight, fmt) for _ in range(copies)]  # distinct buffers, same values
     total = 0.0
     for rows, per_round in workload:
         x = torch.randn(rows, inp, generator=generator).to(ACTIVATION_DTYPE[fmt])
-        total += _median_ms(lambda: prepared(x, None)) * per_round
-    return total * out / rows_timed
+        per_copy = _median_ms(lambda: [p(x, None) for p in prepared]) / copies
+        total += per_copy * per_round
+    return total * count * out / rows_timed
 
 
-def _median_ms(fn, repeats: int = 7) -> float:
+def _median_ms(fn, repeats: int = 5) -> float:
     fn(), fn()
     times = []
     for _ in range(repeats):

@@ -14,13 +14,16 @@ from dataclasses import dataclass, replace
 import torch
 
 from ssd_engine.config_parts import CacheConfig, ModelConfig
+from ssd_engine.default_models import cache_dir
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.core import ScheduledBatch
 from ssd_engine.engine.cuda_graphs import GraphRunner
 from ssd_engine.layers.attention import AttentionMetadata, padded_block_tables, torch_attention
 from ssd_engine.layers.attention_backends import select_backend
+from ssd_engine.layers import row_padding
 from ssd_engine.layers.linear import Linear
+from ssd_engine.machine import fingerprint
 from ssd_engine.memory import lazy_zeros
 from ssd_engine.models.loader import build_model, load_config
 
@@ -59,31 +62,37 @@ class RunnerSpec:
         """This spec with some ModelConfig fields changed (a draft's path, a rank's device)."""
         return replace(self, model=replace(self.model, **changes))
 
-    def build(self, tp: TPGroup | None = None) -> "ModelRunner":
+    def build(self, tp: TPGroup | None = None, hf_config=None) -> "ModelRunner":
+        """`hf_config`: replaces the checkpoint's (a few-layer copy of a model, to time it)."""
         tp = tp or TPGroup.single()
         model = self.model
         device = torch.device(model.device)
         if device.type == "cuda" and tp.rank > 0:
             device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
-        return ModelRunner(model.path, load_config(model.path), num_kv_blocks=self.cache.num_kv_blocks,
+        return ModelRunner(model.path, hf_config or load_config(model.path), num_kv_blocks=self.cache.num_kv_blocks,
                            block_size=self.cache.block_size, max_position=self.max_position,
                            dtype=DTYPES[model.dtype], device=device, weight_layout=model.weight_layout, tp=tp,
                            attention_backend=model.attention_backend,
-                           cuda_graph_max_batch=model.cuda_graph_max_batch, weight_format=model.weight_format)
+                           cuda_graph_max_batch=model.cuda_graph_max_batch, weight_format=model.weight_format,
+                           synthetic_weights=model.synthetic_weights)
 
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_position: int,
                  dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
                  tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0,
-                 weight_format: str | None = None) -> None:
+                 weight_format: str | None = None, synthetic_weights: bool = False) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
         self.weight_layout = weight_layout
         self.weight_format = weight_format  # a draft's chosen format; None: this dtype's own
+        if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+            # before any forward: whether oneDNN runs one-row steps faster padded (layers/row_padding.py)
+            row_padding.measure_once(dtype, fingerprint(sorted(os.sched_getaffinity(0)), torch.get_num_threads()),
+                                     str(cache_dir()))
         self.model = build_model(model_path, hf_config, max_position, dtype, device, self.tp,
-                                 progress=self.tp.rank == 0, on_module_loaded=self._pack)
+                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, synthetic=synthetic_weights)
         self.attention_backend = select_backend(attention_backend, device, block_size)
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = self.attention_backend

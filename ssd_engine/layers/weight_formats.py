@@ -16,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from ssd_engine.layers.row_padding import padded_rows
+
 FORMATS = ("fp32", "bf16", "int8", "int4")
 ACTIVATION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16}
 INT4_GROUP = 32  # input columns per scale: acceptance drops with coarser groups, speed barely moves
@@ -39,7 +41,13 @@ class OneDNNWeight:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         bias = None if bias is None else bias.to(self.dtype)
-        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.packed, bias, "none", [], "")
+        x = x.to(self.dtype)
+        rows = x.shape[0] if x.dim() == 2 else 0
+        run_rows = padded_rows(rows, self.dtype) if rows else 0
+        if run_rows > rows:  # a faster kernel from this many rows on (layers/row_padding.py)
+            x = torch.cat([x, x.new_zeros(run_rows - rows, x.shape[1])])
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")[:rows]
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
 class Int8Weight:

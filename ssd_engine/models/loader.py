@@ -33,12 +33,22 @@ def load_config(path: str):
 
 
 def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device, tp=None,
-                progress: bool = True, on_module_loaded: Callable[[str, nn.Module], None] | None = None):
+                progress: bool = True, on_module_loaded: Callable[[str, nn.Module], None] | None = None,
+                synthetic: bool = False):
     """Build the model (this rank's slice when `tp` has more than one rank) and load its weights;
-    `on_module_loaded(name, module)` runs once per module as soon as all its parameters are loaded."""
+    `on_module_loaded(name, module)` runs once per module as soon as all its parameters are loaded.
+    `synthetic`: no checkpoint is read; every weight holds one small constant (real shapes and
+    formats, arbitrary values: for timing a forward, as auto_mode/costs.py does)."""
     cls = model_class_for(config)
     with torch.device(device):
         model = cls(config, max_position, tp).to(dtype)
+    if synthetic:
+        for name, module in model.named_modules():
+            for param in module.parameters(recurse=False):
+                param.data.fill_(0.01)  # normal floats: uninitialised memory may hold slow denormals
+            if on_module_loaded is not None:
+                on_module_loaded(name, module)
+        return model.eval()
     load_weights(model, path, progress=progress and progress_enabled(), on_module_loaded=on_module_loaded)
     return model.eval()
 

@@ -1,0 +1,40 @@
+"""Padding oneDNN's one- and two-row matmuls to a faster row count (layers/row_padding.py)."""
+import pytest
+import torch
+
+from ssd_engine import LLM
+from ssd_engine.layers import row_padding
+from ssd_engine.layers.weight_formats import prepare
+from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
+
+
+def test_choose_pads_only_to_a_clearly_faster_row_count():
+    assert row_padding.choose({1: 7.0, 2: 7.8, 3: 5.7, 4: 4.9}) == {1: 4, 2: 4}  # 3 -> 4 saves only 14%
+    assert row_padding.choose({1: 2.0, 2: 2.1, 3: 2.2, 4: 2.3}) == {}
+    assert row_padding.choose({1: 4.0, 2: 4.1, 3: 3.6, 4: 4.5}) == {}  # 10% is within the noise margin
+
+
+@pytest.fixture
+def padded(monkeypatch):
+    monkeypatch.setitem(row_padding._padded, torch.float32, {1: 4, 2: 4, 3: 4})
+    monkeypatch.setitem(row_padding._padded, torch.bfloat16, {1: 4, 2: 4, 3: 4})
+
+
+@pytest.mark.parametrize("fmt", ["fp32", "bf16"])
+def test_padded_rows_give_the_rows_asked_for(padded, fmt):
+    g = torch.Generator().manual_seed(0)
+    weight, bias = torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
+    x = torch.randn(4, 64, generator=g).to(torch.float32 if fmt == "fp32" else torch.bfloat16)
+    prepared = prepare(weight, fmt)
+    full = prepared(x, bias)  # four rows: no padding
+    for rows in (1, 2, 3):
+        out = prepared(x[:rows], bias)
+        assert out.shape == (rows, 48)
+        torch.testing.assert_close(out.float(), full[:rows].float(), rtol=0, atol=1e-5 if fmt == "fp32" else 2e-2)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_greedy_stays_exact_with_padded_decode_steps(tiny_model_dir, oracle_outputs, padded, arch):
+    with LLM(tiny_model_dir(arch), block_size=8) as llm:
+        outputs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == oracle_outputs(arch, 3)
