@@ -47,6 +47,13 @@ def test_a_cheap_draft_beats_ar_and_an_expensive_one_does_not():
     assert "ssd" not in predict_all(_costs(0.4, 0.02, ssd=False), ACC)
 
 
+def test_the_smallest_k_near_the_best_wins():
+    preds = predict_all(_costs(0.4, 0.02), ACC)
+    every = [predict_sd(_costs(0.4, 0.02), ACC, k).tokens_per_s for k in range(1, 9)]
+    assert preds["sd"].tokens_per_s >= 0.97 * max(every)
+    assert all(every[k - 1] < 0.97 * max(every) for k in range(1, preds["sd"].k))
+
+
 def test_sd_round_is_one_verification_plus_k_draft_steps():
     costs = _costs(0.4, 0.02)
     p = predict_sd(costs, ACC, 4)
@@ -96,7 +103,7 @@ def test_auto_measures_once_then_reuses_and_stays_exact(target, noisy_draft, pri
 def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkeypatch, mode):
     """Whatever the prediction says, the engine runs that mode with its K, format, cores and budget."""
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.0 + (mode == "sd")),
-             "ssd": Prediction("ssd", 3, 1.0 + 2 * (mode == "ssd"), {"budget": 5})}
+             "ssd": Prediction("ssd", 3, 1.0 + 2 * (mode == "ssd"), {"budget": 5, "t_p": 0.8, "t_jit": 0.3})}
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8, draft_dtype="int8") as llm:
         config = llm.engine.config
@@ -105,6 +112,8 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
         if mode == "ssd":
             assert config.num_speculative_tokens == 3 and config.ssd_budget == 5
             assert config.cpu_cores == "0;1" and llm.engine.draft_format.name == "int8"
+            prior = llm.engine.speculator.policy.prior  # the fallback rule starts from this machine's timing
+            assert (prior.t_p, prior.t_slow) == (0.8, 0.3)
         elif mode == "sd":
             assert config.num_speculative_tokens == 2 and config.cpu_cores == "0,1" and config.num_threads == 2
             assert llm.engine.draft_format.name == "int8"
@@ -118,3 +127,12 @@ def test_a_near_tie_goes_to_ar(target, noisy_draft, private_cache, monkeypatch):
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8) as llm:
         assert llm.engine.config.speculative_mode == "ar"
+
+
+def test_a_forced_ssd_is_sized_from_this_machine(target, noisy_draft, private_cache):
+    with LLM(target, draft_model=noisy_draft, speculative_mode="ssd", block_size=8) as llm:
+        choice, config = llm.engine.mode_choice, llm.engine.config
+        assert choice.how.startswith("forced") and config.ssd_budget == choice.detail["budget"] >= 1
+        assert sum(llm.engine.speculator.plan.fanouts[0][1]) == config.ssd_budget
+    with LLM(target, draft_model=noisy_draft, speculative_mode="ssd", ssd_budget=2, block_size=8) as pinned:
+        assert pinned.engine.mode_choice is None and pinned.engine.config.ssd_budget == 2

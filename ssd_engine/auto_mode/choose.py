@@ -10,8 +10,8 @@ and (for SSD) the budget B are written into the engine's config; `ModeChoice` re
 import logging
 from dataclasses import dataclass, field, replace
 
-from ssd_engine.auto_mode.costs import load_or_measure
-from ssd_engine.auto_mode.predict import Acceptance, predict_all
+from ssd_engine.auto_mode.costs import MeasuredCosts, load_or_measure
+from ssd_engine.auto_mode.predict import Acceptance, predict_all, predict_ssd
 from ssd_engine.config import EngineConfig
 from ssd_engine.config_parts import ModelConfig
 from ssd_engine.default_models import cache_dir, resolve_model_path
@@ -41,6 +41,38 @@ class ModeChoice:
         return f"{self.mode}{k} (predicted: {preds}; {self.how})"
 
 
+@dataclass(frozen=True)
+class Survey:
+    """What a prediction rests on: the engine's cores, split for SSD, and their measured costs."""
+    every: list[int]
+    target_cores: list[int]
+    draft_cores: list[int]
+    measured: MeasuredCosts
+    acceptance: Acceptance
+    how: str
+
+
+def survey(config: EngineConfig) -> Survey:
+    """This machine's costs for the config's pair and cores (measured once, then cached)."""
+    target_path, draft_path = resolve_model_path(config), resolve_model_path(config, "draft")
+    sets = parse_core_sets(config.cpu_cores) if config.cpu_cores else [available_cores()]
+    every = sorted({c for s in sets for c in s})
+    half = len(every) // 2
+    target_cores, draft_cores = (sets[0], sets[1]) if len(sets) == 2 else (every[:half], every[half:])
+    if not half:
+        target_cores, draft_cores = every, []
+    key = "-".join([fingerprint(every, len(every)), model_fingerprint(target_path)[:8],
+                    model_fingerprint(draft_path)[:8], config.draft_dtype])
+    model = ModelConfig(target_path, None, config.dtype, "cpu", config.weight_layout)
+    measured, cached = load_or_measure(key, str(cache_dir()), model, replace(model, path=draft_path),
+                                       config.draft_dtype, target_cores, draft_cores)
+    calibrations = find_calibrations(target_path, draft_path, config.calibration_dir or CONFIG_DIR)
+    how = (f"{'cached ' if cached else ''}costs measured on {len(every)} core(s) in {measured.seconds:.0f} s, "
+           f"acceptance from {'the pair calibration' if calibrations else 'defaults (no calibration)'}")
+    return Survey(every, target_cores, draft_cores, measured,
+                  Acceptance.from_calibration(calibrations[0] if calibrations else None), how)
+
+
 def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
     """The config with speculative_mode="auto" replaced by the chosen mode and its settings."""
     if config.model is not None and config.draft_model is None:
@@ -49,26 +81,28 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
         # not calibrated there yet: the draft on its own device, as before "auto" existed
         return replace(config, speculative_mode="ssd"), ModeChoice("ssd", config.num_speculative_tokens,
                                                                   "not calibrated off CPU or under TP: SSD")
-    target_path, draft_path = resolve_model_path(config), resolve_model_path(config, "draft")
-    every = sorted({c for s in parse_core_sets(config.cpu_cores) for c in s}) if config.cpu_cores else available_cores()
-    half = len(every) // 2
-    target_cores, draft_cores = (every[:half], every[half:]) if half else (every, [])
-    key = "-".join([fingerprint(every, len(every)), model_fingerprint(target_path)[:8],
-                    model_fingerprint(draft_path)[:8], config.draft_dtype])
-    model = ModelConfig(target_path, None, config.dtype, "cpu", config.weight_layout)
-    measured, cached = load_or_measure(key, str(cache_dir()), model, replace(model, path=draft_path),
-                                       config.draft_dtype, target_cores, draft_cores)
-    directory = config.calibration_dir or CONFIG_DIR
-    calibrations = find_calibrations(target_path, draft_path, directory)
-    acceptance = Acceptance.from_calibration(calibrations[0] if calibrations else None)
-    predictions = predict_all(measured.costs(), acceptance)
+    seen = survey(config)
+    predictions = predict_all(seen.measured.costs(), seen.acceptance)
     best = max(predictions.values(), key=lambda p: p.tokens_per_s)
     if best.mode != "ar" and best.tokens_per_s < MARGIN * predictions["ar"].tokens_per_s:
         best = predictions["ar"]
-    how = (f"{'cached ' if cached else ''}costs measured on {len(every)} core(s) in {measured.seconds:.0f} s, "
-           f"acceptance from {'the pair calibration' if calibrations else 'defaults (no calibration)'}")
-    choice = ModeChoice(best.mode, best.k, how, {m: p.tokens_per_s for m, p in predictions.items()}, best.detail)
-    return _apply(config, choice, every, target_cores, draft_cores, measured), choice
+    choice = ModeChoice(best.mode, best.k, seen.how, {m: p.tokens_per_s for m, p in predictions.items()}, best.detail)
+    return _apply(config, choice, seen.every, seen.target_cores, seen.draft_cores, seen.measured), choice
+
+
+def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
+    """A forced SSD on CPU without tensor parallelism: its budget B (unless ssd_budget is given) and
+    the fallback rule's starting timing from this machine's costs at the config's K."""
+    if config.device != "cpu" or config.tensor_parallel_size > 1 or config.ssd_budget is not None:
+        return config, None
+    seen = survey(config)
+    if not seen.draft_cores:
+        return config, None  # one core: the draft shares it, and no prediction covers that
+    k = config.num_speculative_tokens
+    predicted = predict_ssd(seen.measured.costs(), seen.acceptance, k)
+    choice = ModeChoice("ssd", k, "forced; budget sized from " + seen.how, {"ssd": predicted.tokens_per_s},
+                        predicted.detail)
+    return replace(config, ssd_budget=predicted.detail["budget"]), choice
 
 
 def _apply(config: EngineConfig, choice: ModeChoice, every, target_cores, draft_cores, measured) -> EngineConfig:

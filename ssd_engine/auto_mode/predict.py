@@ -22,6 +22,9 @@ from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes
 from ssd_engine.saguaro.speedup import ssd_speedup
 
 K_RANGE = range(1, 9)
+# the smallest K predicted within this of the best K wins: past the calibrated K the outcome law is
+# extrapolated, and a longer round costs more when a prediction errs
+K_TIE = 0.97
 MAX_BUDGET = 64
 # the target slows when the draft streams weights on the neighbouring core (shared memory
 # bandwidth): measured 1.11x for a verification (benchmarks/results/2026-11-23-contention.md)
@@ -121,8 +124,13 @@ def predict_ssd(costs: Costs, acc: Acceptance, k: int) -> Prediction:
 
 def predict_all(costs: Costs, acc: Acceptance, ks=K_RANGE) -> dict[str, Prediction]:
     """The best K of each mode; SSD only where the cores allow it."""
-    best = {"ar": predict_ar(costs), "sd": max((predict_sd(costs, acc, k) for k in ks), key=lambda p: p.tokens_per_s)}
+    best = {"ar": predict_ar(costs), "sd": _best_k([predict_sd(costs, acc, k) for k in ks])}
     if costs.ssd_possible:
-        best["ssd"] = max((predict_ssd(costs, acc, k) for k in ks), key=lambda p: p.tokens_per_s)
+        best["ssd"] = _best_k([predict_ssd(costs, acc, k) for k in ks])
     return best
+
+
+def _best_k(predictions: list[Prediction]) -> Prediction:
+    top = max(p.tokens_per_s for p in predictions)
+    return min((p for p in predictions if p.tokens_per_s >= K_TIE * top), key=lambda p: p.k)
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import torch
 from transformers import AutoTokenizer, GenerationConfig
 
-from ssd_engine.auto_mode.choose import resolve_auto
+from ssd_engine.auto_mode.choose import resolve_auto, size_ssd
 from ssd_engine.config import EngineConfig
 from ssd_engine.default_models import resolve_model_path
 from ssd_engine.engine.block_manager import BlockManager
@@ -42,7 +42,7 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self._pinned, self.runner, self.speculator = None, None, None
         self.draft_format = None  # engine/draft_format.DraftFormat once a draft is built
-        self.mode_choice = None   # auto_mode/choose.ModeChoice when speculative_mode was "auto"
+        self.mode_choice = None   # auto_mode/choose.ModeChoice: auto's choice, or a forced SSD's sizing
         try:
             self._build()
         except BaseException:
@@ -54,7 +54,9 @@ class LLMEngine:
         check_before_loading(config)
         if config.speculative_mode == "auto":
             config, self.mode_choice = resolve_auto(config)
-            self.config = config
+        elif config.speculative_mode == "ssd":
+            config, self.mode_choice = size_ssd(config)
+        self.config = config
         core_sets = self._place()
         # after _place: the weight layout follows this process's pinned threads
         self.parts = parts = config.parts()

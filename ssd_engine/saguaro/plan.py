@@ -2,7 +2,7 @@
 per calibrated temperature (the draft picks the nearest for each request) and the fallback policy.
 """
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ssd_engine.config_parts import SpeculativeConfig, SSDConfig
@@ -26,7 +26,10 @@ class SaguaroPlan:
                 "critical_batch_size": self.policy.critical_batch, "fallback": self.policy.mode}
 
 
-def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: str) -> SaguaroPlan:
+def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: str,
+                 timing: tuple[float, float] | None = None) -> SaguaroPlan:
+    """`timing`: (T_p, T_slow) predicted for this machine (auto_mode), preferred to the calibration's,
+    which were measured on whichever machine wrote it."""
     k, ssd = speculative.k, speculative.ssd
     directory = Path(ssd.calibration_dir) if ssd.calibration_dir else cal_mod.CONFIG_DIR
     calibrations = find_calibrations(target_path, draft_path, directory)
@@ -41,7 +44,10 @@ def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: s
                     cal_mod.DEFAULT_T_P)
     entries = calibrations or [None]
     fanouts = [(c.temperature if c else 0.0, _fanout(ssd, c, k)) for c in entries]
-    policy = FallbackPolicy(ssd.fallback, _prior(calibrations, k), ssd.critical_batch)
+    prior = _prior(calibrations, k)
+    if timing is not None:
+        prior = replace(prior, t_p=timing[0], t_slow=timing[1])
+    policy = FallbackPolicy(ssd.fallback, prior, ssd.critical_batch)
     return SaguaroPlan(fanouts, policy, calibrations)
 
 

@@ -57,7 +57,9 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
         wanted = first + parts.parallel.tensor_parallel_size
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
-    plan = plan_saguaro(parts.speculative, engine.model_path, draft_path)
+    choice = engine.mode_choice  # auto: this machine's predicted timing seeds the fallback rule
+    timing = (choice.detail["t_p"], choice.detail["t_jit"]) if choice and "t_p" in choice.detail else None
+    plan = plan_saguaro(parts.speculative, engine.model_path, draft_path, timing)
     k = parts.speculative.k
     branch_rows = max(sum(fanout) for _, fanout in plan.fanouts)
     # a round: the glue scores K+1 rows, then K branch steps of B rows; a miss drafts one row
