@@ -1,7 +1,8 @@
 """Measure what one forward costs on this machine, once per machine, for the mode choice.
 
 Four curves, seconds per forward by rows after a PREFIX-token context: the target on every core
-the engine was given (AR and SD), the target on SSD's target cores (its verification), the SD
+the engine was given (AR and SD), the target on SSD's target cores while the draft's cores stream
+memory (its verification, as SSD runs it: auto_mode/contention.py), the SD
 draft on every core (its one-row steps), and the SSD draft on its own cores (glue and branch
 steps), each draft in the weight format it will run in (engine/draft_format.py). The models are
 built here at their real shapes and formats with synthetic weights (a forward's cost does not
@@ -18,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm import tqdm
 
+from ssd_engine.auto_mode.contention import memory_traffic
 from ssd_engine.auto_mode.predict import Costs
 from ssd_engine.config_parts import CacheConfig, ModelConfig
 from ssd_engine.distributed.placement import pin, unpin
@@ -35,7 +37,7 @@ SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K 
 REPEATS = 3                              # after two warm-ups; the median counts
 TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
 PAGES = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
-VERSION = 1
+VERSION = 2  # 2: the SSD target timed under the draft cores' memory traffic
 
 
 @dataclass
@@ -115,7 +117,10 @@ def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, d
     with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
         runner = _build(target)
         target_all = _time(runner, TARGET_ROWS, every, bar)
-        target_one = _time(runner, TARGET_ROWS, target_cores, bar) if draft_cores else {}
+        target_one = {}
+        if draft_cores:
+            with memory_traffic(draft_cores):  # what the SSD target meets: the draft streaming beside it
+                target_one = _time(runner, TARGET_ROWS, target_cores, bar)
         del runner
         _release()  # the target's weights go before a draft loads
         runner = _build(draft, sd_format)

@@ -26,9 +26,6 @@ K_RANGE = range(1, 9)
 # extrapolated, and a longer round costs more when a prediction errs
 K_TIE = 0.97
 MAX_BUDGET = 64
-# the target slows when the draft streams weights on the neighbouring core (shared memory
-# bandwidth): measured 1.11x for a verification (benchmarks/results/2026-11-23-contention.md)
-CONTENTION = 1.1
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,7 @@ class Acceptance:
 class Costs:
     """Seconds of one forward by rows, as functions (auto_mode/costs.py measures them)."""
     target_all: object      # rows -> s, the target on every core
-    target_one: object      # rows -> s, the target on SSD's target cores
+    target_one: object      # rows -> s, the target on SSD's target cores, the draft's streaming memory
     draft_all: object       # rows -> s, the SD draft on every core
     draft_one: object       # rows -> s, the SSD draft on its own cores
     ssd_possible: bool      # enough cores for disjoint target and draft sets
@@ -104,7 +101,7 @@ def predict_sd(costs: Costs, acc: Acceptance, k: int) -> Prediction:
 
 
 def predict_ssd(costs: Costs, acc: Acceptance, k: int) -> Prediction:
-    verify = costs.target_one(k + 1) * CONTENTION
+    verify = costs.target_one(k + 1)  # measured while the draft's cores stream memory
     glue = costs.draft_one(k + 1)
     build = lambda b: glue + k * costs.draft_one(b)
     budget = max([b for b in range(1, MAX_BUDGET + 1) if build(b) <= verify] or [1])
