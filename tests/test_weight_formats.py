@@ -9,6 +9,7 @@ from transformers import Qwen2Config
 from ssd_engine.config import EngineConfig
 from ssd_engine.engine import draft_format
 from ssd_engine.engine.draft_format import DraftFormat, choose, linear_shapes, resolve
+from ssd_engine.layers import weight_formats
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, dequantized, prepare
 
 # worst output error against x @ w.T for unit-variance x and weights of std 0.05 over 256 columns
@@ -83,3 +84,12 @@ def test_an_explicit_format_is_taken_without_a_probe(tmp_path):
 def test_bad_draft_dtype_is_one_clear_error(options, fragment):
     with pytest.raises(ValueError, match=fragment):
         EngineConfig(**options)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_quantizing_in_row_chunks_gives_the_whole_matrix_layout(fmt, monkeypatch):
+    g = torch.Generator().manual_seed(1)
+    weight, x = torch.randn(208, 64, generator=g) * 0.05, torch.randn(3, 64, generator=g).bfloat16()
+    whole = prepare(weight, fmt)(x, None)
+    monkeypatch.setattr(weight_formats, "CHUNK_ROWS", 64)  # 64, 128, 192 and a 16-row tail
+    assert torch.equal(prepare(weight, fmt)(x, None), whole)

@@ -1,14 +1,17 @@
 """Measure what one forward costs on this machine, once per machine, for the mode choice.
 
-Four curves, seconds per forward by rows after a PREFIX-token context: the target on every core
-the engine was given (AR and SD), the target on SSD's target cores while the draft's cores stream
-memory (its verification, as SSD runs it: auto_mode/contention.py), the SD
-draft on every core (its one-row steps), and the SSD draft on its own cores (glue and branch
-steps), each draft in the weight format it will run in (engine/draft_format.py). The models are
-built here at their real shapes and formats with synthetic weights (a forward's cost does not
-depend on the values, and nothing is read from disk), timed, and dropped before the engine loads
-its own: well under a minute on the default pair, with a progress bar. The result is cached under the cache directory, keyed by the
-machine fingerprint (CPU, flags, torch, cores, threads) and the pair, so later runs start at once.
+Four curves, seconds per forward by rows after a PREFIX-token context:
+- the target on every core the engine was given (AR and SD);
+- the target on SSD's target cores while the draft's cores stream memory, as SSD runs its
+  verification (auto_mode/contention.py);
+- the SD draft on every core (its one-row steps);
+- the SSD draft on its own cores (glue and branch steps).
+Each draft runs in the weight format it will use (engine/draft_format.py). The models are built
+at their real shapes and formats with TIMED_LAYERS synthetic layers (a forward's cost does not
+depend on the values, every layer costs the same, nothing is read from disk), timed, scaled to
+the whole model and dropped before the engine loads its own: ~20 s on the default pair, with a
+progress bar. The result is cached under the cache directory, keyed by the machine fingerprint
+(CPU, flags, torch, cores, threads) and the pair, so later runs decide at once.
 """
 import gc
 import json

@@ -22,6 +22,7 @@ FORMATS = ("fp32", "bf16", "int8", "int4")
 ACTIVATION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16}
 INT4_GROUP = 32  # input columns per scale: acceptance drops with coarser groups, speed barely moves
 INT4_ROWS = 16   # the packed int4 layout tiles output rows by 16
+CHUNK_ROWS = 4096  # rows quantized at a time: bounds the fp32 / int32 temporaries
 
 
 class PreparedWeight(Protocol):
@@ -52,10 +53,13 @@ class OneDNNWeight:
 
 class Int8Weight:
     def __init__(self, weight: torch.Tensor) -> None:
-        weight = weight.float()
-        scales = (weight.abs().amax(dim=1) / 127).clamp_min(1e-12)
-        self.q = (weight / scales[:, None]).round().clamp(-128, 127).to(torch.int8)
-        self.scales = scales.to(torch.bfloat16)
+        self.q = torch.empty(weight.shape, dtype=torch.int8)
+        self.scales = torch.empty(weight.shape[0], dtype=torch.bfloat16)
+        for start in range(0, weight.shape[0], CHUNK_ROWS):  # fp32 temporaries for one chunk at a time
+            chunk = weight[start:start + CHUNK_ROWS].float()
+            scales = (chunk.abs().amax(dim=1) / 127).clamp_min(1e-12)
+            self.q[start:start + CHUNK_ROWS] = (chunk / scales[:, None]).round().clamp(-128, 127)
+            self.scales[start:start + CHUNK_ROWS] = scales
         self.nbytes = self.q.numel() + self.scales.numel() * 2
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -68,16 +72,23 @@ class Int4Weight:
     """Asymmetric int4 per group: w = (q - 8) * scale + zero, with zero = min + 8 * scale."""
 
     def __init__(self, weight: torch.Tensor) -> None:
-        rows, cols = weight.shape
         self.group = INT4_GROUP
-        grouped = weight.float().reshape(rows, cols // self.group, self.group)
-        low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
-        scales = ((high - low) / 15).clamp_min(1e-12)
-        q = ((grouped - low) / scales).round().clamp(0, 15).to(torch.int32).reshape(rows, cols)
-        self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        zeros = low + 8 * scales
-        # [groups, rows, 2]: the op's scales_and_zeros layout
-        self.scales_and_zeros = torch.cat([scales, zeros], -1).transpose(0, 1).contiguous().to(torch.bfloat16)
+        packed, scales_and_zeros = [], []
+        # chunks of CHUNK_ROWS (a multiple of the layout's 64-row blocks, so the packed chunks
+        # concatenate into the whole matrix's layout): the int32 codes the op takes cost 4 bytes a
+        # weight, ~0.5 GB at once for a 150k-row LM head
+        for start in range(0, weight.shape[0], CHUNK_ROWS):
+            chunk = weight[start:start + CHUNK_ROWS].float()
+            rows, cols = chunk.shape
+            grouped = chunk.reshape(rows, cols // self.group, self.group)
+            low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
+            scales = ((high - low) / 15).clamp_min(1e-12)
+            q = ((grouped - low) / scales).round().clamp(0, 15).to(torch.int32).reshape(rows, cols)
+            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+            # [groups, rows, 2]: the op's scales_and_zeros layout
+            scales_and_zeros.append(torch.cat([scales, low + 8 * scales], -1).transpose(0, 1).to(torch.bfloat16))
+        self.packed = torch.cat(packed)
+        self.scales_and_zeros = torch.cat(scales_and_zeros, dim=1).contiguous()
         self.nbytes = self.packed.numel() * self.packed.element_size() + self.scales_and_zeros.numel() * 2
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
