@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from ssd_engine.config import EngineConfig
+from ssd_engine.machine import cpu_fingerprint
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, engine_options, fail
 from ssd_engine.saguaro.calibration import (CONFIG_DIR, Calibration, best_budget, budget_from_timings, fit_power_law,
                                             miss_curve, model_fingerprint)
@@ -108,6 +109,7 @@ def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: i
                       fanout_at_budget=fanout, outcomes_ranked=sum(main.rank_counts()),
                       rounds=main.verify_rounds, prompts=num_prompts, new_tokens=new_tokens,
                       date=datetime.date.today().isoformat(), machine=f"{platform.machine()} {platform.processor()}",
+                      cpu_fingerprint=cpu_fingerprint(),
                       engine_options=dict(options), commit=_commit()))
 
 

@@ -48,6 +48,13 @@ def describe() -> dict:
             "visible_cores": os.cpu_count(), "torch": torch.__version__}
 
 
+def cpu_fingerprint() -> str:
+    """A short key for this kind of CPU (model, flags) under this torch, whatever cores are used."""
+    import torch
+    key = "|".join([cpu_model(), ",".join(cpu_flags()), torch.__version__])
+    return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
+
+
 def fingerprint(cores: list[int] | None, threads: int) -> str:
     """A short key for measurements made on these cores with this many threads on this machine."""
     import torch

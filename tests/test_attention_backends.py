@@ -41,7 +41,8 @@ def test_engine_with_triton_kernels_matches_transformers(tiny_model_dir, mode):
                    max_num_batched_tokens=16)
     if mode != "ar":
         options.update(draft_model=path if mode == "ssd" else tiny_model_dir("qwen2", seed=1, vocab_size=259),
-                       speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="2", draft_timeout_s=300)
+                       speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="2", draft_timeout_s=300,
+                       draft_dtype="fp32")  # SSD drafts with the target itself: hits need its exact argmax
     with LLM(path, **options) as llm:
         assert llm.engine.runner.attention_backend is triton_attention
         assert [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == expected

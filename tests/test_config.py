@@ -13,9 +13,9 @@ from ssd_engine.sampling_params import SamplingParams
 
 def test_defaults_are_valid_and_frozen():
     config = EngineConfig()
-    assert config.speculative_mode == "ssd" and config.model is None  # the built-in pair runs SSD
-    assert EngineConfig(model="/t").speculative_mode == "ar"           # a target alone: no draft
-    assert EngineConfig(model="/t", draft_model="/d").speculative_mode == "ssd"
+    assert config.speculative_mode == "auto" and config.model is None  # the built-in pair: the fastest mode
+    assert EngineConfig(model="/t").speculative_mode == "ar"            # a target alone: no draft
+    assert EngineConfig(model="/t", draft_model="/d").speculative_mode == "auto"
     assert config.fanout() is None and config.ssd_fallback == "auto"  # Saguaro: resolved from the calibration
     assert EngineConfig(ssd_fanout="2").fanout() == [2] * (config.num_speculative_tokens + 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -212,7 +212,7 @@ def test_help_gives_every_flag_a_description_default_and_choices():
         # a field without a default says what leaving it unset means instead
         assert ("unset" in text) if f.default is None else (f"(default: {str(f.default).lower()})" in text.lower())
     help_text = " ".join(parser.format_help().split())  # argparse wraps lines; compare unwrapped
-    for needle in ("--speculative-mode {ar,sd,ssd}, --mode {ar,sd,ssd}", "K: draft tokens per round (default: 4)",
+    for needle in ("--speculative-mode {auto,ar,sd,ssd}, --mode {auto,ar,sd,ssd}", "K: draft tokens per round (default: 4)",
                    "--dtype {auto,float32,bfloat16,float16}", "--ssd-fallback {auto,jit,fast}",
                    "most tokens to generate (default: 128)", "(default: 0.0)", "Exit status"):
         assert needle in help_text, needle
@@ -222,4 +222,4 @@ def test_a_value_outside_the_choices_is_one_error_line(capsys):
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["--mode", "fast"])
     err = capsys.readouterr().err
-    assert info.value.code == 2 and err.count("\n") == 1 and "'ar', 'sd', 'ssd'" in err
+    assert info.value.code == 2 and err.count("\n") == 1 and "'auto', 'ar', 'sd', 'ssd'" in err

@@ -46,9 +46,10 @@ def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout):
     expected = [oracle.generate(torch.tensor([p], device="cuda"), max_new_tokens=48, do_sample=False,
                                 eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+    # draft_dtype fp32: the draft is the target, bit for bit, so a fan-out of 1 always hits
     with LLM(path, device="cuda", dtype="float32", draft_model=path, num_speculative_tokens=3,
-             ssd_fanout=fanout) as llm:
-        assert llm.config.speculative_mode == "ssd"
+             ssd_fanout=fanout, draft_dtype="fp32") as llm:
+        assert llm.engine.config.speculative_mode == "ssd"  # auto runs SSD off CPU
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         metrics = llm.speculation_metrics()
     assert metrics["draft_failures"] == []

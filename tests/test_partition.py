@@ -80,3 +80,22 @@ def test_page_table_deltas_carry_only_changes():
     worker.forget(42)
     sender.forget(42)
     assert sender.delta(42, [1, 2]) == (0, [1, 2]) and worker.apply(42, 0, [1, 2]) == [1, 2]
+
+
+def test_nested_pins_restore_the_state_each_replaced():
+    import os
+    import torch
+    from ssd_engine.distributed.placement import available_cores, pin, unpin
+    start, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    first, last = min(start), max(start)
+    outer = pin([first], 1)
+    inner = pin([last], 1)  # a probe on the draft's cores, inside the engine's pin
+    assert os.sched_getaffinity(0) == {last} and available_cores() == sorted(start)
+    unpin(inner)
+    assert os.sched_getaffinity(0) == {first}  # back on the engine's cores, not left on the probe's
+    unpin(outer)
+    assert os.sched_getaffinity(0) == start and torch.get_num_threads() == threads
+    outer, inner = pin([first], 1), pin([last], 1)
+    unpin(outer)  # out of order: the inner pin now stands on the original state
+    unpin(inner)
+    assert os.sched_getaffinity(0) == start and torch.get_num_threads() == threads

@@ -11,7 +11,8 @@ import math
 import pytest
 
 from ssd_engine import LLM, SamplingParams, calibrate
-from ssd_engine.saguaro.calibration import Calibration, model_fingerprint
+from ssd_engine.saguaro.calibration import DEFAULT_ALPHA, DEFAULT_R, Calibration, model_fingerprint
+from ssd_engine.machine import cpu_fingerprint
 from ssd_engine.saguaro.fallback import critical_batch_size
 from ssd_engine.config import EngineConfig
 from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout
@@ -20,7 +21,7 @@ from ssd_engine.speculative.ssd.source import Source
 from small_pair import DIST_PROMPT, engine_options as _engine_options
 from test_speculative_decoding import _prompts, noisy_draft, target  # noqa: F401 (fixtures)
 
-COMMON = dict(num_threads=1, block_size=8, num_speculative_tokens=3)
+COMMON = dict(num_threads=1, block_size=8, num_speculative_tokens=3, speculative_mode="ssd")
 
 
 def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, tmp_path, caplog):
@@ -54,7 +55,9 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
     (tmp_path / "empty").mkdir()  # a folder without this pair's file (a missing folder is an error)
     with caplog.at_level(logging.INFO, logger="ssd_engine"):
         with LLM(target, draft_model=noisy_draft, calibration_dir=str(tmp_path / "empty"), **COMMON) as llm:
-            assert llm.speculation_metrics()["fanouts"] == {"T=0": [1, 1, 1, 1]}  # documented defaults, B = K+1
+            budget = llm.engine.config.ssd_budget  # no calibration: B from this machine's costs (auto_mode)
+            assert budget >= 1 and llm.engine.mode_choice.how.startswith("forced")
+            assert llm.speculation_metrics()["fanouts"] == {"T=0": geometric_fanout(DEFAULT_ALPHA, DEFAULT_R, budget, 3)}
     assert "no calibration for this model pair" in caplog.text
 
 
@@ -78,7 +81,8 @@ def test_automatic_fallback_follows_the_computed_critical_batch_size(target, noi
     backups must occur."""
     cal = Calibration(model_fingerprint(target), model_fingerprint(noisy_draft), 0.0, 3, alpha=0.8,
                       outcome_probs=[0.2, 0.16, 0.13, 0.51], r=1.0, miss_coeff=0.4, miss_by_fanout=[0.4, 0.2],
-                      budget=4, budget_fits=4, t_p=0.5, e_primary=3.0, e_fast=1.2, p_hit=0.9)
+                      budget=4, budget_fits=4, t_p=0.5, e_primary=3.0, e_fast=1.2, p_hit=0.9,
+                      measured={"cpu_fingerprint": cpu_fingerprint()})  # this CPU's: its timing stands
     cal.save(tmp_path)
     assert 1 < critical_batch_size(0.9, 3.0, 1.2, 0.5) < 3
     with LLM(target, draft_model=noisy_draft, calibration_dir=str(tmp_path), **COMMON) as llm:

@@ -16,7 +16,7 @@ from ssd_engine.config import EngineConfig
 from ssd_engine.config_parts import ModelConfig
 from ssd_engine.default_models import cache_dir, resolve_model_path
 from ssd_engine.distributed.placement import available_cores, parse_core_sets
-from ssd_engine.machine import fingerprint
+from ssd_engine.machine import cpu_fingerprint, fingerprint
 from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_fingerprint
 
 log = logging.getLogger("ssd_engine")
@@ -91,10 +91,15 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
 
 
 def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
-    """A forced SSD on CPU without tensor parallelism: its budget B (unless ssd_budget is given) and
-    the fallback rule's starting timing from this machine's costs at the config's K."""
+    """A forced SSD on CPU without tensor parallelism: its budget B and the fallback rule's starting
+    timing from this machine's costs at the config's K, unless ssd_budget is given or the pair's
+    calibration was measured on this kind of CPU (its budget then stands)."""
     if config.device != "cpu" or config.tensor_parallel_size > 1 or config.ssd_budget is not None:
         return config, None
+    calibrations = find_calibrations(resolve_model_path(config), resolve_model_path(config, "draft"),
+                                     config.calibration_dir or CONFIG_DIR)
+    if calibrations and calibrations[0].measured.get("cpu_fingerprint") == cpu_fingerprint():
+        return config, None  # calibrated on this kind of CPU: its measured budget stands
     seen = survey(config)
     if not seen.draft_cores:
         return config, None  # one core: the draft shares it, and no prediction covers that

@@ -149,7 +149,7 @@ def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
     hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)
     runner = RunnerSpec(replace(model, **changes), CacheConfig(BLOCK, PAGES), PREFIX + max(DRAFT_ROWS) + 1).build(
         hf_config=hf_config)
-    context = [3 + i % 250 for i in range(PREFIX)]  # ids every vocabulary has
+    context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]  # ids every vocabulary has
     runner.run(StepInputs([0], [context], [list(range(PAGES))], [[PREFIX - 1]]))
     return runner, layers / hf_config.num_hidden_layers
 
@@ -162,8 +162,8 @@ def _time(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, floa
     try:
         result = {}
         for n in rows:
-            ids, positions, meta = runner.prepare(StepInputs([PREFIX], [[42] * n], [list(range(PAGES))],
-                                                             [list(range(n))]))
+            fed = [42 % runner.config.vocab_size] * n
+            ids, positions, meta = runner.prepare(StepInputs([PREFIX], [fed], [list(range(PAGES))], [list(range(n))]))
             times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][2:]
             result[n] = sorted(times)[REPEATS // 2]
             bar.update(1)

@@ -45,33 +45,34 @@ def plan_core_sets(num_ranks: int, spec: str | None) -> list[list[int]]:
     return sets
 
 
-# Rank 0 is the user's own process, which several engines may share: the first pin remembers the
-# process's original cores and threads, the last unpin restores them, and plans use the original.
-_pinned_by: list[object] = []
-_original: tuple[set[int], int] | None = None
+# Rank 0 is the user's own process, which several engines may share, and pins nest (a probe pins
+# the process to the draft's cores for a moment inside the engine's own pin). Each pin saves the
+# state it replaced: unpinning the newest restores that state; unpinning an older one hands its
+# saved state to the pin above it. Plans use the process's state before its first pin.
+_pins: list[tuple[object, set[int], int]] = []  # (token, cores before it, threads before it)
 
 
 def available_cores() -> list[int]:
-    return sorted(_original[0] if _pinned_by else os.sched_getaffinity(0))
+    return sorted(_pins[0][1] if _pins else os.sched_getaffinity(0))
 
 
 def pin(cores: list[int], threads: int) -> object:
     """Pin this process to `cores` with `threads` torch threads; returns a token for unpin()."""
-    global _original
-    if not _pinned_by:
-        _original = (os.sched_getaffinity(0), torch.get_num_threads())
     token = object()
-    _pinned_by.append(token)
+    _pins.append((token, os.sched_getaffinity(0), torch.get_num_threads()))
     os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
     return token
 
 
 def unpin(token: object) -> None:
-    _pinned_by.remove(token)
-    if not _pinned_by:
-        os.sched_setaffinity(0, _original[0])
-        torch.set_num_threads(_original[1])
+    index = next(i for i, (held, _, _) in enumerate(_pins) if held is token)
+    _, cores, threads = _pins.pop(index)
+    if index == len(_pins):  # the newest pin: back to the state it replaced
+        os.sched_setaffinity(0, cores)
+        torch.set_num_threads(threads)
+    else:  # an older one: the pin above it now stands on the state this one replaced
+        _pins[index] = (_pins[index][0], cores, threads)
 
 
 def describe(core_sets: list[list[int]], threads: list[int]) -> str:
