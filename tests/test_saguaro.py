@@ -114,7 +114,9 @@ def test_bonus_ranks_account_for_every_hit_and_miss(target, noisy_draft):
 
 def _hit_rate(pair, c: float, n: int) -> tuple[float, int, float]:
     target, draft = pair
+    # an fp32 draft: the effect size this test was sized for (an int4 draft's rows are flatter)
     options = _engine_options(seed=5, draft_model=draft, speculative_mode="ssd", num_speculative_tokens=1,
+                              draft_dtype="fp32",
                               ssd_fanout=1, ssd_fallback="jit", saguaro_c=c)
     params = SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)
     with LLM(target, **options) as llm:

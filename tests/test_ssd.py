@@ -109,7 +109,7 @@ def test_stops_inside_accepted_runs_match_ar(target_nopad, oracles, tmp_path):
     with_eos = _with_eos(target_nopad, str(tmp_path / "eos"), eos)
     params = [SamplingParams(temperature=0, max_tokens=m) for m in (7, 13, 29)]
     prompts = _prompts(3)
-    with LLM(with_eos, speculative_mode="ar", **COMMON) as llm:
+    with LLM(with_eos, **{**COMMON, "speculative_mode": "ar"}) as llm:
         expected = [o.token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     with _ssd(with_eos, with_eos, ssd_fanout=2) as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
