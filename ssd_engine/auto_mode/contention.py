@@ -1,8 +1,10 @@
 """Time the SSD target while its neighbour streams memory, as the SSD draft does all round.
 
 Decoding is bandwidth-bound and cores share the memory bus: on the 2-core AMD EPYC VM of
-2026-11-23 the target's verification ran ~3x slower in SSD (the draft building its cache on the
-other core) than alone, on an Intel Xeon ~1.1x. So the SSD target's cost is measured under load:
+2026-11-23 one core summing 256 MB took 11.5 ms alone and 17.2 ms while the other core did the
+same, and a verification ran 1.11x slower with the draft working beside it
+(benchmarks/results/2026-11-23-contention.md). How much depends on the machine.
+So the SSD target's cost is measured under load:
 a child process pinned to the draft's cores sums a buffer larger than any cache, in a loop, for
 as long as the `memory_traffic` block lasts. It exits when the block ends or, should this process
 die first, when it finds its parent gone.
