@@ -1,0 +1,126 @@
+"""Count where a GPU would wait for the device: host reads of device tensors, measured on CPU.
+
+On a GPU the host queues kernels ahead of the device; reading a device tensor's values on the
+host (`.item()`, `.tolist()`, `bool(t)`, `.cpu()`, ...) or running an op whose output shape
+depends on its values (`nonzero`, boolean-mask indexing, ...) makes the host wait for every
+queued kernel: the pipeline drains, and the next launches start from idle. A round needs one
+(the accepted tokens must reach the host to be emitted); each more is a bubble.
+
+On CPU every tensor is a host tensor, so `SyncCounter` (a `TorchFunctionMode`, which sees every
+torch function and Tensor method called in Python) tracks which tensors *would* live on the
+device: those created with an explicit `device=` that is not the string "cpu" (the engine passes
+its `device` object for what belongs on the accelerator, and builds host-only tensors without
+one), moved there with `.to(device)`, or computed from any such tensor. A host read of one of
+them is a sync, counted by kind and call site (file:line). A read of a host tensor is not.
+
+Caveat: the engine's own `torch.device("cpu")` objects, e.g. the SSD link's buffers on the gloo
+transport, count as device (on the NCCL transport they are): its one reply read per round shows
+up under speculative/ssd/link.py.
+"""
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from ssd_engine.profiling.op_count import _tensors, call_site
+
+MARK = "_ssd_would_be_on_device"
+T = torch.Tensor
+# a host read of the values: the host waits for the device to produce them
+READS = {T.item: "item", T.tolist: "tolist", T.numpy: "numpy", T.cpu: "cpu", T.__bool__: "bool",
+         T.__int__: "int", T.__float__: "float", T.__index__: "index", T.__format__: "format",
+         T.__repr__: "repr", T.__array__: "numpy"}
+# output shapes that depend on the values: the host must read them to allocate
+DATA_DEPENDENT = {torch.nonzero: "nonzero", T.nonzero: "nonzero", torch.argwhere: "nonzero",
+                  torch.masked_select: "masked_select", T.masked_select: "masked_select",
+                  torch.unique: "unique", T.unique: "unique", torch.unique_consecutive: "unique",
+                  T.unique_consecutive: "unique"}
+FACTORY_DEVICE_KWARG = "device"
+
+
+def on_device(t: torch.Tensor) -> bool:
+    return getattr(t, MARK, False)
+
+
+def _is_device_arg(value) -> bool:
+    """A device a tensor is created on or moved to that stands for the accelerator: any
+    torch.device, or a device string other than "cpu" (a literal "cpu" means the host)."""
+    if isinstance(value, torch.device):
+        return True
+    return isinstance(value, str) and value.split(":")[0] in ("cuda", "xpu", "mps", "meta", "hip")
+
+
+def _mark(value) -> None:
+    for t in _tensors(value):
+        try:
+            setattr(t, MARK, True)
+        except (AttributeError, RuntimeError):
+            pass
+
+
+class SyncCounter(TorchFunctionMode):
+    """`with SyncCounter() as syncs: ...`; `syncs.counts` maps (kind, call site) -> host reads of
+    would-be device tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: Counter = Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        inputs = _tensors((args, kwargs))
+        device_in = any(on_device(t) for t in inputs)
+        sync = self._sync_kind(func, args, kwargs, device_in)
+        if sync:
+            self.counts[(sync, call_site())] += 1
+        out = func(*args, **kwargs)
+        to_device = self._leaves_on_device(func, args, kwargs, device_in)
+        if func in (T.to, T.cpu) and out is args[0] and to_device != device_in:
+            # a move between host and device, which on CPU hands back the tensor itself: on a GPU
+            # the result is a new tensor and the original stays where it was, so the result
+            # becomes an alias, marked (or not) on its own
+            out = out.view_as(out)
+        if to_device:
+            _mark(out)
+        return out
+
+    @staticmethod
+    def _sync_kind(func, args, kwargs, device_in: bool) -> str | None:
+        if not device_in:
+            return None
+        if func in READS:
+            return READS[func]
+        if func in DATA_DEPENDENT:
+            return DATA_DEPENDENT[func]
+        if func is T.to and _moves_to_host(args, kwargs):
+            return "cpu"
+        if func in (T.__getitem__, T.__setitem__) and len(args) > 1 and _bool_index(args[1]):
+            return "mask_index"
+        if func in (torch.repeat_interleave, T.repeat_interleave) and "output_size" not in kwargs and \
+                len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].numel() > 1:
+            return "repeat_interleave"  # the output length is the repeats' sum
+        if func is torch.where and len(args) == 1 and not kwargs:
+            return "nonzero"
+        return None
+
+    @staticmethod
+    def _leaves_on_device(func, args, kwargs, device_in: bool) -> bool:
+        if func in READS or func is T.tolist:
+            return False
+        if func is T.to:
+            if _moves_to_host(args, kwargs):
+                return False
+            return device_in or any(_is_device_arg(a) for a in (*args[1:], kwargs.get("device")))
+        if func is T.cuda:
+            return True
+        return device_in or _is_device_arg(kwargs.get(FACTORY_DEVICE_KWARG))
+
+
+def _moves_to_host(args, kwargs) -> bool:
+    targets = (*args[1:], kwargs.get("device"))
+    return any(isinstance(a, str) and a.split(":")[0] == "cpu" for a in targets)
+
+
+def _bool_index(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)

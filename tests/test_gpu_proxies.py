@@ -1,0 +1,142 @@
+"""The GPU-cost proxies count what they say (ssd_engine/profiling/): the op counter counts a known
+function op by op, kind by kind and line by line, and a tiny model's ops per decoder layer are
+stable, > 0, and exactly 3 more per Linear when row padding is on; the sync counter sees host
+reads of would-be device tensors and nothing else; one engine step's counts are finite measured
+numbers for AR, SD and SSD (no goal is asserted: today a round syncs more than once)."""
+import os
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from ssd_engine import LLM, SamplingParams
+from ssd_engine.profiling.op_count import OpCounter, without_row_padding
+from ssd_engine.profiling.step_count import count_ops, count_syncs, op_summary, sync_summary
+from ssd_engine.profiling.sync_count import SyncCounter
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import bench_ops  # noqa: E402
+
+HERE = "tests/test_gpu_proxies.py"
+
+
+def _known(x):
+    y = x * 2                 # mul: a new tensor
+    z = y.view(-1)            # view: aliases y
+    w = z + 1                 # add
+    w.add_(1)                 # add_: in place, writes memory
+    same = w.to(torch.float32)   # to: changes nothing, returns w
+    wider = w.to(torch.float64)  # to: converts
+    return same.sum() + wider.sum()  # sum, sum, add
+
+
+def test_op_counter_counts_a_known_function_exactly():
+    x = torch.ones(4, 3)
+    with torch.inference_mode(), OpCounter() as ops:
+        _known(x)
+    assert ops.by("op") == Counter({("mul", "compute"): 1, ("view", "view"): 1, ("add", "compute"): 2,
+                                    ("add_", "compute"): 1, ("to", "view"): 1, ("to", "compute"): 1,
+                                    ("sum", "compute"): 2})
+    assert ops.total() == 9 and ops.total(kind="compute") == 7 and ops.scopes() == ["step"]
+    first = _known.__code__.co_firstlineno
+    sites = ops.by("site")
+    assert sites[(f"{HERE}:{first + 1} _known", "compute")] == 1  # the mul, on its own line
+    assert sites[(f"{HERE}:{first + 2} _known", "view")] == 1
+    assert sites[(f"{HERE}:{first + 7} _known", "compute")] == 3
+    assert all(site.startswith(f"{HERE}:") for site, _ in sites)
+
+
+def test_op_counter_scopes_by_module_and_by_name():
+    inner = torch.nn.Linear(3, 3)
+    model = torch.nn.Sequential(torch.nn.ReLU(), inner)
+    ops, x = OpCounter(), torch.ones(2, 3)
+    with torch.inference_mode(), ops.scoped([inner], "inner"), ops:
+        out = model(x)
+        with ops.scope("after"):
+            out.sum()
+    assert ops.calls["inner"] == 1 and ops.total("inner") >= 1 and ops.total("after") == 1
+    assert ops.total("step") == 1  # the relu, outside the scoped module
+    assert inner._forward_hooks == {} and inner._forward_pre_hooks == {}  # hooks removed
+
+
+def test_a_tiny_models_ops_per_layer_are_stable_and_row_padding_adds_three_per_linear(tiny_qwen2):
+    from ssd_engine.layers import row_padding
+    with without_row_padding():
+        first, again = bench_ops.layer_counts(tiny_qwen2, None), bench_ops.layer_counts(tiny_qwen2, None)
+        int4 = bench_ops.layer_counts(tiny_qwen2, "int4")
+        row_padding._padded[torch.float32] = {1: 4}  # pad one-row fp32 matmuls to four rows
+        padded = bench_ops.layer_counts(tiny_qwen2, None)
+    assert first == again
+    assert 0 < first["per_layer_compute"] < first["per_layer"] and first["torch_attention"] > 0
+    assert first["sampling_greedy"] >= 1 and first["sampling_t07"] > first["sampling_greedy"]
+    assert first["first_layer_extra"] > 0  # the torch backend expands the step's metadata once
+    assert first["step_total"] == (2 * first["per_layer"] + first["first_layer_extra"] + first["outside_layers"]
+                                   + first["sampling_greedy"])
+    linears = 4  # qkv, o, gate_up, down: each padded with new_zeros + cat, then sliced back
+    assert padded["per_layer"] == first["per_layer"] + 3 * linears
+    assert int4["by_op"].get("_weight_int4pack_mm_for_cpu (compute)") == linears
+    assert "_linear_pointwise (compute)" not in int4["by_op"]
+    assert sum(s["calls"] for s in first["by_site"]) == first["per_layer"]
+
+
+def test_sync_counter_counts_host_reads_of_would_be_device_tensors_only():
+    device = torch.device("cpu")  # what the engine passes: a device object stands for the accelerator
+    with torch.inference_mode(), SyncCounter() as syncs:
+        on_device = torch.tensor([1, 2, 3], device=device)
+        host = torch.tensor([1, 2, 3])
+        host.tolist(), host[0].item(), bool(host[1] > 0)    # host reads: no syncs
+        derived = on_device * 2                            # computed from a device tensor: on the device
+        derived.tolist()                                   # tolist
+        derived[0].item()                                  # item
+        bool(derived[1] > 0)                               # bool
+        derived[derived > 2]                               # mask_index: a value-dependent shape
+        moved = host.to(device)                            # an upload; `host` stays on the host
+        host.tolist()
+        moved.cpu()                                        # cpu
+        on_device.to("cpu").tolist()                       # cpu; the copy is a host tensor
+    kinds = Counter()
+    for (kind, site), n in syncs.counts.items():
+        kinds[kind] += n
+        assert site.startswith(f"{HERE}:")
+    assert kinds == Counter({"tolist": 1, "item": 1, "bool": 1, "mask_index": 1, "cpu": 2})
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    return bench_ops.tiny_pair(str(tmp_path_factory.mktemp("proxy_pair")))
+
+
+def _steps(llm, temperature: float, n: int = 2) -> tuple[list[dict], list[dict]]:
+    engine = llm.engine
+    engine.add_request(list(range(3, 12)), SamplingParams(temperature=temperature, seed=0, max_tokens=64,
+                                                           ignore_eos=True))
+    engine.step(), engine.step()  # the prefill and a first round
+    return ([op_summary(count_ops(engine)) for _ in range(n)], [sync_summary(count_syncs(engine)) for _ in range(n)])
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_engine_step_counts_are_finite_measured_numbers(pair, mode):
+    target, draft = pair
+    options = {} if mode == "ar" else dict(draft_model=draft, num_speculative_tokens=3, draft_dtype="fp32")
+    with LLM(target, speculative_mode=mode, num_threads=1, max_model_len=128, **options) as llm:
+        ops, syncs = _steps(llm, temperature=0.0)
+    assert ops[0] == ops[1] and syncs[0] == syncs[1]  # steady decoding: every round alike
+    assert ops[0]["target_layer_calls"] == 2  # the tiny target's two layers, once
+    # an SD round's draft forwards: the catch-up and K - 1 steps (one layer each); SSD's draft is another process
+    assert ops[0]["draft_layer_calls"] == {"ar": 0, "sd": 3, "ssd": 0}[mode]
+    assert 0 < ops[0]["layer_ops"] < ops[0]["ops"]
+    # the round's tokens reach the host at least once; today more often, which is what is measured
+    assert 1 <= syncs[0]["syncs"] < 1000
+    assert all(site.split(" @ ")[1].startswith("ssd_engine/") for site in syncs[0]["syncs_by_site"])
+
+
+def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
+    raw = bench_ops.main(["--target", tiny_qwen2, "--draft", pair[1], "--formats", "int8", "--modes", "ar",
+                          "--steps", "1", "--out", str(tmp_path)])
+    assert [(r["model"], r["format"]) for r in raw["layers"]] == [("target", "fp32"), ("draft", "int8")]
+    assert [(r["mode"], r["temperature"]) for r in raw["engine"]] == [("ar", 0.0), ("ar", 0.7)]
+    text = (tmp_path / f"{raw['date']}-ops.md").read_text()
+    assert text == bench_ops.render(raw) and raw["cpu"]["cpu_model"] in text
+    assert f"| target | fp32 | 2 | **{raw['layers'][0]['per_layer']}** |" in text
+    assert (tmp_path / f"{raw['date']}-ops.json").is_file()
