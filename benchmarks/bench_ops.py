@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
         layers = model_rows(target, draft, opts.formats)
         engine = engine_rows(*tiny_pair(root), opts.modes, opts.k, opts.steps, opts.engine_draft_dtype)
     stamp = datetime.date.today().isoformat()
-    raw = {"date": stamp, "cpu": describe(), "commit": _commit(), "command": "python benchmarks/bench_ops.py " + " ".join(argv),
+    raw = {"date": stamp, "cpu": describe(), "commit": _commit(), "command": " ".join(["python benchmarks/bench_ops.py", *argv]),
            "target": os.path.basename(target.rstrip("/")), "draft": os.path.basename(draft.rstrip("/")),
            "layers": layers, "engine": engine}
     text = render(raw)

@@ -15,7 +15,7 @@ from suite import isolate, options, ours  # noqa: E402
 from suite.goals import goal_lines  # noqa: E402
 from suite.machine import machine_line  # noqa: E402
 from suite.measure import Request, batches, cell  # noqa: E402
-from suite.report import detail_lines, headline, headline_lines, render  # noqa: E402
+from suite.report import detail_lines, efficiency_lines, headline, headline_lines, render, round_efficiency, rows_of  # noqa: E402,E501
 
 
 def test_decode_throughput_excludes_prefill():
@@ -128,6 +128,14 @@ def test_files_tables_and_plots_are_written(run):
     assert "| code | " in text and "| average | " in text and "| 2/2 ar |" in text
     assert "hf-assisted is batch 1 only" in text
     assert "| SD / AR |" in text and "| SSD / SD |" in text and "| SD / hf-assisted |" in text
+    # round efficiency from the run's own probes and acceptance, at batch 1 (the probes time one sequence)
+    for row in rows_of(saved, "sd"):
+        eff = round_efficiency(saved, row)
+        assert (eff is None) == (row["batch"] != 1)
+        if eff:
+            assert eff["efficiency"] > 0 and eff["E"] == row["mean_acceptance_length"]
+            assert f"| sd | 2 | {row['set']} | {eff['E']:.2f} |" in text
+    assert "| SD round efficiency |" in text
 
 
 def test_cuda_flags_place_the_target_on_gpus_and_the_draft_after_them(tiny_qwen2):
@@ -290,3 +298,20 @@ def test_report_shows_draft_formats_auto_choices_and_the_goal_ratios():
     text = render(raw)
     assert "## Goals" in text and "draft weights int4" in text
     assert goal_lines(_fake_raw({"ar": (None, 2.0, {})})) == []  # nothing to compare: no section
+
+
+def test_round_efficiency_is_measured_over_the_round_model():
+    """E / (K t_draft + t_verify) with the run's own numbers: 3 tokens per round, 4 draft steps of
+    50 ms and a 300 ms verification predict 6 tok/s; 4.5 measured is 0.75 of it."""
+    spec = {"mean_acceptance_length": 3.0, "draft_format": "int4"}
+    raw = _fake_raw({"ar": (None, 2.0, {}), "sd": (4, 4.5, spec)}, batch=(1, 2))
+    raw["results"]["sd"]["costs"] = {"draft_step_s": 0.05, "target_forward_s": {"1": 0.25, "5": 0.3}}
+    row = rows_of(raw, "sd", batch=1)[0]
+    assert round_efficiency(raw, row) == pytest.approx({"E": 3.0, "predicted_tok_s": 6.0, "efficiency": 0.75})
+    assert round_efficiency(raw, rows_of(raw, "sd", batch=2)[0]) is None  # no probe of two sequences
+    assert "| sd | 4 | code | 3.00 | 50 | 300 | 6.00 | 4.50 | **0.75** |" in efficiency_lines(raw)
+    goals = "\n".join(goal_lines(raw))
+    assert "| SD round efficiency |" in goals and goals.split("| SD round efficiency |")[1].split("\n")[0].endswith(
+        "| 0.75 | n/a |")
+    del raw["results"]["sd"]["costs"]["draft_step_s"]
+    assert efficiency_lines(raw) == [] and round_efficiency(raw, row) is None

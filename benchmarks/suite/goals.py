@@ -1,7 +1,9 @@
 """The ratios the engine is judged by, in one compact table: each mode at its best K, decode tok/s
 averaged over the prompt sets, one column per batch size. A ratio is listed only when its modes
-ran; `auto` is also set against the best fixed mode on the same cores, and its choice is named."""
-from suite.report import best_k, rows_of
+ran; `auto` is also set against the best fixed mode on the same cores, and its choice is named.
+SD's round efficiency (measured tok/s over what its acceptance and forward costs predict) closes
+the table: how much of a round goes outside the forwards."""
+from suite.report import best_k, round_efficiency, rows_of
 
 # (numerator, denominators: the fastest of those that ran, what the ratio says)
 GOALS = (
@@ -34,6 +36,15 @@ def ratio_cell(raw: dict, top: str, bottoms: tuple[str, ...], batch: int) -> str
     return f"{num / dens[best]:.2f}x" + (f" ({best})" if len(bottoms) > 1 else "")
 
 
+def efficiency_cell(raw: dict, mode: str, batch: int) -> str:
+    """SD's round efficiency (report.round_efficiency) at its best K, averaged over the prompt sets."""
+    k = best_k(raw, mode, batch)
+    found = [round_efficiency(raw, row) for row in rows_of(raw, mode, batch=batch, k=k)]
+    if not found or None in found:
+        return "n/a"
+    return f"{sum(e['efficiency'] for e in found) / len(found):.2f}"
+
+
 def _label(top: str, ran: list[str], bottoms: tuple[str, ...]) -> str:
     name = {"ar": "AR", "sd": "SD", "ssd": "SSD"}
     if len(bottoms) == 1:
@@ -50,6 +61,10 @@ def goal_lines(raw: dict) -> list[str]:
             continue
         cells = " | ".join(ratio_cell(raw, top, tuple(ran), batch) for batch in raw["batch"])
         lines.append(f"| {_label(top, ran, bottoms)} | {meaning} | {cells} |")
+    if "sd" in results:
+        cells = " | ".join(efficiency_cell(raw, "sd", batch) for batch in raw["batch"])
+        lines.append(f"| SD round efficiency | measured SD tok/s / (E / (K t_draft + t_verify)), the run's own "
+                     f"acceptance and forward costs (goal >= 0.9; batch 1 only) | {cells} |")
     if not lines:
         return []
     head = ["| ratio | what it says | " + " | ".join(f"batch {b}" for b in raw["batch"]) + " |",

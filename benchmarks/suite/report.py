@@ -160,6 +160,39 @@ def ssd_lines(raw: dict) -> list[str]:
     return lines + [""]
 
 
+def round_efficiency(raw: dict, row: dict) -> dict | None:
+    """An SD row at batch 1 against the round model: predicted tok/s = E / (K t_draft + t_verify),
+    E its measured mean acceptance length (tokens per round), t_draft one draft step and t_verify
+    one verification of K + 1 tokens from the same run's probes; efficiency = measured decode tok/s
+    / predicted (goal >= 0.9). None when a number is missing (another batch size: the probes time
+    one sequence). The probes keep their best of `reps`, so the prediction leans optimistic."""
+    costs = raw["results"].get(row["mode"], {}).get("costs", {})
+    verify, draft = cost(costs.get("target_forward_s", {}), (row["k"] or 0) + 1), costs.get("draft_step_s")
+    e = row.get("mean_acceptance_length")
+    if row["batch"] != 1 or not row["k"] or not verify or not draft or not e:
+        return None
+    predicted = e / (row["k"] * draft + verify)
+    return {"E": e, "predicted_tok_s": predicted, "efficiency": row["decode_tok_s"] / predicted}
+
+
+def efficiency_lines(raw: dict) -> list[str]:
+    lines = ["Round efficiency: measured decode tok/s / (E / (K t_draft + t_verify)), E = the cell's mean "
+             "acceptance length, t_draft and t_verify = the probes below (goal >= 0.9; below it, time goes "
+             "outside the forwards: sampling, verification, bookkeeping, or forwards slower than their probes).",
+             "", "| mode | K | prompts | E | t_draft ms | t_verify ms | predicted tok/s | measured tok/s "
+             "| round efficiency |", "|---" * 9 + "|"]
+    for mode in ("sd", "sd-all"):
+        costs = raw["results"].get(mode, {}).get("costs", {})
+        for r in rows_of(raw, mode, batch=1):
+            eff = round_efficiency(raw, r)
+            if eff is None:
+                continue
+            lines.append(f"| {mode} | {r['k']} | {r['set']} | {eff['E']:.2f} | {1e3 * costs['draft_step_s']:.0f} "
+                         f"| {1e3 * cost(costs['target_forward_s'], r['k'] + 1):.0f} | {eff['predicted_tok_s']:.2f} "
+                         f"| {r['decode_tok_s']:.2f} | **{eff['efficiency']:.2f}** |")
+    return lines + [""] if len(lines) > 4 else []
+
+
 def profile_lines(raw: dict) -> list[str]:
     """Where a round's time goes, per side, from the same run's counters and forward costs. SD's
     round is its decode time per verification round; its forwards are the probes below (best of
@@ -242,7 +275,7 @@ def render(raw: dict) -> str:
     lines += ["## Every cell", ""] + detail_lines(raw)
     if rows_of(raw, "ssd"):
         lines += ["## SSD against Theorem 7 and Corollary 9", ""] + ssd_lines(raw)
-    profile = profile_lines(raw)
+    profile = profile_lines(raw) + efficiency_lines(raw)
     if profile:
         lines += ["## Where a round's time goes (batch 1)", ""] + profile
     lines += ["## Peak memory", ""] + memory_lines(raw) + costs_lines(raw)

@@ -13,9 +13,10 @@ its `device` object for what belongs on the accelerator, and builds host-only te
 one), moved there with `.to(device)`, or computed from any such tensor. A host read of one of
 them is a sync, counted by kind and call site (file:line). A read of a host tensor is not.
 
-Caveat: the engine's own `torch.device("cpu")` objects, e.g. the SSD link's buffers on the gloo
-transport, count as device (on the NCCL transport they are): its one reply read per round shows
-up under speculative/ssd/link.py.
+Tensors made before counting started (weights, the KV cache, the SSD link's buffers) carry no
+mark; what is computed from them together with marked tensors does. So the SSD reply's arrival
+is not counted: on CPU and on one shared GPU it lands in host memory (gloo); with the draft on a
+GPU of its own (NCCL) the reply's `.cpu()` in speculative/ssd/link.py is one more read per round.
 """
 from collections import Counter
 
