@@ -145,19 +145,23 @@ def engine_rows(target: str, draft: str, modes: list[str], k: int, steps: int, d
     return rows
 
 
-def _median(values: list) -> float:
-    return statistics.median(values)
+def _median(steps: list[dict], key: str) -> str:
+    return f"{statistics.median(step[key] for step in steps):g}"
 
 
 # ---- the report ----------------------------------------------------------------------------------
 def render(raw: dict) -> str:
     cpu = raw["cpu"]
     lines = [f"# GPU-cost proxies counted on CPU, {raw['date']}", "",
-             f"- Machine: {cpu['cpu_model']} ({', '.join(cpu['cpu_flags'])}), {cpu['visible_cores']} cores visible; "
-             f"torch {cpu['torch']}; commit {raw['commit']}",
+             f"- Machine: {cpu['cpu_model']} ({', '.join(cpu['cpu_flags'])}), {cpu['visible_cores']} cores "
+             f"visible; torch {cpu['torch']}; commit {raw['commit']}",
              f"- Command: `{raw['command']}`",
-             f"- Target `{raw['target']}`, draft `{raw['draft']}`; row padding off (CPU only, per machine)", "",
-             f"## Ops per decoder layer, one 1-token decode step (goal <= {GOAL_OPS_PER_LAYER})", "",
+             f"- Target `{raw['target']}`, draft `{raw['draft']}`; row padding off (CPU only, per machine)", ""]
+    return "\n".join(lines + layer_lines(raw["layers"]) + engine_lines(raw["engine"])) + "\n"
+
+
+def layer_lines(layers: list[dict]) -> list[str]:
+    lines = [f"## Ops per decoder layer, one 1-token decode step (goal <= {GOAL_OPS_PER_LAYER})", "",
              "An op is one aten op the dispatcher routes (ssd_engine/profiling/op_count.py); compute ops write "
              "memory (on a GPU at least one kernel launch each), the rest are views. The first layer also "
              "expands the step's attention metadata for the torch backend (once per step). Step total = "
@@ -166,40 +170,41 @@ def render(raw: dict) -> str:
              "runs its ops as one kernel (the torch attention column: that backend's ops in a layer).", "",
              "| model | weights | layers | ops per layer | compute | torch attention | first layer extra "
              "| outside layers | sampling greedy / T = 0.7 | decode step total |", "|---" * 10 + "|"]
-    for r in raw["layers"]:
-        lines.append(f"| {r['model']} | {r['format']} | {r['layers']} | **{r['per_layer']}** | {r['per_layer_compute']} "
-                     f"| {r['torch_attention']} | {r['first_layer_extra']} | {r['outside_layers']} | {r['sampling_greedy']} / "
-                     f"{r['sampling_t07']} | {r['step_total']} |")
-    lines += ["", "### Which ops, one decoder layer", ""]
-    names = [f"{r['model']} {r['format']}" for r in raw["layers"]]
-    ops = sorted({op for r in raw["layers"] for op in r["by_op"]},
-                 key=lambda op: (-raw["layers"][0]["by_op"].get(op, 0), op))
-    lines += ["| op (kind) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    lines += [f"| {op} | " + " | ".join(str(r["by_op"].get(op, 0)) for r in raw["layers"]) + " |" for op in ops]
-    target = raw["layers"][0]
-    lines += ["", f"### Where the target's {target['per_layer']} come from (one decoder layer)", "",
+    for r in layers:
+        lines.append(f"| {r['model']} | {r['format']} | {r['layers']} | **{r['per_layer']}** "
+                     f"| {r['per_layer_compute']} | {r['torch_attention']} | {r['first_layer_extra']} "
+                     f"| {r['outside_layers']} | {r['sampling_greedy']} / {r['sampling_t07']} | {r['step_total']} |")
+    names = [f"{r['model']} {r['format']}" for r in layers]
+    ops = sorted({op for r in layers for op in r["by_op"]}, key=lambda op: (-layers[0]["by_op"].get(op, 0), op))
+    lines += ["", "### Which ops, one decoder layer", "",
+              "| op (kind) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    lines += [f"| {op} | " + " | ".join(str(r["by_op"].get(op, 0)) for r in layers) + " |" for op in ops]
+    lines += ["", f"### Where the target's {layers[0]['per_layer']} come from (one decoder layer)", "",
               "| call site | op (kind) | calls |", "|---|---|---|"]
-    lines += [f"| {s['site']} | {s['op']} ({s['kind']}) | {s['calls']} |" for s in target["by_site"]]
-    lines += ["", f"## Per engine step on a tiny pair (goal: {GOAL_SYNCS_PER_ROUND} sync per round)", "",
-              "A step is one token for AR and one round (K drafts, one verification) for SD and SSD; SSD counts "
-              "the coordinator's side (the draft is another process). Syncs are host reads of would-be device "
-              "tensors (ssd_engine/profiling/sync_count.py). Medians over the counted steps.", "",
-              "| mode | T | K | ops per step | compute | in decoder layers (target / draft layer calls) "
-              "| other ops | syncs per step |", "|---" * 8 + "|"]
-    for r in raw["engine"]:
+    return lines + [f"| {s['site']} | {s['op']} ({s['kind']}) | {s['calls']} |" for s in layers[0]["by_site"]] + [""]
+
+
+def engine_lines(rows: list[dict]) -> list[str]:
+    lines = [f"## Per engine step on a tiny pair (goal: {GOAL_SYNCS_PER_ROUND} sync per round)", "",
+             "A step is one token for AR and one round (K drafts, one verification) for SD and SSD; SSD counts "
+             "the coordinator's side (the draft is another process). Syncs are host reads of would-be device "
+             "tensors (ssd_engine/profiling/sync_count.py). Medians over the counted steps.", "",
+             "| mode | T | K | ops per step | compute | in decoder layers (target / draft layer calls) "
+             "| other ops | syncs per step |", "|---" * 8 + "|"]
+    for r in rows:
         o = r["ops_steps"]
         syncs = [s["syncs"] for s in r["sync_steps"]]
         spread = f" ({min(syncs)}-{max(syncs)})" if min(syncs) != max(syncs) else ""
-        lines.append(f"| {r['mode']} | {r['temperature']} | {r['k'] or '-'} | {_median([s['ops'] for s in o]):g} "
-                     f"| {_median([s['compute_ops'] for s in o]):g} | {_median([s['layer_ops'] for s in o]):g} "
-                     f"({_median([s['target_layer_calls'] for s in o]):g} / {_median([s['draft_layer_calls'] for s in o]):g}) "
-                     f"| {_median([s['other_ops'] for s in o]):g} | **{_median(syncs):g}**{spread} |")
-    lines += ["", "### Syncs by call site (per step, the last counted step)", "", "| mode | T | kind @ call site | syncs |",
-              "|---|---|---|---|"]
-    for r in raw["engine"]:
-        for site, n in r["sync_steps"][-1]["syncs_by_site"].items():
-            lines.append(f"| {r['mode']} | {r['temperature']} | {site} | {n} |")
-    return "\n".join(lines) + "\n"
+        lines.append(f"| {r['mode']} | {r['temperature']} | {r['k'] or '-'} | {_median(o, 'ops')} "
+                     f"| {_median(o, 'compute_ops')} | {_median(o, 'layer_ops')} ({_median(o, 'target_layer_calls')}"
+                     f" / {_median(o, 'draft_layer_calls')}) | {_median(o, 'other_ops')} "
+                     f"| **{_median(r['sync_steps'], 'syncs')}**{spread} |")
+    lines += ["", "### Syncs by call site (per step, the last counted step)", "",
+              "| mode | T | kind @ call site | syncs |", "|---|---|---|---|"]
+    for r in rows:
+        lines += [f"| {r['mode']} | {r['temperature']} | {site} | {n} |"
+                  for site, n in r["sync_steps"][-1]["syncs_by_site"].items()]
+    return lines
 
 
 def _commit() -> str:
@@ -239,7 +244,8 @@ def main(argv: list[str] | None = None) -> dict:
         layers = model_rows(target, draft, opts.formats)
         engine = engine_rows(*tiny_pair(root), opts.modes, opts.k, opts.steps, opts.engine_draft_dtype)
     stamp = datetime.date.today().isoformat()
-    raw = {"date": stamp, "cpu": describe(), "commit": _commit(), "command": " ".join(["python benchmarks/bench_ops.py", *argv]),
+    raw = {"date": stamp, "cpu": describe(), "commit": _commit(),
+           "command": " ".join(["python benchmarks/bench_ops.py", *argv]),
            "target": os.path.basename(target.rstrip("/")), "draft": os.path.basename(draft.rstrip("/")),
            "layers": layers, "engine": engine}
     text = render(raw)

@@ -15,7 +15,8 @@ from suite import isolate, options, ours  # noqa: E402
 from suite.goals import goal_lines  # noqa: E402
 from suite.machine import machine_line  # noqa: E402
 from suite.measure import Request, batches, cell  # noqa: E402
-from suite.report import detail_lines, efficiency_lines, headline, headline_lines, render, round_efficiency, rows_of  # noqa: E402,E501
+from suite.report import (detail_lines, efficiency_lines, headline, headline_lines, render,  # noqa: E402
+                          round_efficiency, rows_of)
 
 
 def test_decode_throughput_excludes_prefill():
@@ -311,7 +312,7 @@ def test_round_efficiency_is_measured_over_the_round_model():
     assert round_efficiency(raw, rows_of(raw, "sd", batch=2)[0]) is None  # no probe of two sequences
     assert "| sd | 4 | code | 3.00 | 50 | 300 | 6.00 | 4.50 | **0.75** |" in efficiency_lines(raw)
     goals = "\n".join(goal_lines(raw))
-    assert "| SD round efficiency |" in goals and goals.split("| SD round efficiency |")[1].split("\n")[0].endswith(
-        "| 0.75 | n/a |")
+    efficiency = next(line for line in goals.splitlines() if line.startswith("| SD round efficiency |"))
+    assert efficiency.endswith("| 0.75 | n/a |")
     del raw["results"]["sd"]["costs"]["draft_step_s"]
     assert efficiency_lines(raw) == [] and round_efficiency(raw, row) is None

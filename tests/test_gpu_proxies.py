@@ -91,6 +91,8 @@ def test_sync_counter_counts_host_reads_of_would_be_device_tensors_only():
         derived[0].item()                                  # item
         bool(derived[1] > 0)                               # bool
         derived[derived > 2]                               # mask_index: a value-dependent shape
+        torch.repeat_interleave(derived, derived)          # repeat_interleave: so is this one's
+        torch.repeat_interleave(derived, derived, output_size=12)  # unless the caller knows it
         moved = host.to(device)                            # an upload; `host` stays on the host
         host.tolist()
         moved.cpu()                                        # cpu
@@ -99,7 +101,7 @@ def test_sync_counter_counts_host_reads_of_would_be_device_tensors_only():
     for (kind, site), n in syncs.counts.items():
         kinds[kind] += n
         assert site.startswith(f"{HERE}:")
-    assert kinds == Counter({"tolist": 1, "item": 1, "bool": 1, "mask_index": 1, "cpu": 2})
+    assert kinds == Counter({"tolist": 1, "item": 1, "bool": 1, "mask_index": 1, "repeat_interleave": 1, "cpu": 2})
 
 
 @pytest.fixture(scope="module")

@@ -45,13 +45,14 @@ def call_site() -> str:
     return "?"
 
 
-def _tensors(value) -> list[torch.Tensor]:
+def tensors_in(value) -> list[torch.Tensor]:
+    """The tensors in an op's arguments or outputs (nested in lists, tuples and dicts)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (list, tuple)):
-        return [t for v in value for t in _tensors(v)]
+        return [t for v in value for t in tensors_in(v)]
     if isinstance(value, dict):
-        return [t for v in value.values() for t in _tensors(v)]
+        return [t for v in value.values() for t in tensors_in(v)]
     return []
 
 
@@ -69,10 +70,10 @@ def kind_of(func, args, kwargs, out) -> str:
         return "view"
     if any(arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments):
         return "compute"  # in place (index_put_, copy_, fill_): writes memory
-    outputs = _tensors(out)
+    outputs = tensors_in(out)
     if not outputs:
         return "compute"
-    inputs = {s for t in _tensors((args, kwargs)) if (s := _storage(t))}
+    inputs = {s for t in tensors_in((args, kwargs)) if (s := _storage(t))}
     return "view" if all(_storage(t) in inputs for t in outputs) else "compute"
 
 

@@ -23,7 +23,7 @@ from collections import Counter
 import torch
 from torch.overrides import TorchFunctionMode
 
-from ssd_engine.profiling.op_count import _tensors, call_site
+from ssd_engine.profiling.op_count import call_site, tensors_in
 
 MARK = "_ssd_would_be_on_device"
 T = torch.Tensor
@@ -36,7 +36,6 @@ DATA_DEPENDENT = {torch.nonzero: "nonzero", T.nonzero: "nonzero", torch.argwhere
                   torch.masked_select: "masked_select", T.masked_select: "masked_select",
                   torch.unique: "unique", T.unique: "unique", torch.unique_consecutive: "unique",
                   T.unique_consecutive: "unique"}
-FACTORY_DEVICE_KWARG = "device"
 
 
 def on_device(t: torch.Tensor) -> bool:
@@ -52,7 +51,7 @@ def _is_device_arg(value) -> bool:
 
 
 def _mark(value) -> None:
-    for t in _tensors(value):
+    for t in tensors_in(value):
         try:
             setattr(t, MARK, True)
         except (AttributeError, RuntimeError):
@@ -69,7 +68,7 @@ class SyncCounter(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = _tensors((args, kwargs))
+        inputs = tensors_in((args, kwargs))
         device_in = any(on_device(t) for t in inputs)
         sync = self._sync_kind(func, args, kwargs, device_in)
         if sync:
@@ -98,15 +97,15 @@ class SyncCounter(TorchFunctionMode):
         if func in (T.__getitem__, T.__setitem__) and len(args) > 1 and _bool_index(args[1]):
             return "mask_index"
         if func in (torch.repeat_interleave, T.repeat_interleave) and "output_size" not in kwargs and \
-                len(args) > 1 and isinstance(args[1], torch.Tensor) and args[1].numel() > 1:
-            return "repeat_interleave"  # the output length is the repeats' sum
+                isinstance(args[-1] if len(args) <= 2 else args[1], torch.Tensor):
+            return "repeat_interleave"  # tensor repeats: the output's length is their sum
         if func is torch.where and len(args) == 1 and not kwargs:
             return "nonzero"
         return None
 
     @staticmethod
     def _leaves_on_device(func, args, kwargs, device_in: bool) -> bool:
-        if func in READS or func is T.tolist:
+        if func in READS:
             return False
         if func is T.to:
             if _moves_to_host(args, kwargs):
@@ -114,7 +113,7 @@ class SyncCounter(TorchFunctionMode):
             return device_in or any(_is_device_arg(a) for a in (*args[1:], kwargs.get("device")))
         if func is T.cuda:
             return True
-        return device_in or _is_device_arg(kwargs.get(FACTORY_DEVICE_KWARG))
+        return device_in or _is_device_arg(kwargs.get("device"))  # a factory given the device
 
 
 def _moves_to_host(args, kwargs) -> bool:
