@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
            "command": "python benchmarks/bench.py " + " ".join(argv), "target": opts.model, "draft": opts.draft,
            "temperature": opts.temperature, "new_tokens": opts.new_tokens, "num_prompts": opts.num_prompts,
            "prompt_sets": opts.prompt_sets, "batch": opts.batch, "k": opts.k, "dtype": opts.dtype,
-           "draft_dtype": opts.draft_dtype, "prefix": opts.prefix, "reps": opts.reps, "results": results}
+           "draft_dtype": opts.draft_dtype, "prefix": opts.prefix, "reps": opts.reps, "passes": opts.passes,
+           "results": results}
     text = report.render(raw)
     print(text)
     os.makedirs(opts.out, exist_ok=True)

@@ -3,8 +3,9 @@
 #
 #     bash scripts/gpu_check.sh "$OUT"
 #
-# 1. correctness: greedy AR / SD / SSD token-identical to transformers on the GPU (fp32), the Triton
-#    kernels compiled for the GPU against the references, real CUDA graph capture, flash-attn if present;
+# 1. correctness: greedy AR / SD / SSD token-identical to transformers on the GPU (fp32), and in bf16
+#    each greedy token the target's fp64 argmax up to bf16 noise, the Triton kernels compiled for the
+#    GPU against the references, real CUDA graph capture, flash-attn if present;
 # 2. speed: kernels vs the torch reference and engine decode per backend, eager vs CUDA graphs (bf16);
 # 3. achieved decode memory bandwidth against the GPU's datasheet peak.
 # The default pair's weights cannot travel to the GPU machine (no network there, 64 MiB carried), so
@@ -20,6 +21,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 python -m pytest -q -rs tests/test_cuda_path.py tests/test_cuda_graphs.py tests/test_paged_attention_kernels.py \
     tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py \
+    tests/test_bf16_exactness.py \
     2>&1 | tail -40 | tee "$out/$day-cuda-tests.txt"
 
 python benchmarks/bench_cuda_kernels.py 2>/dev/null | tee "$out/$day-cuda-kernels.md"

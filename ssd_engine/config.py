@@ -64,6 +64,9 @@ class EngineConfig:
                                                    "comma-separated integers")
     ssd_budget: int | None = option(None, "B, the sum of the SSD fan-out; unset: the calibration's measured "
                                           "time budget")
+    ssd_fit_window: bool = option(True, "shrink the SSD fan-out at run time while the draft's cache build outlasts "
+                                        "the target's verification (T_p > 1); an explicit integer ssd_fanout is "
+                                        "always kept as given")
     ssd_fallback: str = option("auto", "what an SSD cache miss takes: jit (the draft drafts now), fast (n-gram, "
                                        "else random), auto (jit below the critical batch size b*, else fast)",
                                SSD_FALLBACKS)

@@ -52,6 +52,7 @@ class SSDConfig:
     fanout_rule: str | None       # auto / geometric / uniform; None when the user gave the fan-out
     fanout: tuple[int, ...] | None  # the user's K+1 integers (one given applies to every k); None for a rule
     budget: int | None
+    fit_window: bool              # cap builds to the verification window (never for the user's integers)
     fallback: str
     critical_batch: float | None
     saguaro_c: float
@@ -91,6 +92,7 @@ def build_config(options) -> Config:
         parallel=ParallelConfig(options.tensor_parallel_size, options.cpu_cores, options.distributed_timeout_s),
         speculative=SpeculativeConfig(
             options.speculative_mode, options.draft_model, options.draft_dtype, options.num_speculative_tokens, options.draft_timeout_s,
-            SSDConfig(rule, fanout, options.ssd_budget, options.ssd_fallback, options.ssd_critical_batch,
-                      float(options.saguaro_c), options.calibration_dir)),
+            SSDConfig(rule, fanout, options.ssd_budget, options.ssd_fit_window and fanout is None,
+                      options.ssd_fallback, options.ssd_critical_batch, float(options.saguaro_c),
+                      options.calibration_dir)),
         seed=options.seed)

@@ -301,6 +301,32 @@ def test_report_shows_draft_formats_auto_choices_and_the_goal_ratios():
     assert goal_lines(_fake_raw({"ar": (None, 2.0, {})})) == []  # nothing to compare: no section
 
 
+def test_passes_alternate_the_order_and_merge_cells_by_set_batch_and_k():
+    from suite import passes
+    assert passes.order(["ar", "sd", "ssd"], 0) == ["ar", "sd", "ssd"]
+    assert passes.order(["ar", "sd", "ssd"], 1) == ["ssd", "sd", "ar"]
+
+    def result(tok_s, wall, accepted, peak):
+        rows = [{"set": "humaneval", "batch": 1, "k": 4, "decode_tok_s": tok_s, "tokens": 128, "requests": 2,
+                 "wall_s": wall, "rounds": 40, "drafted": 160, "accepted": accepted, "outputs": [[1, 2]],
+                 "ssd": {"T_p": tok_s / 10}},
+                {"set": "gsm8k", "batch": 1, "k": 4, "decode_tok_s": 1.0, "tokens": 128, "requests": 2,
+                 "wall_s": 10.0, "rounds": 40, "drafted": 160, "accepted": 80, "outputs": [[3]]}]
+        return {"rows": rows, "peaks": {"engine": peak}, "costs": {"draft_step_s": 0.05}}
+    # the second pass lists its cells in another order: they are matched by key, not position
+    second = result(6.0, 30.0, 100, 7.5)
+    second["rows"].reverse()
+    merged = passes.merge([result(4.0, 20.0, 60, 8.0), second])
+    cell = next(r for r in merged["rows"] if r["set"] == "humaneval")
+    assert cell["decode_tok_s"] == 5.0 and cell["decode_tok_s_by_pass"] == [4.0, 6.0] and cell["passes"] == 2
+    assert cell["tokens"] == 256 and cell["wall_s"] == 50.0 and cell["e2e_tok_s"] == 256 / 50.0
+    assert cell["acceptance_rate"] == 160 / 320 and cell["mean_acceptance_length"] == 1 + 160 / 80
+    assert cell["ssd"]["T_p"] == 0.5 and cell["outputs"] == [[1, 2]]
+    assert merged["peaks"] == {"engine": 8.0} and merged["costs"] == {"draft_step_s": 0.05}
+    single = result(4.0, 20.0, 60, 8.0)
+    assert passes.merge([single]) is single
+
+
 def test_round_efficiency_is_measured_over_the_round_model():
     """E / (K t_draft + t_verify) with the run's own numbers: 3 tokens per round, 4 draft steps of
     50 ms and a 300 ms verification predict 6 tok/s; 4.5 measured is 0.75 of it."""

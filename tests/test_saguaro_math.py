@@ -32,11 +32,13 @@ from ssd_engine.saguaro.fallback import (
     speedup_fast,
     speedup_slow,
 )
+from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
 from ssd_engine.saguaro.fanout import (
     expected_hit_rate,
     geometric_fanout,
     geometric_fanout_real,
     outcome_probabilities,
+    scale_fanout,
     uniform_fanout,
 )
 from ssd_engine.saguaro.sampling import saguaro_probs
@@ -614,3 +616,36 @@ def test_theorem_7_reduces_to_its_corollaries():
             assert ssd_speedup(p, e, e, t, t) >= sd_speedup(e, t) - 1e-12
     # a sure hit with a draft that keeps up commits E_p tokens per verification
     assert ssd_speedup(1.0, 4.0, 1.0, 0.7, 0.0) == 4.0
+
+
+def test_a_scaled_fanout_sums_to_its_budget_and_keeps_the_plans_order():
+    planned = [3, 3, 2, 1, 4]
+    for budget in range(0, 14):
+        scaled = scale_fanout(planned, budget)
+        assert sum(scaled) == budget and all(0 <= s <= p for s, p in zip(scaled, planned))
+        # a likelier outcome (more planned branches) never keeps fewer than a less likely one
+        assert all(scaled[i] >= scaled[j] for i in range(5) for j in range(5) if planned[i] > planned[j])
+    assert scale_fanout(planned, 13) == planned and scale_fanout(planned, 20) == planned
+    assert scale_fanout(planned, 1) == [0, 0, 0, 0, 1]
+
+
+def test_the_build_budget_cuts_in_proportion_and_grows_by_one_row():
+    budget = BuildBudget()
+    # 10 rows: glue 0.1 s + branches 0.9 s against a 0.5 s verification: 0.375 s of branches fit
+    budget.update(window_s=0.5, build_s=1.0, glue_s=0.1, rows=10, planned_rows=10)
+    assert budget.cap == int(10 * (0.95 * 0.5 - 0.1) / 0.9) == 4
+    shared = budget.fanouts([[6, 2], [2, 0]])  # 8 planned rows over two sequences, cap 4
+    assert [sum(f) for f in shared] == [3, 1] and shared[0][0] >= shared[0][1]
+    # room for another row's steps: one more; reaching the plan lifts the cap
+    budget.update(window_s=0.5, build_s=0.3, glue_s=0.1, rows=4, planned_rows=10)
+    assert budget.cap == 5
+    budget.update(window_s=10.0, build_s=0.3, glue_s=0.1, rows=9, planned_rows=10)
+    assert budget.cap is None
+    # a build that still overruns always loses at least a row; never below one
+    budget.update(window_s=0.5, build_s=0.49, glue_s=0.1, rows=3, planned_rows=10)
+    assert budget.cap == 2
+    budget.update(window_s=0.01, build_s=0.49, glue_s=0.1, rows=2, planned_rows=10)
+    assert budget.cap == 1
+    before = budget.cap
+    budget.update(window_s=0.0, build_s=5.0, glue_s=0.1, rows=1, planned_rows=10)  # no window: nothing learnt
+    assert budget.cap == before

@@ -28,11 +28,12 @@ def test_request_round_trip_with_new_sequences_and_overflow():
     params = DraftParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
     long_prompt = list(range(3, 3 + REQUEST_CAPACITY // 8 + 100))  # longer than the link's preallocated buffer
     req = Request(finished=[4, 9], entries=[Entry(7, -1, long_prompt, params), Entry(8, 2, [11, 12, 13])],
-                  wanted=[Wanted(8, 0), Wanted(7, 80)], backup=Source.FAST)
+                  wanted=[Wanted(8, 0), Wanted(7, 80)], backup=Source.FAST, window_s=0.3125)
     frame = encode_request(req)
     assert frame.dtype == torch.uint8 and frame.numel() > REQUEST_CAPACITY and request_size(frame) == frame.numel()
     back = decode_request(frame)
     assert back.kind == Kind.ROUND and back.finished == [4, 9] and back.backup == Source.FAST
+    assert back.window_s == 0.3125  # exact in float32
     assert back.wanted == req.wanted and back.wanted_ids == [8, 7]
     assert back.entries[0].tokens == long_prompt and back.entries[1].accepted == 2 and back.entries[1].params is None
     got = back.entries[0].params
@@ -124,11 +125,11 @@ def nopad(tiny_model_dir) -> str:
     return tiny_model_dir("qwen2", vocab_size=259)
 
 
-def _server(path: str, fanout: list[int], k: int):
+def _server(path: str, fanout: list[int], k: int, fit_window: bool = False):
     fanouts = [(0.0, fanout)]
     runner = ModelRunner(path, load_config(path), num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8),
                          block_size=8, max_position=128, dtype=torch.float32, device=torch.device("cpu"))
-    return new_server(runner, 32, 8, k, 259, fanouts, 1.0, 2, seed=0)
+    return new_server(runner, 32, 8, k, 259, fanouts, 1.0, 2, seed=0, fit_window=fit_window)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -182,6 +183,34 @@ def test_a_hit_replies_with_the_cached_branch(nopad):
     server.build([0])
     server.apply(Request(entries=[Entry(0, 0, [258])]))
     assert server.lookup([0])[0].source == Source.JIT
+
+
+def test_a_build_that_outlasts_the_verification_shrinks_the_next_and_keeps_its_shape(nopad):
+    """The coordinator reports a verification window far shorter than the build: the next build
+    decodes fewer branches, the likeliest outcome's kept; a roomy window lets them grow back."""
+    k, planned = 2, [1, 2, 4]
+    server = _server(nopad, planned, k, fit_window=True)
+    server.apply(Request(entries=[Entry(0, -1, [5, 6, 7, 8], DraftParams())]))
+    server.build([])
+    server.apply(Request(entries=[Entry(0, -1, [9])]))
+    first = server.lookup([0])[0]
+    server.build([0])
+    assert server.builder.branch_rows == 7 and len(server.seqs[0].cache) == 7
+    built = server.builder.seconds
+    # the target verified for a third of the build: the branch rows that fit get kept
+    server.apply(Request(entries=[Entry(0, 0, [first.tokens[0] ^ 1])], window_s=built / 3))
+    assert server.budget.cap < 7
+    server.lookup([0])
+    server.build([0])
+    shrunk = server.seqs[0].fanout
+    assert server.builder.branch_rows == sum(shrunk) == server.budget.cap
+    assert shrunk[2] >= max(shrunk[:2]) and server.seqs[0].planned_fanout == planned
+    # verification far longer than any build: one row back per round up to the plan
+    for _ in range(8):
+        server.apply(Request(entries=[Entry(0, 0, [3])], window_s=100.0))
+        server.lookup([0])
+        server.build([0])
+    assert server.budget.cap is None and server.seqs[0].fanout == planned
 
 
 # --------------------------------------------------------------------------- fast backup

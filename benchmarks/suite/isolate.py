@@ -9,6 +9,8 @@ import tempfile
 
 from tqdm.auto import tqdm
 
+from suite import passes
+
 
 def _runner(mode: str):
     from suite import hf, ours
@@ -29,28 +31,34 @@ def cells_of(mode: str, opts, num_sets: int) -> int:
 
 
 def run_modes(modes: list[str], opts, prompt_sets: dict) -> dict[str, dict]:
+    """Each mode in its own process, `opts.passes` times in alternating order (suite/passes.py)."""
     ctx = mp.get_context("spawn")
-    total = sum(cells_of(mode, opts, len(prompt_sets)) for mode in modes)
-    results = {}
+    total = opts.passes * sum(cells_of(mode, opts, len(prompt_sets)) for mode in modes)
+    per_pass: dict[str, list[dict]] = {mode: [] for mode in modes}
     with tqdm(total=total, desc="bench", unit="cell", dynamic_ncols=True) as bar, \
             tempfile.TemporaryDirectory() as tmp:
-        for mode in modes:
-            bar.set_postfix_str(f"{mode}: loading")
-            path = os.path.join(tmp, f"{mode}.pkl")
-            progress = ctx.Queue()
-            proc = ctx.Process(target=_child, args=(mode, opts, prompt_sets, path, progress))
-            proc.start()
-            while proc.is_alive() or not progress.empty():
-                try:
-                    kind, label = progress.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if kind == "done":
-                    bar.update(1)
-                bar.set_postfix_str(f"{kind} {label}")
-            proc.join()
-            if proc.exitcode != 0 or not os.path.exists(path):
-                raise SystemExit(f"mode {mode} failed (exit code {proc.exitcode}); see the traceback above")
-            with open(path, "rb") as f:
-                results[mode] = pickle.load(f)
-    return results
+        for index in range(opts.passes):
+            for mode in passes.order(modes, index):
+                bar.set_postfix_str(f"{mode}: loading")
+                per_pass[mode].append(_run_one(ctx, mode, opts, prompt_sets, os.path.join(tmp, f"{mode}-{index}.pkl"),
+                                               bar))
+    return {mode: passes.merge(results) for mode, results in per_pass.items()}
+
+
+def _run_one(ctx, mode: str, opts, prompt_sets: dict, path: str, bar) -> dict:
+    progress = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(mode, opts, prompt_sets, path, progress))
+    proc.start()
+    while proc.is_alive() or not progress.empty():
+        try:
+            kind, label = progress.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if kind == "done":
+            bar.update(1)
+        bar.set_postfix_str(f"{kind} {label}")
+    proc.join()
+    if proc.exitcode != 0 or not os.path.exists(path):
+        raise SystemExit(f"mode {mode} failed (exit code {proc.exitcode}); see the traceback above")
+    with open(path, "rb") as f:
+        return pickle.load(f)

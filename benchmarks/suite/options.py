@@ -34,6 +34,7 @@ class BenchOptions:
     fallback: str | None
     prefix: int
     reps: int
+    passes: int
     out: str
     tag: str
     readme: bool
@@ -87,6 +88,9 @@ def parse(argv: list[str]) -> BenchOptions:
     p.add_argument("--fallback", default=None, help="SSD miss fallback jit | fast | auto (default: the engine's)")
     p.add_argument("--prefix", type=int, default=200, help="prefix length of the forward-cost probes")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each forward-cost probe (0: skip them)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="run the mode list this many times, alternating its order (A B C, C B A, ...), and average: "
+                        "a drifting machine's trend cancels from ratios between modes")
     p.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")
     p.add_argument("--tag", default="", help="appended to the result files' names: DATE-bench-TAG.*")
     p.add_argument("--readme", action="store_true", help="also put the headline table into README.md's benchmark section")
@@ -101,6 +105,8 @@ def parse(argv: list[str]) -> BenchOptions:
         p.error("--batch needs batch sizes >= 1")
     if not k or min(k) < 1:
         p.error("--k needs draft lengths >= 1")
+    if a.passes < 1:
+        p.error("--passes must be >= 1")
     if a.temperature < 0:
         p.error("--temperature must be >= 0")
     if a.device != "cpu" and not a.device.startswith("cuda"):
@@ -127,4 +133,4 @@ def parse(argv: list[str]) -> BenchOptions:
         k=k, draft_dtype=a.draft_dtype, temperature=a.temperature, model=model, draft=draft, device=a.device,
         dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"), tp=a.tp, cores=cores,
         draft_cores=draft_cores, threads=a.threads or max(len(cores) // a.tp, 1), layout=a.layout, fanout=a.fanout,
-        fallback=a.fallback, prefix=a.prefix, reps=a.reps, out=out, tag=a.tag, readme=a.readme, argv=list(argv))
+        fallback=a.fallback, prefix=a.prefix, reps=a.reps, passes=a.passes, out=out, tag=a.tag, readme=a.readme, argv=list(argv))

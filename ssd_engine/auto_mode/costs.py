@@ -40,7 +40,7 @@ SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K 
 REPEATS = 3                              # after two warm-ups; the median counts
 TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
 PAGES = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
-VERSION = 2  # 2: the SSD target timed under the draft cores' memory traffic
+VERSION = 3  # 2: the SSD target timed under the draft cores' memory traffic; 3: bf16 drafts attend in fp32
 
 
 @dataclass

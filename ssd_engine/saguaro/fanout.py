@@ -83,3 +83,14 @@ def _check_model(alpha: float, r: float) -> None:
 def _check_budget(budget: int) -> None:
     if not (isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0):
         raise ValueError(f"fan-out budget B must be an integer >= 0, got {budget!r}")
+
+
+def scale_fanout(planned: list[int], budget: int) -> list[int]:
+    """`planned` shrunk to sum to `budget` (<= its own sum), keeping its shape: Theorem 12's
+    optimum is F_k ∝ P(k)^(1/(1+r)) whatever B is, so the planned fan-out's proportions stay
+    optimal at the smaller budget (up to rounding; the likeliest outcomes keep their branches)."""
+    _check_budget(budget)
+    total = sum(planned)
+    if budget >= total:
+        return list(planned)
+    return round_to_budget([budget * f / total for f in planned], budget)

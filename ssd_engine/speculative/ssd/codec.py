@@ -11,7 +11,8 @@ Request = [int64 ints | float32 floats]
     finished  ids
     entries   [seq_id, is_new, k, n_tokens, (top_k, seed when new), tokens...]
     wanted    [seq_id, q_width]
-    floats    per new entry [temperature, top_p, min_p]: float32, the values the draft samples with
+    floats    [window_s], then per new entry [temperature, top_p, min_p]: float32, the values the
+              draft samples with
 total_bytes leads, so the link reads a request's length from its first word (`request_size`).
 
 Reply = [float64 timings | int64 ints | float32 q slots], laid out by `ReplyLayout.of(request, k)`:
@@ -41,7 +42,7 @@ def request_size(frame: torch.Tensor) -> int:
 
 def encode_request(req: Request) -> torch.Tensor:
     ints = [0, int(req.kind), int(req.backup), len(req.finished), len(req.entries), len(req.wanted), 0, 0]
-    floats = []
+    floats = [req.window_s]
     ints += req.finished
     for e in req.entries:
         p = e.params
@@ -68,7 +69,7 @@ def decode_request(frame: torch.Tensor) -> Request:
     w = raw[:INT * n_ints].view(np.int64).tolist()
     floats = iter(raw[INT * n_ints:INT * n_ints + FLOAT * n_floats].view(np.float32).tolist())
     at = REQUEST_HEADER
-    req = Request(Kind(kind), w[at:at + n_fin], backup=Source(backup))
+    req = Request(Kind(kind), w[at:at + n_fin], backup=Source(backup), window_s=next(floats))
     at += n_fin
     for _ in range(n_ent):
         seq_id, is_new, accepted, n = w[at:at + 4]

@@ -56,14 +56,17 @@ class AsyncDraftClient:
         self.source: dict[int, Source] = {}    # seq_id -> where its current speculation came from
         self.finished: list[int] = []
         self.replied_at: float | None = None
+        self.window_s = 0.0  # the verification since the last reply: the draft sizes its builds by it
 
     @property
     def alive(self) -> bool:
         return self.link is not None
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
+        self.window_s = 0.0
         if self.replied_at is not None:
-            self.metrics.record_verify(time.perf_counter() - self.replied_at)
+            self.window_s = time.perf_counter() - self.replied_at
+            self.metrics.record_verify(self.window_s)
             self.replied_at = None
         wanted = [seq for seq, dec in zip(batch.seqs, decoding) if dec]
         if self.alive:
@@ -80,7 +83,7 @@ class AsyncDraftClient:
         backup = self._backup(len(wanted), cold) if wanted else Source.JIT
         request = Request(finished=self.finished, entries=[e for e in map(self._news, seqs) if e],
                           wanted=[Wanted(s.seq_id, q_width(draft_params(s), self.vocab)) for s in wanted],
-                          backup=backup)
+                          backup=backup, window_s=self.window_s)
         started = time.perf_counter()
         self.link.send_request(encode_request(request))
         self.finished = []

@@ -138,6 +138,8 @@ class SSDMetrics:
             "verify_s_per_round": mean_verify,
             "T_p": rate(mean_build, mean_verify),
             "glue_s_per_round": rate(self.glue_s, self.timed_rounds),
+            # the budget B the builds actually ran with (build_budget.py caps it to the window)
+            "branch_rows_per_build": rate(sum(rows for rows, _ in self.step_samples), len(self.step_samples)),
             "miss_rate_by_fanout": miss_curve(self.rank_counts())[:8],
             "backup_rounds": dict(self.backups),
             # Theorem 7's inputs: tokens per round from the primary (hits) and the backups (misses),

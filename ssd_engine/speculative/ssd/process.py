@@ -29,6 +29,7 @@ class DraftSpec:
     saguaro_c: float      # Saguaro sampling's down-weighting constant C
     max_num_seqs: int
     seed: int
+    fit_window: bool = False  # shrink builds that outlast the verification (draft/build_budget.py)
 
     def to_args(self) -> dict:
         """Plain values for the child's JSON arguments."""

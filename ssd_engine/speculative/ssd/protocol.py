@@ -84,6 +84,9 @@ class Request:
     entries: list[Entry] = field(default_factory=list)
     wanted: list[Wanted] = field(default_factory=list)
     backup: Source = Source.JIT  # what a miss takes this round: JIT or FAST
+    # the target's last verification (reply -> this request, the coordinator's clock; 0: none):
+    # the window the draft's last cache build overlapped (draft/build_budget.py)
+    window_s: float = 0.0
 
     @property
     def wanted_ids(self) -> list[int]:

@@ -26,6 +26,8 @@ class CacheBuilder:
         self.scratch_base, self.max_branches = scratch_base, max_branches  # slots reserved for branch paths
         self.glue_seconds = self.step_seconds = 0.0  # the last build's glue forward and mean branch step
         self.step_rows = 0
+        self.branch_rows = 0  # the last build's branches over all parts
+        self.seconds = 0.0    # the last build: glue and branches
 
     def build(self, seqs: list[DraftSeq]) -> None:
         """Fill seq.cache for every sequence (their `sent` speculation must be set), each with its
@@ -44,9 +46,11 @@ class CacheBuilder:
         self.glue_seconds = time.perf_counter() - started
         self.step_seconds, self.step_rows = 0.0, 0
         branch_seq, branch_k, branch_tok = self._candidates(seqs, top)
+        self.branch_rows = len(branch_seq)
         for start in range(0, len(branch_seq), self.max_branches):
             part = slice(start, start + self.max_branches)
             self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part])
+        self.seconds = time.perf_counter() - started
 
     def _candidates(self, seqs: list[DraftSeq], top: list):
         """Per branch: its sequence index, accepted count k and bonus token t*."""

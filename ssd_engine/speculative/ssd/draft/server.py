@@ -9,6 +9,7 @@ import time
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.speculative.ngram import fast_proposal
+from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
 from ssd_engine.speculative.ssd.draft.cache_builder import CacheBuilder, bonus_rank
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Request, Speculation
@@ -16,18 +17,25 @@ from ssd_engine.speculative.ssd.source import Source
 
 
 class DraftServer:
-    def __init__(self, trunk: Trunk, builder: CacheBuilder, fanouts: list, seed: int) -> None:
+    def __init__(self, trunk: Trunk, builder: CacheBuilder, fanouts: list, seed: int,
+                 budget: BuildBudget | None = None) -> None:
         self.trunk, self.builder, self.seed = trunk, builder, seed
         self.fanouts = fanouts  # [(temperature, F_0..F_K)]: a sequence takes the nearest temperature's
+        self.budget = budget    # None: every build prepares the planned fan-out
         self.seqs: dict[int, DraftSeq] = {}
         self.build_seconds = self.lookup_seconds = 0.0
+        self.planned_rows = 0   # the last build's branch rows had it followed the plan
 
     @property
     def k(self) -> int:
         return self.trunk.k
 
     def apply(self, req: Request) -> None:
-        """Forget finished sequences, learn new ones, append committed tokens."""
+        """Forget finished sequences, learn new ones, append committed tokens; size the next
+        build from how the last one fared against the verification it overlapped."""
+        if self.budget is not None:
+            b = self.builder  # its own time: a new prompt's prefill in the same build is not the cache's
+            self.budget.update(req.window_s, b.seconds, b.glue_seconds, b.branch_rows, self.planned_rows)
         for seq_id in req.finished:
             seq = self.seqs.pop(seq_id, None)
             if seq is not None:
@@ -38,8 +46,9 @@ class DraftServer:
                 if old is not None:
                     self.trunk.drop(old)
                 draft_gen, backup_gen = self._generators(e.seq_id, e.params, len(e.tokens))
+                planned = fanout_for(self.fanouts, e.params.temperature)
                 self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, draft_gen, backup_gen,
-                                               fanout=fanout_for(self.fanouts, e.params.temperature))
+                                               planned_fanout=planned, fanout=list(planned))
                 continue
             seq = self.seqs[e.seq_id]
             seq.tokens.extend(e.tokens)
@@ -80,7 +89,13 @@ class DraftServer:
         """After replying: prefill sequences the draft has not caught up with, build the next cache."""
         started = time.perf_counter()
         speculating = [self.seqs[i] for i in wanted if self.seqs[i].sent is not None]
+        self.builder.branch_rows = 0
         if speculating:
+            planned = [s.planned_fanout for s in speculating]
+            self.planned_rows = sum(map(sum, planned))
+            if self.budget is not None:
+                for seq, fanout in zip(speculating, self.budget.fanouts(planned)):
+                    seq.fanout = fanout
             self.builder.build(speculating)
         behind = [s for s in self.seqs.values() if s.sent is None and len(s.trunk) < len(s) - 1]
         behind = [s for s in behind if self.trunk.reserve(s, len(s))]
@@ -111,12 +126,13 @@ def fanout_for(fanouts: list, temperature: float) -> list[int]:
 
 
 def new_server(runner, num_blocks: int, block_size: int, k: int, vocab: int, fanouts: list, saguaro_c: float,
-               max_num_seqs: int, seed: int) -> DraftServer:
-    """`runner`'s cache must hold num_blocks pages for trunks plus scratch_slots(...) for branches."""
+               max_num_seqs: int, seed: int, fit_window: bool = False) -> DraftServer:
+    """`runner`'s cache must hold num_blocks pages for trunks plus scratch_slots(...) for branches.
+    `fit_window`: shrink builds that outlast the target's verification (build_budget.py)."""
     blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     trunk = Trunk(runner, blocks, k, vocab, saguaro_c)
     builder = CacheBuilder(trunk, num_blocks * block_size, max_branches(fanouts, max_num_seqs))
-    return DraftServer(trunk, builder, fanouts, seed)
+    return DraftServer(trunk, builder, fanouts, seed, BuildBudget() if fit_window else None)
 
 
 def max_branches(fanouts: list, max_num_seqs: int) -> int:

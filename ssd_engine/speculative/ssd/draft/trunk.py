@@ -30,7 +30,8 @@ class DraftSeq:
     trunk: list[int] = field(default_factory=list)
     sent: Speculation | None = None           # the speculation the target is verifying
     cache: dict = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
-    fanout: list[int] = field(default_factory=list)  # F_0..F_K: bonus candidates prepared per k
+    planned_fanout: list[int] = field(default_factory=list)  # F_0..F_K from the Saguaro plan
+    fanout: list[int] = field(default_factory=list)  # F_0..F_K this build prepares (<= planned, build_budget.py)
     ranked: list | None = None                # per position 1..K+1 of `sent`: the draft's top RANK_DEPTH ids
     bonus_rank: int = -1                      # the last outcome's bonus among its candidates (protocol.py)
 
