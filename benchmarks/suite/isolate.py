@@ -31,7 +31,7 @@ def cells_of(mode: str, opts, num_sets: int) -> int:
 
 
 def run_modes(modes: list[str], opts, prompt_sets: dict) -> dict[str, dict]:
-    """Each mode in its own process, `opts.passes` times in alternating order (suite/passes.py)."""
+    """Each mode in its own process, `opts.passes` times in alternating order (benchmarks/suite/passes.py)."""
     ctx = mp.get_context("spawn")
     total = opts.passes * sum(cells_of(mode, opts, len(prompt_sets)) for mode in modes)
     per_pass: dict[str, list[dict]] = {mode: [] for mode in modes}
