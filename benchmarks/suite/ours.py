@@ -12,7 +12,7 @@ from suite.measure import Request, batches, cell, engine_peaks, merge_peaks, pin
 SSD_KEYS = ("cache_hit_rate", "cache_hit_rate_warm", "acceptance_on_hits", "acceptance_on_misses",
             "speculations_by_source", "draft_failures", "draft_build_s_per_round", "coordinator_wait_s_per_round",
             "verify_s_per_round", "glue_s_per_round", "T_p", "tokens_per_round_hit", "tokens_per_round_miss",
-            "jit_s_per_round", "backup_rounds", "fanouts", "critical_batch_size")
+            "jit_s_per_round", "backup_rounds", "fanouts", "critical_batch_size", "branch_rows_per_build")
 SPEC_KEYS = ("rounds", "drafted", "accepted", "acceptance_rate", "mean_acceptance_length")
 
 

@@ -140,7 +140,8 @@ def ssd_lines(raw: dict) -> list[str]:
              "Thm 7 / c is the prediction in AR steps. Corollary 9 bounds SSD/SD with SD's costs and acceptance "
              "from the same run.", "",
              "| prompts | K | batch | SSD/AR | Thm 7 SSD/AR | c | Thm 7 / c | measured ÷ (Thm 7 / c) | p (warm) | E_p "
-             "| E_b | T_p | T_b | SSD/SD | Cor. 9 lower | Cor. 9 upper | speculations |", "|---" * 17 + "|"]
+             "| E_b | T_p | T_b | SSD/SD | Cor. 9 lower | Cor. 9 upper | speculations | B planned -> built |",
+             "|---" * 18 + "|"]
     for r in rows_of(raw, "ssd"):
         m = r["ssd"]
         ar = rows_of(raw, "ar", set=r["set"], batch=r["batch"])
@@ -156,8 +157,17 @@ def ssd_lines(raw: dict) -> list[str]:
             f"| {_fmt(c)} | {_fmt(in_ar_steps, '.2f', 'x')} | {_fmt(_ratio(vs_ar, in_ar_steps))} | {m['cache_hit_rate_warm']:.3f} | {_fmt(m['tokens_per_round_hit'])} "
             f"| {_fmt(m['tokens_per_round_miss'])} | {m['T_p']:.2f} | {_fmt(t_b)} "
             f"| {_fmt(_ratio(r['decode_tok_s'], sd[0]['decode_tok_s']) if sd else None, '.2f', 'x')} "
-            f"| {_fmt(lower, '.2f', 'x')} | {_fmt(upper, '.2f', 'x')} | {m['speculations_by_source']} |")
+            f"| {_fmt(lower, '.2f', 'x')} | {_fmt(upper, '.2f', 'x')} | {m['speculations_by_source']} "
+            f"| {_budgets(m)} |")
     return lines + [""]
+
+
+def _budgets(m: dict) -> str:
+    """The plan's budget B (per temperature) and the mean branch rows the builds ran with, which
+    the draft caps to the verification window (ssd_fit_window)."""
+    planned = "/".join(str(sum(f)) for f in (m.get("fanouts") or {}).values()) or "-"
+    built = m.get("branch_rows_per_build")
+    return f"{planned} -> {_fmt(built, '.1f')}" if built is not None else planned
 
 
 def round_efficiency(raw: dict, row: dict) -> dict | None:
