@@ -117,7 +117,9 @@ def _apply(config: EngineConfig, choice: ModeChoice, every, target_cores, draft_
         return replace(config, speculative_mode="ssd", num_speculative_tokens=choice.k, ssd_budget=budget,
                        draft_dtype=measured.ssd_format,
                        cpu_cores=";".join(",".join(map(str, s)) for s in (target_cores, draft_cores)))
+    # the benchmarking-only options of modes not chosen are dropped: they would not apply
     if choice.mode == "sd":
         return replace(config, speculative_mode="sd", num_speculative_tokens=choice.k, draft_dtype=measured.sd_format,
-                       cpu_cores=together, num_threads=config.num_threads or len(every))
-    return replace(config, speculative_mode="ar", cpu_cores=together, num_threads=config.num_threads or len(every))
+                       cpu_cores=together, num_threads=config.num_threads or len(every), synthetic_hit=None)
+    return replace(config, speculative_mode="ar", cpu_cores=together, num_threads=config.num_threads or len(every),
+                   synthetic_acceptance=None, synthetic_hit=None)

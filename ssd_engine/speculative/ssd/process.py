@@ -29,6 +29,7 @@ class DraftSpec:
     saguaro_c: float      # Saguaro sampling's down-weighting constant C
     max_num_seqs: int
     seed: int
+    synthetic_hit: float | None = None  # benchmarking: P(a lookup hits), whatever the cache holds
 
     def to_args(self) -> dict:
         """Plain values for the child's JSON arguments."""
