@@ -82,10 +82,10 @@ class EngineConfig:
                                                       "verification runs the real forwards but accepts each draft "
                                                       "token with this probability alpha in [0, 1] (the first "
                                                       "rejection ends the round; the next token is the target "
-                                                      "row's argmax)")
+                                                      "row's argmax); unset: real verification")
     synthetic_hit: float | None = option(None, "BENCHMARKING ONLY (SSD): each speculation-cache lookup is a hit "
                                                "with this probability in [0, 1], served from any cached branch "
-                                               "when the real outcome was not cached")
+                                               "when the real outcome was not cached; unset: real lookups")
 
     @property
     def weight_layout(self) -> str:
