@@ -10,7 +10,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import bench_synthetic  # noqa: E402
 from suite import options, ours  # noqa: E402
-from suite.synthetic_report import expected_acceptance_rate, expected_tokens, predict_sd, predict_ssd  # noqa: E402
+from suite.synthetic_report import (expected_acceptance_rate, expected_tokens, predict_sd, predict_ssd,  # noqa: E402
+                                    predict_ssd_own_verify)
 from test_dummy_weights import shape_folder  # noqa: E402
 
 from ssd_engine.saguaro.speedup import ssd_speedup  # noqa: E402
@@ -26,6 +27,9 @@ def test_expected_tokens_and_predictions():
     assert predict_ssd(0.5, 2, t_ar=2.0, t_verify=3.0, ssd=ssd) == pytest.approx(
         ssd_speedup(0.8, 1.75, 1.75, 1.2, 0.5) * 2 / 3)
     assert predict_ssd(0.5, 2, 2.0, 3.0, {**ssd, "verify_s_per_round": 0.0}) is None
+    # the draft beside the target slowed its verification to 0.5 s: predicted in AR steps of 2 s
+    assert predict_ssd_own_verify(0.5, 2, t_ar=2.0, ssd=ssd) == pytest.approx(
+        ssd_speedup(0.8, 1.75, 1.75, 1.2, 0.5) * 2 / 0.5)
 
 
 def test_bench_flags_reach_the_engines_that_take_them(capsys):
@@ -59,6 +63,7 @@ def test_a_tiny_sweep_writes_every_cell_with_its_prediction(tmp_path):
         assert c["expected_acceptance"] == pytest.approx(expected_acceptance_rate(0.6, 2))
     ssd = cells[1]
     assert ssd["hit_rate"] == 1.0 and ssd["budget"] == 2 and ssd["T_p"] > 0  # p = 1: every warm lookup hits
+    assert ssd["predicted_own_verify"] > 0 and cells[0]["predicted_own_verify"] is None  # SSD's own verify time
     saved = json.loads((out / f"{stamp}-synthetic-t.json").read_text())
     assert saved["cpu"]["cpu_model"] and saved["target"] == "t" and saved["ar"]["costs"]["target_forward_s"]
     text = (out / f"{stamp}-synthetic-t.md").read_text()

@@ -124,3 +124,14 @@ def test_ssd_hit_rate_is_the_synthetic_one(tmp_path, p):
                      use_tqdm=False)
         metrics = llm.speculation_metrics()
     assert metrics["lookups"] > 10 and metrics["cache_hit_rate_warm"] == p
+
+
+def test_auto_predicts_with_the_synthetic_rates():
+    from ssd_engine.auto_mode.choose import with_synthetic
+    from ssd_engine.auto_mode.predict import Acceptance
+    base = Acceptance.from_calibration(None)
+    assert with_synthetic(base, EngineConfig()) == base
+    drawn = with_synthetic(base, EngineConfig(synthetic_acceptance=0.9, synthetic_hit=0.8))
+    assert drawn.rate(1) == drawn.rate(5) == 0.9
+    assert drawn.miss(1) == drawn.miss(20) == pytest.approx(0.2) and drawn.miss(0) == 1.0
+    assert drawn.tokens_per_round(4) == pytest.approx((1 - 0.9 ** 5) / (1 - 0.9))

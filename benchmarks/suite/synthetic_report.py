@@ -13,6 +13,12 @@ Theorem 7 counts time in verifications; t_ar / t_verify turns that into AR steps
 does (its 1 + T_SD is (K t_draft + t_verify) / t_verify). p_hit is the cell's measured warm hit
 rate (the synthetic p, as drawn), T_p its measured draft build time / verification time, T_b its
 just-in-time drafting time / verification time (0 with the fast backup), all from the same cell.
+
+The paper takes a verification to cost the same whether or not the draft runs beside it. On a CPU
+the draft process's cores share the memory bus with the target's, so SSD's verifications can run
+slower than the probe's t_verify: the second SSD prediction uses the cell's own verification
+round time instead (`verify_s_per_round`, contention included), SSD / AR = Theorem 7 * t_ar /
+that; the gap between the two is what the shared memory bus costs.
 """
 from ssd_engine.saguaro.speedup import ssd_speedup
 
@@ -49,6 +55,12 @@ def predict_ssd(alpha: float, k: int, t_ar: float, t_verify: float, ssd: dict) -
     return ssd_speedup(ssd["cache_hit_rate_warm"], e, e, ssd["T_p"], t_b) * t_ar / t_verify
 
 
+def predict_ssd_own_verify(alpha: float, k: int, t_ar: float, ssd: dict) -> float | None:
+    """Theorem 7 in AR steps with the cell's own verification time (what the draft beside it costs)."""
+    verify = ssd.get("verify_s_per_round")
+    return predict_ssd(alpha, k, t_ar, verify, ssd) if verify else None
+
+
 def cells(sweep: dict) -> list[dict]:
     """One line per SD / SSD cell: measured and predicted speedup over AR at the same batch size."""
     ar_costs = sweep["ar"]["costs"]["target_forward_s"]
@@ -60,16 +72,21 @@ def cells(sweep: dict) -> list[dict]:
         for r in run["rows"]:
             b, k = r["batch"], r["k"]
             t_ar, t_verify = _cost(ar_costs, b), _cost(ar_costs, b * (k + 1))
+            own_verify = None
             if run["mode"] == "sd":
                 t_draft = _cost(draft_costs, b)
                 predicted = predict_sd(alpha, k, t_ar, t_verify, t_draft) if t_draft else None
             else:
                 predicted = predict_ssd(alpha, k, t_ar, t_verify, r["ssd"])
+                own_verify = predict_ssd_own_verify(alpha, k, t_ar, r["ssd"])
             measured = _ratio(r["decode_tok_s"], ar_tok_s.get(b))
             ssd = r.get("ssd") or {}
             lines.append({"mode": run["mode"], "alpha": alpha, "k": k, "batch": b, "budget": run.get("budget"),
                           "hit": run.get("hit"), "decode_tok_s": r["decode_tok_s"], "ar_tok_s": ar_tok_s.get(b),
                           "measured": measured, "predicted": predicted, "ratio": _ratio(measured, predicted),
+                          "predicted_own_verify": own_verify, "ratio_own_verify": _ratio(measured, own_verify),
+                          "verify_ms": 1e3 * ssd["verify_s_per_round"] if ssd.get("verify_s_per_round") else None,
+                          "t_verify_ms": 1e3 * t_verify,
                           "acceptance": r.get("acceptance_rate"),
                           "expected_acceptance": expected_acceptance_rate(alpha, k),
                           "hit_rate": ssd.get("cache_hit_rate_warm"), "T_p": ssd.get("T_p"),
@@ -80,6 +97,12 @@ def cells(sweep: dict) -> list[dict]:
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _own_verify(c: dict) -> str:
+    if c["predicted_own_verify"] is None:
+        return "-"
+    return f"{c['predicted_own_verify']:.2f}x ({_fmt(c['ratio_own_verify'])})"
 
 
 def markdown(sweep: dict, lines: list[dict]) -> str:
@@ -94,14 +117,18 @@ def markdown(sweep: dict, lines: list[dict]) -> str:
            "target's, only the speed is**", "",
            "Measured = decode tok/s over AR's at the same batch size. Predicted: SD = E / (K t_draft + t_verify) "
            "* t_ar with E = (1 - alpha^(K+1)) / (1 - alpha); SSD = Theorem 7 with this cell's measured hit rate, "
-           "T_p and T_b, E_p = E_b = E, times t_ar / t_verify (benchmarks/suite/synthetic_report.py).", "",
+           "T_p and T_b, E_p = E_b = E, times t_ar / t_verify (benchmarks/suite/synthetic_report.py). "
+           "SSD's second prediction replaces the probe's t_verify by the cell's own verification round (the "
+           "draft process beside the target shares its memory bus); verify ms: probe / SSD's own.", "",
            "| mode | alpha | K | batch | B | p | tok/s | AR tok/s | measured x AR | predicted x AR "
-           "| measured / predicted | acceptance (expected) | hit rate | T_p | T_b | draft |",
-           "|---" * 16 + "|"]
+           "| measured / predicted | SSD: predicted with own verify (measured / it) | verify ms "
+           "| acceptance (expected) | hit rate | T_p | T_b | draft |",
+           "|---" * 18 + "|"]
     for c in lines:
         out.append(f"| {c['mode']} | {c['alpha']} | {c['k']} | {c['batch']} | {_fmt(c['budget'], 'd')} "
                    f"| {_fmt(c['hit'], '.2f')} | {c['decode_tok_s']:.2f} | {_fmt(c['ar_tok_s'])} "
                    f"| {_fmt(c['measured'], '.2f', 'x')} | {_fmt(c['predicted'], '.2f', 'x')} | {_fmt(c['ratio'])} "
+                   f"| {_own_verify(c)} | {c['t_verify_ms']:.0f}{' / ' + _fmt(c['verify_ms'], '.0f') if c['verify_ms'] else ''} "
                    f"| {_fmt(c['acceptance'], '.3f')} ({c['expected_acceptance']:.3f}) | {_fmt(c['hit_rate'], '.3f')} "
                    f"| {_fmt(c['T_p'])} | {_fmt(c['T_b'])} | {c['draft_format'] or '-'} |")
     rows = sorted(map(int, ar_costs))
@@ -136,6 +163,9 @@ def plot(sweep: dict, lines: list[dict], path: str) -> str:
                   label=f"{mode.upper()} K={k} measured")
         left.plot(alphas, [c["predicted"] for c in chosen], marker=marker, color=color, linestyle="--",
                   fillstyle="none", alpha=0.5 + 0.5 * k / 8, label=f"{mode.upper()} K={k} predicted")
+        if mode == "ssd":
+            left.plot(alphas, [c["predicted_own_verify"] for c in chosen], marker="^", color=color, linestyle=":",
+                      fillstyle="none", alpha=0.5 + 0.5 * k / 8, label=f"SSD K={k} predicted, own verify")
     left.axhline(1.0, color="gray", linewidth=0.8)
     left.set_xlabel("synthetic acceptance alpha")
     left.set_ylabel(f"speedup over AR (batch {batch})")
@@ -145,7 +175,10 @@ def plot(sweep: dict, lines: list[dict], path: str) -> str:
     for mode, (color, marker) in styles.items():
         xs = [p for p, _, m in pairs if m == mode]
         right.scatter(xs, [v for _, v, m in pairs if m == mode], color=color, marker=marker, label=mode.upper())
-    top = max([max(p, v) for p, v, _ in pairs] or [1.0]) * 1.1
+    own = [(c["predicted_own_verify"], c["measured"]) for c in lines if c["predicted_own_verify"] and c["measured"]]
+    right.scatter([p for p, _ in own], [v for _, v in own], color=styles["ssd"][0], marker="^", facecolors="none",
+                  label="SSD, own verify")
+    top = max([max(p, v) for p, v, _ in pairs] + [max(p, v) for p, v in own] or [1.0]) * 1.1
     right.plot([0, top], [0, top], color="gray", linewidth=0.8, linestyle=":")
     right.set_xlim(0, top)
     right.set_ylim(0, top)
