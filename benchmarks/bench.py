@@ -10,6 +10,9 @@ Modes: `ar`, `sd`, `ssd` (our engine), `ar-all` and `sd-all` (our AR / SD on the
 draft's cores together: the baselines for SSD, which uses both), `auto` (our engine on both sets
 choosing AR / SD / SSD and K itself; run once, not per --k), `hf-ar` (transformers `generate`),
 `hf-assisted` (transformers assisted generation). `--draft-dtype` sets our draft's weight format.
+Without meaningful weights: `--load-format dummy` (random weights from config.json) with
+`--synthetic-acceptance ALPHA [--synthetic-hit P]` (drafts accepted, SSD lookups hit, at those rates:
+outputs are then not the target's); benchmarks/bench_synthetic.py sweeps them against the theory.
 Each mode runs in its own pinned subprocess on the same prompts. Writes
 `benchmarks/results/DATE-bench[-TAG].md` (tables), `.json` (raw numbers, machine, CPU model and
 flags, placement, torch version, git commit) and PNG plots; `--readme` also puts the headline
@@ -76,7 +79,8 @@ def main(argv: list[str] | None = None) -> dict:
            "temperature": opts.temperature, "new_tokens": opts.new_tokens, "num_prompts": opts.num_prompts,
            "prompt_sets": opts.prompt_sets, "batch": opts.batch, "k": opts.k, "dtype": opts.dtype,
            "draft_dtype": opts.draft_dtype, "prefix": opts.prefix, "reps": opts.reps, "passes": opts.passes,
-           "results": results}
+           "load_format": opts.load_format, "synthetic_acceptance": opts.synthetic_acceptance,
+           "synthetic_hit": opts.synthetic_hit, "results": results}
     text = report.render(raw)
     print(text)
     os.makedirs(opts.out, exist_ok=True)

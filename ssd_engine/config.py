@@ -18,6 +18,7 @@ WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
 SSD_FALLBACKS = ("auto", "jit", "fast")
 DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # auto: the fastest this CPU runs (engine/draft_format.py)
 FANOUT_RULES = ("auto", "geometric", "uniform")
+LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +34,11 @@ class EngineConfig:
     draft_dtype: str = option("auto", "the draft's weight format (its precision never changes the output): auto "
                                       "picks the fastest this CPU runs, measured once per machine; int8/int4 are "
                                       "weight-only with bf16 activations, CPU only", DRAFT_DTYPES)
-    tokenizer: str | None = option(None, "tokenizer folder; unset: the model folder")
+    tokenizer: str | None = option(None, "tokenizer folder; unset: the model folder (with load_format=dummy and "
+                                         "no tokenizer files there: none, prompts must be token ids)")
+    load_format: str = option("auto", "auto: read the checkpoint's safetensors; dummy: random weights at the "
+                                      "shapes of the folder's config.json, no weights read (speed measurements)",
+                              LOAD_FORMATS)
     max_model_len: int | None = option(None, "prompt + output token limit; unset: min(the checkpoint's, 4096)")
     max_num_seqs: int = option(16, "most requests in one batch")
     max_num_batched_tokens: int = option(2048, "tokens computed per step (a longer prefill is chunked to fit)")
@@ -76,6 +81,14 @@ class EngineConfig:
                                    "plain sampling)")
     calibration_dir: str | None = option(None, "folder of Saguaro calibrations; unset: the repo's configs/")
     draft_timeout_s: float = option(30.0, "SSD: seconds after which a draft reply counts as a dead draft")
+    synthetic_acceptance: float | None = option(None, "BENCHMARKING ONLY, outputs are then NOT the target's: "
+                                                      "verification runs the real forwards but accepts each draft "
+                                                      "token with this probability alpha in [0, 1] (the first "
+                                                      "rejection ends the round; the next token is the target "
+                                                      "row's argmax); unset: real verification")
+    synthetic_hit: float | None = option(None, "BENCHMARKING ONLY (SSD): each speculation-cache lookup is a hit "
+                                               "with this probability in [0, 1], served from any cached branch "
+                                               "when the real outcome was not cached; unset: real lookups")
 
     @property
     def weight_layout(self) -> str:
@@ -159,6 +172,17 @@ class EngineConfig:
                f"ssd_critical_batch must be a number >= 0, got {self.ssd_critical_batch!r}")
         _check(isinstance(self.saguaro_c, (int, float)) and not isinstance(self.saguaro_c, bool)
                and 0 <= self.saguaro_c <= 1, f"saguaro_c must be in [0, 1], got {self.saguaro_c!r}")
+        _check(self.load_format in LOAD_FORMATS,
+               f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        for name in ("synthetic_acceptance", "synthetic_hit"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                     and 0 <= value <= 1), f"{name} must be in [0, 1], got {value!r}")
+        _check(self.synthetic_acceptance is None or self.speculative_mode != "ar",
+               "synthetic_acceptance decides draft tokens: it needs speculative_mode sd, ssd or auto, not ar")
+        _check(self.synthetic_hit is None or self.speculative_mode in ("ssd", "auto"),
+               f"synthetic_hit decides SSD cache lookups: it needs speculative_mode ssd (or auto), "
+               f"not {self.speculative_mode}")
         if self.cpu_cores is not None:
             from ssd_engine.distributed.placement import parse_core_sets
             parse_core_sets(self.cpu_cores)  # a malformed spec fails here, naming itself

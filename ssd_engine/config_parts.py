@@ -21,7 +21,7 @@ class ModelConfig:
     cuda_graph_max_batch: int = 0  # 0: eager (enforce_eager or no graphs)
     num_threads: int | None = None
     weight_format: str | None = None  # a draft's resolved format (layers/weight_formats.py); None: dtype's own
-    synthetic_weights: bool = False   # real shapes, constant values, nothing read: timing only (auto_mode/costs.py)
+    load_format: str = "auto"         # auto: the checkpoint; dummy: random weights at its shapes (models/loader.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +57,7 @@ class SSDConfig:
     critical_batch: float | None
     saguaro_c: float
     calibration_dir: str | None
+    synthetic_hit: float | None = None  # benchmarking: P(a lookup hits), drawn on the draft side
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,7 @@ class SpeculativeConfig:
     k: int                        # draft tokens per round (the option num_speculative_tokens)
     draft_timeout_s: float
     ssd: SSDConfig
+    synthetic_acceptance: float | None = None  # benchmarking: P(a draft token is accepted), not the target's law
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +87,8 @@ def build_config(options) -> Config:
     rule, fanout = (options.ssd_fanout, None) if fanout is None else (None, tuple(fanout))
     return Config(
         model=ModelConfig(options.model, options.tokenizer, options.dtype, options.device, options.weight_layout,
-                          options.attention_backend, options.graph_max_batch, options.num_threads),
+                          options.attention_backend, options.graph_max_batch, options.num_threads,
+                          load_format=options.load_format),
         cache=CacheConfig(options.block_size, options.num_kv_blocks, options.kv_cache_memory_gb,
                           options.enable_prefix_caching),
         scheduler=SchedulerConfig(options.max_num_seqs, options.max_num_batched_tokens, options.max_model_len),
@@ -94,5 +97,10 @@ def build_config(options) -> Config:
             options.speculative_mode, options.draft_model, options.draft_dtype, options.num_speculative_tokens, options.draft_timeout_s,
             SSDConfig(rule, fanout, options.ssd_budget, options.ssd_fit_window and fanout is None,
                       options.ssd_fallback, options.ssd_critical_batch, float(options.saguaro_c),
-                      options.calibration_dir)),
+                      options.calibration_dir, _float_or_none(options.synthetic_hit)),
+            _float_or_none(options.synthetic_acceptance)),
         seed=options.seed)
+
+
+def _float_or_none(value: float | None) -> float | None:
+    return None if value is None else float(value)

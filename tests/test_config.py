@@ -114,9 +114,10 @@ def test_generate_parser_has_engine_and_sampling_flags():
 
 
 # non-default values for string fields whose valid values are constrained
-STRING_VALUES = {"speculative_mode": "sd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed",
+STRING_VALUES = {"speculative_mode": "ssd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed",
                  "cpu_cores": "0-1;2", "ssd_fanout": "2", "ssd_fallback": "fast",
-                 "attention_backend": "torch", "draft_dtype": "bf16"}
+                 "attention_backend": "torch", "draft_dtype": "bf16", "load_format": "dummy"}
+PROBABILITIES = ("synthetic_acceptance", "synthetic_hit")  # unset by default; valid in [0, 1]
 
 
 def _non_default_argv(f):
@@ -128,6 +129,8 @@ def _non_default_argv(f):
         return ([flag] if not default else ["--no-" + f.name.replace("_", "-")]), not default
     if kind is float:
         return [flag, str(default / 2)], default / 2
+    if f.name in PROBABILITIES:
+        return [flag, "0.5"], 0.5
     if default is None and str(f.type).startswith("float"):
         return [flag, "3.0"], 3.0
     if kind is int or (default is None and "int" in str(f.type)):

@@ -38,6 +38,11 @@ class BenchOptions:
     out: str
     tag: str
     readme: bool
+    budget: int | None = None                  # SSD's ssd_budget (unset: the engine's)
+    load_format: str = "auto"                  # dummy: random weights from config.json (our engine only)
+    tokenizer: str | None = None               # our engine's tokenizer folder (a dummy model may lack one)
+    synthetic_acceptance: float | None = None  # benchmarking only: drafts accepted at this rate (sd, ssd, auto)
+    synthetic_hit: float | None = None         # benchmarking only: SSD cache lookups hit at this rate
     argv: list[str] = field(default_factory=list)
 
     def placement(self, with_draft: bool) -> str:
@@ -86,6 +91,15 @@ def parse(argv: list[str]) -> BenchOptions:
     p.add_argument("--layout", default="auto", help="our cpu_weight_layout")
     p.add_argument("--fanout", default=None, help="SSD fan-out (default: the engine's, auto from the calibration)")
     p.add_argument("--fallback", default=None, help="SSD miss fallback jit | fast | auto (default: the engine's)")
+    p.add_argument("--budget", type=int, default=None, help="SSD budget B, the fan-out's sum (default: the engine's)")
+    p.add_argument("--load-format", default="auto", choices=("auto", "dummy"),
+                   help="our engine's load_format: dummy builds random weights from config.json (no checkpoint)")
+    p.add_argument("--tokenizer", default=None, help="our engine's tokenizer folder (default: the model folder)")
+    p.add_argument("--synthetic-acceptance", type=float, default=None, metavar="ALPHA",
+                   help="BENCHMARKING ONLY, outputs are not the target's: sd / ssd / auto accept each draft token "
+                        "with probability ALPHA instead of verifying it")
+    p.add_argument("--synthetic-hit", type=float, default=None, metavar="P",
+                   help="BENCHMARKING ONLY: each SSD cache lookup hits with probability P")
     p.add_argument("--prefix", type=int, default=200, help="prefix length of the forward-cost probes")
     p.add_argument("--reps", type=int, default=3, help="repetitions of each forward-cost probe (0: skip them)")
     p.add_argument("--passes", type=int, default=1,
@@ -109,6 +123,15 @@ def parse(argv: list[str]) -> BenchOptions:
         p.error("--passes must be >= 1")
     if a.temperature < 0:
         p.error("--temperature must be >= 0")
+    for flag, value in (("--synthetic-acceptance", a.synthetic_acceptance), ("--synthetic-hit", a.synthetic_hit)):
+        if value is not None and not 0 <= value <= 1:
+            p.error(f"{flag} must be in [0, 1], got {value}")
+    real_only = [m for m in modes if m.startswith("hf-")]
+    if real_only and (a.load_format != "auto" or a.synthetic_acceptance is not None or a.synthetic_hit is not None):
+        p.error(f"{real_only[0]} runs transformers on the real checkpoint: --load-format dummy and --synthetic-* "
+                f"are our engine's")
+    if a.budget is not None and a.budget < 0:
+        p.error("--budget must be >= 0")
     if a.device != "cpu" and not a.device.startswith("cuda"):
         p.error(f"--device must be cpu or cuda, got {a.device!r}")
     cores, draft_cores = set(_csv(a.cores, int)), set(_csv(a.draft_cores, int))
@@ -133,4 +156,6 @@ def parse(argv: list[str]) -> BenchOptions:
         k=k, draft_dtype=a.draft_dtype, temperature=a.temperature, model=model, draft=draft, device=a.device,
         dtype=a.dtype or ("bfloat16" if a.device.startswith("cuda") else "float32"), tp=a.tp, cores=cores,
         draft_cores=draft_cores, threads=a.threads or max(len(cores) // a.tp, 1), layout=a.layout, fanout=a.fanout,
-        fallback=a.fallback, prefix=a.prefix, reps=a.reps, passes=a.passes, out=out, tag=a.tag, readme=a.readme, argv=list(argv))
+        fallback=a.fallback, prefix=a.prefix, reps=a.reps, passes=a.passes, out=out, tag=a.tag, readme=a.readme, budget=a.budget,
+        load_format=a.load_format, tokenizer=a.tokenizer, synthetic_acceptance=a.synthetic_acceptance,
+        synthetic_hit=a.synthetic_hit, argv=list(argv))

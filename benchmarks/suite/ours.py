@@ -86,7 +86,8 @@ def _draft_tag(llm) -> dict:
 
 def _engine_options(opts, with_draft: bool) -> dict:
     options = dict(num_threads=opts.threads, max_num_seqs=max(opts.batch), enable_prefix_caching=False,
-                   device=opts.device, dtype=opts.dtype, tensor_parallel_size=opts.tp)
+                   device=opts.device, dtype=opts.dtype, tensor_parallel_size=opts.tp, load_format=opts.load_format,
+                   tokenizer=opts.tokenizer)
     if opts.device == "cpu":
         options["cpu_weight_layout"] = opts.layout
         if opts.tp > 1 or with_draft:
@@ -95,8 +96,23 @@ def _engine_options(opts, with_draft: bool) -> dict:
 
 
 def _ssd_options(opts) -> dict:
-    """The SSD knobs the user set (unset: the engine's defaults)."""
-    return {key: value for key, value in (("ssd_fanout", opts.fanout), ("ssd_fallback", opts.fallback)) if value}
+    """The SSD knobs the user set (unset: the engine's defaults), synthetic hits included."""
+    chosen = (("ssd_fanout", opts.fanout), ("ssd_fallback", opts.fallback), ("ssd_budget", opts.budget),
+              ("synthetic_hit", opts.synthetic_hit))
+    return {key: value for key, value in chosen if value is not None}
+
+
+def _draft_options(opts) -> dict:
+    """What every engine with a draft takes: its format and, when set, the synthetic acceptance."""
+    synthetic = {} if opts.synthetic_acceptance is None else {"synthetic_acceptance": opts.synthetic_acceptance}
+    return {"draft_dtype": opts.draft_dtype, **synthetic}
+
+
+def probe_sizes(opts) -> list[int]:
+    """Target forward sizes the cost probes time: 1, 2, 4, 8 rows, every verification (K + 1), and
+    per batch size b its decode step (b rows) and verification (b (K + 1) rows)."""
+    sizes = {1, 2, 4, 8} | {k + 1 for k in opts.k}
+    return sorted(sizes | {b for b in opts.batch} | {b * (k + 1) for b in opts.batch for k in opts.k})
 
 
 def _wide(opts):
@@ -114,7 +130,7 @@ def run_ar(opts, prompt_sets: dict, progress, mode: str = "ar") -> dict:
     with LLM(opts.model, speculative_mode="ar", **_engine_options(opts, False)) as llm:
         rows = _cells(llm, opts, prompt_sets, mode, progress, ran="ar")
         costs = {"target_forward_s": forward_costs(llm.engine.runner, llm.engine.block_manager, llm.engine.config,
-                                                   opts, sorted({1, 2, 4, 8} | {k + 1 for k in opts.k}))}
+                                                   opts, probe_sizes(opts))}
         peaks = engine_peaks(llm)
     return {"rows": rows, "costs": costs, "peaks": peaks}
 
@@ -130,14 +146,15 @@ def run_sd(opts, prompt_sets: dict, progress, mode: str = "sd") -> dict:
     rows, costs, peaks = [], {}, {}
     for k in opts.k:
         with LLM(opts.model, draft_model=opts.draft, speculative_mode="sd", num_speculative_tokens=k,
-                 draft_dtype=opts.draft_dtype, **_engine_options(opts, False)) as llm:
+                 **_draft_options(opts), **_engine_options(opts, False)) as llm:
             rows += _cells(llm, opts, prompt_sets, mode, progress, k=k, ran="sd", tags=_draft_tag(llm))
             engine = llm.engine
             if k == max(opts.k):  # its positions cover every verification width measured
+                draft = forward_costs(engine.speculator.runner, engine.speculator.blocks, engine.config, opts,
+                                      sorted({1} | set(opts.batch)))
                 costs = {"target_forward_s": forward_costs(engine.runner, engine.block_manager, engine.config, opts,
                                                            sorted({1} | {n + 1 for n in opts.k})),
-                         "draft_step_s": forward_costs(engine.speculator.runner, engine.speculator.blocks,
-                                                       engine.config, opts, [1]).get(1)}
+                         "draft_step_s": draft.get(1), "draft_forward_s": draft}
             peaks = merge_peaks(peaks, engine_peaks(llm))
     return {"rows": rows, "costs": costs, "peaks": peaks}
 
@@ -155,7 +172,7 @@ def run_ssd(opts, prompt_sets: dict, progress) -> dict:
     rows, peaks = [], {}
     for k in opts.k:
         with LLM(opts.model, draft_model=opts.draft, speculative_mode="ssd", num_speculative_tokens=k,
-                 draft_dtype=opts.draft_dtype, **_engine_options(opts, True), **_ssd_options(opts)) as llm:
+                 **_draft_options(opts), **_engine_options(opts, True), **_ssd_options(opts)) as llm:
             rows += _cells(llm, opts, prompt_sets, "ssd", progress, k=k, ran="ssd", tags=_draft_tag(llm))
             peaks = merge_peaks(peaks, engine_peaks(llm))
     return {"rows": rows, "costs": {}, "peaks": peaks}
@@ -178,7 +195,7 @@ def run_auto(opts, prompt_sets: dict, progress) -> dict:
     pin(every, len(every), opts.device)
     from ssd_engine import LLM
     options = {**_engine_options(opts, True), "num_threads": None}  # the engine sizes each side's threads
-    with LLM(opts.model, draft_model=opts.draft, speculative_mode="auto", draft_dtype=opts.draft_dtype,
+    with LLM(opts.model, draft_model=opts.draft, speculative_mode="auto", **_draft_options(opts),
              **options, **_ssd_options(opts)) as llm:
         ran, k, tags = auto_tags(llm)
         rows = _cells(llm, opts, prompt_sets, "auto", progress, k=k, ran=ran, tags=tags)

@@ -266,13 +266,27 @@ def _draft_setting(raw: dict) -> str:
     return f", draft weights {raw['draft_dtype']} (--draft-dtype)" if raw.get("draft_dtype") else ""
 
 
+def _synthetic_setting(raw: dict) -> str:
+    """What stood in for real weights or real outcomes (older result files have none of it)."""
+    parts = []
+    if raw.get("load_format", "auto") != "auto":
+        parts.append(f"load_format {raw['load_format']} (random weights)")
+    if raw.get("synthetic_acceptance") is not None:
+        parts.append(f"synthetic acceptance alpha = {raw['synthetic_acceptance']}")
+    if raw.get("synthetic_hit") is not None:
+        parts.append(f"synthetic SSD hit rate p = {raw['synthetic_hit']}")
+    synthetic = raw.get("synthetic_acceptance") is not None or raw.get("synthetic_hit") is not None
+    return "; **" + ", ".join(parts) + (": speculative outputs are not the target's" if synthetic else "") + "**" \
+        if parts else ""
+
+
 def render(raw: dict) -> str:
     lines = [f"# Benchmark, {raw['date']}", "",
              f"- Machine: {raw['machine']}", f"- Placement: {raw['placement']}",
              f"- Target: `{raw['target']}`", f"- Draft: `{raw['draft']}`", f"- Command: `{raw['command']}`",
              f"- Settings: temperature {raw['temperature']}, {raw['new_tokens']} new tokens per prompt (EOS ignored), "
              f"{raw['num_prompts']} prompts per set, batch sizes {raw['batch']}, K {raw['k']}, {raw['dtype']}"
-             f"{_draft_setting(raw)}; "
+             f"{_draft_setting(raw)}{_synthetic_setting(raw)}; "
              "decode tok/s = tokens after each request's first / time after the batch's last first token; "
              "e2e tok/s includes prefill; acceptance = accepted / drafted, mean acceptance length = tokens per "
              "verification round incl. the bonus (vLLM definitions); hit rate = SSD cache hits after a sequence's "

@@ -69,8 +69,20 @@ def survey(config: EngineConfig) -> Survey:
     calibrations = find_calibrations(target_path, draft_path, config.calibration_dir or CONFIG_DIR)
     how = (f"{'cached ' if cached else ''}costs measured on {len(every)} core(s) in {measured.seconds:.0f} s, "
            f"acceptance from {'the pair calibration' if calibrations else 'defaults (no calibration)'}")
-    return Survey(every, target_cores, draft_cores, measured,
-                  Acceptance.from_calibration(calibrations[0] if calibrations else None), how)
+    acceptance = with_synthetic(Acceptance.from_calibration(calibrations[0] if calibrations else None), config)
+    if config.synthetic_acceptance is not None or config.synthetic_hit is not None:
+        how += " (synthetic_acceptance / synthetic_hit replace what they set)"
+    return Survey(every, target_cores, draft_cores, measured, acceptance, how)
+
+
+def with_synthetic(acceptance: Acceptance, config: EngineConfig) -> Acceptance:
+    """Benchmarking: under synthetic_acceptance every draft is accepted with probability alpha, and
+    under synthetic_hit a lookup hits with probability p whatever the fan-out (r = 0)."""
+    if config.synthetic_acceptance is not None:
+        acceptance = replace(acceptance, position_rates=(float(config.synthetic_acceptance),))
+    if config.synthetic_hit is not None:
+        acceptance = replace(acceptance, miss_by_fanout=(1.0 - config.synthetic_hit,), r=0.0)
+    return acceptance
 
 
 def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
@@ -117,7 +129,9 @@ def _apply(config: EngineConfig, choice: ModeChoice, every, target_cores, draft_
         return replace(config, speculative_mode="ssd", num_speculative_tokens=choice.k, ssd_budget=budget,
                        draft_dtype=measured.ssd_format,
                        cpu_cores=";".join(",".join(map(str, s)) for s in (target_cores, draft_cores)))
+    # the benchmarking-only options of modes not chosen are dropped: they would not apply
     if choice.mode == "sd":
         return replace(config, speculative_mode="sd", num_speculative_tokens=choice.k, draft_dtype=measured.sd_format,
-                       cpu_cores=together, num_threads=config.num_threads or len(every))
-    return replace(config, speculative_mode="ar", cpu_cores=together, num_threads=config.num_threads or len(every))
+                       cpu_cores=together, num_threads=config.num_threads or len(every), synthetic_hit=None)
+    return replace(config, speculative_mode="ar", cpu_cores=together, num_threads=config.num_threads or len(every),
+                   synthetic_acceptance=None, synthetic_hit=None)

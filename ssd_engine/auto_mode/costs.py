@@ -7,7 +7,7 @@ Four curves, seconds per forward by rows after a PREFIX-token context:
 - the SD draft on every core (its one-row steps);
 - the SSD draft on its own cores (glue and branch steps).
 Each draft runs in the weight format it will use (engine/draft_format.py). The models are built
-at their real shapes and formats with TIMED_LAYERS synthetic layers (a forward's cost does not
+at their real shapes and formats with TIMED_LAYERS layers of dummy weights (a forward's cost does not
 depend on the values, every layer costs the same, nothing is read from disk), timed, scaled to
 the whole model and dropped before the engine loads its own: ~20 s on the default pair, with a
 progress bar. The result is cached under the cache directory, keyed by the machine fingerprint
@@ -112,7 +112,7 @@ def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, d
             target_cores: list[int], draft_cores: list[int]) -> MeasuredCosts:
     started = time.perf_counter()
     every = sorted(set(target_cores) | set(draft_cores))
-    draft_hf = load_config(draft.path)
+    draft_hf = load_config(draft.path, "dummy")
     sd_format = draft_format.resolve(draft_dtype, draft_hf, "cpu", [(1, 4)], every, len(every), cache_dir)
     ssd_format = (draft_format.resolve(draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores),
                                        cache_dir) if draft_cores else sd_format)
@@ -140,11 +140,12 @@ def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, d
 
 
 def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
-    """The model in its real format and shapes, with TIMED_LAYERS of its decoder layers and
-    synthetic weights: a forward's cost does not depend on the values, every layer costs the same,
-    and nothing is read from disk (seconds, where building the whole model takes tens)."""
-    changes = {"synthetic_weights": True} | ({"dtype": fmt.dtype, "weight_format": fmt.name} if fmt else {})
-    hf_config = load_config(model.path)
+    """The model in its real format and shapes, with TIMED_LAYERS of its decoder layers and dummy
+    weights (models/loader.py: random normal floats): a forward's cost does not depend on the
+    values, every layer costs the same, and nothing is read from disk (seconds, where building the
+    whole model takes tens)."""
+    changes = {"load_format": "dummy"} | ({"dtype": fmt.dtype, "weight_format": fmt.name} if fmt else {})
+    hf_config = load_config(model.path, "dummy")
     layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)
     runner = RunnerSpec(replace(model, **changes), CacheConfig(BLOCK, PAGES), PREFIX + max(DRAFT_ROWS) + 1).build(

@@ -9,7 +9,7 @@ import time
 from dataclasses import replace
 
 import torch
-from transformers import AutoTokenizer, GenerationConfig
+from transformers import GenerationConfig
 
 from ssd_engine.auto_mode.choose import resolve_auto, size_ssd
 from ssd_engine.config import EngineConfig
@@ -19,6 +19,7 @@ from ssd_engine.engine.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.preflight import check_before_loading
 from ssd_engine.engine.scheduler import Scheduler
+from ssd_engine.engine.tokenizer_source import load_tokenizer
 from ssd_engine.engine.core import Outcome, ScheduledBatch, Sequence, SequenceStatus
 from ssd_engine.distributed.launch import close_at_exit, start_tensor_parallel, torchrun_world
 from ssd_engine.distributed.placement import available_cores, parse_core_sets, pin, plan_core_sets, unpin
@@ -26,6 +27,7 @@ from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.models.loader import load_config
 from ssd_engine.outputs import RequestMetrics, RequestOutput
+from ssd_engine.sampling.synthetic import synthetic_acceptance
 from ssd_engine.sampling.verifier import StepResult, Verifier
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.sampling_params import SamplingParams
@@ -65,9 +67,10 @@ class LLMEngine:
             # a default draft's first-run conversion happens here, before any weights are loaded,
             # so its working memory never adds to a loaded target's
             resolve_model_path(config, "draft")
-        self.hf_config = load_config(self.model_path)
+        self.hf_config = load_config(self.model_path, parts.model.load_format)
         check_splittable(self.hf_config, parts.parallel.tensor_parallel_size)
-        self.tokenizer = AutoTokenizer.from_pretrained(parts.model.tokenizer or self.model_path)
+        self.tokenizer = load_tokenizer(self.model_path, parts.model.tokenizer, parts.model.load_format,
+                                        self.hf_config.vocab_size)
         self.max_model_len = self._max_model_len()
         self.device = torch.device(parts.model.device)
         dtype = DTYPES[parts.model.dtype]
@@ -85,7 +88,8 @@ class LLMEngine:
                                    parts.scheduler.max_num_batched_tokens)
         self.scheduler.release_hooks.append(self.runner.release)  # tensor-parallel workers forget freed tables
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
-        self.verifier = Verifier(stream_generator(parts.seed, Stream.TARGET, device=self.device))  # unseeded requests
+        self.verifier = Verifier(stream_generator(parts.seed, Stream.TARGET, device=self.device),  # unseeded requests
+                                 synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed))
         self.spec_metrics = SpecMetrics(parts.speculative.k)
         if parts.speculative.mode == "sd":
             self.speculator = build_sync_draft(config, self, spec)

@@ -69,19 +69,19 @@ class RunnerSpec:
         device = torch.device(model.device)
         if device.type == "cuda" and tp.rank > 0:
             device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
-        return ModelRunner(model.path, hf_config or load_config(model.path), num_kv_blocks=self.cache.num_kv_blocks,
+        return ModelRunner(model.path, hf_config or load_config(model.path, model.load_format), num_kv_blocks=self.cache.num_kv_blocks,
                            block_size=self.cache.block_size, max_position=self.max_position,
                            dtype=DTYPES[model.dtype], device=device, weight_layout=model.weight_layout, tp=tp,
                            attention_backend=model.attention_backend,
                            cuda_graph_max_batch=model.cuda_graph_max_batch, weight_format=model.weight_format,
-                           synthetic_weights=model.synthetic_weights)
+                           load_format=model.load_format)
 
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_position: int,
                  dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
                  tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0,
-                 weight_format: str | None = None, synthetic_weights: bool = False) -> None:
+                 weight_format: str | None = None, load_format: str = "auto") -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
@@ -92,7 +92,7 @@ class ModelRunner:
             row_padding.measure_once(dtype, fingerprint(sorted(os.sched_getaffinity(0)), torch.get_num_threads()),
                                      str(cache_dir()))
         self.model = build_model(model_path, hf_config, max_position, dtype, device, self.tp,
-                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, synthetic=synthetic_weights)
+                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=load_format)
         self.attention_backend = select_backend(attention_backend, device, block_size)
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = self.attention_backend

@@ -7,13 +7,13 @@ from ssd_engine.models.loader import load_config
 
 
 def check_before_loading(config: EngineConfig) -> None:
-    """Raise ValueError for a model folder that cannot load (missing, no config.json or weights,
-    unsupported architecture) or a missing calibration_dir. The built-in default pair (None) is
+    """Raise ValueError for a model folder that cannot load (missing, no config.json, no weights
+    unless load_format is dummy, unsupported architecture) or a missing calibration_dir. The built-in default pair (None) is
     resolved later: resolving it may mean converting it."""
     folders = [config.model] + ([config.draft_model] if config.speculative_mode != "ar" else [])
     for path in folders:
         if path is not None:
-            load_config(path)
+            load_config(path, config.load_format)
     if config.speculative_mode in ("ssd", "auto") and config.calibration_dir is not None \
             and not os.path.isdir(config.calibration_dir):
         raise ValueError(f"calibration_dir not found: {config.calibration_dir}")

@@ -14,17 +14,25 @@ from ssd_engine.models import model_class_for
 from ssd_engine.progress import progress_enabled
 
 
-def check_model_dir(path: str) -> None:
+LOAD_FORMATS = ("auto", "dummy")
+DUMMY_RANGE = 1e-3  # vLLM's dummy weights: uniform(-1e-3, 1e-3)
+DUMMY_SEED = 0
+DUMMY_POOL = 4_000_037  # seeded draws every dummy weight is copied from (16 MB of fp32)
+
+
+def check_model_dir(path: str, load_format: str = "auto") -> None:
+    """`load_format="dummy"` needs config.json only: the weights are made up, not read."""
     if not os.path.isdir(path):
         raise ValueError(f"model directory not found: {path}")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"no config.json in model directory {path}")
-    if not glob(os.path.join(path, "*.safetensors")):
-        raise ValueError(f"no *.safetensors weights in model directory {path}")
+    if load_format != "dummy" and not glob(os.path.join(path, "*.safetensors")):
+        raise ValueError(f"no *.safetensors weights in model directory {path} (load_format='dummy' builds random "
+                         f"weights from config.json alone)")
 
 
-def load_config(path: str):
-    check_model_dir(path)
+def load_config(path: str, load_format: str = "auto"):
+    check_model_dir(path, load_format)
     config = AutoConfig.from_pretrained(path)
     if getattr(config, "use_sliding_window", False):
         raise ValueError(f"sliding-window attention (use_sliding_window=true in {path}) is not supported")
@@ -34,23 +42,56 @@ def load_config(path: str):
 
 def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device, tp=None,
                 progress: bool = True, on_module_loaded: Callable[[str, nn.Module], None] | None = None,
-                synthetic: bool = False):
+                load_format: str = "auto"):
     """Build the model (this rank's slice when `tp` has more than one rank) and load its weights;
     `on_module_loaded(name, module)` runs once per module as soon as all its parameters are loaded.
-    `synthetic`: no checkpoint is read; every weight holds one small constant (real shapes and
-    formats, arbitrary values: for timing a forward, as auto_mode/costs.py does)."""
+    `load_format="dummy"`: nothing is read; every parameter is drawn uniform(-1e-3, 1e-3) on the
+    device (vLLM's dummy weights): real shapes and formats, meaningless values, for speed."""
+    if load_format not in LOAD_FORMATS:
+        raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     cls = model_class_for(config)
     with torch.device(device):
         model = cls(config, max_position, tp).to(dtype)
-    if synthetic:
-        for name, module in model.named_modules():
-            for param in module.parameters(recurse=False):
-                param.data.fill_(0.01)  # normal floats: uninitialised memory may hold slow denormals
-            if on_module_loaded is not None:
-                on_module_loaded(name, module)
+    if load_format == "dummy":
+        fill_dummy_weights(model, on_module_loaded)
         return model.eval()
     load_weights(model, path, progress=progress and progress_enabled(), on_module_loaded=on_module_loaded)
     return model.eval()
+
+
+@torch.no_grad()
+def fill_dummy_weights(model: nn.Module, on_module_loaded: Callable[[str, nn.Module], None] | None = None) -> None:
+    """Uniform(-1e-3, 1e-3) in every parameter, module by module (each module's hook runs as soon
+    as it is filled, as when loading). The values are normal floats in fp32 and bf16 alike
+    (uninitialised memory may hold denormals, which run far slower on x86), and random rather than
+    constant so the matmuls read varied data; seeded, so every build of a shape is the same model.
+
+    Drawing every value costs ~10 ns on a CPU core (a minute for a 1.5B model), so the values
+    are copied from one seeded pool of DUMMY_POOL draws, each parameter starting at its own
+    offset: a matmul's speed depends on the shapes and the values' kind, not on which draws."""
+    device = next(model.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(DUMMY_SEED)
+    pool = torch.empty(DUMMY_POOL, device=device).uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=generator)
+    pools = {torch.float32: pool}
+    offset = 0
+    for name, module in model.named_modules():
+        for param in module.parameters(recurse=False):
+            if param.dtype not in pools:
+                pools[param.dtype] = pool.to(param.dtype)
+            _fill_tiled(param.data.view(-1), pools[param.dtype], offset)
+            offset += 1_000_003  # a prime: no two parameters start alike, no row aligns with the pool
+        if on_module_loaded is not None:
+            on_module_loaded(name, module)
+
+
+def _fill_tiled(flat: torch.Tensor, pool: torch.Tensor, offset: int) -> None:
+    """flat[i] = pool[(offset + i) % len(pool)]."""
+    done, size = 0, pool.numel()
+    while done < flat.numel():
+        start = (offset + done) % size
+        take = min(flat.numel() - done, size - start)
+        flat[done:done + take].copy_(pool[start:start + take])
+        done += take
 
 
 def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bool = False,

@@ -13,7 +13,9 @@ Streams:
 - DRAFT: the draft's token sampling (SD's colocated draft; the SSD draft process's cached
   branches and just-in-time drafts);
 - BACKUP: the fast backup's random proposals (SSD draft process, or the coordinator's local
-  speculator after a draft failure).
+  speculator after a draft failure);
+- SYNTHETIC: benchmarking only, the draws that stand in for acceptance and cache hits
+  (sampling/synthetic.py), so those options never shift a request's streams.
 
 The salt separates generators of one stream that must not repeat each other: the SSD draft
 process salts with the sequence's token count when it (re)learns a sequence, so a sequence
@@ -32,6 +34,7 @@ class Stream(enum.Enum):
     TARGET = "target"
     DRAFT = "draft"
     BACKUP = "backup"
+    SYNTHETIC = "synthetic"
 
 
 def stream_seed(seed: int, stream: Stream, *salt: int | str) -> int:

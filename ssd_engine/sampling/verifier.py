@@ -3,7 +3,8 @@
 A speculated sequence's K + 1 logit rows verify its K drafts exactly (rejection.py, against the
 q rows the drafts were sampled from); a sequence that reached its end without a speculation
 samples one token; a prefill chunk short of the end gets nothing. Seeded requests draw from their
-own streams, the others from the engine's (`generator`).
+own streams, the others from the engine's (`generator`). With `synthetic` (benchmarking only,
+sampling/synthetic.py) drafts are accepted by its draws instead, and the output is not the target's.
 """
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from ssd_engine.engine.core import Proposal, Sequence
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
+from ssd_engine.sampling.synthetic import BernoulliDraws, verify_synthetic
 
 
 @dataclass
@@ -22,8 +24,9 @@ class StepResult:
 
 
 class Verifier:
-    def __init__(self, generator: torch.Generator) -> None:
+    def __init__(self, generator: torch.Generator, synthetic: BernoulliDraws | None = None) -> None:
         self.generator = generator  # unseeded requests' stream
+        self.synthetic = synthetic  # set: acceptance drawn at a fixed rate (never by default)
 
     def sample_or_verify(self, seqs: list[Sequence], logit_rows: list[list[int]], logits: torch.Tensor,
                          speculated: list[bool], proposal: Proposal | None) -> list[StepResult]:
@@ -47,6 +50,8 @@ class Verifier:
 
     def verify(self, seqs: list[Sequence], proposal: Proposal, target_logits: torch.Tensor):
         """Exact verification of each sequence's K drafts against the target's K + 1 rows."""
+        if self.synthetic is not None:
+            return verify_synthetic(proposal, target_logits, self.synthetic)
         k = proposal.k
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):

@@ -8,6 +8,7 @@ from transformers import AutoTokenizer
 from ssd_engine.default_models import cache_dir
 from ssd_engine.engine import draft_format
 from ssd_engine.engine.model_runner import RunnerSpec
+from ssd_engine.engine.tokenizer_source import has_tokenizer_files
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.saguaro.plan import plan_saguaro
@@ -35,9 +36,13 @@ def draft_path_and_vocab(config, engine) -> tuple[str, int]:
     ids past the tokenizer (embedding padding) or past either model's vocabulary never are."""
     from ssd_engine.default_models import resolve_model_path
     draft_path = resolve_model_path(config, "draft")
-    draft_config = load_config(draft_path)
+    draft_config = load_config(draft_path, config.load_format)
     tokenizer_source = config.tokenizer or engine.model_path
-    if not same_tokenizer_files(tokenizer_source, draft_path):
+    # dummy models from shape configs may have no tokenizer on either side: nothing to compare,
+    # the vocabulary sizes below still bound what the draft may propose
+    tokenizer_less = config.load_format == "dummy" and not (has_tokenizer_files(tokenizer_source)
+                                                            and has_tokenizer_files(draft_path))
+    if not tokenizer_less and not same_tokenizer_files(tokenizer_source, draft_path):
         check_same_tokenizer(engine.tokenizer, AutoTokenizer.from_pretrained(draft_path), engine.model_path, draft_path)
     if config.max_num_batched_tokens < config.num_speculative_tokens + 1:
         raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} cannot fit one verification of "
@@ -67,7 +72,7 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
                                engine, [(1, 1), (k + 1, 1), (max(branch_rows, 1), k)], cores, threads)
     spec = DraftSpec(runner, parts.speculative.k, vocab, tuple((t, tuple(f)) for t, f in plan.fanouts),
                      parts.speculative.ssd.saguaro_c, parts.scheduler.max_num_seqs, parts.seed,
-                     parts.speculative.ssd.fit_window)
+                     parts.speculative.ssd.fit_window, parts.speculative.ssd.synthetic_hit)
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
                             stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
                             engine.device, plan)
@@ -88,7 +93,7 @@ def with_draft_format(spec: RunnerSpec, option: str, engine, workload: list[tupl
                       cores: list[int] | None, threads: int) -> RunnerSpec:
     """The draft's spec in the weight format `option` resolves to on the cores it will run on
     (engine/draft_format.py); the engine keeps the choice to report it."""
-    chosen = draft_format.resolve(option, load_config(spec.model.path), spec.model.device, workload, cores, threads,
+    chosen = draft_format.resolve(option, load_config(spec.model.path, spec.model.load_format), spec.model.device, workload, cores, threads,
                                   cache_dir())
     engine.draft_format = chosen
     return spec.with_model(dtype=chosen.dtype, weight_format=chosen.name if spec.model.device == "cpu" else None)

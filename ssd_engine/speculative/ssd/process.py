@@ -30,6 +30,7 @@ class DraftSpec:
     max_num_seqs: int
     seed: int
     fit_window: bool = False  # shrink builds that outlast the verification (draft/build_budget.py)
+    synthetic_hit: float | None = None  # benchmarking: P(a lookup hits), whatever the cache holds
 
     def to_args(self) -> dict:
         """Plain values for the child's JSON arguments."""

@@ -7,6 +7,7 @@
 import time
 
 from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.sampling.synthetic import BernoulliDraws, synthetic_draws
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
@@ -18,8 +19,9 @@ from ssd_engine.speculative.ssd.source import Source
 
 class DraftServer:
     def __init__(self, trunk: Trunk, builder: CacheBuilder, fanouts: list, seed: int,
-                 budget: BuildBudget | None = None) -> None:
+                 budget: BuildBudget | None = None, synthetic_hits: BernoulliDraws | None = None) -> None:
         self.trunk, self.builder, self.seed = trunk, builder, seed
+        self.synthetic_hits = synthetic_hits  # benchmarking: hit or miss drawn, not looked up
         self.fanouts = fanouts  # [(temperature, F_0..F_K)]: a sequence takes the nearest temperature's
         self.budget = budget    # None: every build prepares the planned fan-out
         self.seqs: dict[int, DraftSeq] = {}
@@ -55,7 +57,21 @@ class DraftServer:
             key = (e.accepted, e.tokens[-1]) if e.accepted >= 0 and seq.sent is not None else None
             seq.bonus_rank = bonus_rank(seq, *key) if key and seq.ranked else -1
             seq.sent, seq.ranked = None, None
-            seq.cache = {key: seq.cache[key]} if key in seq.cache else {}
+            seq.cache = self._kept(seq.cache, key)
+
+    def _kept(self, cache: dict, key) -> dict:
+        """The cache entry the next lookup may serve: the one built for the outcome (empty: a miss).
+        Under synthetic_hit a draw decides instead: a hit serves the outcome's entry, or any
+        built branch when the outcome was not among them (its tokens were drafted for another
+        outcome: only the cost is real); a miss drops even the outcome's entry. No branch built
+        (a first round, budget 0), nothing to serve: a miss without a draw."""
+        if self.synthetic_hits is None:
+            return {key: cache[key]} if key in cache else {}
+        if key is None or not cache:
+            return {}
+        if not self.synthetic_hits.draw(1)[0]:
+            return {}
+        return {key: cache[key] if key in cache else next(iter(cache.values()))}
 
     def lookup(self, wanted: list[int], backup: Source = Source.JIT) -> list[Speculation]:
         """The next speculation of each wanted sequence: from the cache, else from `backup`
@@ -126,13 +142,16 @@ def fanout_for(fanouts: list, temperature: float) -> list[int]:
 
 
 def new_server(runner, num_blocks: int, block_size: int, k: int, vocab: int, fanouts: list, saguaro_c: float,
-               max_num_seqs: int, seed: int, fit_window: bool = False) -> DraftServer:
+               max_num_seqs: int, seed: int, fit_window: bool = False,
+               synthetic_hit: float | None = None) -> DraftServer:
     """`runner`'s cache must hold num_blocks pages for trunks plus scratch_slots(...) for branches.
-    `fit_window`: shrink builds that outlast the target's verification (build_budget.py)."""
+    `fit_window`: shrink builds that outlast the target's verification (build_budget.py);
+    `synthetic_hit` (benchmarking only): the probability that a lookup hits, drawn per lookup."""
     blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     trunk = Trunk(runner, blocks, k, vocab, saguaro_c)
     builder = CacheBuilder(trunk, num_blocks * block_size, max_branches(fanouts, max_num_seqs))
-    return DraftServer(trunk, builder, fanouts, seed, BuildBudget() if fit_window else None)
+    return DraftServer(trunk, builder, fanouts, seed, BuildBudget() if fit_window else None,
+                       synthetic_draws(synthetic_hit, seed, "cache hits"))
 
 
 def max_branches(fanouts: list, max_num_seqs: int) -> int:

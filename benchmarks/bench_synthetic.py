@@ -1,0 +1,149 @@
+"""Speed without meaningful weights: AR, SD and SSD on random weights at real shapes
+(load_format="dummy") with acceptance and SSD cache hits drawn at set rates (synthetic_acceptance
+alpha, synthetic_hit p), next to the paper's predictions from the same run's measured costs.
+
+    python benchmarks/bench_synthetic.py                     # the default pair's shapes, alpha 0.5,0.7,0.9
+    python benchmarks/bench_synthetic.py --target configs/shapes/qwen2.5-7b --k 2,4 --budget 2,4,8 --batch 1,4
+
+Sweeps alpha, K, the SSD budget B (the fan-out's sum) and the hit rate p, at each batch size: AR
+runs once, SD once per alpha (every K), SSD once per (alpha, B, p) (every K), each in its own
+pinned process through the bench suite (benchmarks/suite/): AR and SD on --cores, SSD's draft
+process on --draft-cores. Prompts are random token ids (a shape folder has no tokenizer). Writes
+benchmarks/results/DATE-synthetic[-TAG].md (tables), .json (every number) and .png (speedups
+against alpha, and measured against predicted); how predictions are computed:
+benchmarks/suite/synthetic_report.py.
+"""
+import argparse
+import datetime
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)  # suite/
+SHAPES = os.path.join(REPO, "configs", "shapes")
+
+
+def _csv(text: str, cast=str) -> list:
+    return [cast(x.strip()) for x in text.split(",") if x.strip()]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python benchmarks/bench_synthetic.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=os.path.join(SHAPES, "qwen2.5-coder-1.5b-instruct"),
+                   help="target folder (config.json is enough; default: the default target's shapes)")
+    p.add_argument("--draft", default=os.path.join(SHAPES, "qwen2.5-coder-0.5b-instruct"),
+                   help="draft folder (default: the default draft's shapes)")
+    p.add_argument("--alpha", default="0.5,0.7,0.9", help="synthetic acceptance rates, comma-separated")
+    p.add_argument("--k", default="2,4", help="draft lengths K")
+    p.add_argument("--budget", default="4", help="SSD budgets B (the fan-out's sum)")
+    p.add_argument("--hit", default="0.9", help="SSD synthetic hit rates p")
+    p.add_argument("--batch", default="1", help="batch sizes")
+    p.add_argument("--fallback", default="jit", choices=("jit", "fast", "auto"), help="what an SSD miss takes")
+    p.add_argument("--draft-dtype", default="auto", choices=("auto", "fp32", "bf16", "int8", "int4"))
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens per random-id prompt")
+    p.add_argument("--num-prompts", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--cores", default="0", help="cores of the target (and AR, SD)")
+    p.add_argument("--draft-cores", default="1", help="cores of the SSD draft process")
+    p.add_argument("--prefix", type=int, default=128, help="prefix length of the forward-cost probes")
+    p.add_argument("--reps", type=int, default=2, help="repetitions of each forward-cost probe (best counts)")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--tag", default="")
+    a = p.parse_args(argv)
+    a.alpha, a.k, a.batch = _csv(a.alpha, float), _csv(a.k, int), _csv(a.batch, int)
+    a.budget, a.hit = _csv(a.budget, int), _csv(a.hit, float)
+    if not all(0 <= v <= 1 for v in a.alpha + a.hit):
+        p.error("--alpha and --hit take rates in [0, 1]")
+    if a.reps < 1:
+        p.error("--reps must be >= 1: the predictions need the measured forward costs")
+    return a
+
+
+def random_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Token ids every model of the pair has (no tokenizer needed), the same on every run."""
+    import torch
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (count, length), generator=generator).tolist()
+
+
+def shown(path: str) -> str:
+    """A folder as the report names it: relative to the repository when inside it."""
+    full = os.path.abspath(path)
+    return os.path.relpath(full, REPO) if full.startswith(REPO + os.sep) else os.path.basename(full)
+
+
+def bench_argv(a, mode: str, alpha: float | None = None, budget: int | None = None, hit: float | None = None):
+    """bench.py's flags for one mode of the sweep (parsed, and validated, by suite/options.py)."""
+    argv = ["--model", a.target, "--draft", a.draft, "--mode", mode, "--load-format", "dummy",
+            "--k", ",".join(map(str, a.k)), "--batch", ",".join(map(str, a.batch)), "--draft-dtype", a.draft_dtype,
+            "--new-tokens", str(a.new_tokens), "--cores", a.cores, "--draft-cores", a.draft_cores,
+            "--prefix", str(a.prefix), "--reps", str(a.reps), "--fallback", a.fallback]
+    if alpha is not None:
+        argv += ["--synthetic-acceptance", str(alpha)]
+    if budget is not None:
+        argv += ["--budget", str(budget), "--synthetic-hit", str(hit)]
+    return argv
+
+
+def run_sweep(a) -> dict:
+    from suite import isolate, options
+    from suite.machine import machine_line
+    from ssd_engine.machine import describe
+    from ssd_engine.models.loader import load_config
+
+    vocab = min(load_config(a.target, "dummy").vocab_size, load_config(a.draft, "dummy").vocab_size)
+    prompt_sets = {"random-ids": random_prompts(a.num_prompts, a.prompt_len, vocab)}
+    ar_opts = options.parse(bench_argv(a, "ar"))
+    sweep = {"date": datetime.date.today().isoformat(), "machine": machine_line(), "cpu": describe(),
+             "placement": ar_opts.placement_text(), "target": shown(a.target), "draft": shown(a.draft),
+             "command": "python benchmarks/bench_synthetic.py " + " ".join(a.argv), "prompt_len": a.prompt_len,
+             "num_prompts": a.num_prompts, "new_tokens": a.new_tokens, "fallback": a.fallback, "prefix": a.prefix,
+             "reps": a.reps, "alpha": a.alpha, "k": a.k, "budget": a.budget, "hit": a.hit, "batch": a.batch,
+             "ar": isolate.run_modes(["ar"], ar_opts, prompt_sets)["ar"], "runs": []}
+    for alpha in a.alpha:
+        sd = isolate.run_modes(["sd"], options.parse(bench_argv(a, "sd", alpha)), prompt_sets)["sd"]
+        sweep["runs"].append({"mode": "sd", "alpha": alpha, "rows": sd["rows"],
+                              "draft_forward_s": sd["costs"].get("draft_forward_s")})
+        for budget in a.budget:
+            for hit in a.hit:
+                opts = options.parse(bench_argv(a, "ssd", alpha, budget, hit))
+                ssd = isolate.run_modes(["ssd"], opts, prompt_sets)["ssd"]
+                sweep["runs"].append({"mode": "ssd", "alpha": alpha, "budget": budget, "hit": hit,
+                                      "rows": ssd["rows"], "peaks": ssd["peaks"]})
+    return sweep
+
+
+def write(sweep: dict, out: str, tag: str) -> list[str]:
+    from suite.synthetic_report import cells, markdown, plot
+    lines = cells(sweep)
+    sweep["cells"] = lines
+    os.makedirs(out, exist_ok=True)
+    base = os.path.join(out, f"{sweep['date']}-synthetic" + (f"-{tag}" if tag else ""))
+    text = markdown(sweep, lines)
+    print(text)
+    with open(base + ".md", "w") as f:
+        f.write(text)
+    with open(base + ".json", "w") as f:
+        json.dump(sweep, f)
+    written = [base + ".md", base + ".json"]
+    try:
+        written.append(plot(sweep, lines, base + ".png"))
+    except ImportError as error:
+        print(f"no plot ({error}): pip install matplotlib", file=sys.stderr)
+    print("wrote " + ", ".join(written), file=sys.stderr)
+    return written
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    a = parse(argv)
+    a.argv = argv
+    sweep = run_sweep(a)
+    write(sweep, a.out, a.tag)
+    return sweep
+
+
+if __name__ == "__main__":
+    main()

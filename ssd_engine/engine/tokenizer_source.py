@@ -1,0 +1,49 @@
+"""The engine's tokenizer: the `tokenizer` option's folder, else the model folder's files.
+
+A model loaded with `load_format="dummy"` may come from a folder holding config.json alone (the
+shape configs under configs/shapes/): then there is no tokenizer, and the engine takes prompts as
+token ids only (`TokenIdsOnly`). Speed measurements need no text: benchmarks/bench_synthetic.py
+feeds random token ids. A folder with tokenizer files, or `tokenizer=FOLDER`, gives text prompts back.
+"""
+import os
+
+from transformers import AutoTokenizer
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def has_tokenizer_files(folder: str) -> bool:
+    return any(os.path.isfile(os.path.join(folder, name)) for name in TOKENIZER_FILES)
+
+
+class TokenIdsOnly:
+    """Stands in for a tokenizer where there is none: text prompts are refused in one line, and
+    outputs decode to empty text (their token ids are the output). Only what the engine calls."""
+
+    chat_template = None
+    eos_token_id = None
+
+    def __init__(self, folder: str, vocab_size: int) -> None:
+        self.folder, self.vocab_size = folder, vocab_size
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        raise ValueError(f"{self.folder} has no tokenizer (load_format='dummy' from config.json alone): pass "
+                         f"prompts as token ids, or tokenizer=FOLDER for text")
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
+
+
+def load_tokenizer(model_path: str, tokenizer: str | None, load_format: str, vocab_size: int):
+    """The tokenizer for `model_path`: the `tokenizer` folder if given, else the model folder's; a
+    dummy model whose folder has no tokenizer files gets `TokenIdsOnly`."""
+    source = tokenizer or model_path
+    if tokenizer is None and load_format == "dummy" and not has_tokenizer_files(model_path):
+        return TokenIdsOnly(model_path, vocab_size)
+    return AutoTokenizer.from_pretrained(source)
