@@ -185,6 +185,39 @@ def test_a_hit_replies_with_the_cached_branch(nopad):
     assert server.lookup([0])[0].source == Source.JIT
 
 
+def _hit_then_build(path: str, reuse: bool):
+    """A hit on the k = 1 branch, then the next build: with `reuse` its path's K/V and step logits
+    stand in for the glue, else the glue recomputes them."""
+    k = 3
+    server = _server(path, [1, 1, 1, 1], k)
+    server.apply(Request(entries=[Entry(0, -1, [5, 6, 7, 8, 9, 10, 11, 12, 13], DraftParams())]))
+    server.build([])
+    server.apply(Request(entries=[Entry(0, -1, [14])]))
+    first = server.lookup([0])[0]
+    server.build([0])
+    (outcome, _), = [(key, b) for key, b in server.seqs[0].cache.items() if key[0] == 1]
+    server.apply(Request(entries=[Entry(0, 1, first.tokens[:1] + [outcome[1]])]))
+    second = server.lookup([0])[0]
+    assert second.source == Source.HIT
+    if not reuse:
+        server.builder.paths = {}  # as if another build had overwritten the scratch paths
+    server.build([0])
+    seq = server.seqs[0]
+    slots = [seq.block_table[p // 8] * 8 + p % 8 for p in range(len(seq) - 1, len(seq) + k)]
+    return server, seq, server.trunk.runner.kv_cache[:, :, slots].clone()
+
+
+def test_a_hit_reuses_its_branch_path_instead_of_recomputing_the_glue(nopad):
+    reused_server, reused, kv_reused = _hit_then_build(nopad, reuse=True)
+    glued_server, glued, kv_glued = _hit_then_build(nopad, reuse=False)
+    assert reused_server.builder.glue_rows == 1 and glued_server.builder.glue_rows == 4  # K + 1 rows
+    assert reused.trunk == glued.trunk and reused.sent.tokens == glued.sent.tokens
+    # the copied path's K/V (t*, x_1, x_2) and x_3's are what the glue computes, to fp32 rounding
+    assert torch.allclose(kv_reused, kv_glued, atol=1e-5)
+    assert [r[:5] for r in reused.ranked] == [r[:5] for r in glued.ranked]
+    assert {key: spec.tokens for key, spec in reused.cache.items()} == {key: spec.tokens for key, spec in glued.cache.items()}
+
+
 def test_a_build_that_outlasts_the_verification_shrinks_the_next_and_keeps_its_shape(nopad):
     """The coordinator reports a verification window far shorter than the build: the next build
     decodes fewer branches, the likeliest outcome's kept; a roomy window lets them grow back."""

@@ -181,6 +181,12 @@ class ModelRunner:
             max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
         return as_tensor(ids, torch.long), as_tensor(positions, torch.long), meta
 
+    def copy_kv(self, src_slots: list[int], dst_slots: list[int]) -> None:
+        """Every layer's K and V at src_slots written to dst_slots (a computed path kept as is)."""
+        src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
+        dst = torch.tensor(dst_slots, dtype=torch.long, device=self.device)
+        self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
     @property
     def local(self) -> "ModelRunner":
         """This process's own runner (a tensor-parallel runner answers its rank 0's)."""

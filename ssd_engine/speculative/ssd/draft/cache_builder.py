@@ -8,6 +8,11 @@ For each sequence with a speculation x_1..x_K out for verification:
    bonus; k = K has no exclusion);
 3. decode every branch (k, t*) K steps at once, each attending to its trunk prefix (committed +
    x_1..x_k) and its own path (tree_mask.py), sampling each token and keeping its exact q row.
+
+On a hit the speculation out for verification is a branch this builder decoded: its path already
+holds the K/V of t*, x_1..x_{K-1} at their positions, and its steps' logits are the draft's
+distributions at positions 1..K. The glue then copies that path into the trunk and feeds x_K
+alone (one row instead of K+1), as long as no build has overwritten the scratch path since.
 """
 import time
 
@@ -28,6 +33,11 @@ class CacheBuilder:
         self.step_rows = 0
         self.branch_rows = 0  # the last build's branches over all parts
         self.seconds = 0.0    # the last build: glue and branches
+        self.glue_rows = 0    # the last glue's logit rows (hits that reused their path feed one)
+        # the last build's branches, (seq_id, outcome) -> row, and each step's logits [rows, V]:
+        # what a hit on one of them reuses (kept only while the scratch paths are intact)
+        self.paths: dict[tuple, int] = {}
+        self.step_logits: list[torch.Tensor] = []
 
     def build(self, seqs: list[DraftSeq]) -> None:
         """Fill seq.cache for every sequence (their `sent` speculation must be set), each with its
@@ -37,20 +47,46 @@ class CacheBuilder:
         for seq in seqs:
             seq.cache = {}
             seq.cut_trunk(len(seq) - 1)
+        widest = min(max(RANK_DEPTH, max(max(s.fanout) for s in seqs) + 1), self.trunk.vocab)
+        reused = self._reuse_hit_paths(seqs, widest)  # per sequence: ranks at positions 1..K, or None
+        self.paths, self.step_logits = {}, []
         feeds = [(s.tokens + s.sent.tokens)[len(s.trunk):] for s in seqs]
-        logits = self.trunk.extend(seqs, feeds, k + 1)[:, :, :self.trunk.vocab]  # positions 1..K+1
-        widest = min(max(RANK_DEPTH, max(max(s.fanout) for s in seqs) + 1), logits.shape[-1])
-        top = logits.topk(widest, dim=-1).indices.tolist()  # [S, K+1, widest]
-        for seq, ranked in zip(seqs, top):
-            seq.ranked = ranked
-        self.glue_seconds = time.perf_counter() - started
+        rows = [1 if r is not None else k + 1 for r in reused]
+        logits = self.trunk.extend_each(seqs, feeds, rows)  # positions K+2-rows..K+1
+        top = []
+        for seq, earlier, glued in zip(seqs, reused, logits):
+            seq.ranked = (earlier or []) + glued[:, :self.trunk.vocab].topk(widest, dim=-1).indices.tolist()
+            top.append(seq.ranked)  # [K+1][widest]
+        self.glue_seconds, self.glue_rows = time.perf_counter() - started, sum(rows)
         self.step_seconds, self.step_rows = 0.0, 0
         branch_seq, branch_k, branch_tok = self._candidates(seqs, top)
         self.branch_rows = len(branch_seq)
         for start in range(0, len(branch_seq), self.max_branches):
             part = slice(start, start + self.max_branches)
-            self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part])
+            self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part],
+                         keep_paths=len(branch_seq) <= self.max_branches)  # one part: its paths survive
         self.seconds = time.perf_counter() - started
+
+    def _reuse_hit_paths(self, seqs: list[DraftSeq], widest: int) -> list[list | None]:
+        """For each sequence whose speculation is a branch of the last build (and whose trunk ends
+        just before its bonus token): copy the branch's path K/V (t*, x_1..x_{K-1}) into the trunk
+        and return the top ids of its steps' logits (positions 1..K); None where it must glue."""
+        k, bs, vocab = self.trunk.k, self.trunk.blocks.block_size, self.trunk.vocab
+        out, src, dst = [], [], []
+        for seq in seqs:
+            row = self.paths.get((seq.seq_id, seq.hit_key)) if seq.sent.source == Source.HIT else None
+            if row is None or len(seq.trunk) != len(seq) - 1:
+                out.append(None)
+                continue
+            fork = len(seq) - 1  # t*'s position
+            src += [self.scratch_base + row * k + j for j in range(k)]
+            dst += [seq.block_table[p // bs] * bs + p % bs for p in range(fork, fork + k)]
+            seq.trunk.extend([seq.tokens[-1]] + seq.sent.tokens[:k - 1])
+            steps = torch.stack([step[row, :vocab] for step in self.step_logits])  # [K, vocab]
+            out.append(steps.topk(widest, dim=-1).indices.tolist())
+        if src:
+            self.trunk.runner.copy_kv(src, dst)
+        return out
 
     def _candidates(self, seqs: list[DraftSeq], top: list):
         """Per branch: its sequence index, accepted count k and bonus token t*."""
@@ -66,7 +102,8 @@ class CacheBuilder:
         return branch_seq, branch_k, branch_tok
 
     @torch.no_grad()
-    def _decode(self, seqs: list[DraftSeq], branch_seq: list[int], branch_k: list[int], branch_tok: list[int]) -> None:
+    def _decode(self, seqs: list[DraftSeq], branch_seq: list[int], branch_k: list[int], branch_tok: list[int],
+                keep_paths: bool) -> None:
         trunk, k = self.trunk, self.trunk.k
         device = trunk.runner.device
         rows = len(branch_seq)
@@ -87,6 +124,8 @@ class CacheBuilder:
             meta = branch_metadata(tables, seq_index, visible, max(visible_host), scratch, step, bs)
             logits = trunk.runner.run_metadata(ids, visible + step, meta)
             ids, q = trunk.sample(logits, params, gens, [seqs[i].fanout[step] for i in branch_seq])
+            if keep_paths:
+                self.step_logits.append(logits)
             drawn.append(ids)
             rows_q.append(q)
         if rows > self.step_rows:  # time the widest part: the one a budget is about
@@ -96,6 +135,8 @@ class CacheBuilder:
         for r, (i, accepted, bonus) in enumerate(zip(branch_seq, branch_k, branch_tok)):
             q = None if q_all is None or seqs[i].params.greedy else q_all[r]
             seqs[i].cache[(accepted, bonus)] = Speculation(Source.HIT, tokens[r], q)
+            if keep_paths:
+                self.paths[(seqs[i].seq_id, (accepted, bonus))] = r
 
 
 def bonus_rank(seq: DraftSeq, k: int, bonus: int) -> int:

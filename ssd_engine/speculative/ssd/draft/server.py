@@ -57,7 +57,9 @@ class DraftServer:
             key = (e.accepted, e.tokens[-1]) if e.accepted >= 0 and seq.sent is not None else None
             seq.bonus_rank = bonus_rank(seq, *key) if key and seq.ranked else -1
             seq.sent, seq.ranked = None, None
-            seq.cache = self._kept(seq.cache, key)
+            built, seq.cache = seq.cache, self._kept(seq.cache, key)
+            # the branch's computed path stands in for the glue only if it was built for this outcome
+            seq.hit_key = key if key in built and seq.cache.get(key) is built[key] else None
 
     def _kept(self, cache: dict, key) -> dict:
         """The cache entry the next lookup may serve: the one built for the outcome (empty: a miss).

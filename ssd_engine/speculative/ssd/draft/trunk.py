@@ -29,6 +29,7 @@ class DraftSeq:
     num_computed_tokens: int = 0              # BlockManager bookkeeping; the trunk is the truth
     trunk: list[int] = field(default_factory=list)
     sent: Speculation | None = None           # the speculation the target is verifying
+    hit_key: tuple | None = None              # the outcome whose own cached branch `sent` is (a true hit)
     cache: dict = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
     planned_fanout: list[int] = field(default_factory=list)  # F_0..F_K from the Saguaro plan
     fanout: list[int] = field(default_factory=list)  # F_0..F_K this build prepares (<= planned, build_budget.py)
@@ -77,12 +78,19 @@ class Trunk:
 
     def extend(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: int) -> torch.Tensor:
         """Append feeds[i] to seqs[i]'s trunk; logits of the last `rows` fed positions, [n, rows, V]."""
+        return self._extend(seqs, feeds, [rows] * len(seqs)).view(len(seqs), rows, -1)
+
+    def extend_each(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]) -> list[torch.Tensor]:
+        """extend() with rows[i] logit rows for sequence i: one [rows[i], V] tensor each."""
+        return list(self._extend(seqs, feeds, rows).split(rows))
+
+    def _extend(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
         inputs = StepInputs([len(s.trunk) for s in seqs], feeds, [s.block_table for s in seqs],
-                            [list(range(len(f) - rows, len(f))) for f in feeds])
+                            [list(range(len(f) - n, len(f))) for f, n in zip(feeds, rows)])
         logits = self.runner.run(inputs)
         for seq, fed in zip(seqs, feeds):
             seq.trunk.extend(fed)
-        return logits.view(len(seqs), rows, -1)
+        return logits
 
     def sample(self, logits: torch.Tensor, params: list[DraftParams], generators: list[torch.Generator | None],
                fanouts: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
