@@ -24,6 +24,8 @@ from ssd_engine.speculative.ssd.source import Source
 from ssd_engine.layers.attention import padded_block_tables
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
+KEEP_LOGITS_BYTES = 256 * 2**20  # ~40 branches x K = 4 at a 150k vocabulary; wider builds glue as before
+
 
 class CacheBuilder:
     def __init__(self, trunk: Trunk, scratch_base: int, max_branches: int) -> None:
@@ -63,8 +65,9 @@ class CacheBuilder:
         self.branch_rows = len(branch_seq)
         for start in range(0, len(branch_seq), self.max_branches):
             part = slice(start, start + self.max_branches)
-            self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part],
-                         keep_paths=len(branch_seq) <= self.max_branches)  # one part: its paths survive
+            # one part, so its paths survive; its fp32 step logits held until the next build, within a bound
+            keep = len(branch_seq) <= self.max_branches and len(branch_seq) * k * self.trunk.vocab * 4 <= KEEP_LOGITS_BYTES
+            self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part], keep_paths=keep)
         self.seconds = time.perf_counter() - started
 
     def _reuse_hit_paths(self, seqs: list[DraftSeq], widest: int) -> list[list | None]:
