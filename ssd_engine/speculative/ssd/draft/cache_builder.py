@@ -66,7 +66,8 @@ class CacheBuilder:
         for start in range(0, len(branch_seq), self.max_branches):
             part = slice(start, start + self.max_branches)
             # one part, so its paths survive; its fp32 step logits held until the next build, within a bound
-            keep = len(branch_seq) <= self.max_branches and len(branch_seq) * k * self.trunk.vocab * 4 <= KEEP_LOGITS_BYTES
+            keep = (len(branch_seq) <= self.max_branches
+                    and len(branch_seq) * k * self.trunk.vocab * 4 <= KEEP_LOGITS_BYTES)
             self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part], keep_paths=keep)
         self.seconds = time.perf_counter() - started
 
