@@ -39,7 +39,7 @@ GOAL_OPS_PER_LAYER, GOAL_SYNCS_PER_ROUND = 10, 1
 # ---- 1. ops per decoder layer at real shapes ----------------------------------------------------
 def _runner(path: str, fmt: str | None):
     """`path`'s model with two decoder layers (the first does the step's once-per-step attention
-    work, the second is a plain layer) and synthetic weights, in format `fmt` (None: the target's
+    work, the second is a plain layer) and dummy weights (load_format="dummy"), in format `fmt` (None: the target's
     packed fp32)."""
     from ssd_engine.config_parts import CacheConfig, ModelConfig
     from ssd_engine.engine.model_runner import RunnerSpec
@@ -50,7 +50,7 @@ def _runner(path: str, fmt: str | None):
     layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = 2
     dtype = "float32" if fmt is None or ACTIVATION_DTYPE[fmt] == torch.float32 else "bfloat16"
-    model = ModelConfig(path, None, dtype, "cpu", "packed", weight_format=fmt, synthetic_weights=True)
+    model = ModelConfig(path, None, dtype, "cpu", "packed", weight_format=fmt, load_format="dummy")
     pages = -(-(PREFIX + 2) // BLOCK)
     return RunnerSpec(model, CacheConfig(BLOCK, pages), PREFIX + 2).build(hf_config=hf_config), layers, pages
 
