@@ -19,6 +19,7 @@ SSD_FALLBACKS = ("auto", "jit", "fast")
 DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # auto: the fastest this CPU runs (engine/draft_format.py)
 FANOUT_RULES = ("auto", "geometric", "uniform")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
+COMPILE_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,11 @@ class EngineConfig:
                                 "on AVX2)", DTYPES)
     device: str = option("cpu", "cpu or cuda[:N]")
     num_threads: int | None = option(None, "torch intra-op threads; unset: torch's default")
-    enforce_eager: bool = option(False, "plain weights: no prepacking, no CUDA graphs")
+    enforce_eager: bool = option(False, "plain weights: no prepacking, no CUDA graphs, no compiled forward")
+    compile_model: str = option("auto", "run the model's forward (attention excepted) as one torch.compile region, "
+                                        "in the target and the drafts; auto: off (on a CPU the gain, 3-12% a layer, "
+                                        "does not repay the compile time of a typical run; unmeasured on CUDA)",
+                                COMPILE_MODES)
     attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the pages fit, else "
                                             "triton, on CPU torch; torch is the reference", ATTENTION_BACKENDS)
     cuda_graph_max_batch: int = option(64, "CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this")
@@ -103,6 +108,14 @@ class EngineConfig:
         return "packed"
 
     @property
+    def compiled(self) -> bool:
+        """Whether every runner (target, SD draft, SSD draft) compiles its forward (engine/compiled_model.py).
+        auto is off: on the AMD EPYC of benchmarks/results/2026-11-23-compiled-step.md a compiled step
+        saved 3% (fp32) to 12% (int4) of a layer's time, while each model's two graphs cost ~40 s to
+        compile the first time and ~8 s per start-up after (inductor's cache keeps all but the trace)."""
+        return self.compile_model == "on" and not self.enforce_eager
+
+    @property
     def graph_max_batch(self) -> int:
         """Largest batch CUDA graphs are captured for; 0 = eager."""
         return 0 if self.enforce_eager else self.cuda_graph_max_batch
@@ -143,6 +156,10 @@ class EngineConfig:
                f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "float32" if self.device == "cpu" else "bfloat16")
+        _check(self.compile_model in COMPILE_MODES,
+               f"compile_model must be one of {COMPILE_MODES}, got {self.compile_model!r}")
+        _check(not (self.compile_model == "on" and self.tensor_parallel_size > 1),
+               "compile_model='on' needs tensor_parallel_size=1: tensor parallelism's all-reduces are not compiled")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",

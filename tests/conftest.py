@@ -72,3 +72,29 @@ def small_pair(tmp_path_factory) -> tuple[str, str]:
     from small_pair import build_small_pair
 
     return build_small_pair(str(tmp_path_factory.mktemp("small_pair")))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--compile-model", action="store_true",
+                     help="run every model runner compiled (compile_model='on', engine/compiled_model.py), "
+                          "whatever the test asks: e.g. the greedy and model-equivalence files")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compile_every_runner(request):
+    if not request.config.getoption("--compile-model"):
+        yield
+        return
+    from ssd_engine.config import EngineConfig
+    from ssd_engine.engine.model_runner import ModelRunner
+
+    init = ModelRunner.__init__
+
+    def compiled_init(self, *args, **kwargs):
+        init(self, *args, **{**kwargs, "compile_model": True})
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ModelRunner, "__init__", compiled_init)  # runners built in this process
+        # the SSD draft process builds its runner from the spec's ModelConfig.compile
+        patch.setattr(EngineConfig, "compiled", property(lambda self: not self.enforce_eager))
+        yield

@@ -144,7 +144,10 @@ def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
     weights (models/loader.py: random normal floats): a forward's cost does not depend on the
     values, every layer costs the same, and nothing is read from disk (seconds, where building the
     whole model takes tens)."""
-    changes = {"load_format": "dummy"} | ({"dtype": fmt.dtype, "weight_format": fmt.name} if fmt else {})
+    # eager even when the engine compiles: compiling these throwaway models would cost more than the
+    # few percent it changes a forward's time (engine/compiled_model.py)
+    changes = {"load_format": "dummy", "compile": False} | ({"dtype": fmt.dtype, "weight_format": fmt.name}
+                                                           if fmt else {})
     hf_config = load_config(model.path, "dummy")
     layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)

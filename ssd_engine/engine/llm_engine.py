@@ -261,12 +261,14 @@ class LLMEngine:
         self.scheduler.finish(seq)
 
     def execution(self) -> dict:
-        """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets."""
+        """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets, whether
+        its forward is compiled (and the start-up seconds that took)."""
         runner = self.runner.local  # rank 0's own ModelRunner under tensor parallelism
         graphs = runner.graphs
         described = {"device": str(self.device), "dtype": self.config.dtype,
                      "attention": backend_name(runner.attention_backend),
-                     "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off"}
+                     "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
+                     "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off"}
         described["mode"] = self.mode_choice.describe() if self.mode_choice else self.config.speculative_mode
         if self.draft_format is not None:
             described["draft_format"] = self.draft_format.describe()

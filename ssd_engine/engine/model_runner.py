@@ -17,6 +17,7 @@ from ssd_engine.config_parts import CacheConfig, ModelConfig
 from ssd_engine.default_models import cache_dir
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
+from ssd_engine.engine.compiled_model import CompiledModel
 from ssd_engine.engine.core import ScheduledBatch
 from ssd_engine.engine.cuda_graphs import GraphRunner
 from ssd_engine.layers.attention import AttentionMetadata, padded_block_tables, torch_attention
@@ -74,14 +75,15 @@ class RunnerSpec:
                            dtype=DTYPES[model.dtype], device=device, weight_layout=model.weight_layout, tp=tp,
                            attention_backend=model.attention_backend,
                            cuda_graph_max_batch=model.cuda_graph_max_batch, weight_format=model.weight_format,
-                           load_format=model.load_format)
+                           load_format=model.load_format, compile_model=model.compile)
 
 
 class ModelRunner:
     def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_position: int,
                  dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
                  tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0,
-                 weight_format: str | None = None, load_format: str = "auto") -> None:
+                 weight_format: str | None = None, load_format: str = "auto",
+                 compile_model: bool = False) -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
@@ -96,8 +98,14 @@ class ModelRunner:
         self.attention_backend = select_backend(attention_backend, device, block_size)
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = self.attention_backend
+        # the forward every step runs (and CUDA graphs capture): the model's, or it compiled
+        # (engine/compiled_model.py; tensor parallelism's all-reduces are not traced)
+        self.compiled = CompiledModel(self.model.model) if compile_model and self.tp.size == 1 else None
+        self.hidden = self.compiled or self.model
         self.graphs = self._graph_runner(cuda_graph_max_batch, num_kv_blocks, max_position)
         self._allocate_kv_cache(num_kv_blocks + (self.graphs is not None))  # + the padding rows' page
+        if self.compiled is not None:
+            self.compiled.warm_up(self._throwaway_step)
 
     def _pack(self, name: str, module) -> None:
         """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
@@ -122,7 +130,7 @@ class ModelRunner:
         emulate = os.environ.get("SSD_ENGINE_EMULATE_CUDA_GRAPHS") == "1"
         if cap == 0 or self.attention_backend is torch_attention or not (self.device.type == "cuda" or emulate):
             return None
-        return GraphRunner(self.model, cap=cap, max_pages=-(-max_position // self.block_size),
+        return GraphRunner(self.hidden, cap=cap, max_pages=-(-max_position // self.block_size),
                            block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
                            capture="cuda" if self.device.type == "cuda" else "emulate")
 
@@ -130,7 +138,14 @@ class ModelRunner:
         key = self.graphs and self.graphs.family_key(meta, input_ids.shape[0])
         if key:
             return self.graphs.run(input_ids, positions, meta, key)
-        return self.model(input_ids, positions, meta)
+        return self.hidden(input_ids, positions, meta)
+
+    @torch.inference_mode()
+    def _throwaway_step(self, tokens: int) -> None:
+        """A forward of `tokens` tokens into the first pages, to compile at start-up: no sequence
+        holds a page yet, and each writes its K/V before it reads them."""
+        pages = list(range(-(-tokens // self.block_size)))
+        self._forward(*self.prepare(StepInputs([0], [[0] * tokens], [pages], [[]])))
 
     @torch.inference_mode()
     def capture_graphs(self, keys: list[tuple]) -> None:

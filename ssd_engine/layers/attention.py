@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import ssd_engine.layers.compiled_ops  # noqa: F401  registers torch.ops.ssd_engine.paged_attention
+
 
 @dataclass
 class DenseView:
@@ -109,9 +111,16 @@ class Attention(nn.Module):
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
         self.backend: Backend = torch_attention  # the model runner picks the step's backend
+        self.layer_index = 0  # its place in the model: how a compiled step's attention op finds it
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq * D]."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
+        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq * D]. Inside a compiled step (engine/compiled_model.py)
+        `meta` is None: the opaque op runs `run` on the step's metadata, eagerly (layers/compiled_ops.py)."""
+        if torch.compiler.is_compiling():
+            return torch.ops.ssd_engine.paged_attention(q, k, v, self.layer_index)
+        return self.run(q, k, v, meta)
+
+    def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         self.k_cache[meta.slot_mapping] = k
         self.v_cache[meta.slot_mapping] = v
         out = self.backend(q, self.k_cache, self.v_cache, meta, self.scale)

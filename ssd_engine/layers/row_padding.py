@@ -27,9 +27,18 @@ _padded: dict[torch.dtype, dict[int, int]] = {}
 
 
 def padded_rows(rows: int, dtype: torch.dtype) -> int:
-    """The row count to run `rows` rows at (>= rows); rows itself when no measurement says otherwise."""
+    """The row count to run `rows` rows at (>= rows); rows itself when no measurement says otherwise.
+    In a compiled step `rows` may be symbolic, known only to exceed `largest_padded`: one comparison
+    then settles it, where a dictionary lookup would pin the graph to one row count."""
     table = _padded.get(dtype)
-    return table.get(rows, rows) if table else rows
+    if not table or rows > max(table):
+        return rows
+    return table.get(rows, rows)
+
+
+def largest_padded(dtype: torch.dtype) -> int:
+    """The largest row count padded for `dtype` (0: none); steps of more rows run as they are."""
+    return max(_padded.get(dtype) or {0: 0})
 
 
 def measure_once(dtype: torch.dtype, key: str, cache_dir: str) -> dict[int, int]:

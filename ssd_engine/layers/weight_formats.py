@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+import ssd_engine.layers.compiled_ops  # noqa: F401  registers torch.ops.ssd_engine.onednn_linear
 from ssd_engine.layers.row_padding import padded_rows
 
 FORMATS = ("fp32", "bf16", "int8", "int4")
@@ -47,7 +48,12 @@ class OneDNNWeight:
         run_rows = padded_rows(rows, self.dtype) if rows else 0
         if run_rows > rows:  # a faster kernel from this many rows on (layers/row_padding.py)
             x = torch.cat([x, x.new_zeros(run_rows - rows, x.shape[1])])
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")[:rows]
+            return self._matmul(x, bias)[:rows]
+        return self._matmul(x, bias)
+
+    def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # inductor cannot lower a weight it did not pack (compiled_ops.py)
+            return torch.ops.ssd_engine.onednn_linear(x, self.packed, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 

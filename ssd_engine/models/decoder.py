@@ -95,9 +95,12 @@ class DecoderModel(nn.Module):
         rotary = RotaryEmbedding(config, max_position)
         self.layers = nn.ModuleList(DecoderLayer(config, switches, rotary, tp)
                                     for _ in range(config.num_hidden_layers))
+        for index, layer in enumerate(self.layers):
+            layer.self_attn.attn.layer_index = index
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, positions, meta):
+        """-> hidden [T, H]. engine/compiled_model.py compiles this whole function, meta None."""
         x = self.embed_tokens(input_ids)
         for layer in self.layers:
             x = layer(positions, x, meta)
