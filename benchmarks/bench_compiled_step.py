@@ -2,7 +2,8 @@
 
     PYTHONPATH=. python benchmarks/bench_compiled_step.py          # draft fp32 / bf16 / int4, target fp32
     PYTHONPATH=. python benchmarks/bench_compiled_step.py --cases 0.5b:int4 --rows 1,5 --rounds 9
-    PYTHONPATH=. python benchmarks/bench_compiled_step.py --cold   # compile times with an empty inductor cache
+    PYTHONPATH=. python benchmarks/bench_compiled_step.py --layers 24 --inductor-cache /tmp/fresh  # twice:
+        # the first run's compile seconds are a first start-up's, the second's a later one's
 
 Each case builds --layers decoder layers of a default-pair model (qwen2.5-coder 0.5b / 1.5b) at its
 real shapes and weight format, with random weights (nothing read from disk), and prefills
@@ -20,7 +21,6 @@ import datetime
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -135,11 +135,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1, help="torch threads, pinned to as many cores")
-    parser.add_argument("--cold", action="store_true", help="an empty inductor cache: first-run compile times")
+    parser.add_argument("--inductor-cache", default=None,
+                        help="inductor's cache folder (TORCHINDUCTOR_CACHE_DIR); an empty one: first-run compile times")
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
-    if args.cold:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-cold-")
+    cache_state = "the default inductor cache"
+    if args.inductor_cache:
+        cache_state = ("an empty" if not os.path.isdir(args.inductor_cache) or not os.listdir(args.inductor_cache)
+                       else "a filled") + " inductor cache"
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = args.inductor_cache
     os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:args.threads]))
     import torch
     torch.set_num_threads(args.threads)
@@ -175,7 +179,7 @@ def main() -> None:
         f"# Compiled decoder steps on CPU, {date}", "",
         f"`python benchmarks/bench_compiled_step.py {' '.join(sys.argv[1:])}`", "",
         f"{machine_line()}; {args.threads} thread(s) pinned; {args.layers} layers at the model's real shapes, "
-        f"random weights, {args.context}-token context; {'empty' if args.cold else 'warm'} inductor cache; "
+        f"random weights, {args.context}-token context; {cache_state}; "
         f"medians over {args.rounds} alternating rounds of {args.reps} forwards.", "",
         *lines, "", *[f"- {line}" for line in per_round], ""])
     print(text)

@@ -53,8 +53,8 @@ class EngineConfig:
     num_threads: int | None = option(None, "torch intra-op threads; unset: torch's default")
     enforce_eager: bool = option(False, "plain weights: no prepacking, no CUDA graphs, no compiled forward")
     compile_model: str = option("auto", "run the model's forward (attention excepted) as one torch.compile region, "
-                                        "in the target and the drafts; auto: off (on a CPU the gain, 3-12% a layer, "
-                                        "does not repay the compile time of a typical run; unmeasured on CUDA)",
+                                        "in the target and the drafts; auto: off (on a CPU the gain, 1 to 14 percent a layer, "
+                                        "does not repay a typical run's compile time; unmeasured on CUDA)",
                                 COMPILE_MODES)
     attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the pages fit, else "
                                             "triton, on CPU torch; torch is the reference", ATTENTION_BACKENDS)
@@ -111,8 +111,9 @@ class EngineConfig:
     def compiled(self) -> bool:
         """Whether every runner (target, SD draft, SSD draft) compiles its forward (engine/compiled_model.py).
         auto is off: on the AMD EPYC of benchmarks/results/2026-11-23-compiled-step.md a compiled step
-        saved 3% (fp32) to 12% (int4) of a layer's time, while each model's two graphs cost ~40 s to
-        compile the first time and ~8 s per start-up after (inductor's cache keeps all but the trace)."""
+        saved 1-5% (the fp32 target) to 14% (an int4 draft) of a layer's time on one thread, while a
+        model's two graphs took ~90 s to compile on the machine's first run and ~15 s at each start-up
+        after (inductor's cache keeps all but dynamo's trace): thousands of tokens to break even."""
         return self.compile_model == "on" and not self.enforce_eager
 
     @property

@@ -138,3 +138,21 @@ def test_enforce_eager_and_off_compile_nothing(tiny_qwen2):
         with LLM(tiny_qwen2, speculative_mode="ar", **options) as llm:
             assert llm.engine.runner.compiled is None
             assert llm.engine.execution()["compiled"] == "off"
+
+
+def test_the_option_reaches_the_drafts_specs():
+    """compile_model travels in ModelConfig: the SD draft's spec is the target's with another path,
+    and the SSD draft process rebuilds its spec from plain values."""
+    from ssd_engine.config import EngineConfig
+    from ssd_engine.config_parts import CacheConfig
+    from ssd_engine.engine.model_runner import RunnerSpec
+    from ssd_engine.speculative.ssd.process import DraftSpec
+
+    assert EngineConfig(compile_model="on").parts().model.compile
+    assert not EngineConfig(compile_model="on", enforce_eager=True).parts().model.compile
+    assert not EngineConfig().parts().model.compile  # auto: off
+    with pytest.raises(ValueError, match="tensor_parallel_size"):
+        EngineConfig(compile_model="on", tensor_parallel_size=2)
+    target = RunnerSpec(EngineConfig(compile_model="on").parts().model, CacheConfig(16, 8), 64)
+    draft = DraftSpec(target.with_model(path="/draft"), 4, 320, ((0.0, (1, 1, 1, 1, 1)),), 1.0, 1, 0, True)
+    assert DraftSpec.from_args(draft.to_args()).runner.model.compile

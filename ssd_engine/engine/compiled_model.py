@@ -2,13 +2,14 @@
 
 Why: an eager one-token step dispatches ~85 aten ops per decoder layer (RMSNorm's casts and
 reductions, RoPE's gathers and halves, the weight formats' casts, SiLU-mul, residual adds, the
-attention reference). Compiled, a layer is its four matmuls (extern calls), four fused kernels
-(norm + residual, RoPE, SiLU-mul, residual + next norm) and the attention op.
+attention reference). Compiled, a layer is 9 or 10 kernels: its four matmuls and the attention op
+(extern calls) and four fused ones (residual + RMSNorm twice, RoPE, SiLU-mul; one more padding the
+attention output where one-row matmuls are padded).
 
 What is compiled: `DecoderModel.forward` whole (embedding, every layer, final norm) as ONE region,
 because each call of a compiled region costs its guards and wrappers (~40 us on a CPU): one region
-per layer kept a third of the gain (benchmarks/results/2026-11-23-compiled-step.md). Attention stays
-eager inside it, as the opaque op of layers/compiled_ops.py; so do the LM head and sampling.
+per layer kept about half the gain (benchmarks/results/2026-11-23-compiled-step.md). Attention stays
+eager inside it, as the opaque op of layers/compiled_ops.py; the LM head and sampling stay outside.
 
 Shapes: only the token count T varies. T = 1 (decode) compiles with T static; T above the largest
 row count row padding pads (layers/row_padding.py; 0 where nothing is padded) compiles once with T
@@ -17,7 +18,7 @@ between (2 or 3 tokens where oneDNN's small-row kernel is padded) runs eagerly r
 compile per count. So a model compiles at most twice; the runner does both at start-up (`warm_up`).
 
 Guards: dynamo re-checks every attribute of the model on each call (~190 guards a layer, ~45 us a
-layer on this CPU). The model never changes after loading, so guards on modules are dropped, and
+layer on the results' CPU). The model never changes after loading, so guards on modules are dropped, and
 each model gets its own copy of the function's code object: dynamo keeps compiled graphs per code
 object, and with those guards gone a graph must never be offered to another model of the class.
 
