@@ -50,7 +50,7 @@ class CompiledModel:
         self.padded = max([row_padding.largest_padded(module.prepared.dtype) for module in model.modules()
                            if isinstance(getattr(module, "prepared", None), OneDNNWeight)], default=0)
         options = {}
-        if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):  # torch >= 2.7
+        if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):  # older torch: every guard stays
             options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
         self.compiled = torch.compile(_own_copy(type(model).forward), fullgraph=True, options=options)
         self.compile_seconds = 0.0

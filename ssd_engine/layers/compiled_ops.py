@@ -14,6 +14,7 @@
 """
 import threading
 from contextlib import contextmanager
+from typing import Optional
 
 import torch
 
@@ -33,7 +34,11 @@ def attention_step(attentions, meta):
 
 @torch.library.custom_op("ssd_engine::paged_attention", mutates_args=())
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-    attentions, meta = _step.current
+    current = getattr(_step, "current", None)
+    if current is None:
+        raise RuntimeError("ssd_engine::paged_attention ran outside attention_step: compile the model through "
+                           "engine/compiled_model.py, which provides the step's metadata")
+    attentions, meta = current
     return attentions[layer].run(q, k, v, meta)
 
 
@@ -43,7 +48,7 @@ def _(q, k, v, layer):
 
 
 @torch.library.custom_op("ssd_engine::onednn_linear", mutates_args=())
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
