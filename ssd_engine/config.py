@@ -111,7 +111,7 @@ class EngineConfig:
     def compiled(self) -> bool:
         """Whether every runner (target, SD draft, SSD draft) compiles its forward (engine/compiled_model.py).
         auto is off: on the AMD EPYC of benchmarks/results/2026-11-23-compiled-step.md a compiled step
-        saved 1-5% (the fp32 target) to 14% (an int4 draft) of a layer's time on one thread, while a
+        saved 1-6% (the fp32 target) to 14% (an int4 draft) of a layer's time on one thread, while a
         model's two graphs took ~90 s to compile on the machine's first run and ~15 s at each start-up
         after (inductor's cache keeps all but dynamo's trace): thousands of tokens to break even."""
         return self.compile_model == "on" and not self.enforce_eager
