@@ -81,14 +81,14 @@ def main(argv: list[str] | None = None) -> dict:
            "draft_dtype": opts.draft_dtype, "prefix": opts.prefix, "reps": opts.reps, "passes": opts.passes,
            "load_format": opts.load_format, "synthetic_acceptance": opts.synthetic_acceptance,
            "synthetic_hit": opts.synthetic_hit, "results": results}
-    text = report.render(raw)
-    print(text)
     os.makedirs(opts.out, exist_ok=True)
     base = os.path.join(opts.out, f"{stamp}-bench" + (f"-{opts.tag}" if opts.tag else ""))
+    with open(base + ".json", "w") as f:  # first: a run's measurements outlive any bug in the tables
+        json.dump(raw, f)  # every output's token ids included: `--report` re-renders the tables from it
+    text = report.render(raw)
+    print(text)
     with open(base + ".md", "w") as f:
         f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump(raw, f)  # every output's token ids included: `--report` re-renders the tables from it
     written = [base + ".md", base + ".json"]
     try:
         written += plots.draw_all(raw, base)

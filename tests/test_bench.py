@@ -322,6 +322,7 @@ def test_passes_alternate_the_order_and_merge_cells_by_set_batch_and_k():
     assert cell["tokens"] == 256 and cell["wall_s"] == 50.0 and cell["e2e_tok_s"] == 256 / 50.0
     assert cell["acceptance_rate"] == 160 / 320 and cell["mean_acceptance_length"] == 1 + 160 / 80
     assert cell["ssd"]["T_p"] == 0.5 and cell["outputs"] == [[1, 2]]
+    assert isinstance(cell["k"], int) and isinstance(cell["batch"], int)  # settings keep their type
     assert merged["peaks"] == {"engine": 8.0} and merged["costs"] == {"draft_step_s": 0.05}
     single = result(4.0, 20.0, 60, 8.0)
     assert passes.merge([single]) is single
