@@ -62,13 +62,23 @@ def test_sd_round_is_one_verification_plus_k_draft_steps():
 
 
 def test_ssd_budget_is_the_largest_build_inside_one_verification():
+    from ssd_engine.speculative.ssd.draft.build_budget import HEADROOM
     costs = _costs(0.4, 0.02)
     p = predict_ssd(costs, ACC, 4)
-    verify = costs.target_one(5)
+    window = HEADROOM * costs.target_one(5)  # as the run-time budget aims
     build = lambda b: costs.draft_one(5) + 4 * costs.draft_one(b)
-    assert build(p.detail["budget"]) <= verify < build(p.detail["budget"] + 1)
+    assert build(p.detail["budget"]) <= window < build(p.detail["budget"] + 1)
     assert sum(p.detail["fanout"]) == p.detail["budget"] and p.detail["t_p"] <= 1
+    assert p.detail["floor_t_p"] == pytest.approx(build(1) / costs.target_one(5))
     assert 0 < p.detail["p_hit"] <= 1
+
+
+def test_ssd_draft_format_is_the_fastest_and_near_ties_go_to_the_smaller_floor():
+    fast, flat = Prediction("ssd", 4, 10.0, {"floor_t_p": 0.9}), Prediction("ssd", 4, 9.9, {"floor_t_p": 0.6})
+    assert choose._best_format([("bf16", fast), ("int4", flat)]).detail["draft_format"] == "int4"
+    slow = Prediction("ssd", 4, 8.0, {"floor_t_p": 0.5})
+    picked = choose._best_format([("bf16", fast), ("int4", slow)])
+    assert picked.detail["draft_format"] == "bf16" and picked.tokens_per_s == 10.0
 
 
 def test_cost_curves_interpolate_and_extend():

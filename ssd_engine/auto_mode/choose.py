@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field, replace
 
 from ssd_engine.auto_mode.costs import MeasuredCosts, load_or_measure
-from ssd_engine.auto_mode.predict import Acceptance, predict_all, predict_ssd
+from ssd_engine.auto_mode.predict import Acceptance, Prediction, predict_all, predict_ssd
 from ssd_engine.config import EngineConfig
 from ssd_engine.config_parts import ModelConfig
 from ssd_engine.default_models import cache_dir, resolve_model_path
@@ -21,6 +21,7 @@ from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_
 
 log = logging.getLogger("ssd_engine")
 MARGIN = 1.05
+FORMAT_TIE = 0.97  # SSD draft formats predicted this close are equals (auto_mode/costs.py noise)
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
         return replace(config, speculative_mode="ssd"), ModeChoice("ssd", config.num_speculative_tokens,
                                                                   "not calibrated off CPU or under TP: SSD")
     seen = survey(config)
-    predictions = predict_all(seen.measured.costs(), seen.acceptance)
+    predictions = _predict_all_formats(seen.measured, seen.acceptance)
     best = max(predictions.values(), key=lambda p: p.tokens_per_s)
     if best.mode != "ar" and best.tokens_per_s < MARGIN * predictions["ar"].tokens_per_s:
         best = predictions["ar"]
@@ -116,10 +117,37 @@ def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
     if not seen.draft_cores:
         return config, None  # one core: the draft shares it, and no prediction covers that
     k = config.num_speculative_tokens
-    predicted = predict_ssd(seen.measured.costs(), seen.acceptance, k)
-    choice = ModeChoice("ssd", k, "forced; budget sized from " + seen.how, {"ssd": predicted.tokens_per_s},
-                        predicted.detail)
-    return replace(config, ssd_budget=predicted.detail["budget"]), choice
+    predicted = _best_format([(fmt, predict_ssd(seen.measured.costs(fmt), seen.acceptance, k))
+                              for fmt in _formats(seen.measured)])
+    choice = ModeChoice("ssd", k, "forced; budget and draft format sized from " + seen.how,
+                        {"ssd": predicted.tokens_per_s}, predicted.detail)
+    return replace(config, ssd_budget=predicted.detail["budget"], draft_dtype=predicted.detail["draft_format"]), choice
+
+
+def _formats(measured: MeasuredCosts) -> list[str]:
+    """The SSD draft formats measured, the probe's pick for SSD's workload first (it wins ties)."""
+    return sorted(measured.draft_one, key=lambda fmt: fmt != measured.ssd_format)
+
+
+def _best_format(candidates: list[tuple[str, Prediction]]) -> Prediction:
+    """The fastest; among those within FORMAT_TIE of it, the one whose one-row build takes the
+    smallest share of the window: where the real window is shorter than measured, the run-time
+    budget can still fit that build by cutting B, never the other's."""
+    top = max(p.tokens_per_s for _, p in candidates)
+    near = [(fmt, p) for fmt, p in candidates if p.tokens_per_s >= FORMAT_TIE * top]
+    fmt, best = min(near, key=lambda pair: pair[1].detail.get("floor_t_p", 0.0))  # the first of equals
+    return replace(best, detail={**best.detail, "draft_format": fmt})
+
+
+def _predict_all_formats(measured: MeasuredCosts, acceptance: Acceptance) -> dict[str, Prediction]:
+    """AR, SD and SSD at their best K, SSD in whichever measured format predicts faster: the build
+    fits the verification at a budget the formats' curves set, and the fastest format at B rows
+    need not be the fastest at the B that fits."""
+    by_format = [(fmt, predict_all(measured.costs(fmt), acceptance)) for fmt in _formats(measured)]
+    predictions = dict(by_format[0][1])  # AR and SD do not depend on SSD's draft format
+    if "ssd" in predictions:
+        predictions["ssd"] = _best_format([(fmt, each["ssd"]) for fmt, each in by_format])
+    return predictions
 
 
 def _apply(config: EngineConfig, choice: ModeChoice, every, target_cores, draft_cores, measured) -> EngineConfig:
@@ -127,7 +155,7 @@ def _apply(config: EngineConfig, choice: ModeChoice, every, target_cores, draft_
     if choice.mode == "ssd":
         budget = config.ssd_budget if config.ssd_budget is not None else choice.detail["budget"]
         return replace(config, speculative_mode="ssd", num_speculative_tokens=choice.k, ssd_budget=budget,
-                       draft_dtype=measured.ssd_format,
+                       draft_dtype=choice.detail.get("draft_format", measured.ssd_format),
                        cpu_cores=";".join(",".join(map(str, s)) for s in (target_cores, draft_cores)))
     # the benchmarking-only options of modes not chosen are dropped: they would not apply
     if choice.mode == "sd":

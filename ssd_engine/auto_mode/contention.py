@@ -1,38 +1,44 @@
-"""Time the SSD target while its neighbour streams memory, as the SSD draft does all round.
+"""Time one SSD side while a neighbour on the other side's cores works as that side does.
 
-Decoding is bandwidth-bound and cores share the memory bus: on the 2-core AMD EPYC VM of
-2026-11-23 one core summing 256 MB took 11.5 ms alone and 17.2 ms while the other core did the
-same, and a verification ran 1.11x slower with the draft working beside it
-(benchmarks/results/2026-11-23-contention.md). How much depends on the machine.
-So the SSD target's cost is measured under load:
-a child process pinned to the draft's cores sums a buffer larger than any cache, in a loop, for
-as long as the `memory_traffic` block lasts. It exits when the block ends or, should this process
-die first, when it finds its parent gone.
+Decoding is bandwidth-bound and cores share the memory bus, so the SSD target's verification is
+slower while the draft decodes beside it, and the draft's steps slower while the target verifies.
+The neighbour is a child process pinned to the other side's cores that multiplies one row by a
+256 MB weight matrix in a loop: the matrix-vector product that dominates a decode step, in the
+other side's weight dtype. A neighbour that only sums a buffer is far harsher than a real model:
+on the 2-core AMD EPYC (avx512_bf16) VM of 2026-11-23 a 4-layer target forward of one row took
+334-392 ms alone, 503 ms beside a bf16 matrix-vector loop, 526 ms beside an fp32 one and 768 ms
+beside a summing loop, while in SSD runs the verification ran 1.1-1.3x its time alone
+(benchmarks/results/2026-11-23-contention.md); a summing neighbour sized SSD's budget for a window
+1.5x too long. The child exits when the block ends or, should this process die first, when it
+finds its parent gone.
 """
 import contextlib
 import subprocess
 import sys
 
-_STREAMER = """
+_NEIGHBOUR = """
 import os, sys
 cores = [int(c) for c in sys.argv[1].split(",")]
 os.sched_setaffinity(0, cores)
 import torch
 torch.set_num_threads(len(cores))
+dtype = getattr(torch, sys.argv[2])
+weight = torch.ones(2**28 // (2048 * dtype.itemsize), 2048, dtype=dtype)  # 256 MB: larger than any cache
+row = torch.ones(1, 2048, dtype=dtype)
 parent = os.getppid()
-buffer = torch.ones(64 * 2**20)  # 256 MB of fp32
 print("ready", flush=True)
 while os.getppid() == parent:
-    buffer.sum()
+    torch.nn.functional.linear(row, weight)
 """
 
 
 @contextlib.contextmanager
-def memory_traffic(cores: list[int]):
-    child = subprocess.Popen([sys.executable, "-c", _STREAMER, ",".join(map(str, cores))],
+def memory_traffic(cores: list[int], dtype: str = "bfloat16"):
+    """A neighbour on `cores` decoding with `dtype` weights for as long as the block lasts."""
+    child = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, ",".join(map(str, cores)), dtype],
                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
-        child.stdout.readline()  # "ready": its buffer is allocated and it streams from now on
+        child.stdout.readline()  # "ready": its matrix is allocated and it streams from now on
         yield child.pid
     finally:
         child.terminate()

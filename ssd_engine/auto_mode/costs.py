@@ -2,11 +2,15 @@
 
 Four curves, seconds per forward by rows after a PREFIX-token context:
 - the target on every core the engine was given (AR and SD);
-- the target on SSD's target cores while the draft's cores stream memory, as SSD runs its
+- the target on SSD's target cores while the draft's cores decode beside it, as SSD runs its
   verification (auto_mode/contention.py);
 - the SD draft on every core (its one-row steps);
-- the SSD draft on its own cores (glue and branch steps).
-Each draft runs in the weight format it will use (engine/draft_format.py). The models are built
+- the SSD draft on its own cores (glue and branch steps) while the target's cores decode as the
+  verification does (auto_mode/contention.py), in each candidate format: the probe's pick for one-row
+  steps (SD's) and for SSD's branch workload. The run-time build budget shrinks B until the build
+  fits the verification, and at a small B the one-row format can be the faster one, so the
+  prediction, not the probe alone, picks SSD's format (auto_mode/choose.py).
+Each draft runs in the weight format it would use (engine/draft_format.py). The models are built
 at their real shapes and formats with TIMED_LAYERS layers of dummy weights (a forward's cost does not
 depend on the values, every layer costs the same, nothing is read from disk), timed, scaled to
 the whole model and dropped before the engine loads its own: ~20 s on the default pair, with a
@@ -37,10 +41,12 @@ BLOCK = 16
 TARGET_ROWS = (1, 5, 9)                  # AR's one row, verification of K + 1 for K up to 8
 DRAFT_ROWS = (1, 5, 9, 16, 32)           # one-row drafting, the glue (K + 1), branch steps (B)
 SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K = 4, B ~ 8
-REPEATS = 3                              # after two warm-ups; the median counts
+REPEATS = 5                              # after two warm-ups; the median counts
 TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
 PAGES = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
-VERSION = 3  # 2: the SSD target timed under the draft cores' memory traffic; 3: bf16 drafts attend in fp32
+# 2: the SSD target timed under the draft cores' memory traffic; 3: bf16 drafts attend in fp32;
+# 4: each side timed beside a matrix-vector neighbour, the SSD draft in each candidate format
+VERSION = 4
 
 
 @dataclass
@@ -51,22 +57,27 @@ class MeasuredCosts:
     target_all: dict[int, float]
     target_one: dict[int, float]
     draft_all: dict[int, float]
-    draft_one: dict[int, float]
+    draft_one: dict[str, dict[int, float]]  # SSD draft format -> its curve
     sd_format: str
-    ssd_format: str
+    ssd_format: str                 # the probe's pick for SSD's branch workload
     seconds: float                  # how long measuring took
     version: int = VERSION
 
-    def costs(self) -> Costs:
-        return Costs(_curve(self.target_all), _curve(self.target_one), _curve(self.draft_all), _curve(self.draft_one),
+    def costs(self, ssd_format: str | None = None) -> Costs:
+        """The cost curves with the SSD draft in `ssd_format` (None: the probe's pick)."""
+        draft_one = self.draft_one[ssd_format or self.ssd_format]
+        return Costs(_curve(self.target_all), _curve(self.target_one), _curve(self.draft_all), _curve(draft_one),
                      ssd_possible=bool(self.draft_cores))
 
     @classmethod
     def load(cls, path: str) -> "MeasuredCosts":
         with open(path) as f:
             raw = json.load(f)
-        for name in ("target_all", "target_one", "draft_all", "draft_one"):
+        if raw.get("version") != VERSION:
+            raise ValueError(f"{path}: costs of version {raw.get('version')}, this engine reads {VERSION}")
+        for name in ("target_all", "target_one", "draft_all"):
             raw[name] = {int(rows): s for rows, s in raw[name].items()}
+        raw["draft_one"] = {fmt: {int(rows): s for rows, s in curve.items()} for fmt, curve in raw["draft_one"].items()}
         return cls(**raw)
 
     def save(self, path: str) -> None:
@@ -99,7 +110,7 @@ def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelC
     path = os.path.join(cache_dir, "calibrations", f"mode-costs-{key}.json")
     try:
         cached = MeasuredCosts.load(path)
-        if cached.version == VERSION and cached.key == key:
+        if cached.key == key:
             return cached, True
     except (OSError, ValueError, TypeError, KeyError):
         pass
@@ -116,27 +127,32 @@ def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, d
     sd_format = draft_format.resolve(draft_dtype, draft_hf, "cpu", [(1, 4)], every, len(every), cache_dir)
     ssd_format = (draft_format.resolve(draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores),
                                        cache_dir) if draft_cores else sd_format)
-    steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) + 1 + (len(DRAFT_ROWS) if draft_cores else 0)
+    ssd_formats = list({f.name: f for f in (sd_format, ssd_format)}.values()) if draft_cores else []
+    steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) + 1 + len(DRAFT_ROWS) * len(ssd_formats)
     with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
         runner = _build(target)
         target_all = _time(runner, TARGET_ROWS, every, bar)
         target_one = {}
         if draft_cores:
-            with memory_traffic(draft_cores):  # what the SSD target meets: the draft streaming beside it
+            with memory_traffic(draft_cores, "bfloat16"):  # what the SSD target meets: the draft beside it
                 target_one = _time(runner, TARGET_ROWS, target_cores, bar)
         del runner
         _release()  # the target's weights go before a draft loads
         runner = _build(draft, sd_format)
         draft_all = _time(runner, (1,), every, bar)
-        if draft_cores and ssd_format.name != sd_format.name:
-            del runner
-            _release()
-            runner = _build(draft, ssd_format)
-        draft_one = _time(runner, DRAFT_ROWS, draft_cores, bar) if draft_cores else {}
+        draft_one = {}
+        for fmt in ssd_formats:  # SD's format first: it is the one built
+            if fmt.name != sd_format.name:
+                del runner
+                _release()
+                runner = _build(draft, fmt)
+            with memory_traffic(target_cores, "float32"):  # the fp32 target verifying beside it
+                draft_one[fmt.name] = _time(runner, DRAFT_ROWS, draft_cores, bar)
         del runner
         _release()
     return MeasuredCosts(key, target_cores, draft_cores, target_all, target_one or target_all, draft_all,
-                         draft_one or draft_all, sd_format.name, ssd_format.name, time.perf_counter() - started)
+                         draft_one or {sd_format.name: draft_all}, sd_format.name, ssd_format.name,
+                         time.perf_counter() - started)
 
 
 def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):

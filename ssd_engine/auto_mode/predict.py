@@ -7,7 +7,7 @@ the pair's acceptance (its Saguaro calibration), with the paper's formulas (docs
 - SSD with K drafts: the target on one core set, the draft on another. A round lasts
   max(verification, the draft's cache build) on a hit (Theorem 7's max(1, T_p)); the build is the
   glue forward (K+1 rows) plus K branch steps of B rows, and B is the largest budget that fits in
-  one verification (at least 1). A miss costs the just-in-time primary's K one-row steps on top.
+  one verification with the run-time budget's headroom (at least 1). A miss costs the just-in-time primary's K one-row steps on top.
   The hit rate is Theorem 12's fan-out over the measured outcome law and miss curve at that B.
 
 E(K) comes from the measured outcome law at the calibration's K: P(at least i accepted) as a
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from ssd_engine.saguaro.calibration import DEFAULT_ALPHA, DEFAULT_E_FAST, DEFAULT_R, Calibration
 from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes
 from ssd_engine.saguaro.speedup import ssd_speedup
+from ssd_engine.speculative.ssd.draft.build_budget import HEADROOM
 
 K_RANGE = range(1, 9)
 # the smallest K predicted within this of the best K wins: past the calibrated K the outcome law is
@@ -104,7 +105,8 @@ def predict_ssd(costs: Costs, acc: Acceptance, k: int) -> Prediction:
     verify = costs.target_one(k + 1)  # measured while the draft's cores stream memory
     glue = costs.draft_one(k + 1)
     build = lambda b: glue + k * costs.draft_one(b)
-    budget = max([b for b in range(1, MAX_BUDGET + 1) if build(b) <= verify] or [1])
+    # the run-time build budget aims under the window by HEADROOM, as it jitters round to round
+    budget = max([b for b in range(1, MAX_BUDGET + 1) if build(b) <= HEADROOM * verify] or [1])
     probs = acc.outcome_probs(k)
     fanout = fanout_for_outcomes(probs, acc.r, budget)
     p_hit = expected_hit_rate(fanout, probs, acc.miss)
@@ -115,7 +117,7 @@ def predict_ssd(costs: Costs, acc: Acceptance, k: int) -> Prediction:
     jit, fast = ssd_speedup(p_hit, e, e, t_p, t_jit), ssd_speedup(p_hit, e, acc.e_fast, t_p, 0.0)
     speedup = max(jit, fast)
     return Prediction("ssd", k, speedup / verify,
-                      {"budget": budget, "fanout": fanout, "p_hit": p_hit, "t_p": t_p, "t_jit": t_jit,
+                      {"budget": budget, "floor_t_p": build(1) / verify, "fanout": fanout, "p_hit": p_hit, "t_p": t_p, "t_jit": t_jit,
                        "tokens_per_round": e, "miss_backup": "jit" if jit >= fast else "fast"})
 
 
