@@ -55,8 +55,10 @@ class TensorParallelRunner:
     def local(self) -> ModelRunner:
         return self.runner
 
-    def forward(self, batch, logit_rows: list[list[int]], token_ids=None):
-        inputs = StepInputs.from_batch(batch, logit_rows, token_ids)
+    def forward(self, batch, logit_rows: list[list[int]], token_ids=None, on_device=None):
+        # the workers get plain lists: device-held drafts are read on the host here (one more
+        # device-to-host read per round than a single process needs)
+        inputs = StepInputs.from_batch(batch, logit_rows, token_ids, on_device).on_host()
         message = step_message([seq.seq_id for seq in batch.seqs], inputs, self.mirror, self.freed)
         self.freed = []
         with self._guard("a forward step"):

@@ -121,21 +121,33 @@ class ScheduledBatch:
         return [len(seq) - seq.num_computed_tokens == 1 and n == 1 + k
                 for seq, n in zip(self.seqs, self.num_new_tokens)]
 
-    def feed(self, speculated: list[bool], proposal: Proposal | None) -> tuple[list[list[int]], list[list[int]]]:
-        """(tokens fed, logit rows) per sequence: a speculated one feeds its last committed token
-        and its K drafts (K + 1 rows to verify); a prefill chunk or plain decode feeds its own
-        tokens and wants the last row only when it reaches the end of the sequence."""
-        feed, logit_rows, draft_row = [], [], 0
+    def feed(self, speculated: list[bool], proposal: Proposal | None
+             ) -> tuple[list[list[int]], list[list[int]], tuple[list[int], torch.Tensor] | None]:
+        """(tokens fed, logit rows) per sequence, and the fed tokens that stay on the device: a
+        speculated one feeds its last committed token and its K drafts (K + 1 rows to verify); a
+        prefill chunk or plain decode feeds its own tokens and wants the last row only when it
+        reaches the end of the sequence.
+
+        The drafts are not read on the host (on a GPU that would wait for the draft's last step):
+        their places in the fed lists hold 0, and the third value (flat positions over the step's
+        fed tokens, the proposal's tokens) puts them there on the device (`StepInputs.on_device`).
+        None when nothing is speculated."""
+        feed, logit_rows, draft_at, base = [], [], [], 0
         for seq, n, spec in zip(self.seqs, self.num_new_tokens, speculated):
             start = seq.num_computed_tokens
             if spec:
-                feed.append([seq.token_ids[-1]] + proposal.tokens[draft_row].tolist())
+                feed.append([seq.token_ids[-1]] + [0] * (n - 1))
                 logit_rows.append(list(range(n)))
-                draft_row += 1
+                draft_at.extend(range(base + 1, base + n))
             else:
                 feed.append(seq.token_ids[start:start + n])
                 logit_rows.append([n - 1] if start + n == len(seq) else [])
-        return feed, logit_rows
+            base += n
+        if not draft_at:
+            return feed, logit_rows, None
+        # every proposal row belongs to one speculated sequence, in batch order
+        assert len(draft_at) == proposal.tokens.numel()
+        return feed, logit_rows, (draft_at, proposal.tokens.reshape(-1))
 
 
 @dataclass(frozen=True)
@@ -152,8 +164,8 @@ class Runner(Protocol):
     @property
     def local(self): ...  # this process's own ModelRunner (rank 0's under tensor parallelism)
 
-    def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]],
-                token_ids: list[list[int]] | None = None) -> torch.Tensor: ...
+    def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids: list[list[int]] | None = None,
+                on_device: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor: ...
     def capture_graphs(self, keys: list[tuple]) -> None: ...
     def release(self, seq: Sequence) -> None: ...
     def close(self) -> None: ...

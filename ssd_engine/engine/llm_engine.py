@@ -228,8 +228,8 @@ class LLMEngine:
         decoding = batch.decoding(self.k)
         proposal = self.speculator.propose(batch, decoding) if self.speculator else None
         speculated = [dec and proposal is not None for dec in decoding]
-        feed, logit_rows = batch.feed(speculated, proposal)
-        logits = self.runner.forward(batch, logit_rows, token_ids=feed)
+        feed, logit_rows, drafts = batch.feed(speculated, proposal)
+        logits = self.runner.forward(batch, logit_rows, token_ids=feed, on_device=drafts)
         results = self.verifier.sample_or_verify(batch.seqs, logit_rows, logits, speculated, proposal)
         return self._postprocess(batch, speculated, results)
 

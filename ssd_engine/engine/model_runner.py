@@ -33,22 +33,43 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class StepInputs:
-    """Everything a forward pass needs, as plain lists (what travels to tensor-parallel workers)."""
+    """Everything a forward pass needs, as plain lists (what travels to tensor-parallel workers),
+    except fed tokens that are still on the device (draft tokens: reading them on the host would
+    wait for the draft's last step)."""
     starts: list[int]               # per sequence: tokens already in the KV cache
     token_ids: list[list[int]]      # per sequence: the tokens fed this step
     block_tables: list[list[int]]   # per sequence: its KV pages
     logit_rows: list[list[int]]     # per sequence: offsets into its fed tokens that need logits
+    # (flat positions over every fed token, a device tensor of as many ids): fed there instead of
+    # the placeholders token_ids holds at those places; None: token_ids is the whole feed
+    on_device: tuple[list[int], torch.Tensor] | None = None
 
     @classmethod
     def from_batch(cls, batch: ScheduledBatch, logit_rows: list[list[int]],
-                   token_ids: list[list[int]] | None = None) -> "StepInputs":
+                   token_ids: list[list[int]] | None = None,
+                   on_device: tuple[list[int], torch.Tensor] | None = None) -> "StepInputs":
         """`token_ids[i]` overrides the tokens fed for sequence i (draft tokens)."""
         starts = [seq.num_computed_tokens for seq in batch.seqs]
         if token_ids is None:
             token_ids = [seq.token_ids[s:s + n] for seq, s, n in zip(batch.seqs, starts, batch.num_new_tokens)]
         for fed, n in zip(token_ids, batch.num_new_tokens):
             assert len(fed) == n
-        return cls(starts, list(token_ids), [seq.block_table for seq in batch.seqs], logit_rows)
+        return cls(starts, list(token_ids), [seq.block_table for seq in batch.seqs], logit_rows, on_device)
+
+    def on_host(self) -> "StepInputs":
+        """The same step with every fed token in token_ids (one host read of the device-held ones):
+        what tensor-parallel workers are sent."""
+        if self.on_device is None:
+            return self
+        flat = [t for fed in self.token_ids for t in fed]
+        at, values = self.on_device
+        for position, token in zip(at, values.tolist()):
+            flat[position] = token
+        token_ids, start = [], 0
+        for fed in self.token_ids:
+            token_ids.append(flat[start:start + len(fed)])
+            start += len(fed)
+        return replace(self, token_ids=token_ids, on_device=None)
 
 
 @dataclass(frozen=True)
@@ -189,12 +210,25 @@ class ModelRunner:
         max_kv = max(kv_lens)
         pages = -(-max_kv // bs)
         as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=dev)
+        input_ids = self._input_ids(ids, inputs.on_device)
         meta = AttentionMetadata(
             slot_mapping=as_tensor(slots, torch.long),
             block_tables=padded_block_tables(inputs.block_tables, pages, dev),
             kv_lens=as_tensor(kv_lens, torch.int32), query_start=as_tensor(query_start, torch.int32),
             max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
-        return as_tensor(ids, torch.long), as_tensor(positions, torch.long), meta
+        return input_ids, as_tensor(positions, torch.long), meta
+
+    def _input_ids(self, ids: list[int], on_device: tuple[list[int], torch.Tensor] | None) -> torch.Tensor:
+        """The flat fed ids on the device, device-held ones written in place there (no host read)."""
+        if on_device is None:
+            return torch.tensor(ids, dtype=torch.long, device=self.device)
+        at, values = on_device
+        values = values.to(self.device, torch.long)
+        if at == list(range(len(ids))):  # every fed token is device-held (a draft step): they are the ids
+            return values
+        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
+        input_ids[at] = values
+        return input_ids
 
     def copy_kv(self, src_slots: list[int], dst_slots: list[int]) -> None:
         """Every layer's K and V at src_slots written to dst_slots (a computed path kept as is)."""
@@ -213,10 +247,11 @@ class ModelRunner:
     def close(self) -> None:
         """Nothing runs beside it: the model and its KV cache go with the object."""
 
-    def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids=None):
+    def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids=None, on_device=None):
         """Run the batch; return logits [R, V] (fp32) for the rows named by `logit_rows[i]`
-        (offsets into sequence i's new tokens), concatenated in batch order."""
-        return self.run(StepInputs.from_batch(batch, logit_rows, token_ids))
+        (offsets into sequence i's new tokens), concatenated in batch order. `token_ids` and
+        `on_device` as in `StepInputs`."""
+        return self.run(StepInputs.from_batch(batch, logit_rows, token_ids, on_device))
 
     @torch.inference_mode()
     def run_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:

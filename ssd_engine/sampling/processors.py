@@ -18,6 +18,10 @@ Order (the same as vLLM / Hugging Face):
 
 Everything is computed in float32 on the logits' device. Rows sent to the verifier as q must be
 exactly these rows (docs/saguaro.md "Exact verification").
+
+Which branches run (any filter on? any greedy row?) is decided on the host from the sampling
+parameters (`SamplingTensors.from_params`), never by reading the parameter tensors back: on a GPU
+such a read waits for every queued kernel (profiling/sync_count.py).
 """
 
 from __future__ import annotations
@@ -32,9 +36,16 @@ from ssd_engine.sampling_params import SamplingParams
 
 
 def probs_from_logits(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor
+    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, *,
+    filtered: bool | None = None, any_greedy: bool | None = None,
 ) -> Tensor:
-    """[n, V] logits and four [n] parameter tensors -> [n, V] float32 probability rows."""
+    """[n, V] logits and four [n] parameter tensors -> [n, V] float32 probability rows.
+
+    filtered: some row may use top-k, top-p or min-p; any_greedy: some row has T == 0. Both are
+    known on the host where the parameters are; None reads them from the tensors (a host sync on a
+    GPU). Running a branch no row needs gives the same rows, only slower: an off filter keeps
+    every token, and non-greedy rows keep their softmax.
+    """
     logits = logits.float()
     vocab = logits.shape[-1]
     temperature = temperature.to(logits.device, torch.float32)
@@ -48,12 +59,16 @@ def probs_from_logits(
     k_on = (top_k > 0) & (top_k < vocab)
     p_on = top_p < 1
     m_on = min_p > 0
+    if filtered is None:
+        filtered = bool((k_on | p_on | m_on).any())
+    if any_greedy is None:
+        any_greedy = bool(greedy.any())
     # Fast path: plain temperature sampling needs no sort.
-    if bool((k_on | p_on | m_on).any()):
+    if filtered:
         scaled = _mask_filtered(scaled, torch.where(k_on, top_k, vocab), top_p, p_on, min_p, m_on)
 
     probs = torch.softmax(scaled, dim=-1)
-    if bool(greedy.any()):
+    if any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
         probs = torch.where(greedy.unsqueeze(1), one_hot, probs)
     return probs
@@ -85,12 +100,15 @@ def _mask_filtered(
 
 @dataclass
 class SamplingTensors:
-    """The per-row parameter tensors that ``probs_from_logits`` takes."""
+    """The per-row parameter tensors that ``probs_from_logits`` takes, and what the host knows of
+    them (None: unknown, read from the tensors)."""
 
     temperature: Tensor  # [n] float32
     top_k: Tensor  # [n] int64, <= 0 disabled
     top_p: Tensor  # [n] float32
     min_p: Tensor  # [n] float32
+    filtered: bool | None = None    # some row has top-k, top-p or min-p on
+    any_greedy: bool | None = None  # some row has T == 0
 
     @classmethod
     def from_params(
@@ -101,14 +119,16 @@ class SamplingTensors:
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+            filtered=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
+            any_greedy=any(p.temperature == 0 for p in params),
         )
 
     def repeat_interleave(self, times: int) -> SamplingTensors:
         """Each row repeated `times` times, for logits laid out [n * times, V] (e.g. K+1 positions)."""
-        return SamplingTensors(*(t.repeat_interleave(times) for t in self._fields()))
+        return SamplingTensors(*(t.repeat_interleave(times) for t in self._fields()), self.filtered, self.any_greedy)
 
     def probs(self, logits: Tensor) -> Tensor:
-        return probs_from_logits(logits, *self._fields())
+        return probs_from_logits(logits, *self._fields(), filtered=self.filtered, any_greedy=self.any_greedy)
 
     def _fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return self.temperature, self.top_k, self.top_p, self.min_p

@@ -16,7 +16,12 @@ sampling from p one token at a time.
 Randomness: row i uses num_draft[i] + 1 uniforms, u[0..nd-1] for the acceptance tests and
 u[nd] for the bonus draw, taken from that row's generator in that order (see
 ``sampler.draw_uniforms`` for rows without one). A seeded row therefore gives the same outcome
-alone or in any batch, and whatever the padding width K of the batch.
+alone or in any batch, and whatever the padding width K of the batch. With ``random_rows`` (the
+engine's way) the host says which rows draw (those whose sampling parameters are not greedy), so
+the target rows are not read on the host to find the one-hot ones.
+
+Device-to-host: a verification reads its result once (drafts, accepted counts and bonus tokens in
+one tensor), the round's one sync.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ def verify(
     num_draft: Tensor | None = None,
     default_generator: torch.Generator | None = None,
     one_hot_rows: Tensor | None = None,
+    random_rows: Sequence[bool] | None = None,
 ) -> VerifyResult:
     """Stochastic verification of a batch.
 
@@ -54,6 +60,10 @@ def verify(
     ``probs_from_logits`` makes them: the acceptance ratio p(x)/q(x) assumes it. one_hot_rows [n]
     bool marks rows verified as deterministic proposals even though draft_probs is given (a batch
     mixing sampled drafts with n-gram / random / greedy ones); their draft_probs rows are ignored.
+    random_rows [n] (host): row i may be random and draws num_draft[i] + 1 uniforms; the others
+    must have one-hot target rows and draw none. Then num_draft, if given, should be a host
+    tensor (it is read). None: a row draws unless its used target rows are all one-hot, which
+    reads the target rows on the host.
     """
     n, k_max = draft_tokens.shape
     device = target_probs.device
@@ -63,11 +73,17 @@ def verify(
     valid = torch.arange(k_max, device=device).unsqueeze(0) < nd.unsqueeze(1)
     x = torch.where(valid, draft_tokens, 0)  # padding may hold anything, e.g. -1
 
-    # A row whose target rows (up to its bonus position) are all one-hot has a fixed outcome.
-    used = torch.arange(k_max + 1, device=device).unsqueeze(0) <= nd.unsqueeze(1)
-    one_hot = (target_probs > 0).sum(dim=-1) == 1
-    deterministic = (one_hot | ~used).all(dim=1)
-    counts = torch.where(deterministic, 0, nd + 1).tolist()
+    if random_rows is None:
+        # A row whose target rows (up to its bonus position) are all one-hot has a fixed outcome.
+        used = torch.arange(k_max + 1, device=device).unsqueeze(0) <= nd.unsqueeze(1)
+        one_hot = (target_probs > 0).sum(dim=-1) == 1
+        deterministic = (one_hot | ~used).all(dim=1)
+        counts = torch.where(deterministic, 0, nd + 1).tolist()
+    else:
+        drafts = [k_max] * n if num_draft is None else num_draft.tolist()
+        counts = [d + 1 if r else 0 for d, r in zip(drafts, random_rows)]
+    # rows that draw nothing keep u = 0: every test accepts iff p(x) > 0 and the bonus is the
+    # first token with positive probability, the outcome of a one-hot target row whatever u is
     u = draw_uniforms(generators, counts, k_max + 1, device, default_generator)
 
     p_x = target_probs[:, :k_max].gather(2, x.unsqueeze(2)).squeeze(2).double()
@@ -95,7 +111,7 @@ def verify(
         use_p = (num_accepted == nd) | (residual.sum(dim=-1) <= 0)
         dist = torch.where(use_p.unsqueeze(1), p_bonus, residual)
     bonus = inverse_cdf(dist, u.gather(1, nd.unsqueeze(1)).squeeze(1))
-    return _result(draft_tokens, num_accepted, bonus)
+    return result_of(draft_tokens, num_accepted, bonus)
 
 
 def verify_greedy(
@@ -114,7 +130,7 @@ def verify_greedy(
     match = (draft_tokens == target_argmax[:, :k_max]) & valid
     num_accepted = match.long().cumprod(dim=1).sum(dim=1)
     bonus = target_argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)
-    return _result(draft_tokens, num_accepted, bonus)
+    return result_of(draft_tokens, num_accepted, bonus)
 
 
 def _num_draft(num_draft: Tensor | None, n: int, k_max: int, device: torch.device) -> Tensor:
@@ -123,7 +139,9 @@ def _num_draft(num_draft: Tensor | None, n: int, k_max: int, device: torch.devic
     return num_draft.to(device, torch.int64)
 
 
-def _result(draft_tokens: Tensor, num_accepted: Tensor, bonus: Tensor) -> VerifyResult:
-    drafts = draft_tokens.tolist()
-    tokens = [d[:a] + [b] for d, a, b in zip(drafts, num_accepted.tolist(), bonus.tolist())]
+def result_of(draft_tokens: Tensor, num_accepted: Tensor, bonus: Tensor) -> VerifyResult:
+    """[n, K] drafts, [n] accepted counts, [n] bonus tokens (int64, one device) -> the result, with
+    the emitted tokens read on the host once: three reads would each wait for the device."""
+    packed = torch.cat([draft_tokens, num_accepted.unsqueeze(1), bonus.unsqueeze(1)], dim=1).tolist()
+    tokens = [row[:row[-2]] + [row[-1]] for row in packed]
     return VerifyResult(num_accepted=num_accepted, output_tokens=tokens, bonus_tokens=bonus)

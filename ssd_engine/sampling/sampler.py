@@ -11,6 +11,13 @@ Randomness, per row:
   therefore depend on the batch, which is fine: nothing promised them reproducibility;
 - one-hot rows (greedy, or any row with a single possible token) draw nothing, so greedy
   results never touch any RNG state.
+
+Who draws can also be told from the host (``random_rows``: the rows whose sampling parameters
+are not greedy): then a random row draws its uniform even when its row happens to be one-hot
+(the uniform cannot change a one-hot row's token), and the rows are never read on the host. The
+engine does this, so a round's sampling needs no device-to-host sync; which rows draw is still a
+function of each row's own parameters, so a seeded request stays reproducible alone or in any
+batch.
 """
 
 from __future__ import annotations
@@ -25,10 +32,17 @@ def sample(
     probs: Tensor,
     generators: Sequence[torch.Generator | None],
     default_generator: torch.Generator | None = None,
+    random_rows: Sequence[bool] | None = None,
 ) -> Tensor:
-    """[n, V] probability rows (need not be normalised) -> [n] int64 sampled tokens."""
-    deterministic = (probs > 0).sum(dim=-1) == 1
-    counts = (~deterministic).long().tolist()
+    """[n, V] probability rows (need not be normalised) -> [n] int64 sampled tokens.
+
+    random_rows[i]: row i may be random and draws one uniform; the others must be one-hot and
+    draw none. None: decided from the rows (reads them on the host)."""
+    if random_rows is None:
+        deterministic = (probs > 0).sum(dim=-1) == 1
+        counts = (~deterministic).long().tolist()
+    else:
+        counts = [int(r) for r in random_rows]
     u = draw_uniforms(generators, counts, 1, probs.device, default_generator)
     # A one-hot row gets u = 0, which selects its only positive token: no RNG needed.
     return inverse_cdf(probs, u[:, 0])

@@ -17,7 +17,7 @@ i.i.d. model of the SSD paper's Theorem 7. The output is then NOT the target's.
 import torch
 
 from ssd_engine.engine.core import Proposal
-from ssd_engine.sampling.rejection import VerifyResult
+from ssd_engine.sampling.rejection import VerifyResult, result_of
 from ssd_engine.sampling.streams import Stream, stream_generator
 
 
@@ -49,9 +49,9 @@ def verify_synthetic(proposal: Proposal, target_logits: torch.Tensor, draws: Ber
     n, k = proposal.tokens.shape
     came_up = draws.draw(n, k)
     leading = came_up.to(torch.int64).cumprod(dim=1).sum(dim=1)  # draws before the first failure
-    accepted = torch.minimum(leading, proposal.num_draft.to(torch.int64).cpu())
-    argmax = target_logits.argmax(dim=-1).view(n, k + 1).cpu()
+    accepted = torch.minimum(leading, proposal.num_draft.to(torch.int64).cpu())  # both on the host
+    argmax = target_logits.argmax(dim=-1).view(n, k + 1)
+    accepted = accepted.to(argmax.device)
     bonus = argmax.gather(1, accepted.unsqueeze(1)).squeeze(1)
-    tokens = proposal.tokens.cpu().tolist()
-    output = [tokens[i][:a] + [b] for i, (a, b) in enumerate(zip(accepted.tolist(), bonus.tolist()))]
-    return VerifyResult(accepted, output, bonus)
+    # like real verification, one read of the emitted tokens (the drafts stay on the device)
+    return result_of(proposal.tokens.to(argmax.device, torch.int64), accepted, bonus)

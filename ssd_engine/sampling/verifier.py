@@ -5,6 +5,10 @@ q rows the drafts were sampled from); a sequence that reached its end without a 
 samples one token; a prefill chunk short of the end gets nothing. Seeded requests draw from their
 own streams, the others from the engine's (`generator`). With `synthetic` (benchmarking only,
 sampling/synthetic.py) drafts are accepted by its draws instead, and the output is not the target's.
+
+Device-to-host: which rows draw randomness is decided from the sampling parameters on the host,
+so the only read is the emitted tokens (one for the sampled rows, one for the verified ones: a
+step that has both, a prefill ending beside speculating sequences, reads twice).
 """
 from dataclasses import dataclass
 
@@ -43,9 +47,10 @@ class Verifier:
         if spec:
             rows = torch.cat([torch.arange(first_row[i], first_row[i + 1]) for i in spec])
             result = self.verify([seqs[i] for i in spec], proposal, logits[rows])
+            drafted = proposal.num_draft.tolist()  # a host tensor: the proposer knows its counts
             for j, i in enumerate(spec):
                 tokens = result.output_tokens[j]
-                out[i] = StepResult(tokens, len(tokens) - 1 if proposal.num_draft[j] > 0 else None)
+                out[i] = StepResult(tokens, len(tokens) - 1 if drafted[j] > 0 else None)
         return out
 
     def verify(self, seqs: list[Sequence], proposal: Proposal, target_logits: torch.Tensor):
@@ -59,11 +64,12 @@ class Verifier:
                                  proposal.num_draft)
         probs = SamplingTensors.from_params(params, target_logits.device).repeat_interleave(k + 1).probs(target_logits)
         return verify(proposal.tokens, proposal.probs, probs.view(len(seqs), k + 1, -1), [s.generator for s in seqs],
-                      num_draft=proposal.num_draft, default_generator=self.generator, one_hot_rows=proposal.one_hot)
+                      num_draft=proposal.num_draft, default_generator=self.generator, one_hot_rows=proposal.one_hot,
+                      random_rows=[not p.greedy for p in params])
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         params = [seq.params for seq in seqs]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         probs = SamplingTensors.from_params(params, logits.device).probs(logits)
-        return sample(probs, [seq.generator for seq in seqs], self.generator)
+        return sample(probs, [seq.generator for seq in seqs], self.generator, random_rows=[not p.greedy for p in params])

@@ -5,6 +5,10 @@ Each sequence has a `DraftView`: the target sequence's tokens with the draft's o
 computed count. The draft's KV is valid for a prefix of the sequence; each round it first
 catches up (the bonus token, plus the last draft token after a fully accepted round), then
 decodes K tokens, keeping for each the exact probability row it was sampled from.
+
+The K draft steps run back to back without reading anything on the host: each step's tokens stay
+on the device and are fed to the next from there (`StepInputs.on_device`), and which rows draw a
+uniform is decided from the sampling parameters. The round's one read is the verifier's.
 """
 import torch
 
@@ -102,8 +106,10 @@ class SyncDraft:
     def _draft(self, views: list[DraftView], logits: torch.Tensor, greedy: bool):
         """K autoregressive draft steps from the catch-up logits; returns tokens [n, K] and the
         exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
-        sampling = None if greedy else SamplingTensors.from_params([v.seq.params for v in views], self.runner.device)
+        params = [v.seq.params for v in views]
+        sampling = None if greedy else SamplingTensors.from_params(params, self.runner.device)
         generators = [v.seq.draft_generator for v in views]
+        random_rows = [not p.greedy for p in params]
         tokens, rows = [], []
         for step in range(self.k):
             logits = logits[:, :self.proposable_vocab]  # ids past the tokenizer are never proposed
@@ -111,11 +117,11 @@ class SyncDraft:
                 drawn = logits.argmax(dim=-1)
             else:
                 probs = sampling.probs(logits)
-                drawn = sample(probs, generators, self.generator)
+                drawn = sample(probs, generators, self.generator, random_rows=random_rows)
                 rows.append(probs)
             tokens.append(drawn)
             if step + 1 < self.k:
-                logits = self._decode_one(views, drawn.tolist(), offset=step)
+                logits = self._decode_one(views, drawn, offset=step)
         return torch.stack(tokens, dim=1), torch.stack(rows, dim=1) if rows else None
 
     def _extend(self, views: list[DraftView], ends: list[int], drafting: list[DraftView]) -> torch.Tensor:
@@ -133,10 +139,13 @@ class SyncDraft:
         row_of = {id(v): j for j, v in enumerate(v for v, rows in zip(views, logit_rows) if rows)}
         return logits[[row_of[id(v)] for v in drafting]] if drafting else logits
 
-    def _decode_one(self, views: list[DraftView], tokens: list[int], offset: int) -> torch.Tensor:
-        """Feed draft token `offset` of each view (position len(seq) + offset)."""
-        logits = self.runner.run(StepInputs([len(v.seq) + offset for v in views], [[t] for t in tokens],
-                                            [v.block_table for v in views], [[0]] * len(views)))
+    def _decode_one(self, views: list[DraftView], tokens: torch.Tensor, offset: int) -> torch.Tensor:
+        """Feed draft token `offset` of each view (position len(seq) + offset); `tokens` [n] stay on
+        the device (the fed lists hold placeholders)."""
+        n = len(views)
+        logits = self.runner.run(StepInputs([len(v.seq) + offset for v in views], [[0]] * n,
+                                            [v.block_table for v in views], [[0]] * n,
+                                            on_device=(list(range(n)), tokens)))
         for view in views:
             view.num_computed_tokens = len(view.seq) + offset + 1
         return logits

@@ -50,10 +50,9 @@ class DraftSeq:
 
 
 def sampling_of(params: list[DraftParams], device) -> SamplingTensors:
-    return SamplingTensors(torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-                           torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-                           torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-                           torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device))
+    # DraftParams carries SamplingParams' names; from_params also records what the host knows
+    # (filters on, greedy rows), so the probability rows are made without reading the tensors back
+    return SamplingTensors.from_params(params, device)
 
 
 class Trunk:
