@@ -6,6 +6,7 @@ The math itself (fan-out solver, b*, q_C, Theorem 15 exactly) is in test_saguaro
 exactness at T > 0 with C < 1 is in test_distribution.py.
 """
 import logging
+from dataclasses import replace
 import math
 
 import pytest
@@ -47,6 +48,10 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
     config = EngineConfig(model=target, draft_model=noisy_draft, num_speculative_tokens=3, ssd_fanout="geometric",
                           calibration_dir=str(out))
     assert plan_saguaro(config.parts().speculative, target, noisy_draft).fanouts == [(0.0, geometric_fanout(cal.alpha, cal.r, cal.budget, 3))]
+    # a build cut to b rows takes the rule's own optimum at b
+    auto_plan = plan_saguaro(replace(config, ssd_fanout="auto").parts().speculative, target, noisy_draft)
+    assert auto_plan.fanout_tables == [(0.0, [fanout_for_outcomes(cal.outcome_probs, cal.r, b)
+                                              for b in range(1, cal.budget + 1)])]
     # before any round the rule's b* comes from the calibration's numbers
     assert summary["critical_batch_size"] == critical_batch_size(cal.p_hit, cal.e_primary, cal.e_fast, cal.t_p,
                                                                  cal.t_slow)

@@ -35,6 +35,7 @@ from ssd_engine.saguaro.fallback import (
 from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
 from ssd_engine.saguaro.fanout import (
     expected_hit_rate,
+    fanout_for_outcomes,
     geometric_fanout,
     geometric_fanout_real,
     outcome_probabilities,
@@ -627,6 +628,20 @@ def test_a_scaled_fanout_sums_to_its_budget_and_keeps_the_plans_order():
         assert all(scaled[i] >= scaled[j] for i in range(5) for j in range(5) if planned[i] > planned[j])
     assert scale_fanout(planned, 13) == planned and scale_fanout(planned, 20) == planned
     assert scale_fanout(planned, 1) == [0, 0, 0, 0, 1]
+
+
+def test_a_cut_build_takes_the_plans_own_fanout_at_its_share():
+    """Scaling the planned integers down cannot tell which of two single branches is likelier;
+    the plan's table can: on this pair's measured outcome law (P(K) = 0.50 against P(1) = 0.17)
+    one row goes to k = K."""
+    probs, r = [0.156, 0.1743, 0.1284, 0.0367, 0.5046], 1.53
+    planned = fanout_for_outcomes(probs, r, 2)
+    assert planned == [0, 1, 0, 0, 1] and scale_fanout(planned, 1) == [0, 1, 0, 0, 0]
+    table = [fanout_for_outcomes(probs, r, b) for b in (1, 2)]
+    budget = BuildBudget(cap=1)
+    assert budget.fanouts([planned], [table]) == [[0, 0, 0, 0, 1]]
+    assert budget.fanouts([planned]) == [[0, 1, 0, 0, 0]]  # without a table: scaled
+    assert BuildBudget().fanouts([planned], [table]) == [planned]  # no cap: the plan
 
 
 def test_the_build_budget_cuts_in_proportion_and_grows_by_one_row():

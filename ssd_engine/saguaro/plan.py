@@ -9,7 +9,7 @@ from ssd_engine.config_parts import SpeculativeConfig, SSDConfig
 from ssd_engine.saguaro import calibration as cal_mod
 from ssd_engine.saguaro.calibration import Calibration, find_calibrations
 from ssd_engine.saguaro.fallback import Estimates, FallbackPolicy
-from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout, uniform_fanout
+from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout, scale_fanout, uniform_fanout
 
 log = logging.getLogger("ssd_engine")
 
@@ -17,6 +17,9 @@ log = logging.getLogger("ssd_engine")
 @dataclass
 class SaguaroPlan:
     fanouts: list                  # [(temperature, [F_0..F_K])]
+    # [(temperature, [F at budget 1, F at budget 2, ..., F at the planned budget])]: what a build
+    # that the run-time budget cuts to b rows prepares (speculative/ssd/draft/build_budget.py)
+    fanout_tables: list
     policy: FallbackPolicy
     calibrations: list[Calibration]
 
@@ -44,17 +47,22 @@ def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: s
                     cal_mod.DEFAULT_T_P)
     entries = calibrations or [None]
     fanouts = [(c.temperature if c else 0.0, _fanout(ssd, c, k)) for c in entries]
+    tables = [(t, [_fanout(ssd, c, k, b) for b in range(1, sum(f) + 1)] or [f]) for (t, f), c in zip(fanouts, entries)]
     prior = _prior(calibrations, k)
     if timing is not None:
         prior = replace(prior, t_p=timing[0], t_slow=timing[1])
     policy = FallbackPolicy(ssd.fallback, prior, ssd.critical_batch)
-    return SaguaroPlan(fanouts, policy, calibrations)
+    return SaguaroPlan(fanouts, tables, policy, calibrations)
 
 
-def _fanout(ssd: SSDConfig, cal: Calibration | None, k: int) -> list[int]:
+def _fanout(ssd: SSDConfig, cal: Calibration | None, k: int, budget: int | None = None) -> list[int]:
+    """The fan-out at the planned budget, or at `budget`: each rule's own optimum there (Theorem 12's
+    on the measured P(k) keeps the likeliest outcomes' branches; shrinking the planned integers
+    cannot tell which of two single branches is likelier), a user's fan-out scaled down."""
+    planned = ssd.budget if ssd.budget is not None else (cal.budget if cal else k + 1)
     if ssd.fanout is not None:
-        return list(ssd.fanout)
-    budget = ssd.budget if ssd.budget is not None else (cal.budget if cal else k + 1)
+        return list(ssd.fanout) if budget is None else scale_fanout(list(ssd.fanout), budget)
+    budget = planned if budget is None else budget
     if ssd.fanout_rule == "uniform":
         return uniform_fanout(budget, k)
     if cal is None:

@@ -72,7 +72,8 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
                                engine, [(1, 1), (k + 1, 1), (max(branch_rows, 1), k)], cores, threads)
     spec = DraftSpec(runner, parts.speculative.k, vocab, tuple((t, tuple(f)) for t, f in plan.fanouts),
                      parts.speculative.ssd.saguaro_c, parts.scheduler.max_num_seqs, parts.seed,
-                     parts.speculative.ssd.fit_window, parts.speculative.ssd.synthetic_hit)
+                     parts.speculative.ssd.fit_window, parts.speculative.ssd.synthetic_hit,
+                     tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables))
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
                             stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
                             engine.device, plan)

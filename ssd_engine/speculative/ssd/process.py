@@ -31,6 +31,9 @@ class DraftSpec:
     seed: int
     fit_window: bool = False  # shrink builds that outlast the verification (draft/build_budget.py)
     synthetic_hit: float | None = None  # benchmarking: P(a lookup hits), whatever the cache holds
+    # ((temperature, (F at budget 1, ..., F at the planned budget)), ...): the fan-out a build the
+    # run-time budget cuts prepares; empty: the planned fan-out scaled down
+    fanout_tables: tuple = ()
 
     def to_args(self) -> dict:
         """Plain values for the child's JSON arguments."""

@@ -13,7 +13,10 @@ request) and caps the next build's branch rows:
   up to the plan.
 
 Rows are shared out over the sequences in proportion to their planned budgets, and each
-sequence's fan-out shrinks keeping its planned shape (saguaro/fanout.py `scale_fanout`). Exactness
+sequence takes the plan's own fan-out at its share (saguaro/plan.py `fanout_tables`: Theorem 12
+at that budget keeps the likeliest outcomes' branches, where shrinking the planned integers could
+keep a branch on an unlikely k and drop the likeliest), or without a table its planned fan-out
+scaled down keeping its shape (saguaro/fanout.py `scale_fanout`). Exactness
 does not depend on any of this: every speculation is verified against the q rows it was drawn from.
 """
 from dataclasses import dataclass
@@ -28,12 +31,19 @@ HEADROOM = 0.95
 class BuildBudget:
     cap: int | None = None    # branch rows the next build may decode over all sequences (None: the plan)
 
-    def fanouts(self, planned: list[list[int]]) -> list[list[int]]:
-        """Each sequence's fan-out for the next build, from its planned one, within the cap."""
+    def fanouts(self, planned: list[list[int]], tables: list[list] | None = None) -> list[list[int]]:
+        """Each sequence's fan-out for the next build, from its planned one, within the cap: its
+        table's entry at its share of the cap (the plan's own fan-out at that budget), else the
+        planned one scaled down."""
         total = sum(map(sum, planned))
         if self.cap is None or self.cap >= total:
             return [list(p) for p in planned]
-        return [scale_fanout(p, max(min(1, sum(p)), self.cap * sum(p) // total)) for p in planned]
+        tables = tables or [[] for _ in planned]
+        out = []
+        for p, table in zip(planned, tables):
+            share = max(min(1, sum(p)), self.cap * sum(p) // total)
+            out.append(list(table[share - 1]) if 0 < share <= len(table) else scale_fanout(p, share))
+        return out
 
     def update(self, window_s: float, build_s: float, glue_s: float, rows: int, planned_rows: int) -> None:
         """After a build of `rows` branch rows that took `build_s` (`glue_s` of it the glue

@@ -32,7 +32,8 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     # the scratch pages sit past the target-sized cache the server's block manager hands out
     runner = replace(spec.runner, cache=replace(cache, num_kv_blocks=cache.num_kv_blocks + scratch_pages)).build()
     server = new_server(runner, cache.num_kv_blocks, cache.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
-                        spec.max_num_seqs, spec.seed, spec.fit_window, spec.synthetic_hit)
+                        spec.max_num_seqs, spec.seed, spec.fit_window, spec.synthetic_hit,
+                        [(t, [list(f) for f in table]) for t, table in spec.fanout_tables])
     runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps
     supervise.announce_ready(store, READY_KEY)
     link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device))

@@ -19,11 +19,13 @@ from ssd_engine.speculative.ssd.source import Source
 
 class DraftServer:
     def __init__(self, trunk: Trunk, builder: CacheBuilder, fanouts: list, seed: int,
-                 budget: BuildBudget | None = None, synthetic_hits: BernoulliDraws | None = None) -> None:
+                 budget: BuildBudget | None = None, synthetic_hits: BernoulliDraws | None = None,
+                 fanout_tables: list | None = None) -> None:
         self.trunk, self.builder, self.seed = trunk, builder, seed
         self.synthetic_hits = synthetic_hits  # benchmarking: hit or miss drawn, not looked up
         self.fanouts = fanouts  # [(temperature, F_0..F_K)]: a sequence takes the nearest temperature's
         self.budget = budget    # None: every build prepares the planned fan-out
+        self.fanout_tables = fanout_tables or []  # [(temperature, [F at budget 1..planned])]
         self.seqs: dict[int, DraftSeq] = {}
         self.build_seconds = self.lookup_seconds = 0.0
         self.planned_rows = 0   # the last build's branch rows had it followed the plan
@@ -49,8 +51,9 @@ class DraftServer:
                     self.trunk.drop(old)
                 draft_gen, backup_gen = self._generators(e.seq_id, e.params, len(e.tokens))
                 planned = fanout_for(self.fanouts, e.params.temperature)
+                table = fanout_for(self.fanout_tables, e.params.temperature) if self.fanout_tables else []
                 self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, draft_gen, backup_gen,
-                                               planned_fanout=planned, fanout=list(planned))
+                                               planned_fanout=planned, fanout=list(planned), fanout_table=table)
                 continue
             seq = self.seqs[e.seq_id]
             seq.tokens.extend(e.tokens)
@@ -112,7 +115,8 @@ class DraftServer:
             planned = [s.planned_fanout for s in speculating]
             self.planned_rows = sum(map(sum, planned))
             if self.budget is not None:
-                for seq, fanout in zip(speculating, self.budget.fanouts(planned)):
+                tables = [s.fanout_table for s in speculating]
+                for seq, fanout in zip(speculating, self.budget.fanouts(planned, tables)):
                     seq.fanout = fanout
             self.builder.build(speculating)
         behind = [s for s in self.seqs.values() if s.sent is None and len(s.trunk) < len(s) - 1]
@@ -137,7 +141,7 @@ class DraftServer:
         return draft, stream_generator(seed, Stream.BACKUP, "draft process", *salt, device=device)
 
 
-def fanout_for(fanouts: list, temperature: float) -> list[int]:
+def fanout_for(fanouts: list, temperature: float) -> list:
     """Greedy sequences take a greedy entry when there is one; sampled ones the closest T > 0."""
     pool = [f for f in fanouts if (f[0] == 0) == (temperature == 0)] or fanouts
     return list(min(pool, key=lambda f: abs(f[0] - temperature))[1])
@@ -145,15 +149,16 @@ def fanout_for(fanouts: list, temperature: float) -> list[int]:
 
 def new_server(runner, num_blocks: int, block_size: int, k: int, vocab: int, fanouts: list, saguaro_c: float,
                max_num_seqs: int, seed: int, fit_window: bool = False,
-               synthetic_hit: float | None = None) -> DraftServer:
+               synthetic_hit: float | None = None, fanout_tables: list | None = None) -> DraftServer:
     """`runner`'s cache must hold num_blocks pages for trunks plus scratch_slots(...) for branches.
     `fit_window`: shrink builds that outlast the target's verification (build_budget.py);
-    `synthetic_hit` (benchmarking only): the probability that a lookup hits, drawn per lookup."""
+    `synthetic_hit` (benchmarking only): the probability that a lookup hits, drawn per lookup;
+    `fanout_tables`: per temperature, the fan-out at each budget up to the planned one."""
     blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
     trunk = Trunk(runner, blocks, k, vocab, saguaro_c)
     builder = CacheBuilder(trunk, num_blocks * block_size, max_branches(fanouts, max_num_seqs))
     return DraftServer(trunk, builder, fanouts, seed, BuildBudget() if fit_window else None,
-                       synthetic_draws(synthetic_hit, seed, "cache hits"))
+                       synthetic_draws(synthetic_hit, seed, "cache hits"), fanout_tables)
 
 
 def max_branches(fanouts: list, max_num_seqs: int) -> int:

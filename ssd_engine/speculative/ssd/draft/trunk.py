@@ -33,6 +33,7 @@ class DraftSeq:
     cache: dict = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
     planned_fanout: list[int] = field(default_factory=list)  # F_0..F_K from the Saguaro plan
     fanout: list[int] = field(default_factory=list)  # F_0..F_K this build prepares (<= planned, build_budget.py)
+    fanout_table: list = field(default_factory=list)  # the plan's fan-out at budgets 1..planned ([]: scale it)
     ranked: list | None = None                # per position 1..K+1 of `sent`: the draft's top RANK_DEPTH ids
     bonus_rank: int = -1                      # the last outcome's bonus among its candidates (protocol.py)
 
