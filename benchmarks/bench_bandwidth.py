@@ -89,13 +89,15 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
     from ssd_engine.engine.model_runner import DTYPES, ModelRunner, StepInputs
     from ssd_engine.models.loader import load_config
     config = EngineConfig(model=model_path, speculative_mode="ar", device=args.device, num_threads=args.threads,
-                          enforce_eager=args.enforce_eager)
+                          load_format=args.load_format, enforce_eager=args.enforce_eager,
+                          compile_model="on" if args.compile else "off")
     layout = config.weight_layout  # the engine's own choices: layout, attention backend, CUDA graphs
     pages = -(-(args.context + 1) // BLOCK_SIZE)
     max_batch = max(args.batch)
-    runner = ModelRunner(model_path, load_config(model_path), num_kv_blocks=max_batch * pages, block_size=BLOCK_SIZE,
-                         max_position=args.context + 2, dtype=DTYPES[args.dtype], device=device,
-                         weight_layout=layout, cuda_graph_max_batch=config.graph_max_batch)
+    runner = ModelRunner(model_path, load_config(model_path, args.load_format), num_kv_blocks=max_batch * pages,
+                         block_size=BLOCK_SIZE, max_position=args.context + 2, dtype=DTYPES[args.dtype], device=device,
+                         weight_layout=layout, cuda_graph_max_batch=config.graph_max_batch,
+                         compile_model=config.compiled, load_format=args.load_format)
     runner.capture_graphs([("paged", 1)])  # as the engine does at start-up (GPU only)
     tables = [list(range(i * pages, (i + 1) * pages)) for i in range(max_batch)]
     prompt = [3 + i % 250 for i in range(args.context)]  # ids every vocabulary has
@@ -119,12 +121,30 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
                 times.append(time.perf_counter() - start)
         weights, kv = step_bytes(runner, batch, args.context)
         rows.append(dict(batch=batch, weights=weights, kv=kv, seconds=statistics.median(times), layout=layout,
-                         graphs="on" if runner.graphs is not None else "off"))
+                         kernels=gpu_kernels(runner, step, device),
+                         graphs="on" if runner.graphs is not None else "off",
+                         compiled="on" if runner.compiled is not None else "off"))
     del runner
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows
+
+
+def gpu_kernels(runner, step, device: torch.device) -> str:
+    """Kernels one step runs on the GPU, as the profiler (CUPTI) records them ('n/a' on a CPU): the
+    goal is about 10 per decoder layer."""
+    if device.type != "cuda":
+        return "n/a"
+    from torch.profiler import ProfilerActivity, profile
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            runner.run(step)
+            torch.cuda.synchronize()
+        count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    except Exception as error:  # a profiler that cannot trace here must not cost the bandwidth figures
+        return f"failed: {type(error).__name__}"
+    return f"{count} ({count / runner.config.num_hidden_layers:.1f} per layer)"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -140,6 +160,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--ceiling-gib", type=float, default=1.0, help="size of the ceiling's fp32 buffers")
     p.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs (GPU), plain weights (CPU)")
+    p.add_argument("--load-format", default="auto", choices=("auto", "dummy"),
+                   help="dummy: random weights from config.json alone (e.g. configs/shapes/*)")
+    p.add_argument("--compile", action="store_true", help="the forward compiled (compile_model='on')")
     p.add_argument("--out", default=None, help="Markdown file (default: results/DATE-bandwidth-DEVICE.md)")
     args = p.parse_args(argv)
     args.batch = [int(b) for b in args.batch.split(",") if b.strip()]
@@ -169,17 +192,17 @@ def main(argv: list[str] | None = None) -> str:
     peak = peak_bytes_per_s(device_name(args.device)) if device.type == "cuda" else None
     pct = lambda part, whole: f"{100 * part / whole:.0f}%" if whole else "n/a"
     lines = ["| model | dtype | batch | context | bytes per step (MB) | of which KV (MB) | step ms | achieved GB/s "
-             "| ceiling GB/s | % of ceiling | % of peak |", "|" + "---|" * 11]
+             "| ceiling GB/s | % of ceiling | % of peak | GPU kernels per step |", "|" + "---|" * 12]
     layouts = []
     for role, path in models:
         rows = time_decode(path, args, device)
-        layouts.append(f"{role} {rows[0]['layout']}, CUDA graphs {rows[0]['graphs']}")
+        layouts.append(f"{role} {rows[0]['layout']}, CUDA graphs {rows[0]['graphs']}, compiled forward {rows[0]['compiled']}")
         for r in rows:
             total = r["weights"] + r["kv"]
             achieved = total / r["seconds"]
             lines.append(f"| {role} ({os.path.basename(path.rstrip('/'))}) | {args.dtype} | {r['batch']} "
                          f"| {args.context} | {total / 1e6:.1f} | {r['kv'] / 1e6:.1f} | {r['seconds'] * 1e3:.2f} "
-                         f"| {achieved / 1e9:.1f} | {best / 1e9:.1f} | {pct(achieved, best)} | {pct(achieved, peak)} |")
+                         f"| {achieved / 1e9:.1f} | {best / 1e9:.1f} | {pct(achieved, best)} | {pct(achieved, peak)} | {r['kernels']} |")
     table = "\n".join(lines)
     cores = sorted(os.sched_getaffinity(0))
     # the affinity was set outside (taskset): put it into the command that reproduces the run

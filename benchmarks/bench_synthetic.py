@@ -4,6 +4,7 @@ alpha, synthetic_hit p), next to the paper's predictions from the same run's mea
 
     python benchmarks/bench_synthetic.py                     # the default pair's shapes, alpha 0.5,0.7,0.9
     python benchmarks/bench_synthetic.py --target configs/shapes/qwen2.5-7b --k 2,4 --budget 2,4,8 --batch 1,4
+    python benchmarks/bench_synthetic.py --device cuda --target configs/shapes/qwen2.5-7b --alpha 0.8 --k 4
 
 Sweeps alpha, K, the SSD budget B (the fan-out's sum) and the hit rate p, at each batch size: AR
 runs once, SD once per alpha (every K), SSD once per (alpha, B, p) (every K), each in its own
@@ -40,6 +41,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--budget", default="4", help="SSD budgets B (the fan-out's sum)")
     p.add_argument("--hit", default="0.9", help="SSD synthetic hit rates p")
     p.add_argument("--batch", default="1", help="batch sizes")
+    p.add_argument("--device", default="cpu", help="cpu | cuda: on one GPU the SSD draft process shares it with the target")
     p.add_argument("--fallback", default="jit", choices=("jit", "fast", "auto"), help="what an SSD miss takes")
     p.add_argument("--draft-dtype", default="auto", choices=("auto", "fp32", "bf16", "int8", "int4"))
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per random-id prompt")
@@ -79,7 +81,7 @@ def bench_argv(a, mode: str, alpha: float | None = None, budget: int | None = No
     argv = ["--model", a.target, "--draft", a.draft, "--mode", mode, "--load-format", "dummy",
             "--k", ",".join(map(str, a.k)), "--batch", ",".join(map(str, a.batch)), "--draft-dtype", a.draft_dtype,
             "--new-tokens", str(a.new_tokens), "--cores", a.cores, "--draft-cores", a.draft_cores,
-            "--prefix", str(a.prefix), "--reps", str(a.reps), "--fallback", a.fallback]
+            "--prefix", str(a.prefix), "--reps", str(a.reps), "--fallback", a.fallback, "--device", a.device]
     if alpha is not None:
         argv += ["--synthetic-acceptance", str(alpha)]
     if budget is not None:
@@ -96,7 +98,7 @@ def run_sweep(a) -> dict:
     vocab = min(load_config(a.target, "dummy").vocab_size, load_config(a.draft, "dummy").vocab_size)
     prompt_sets = {"random-ids": random_prompts(a.num_prompts, a.prompt_len, vocab)}
     ar_opts = options.parse(bench_argv(a, "ar"))
-    sweep = {"date": datetime.date.today().isoformat(), "machine": machine_line(), "cpu": describe(),
+    sweep = {"date": datetime.date.today().isoformat(), "machine": machine_line(a.device), "cpu": describe(),
              "placement": ar_opts.placement_text(), "target": shown(a.target), "draft": shown(a.draft),
              "command": "python benchmarks/bench_synthetic.py " + " ".join(a.argv), "prompt_len": a.prompt_len,
              "num_prompts": a.num_prompts, "new_tokens": a.new_tokens, "fallback": a.fallback, "prefix": a.prefix,

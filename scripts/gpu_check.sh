@@ -1,47 +1,69 @@
 #!/usr/bin/env bash
-# Everything the GPU path needs checked on a lent GPU, in one call of the device tool:
+# Everything the GPU path needs checked on a lent GPU:
 #
-#     bash scripts/gpu_check.sh "$OUT"
+#     bash scripts/gpu_check.sh OUT                       # every stage, in order
+#     bash scripts/gpu_check.sh OUT tests anchor          # some stages (the device tool allows 10 minutes a call)
 #
-# 1. correctness: greedy AR / SD / SSD token-identical to transformers on the GPU (fp32), and in bf16
-#    each greedy token the target's fp64 argmax up to bf16 noise, the Triton kernels compiled for the
-#    GPU against the references, real CUDA graph capture, flash-attn if present;
-# 2. speed: kernels vs the torch reference and engine decode per backend, eager vs CUDA graphs (bf16);
-# 3. achieved decode memory bandwidth against the GPU's datasheet peak.
-# The default pair's weights cannot travel to the GPU machine (no network there, 64 MiB carried), so
-# speed is measured on random models of the target's and draft's exact shapes: speed does not depend
-# on the weights' values. Each result file names the device; copy them into benchmarks/results/.
+# Stages:
+#   tests      the CUDA tests (real kernels, real CUDA graph capture, greedy AR/SD/SSD equal to transformers
+#              in fp32, bf16 greedy within the fp64 recompute's tolerance), eager and with every runner compiled
+#   kernels    the Triton attention kernels against the torch reference, and engine decode per backend
+#   bandwidth  one decode step at the default pair's shapes (bf16, batch 1/8/32, context 512) against the
+#              measured HBM ceiling: graphed, graphed + compiled, and eager; GPU kernels per step; the
+#              0.5B / 1.5B step ratio is the two models' batch-1 rows
+#   anchor     our AR against transformers' generate (dynamic cache; static cache + torch.compile) at the
+#              1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
+#   synthetic  AR / SD / SSD at synthetic acceptance, the SSD draft sharing the one GPU: alpha 0.8, K 4,
+#              batch 1 with the Qwen2.5-7B-shaped target and the 0.5B-shaped draft; then alpha 0.5/0.7/0.9,
+#              K 2/4/8, budgets 2/4/8, batch 1/8 at the default pair's shapes
+# Weights are random at real shapes (load_format="dummy", configs/shapes/): the default pair's weights
+# cannot travel to the GPU machine, and speed does not depend on the weights' values. Every result
+# file names the device; copy them into benchmarks/results/.
 set -u
 out=${1:-benchmarks/results}
+shift || true
+stages=${*:-tests kernels bandwidth anchor synthetic}
 day=$(date +%F)
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-unset TRITON_INTERPRET
+unset TRITON_INTERPRET SSD_ENGINE_EMULATE_CUDA_GRAPHS
+shapes=configs/shapes
+target=$shapes/qwen2.5-coder-1.5b-instruct
+draft=$shapes/qwen2.5-coder-0.5b-instruct
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/$day-gpu.txt"
 
-python -m pytest -q -rs tests/test_cuda_path.py tests/test_cuda_graphs.py tests/test_paged_attention_kernels.py \
-    tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py \
-    tests/test_bf16_exactness.py \
-    2>&1 | tail -40 | tee "$out/$day-cuda-tests.txt"
-
-python benchmarks/bench_cuda_kernels.py 2>/dev/null | tee "$out/$day-cuda-kernels.md"
-
-python - <<'EOF'
-# random checkpoints with the default pair's shapes (Qwen2.5-Coder-1.5B / 0.5B), byte tokenizer
-import sys
-from transformers import Qwen2Config, Qwen2ForCausalLM
-sys.path.insert(0, "tests")
-from tiny_checkpoints import byte_tokenizer
-shapes = {"/tmp/shape-1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                                  num_attention_heads=12, num_key_value_heads=2),
-          "/tmp/shape-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                  num_attention_heads=14, num_key_value_heads=2)}
-for path, shape in shapes.items():
-    config = Qwen2Config(vocab_size=151936, max_position_embeddings=4096, tie_word_embeddings=True, **shape)
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    byte_tokenizer().save_pretrained(path)
-EOF
-python benchmarks/bench_bandwidth.py --device cuda --model /tmp/shape-1.5b --draft /tmp/shape-0.5b \
-    --batch 1,8,32 --context 512 --steps 50 --out "$out/$day-bandwidth-cuda.md" 2>/dev/null
-python benchmarks/bench_bandwidth.py --device cuda --model /tmp/shape-1.5b --batch 1,8,32 --context 512 \
-    --steps 50 --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md" 2>/dev/null
+for stage in $stages; do
+    echo "== $stage" >&2
+    case $stage in
+    tests)
+        cuda_tests="tests/test_cuda_path.py tests/test_cuda_graphs.py tests/test_paged_attention_kernels.py
+            tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py
+            tests/test_bf16_exactness.py"
+        python -m pytest -q -rs $cuda_tests 2>&1 | tail -40 | tee "$out/$day-cuda-tests.txt"
+        python -m pytest -q -rs --compile-model tests/test_cuda_path.py tests/test_cuda_graphs.py 2>&1 \
+            | tail -40 | tee "$out/$day-cuda-tests-compiled.txt"
+        ;;
+    kernels)
+        python benchmarks/bench_cuda_kernels.py 2>/dev/null | tee "$out/$day-cuda-kernels.md"
+        ;;
+    bandwidth)
+        common="--device cuda --load-format dummy --model $target --draft $draft --batch 1,8,32 --context 512 --steps 50"
+        python benchmarks/bench_bandwidth.py $common --out "$out/$day-bandwidth-cuda.md" 2>/dev/null
+        python benchmarks/bench_bandwidth.py $common --compile --out "$out/$day-bandwidth-cuda-compiled.md" 2>/dev/null
+        python benchmarks/bench_bandwidth.py $common --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md" 2>/dev/null
+        ;;
+    anchor)
+        python benchmarks/bench_anchor.py --device cuda --model $target --compile --out "$out"
+        ;;
+    synthetic)
+        python benchmarks/bench_synthetic.py --device cuda --target $shapes/qwen2.5-7b --draft $draft \
+            --alpha 0.8 --k 4 --budget 4 --hit 0.9 --batch 1 --new-tokens 128 --prompt-len 512 --tag 7b-cuda --out "$out"
+        python benchmarks/bench_synthetic.py --device cuda --target $target --draft $draft --alpha 0.5,0.7,0.9 \
+            --k 2,4,8 --budget 2,4,8 --hit 0.9 --batch 1,8 --new-tokens 64 --tag sweep-cuda --out "$out"
+        ;;
+    *)
+        echo "unknown stage $stage (tests kernels bandwidth anchor synthetic)" >&2
+        exit 2
+        ;;
+    esac
+done

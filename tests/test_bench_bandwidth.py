@@ -76,3 +76,4 @@ def test_end_to_end_table(tiny_qwen2, tiny_llama, tmp_path):
         assert step_ms > 0 and achieved >= 0 and ceiling > 0  # a slow step of a tiny model rounds to 0.0 GB/s
         assert achieved == pytest.approx(total / (step_ms / 1e3) / 1e9, rel=0.06, abs=0.06)  # rounded cells
         assert re.fullmatch(r"\d+%", cells[9]) and cells[10] == "n/a"  # no datasheet peak on CPU
+        assert cells[11] == "n/a"  # GPU kernels are counted on a GPU only

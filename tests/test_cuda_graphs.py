@@ -54,7 +54,7 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     options = dict(device=DEVICE, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=32)
     if mode != "ar":
-        options.update(draft_model=model, speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="2",
+        options.update(draft_model=model, speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="1",
                        draft_timeout_s=300)
     with LLM(model, **options) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected

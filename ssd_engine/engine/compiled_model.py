@@ -1,8 +1,8 @@
 """The model's forward as one compiled region (torch.compile, inductor): EngineConfig.compile_model.
 
-Why: an eager one-token step dispatches ~85 aten ops per decoder layer (RMSNorm's casts and
-reductions, RoPE's gathers and halves, the weight formats' casts, SiLU-mul, residual adds, the
-attention reference). Compiled, a layer is 9 or 10 kernels: its four matmuls and the attention op
+Why: an eager one-token step dispatches 36 aten ops per decoder layer (19 of them compute: the
+norms, RoPE's roll and arithmetic, the matmuls, SiLU-mul, residual adds, the KV-cache writes and
+the attention reference), each a launch on a GPU and a few microseconds of host time anywhere. Compiled, a layer is 9 or 10 kernels: its four matmuls and the attention op
 (extern calls) and four fused ones (residual + RMSNorm twice, RoPE, SiLU-mul; one more padding the
 attention output where one-row matmuls are padded).
 

@@ -23,7 +23,8 @@ import ssd_engine.layers.compiled_ops  # noqa: F401  registers torch.ops.ssd_eng
 class DenseView:
     """The metadata expanded for the torch reference: padded [R, Lq] query grid over [R, L] keys."""
     gather_slots: torch.Tensor     # [R, L] cache slot of each key each row may read (padded)
-    token_to_padded: torch.Tensor  # [T] index of each query token in the padded [R * Lq] grid
+    token_to_padded: torch.Tensor | None  # [T] index of each query token in the padded [R * Lq] grid;
+                                          # None when every row has Lq queries (the grid is the tokens)
     mask: torch.Tensor             # [R, Lq, L] True where the query may attend the key
 
 
@@ -76,6 +77,8 @@ def _expand(meta: AttentionMetadata) -> DenseView:
         gather = torch.cat([gather, meta.path_slots.long()], dim=1)
         mask = torch.cat([mask, path], dim=2)
     tokens = meta.slot_mapping.shape[0]
+    if tokens == rows * max_q:  # decode, uniform verification, branch steps: nothing to pad
+        return DenseView(gather, None, mask)
     seq_index = torch.repeat_interleave(torch.arange(rows, device=dev), q_lens, output_size=tokens)
     token_to_padded = seq_index * max_q + torch.arange(tokens, device=dev) - starts[seq_index]
     return DenseView(gather, token_to_padded, mask)
@@ -90,14 +93,23 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     # CPU SDPA on bf16 (a draft's activations) takes a path 3-10x slower than fp32's for decode
     # rows, so the gathered keys are attended in fp32 there (a copy of what is read anyway)
     compute = torch.float32 if q.device.type == "cpu" else q.dtype
-    keys = k_cache[dense.gather_slots].to(compute).transpose(1, 2)    # [R, Hk, L, D]
-    values = v_cache[dense.gather_slots].to(compute).transpose(1, 2)
-    padded = q.new_zeros(rows * lq, heads, dim, dtype=compute)
-    padded[dense.token_to_padded] = q.to(compute)
-    queries = padded.view(rows, lq, heads, dim).transpose(1, 2)
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=dense.mask.unsqueeze(1), scale=scale,
-                                         enable_gqa=heads != k_cache.shape[1])
-    return out.transpose(1, 2).reshape(rows * lq, heads, dim)[dense.token_to_padded].to(q.dtype)
+    keys = _as(k_cache[dense.gather_slots], compute).transpose(1, 2)    # [R, Hk, L, D]
+    values = _as(v_cache[dense.gather_slots], compute).transpose(1, 2)
+    if dense.token_to_padded is None:
+        queries = _as(q, compute).view(rows, lq, heads, dim)
+    else:
+        queries = q.new_zeros(rows * lq, heads, dim, dtype=compute)
+        queries[dense.token_to_padded] = _as(q, compute)
+        queries = queries.view(rows, lq, heads, dim)
+    out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=dense.mask.unsqueeze(1),
+                                         scale=scale, enable_gqa=heads != k_cache.shape[1])
+    out = out.transpose(1, 2).reshape(rows * lq, heads, dim)
+    return _as(out if dense.token_to_padded is None else out[dense.token_to_padded], q.dtype)
+
+
+def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in dtype; x itself when it already is (a no-op `to` still costs a dispatch)."""
+    return x if x.dtype == dtype else x.to(dtype)
 
 
 Backend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]

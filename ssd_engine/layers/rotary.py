@@ -31,18 +31,26 @@ class RotaryEmbedding(nn.Module):
         inv_freq = inv_freq.cpu()
         freqs = torch.arange(max_position, dtype=torch.float, device="cpu")[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
+        half = emb.shape[-1] // 2
+        sin = emb.sin() * scaling
+        # the rotate-half sign folded into the table: x * sin_signed over x's halves swapped equals
+        # the reference's cat(-x2, x1) * sin bit for bit (a sign flip is exact), without neg and cat
+        sin[:, :half] = -sin[:, :half]
         device = torch.empty(0).device
         self.register_buffer("cos", (emb.cos() * scaling).to(device), persistent=False)
-        self.register_buffer("sin", (emb.sin() * scaling).to(device), persistent=False)
+        self.register_buffer("sin_signed", sin.to(device), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hk, D], positions: [T]."""
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, sin_signed) rows of `positions` as [T, 1, D] in `dtype`: gathered once per forward,
+        every layer shares them."""
+        cos, sin = self.cos[positions], self.sin_signed[positions]
+        if cos.dtype != dtype:
+            cos, sin = cos.to(dtype), sin.to(dtype)
+        return cos.unsqueeze(1), sin.unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x: [T, H, D] rotated by its positions' tables (RotaryEmbedding.tables): the halves swapped by
+    one roll where the reference slices, negates and concatenates."""
+    cos, sin_signed = tables
+    return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed

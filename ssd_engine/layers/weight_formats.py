@@ -42,8 +42,11 @@ class OneDNNWeight:
         self.nbytes = self.packed.numel() * self.packed.element_size()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        bias = None if bias is None else bias.to(self.dtype)
-        x = x.to(self.dtype)
+        # a no-op `to` still costs a dispatch a call, four times a layer
+        if bias is not None and bias.dtype != self.dtype:
+            bias = bias.to(self.dtype)
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
         rows = x.shape[0] if x.dim() == 2 else 0
         run_rows = padded_rows(rows, self.dtype) if rows else 0
         if run_rows > rows:  # a faster kernel from this many rows on (layers/row_padding.py)
@@ -69,9 +72,7 @@ class Int8Weight:
         self.nbytes = self.q.numel() + self.scales.numel() * 2
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        out = torch._weight_int8pack_mm(x.reshape(-1, x.shape[-1]).to(torch.bfloat16), self.q, self.scales)
-        out = out.reshape(*x.shape[:-1], -1)
-        return out if bias is None else out + bias.to(out.dtype)
+        return _rows_through(lambda rows: torch._weight_int8pack_mm(rows, self.q, self.scales), x, bias)
 
 
 class Int4Weight:
@@ -98,10 +99,20 @@ class Int4Weight:
         self.nbytes = self.packed.numel() * self.packed.element_size() + self.scales_and_zeros.numel() * 2
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.packed, self.group, self.scales_and_zeros)
+        return _rows_through(lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(
+            rows, self.packed, self.group, self.scales_and_zeros), x, bias)
+
+
+def _rows_through(matmul, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A weight-only op (bf16 rows in, bf16 out) on x's rows, then the bias. The engine's activations
+    are already 2-D bf16 rows: no reshape or cast is dispatched for them (each costs one a call)."""
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    out = matmul(rows if rows.dtype == torch.bfloat16 else rows.to(torch.bfloat16))
+    if x.dim() != 2:
         out = out.reshape(*x.shape[:-1], -1)
-        return out if bias is None else out + bias.to(out.dtype)
+    if bias is None:
+        return out
+    return out + (bias if bias.dtype == out.dtype else bias.to(out.dtype))
 
 
 def prepare(weight: torch.Tensor, fmt: str) -> PreparedWeight:

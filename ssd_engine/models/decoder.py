@@ -18,7 +18,9 @@ from ssd_engine.layers.attention import Attention, AttentionMetadata
 from ssd_engine.layers.embedding import VocabParallelEmbedding
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.norm import RMSNorm
-from ssd_engine.layers.rotary import RotaryEmbedding
+from ssd_engine.layers.rotary import RotaryEmbedding, rotate
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # one forward's (cos, sin_signed) rows: RotaryEmbedding.tables
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,7 @@ class ArchSwitches:
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config, switches: ArchSwitches, rotary: RotaryEmbedding, tp: TPGroup) -> None:
+    def __init__(self, config, switches: ArchSwitches, tp: TPGroup) -> None:
         super().__init__()
         heads = attention_head_shards(config.num_attention_heads, config.num_key_value_heads, tp.size)[tp.rank]
         self.num_heads, self.num_kv_heads = heads.q.size, heads.kv.size
@@ -46,17 +48,18 @@ class DecoderAttention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = switches.qk_norm
-        self.rotary = rotary
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
 
-    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
+    def forward(self, rope: Rope, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        qkv = self.qkv_proj(x)
+        q_cols, k_cols, _ = self.split
+        v = qkv[:, q_cols + k_cols:].view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+            q = rotate(self.q_norm(qkv[:, :q_cols].view(-1, self.num_heads, self.head_dim)), rope)
+            k = rotate(self.k_norm(qkv[:, q_cols:q_cols + k_cols].view(-1, self.num_kv_heads, self.head_dim)), rope)
+        else:  # q's and k's heads side by side in the projection: rotated together, one set of ops
+            qk = rotate(qkv[:, :q_cols + k_cols].view(-1, self.num_heads + self.num_kv_heads, self.head_dim), rope)
+            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
         return self.o_proj(self.attn(q, k, v, meta))
 
 
@@ -76,15 +79,15 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config, switches: ArchSwitches, rotary: RotaryEmbedding, tp: TPGroup) -> None:
+    def __init__(self, config, switches: ArchSwitches, tp: TPGroup) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(config, switches, rotary, tp)
+        self.self_attn = DecoderAttention(config, switches, tp)
         self.mlp = DecoderMLP(config, switches, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, positions, x, meta):
-        x = x + self.self_attn(positions, self.input_layernorm(x), meta)
+    def forward(self, rope: Rope, x, meta):
+        x = x + self.self_attn(rope, self.input_layernorm(x), meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -92,8 +95,8 @@ class DecoderModel(nn.Module):
     def __init__(self, config, switches: ArchSwitches, max_position: int, tp: TPGroup, vocab_rows: Span) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, vocab_rows, tp)
-        rotary = RotaryEmbedding(config, max_position)
-        self.layers = nn.ModuleList(DecoderLayer(config, switches, rotary, tp)
+        self.rotary = RotaryEmbedding(config, max_position)
+        self.layers = nn.ModuleList(DecoderLayer(config, switches, tp)
                                     for _ in range(config.num_hidden_layers))
         for index, layer in enumerate(self.layers):
             layer.self_attn.attn.layer_index = index
@@ -102,8 +105,9 @@ class DecoderModel(nn.Module):
     def forward(self, input_ids, positions, meta):
         """-> hidden [T, H]. engine/compiled_model.py compiles this whole function, meta None."""
         x = self.embed_tokens(input_ids)
+        rope = self.rotary.tables(positions, x.dtype)
         for layer in self.layers:
-            x = layer(positions, x, meta)
+            x = layer(rope, x, meta)
         return self.norm(x)
 
 
