@@ -112,3 +112,38 @@ def test_drafts_fed_from_the_device_give_the_same_inputs(runner):
         assert torch.equal(ids, want_ids) and torch.equal(positions, want_positions)
         assert torch.equal(meta.slot_mapping, want_meta.slot_mapping)
     assert prepared[1][0].tolist() == [9, 12]
+
+
+class _Uploads(torch.overrides.TorchFunctionMode):
+    """Tensors made from host values (`torch.tensor`), and moves of those onto the device object."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.made, self.moved = [], 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is torch.tensor:
+            self.made.append(out)
+        if func is torch.Tensor.to and any(args[0] is t for t in self.made) and \
+                any(isinstance(a, torch.device) for a in (*args[1:], *kwargs.values())):
+            self.moved += 1
+        return out
+
+
+def test_a_steps_host_values_cross_in_one_copy(tiny_qwen2):
+    """ids, positions, slots, key counts, query offsets, page tables, the device-held tokens' places
+    and the logit rows: one tensor from the host and one move (on CUDA pinned and non-blocking: a
+    copy from pageable memory would first wait for the stream to drain, engine/host_upload.py)."""
+    runner = ModelRunner(tiny_qwen2, load_config(tiny_qwen2), num_kv_blocks=16, block_size=4, max_position=64,
+                         dtype=torch.float32, device=DEVICE)
+    tables = [[0, 1, 2], [3, 4, 5]]
+    runner.run(StepInputs([0, 0], [[5, 6, 7], [8, 9]], tables, [[2], [1]]))
+    drafts = torch.tensor([11, 12], device=DEVICE)
+    step = StepInputs([3, 2], [[7, 0, 0], [9, 0, 0]], tables, [[0, 1, 2], [2]], on_device=([1, 4], drafts))
+    with torch.inference_mode(), _Uploads() as uploads:
+        logits = runner.run(step)
+    assert (len(uploads.made), uploads.moved) == (1, 1)
+    plain = runner.run(StepInputs([3, 2], [[7, 11, 0], [9, 12, 0]], tables, [[0, 1, 2], [2]]))
+    assert torch.equal(logits, plain)  # the device-held tokens landed where the lists put them

@@ -20,7 +20,8 @@ from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.compiled_model import CompiledModel
 from ssd_engine.engine.core import ScheduledBatch
 from ssd_engine.engine.cuda_graphs import GraphRunner
-from ssd_engine.layers.attention import AttentionMetadata, padded_block_tables, torch_attention
+from ssd_engine.engine.host_upload import padded_rows, upload
+from ssd_engine.layers.attention import AttentionMetadata, torch_attention
 from ssd_engine.layers.attention_backends import select_backend
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.linear import Linear
@@ -198,10 +199,16 @@ class ModelRunner:
 
     def prepare(self, inputs: StepInputs):
         """Flat input ids and positions plus the attention metadata of one step."""
-        bs, dev = self.block_size, self.device
-        ids, positions, slots, kv_lens, query_start = [], [], [], [], [0]
-        for start, fed, table in zip(inputs.starts, inputs.token_ids, inputs.block_tables):
+        return self._prepared(inputs)[:3]
+
+    def _prepared(self, inputs: StepInputs):
+        """prepare's three, and the flat index of the rows `inputs.logit_rows` names: all of it
+        crosses to the device in one copy (engine/host_upload.py)."""
+        bs = self.block_size
+        ids, positions, slots, kv_lens, query_start, logit_index = [], [], [], [], [0], []
+        for start, fed, table, rows in zip(inputs.starts, inputs.token_ids, inputs.block_tables, inputs.logit_rows):
             end = start + len(fed)
+            logit_index.extend(len(ids) + r for r in rows)
             ids.extend(fed)
             positions.extend(range(start, end))
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
@@ -209,26 +216,18 @@ class ModelRunner:
             query_start.append(query_start[-1] + len(fed))
         max_kv = max(kv_lens)
         pages = -(-max_kv // bs)
-        as_tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=dev)
-        input_ids = self._input_ids(ids, inputs.on_device)
+        held_at, held = inputs.on_device or ([], None)
+        ids_t, positions_t, slots_t, kv_lens_t, query_start_t, tables_t, held_at_t, logit_index_t = upload(
+            [ids, positions, slots, kv_lens, query_start, padded_rows(inputs.block_tables, pages), held_at,
+             logit_index], self.device)
+        if held is not None:  # device-held fed tokens (drafts) written in place there: no host read
+            held = held.to(self.device, torch.long)
+            ids_t = held if held_at == list(range(len(ids))) else ids_t.index_put_((held_at_t,), held)
         meta = AttentionMetadata(
-            slot_mapping=as_tensor(slots, torch.long),
-            block_tables=padded_block_tables(inputs.block_tables, pages, dev),
-            kv_lens=as_tensor(kv_lens, torch.int32), query_start=as_tensor(query_start, torch.int32),
+            slot_mapping=slots_t, block_tables=tables_t.view(len(kv_lens), pages).to(torch.int32),
+            kv_lens=kv_lens_t.to(torch.int32), query_start=query_start_t.to(torch.int32),
             max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
-        return input_ids, as_tensor(positions, torch.long), meta
-
-    def _input_ids(self, ids: list[int], on_device: tuple[list[int], torch.Tensor] | None) -> torch.Tensor:
-        """The flat fed ids on the device, device-held ones written in place there (no host read)."""
-        if on_device is None:
-            return torch.tensor(ids, dtype=torch.long, device=self.device)
-        at, values = on_device
-        values = values.to(self.device, torch.long)
-        if at == list(range(len(ids))):  # every fed token is device-held (a draft step): they are the ids
-            return values
-        input_ids = torch.tensor(ids, dtype=torch.long, device=self.device)
-        input_ids[at] = values
-        return input_ids
+        return ids_t, positions_t, meta, logit_index_t
 
     def copy_kv(self, src_slots: list[int], dst_slots: list[int]) -> None:
         """Every layer's K and V at src_slots written to dst_slots (a computed path kept as is)."""
@@ -261,13 +260,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
         """Forward one step; logits on rank 0, None on other tensor-parallel ranks."""
-        input_ids, positions, meta = self.prepare(inputs)
+        input_ids, positions, meta, logit_index = self._prepared(inputs)
         hidden = self._forward(input_ids, positions, meta)
-        flat, base = [], 0
-        for rows, fed in zip(inputs.logit_rows, inputs.token_ids):
-            flat.extend(base + r for r in rows)
-            base += len(fed)
-        if not flat:  # every rank agrees on this (same inputs), so no collective is skipped unevenly
+        if not logit_index.shape[0]:  # every rank agrees on this (same inputs): no collective is skipped unevenly
             return hidden.new_zeros(0, self.config.vocab_size, dtype=torch.float32) if self.tp.rank == 0 else None
-        logits = self.model.compute_logits(hidden[torch.tensor(flat, device=self.device)])
+        logits = self.model.compute_logits(hidden[logit_index])
         return logits.float() if logits is not None else None

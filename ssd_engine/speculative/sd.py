@@ -14,6 +14,7 @@ import torch
 
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
+from ssd_engine.engine.host_upload import upload
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
@@ -89,7 +90,7 @@ class SyncDraft:
         greedy = all(p.greedy for p in params)
         probs = None if greedy else torch.zeros(len(dec_views), self.k, self.runner.config.vocab_size, device=device)
         if drafting:
-            rows = torch.tensor([dec_views.index(v) for v in drafting], device=device)
+            (rows,) = upload([[dec_views.index(v) for v in drafting]], device)  # queued work keeps running
             drawn_tokens, drawn_probs = self._draft(drafting, logits, greedy)
             tokens[rows] = drawn_tokens
             if probs is not None:

@@ -1,0 +1,27 @@
+"""Host lists to the device in one copy that does not stop the host.
+
+`torch.tensor(values, device="cuda")` copies from pageable host memory, and such a copy first waits
+for the stream to drain: a step that uploads its ids, positions, slots, key counts, query offsets
+and page tables that way waits for the previous step's kernels five or six times before it can
+queue its own. Here every column goes into one pinned int64 staging tensor (torch's caching host
+allocator keeps it alive until the copy is done) and crosses in one non-blocking copy; columns
+are views of the device copy, cast on the device where an int32 is wanted. On a CPU the staging
+tensor is the result.
+"""
+import itertools
+
+import torch
+
+
+def upload(columns: list[list[int]], device: torch.device) -> list[torch.Tensor]:
+    """One int64 tensor per column, on `device`."""
+    cuda = device.type == "cuda"
+    flat = torch.tensor(list(itertools.chain.from_iterable(columns)), dtype=torch.long, pin_memory=cuda)
+    flat = flat.to(device, non_blocking=cuda)  # on a CPU the same tensor (profiling/sync_count.py marks it)
+    return list(flat.split([len(column) for column in columns]))
+
+
+def padded_rows(tables: list[list[int]], width: int) -> list[int]:
+    """Each table cut or zero-padded to `width` entries, row after row (padding is never read: key
+    counts stop short of it)."""
+    return [page for table in tables for page in table[:width] + [0] * (width - len(table[:width]))]
