@@ -36,7 +36,7 @@ import pytest
 import torch
 
 from ssd_engine.sampling import rejection
-from ssd_engine.sampling.rejection import VerifyResult, verify, verify_greedy
+from ssd_engine.sampling.rejection import VerifyResult, result_of, verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
 from stats_helpers import chi_square_pvalue
 
@@ -207,8 +207,7 @@ def accept_always(draft_tokens, draft_probs, target_probs, generators, num_draft
     """WRONG: emits every draft token, then a bonus from p_{K+1}."""
     n, k = draft_tokens.shape
     bonus = sample(target_probs[:, k], generators, default_generator)
-    tokens = [row + [b] for row, b in zip(draft_tokens.tolist(), bonus.tolist())]
-    return VerifyResult(torch.full((n,), k), tokens, bonus)
+    return result_of(draft_tokens.long(), torch.full((n,), k), bonus)
 
 
 def accept_if_argmax(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None):
@@ -217,8 +216,7 @@ def accept_if_argmax(draft_tokens, draft_probs, target_probs, generators, num_dr
     match = draft_tokens == target_probs[:, :k].argmax(-1)
     num_accepted = match.long().cumprod(1).sum(1)
     bonus = sample(target_probs[torch.arange(n), num_accepted], generators, default_generator)
-    tokens = [row[:a] + [b] for row, a, b in zip(draft_tokens.tolist(), num_accepted.tolist(), bonus.tolist())]
-    return VerifyResult(num_accepted, tokens, bonus)
+    return result_of(draft_tokens.long(), num_accepted, bonus)
 
 
 @pytest.mark.parametrize("broken", [accept_always, accept_if_argmax])

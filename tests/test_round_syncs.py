@@ -82,6 +82,7 @@ def test_verification_told_the_random_rows_reads_the_device_once():
     seeds = [torch.Generator().manual_seed(20 + i) for i in range(n)]
     with SyncCounter() as syncs:
         told = verify(drafts.to(DEVICE), q.to(DEVICE), target.to(DEVICE), seeds, num_draft, random_rows=random_rows)
+        told.output_tokens
     assert list(_syncs(syncs).values()) == [1]  # the result: drafts, accepted counts, bonus tokens at once
     assert torch.equal(seeds[0].get_state(), torch.Generator().manual_seed(20).get_state())
     read = verify(drafts, q, target, [torch.Generator().manual_seed(20 + i) for i in range(n)], num_draft)
@@ -147,3 +148,31 @@ def test_a_steps_host_values_cross_in_one_copy(tiny_qwen2):
     assert (len(uploads.made), uploads.moved) == (1, 1)
     plain = runner.run(StepInputs([3, 2], [[7, 11, 0], [9, 12, 0]], tables, [[0, 1, 2], [2]]))
     assert torch.equal(logits, plain)  # the device-held tokens landed where the lists put them
+
+
+def test_a_prefill_ending_beside_speculating_sequences_reads_once():
+    """Sequence 0 finishes its prefill (one sampled token), 1 and 2 verify K = 2 drafts: the sampled
+    token and the verification come back in one transfer, equal to reading them apart."""
+    from ssd_engine.engine.core import Proposal, Sequence
+    from ssd_engine.sampling.verifier import Verifier
+    k, gen = 2, torch.Generator().manual_seed(3)
+    params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, seed=2)]
+    logits = torch.randn(1 + 2 * (k + 1), VOCAB, generator=gen)
+    q = torch.softmax(torch.randn(2, k, VOCAB, generator=gen), -1)
+    drafts = torch.multinomial(q.view(-1, VOCAB), 1, generator=gen).view(2, k)
+    logit_rows, speculated = [[4], [0, 1, 2], [0, 1, 2]], [False, True, True]
+
+    def step(device, counter):
+        seqs = [Sequence([3, 4, 5], p, 4) for p in params]
+        proposal = Proposal(drafts.to(device), q.to(device), torch.tensor([k, k]))
+        with counter:
+            results = Verifier(torch.Generator().manual_seed(0)).sample_or_verify(
+                seqs, logit_rows, logits.to(device), speculated, proposal)
+        return [(r.tokens, r.accepted) for r in results]
+
+    syncs = SyncCounter()
+    together = step(DEVICE, syncs)
+    assert sum(syncs.counts.values()) == 1, _syncs(syncs)
+    assert len(together[0][0]) == 1 and all(len(tokens) >= 1 for tokens, _ in together[1:])
+    assert together == step("cpu", torch.inference_mode())  # plain host tensors: the same tokens

@@ -21,13 +21,14 @@ engine's way) the host says which rows draw (those whose sampling parameters are
 the target rows are not read on the host to find the one-hot ones.
 
 Device-to-host: a verification reads its result once (drafts, accepted counts and bonus tokens in
-one tensor), the round's one sync.
+one tensor), the round's one sync; a step that also samples other rows reads their tokens in the
+same transfer (``VerifyResult.read_with``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -38,8 +39,28 @@ from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 @dataclass
 class VerifyResult:
     num_accepted: Tensor  # [n] int64: accepted draft tokens per row
-    output_tokens: list[list[int]]  # per row: the accepted draft tokens, then the bonus token
     bonus_tokens: Tensor  # [n] int64: the last entry of each output_tokens row (t* of the outcome)
+    packed: Tensor  # [n, K + 2] int64 on the device: each row's drafts, accepted count, bonus
+    _tokens: list[list[int]] | None = field(default=None, repr=False)  # output_tokens, once read
+
+    @property
+    def output_tokens(self) -> list[list[int]]:
+        """Per row: the accepted draft tokens, then the bonus token (read at the first use)."""
+        if self._tokens is None:
+            self._tokens = _emitted(self.packed.tolist())
+        return self._tokens
+
+    def read_with(self, other: Tensor) -> list[int]:
+        """Reads the packed rows and `other` ([m] int64, the same device) in one transfer: a second
+        read would wait for the device again. -> other's values."""
+        n, width = self.packed.shape
+        values = torch.cat([self.packed.flatten(), other.to(torch.int64)]).tolist()
+        self._tokens = _emitted([values[i * width:(i + 1) * width] for i in range(n)])
+        return values[n * width:]
+
+
+def _emitted(packed_rows: list[list[int]]) -> list[list[int]]:
+    return [row[:row[-2]] + [row[-1]] for row in packed_rows]
 
 
 def verify(
@@ -140,8 +161,7 @@ def _num_draft(num_draft: Tensor | None, n: int, k_max: int, device: torch.devic
 
 
 def result_of(draft_tokens: Tensor, num_accepted: Tensor, bonus: Tensor) -> VerifyResult:
-    """[n, K] drafts, [n] accepted counts, [n] bonus tokens (int64, one device) -> the result, with
-    the emitted tokens read on the host once: three reads would each wait for the device."""
-    packed = torch.cat([draft_tokens, num_accepted.unsqueeze(1), bonus.unsqueeze(1)], dim=1).tolist()
-    tokens = [row[:row[-2]] + [row[-1]] for row in packed]
-    return VerifyResult(num_accepted=num_accepted, output_tokens=tokens, bonus_tokens=bonus)
+    """[n, K] drafts, [n] accepted counts, [n] bonus tokens (int64, one device) -> the result, whose
+    emitted tokens are read on the host once, in one tensor: three reads would each wait for the device."""
+    packed = torch.cat([draft_tokens, num_accepted.unsqueeze(1), bonus.unsqueeze(1)], dim=1)
+    return VerifyResult(num_accepted=num_accepted, bonus_tokens=bonus, packed=packed)

@@ -7,8 +7,8 @@ own streams, the others from the engine's (`generator`). With `synthetic` (bench
 sampling/synthetic.py) drafts are accepted by its draws instead, and the output is not the target's.
 
 Device-to-host: which rows draw randomness is decided from the sampling parameters on the host,
-so the only read is the emitted tokens (one for the sampled rows, one for the verified ones: a
-step that has both, a prefill ending beside speculating sequences, reads twice).
+so the only read is the emitted tokens, once a step: a step that both samples (a prefill ending
+beside speculating sequences) and verifies reads the two in one transfer.
 """
 from dataclasses import dataclass
 
@@ -39,14 +39,18 @@ class Verifier:
         for rows in logit_rows:
             first_row.append(first_row[-1] + len(rows))
         plain = [i for i, rows in enumerate(logit_rows) if rows and not speculated[i]]
-        if plain:
-            sampled = self.sample([seqs[i] for i in plain], logits[[first_row[i] for i in plain]])
-            for i, token in zip(plain, sampled.tolist()):
-                out[i] = StepResult([token])
         spec = [i for i, s in enumerate(speculated) if s]
+        # sampling first, then verification: the order the requests' random streams are drawn in
+        sampled = self.sample([seqs[i] for i in plain], logits[[first_row[i] for i in plain]]) if plain else None
+        result = None
         if spec:
             rows = torch.cat([torch.arange(first_row[i], first_row[i + 1]) for i in spec])
             result = self.verify([seqs[i] for i in spec], proposal, logits[rows])
+        if sampled is not None:
+            sampled_tokens = result.read_with(sampled) if result is not None else sampled.tolist()
+            for i, token in zip(plain, sampled_tokens):
+                out[i] = StepResult([token])
+        if result is not None:
             drafted = proposal.num_draft.tolist()  # a host tensor: the proposer knows its counts
             for j, i in enumerate(spec):
                 tokens = result.output_tokens[j]
