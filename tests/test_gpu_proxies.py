@@ -144,6 +144,18 @@ def test_engine_steps_are_measured_and_read_the_device_once(pair, mode):
         assert site.startswith(ONE_READ[mode]) and n == 1
 
 
+def test_sd_under_tensor_parallelism_reads_the_device_once(pair):
+    """Rank 0 sends its workers the drafts' places, and the drafts by broadcast: not read on the host."""
+    target, draft = pair
+    with LLM(target, speculative_mode="sd", draft_model=draft, num_speculative_tokens=3, draft_dtype="fp32",
+             tensor_parallel_size=2, max_model_len=128) as llm:
+        _, greedy = _steps(llm, temperature=0.0)
+        _, mixed = _steps(llm, temperature=0.7)
+    for syncs in greedy + mixed:
+        [(site, n)] = syncs["syncs_by_site"].items()
+        assert site.startswith(ONE_READ["sd"]) and n == 1
+
+
 def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
     raw = bench_ops.main(["--target", tiny_qwen2, "--draft", pair[1], "--formats", "int8", "--modes", "ar",
                           "--steps", "1", "--out", str(tmp_path)])

@@ -185,6 +185,27 @@ def test_a_hit_replies_with_the_cached_branch(nopad):
     assert server.lookup([0])[0].source == Source.JIT
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_just_in_time_draft_reads_the_device_once(nopad, temperature):
+    """Each draft token is fed to the next step from the device; the K drafts come back in one read,
+    and the trunk then holds them: what drafting the same tokens one by one from lists would hold."""
+    from ssd_engine.profiling.sync_count import SyncCounter
+    k = 3
+    server = _server(nopad, [1, 1, 1, 1], k)
+    server.apply(Request(entries=[Entry(0, -1, [5, 6, 7, 8], DraftParams(temperature=temperature))]))
+    server.build([])
+    server.apply(Request(entries=[Entry(0, -1, [9])]))
+    with SyncCounter() as syncs:
+        spec = server.lookup([0])[0]
+    assert spec.source == Source.JIT and sum(syncs.counts.values()) == 1, dict(syncs.counts)
+    assert server.seqs[0].trunk == [5, 6, 7, 8, 9] + spec.tokens[:k - 1]
+    if temperature == 0:
+        hf = AutoModelForCausalLM.from_pretrained(nopad, dtype=torch.float32).eval()
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([[5, 6, 7, 8, 9]]), max_new_tokens=k, do_sample=False)[0, 5:]
+        assert spec.tokens == want.tolist()
+
+
 def _hit_then_build(path: str, reuse: bool):
     """A hit on the k = 1 branch, then the next build: with `reuse` its path's K/V and step logits
     stand in for the glue, else the glue recomputes them."""

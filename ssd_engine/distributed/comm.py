@@ -77,6 +77,13 @@ class TPGroup:
             return None
         return torch.cat([part[:, :size] for part, size in zip(parts, sizes)], dim=1)
 
+    def broadcast(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank 0's `tensor` into every rank's (same shape and dtype) over the data group: on a GPU
+        it stays on the device, queued like the all-reduces (no host read)."""
+        if self.size > 1:
+            self._data.broadcast([tensor], _root0()).wait()
+        return tensor
+
     def send_command(self, method: str, *args) -> None:
         """Rank 0: broadcast one command to every worker (a length, then the pickled bytes)."""
         data = pickle.dumps((method, args))

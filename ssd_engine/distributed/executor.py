@@ -7,6 +7,9 @@ that fails (a worker died, or missed the deadline) becomes one clear error namin
 import contextlib
 import subprocess
 import threading
+from dataclasses import replace
+
+import torch
 
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
@@ -56,14 +59,16 @@ class TensorParallelRunner:
         return self.runner
 
     def forward(self, batch, logit_rows: list[list[int]], token_ids=None, on_device=None):
-        # the workers get plain lists: device-held drafts are read on the host here (one more
-        # device-to-host read per round than a single process needs)
-        inputs = StepInputs.from_batch(batch, logit_rows, token_ids, on_device).on_host()
+        inputs = StepInputs.from_batch(batch, logit_rows, token_ids, on_device)
         message = step_message([seq.seq_id for seq in batch.seqs], inputs, self.mirror, self.freed)
         self.freed = []
         with self._guard("a forward step"):
             self.in_step = True  # still set if interrupted (Ctrl-C): workers then wait inside a collective
             self.tp.send_command("forward", message)
+            if inputs.on_device is not None:  # device-held drafts go device to device: no host read
+                at, values = inputs.on_device
+                values = self.tp.broadcast(values.to(self.device, torch.long).contiguous())
+                inputs = replace(inputs, on_device=(at, values))
             logits = self.runner.run(inputs)
             self.in_step = False
             return logits

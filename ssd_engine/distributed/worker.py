@@ -39,8 +39,11 @@ class PageTableMirror:
 
 
 def step_message(seq_ids, inputs: StepInputs, mirror: PageTableMirror, freed: list[int]) -> tuple:
+    """What a worker needs to rebuild `inputs`; device-held fed tokens (SD's drafts) are not in it:
+    their places are, and their values follow by TPGroup.broadcast."""
     deltas = [mirror.delta(i, t) for i, t in zip(seq_ids, inputs.block_tables)]
-    return seq_ids, inputs.starts, inputs.token_ids, deltas, inputs.logit_rows, freed
+    held_at = inputs.on_device[0] if inputs.on_device is not None else None
+    return seq_ids, inputs.starts, inputs.token_ids, deltas, inputs.logit_rows, freed, held_at
 
 
 class Worker:
@@ -63,11 +66,15 @@ class Worker:
         self.runner.capture_graphs(keys)
 
     def forward(self, message: tuple) -> None:
-        seq_ids, starts, token_ids, deltas, logit_rows, freed = message
+        seq_ids, starts, token_ids, deltas, logit_rows, freed, held_at = message
         for seq_id in freed:
             self.mirror.forget(seq_id)
         tables = [self.mirror.apply(i, keep, new) for i, (keep, new) in zip(seq_ids, deltas)]
-        self.runner.run(StepInputs(starts, token_ids, tables, logit_rows))
+        on_device = None
+        if held_at is not None:
+            on_device = (held_at, self.tp.broadcast(torch.empty(len(held_at), dtype=torch.long,
+                                                                device=self.runner.device)))
+        self.runner.run(StepInputs(starts, token_ids, tables, logit_rows, on_device))
 
 
 def serve(tp: TPGroup) -> None:

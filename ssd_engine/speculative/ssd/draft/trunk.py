@@ -92,6 +92,17 @@ class Trunk:
             seq.trunk.extend(fed)
         return logits
 
+    def _extend_drawn(self, seqs: list[DraftSeq], drawn: torch.Tensor) -> torch.Tensor:
+        """Feed each sequence its drawn token ([n], on the device) without reading it: the trunk
+        holds a placeholder there until draft_jit writes the value. -> logits [n, V]."""
+        n = len(seqs)
+        inputs = StepInputs([len(s.trunk) for s in seqs], [[0]] * n, [s.block_table for s in seqs], [[0]] * n,
+                            on_device=(list(range(n)), drawn))
+        logits = self.runner.run(inputs)
+        for seq in seqs:
+            seq.trunk.append(0)
+        return logits
+
     def sample(self, logits: torch.Tensor, params: list[DraftParams], generators: list[torch.Generator | None],
                fanouts: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[n, V] logits -> tokens [n] and the rows they were drawn from [n, vocab] (None if all greedy).
@@ -103,7 +114,8 @@ class Trunk:
             return logits.argmax(dim=-1), None
         probs = sampling_of(params, logits.device).probs(logits)
         probs = saguaro_probs(probs, fanouts, self.saguaro_c)
-        return sample(probs, generators), probs  # every sampled row has its own stream (greedy: one-hot)
+        # every sampled row has its own stream (greedy rows: one-hot, no draw), told from the host
+        return sample(probs, generators, random_rows=[not p.greedy for p in params]), probs
 
     def draft_jit(self, seqs: list[DraftSeq]) -> list[Speculation]:
         """The primary drafting K tokens just in time (SD-style), for sequences that missed."""
@@ -112,13 +124,16 @@ class Trunk:
         params = [s.params for s in seqs]
         gens = [s.generator for s in seqs]
         logits = self.extend(seqs, [s.tokens[len(s.trunk):] for s in seqs], 1)[:, 0]
+        fed_from = [len(s.trunk) for s in seqs]
         tokens, rows = [], []
         for step in range(self.k):
             drawn, q = self.sample(logits, params, gens, [s.fanout[step] for s in seqs])
             tokens.append(drawn)
             rows.append(q)
             if step + 1 < self.k:
-                logits = self.extend(seqs, [[t] for t in drawn.tolist()], 1)[:, 0]
-        tokens = torch.stack(tokens, dim=1).tolist()
+                logits = self._extend_drawn(seqs, drawn)
+        tokens = torch.stack(tokens, dim=1).tolist()  # the K drafts' one read
+        for seq, start, drafted in zip(seqs, fed_from, tokens):
+            seq.trunk[start:] = drafted[:self.k - 1]  # the placeholders' values, now on the host
         return [Speculation(Source.JIT, tokens[i], None if rows[0] is None else torch.stack([r[i] for r in rows]))
                 for i in range(len(seqs))]
