@@ -10,6 +10,13 @@ import os
 import sys
 
 import pytest
+import torch
+
+# Without a GPU the Triton kernels' tests run them under Triton's interpreter, which `@triton.jit`
+# reads when a kernel module is imported: set it before any test module imports one, whatever
+# order the files are collected in (a test asking for a non-interpreted CPU run unsets it itself)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:

@@ -54,13 +54,6 @@ class AttentionMetadata:
         return self._dense
 
 
-def padded_block_tables(tables: list[list[int]], pages: int, device) -> torch.Tensor:
-    """[len(tables), pages] int32: each table cut or zero-padded to `pages` (padding is never read:
-    key counts stop short of it)."""
-    return torch.tensor([table[:pages] + [0] * (pages - len(table[:pages])) for table in tables],
-                        dtype=torch.int32, device=device)
-
-
 def _expand(meta: AttentionMetadata) -> DenseView:
     bs, dev = meta.block_size, meta.kv_lens.device
     rows, width, max_q = meta.kv_lens.shape[0], meta.max_kv_len, meta.max_query_len

@@ -21,7 +21,7 @@ import torch
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.protocol import RANK_DEPTH, Speculation
 from ssd_engine.speculative.ssd.source import Source
-from ssd_engine.layers.attention import padded_block_tables
+from ssd_engine.engine.host_upload import padded_rows, upload
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 KEEP_LOGITS_BYTES = 256 * 2**20  # ~40 branches x K = 4 at a 150k vocabulary; wider builds glue as before
@@ -114,14 +114,13 @@ class CacheBuilder:
         bs = trunk.blocks.block_size
         width = max(len(s.trunk) for s in seqs)
         pages = -(-width // bs)
-        tables = padded_block_tables([s.block_table for s in seqs], pages, device)
-        seq_index = torch.tensor(branch_seq, device=device)
         visible_host = [len(seqs[i]) + accepted for i, accepted in zip(branch_seq, branch_k)]  # fork = t*'s position
-        visible = torch.tensor(visible_host, device=device)
+        tables, seq_index, visible, ids = upload(
+            [padded_rows([s.block_table for s in seqs], pages), branch_seq, visible_host, branch_tok], device)
+        tables = tables.view(len(seqs), pages).to(torch.int32)
         scratch = (self.scratch_base + torch.arange(rows * k, device=device)).view(rows, k)
         params = [seqs[i].params for i in branch_seq]
         gens = [seqs[i].generator for i in branch_seq]
-        ids = torch.tensor(branch_tok, device=device)
         drawn, rows_q = [], []
         started = time.perf_counter()
         for step in range(k):
