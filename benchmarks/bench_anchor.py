@@ -113,7 +113,7 @@ def run_hf(a, prompt: list[int], cache: str) -> dict:
 def markdown(result: dict) -> str:
     ours = max(rate["decode_tok_s"] for name, rate in result["runs"].items() if name.startswith("ours"))
     lines = [f"# Anchor: our AR against transformers' generate, {result['date']}", "",
-             f"- Device: {result['machine']}; CPU: {result['cpu']}",
+             f"- Device: {result['machine']}; {result['placement']}",
              f"- Model: `{result['model']}` shapes, random weights, {result['dtype']}; batch 1, a {result['prompt_len']}-token "
              f"random-id prompt, {result['new_tokens']} new tokens (EOS ignored), best of {result['repeats']} timed calls",
              f"- Command: `{result['command']}`", "",
@@ -131,16 +131,22 @@ def main(argv: list[str] | None = None) -> dict:
     from ssd_engine.models.loader import load_config
     from suite.machine import machine_line
     prompt = _prompt(a.prompt_len, load_config(a.model, "dummy").vocab_size)
+    import torch
+    cores = sorted(os.sched_getaffinity(0))
+    placement = f"GPU {a.device}" if a.device.startswith("cuda") else f"both on cores {cores}, {len(cores)} thread(s)"
+    torch.set_num_threads(len(cores))  # transformers' torch threads = ours (the engine takes the affinity)
     runs = {"ours": run_ours(a, prompt, compiled=False)}
     if a.compile:
         runs["ours-compiled"] = run_ours(a, prompt, compiled=True)
     for cache in a.hf:
         runs[f"hf-{cache}"] = run_hf(a, prompt, cache)
     result = {"date": datetime.date.today().isoformat(), "machine": machine_line(a.device), "cpu": describe(),
+              "placement": placement,
               "model": os.path.relpath(os.path.abspath(a.model), REPO) if os.path.abspath(a.model).startswith(REPO)
               else os.path.basename(os.path.abspath(a.model)),
               "dtype": a.dtype, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens, "repeats": a.repeats,
-              "command": "python benchmarks/bench_anchor.py " + " ".join(argv), "runs": runs}
+              "command": " ".join([*(["taskset", "-c", ",".join(map(str, cores))] if len(cores) < os.cpu_count() else []),
+                                   "python benchmarks/bench_anchor.py", *argv]), "runs": runs}
     text = markdown(result)
     print(text)
     os.makedirs(a.out, exist_ok=True)
