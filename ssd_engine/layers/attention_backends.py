@@ -39,6 +39,10 @@ def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      scale: float) -> torch.Tensor:
     from ssd_engine.kernels.paged_attention import paged_attention, tree_attention
 
+    if q.device.type == "cpu" and q.dtype != torch.float32:
+        # Triton's CPU interpreter (tests only) computes bf16 wrongly (values ~1e8 off): it runs the
+        # same kernel in fp32 there; on a GPU bf16 runs natively (tests/test_paged_attention_kernels.py)
+        return triton_attention(q.float(), k_cache.float(), v_cache.float(), meta, scale).to(q.dtype)
     if meta.is_tree:
         return tree_attention(q, k_cache, v_cache, meta.block_tables, meta.table_rows, meta.kv_lens,
                               meta.path_slots, meta.path_lens, meta.block_size, scale, meta.query_start)

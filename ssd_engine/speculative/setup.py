@@ -85,7 +85,9 @@ def build_sync_draft(config, engine, target: RunnerSpec) -> SyncDraft:
     spec = with_draft_format(target.with_model(path=draft_path), engine.parts.speculative.draft_dtype, engine,
                              [(1, engine.parts.speculative.k)], None, torch.get_num_threads())
     runner = spec.build()
-    runner.capture_graphs([("paged", 1)])  # its one-token draft steps
+    # its one-token draft steps, and the catch-up after a round that accepted every draft (x_K and
+    # the bonus: two tokens a row; one after a rejection)
+    runner.capture_graphs([("paged", 1), ("paged", 2)])
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, engine.parts.speculative.k,
                      proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device))
 

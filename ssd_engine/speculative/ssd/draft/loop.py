@@ -34,7 +34,9 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     server = new_server(runner, cache.num_kv_blocks, cache.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
                         spec.max_num_seqs, spec.seed, spec.fit_window, spec.synthetic_hit,
                         [(t, [list(f) for f in table]) for t, table in spec.fanout_tables])
-    runner.capture_graphs([("paged", 1), ("tree", spec.k)])  # just-in-time drafts, branch steps
+    # just-in-time draft steps, the glue of a build that cannot reuse a hit's path (K + 1 tokens a
+    # row), branch steps
+    runner.capture_graphs([("paged", 1), ("paged", spec.k + 1), ("tree", spec.k)])
     supervise.announce_ready(store, READY_KEY)
     link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device))
     try:
