@@ -13,10 +13,11 @@ import itertools
 import torch
 
 
-def upload(columns: list[list[int]], device: torch.device) -> list[torch.Tensor]:
-    """One int64 tensor per column, on `device`."""
+def upload(columns: list[list], device: torch.device, dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
+    """One `dtype` tensor per column, on `device`."""
+    device = torch.device(device)
     cuda = device.type == "cuda"
-    flat = torch.tensor(list(itertools.chain.from_iterable(columns)), dtype=torch.long, pin_memory=cuda)
+    flat = torch.tensor(list(itertools.chain.from_iterable(columns)), dtype=dtype, pin_memory=cuda)
     flat = flat.to(device, non_blocking=cuda)  # on a CPU the same tensor (profiling/sync_count.py marks it)
     return list(flat.split([len(column) for column in columns]))
 

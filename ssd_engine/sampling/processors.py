@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from ssd_engine.engine.host_upload import upload
 from ssd_engine.sampling_params import SamplingParams
 
 
@@ -114,11 +115,14 @@ class SamplingTensors:
     def from_params(
         cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu"
     ) -> SamplingTensors:
+        # one copy to the device (engine/host_upload.py); float64 holds every top-k and rounds each
+        # float to float32 exactly as a float32 tensor made from it would
+        temperature, top_k, top_p, min_p = upload([[p.temperature for p in params], [p.top_k for p in params],
+                                                   [p.top_p for p in params], [p.min_p for p in params]],
+                                                  device, torch.float64)
         return cls(
-            temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
-            top_k=torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
-            top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
-            min_p=torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device),
+            temperature=temperature.to(torch.float32), top_k=top_k.to(torch.int64),
+            top_p=top_p.to(torch.float32), min_p=min_p.to(torch.float32),
             filtered=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
             any_greedy=any(p.temperature == 0 for p in params),
         )
