@@ -90,14 +90,15 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
     from ssd_engine.models.loader import load_config
     config = EngineConfig(model=model_path, speculative_mode="ar", device=args.device, num_threads=args.threads,
                           load_format=args.load_format, enforce_eager=args.enforce_eager,
-                          compile_model="on" if args.compile else "off")
+                          compile_model="on" if args.compile else "off", fused_kernels=args.fused_kernels)
     layout = config.weight_layout  # the engine's own choices: layout, attention backend, CUDA graphs
     pages = -(-(args.context + 1) // BLOCK_SIZE)
     max_batch = max(args.batch)
     runner = ModelRunner(model_path, load_config(model_path, args.load_format), num_kv_blocks=max_batch * pages,
                          block_size=BLOCK_SIZE, max_position=args.context + 2, dtype=DTYPES[args.dtype], device=device,
                          weight_layout=layout, cuda_graph_max_batch=config.graph_max_batch,
-                         compile_model=config.compiled, load_format=args.load_format)
+                         compile_model=config.compiled, load_format=args.load_format,
+                         fused_kernels=config.fused_kernels)
     runner.capture_graphs([("paged", 1)])  # as the engine does at start-up (GPU only)
     tables = [list(range(i * pages, (i + 1) * pages)) for i in range(max_batch)]
     prompt = [3 + i % 250 for i in range(args.context)]  # ids every vocabulary has
@@ -123,7 +124,8 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
         rows.append(dict(batch=batch, weights=weights, kv=kv, seconds=statistics.median(times), layout=layout,
                          kernels=gpu_kernels(runner, step, device),
                          graphs="on" if runner.graphs is not None else "off",
-                         compiled="on" if runner.compiled is not None else "off"))
+                         compiled="on" if runner.compiled is not None else "off",
+                         fused="on" if runner.fused_kernels else "off"))
     del runner
     gc.collect()
     if device.type == "cuda":
@@ -163,6 +165,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--load-format", default="auto", choices=("auto", "dummy"),
                    help="dummy: random weights from config.json alone (e.g. configs/shapes/*)")
     p.add_argument("--compile", action="store_true", help="the forward compiled (compile_model='on')")
+    p.add_argument("--fused-kernels", default="auto", choices=("auto", "on", "off"),
+                   help="a layer's elementwise ops as Triton kernels (auto: on CUDA unless compiled)")
     p.add_argument("--out", default=None, help="Markdown file (default: results/DATE-bandwidth-DEVICE.md)")
     args = p.parse_args(argv)
     args.batch = [int(b) for b in args.batch.split(",") if b.strip()]
@@ -196,7 +200,8 @@ def main(argv: list[str] | None = None) -> str:
     layouts = []
     for role, path in models:
         rows = time_decode(path, args, device)
-        layouts.append(f"{role} {rows[0]['layout']}, CUDA graphs {rows[0]['graphs']}, compiled forward {rows[0]['compiled']}")
+        layouts.append(f"{role} {rows[0]['layout']}, CUDA graphs {rows[0]['graphs']}, compiled forward {rows[0]['compiled']}, "
+                       f"fused layer kernels {rows[0]['fused']}")
         for r in rows:
             total = r["weights"] + r["kv"]
             achieved = total / r["seconds"]

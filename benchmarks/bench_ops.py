@@ -9,6 +9,9 @@ forward, the sampler or the round's bookkeeping.
    the draft in each weight format, at the real shapes (the pair's configs, two layers, synthetic
    weights, as auto_mode/costs.py builds them); plus the rest of the step (inputs, LM head) and
    the sampling after it. On a GPU each compute op is a kernel launch. Goal: <= 10 per layer.
+   The GPU path (Triton attention and the fused layer kernels, kernels/fused_layer_ops.py) is
+   counted too, under Triton's interpreter: each Triton launch one kernel, split-KV attention as an
+   H100 runs a batch-1 decode (`--gpu-path`, on by default).
 2. Ops and device-to-host syncs per engine step (ssd_engine/profiling/step_count.py): an AR step,
    an SD round, an SSD round (the coordinator's side), greedy and sampled, on a tiny pair (syncs
    do not depend on the model's size). Goal: 1 sync per round (the accepted tokens).
@@ -17,6 +20,7 @@ Row padding (CPU only, measured per machine) is off while counting: the counts a
 every machine. Writes benchmarks/results/DATE-ops.md and .json (with the CPU model).
 """
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -34,13 +38,15 @@ TEMPERATURES = (0.0, 0.7)
 PREFIX = 32   # tokens in the KV cache before the counted decode step
 BLOCK = 16
 GOAL_OPS_PER_LAYER, GOAL_SYNCS_PER_ROUND = 10, 1
+H100_SMS = 132  # the GPU path's split-KV, as paged_attention._num_splits picks it on an H100
+os.environ.setdefault("TRITON_INTERPRET", "1")  # the GPU path's kernels, on CPU (read when they are imported)
 
 
 # ---- 1. ops per decoder layer at real shapes ----------------------------------------------------
-def _runner(path: str, fmt: str | None):
+def _runner(path: str, fmt: str | None, gpu_path: bool = False):
     """`path`'s model with two decoder layers (the first does the step's once-per-step attention
     work, the second is a plain layer) and dummy weights (load_format="dummy"), in format `fmt` (None: the target's
-    packed fp32)."""
+    packed fp32); `gpu_path`: with a GPU's attention backend and layer kernels, interpreted."""
     from ssd_engine.config_parts import CacheConfig, ModelConfig
     from ssd_engine.engine.model_runner import RunnerSpec
     from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
@@ -50,12 +56,13 @@ def _runner(path: str, fmt: str | None):
     layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = 2
     dtype = "float32" if fmt is None or ACTIVATION_DTYPE[fmt] == torch.float32 else "bfloat16"
-    model = ModelConfig(path, None, dtype, "cpu", "packed", weight_format=fmt, load_format="dummy")
+    model = ModelConfig(path, None, dtype, "cpu", "packed", weight_format=fmt, load_format="dummy",
+                        attention_backend="triton" if gpu_path else "torch", fused_kernels="on" if gpu_path else "off")
     pages = -(-(PREFIX + 2) // BLOCK)
     return RunnerSpec(model, CacheConfig(BLOCK, pages), PREFIX + 2).build(hf_config=hf_config), layers, pages
 
 
-def layer_counts(path: str, fmt: str | None) -> dict:
+def layer_counts(path: str, fmt: str | None, gpu_path: bool = False) -> dict:
     """One decode step's ops by scope: each of two layers, the rest of the forward, and sampling."""
     from ssd_engine import SamplingParams
     from ssd_engine.engine.core import Sequence
@@ -63,7 +70,7 @@ def layer_counts(path: str, fmt: str | None) -> dict:
     from ssd_engine.profiling.op_count import OpCounter
     from ssd_engine.sampling.verifier import Verifier
     import torch
-    runner, num_layers, pages = _runner(path, fmt)
+    runner, num_layers, pages = _runner(path, fmt, gpu_path)
     vocab = runner.config.vocab_size
     table = list(range(pages))
     runner.run(StepInputs([0], [[(3 + i) % vocab for i in range(PREFIX)]], [table], [[PREFIX - 1]]))
@@ -71,7 +78,7 @@ def layer_counts(path: str, fmt: str | None) -> dict:
     greedy, sampled = ([Sequence([3, 4], SamplingParams(temperature=t, seed=0), BLOCK)] for t in (0.0, 0.7))
     ops = OpCounter()
     layers = list(runner.model.model.layers)
-    with ops.scoped(layers, ["layer 0", "layer 1"]), ops:
+    with ops.scoped(layers, ["layer 0", "layer 1"]), ops, _h100_splits():
         logits = runner.run(StepInputs([PREFIX], [[42 % vocab]], [table], [[0]]))
         with ops.scope("sampling, greedy"):
             verifier.sample(greedy, logits)
@@ -91,6 +98,22 @@ def layer_counts(path: str, fmt: str | None) -> dict:
     }
 
 
+@contextlib.contextmanager
+def _h100_splits():
+    """Split-KV attention as on an H100 (on CPU the kernel runs one split): its merge is a launch."""
+    from ssd_engine.kernels import paged_attention
+    if paged_attention.triton is None:
+        yield
+        return
+    saved = paged_attention._num_splits
+    paged_attention._num_splits = lambda programs, device: max(1, min(paged_attention.MAX_SPLITS,
+                                                                      -(-2 * H100_SMS // programs)))
+    try:
+        yield
+    finally:
+        paged_attention._num_splits = saved
+
+
 def _sites(ops, scope: str) -> list[dict]:
     """[{site, op, kind, calls}] of one scope, in file and line order."""
     merged: dict = {}
@@ -106,9 +129,12 @@ def _sites(ops, scope: str) -> list[dict]:
             for (site, op, kind), n in sorted(merged.items(), key=lambda item: order(item[0]))]
 
 
-def model_rows(target: str, draft: str, formats: list[str]) -> list[dict]:
+def model_rows(target: str, draft: str, formats: list[str], gpu_path: bool = True) -> list[dict]:
     rows = [{"model": "target", "format": "fp32", **layer_counts(target, None)}]
     rows += [{"model": "draft", "format": fmt, **layer_counts(draft, fmt)} for fmt in formats]
+    if gpu_path:  # fp32: the interpreter's bf16 is wrong, and the kernels are the same for bf16
+        rows += [{"model": model, "format": "fp32, GPU path", **layer_counts(path, None, gpu_path=True)}
+                 for model, path in (("target", target), ("draft", draft))]
     return rows
 
 
@@ -167,7 +193,10 @@ def layer_lines(layers: list[dict]) -> list[str]:
              "expands the step's attention metadata for the torch backend (once per step). Step total = "
              "layers x per layer + first-layer extra + outside the layers (inputs, final norm, LM head) + "
              "greedy sampling. Attention runs the torch reference backend (CPU's); on a GPU the Triton backend "
-             "runs its ops as one kernel (the torch attention column: that backend's ops in a layer).", "",
+             "runs its ops as one kernel (the torch attention column: that backend's ops in a layer). "
+             "GPU path rows: Triton attention and the fused layer kernels (kernels/fused_layer_ops.py), run by "
+             "Triton's interpreter, each launch counted as one compute op (`triton:` ops), split-KV as an "
+             "H100 runs a batch-1 decode.", "",
              "| model | weights | layers | ops per layer | compute | torch attention | first layer extra "
              "| outside layers | sampling greedy / T = 0.7 | decode step total |", "|---" * 10 + "|"]
     for r in layers:
@@ -223,6 +252,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3, help="steps counted per mode, temperature and counter")
     parser.add_argument("--engine-draft-dtype", default="int4", help="the tiny pair's draft format")
     parser.add_argument("--out", default=os.path.join(HERE, "results"), help="folder for DATE-ops.md / .json")
+    parser.add_argument("--no-gpu-path", dest="gpu_path", action="store_false",
+                        help="skip counting the GPU path (Triton kernels under the interpreter)")
     opts = parser.parse_args(argv)
     opts.formats = [f for f in opts.formats.split(",") if f]
     opts.modes = [m for m in opts.modes.split(",") if m]
@@ -241,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict:
     target = opts.target or resolve_default_model("target")
     draft = opts.draft or resolve_default_model("draft")
     with without_row_padding(), tempfile.TemporaryDirectory() as root:
-        layers = model_rows(target, draft, opts.formats)
+        layers = model_rows(target, draft, opts.formats, opts.gpu_path)
         engine = engine_rows(*tiny_pair(root), opts.modes, opts.k, opts.steps, opts.engine_draft_dtype)
     stamp = datetime.date.today().isoformat()
     raw = {"date": stamp, "cpu": describe(), "commit": _commit(),

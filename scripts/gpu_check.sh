@@ -5,11 +5,13 @@
 #     bash scripts/gpu_check.sh OUT tests anchor          # some stages (the device tool allows 10 minutes a call)
 #
 # Stages:
-#   tests      the CUDA tests (real kernels, real CUDA graph capture, greedy AR/SD/SSD equal to transformers
-#              in fp32, bf16 greedy within the fp64 recompute's tolerance), eager and with every runner compiled
+#   tests      the CUDA tests (real kernels, fused layer kernels, real CUDA graph capture, greedy AR/SD/SSD equal
+#              to transformers in fp32, bf16 greedy within the fp64 recompute's tolerance), eager and with every
+#              runner compiled
 #   kernels    the Triton attention kernels against the torch reference, and engine decode per backend
 #   bandwidth  one decode step at the default pair's shapes (bf16, batch 1/8/32, context 512) against the
-#              measured HBM ceiling: graphed, graphed + compiled, and eager; GPU kernels per step; the
+#              measured HBM ceiling: graphed (fused Triton layer kernels), graphed with torch's ops, graphed +
+#              compiled, and eager; GPU kernels per step (which fusion wins sets the CUDA default); the
 #              0.5B / 1.5B step ratio is the two models' batch-1 rows
 #   anchor     our AR against transformers' generate (dynamic cache; static cache + torch.compile) at the
 #              1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
@@ -38,7 +40,7 @@ for stage in $stages; do
     tests)
         cuda_tests="tests/test_cuda_path.py tests/test_cuda_graphs.py tests/test_paged_attention_kernels.py
             tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py
-            tests/test_bf16_exactness.py"
+            tests/test_bf16_exactness.py tests/test_fused_layer_ops.py"
         python -m pytest -q -rs $cuda_tests 2>&1 | tail -40 | tee "$out/$day-cuda-tests.txt"
         python -m pytest -q -rs --compile-model tests/test_cuda_path.py tests/test_cuda_graphs.py 2>&1 \
             | tail -40 | tee "$out/$day-cuda-tests-compiled.txt"
@@ -49,6 +51,7 @@ for stage in $stages; do
     bandwidth)
         common="--device cuda --load-format dummy --model $target --draft $draft --batch 1,8,32 --context 512 --steps 50"
         python benchmarks/bench_bandwidth.py $common --out "$out/$day-bandwidth-cuda.md" 2>/dev/null
+        python benchmarks/bench_bandwidth.py $common --fused-kernels off --out "$out/$day-bandwidth-cuda-unfused.md" 2>/dev/null
         python benchmarks/bench_bandwidth.py $common --compile --out "$out/$day-bandwidth-cuda-compiled.md" 2>/dev/null
         python benchmarks/bench_bandwidth.py $common --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md" 2>/dev/null
         ;;

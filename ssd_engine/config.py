@@ -20,6 +20,7 @@ DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # auto: the fastest thi
 FANOUT_RULES = ("auto", "geometric", "uniform")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
 COMPILE_MODES = ("auto", "on", "off")
+FUSED_KERNEL_MODES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,9 @@ class EngineConfig:
                                         "in the target and the drafts; auto: off (on a CPU the gain, 1 to 14 percent a layer, "
                                         "does not repay a typical run's compile time; unmeasured on CUDA)",
                                 COMPILE_MODES)
+    fused_kernels: str = option("auto", "a decoder layer's elementwise work (residual add + RMSNorm, RoPE + K/V "
+                                        "cache write, SiLU-mul) as Triton kernels; auto: on for CUDA unless "
+                                        "compile_model is on (inductor fuses those), off on CPU", FUSED_KERNEL_MODES)
     attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the pages fit, else "
                                             "triton, on CPU torch; torch is the reference", ATTENTION_BACKENDS)
     cuda_graph_max_batch: int = option(64, "CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this")
@@ -161,6 +165,10 @@ class EngineConfig:
                f"compile_model must be one of {COMPILE_MODES}, got {self.compile_model!r}")
         _check(not (self.compile_model == "on" and self.tensor_parallel_size > 1),
                "compile_model='on' needs tensor_parallel_size=1: tensor parallelism's all-reduces are not compiled")
+        _check(self.fused_kernels in FUSED_KERNEL_MODES,
+               f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {self.fused_kernels!r}")
+        _check(not (self.fused_kernels == "on" and self.compiled),
+               "fused_kernels='on' and compile_model='on' are two ways to fuse a layer's ops: choose one")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",

@@ -23,6 +23,7 @@ class ModelConfig:
     weight_format: str | None = None  # a draft's resolved format (layers/weight_formats.py); None: dtype's own
     load_format: str = "auto"         # auto: the checkpoint; dummy: random weights at its shapes (models/loader.py)
     compile: bool = False             # the forward as one torch.compile region (engine/compiled_model.py)
+    fused_kernels: str = "auto"       # a layer's elementwise ops as Triton kernels (kernels/fused_layer_ops.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +90,8 @@ def build_config(options) -> Config:
     return Config(
         model=ModelConfig(options.model, options.tokenizer, options.dtype, options.device, options.weight_layout,
                           options.attention_backend, options.graph_max_batch, options.num_threads,
-                          load_format=options.load_format, compile=options.compiled),
+                          load_format=options.load_format, compile=options.compiled,
+                          fused_kernels=options.fused_kernels),
         cache=CacheConfig(options.block_size, options.num_kv_blocks, options.kv_cache_memory_gb,
                           options.enable_prefix_caching),
         scheduler=SchedulerConfig(options.max_num_seqs, options.max_num_batched_tokens, options.max_model_len),

@@ -156,10 +156,24 @@ def test_sd_under_tensor_parallelism_reads_the_device_once(pair):
         assert site.startswith(ONE_READ["sd"]) and n == 1
 
 
+def test_the_gpu_path_runs_a_layer_in_ten_kernels(tiny_qwen2):
+    """Triton attention (split-KV as an H100 splits a batch-1 decode) and the fused layer kernels,
+    each launch one kernel: issue 22's <= 10 per decoder layer. The torch path's count is the control."""
+    with without_row_padding():
+        gpu = bench_ops.layer_counts(tiny_qwen2, None, gpu_path=True)
+        eager = bench_ops.layer_counts(tiny_qwen2, None)
+    kernels = {op for op in gpu["by_op"] if op.startswith("triton:")}
+    assert kernels == {f"triton:{name} (compute)" for name in ("add_rms_norm", "rope_cache_write", "paged_attention",
+                                                              "merge_splits", "silu_mul")}
+    assert gpu["by_op"]["triton:add_rms_norm (compute)"] == 2 and gpu["torch_attention"] == 0
+    assert gpu["per_layer_compute"] <= bench_ops.GOAL_OPS_PER_LAYER < eager["per_layer_compute"]
+
+
 def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
     raw = bench_ops.main(["--target", tiny_qwen2, "--draft", pair[1], "--formats", "int8", "--modes", "ar",
                           "--steps", "1", "--out", str(tmp_path)])
-    assert [(r["model"], r["format"]) for r in raw["layers"]] == [("target", "fp32"), ("draft", "int8")]
+    assert [(r["model"], r["format"]) for r in raw["layers"]] == [
+        ("target", "fp32"), ("draft", "int8"), ("target", "fp32, GPU path"), ("draft", "fp32, GPU path")]
     assert [(r["mode"], r["temperature"]) for r in raw["engine"]] == [("ar", 0.0), ("ar", 0.7)]
     text = (tmp_path / f"{raw['date']}-ops.md").read_text()
     assert text == bench_ops.render(raw) and raw["cpu"]["cpu_model"] in text

@@ -268,7 +268,8 @@ class LLMEngine:
         described = {"device": str(self.device), "dtype": self.config.dtype,
                      "attention": backend_name(runner.attention_backend),
                      "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
-                     "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off"}
+                     "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
+                     "fused_kernels": "on" if runner.fused_kernels else "off"}
         described["mode"] = self.mode_choice.describe() if self.mode_choice else self.config.speculative_mode
         if self.draft_format is not None:
             described["draft_format"] = self.draft_format.describe()

@@ -22,7 +22,7 @@ from ssd_engine.engine.core import ScheduledBatch
 from ssd_engine.engine.cuda_graphs import GraphRunner
 from ssd_engine.engine.host_upload import padded_rows, upload
 from ssd_engine.layers.attention import AttentionMetadata, torch_attention
-from ssd_engine.layers.attention_backends import select_backend
+from ssd_engine.layers.attention_backends import select_backend, select_fused_kernels
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.linear import Linear
 from ssd_engine.machine import fingerprint
@@ -97,7 +97,8 @@ class RunnerSpec:
                            dtype=DTYPES[model.dtype], device=device, weight_layout=model.weight_layout, tp=tp,
                            attention_backend=model.attention_backend,
                            cuda_graph_max_batch=model.cuda_graph_max_batch, weight_format=model.weight_format,
-                           load_format=model.load_format, compile_model=model.compile)
+                           load_format=model.load_format, compile_model=model.compile,
+                           fused_kernels=model.fused_kernels)
 
 
 class ModelRunner:
@@ -105,7 +106,7 @@ class ModelRunner:
                  dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
                  tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0,
                  weight_format: str | None = None, load_format: str = "auto",
-                 compile_model: bool = False) -> None:
+                 compile_model: bool = False, fused_kernels: str = "off") -> None:
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.config = hf_config
         self.tp = tp or TPGroup.single()
@@ -120,6 +121,8 @@ class ModelRunner:
         self.attention_backend = select_backend(attention_backend, device, block_size)
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = self.attention_backend
+        self.fused_kernels = select_fused_kernels(fused_kernels, device, compile_model)
+        self.model.use_fused_kernels(self.fused_kernels)
         # the forward every step runs (and CUDA graphs capture): the model's, or it compiled
         # (engine/compiled_model.py; tensor parallelism's all-reduces are not traced)
         self.compiled = CompiledModel(self.model.model) if compile_model and self.tp.size == 1 else None

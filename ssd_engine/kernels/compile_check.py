@@ -1,4 +1,4 @@
-"""Compile the attention kernel for NVIDIA GPUs ahead of time, on a machine without one.
+"""Compile the Triton kernels for NVIDIA GPUs ahead of time, on a machine without one.
 
 Triton ships ptxas, so the kernel can be lowered all the way to a cubin for a named architecture
 (sm_80 A100, sm_90 H100/H200) from its signature alone. This catches what the interpreter cannot:
@@ -44,6 +44,42 @@ def compile_variant(dtype: str, tree: bool, splits: int, group: int, max_query_l
     return triton.compile(source, target=GPUTarget("cuda", arch, 32))
 
 
+# the other kernels at the default pair's and the 7B target's shapes: (kernel, pointer dtype, constexprs)
+OTHER_KERNELS = [
+    ("add_rms_norm", "bf16", dict(HAS_RESIDUAL=True, BLOCK=2048)),     # 1.5B hidden 1536
+    ("add_rms_norm", "bf16", dict(HAS_RESIDUAL=False, BLOCK=4096)),    # 7B hidden 3584, the first layer
+    ("add_rms_norm", "fp32", dict(HAS_RESIDUAL=True, BLOCK=1024)),     # 0.5B hidden 896
+    ("rope_cache_write", "bf16", dict(QK_NORM=False, HALF=64)),        # head dim 128
+    ("rope_cache_write", "bf16", dict(QK_NORM=True, HALF=64)),         # Qwen3's q/k norms
+    ("rope_cache_write", "fp32", dict(QK_NORM=False, HALF=32)),        # head dim 64
+    ("silu_mul", "bf16", dict(BLOCK=1024)),
+    ("merge_splits", "bf16", dict(SPLITS=16, BLOCK_S=16, BLOCK_D=128)),
+    ("merge_splits", "fp32", dict(SPLITS=3, BLOCK_S=4, BLOCK_D=64)),
+]
+
+
+def compile_other(name: str, dtype: str, constexprs: dict, arch: int = 90):
+    """A kernel whose pointers are all activations (`dtype`) but for these named ones."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ssd_engine.kernels import fused_layer_ops, paged_attention
+
+    kernel = {"add_rms_norm": fused_layer_ops._add_rms_norm_kernel,
+              "rope_cache_write": fused_layer_ops._rope_cache_write_kernel,
+              "silu_mul": fused_layer_ops._silu_mul_kernel,
+              "merge_splits": paged_attention._merge_splits_kernel}[name]
+    special = {"slot_ptr": "*i64", "part_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "eps": "fp32"}
+    data = {"fp32": "*fp32", "bf16": "*bf16"}[dtype]
+    names = list(inspect.signature(kernel.fn).parameters)
+    signature = {n: "constexpr" if n in constexprs else special.get(n, data if n.endswith("_ptr") else "i32")
+                 for n in names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32))
+
+
 def main() -> int:
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         print("unset TRITON_INTERPRET first", file=sys.stderr)
@@ -57,6 +93,13 @@ def main() -> int:
             except Exception as error:  # report every variant, then fail
                 failed += 1
                 print(f"FAIL sm_{arch} {variant}: {type(error).__name__}: {str(error)[:2000]}")
+        for name, dtype, constexprs in OTHER_KERNELS:
+            try:
+                compile_other(name, dtype, constexprs, arch=arch)
+                print(f"ok   sm_{arch} {name} {dtype} {constexprs}")
+            except Exception as error:
+                failed += 1
+                print(f"FAIL sm_{arch} {name} {dtype} {constexprs}: {type(error).__name__}: {str(error)[:2000]}")
     return 1 if failed else 0
 
 

@@ -18,6 +18,8 @@ Runs compiled on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (how 
 """
 import torch
 
+from ssd_engine.profiling.launches import kernel_launch
+
 try:
     import triton
     import triton.language as tl
@@ -110,6 +112,29 @@ if triton is not None:
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         return m_new, alpha * l_i + tl.sum(p, axis=1), acc
 
+    @triton.jit
+    def _merge_splits_kernel(part_ptr, m_ptr, l_ptr, out_ptr, T, HQ, D, sp_s, sp_t, sp_h, so_t, so_h,
+                             SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
+        """One (token, head): the splits' normalised outputs weighted by their shares of the softmax
+        denominator (split-KV's second pass, in one launch)."""
+        tok = tl.program_id(0).to(tl.int64)
+        head = tl.program_id(1)
+        offs_s = tl.arange(0, BLOCK_S)
+        s_ok = offs_s < SPLITS
+        stat = (offs_s * T + tok) * HQ + head
+        m = tl.load(m_ptr + stat, mask=s_ok, other=float("-inf"))
+        l = tl.load(l_ptr + stat, mask=s_ok, other=0.0)
+        top = tl.max(m, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)  # every split empty: weights 0, output 0
+        weight = tl.where(s_ok, l * tl.exp(m - top), 0.0)
+        total = tl.sum(weight, axis=0)
+        offs_d = tl.arange(0, BLOCK_D)
+        d_ok = offs_d < D
+        part = tl.load(part_ptr + offs_s[:, None] * sp_s + tok * sp_t + head * sp_h + offs_d[None, :],
+                       mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+        merged = tl.sum(part * weight[:, None], axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(out_ptr + tok * so_t + head * so_h + offs_d, merged.to(out_ptr.dtype.element_ty), mask=d_ok)
+
 
 MAX_SPLITS = 16
 
@@ -153,22 +178,23 @@ def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_l
     if splits > 1:
         m, l = (torch.empty(splits, T, Hq, device=q.device) for _ in range(2))
     dummy = kv_lens  # never read when TREE is off
-    _paged_attn_kernel[(rows, Hk, q_blocks * splits)](
-        q, k_cache, v_cache, out, m, l,
-        block_tables, table_rows if tree else dummy, kv_lens, query_start, path_slots if tree else dummy,
-        path_lens if tree else dummy, float(scale), D, T, Hq,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
-        out.stride(0) if splits > 1 else 0, out.stride(-3), out.stride(-2), block_tables.stride(0),
-        path_slots.stride(0) if tree else 0, **config,
-    )
+    with kernel_launch("paged_attention"):
+        _paged_attn_kernel[(rows, Hk, q_blocks * splits)](
+            q, k_cache, v_cache, out, m, l,
+            block_tables, table_rows if tree else dummy, kv_lens, query_start, path_slots if tree else dummy,
+            path_lens if tree else dummy, float(scale), D, T, Hq,
+            q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+            out.stride(0) if splits > 1 else 0, out.stride(-3), out.stride(-2), block_tables.stride(0),
+            path_slots.stride(0) if tree else 0, **config,
+        )
     if splits == 1:
         return out
-    # merge: weight each split's normalised output by its share of the softmax denominator
-    top = m.amax(dim=0)
-    weight = l * torch.exp(m - torch.where(torch.isinf(top), 0.0, top))  # empty splits: l = 0
-    total = weight.sum(dim=0)
-    merged = (out * weight[..., None]).sum(dim=0) / torch.where(total > 0, total, 1.0)[..., None]
-    return merged.to(q.dtype)
+    merged = torch.empty_like(q)
+    with kernel_launch("merge_splits"):
+        _merge_splits_kernel[(T, Hq)](out, m, l, merged, T, Hq, D, out.stride(0), out.stride(1), out.stride(2),
+                                      merged.stride(0), merged.stride(1), SPLITS=splits,
+                                      BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=config["BLOCK_D"])
+    return merged
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_len: int,

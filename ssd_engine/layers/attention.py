@@ -128,5 +128,9 @@ class Attention(nn.Module):
     def run(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         self.k_cache[meta.slot_mapping] = k
         self.v_cache[meta.slot_mapping] = v
+        return self.attend(q, meta)
+
+    def attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, Hq, D] over the cache, the step's K/V already written -> [T, Hq * D]."""
         out = self.backend(q, self.k_cache, self.v_cache, meta, self.scale)
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -1,8 +1,10 @@
 """RMSNorm as torch's fused op: one dispatch where the reference's formula takes six (pow, mean, add,
-rsqrt, two muls) plus its casts."""
+rsqrt, two muls) plus its casts; with the residual add before it, one Triton kernel on a GPU."""
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from ssd_engine.kernels import fused_layer_ops
 
 
 class RMSNorm(nn.Module):
@@ -10,9 +12,18 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.shape = eps, (dim,)
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
+        self.fused = False  # add_forward as one Triton kernel (DecoderForCausalLM.use_fused_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # fp32: the reference's bits (tests/test_model_equivalence.py). bf16: the op accumulates in
         # fp32 and rounds once, after the weight, where the reference rounds before it too: no less
         # exact, and within tests/test_bf16_exactness.py's fp64 tolerance
         return F.rms_norm(x, self.shape, self.weight, self.eps)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual); residual None: (norm(x), x)."""
+        if self.fused:
+            return fused_layer_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = x + residual
+        return self(x), x

@@ -14,6 +14,7 @@ from torch import nn
 
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
+from ssd_engine.kernels import fused_layer_ops
 from ssd_engine.layers.attention import Attention, AttentionMetadata
 from ssd_engine.layers.embedding import VocabParallelEmbedding
 from ssd_engine.layers.linear import Linear
@@ -49,9 +50,16 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = switches.qk_norm
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
+        self.fused = False  # RoPE, q/k norms and the K/V write as one Triton kernel (use_fused_kernels)
 
     def forward(self, rope: Rope, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        if self.fused:
+            q = fused_layer_ops.rope_cache_write(
+                qkv, *rope, meta.slot_mapping, self.attn.k_cache, self.attn.v_cache, self.num_heads,
+                self.num_kv_heads, self.q_norm.weight if self.qk_norm else None,
+                self.k_norm.weight if self.qk_norm else None, self.q_norm.eps if self.qk_norm else 0.0)
+            return self.o_proj(self.attn.attend(q, meta))
         q_cols, k_cols, _ = self.split
         v = qkv[:, q_cols + k_cols:].view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
@@ -72,9 +80,13 @@ class DecoderMLP(nn.Module):
                                    shards={"gate": rows, "up": rows})
         self.down_proj = Linear(inter, config.hidden_size, bias=switches.mlp_bias, cols=rows, reduce=tp)
         self.inter = rows.size
+        self.fused = False  # SiLU-mul as one Triton kernel (use_fused_kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.inter, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.fused:
+            return self.down_proj(fused_layer_ops.silu_mul(gate_up))
+        gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -86,9 +98,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
-    def forward(self, rope: Rope, x, meta):
-        x = x + self.self_attn(rope, self.input_layernorm(x), meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, rope: Rope, x, residual, meta):
+        """-> (this layer's MLP output, the residual stream before it): the next norm adds them,
+        fused with the norm on a GPU. `residual` None: the first layer (x is the embedding)."""
+        x, residual = self.input_layernorm.add_forward(x, residual)
+        x, residual = self.post_attention_layernorm.add_forward(self.self_attn(rope, x, meta), residual)
+        return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
@@ -106,9 +121,10 @@ class DecoderModel(nn.Module):
         """-> hidden [T, H]. engine/compiled_model.py compiles this whole function, meta None."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
+        residual = None
         for layer in self.layers:
-            x = layer(rope, x, meta)
-        return self.norm(x)
+            x, residual = layer(rope, x, residual, meta)
+        return self.norm.add_forward(x, residual)[0]
 
 
 class DecoderForCausalLM(nn.Module):
@@ -134,6 +150,13 @@ class DecoderForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
+
+    def use_fused_kernels(self, on: bool) -> None:
+        """Run each layer's elementwise work (residual adds with norms, RoPE with the K/V write,
+        SiLU-mul) as Triton kernels (kernels/fused_layer_ops.py) instead of torch ops."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, DecoderAttention, DecoderMLP)):
+                module.fused = on
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits on rank 0 (each rank computes its vocabulary span); None elsewhere."""

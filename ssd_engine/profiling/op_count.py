@@ -25,6 +25,8 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ssd_engine.profiling import launches
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -86,10 +88,31 @@ class OpCounter(TorchDispatchMode):
         self.counts: Counter = Counter()
         self.calls: Counter = Counter()  # scope -> forwards entered (e.g. decoder layers run)
         self._scopes: list[str] = ["step"]
+        self._in_kernel = 0  # inside a Triton launch (profiling/launches.py): its host ops are not kernels
+
+    def __enter__(self):
+        launches.listen(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        launches.stop_listening(self)
+        return super().__exit__(*exc)
+
+    @contextmanager
+    def kernel(self, name: str):
+        """One Triton kernel launch, counted as the compute op `triton:<name>`."""
+        self.counts[(self._scopes[-1], f"triton:{name}", "compute", call_site())] += 1
+        self._in_kernel += 1
+        try:
+            yield
+        finally:
+            self._in_kernel -= 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self._in_kernel:
+            return out
         self.counts[(self._scopes[-1], func.overloadpacket.__name__, kind_of(func, args, kwargs, out),
                      call_site())] += 1
         return out
