@@ -42,6 +42,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--hit", default="0.9", help="SSD synthetic hit rates p")
     p.add_argument("--batch", default="1", help="batch sizes")
     p.add_argument("--device", default="cpu", help="cpu | cuda: on one GPU the SSD draft process shares it with the target")
+    p.add_argument("--draft-host", default=None, choices=("process", "thread"),
+                   help="SSD's draft: its own process (default), or a thread of the engine on its own CUDA stream")
     p.add_argument("--fallback", default="jit", choices=("jit", "fast", "auto"), help="what an SSD miss takes")
     p.add_argument("--draft-dtype", default="auto", choices=("auto", "fp32", "bf16", "int8", "int4"))
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per random-id prompt")
@@ -86,6 +88,8 @@ def bench_argv(a, mode: str, alpha: float | None = None, budget: int | None = No
         argv += ["--synthetic-acceptance", str(alpha)]
     if budget is not None:
         argv += ["--budget", str(budget), "--synthetic-hit", str(hit)]
+    if a.draft_host is not None:
+        argv += ["--draft-host", a.draft_host]
     return argv
 
 

@@ -16,7 +16,8 @@
 #   anchor     our AR against transformers' generate (dynamic cache; static cache + torch.compile) at the
 #              1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
 #   synthetic  AR / SD / SSD at synthetic acceptance, the SSD draft sharing the one GPU: alpha 0.8, K 4,
-#              batch 1 with the Qwen2.5-7B-shaped target and the 0.5B-shaped draft; then alpha 0.5/0.7/0.9,
+#              batch 1 with the Qwen2.5-7B-shaped target and the 0.5B-shaped draft, the draft as a process
+#              and as a thread on its own CUDA stream (which shares one GPU better sets the default); then alpha 0.5/0.7/0.9,
 #              K 2/4/8, budgets 2/4/8, batch 1/8 at the default pair's shapes
 # Weights are random at real shapes (load_format="dummy", configs/shapes/): the default pair's weights
 # cannot travel to the GPU machine, and speed does not depend on the weights' values. Every result
@@ -61,6 +62,8 @@ for stage in $stages; do
     synthetic)
         python benchmarks/bench_synthetic.py --device cuda --target $shapes/qwen2.5-7b --draft $draft \
             --alpha 0.8 --k 4 --budget 4 --hit 0.9 --batch 1 --new-tokens 128 --prompt-len 512 --tag 7b-cuda --out "$out"
+        python benchmarks/bench_synthetic.py --device cuda --target $shapes/qwen2.5-7b --draft $draft --draft-host thread \
+            --alpha 0.8 --k 4 --budget 4 --hit 0.9 --batch 1 --new-tokens 128 --prompt-len 512 --tag 7b-cuda-thread --out "$out"
         python benchmarks/bench_synthetic.py --device cuda --target $target --draft $draft --alpha 0.5,0.7,0.9 \
             --k 2,4,8 --budget 2,4,8 --hit 0.9 --batch 1,8 --new-tokens 64 --tag sweep-cuda --out "$out"
         ;;

@@ -21,6 +21,7 @@ FANOUT_RULES = ("auto", "geometric", "uniform")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
 COMPILE_MODES = ("auto", "on", "off")
 FUSED_KERNEL_MODES = ("auto", "on", "off")
+SSD_DRAFT_HOSTS = ("process", "thread")
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +90,10 @@ class EngineConfig:
     saguaro_c: float = option(1.0, "Saguaro sampling: the draft's top-F probabilities times C, in [0, 1] (1: "
                                    "plain sampling)")
     calibration_dir: str | None = option(None, "folder of Saguaro calibrations; unset: the repo's configs/")
+    ssd_draft_host: str = option("process", "where the SSD draft runs: process (its own process, on its own cores or "
+                                            "GPU; the production shape), thread (a thread of the engine process on "
+                                            "its own CUDA stream, so on one GPU its kernels can overlap the "
+                                            "target's; on CPU it shares the engine's cores)", SSD_DRAFT_HOSTS)
     draft_timeout_s: float = option(30.0, "SSD: seconds after which a draft reply counts as a dead draft")
     synthetic_acceptance: float | None = option(None, "BENCHMARKING ONLY, outputs are then NOT the target's: "
                                                       "verification runs the real forwards but accepts each draft "
@@ -169,6 +174,8 @@ class EngineConfig:
                f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {self.fused_kernels!r}")
         _check(not (self.fused_kernels == "on" and self.compiled),
                "fused_kernels='on' and compile_model='on' are two ways to fuse a layer's ops: choose one")
+        _check(self.ssd_draft_host in SSD_DRAFT_HOSTS,
+               f"ssd_draft_host must be one of {SSD_DRAFT_HOSTS}, got {self.ssd_draft_host!r}")
         _check(self.attention_backend in ATTENTION_BACKENDS,
                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",

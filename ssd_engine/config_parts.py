@@ -60,6 +60,7 @@ class SSDConfig:
     saguaro_c: float
     calibration_dir: str | None
     synthetic_hit: float | None = None  # benchmarking: P(a lookup hits), drawn on the draft side
+    draft_host: str = "process"   # process, or thread: in the engine process on its own CUDA stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +101,7 @@ def build_config(options) -> Config:
             options.speculative_mode, options.draft_model, options.draft_dtype, options.num_speculative_tokens, options.draft_timeout_s,
             SSDConfig(rule, fanout, options.ssd_budget, options.ssd_fit_window and fanout is None,
                       options.ssd_fallback, options.ssd_critical_batch, float(options.saguaro_c),
-                      options.calibration_dir, _float_or_none(options.synthetic_hit)),
+                      options.calibration_dir, _float_or_none(options.synthetic_hit), options.ssd_draft_host),
             _float_or_none(options.synthetic_acceptance)),
         seed=options.seed)
 

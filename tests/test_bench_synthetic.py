@@ -39,6 +39,8 @@ def test_bench_flags_reach_the_engines_that_take_them(capsys):
     assert ours._engine_options(opts, True)["load_format"] == "dummy"
     assert ours._draft_options(opts)["synthetic_acceptance"] == 0.7
     assert ours._ssd_options(opts) == {"ssd_budget": 3, "synthetic_hit": 0.9}
+    threaded = options.parse(["--model", "t", "--draft", "d", "--mode", "ssd", "--draft-host", "thread"])
+    assert ours._ssd_options(threaded) == {"ssd_draft_host": "thread"}
     assert ours.probe_sizes(opts) == [1, 2, 4, 5, 8, 10]  # every batch's decode step and verification
     for argv, message in ((["--synthetic-acceptance", "1.5"], "--synthetic-acceptance must be in [0, 1], got 1.5"),
                           (["--mode", "hf-ar", "--load-format", "dummy"], "hf-ar runs transformers on the real")):

@@ -43,6 +43,7 @@ class BenchOptions:
     tokenizer: str | None = None               # our engine's tokenizer folder (a dummy model may lack one)
     synthetic_acceptance: float | None = None  # benchmarking only: drafts accepted at this rate (sd, ssd, auto)
     synthetic_hit: float | None = None         # benchmarking only: SSD cache lookups hit at this rate
+    draft_host: str | None = None              # SSD's ssd_draft_host: process or thread (unset: the engine's)
     argv: list[str] = field(default_factory=list)
 
     def placement(self, with_draft: bool) -> str:
@@ -57,6 +58,9 @@ class BenchOptions:
     def placement_text(self) -> str:
         if self.device.startswith("cuda"):
             gpus = ", ".join(str(g) for g in range(self.tp))
+            if self.draft_host == "thread":
+                return (f"target on GPU {gpus} (TP {self.tp}); SSD draft as a thread of the engine process on its "
+                        f"own CUDA stream, on GPU {self.tp} when that GPU exists, else on the last GPU, shared")
             return (f"target on GPU {gpus} (TP {self.tp}); SSD draft process on GPU {self.tp} when that GPU exists, "
                     f"else on the last GPU, shared with the target")
         return (f"target (and ar, sd, hf-*) on cores {sorted(self.cores)} with {self.threads} thread(s), TP {self.tp}; "
@@ -92,6 +96,9 @@ def parse(argv: list[str]) -> BenchOptions:
     p.add_argument("--fanout", default=None, help="SSD fan-out (default: the engine's, auto from the calibration)")
     p.add_argument("--fallback", default=None, help="SSD miss fallback jit | fast | auto (default: the engine's)")
     p.add_argument("--budget", type=int, default=None, help="SSD budget B, the fan-out's sum (default: the engine's)")
+    p.add_argument("--draft-host", default=None, choices=("process", "thread"),
+                   help="where the SSD draft runs: its own process, or a thread of the engine on its own CUDA stream "
+                        "(default: the engine's, process)")
     p.add_argument("--load-format", default="auto", choices=("auto", "dummy"),
                    help="our engine's load_format: dummy builds random weights from config.json (no checkpoint)")
     p.add_argument("--tokenizer", default=None, help="our engine's tokenizer folder (default: the model folder)")
@@ -158,4 +165,4 @@ def parse(argv: list[str]) -> BenchOptions:
         draft_cores=draft_cores, threads=a.threads or max(len(cores) // a.tp, 1), layout=a.layout, fanout=a.fanout,
         fallback=a.fallback, prefix=a.prefix, reps=a.reps, passes=a.passes, out=out, tag=a.tag, readme=a.readme, budget=a.budget,
         load_format=a.load_format, tokenizer=a.tokenizer, synthetic_acceptance=a.synthetic_acceptance,
-        synthetic_hit=a.synthetic_hit, argv=list(argv))
+        synthetic_hit=a.synthetic_hit, draft_host=a.draft_host, argv=list(argv))

@@ -98,7 +98,7 @@ def _engine_options(opts, with_draft: bool) -> dict:
 def _ssd_options(opts) -> dict:
     """The SSD knobs the user set (unset: the engine's defaults), synthetic hits included."""
     chosen = (("ssd_fanout", opts.fanout), ("ssd_fallback", opts.fallback), ("ssd_budget", opts.budget),
-              ("synthetic_hit", opts.synthetic_hit))
+              ("synthetic_hit", opts.synthetic_hit), ("ssd_draft_host", opts.draft_host))
     return {key: value for key, value in chosen if value is not None}
 
 

@@ -76,7 +76,7 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
                      tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables))
     return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
                             stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
-                            engine.device, plan)
+                            engine.device, plan, host=parts.speculative.ssd.draft_host)
 
 
 def build_sync_draft(config, engine, target: RunnerSpec) -> SyncDraft:

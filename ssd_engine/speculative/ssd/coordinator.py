@@ -1,5 +1,5 @@
 """SSD, coordinator side: the speculator the engine loop calls each round (`propose`, then
-`on_outcome` / `release`), backed by the draft process.
+`on_outcome` / `release`), backed by the draft process (or a draft thread: draft_thread.py).
 
 Per round it sends one request (what changed for each scheduled sequence: its new committed
 tokens and the accepted count k of the round just verified; new prompts; finished ids) and, when
@@ -17,7 +17,8 @@ import torch
 from ssd_engine.distributed import supervise
 from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
 from ssd_engine.speculative.ngram import fast_proposal
-from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.draft_thread import DraftThread
+from ssd_engine.speculative.ssd.link import CoordinatorEnd, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import DraftSpec, spawn
 from ssd_engine.saguaro.plan import SaguaroPlan
 from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_request
@@ -35,21 +36,26 @@ def draft_params(seq: Sequence) -> DraftParams:
 
 class AsyncDraftClient:
     def __init__(self, spec: DraftSpec, target_vocab: int, cores: list[int] | None, threads: int,
-                 timeout_s: float, generator: torch.Generator, device: torch.device, plan: SaguaroPlan) -> None:
+                 timeout_s: float, generator: torch.Generator, device: torch.device, plan: SaguaroPlan,
+                 host: str = "process") -> None:
         self.k, self.vocab, self.target_vocab = spec.k, spec.vocab, target_vocab
         self.device = device  # the target's: proposals are verified there
         self.timeout_s = timeout_s
         self.generator = generator
         self.plan, self.policy = plan, plan.policy
         self.backup_log: deque = deque(maxlen=4096)  # (batch size, cold, backup chosen, b* then), latest rounds
-        self.link: DraftLink | None = None
-        self.process, self._store = spawn(spec, cores, threads, timeout_s)
-        self.pid = self.process.pid
-        try:
-            self.link = DraftLink(self._store, 0, timeout_s, payload_device=device)
-        except BaseException:
-            self.close()
-            raise
+        self.link: CoordinatorEnd | None = None
+        if host == "thread":
+            self.process = DraftThread(spec, timeout_s)
+            self.pid, self.link, self.name = None, self.process.link, "SSD draft thread"
+        else:
+            self.process, self._store = spawn(spec, cores, threads, timeout_s)
+            self.pid, self.name = self.process.pid, f"SSD draft process (pid {self.process.pid})"
+            try:
+                self.link = DraftLink(self._store, 0, timeout_s, payload_device=device)
+            except BaseException:
+                self.close()
+                raise
         self.metrics = SSDMetrics(self.k)
         self.known: dict[int, int] = {}        # seq_id -> committed tokens the draft has
         self.last_accepted: dict[int, int] = {}  # seq_id -> drafts accepted in its last verified round
@@ -73,7 +79,7 @@ class AsyncDraftClient:
             try:
                 return self._from_draft(batch.seqs, wanted)
             except DraftLinkError as error:
-                self._lost(f"SSD draft process (pid {self.pid}) failed: {error}")
+                self._lost(f"{self.name} failed: {error}")
         return self._local(wanted) if wanted else None
 
     def _from_draft(self, seqs: list[Sequence], wanted: list[Sequence]) -> Proposal | None:
@@ -176,4 +182,9 @@ class AsyncDraftClient:
                 asked = True
             except Exception:
                 pass
+        if isinstance(self.process, DraftThread):
+            if not asked:  # it may still be building: the shutdown ends it once it reads the next request
+                self.process.link.send_request(encode_request(Request(kind=Kind.SHUTDOWN)))
+            self.process.join(10.0 if asked else 0.0)
+            return
         supervise.stop(self.process, exit_s=10.0 if asked else 0.0)

@@ -22,6 +22,7 @@ with a second gloo group instead of NCCL, so it is exercised on CPU.
 """
 import datetime
 import time
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -36,6 +37,18 @@ REQUEST, REST, REPLY, DOORBELL, HELLO = range(5)  # tags (gloo matches them; NCC
 
 class DraftLinkError(RuntimeError):
     pass
+
+
+class CoordinatorEnd(Protocol):
+    """What the coordinator calls: DraftLink, or draft_thread.QueueLink for a draft thread."""
+    def send_request(self, frame: torch.Tensor) -> None: ...
+    def recv_reply(self, size: int) -> torch.Tensor: ...
+
+
+class DraftEnd(Protocol):
+    """What the draft's loop calls (draft/loop.py `serve`)."""
+    def recv_request(self) -> torch.Tensor: ...
+    def send_reply(self, frame: torch.Tensor) -> None: ...
 
 
 def _device_name(device) -> str:

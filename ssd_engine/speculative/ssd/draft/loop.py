@@ -1,4 +1,5 @@
-"""The SSD draft process's main loop (draft side): load the draft, then answer rounds.
+"""The SSD draft's main loop (draft side): load the draft, then answer rounds. `draft_main` runs it
+as its own process (the default); speculative/ssd/draft_thread.py as a thread of the engine process.
 
 Each round: receive the request, apply the outcomes, reply (cache hit or fallback), then build
 the next speculation cache while the target verifies (speculative/ssd/draft/server.py).
@@ -10,8 +11,8 @@ from dataclasses import replace
 import torch
 
 from ssd_engine.distributed import supervise
-from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
-from ssd_engine.speculative.ssd.link import DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.draft.server import DraftServer, new_server, scratch_slots
+from ssd_engine.speculative.ssd.link import DraftEnd, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import READY_KEY, DraftSpec
 from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_request, encode_reply
 from ssd_engine.speculative.ssd.protocol import Kind, Reply
@@ -26,6 +27,20 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     store = supervise.join_store(port, 2, supervise.STARTUP_TIMEOUT_S)
+    server = build_server(spec)
+    supervise.announce_ready(store, READY_KEY)
+    link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device))
+    try:
+        serve(link, server, spec)
+    except DraftLinkError:
+        # the coordinator went away without a shutdown (it crashed, or exited without close()):
+        # its own error says why; a traceback from here would only bury it
+        print(f"SSD draft {os.getpid()}: the coordinator closed the link, exiting", file=sys.stderr)
+        raise SystemExit(1) from None
+
+
+def build_server(spec: DraftSpec) -> DraftServer:
+    """The draft's model (with its scratch pages and graphs) behind a server, ready for rounds."""
     fanouts = [(t, list(f)) for t, f in spec.fanouts]
     cache = spec.runner.cache
     scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // cache.block_size)
@@ -37,18 +52,10 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     # just-in-time draft steps, the glue of a build that cannot reuse a hit's path (K + 1 tokens a
     # row), branch steps
     runner.capture_graphs([("paged", 1), ("paged", spec.k + 1), ("tree", spec.k)])
-    supervise.announce_ready(store, READY_KEY)
-    link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device))
-    try:
-        _serve(link, server, spec)
-    except DraftLinkError:
-        # the coordinator went away without a shutdown (it crashed, or exited without close()):
-        # its own error says why; a traceback from here would only bury it
-        print(f"SSD draft {os.getpid()}: the coordinator closed the link, exiting", file=sys.stderr)
-        raise SystemExit(1) from None
+    return server
 
 
-def _serve(link, server, spec: DraftSpec) -> None:
+def serve(link: DraftEnd, server: DraftServer, spec: DraftSpec) -> None:
     """Answer the coordinator's rounds until it says shutdown."""
     out = torch.zeros(0, dtype=torch.uint8)
     while True:
