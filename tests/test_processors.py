@@ -178,3 +178,17 @@ def test_repeat_interleave_lays_rows_out_per_position():
     rep = tensors.repeat_interleave(3)
     assert rep.temperature.tolist() == [0.5] * 3 + [1.0] * 3
     assert rep.top_k.tolist() == [3] * 3 + [-1] * 3
+
+
+def test_flags_known_on_the_host_skip_the_launches_no_row_needs():
+    """Plain temperature sampling with no greedy row is a division and a softmax: two kernels on a
+    GPU (profiling/op_count.py), with the same rows as when the flags are read from the tensors."""
+    from ssd_engine.profiling.op_count import OpCounter
+
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = (torch.tensor([0.7, 1.0, 1.3]), torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))
+    expected = probs_from_logits(logits, *params)
+    with OpCounter() as ops:
+        fast = probs_from_logits(logits, *params, filtered=False, any_greedy=False)
+    assert torch.equal(fast, expected)
+    assert ops.total(kind="compute") == 2, ops.by("op")

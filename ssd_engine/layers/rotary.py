@@ -37,16 +37,16 @@ class RotaryEmbedding(nn.Module):
         # the reference's cat(-x2, x1) * sin bit for bit (a sign flip is exact), without neg and cat
         sin[:, :half] = -sin[:, :half]
         device = torch.empty(0).device
-        self.register_buffer("cos", (emb.cos() * scaling).to(device), persistent=False)
-        self.register_buffer("sin_signed", sin.to(device), persistent=False)
+        # [max_position, 2, D]: cos and sin_signed side by side, so a forward gathers both in one op
+        self.register_buffer("cos_sin", torch.stack([emb.cos() * scaling, sin], dim=1).to(device), persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin_signed) rows of `positions` as [T, 1, D] in `dtype`: gathered once per forward,
-        every layer shares them."""
-        cos, sin = self.cos[positions], self.sin_signed[positions]
-        if cos.dtype != dtype:
-            cos, sin = cos.to(dtype), sin.to(dtype)
-        return cos.unsqueeze(1), sin.unsqueeze(1)
+        """(cos, sin_signed) rows of `positions` as [T, 1, D] views in `dtype`: gathered once per
+        forward, every layer shares them."""
+        rows = self.cos_sin[positions]
+        if rows.dtype != dtype:
+            rows = rows.to(dtype)
+        return rows[:, :1], rows[:, 1:]
 
 
 def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -50,10 +50,15 @@ def probs_from_logits(
     logits = logits.float()
     vocab = logits.shape[-1]
     temperature = temperature.to(logits.device, torch.float32)
-    greedy = temperature == 0
-    # Greedy rows are replaced below; dividing them by 1 just keeps the arithmetic finite.
-    scaled = logits / torch.where(greedy, 1.0, temperature).unsqueeze(1)
+    if any_greedy is None:
+        any_greedy = bool((temperature == 0).any())
+    # Greedy rows are replaced below; dividing them by 1 just keeps the arithmetic finite. Without
+    # greedy rows the divisor is the temperature itself (the same quotients, launches fewer).
+    greedy = temperature == 0 if any_greedy else None
+    scaled = logits / (torch.where(greedy, 1.0, temperature) if any_greedy else temperature).unsqueeze(1)
 
+    if filtered is False:  # plain temperature sampling: no filter's mask, no sort
+        return _softmax_or_greedy(scaled, logits, greedy, any_greedy)
     top_k = top_k.to(logits.device, torch.int64)
     top_p = top_p.to(logits.device, torch.float32)
     min_p = min_p.to(logits.device, torch.float32)
@@ -62,12 +67,13 @@ def probs_from_logits(
     m_on = min_p > 0
     if filtered is None:
         filtered = bool((k_on | p_on | m_on).any())
-    if any_greedy is None:
-        any_greedy = bool(greedy.any())
-    # Fast path: plain temperature sampling needs no sort.
     if filtered:
         scaled = _mask_filtered(scaled, torch.where(k_on, top_k, vocab), top_p, p_on, min_p, m_on)
+    return _softmax_or_greedy(scaled, logits, greedy, any_greedy)
 
+
+def _softmax_or_greedy(scaled: Tensor, logits: Tensor, greedy: Tensor | None, any_greedy: bool) -> Tensor:
+    """softmax of the scaled rows; greedy rows one-hot at the raw logits' argmax."""
     probs = torch.softmax(scaled, dim=-1)
     if any_greedy:
         one_hot = torch.zeros_like(probs).scatter_(1, logits.argmax(dim=-1, keepdim=True), 1.0)
