@@ -22,6 +22,9 @@ def test_cuda_greedy_matches_transformers(tiny_model_dir, arch):
                                 eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
     greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     with LLM(path, device="cuda", dtype="float32") as llm:
+        assert llm.engine.runner.local.fused_kernels  # auto: the Triton layer kernels on CUDA
+        assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
+    with LLM(path, device="cuda", dtype="float32", fused_kernels="off") as llm:  # torch's ops, graphed
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
     draft = tiny_model_dir(arch, seed=1, num_hidden_layers=1)
     with LLM(path, device="cuda", dtype="float32", draft_model=draft, speculative_mode="sd",
@@ -38,9 +41,10 @@ def test_cuda_seeded_sampling_reproducible(tiny_qwen2):
     assert batch[0].token_ids == alone
 
 
-@pytest.mark.parametrize("fanout", ["1", "0"])
-def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout):
-    """SSD on CUDA: the draft process on the next GPU (or sharing the only one), greedy == transformers."""
+@pytest.mark.parametrize("fanout,host", [("1", "process"), ("0", "process"), ("1", "thread")])
+def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout, host):
+    """SSD on CUDA: the draft process on the next GPU (or sharing the only one), or a thread of the
+    engine on its own CUDA stream; greedy == transformers."""
     path = tiny_model_dir("qwen2", vocab_size=259)
     oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
     expected = [oracle.generate(torch.tensor([p], device="cuda"), max_new_tokens=48, do_sample=False,
@@ -48,7 +52,7 @@ def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout):
     greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     # draft_dtype fp32: the draft is the target, bit for bit, so a fan-out of 1 always hits
     with LLM(path, device="cuda", dtype="float32", draft_model=path, num_speculative_tokens=3,
-             ssd_fanout=fanout, draft_dtype="fp32") as llm:
+             ssd_fanout=fanout, draft_dtype="fp32", ssd_draft_host=host) as llm:
         assert llm.engine.config.speculative_mode == "ssd"  # auto runs SSD off CPU
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         metrics = llm.speculation_metrics()
