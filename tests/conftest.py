@@ -85,6 +85,22 @@ def pytest_addoption(parser):
     parser.addoption("--compile-model", action="store_true",
                      help="run every model runner compiled (compile_model='on', engine/compiled_model.py), "
                           "whatever the test asks: e.g. the greedy and model-equivalence files")
+    parser.addoption("--check-placement", action="store_true",
+                     help="run each test under a PlacementChecker (profiling/placement.py) and fail it where a "
+                          "host tensor meets the device: what would break on a GPU, found on CPU")
+
+
+@pytest.fixture(autouse=True)
+def _check_placement(request):
+    if not request.config.getoption("--check-placement"):
+        yield
+        return
+    from placement_harness import gpu_placement
+
+    with gpu_placement() as checker:
+        yield
+    if checker.findings:
+        pytest.fail("host tensors where a GPU needs device ones:\n" + "\n".join(checker.report()), pytrace=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

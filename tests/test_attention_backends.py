@@ -20,7 +20,8 @@ from ssd_engine.layers.attention import AttentionMetadata, torch_attention  # no
 from ssd_engine.layers.attention_backends import select_backend, triton_attention  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# an object, as the engine names its device: what profiling/placement.py takes for the accelerator
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROMPTS = [list(range(5, 12)), list(range(40, 75)), [7, 8, 9]]
 
 
@@ -37,7 +38,7 @@ def test_engine_with_triton_kernels_matches_transformers(tiny_model_dir, mode):
     expected = _expected(path, prompts, n)
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     # block_size 4 and a 16-token prefill budget: prompts span pages and arrive in chunks
-    options = dict(device=DEVICE, dtype="float32", attention_backend="triton", block_size=4,
+    options = dict(device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4,
                    max_num_batched_tokens=16)
     if mode != "ar":
         options.update(draft_model=path if mode == "ssd" else tiny_model_dir("qwen2", seed=1, vocab_size=259),
@@ -59,8 +60,10 @@ def _random_paged(g, rows, hk, page):
     slots = [tables[b, p // page] * page + p % page for b in range(rows) for p in range(kv_lens[b] - q_lens[b],
                                                                                            kv_lens[b])]
     starts = torch.tensor([0] + q_lens).cumsum(0)
-    return AttentionMetadata(torch.tensor(slots), tables.to(torch.int32), torch.tensor(kv_lens, dtype=torch.int32),
-                             starts.to(torch.int32), max(q_lens), max(kv_lens), page), rows * pages_each + 2
+    # drawn on the host (one seeded generator), used on the device: a GPU's kernels take no host pointer
+    return AttentionMetadata(torch.tensor(slots).to(DEVICE), tables.to(DEVICE, torch.int32),
+                             torch.tensor(kv_lens, dtype=torch.int32).to(DEVICE), starts.to(DEVICE, torch.int32),
+                             max(q_lens), max(kv_lens), page), rows * pages_each + 2
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -68,20 +71,20 @@ def test_torch_and_triton_backends_agree_on_random_steps(seed):
     g = torch.Generator().manual_seed(seed)
     hq, hk, d, page = [(4, 2, 32, 4), (6, 3, 40, 8), (8, 1, 16, 16), (2, 2, 64, 4)][seed]
     meta, pages = _random_paged(g, 1 + seed, hk, page)
-    k_cache = torch.randn(pages * page, hk, d, generator=g)
-    v_cache = torch.randn(pages * page, hk, d, generator=g)
-    q = torch.randn(meta.slot_mapping.shape[0], hq, d, generator=g)
+    k_cache = torch.randn(pages * page, hk, d, generator=g).to(DEVICE)
+    v_cache = torch.randn(pages * page, hk, d, generator=g).to(DEVICE)
+    q = torch.randn(meta.slot_mapping.shape[0], hq, d, generator=g).to(DEVICE)
     ref = torch_attention(q, k_cache, v_cache, meta, d ** -0.5)
     fast = triton_attention(q, k_cache, v_cache, meta, d ** -0.5)
     torch.testing.assert_close(fast, ref, atol=2e-4, rtol=2e-4)
     # a tree step over the same cache: two branches per row, forking inside each row's keys
     rows = meta.kv_lens.shape[0]
-    seq_of_branch = torch.arange(rows).repeat_interleave(2)
-    visible = torch.clamp(meta.kv_lens.long()[seq_of_branch] - torch.tensor([0, 1] * rows), min=1)
-    scratch = torch.randperm(pages * page, generator=g)[:2 * rows * 3].view(2 * rows, 3)
+    seq_of_branch = torch.arange(rows, device=DEVICE).repeat_interleave(2)
+    visible = torch.clamp(meta.kv_lens.long()[seq_of_branch] - torch.tensor([0, 1] * rows, device=DEVICE), min=1)
+    scratch = torch.randperm(pages * page, generator=g)[:2 * rows * 3].view(2 * rows, 3).to(DEVICE)
     for step in range(3):
         tree = branch_metadata(meta.block_tables, seq_of_branch, visible, int(visible.max()), scratch, step, page)
-        qb = torch.randn(2 * rows, hq, d, generator=g)
+        qb = torch.randn(2 * rows, hq, d, generator=g).to(DEVICE)
         torch.testing.assert_close(triton_attention(qb, k_cache, v_cache, tree, d ** -0.5),
                                    torch_attention(qb, k_cache, v_cache, tree, d ** -0.5), atol=2e-4, rtol=2e-4)
 

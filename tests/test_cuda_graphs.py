@@ -20,13 +20,14 @@ from ssd_engine.engine.model_runner import ModelRunner, StepInputs  # noqa: E402
 from ssd_engine.models.loader import load_config  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# an object, as the engine names its device: what profiling/placement.py takes for the accelerator
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROMPTS = [list(range(5, 12)), list(range(40, 62)), [7, 8, 9]]  # 3 rows: padded to a graph of 4
 
 
 @pytest.fixture
 def emulated(monkeypatch):
-    if DEVICE == "cpu":
+    if DEVICE.type == "cpu":
         monkeypatch.setenv("SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1")  # the SSD draft process inherits it
 
 
@@ -52,30 +53,30 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
     n = 16 if mode != "ssd" else 10
     expected = [e[:n] for e in _expected(model, n)]
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    options = dict(device=DEVICE, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=32)
+    options = dict(device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=32)
     if mode != "ar":
         options.update(draft_model=model, speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="1",
                        draft_timeout_s=300, draft_dtype="bf16")
     with LLM(model, **options) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         graphs = llm.engine.runner.graphs
-        shapes = {key for key, rows in graphs.graphs}
+        shapes = {key for key, rows in graphs.replayed}
         # AR decodes 1 token per row; SD and SSD verify K + 1 = 4 per row; 3 rows ride a graph of 4
         assert shapes == ({("paged", 1)} if mode == "ar" else {("paged", 4)})
-        assert {rows for _, rows in graphs.graphs} >= {4}
+        assert {rows for _, rows in graphs.replayed} >= {4}
         if mode == "sd":
             # the target itself drafting in bf16 agrees with it (the interpreter's bf16 attention,
             # wrong by ~1e8, once made every draft a miss here: layers/attention_backends.py)
             assert llm.speculation_metrics()["acceptance_rate"] > 0.5
             # its draft steps and its catch-up after a fully accepted round (x_K and the bonus)
-            assert {("paged", 1), ("paged", 2)} <= {key for key, _ in llm.engine.speculator.runner.graphs.graphs}
+            assert {("paged", 1), ("paged", 2)} <= {key for key, _ in llm.engine.speculator.runner.graphs.replayed}
         if mode == "ssd":
             assert not llm.engine.speculator.metrics.summary()["draft_failures"]
 
 
 def _runner(model, graphs: int, shapes=(("paged", 1),)) -> ModelRunner:
     runner = ModelRunner(model, load_config(model), num_kv_blocks=16, block_size=4, max_position=64,
-                         dtype=torch.float32, device=torch.device(DEVICE), attention_backend="triton",
+                         dtype=torch.float32, device=DEVICE, attention_backend="triton",
                          cuda_graph_max_batch=graphs)
     runner.capture_graphs(list(shapes))  # what the engine does at start-up
     return runner
@@ -91,7 +92,7 @@ def test_padding_rows_write_only_the_padding_slot(model, emulated):
     prefill = StepInputs([0, 0, 0, 0], [[5, 6, 7], [8, 9], [10], [11, 12]], tables, [[2], [1], [0], [1]])
     for runner in (graphed, eager):
         runner.run(prefill)  # ragged: eager
-    assert not graphed.graphs.graphs
+    assert not graphed.graphs.replayed
     steps = [StepInputs([3, 2, 1, 2], [[13], [14], [15], [16]], tables, [[0]] * 4),  # 4 rows: graph of 4
              StepInputs([4, 3, 2], [[17], [18], [19]], tables[:3], [[0]] * 3)]      # 3 rows: same graph, padded
     pad_slot = 16 * 4
@@ -102,7 +103,7 @@ def test_padding_rows_write_only_the_padding_slot(model, emulated):
         # before (still in the static buffer) is not written again
         assert _slots_written(before, graphed.kv_cache) <= new_slots | {pad_slot}
         torch.testing.assert_close(logits, eager.run(step))
-    assert list(graphed.graphs.graphs) == [(("paged", 1), 4)]
+    assert list(graphed.graphs.replayed) == [(("paged", 1), 4)]
 
 
 def test_only_named_shapes_are_graphed(model, emulated):
@@ -111,9 +112,9 @@ def test_only_named_shapes_are_graphed(model, emulated):
     runner = _runner(model, 4)
     tables = [[0, 1], [2, 3]]
     runner.run(StepInputs([0, 0], [[5, 6, 7], [8, 9, 10]], tables, [[2], [2]]))   # 2 rows x 3 tokens
-    assert not runner.graphs.graphs
+    assert not runner.graphs.replayed
     runner.run(StepInputs([3, 3], [[11], [12]], tables, [[0], [0]]))
-    assert list(runner.graphs.graphs) == [(("paged", 1), 2)]
+    assert list(runner.graphs.replayed) == [(("paged", 1), 2)]
 
 
 def test_tree_steps_replay_and_match_eager(model, emulated):
@@ -123,25 +124,26 @@ def test_tree_steps_replay_and_match_eager(model, emulated):
     for runner in (graphed, eager):
         runner.run(prefill)
     k, scratch_base = 3, 8 * 4  # branch paths in pages 8.. (after the trunks)
-    seq_of_branch, fork = torch.tensor([0, 0, 1, 1, 1]), [10, 8, 7, 5, 6]   # 5 branches: a graph of 8
-    scratch = (scratch_base + torch.arange(5 * k)).view(5, k)
-    trunk_tables = torch.tensor(tables, dtype=torch.int32)
-    ids = torch.tensor([30, 31, 32, 33, 34])
+    seq_of_branch, fork = torch.tensor([0, 0, 1, 1, 1], device=DEVICE), [10, 8, 7, 5, 6]  # 5 branches: a graph of 8
+    scratch = (scratch_base + torch.arange(5 * k, device=DEVICE)).view(5, k)
+    trunk_tables = torch.tensor(tables, dtype=torch.int32, device=DEVICE)
+    ids = torch.tensor([30, 31, 32, 33, 34], device=DEVICE)
     for step in range(k):
         before = graphed.kv_cache.clone()
-        meta = lambda: branch_metadata(trunk_tables, seq_of_branch, torch.tensor(fork), max(fork), scratch, step, 4)
-        positions = torch.tensor(fork) + step
+        meta = lambda: branch_metadata(trunk_tables, seq_of_branch, torch.tensor(fork, device=DEVICE), max(fork),
+                                       scratch, step, 4)
+        positions = torch.tensor(fork, device=DEVICE) + step
         logits = graphed.run_metadata(ids, positions, meta())
         assert _slots_written(before, graphed.kv_cache) <= set(scratch[:, step].tolist()) | {16 * 4}
         torch.testing.assert_close(logits, eager.run_metadata(ids, positions, meta()))
         ids = logits.argmax(dim=-1)
-    assert list(graphed.graphs.graphs) == [(("tree", k), 8)]
+    assert list(graphed.graphs.replayed) == [(("tree", k), 8)]
 
 
 def test_enforce_eager_and_the_reference_backend_capture_nothing(model, emulated):
-    with LLM(model, device=DEVICE, dtype="float32", attention_backend="triton", enforce_eager=True) as llm:
+    with LLM(model, device=DEVICE.type, dtype="float32", attention_backend="triton", enforce_eager=True) as llm:
         assert llm.engine.runner.graphs is None
-    with LLM(model, device=DEVICE, dtype="float32", attention_backend="torch") as llm:
+    with LLM(model, device=DEVICE.type, dtype="float32", attention_backend="torch") as llm:
         assert llm.engine.runner.graphs is None  # dense masks depend on the data: no graphs
 
 
@@ -181,7 +183,7 @@ def test_tensor_parallel_ranks_replay_graphs_in_lockstep(tiny_model_dir, emulate
     path = tiny_model_dir("qwen2", vocab_size=321, intermediate_size=131)  # one KV head per rank
     expected = [e[:10] for e in _expected(path, 10)]
     greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    with LLM(path, device=DEVICE, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=4,
+    with LLM(path, device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=4,
              tensor_parallel_size=2, distributed_timeout_s=120) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
-        assert (("paged", 1), 4) in llm.engine.runner.runner.graphs.graphs
+        assert (("paged", 1), 4) in llm.engine.runner.runner.graphs.replayed

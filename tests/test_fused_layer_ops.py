@@ -22,7 +22,8 @@ from ssd_engine.kernels import fused_layer_ops, paged_attention  # noqa: E402
 from ssd_engine.layers.rotary import rotate  # noqa: E402
 from ssd_engine.profiling.op_count import OpCounter, without_row_padding  # noqa: E402
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# an object, as the engine names its device: what profiling/placement.py takes for the accelerator
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _rms_norm(x, w, eps):
@@ -92,7 +93,7 @@ def test_engine_with_fused_kernels_matches_transformers(tiny_model_dir, monkeypa
         monkeypatch.setenv("SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1")
     path = tiny_model_dir(arch, vocab_size=259)
     expected = _expected(path, PROMPTS, 10)
-    options = dict(device=DEVICE, dtype="float32", attention_backend="triton", fused_kernels="on", block_size=4,
+    options = dict(device=DEVICE.type, dtype="float32", attention_backend="triton", fused_kernels="on", block_size=4,
                    max_num_batched_tokens=16, cuda_graph_max_batch=4)
     if mode == "sd":
         options.update(draft_model=tiny_model_dir(arch, seed=1, vocab_size=259), speculative_mode="sd",
@@ -110,7 +111,7 @@ def test_a_decoder_layer_launches_at_most_ten_kernels(tiny_model_dir, monkeypatc
     decode (its merge is one more launch)."""
     monkeypatch.setattr(paged_attention, "_num_splits", lambda programs, device: 4)
     path = tiny_model_dir("qwen2", vocab_size=259)
-    with without_row_padding(), LLM(path, device=DEVICE, dtype="float32", attention_backend="triton",
+    with without_row_padding(), LLM(path, device=DEVICE.type, dtype="float32", attention_backend="triton",
                                     fused_kernels="on", block_size=4) as llm:
         llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
         layers = list(llm.engine.runner.local.model.model.layers)

@@ -14,6 +14,7 @@ and the torch reference attention (its dense masks depend on the data) run eager
 again on the static buffers; graphs are made when first needed): CPU tests check padding and
 buffer reuse with it.
 """
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import torch
@@ -47,6 +48,9 @@ class GraphRunner:
         self.shapes: set[tuple] = set()  # the (kind, width) keys the engine named
         self.families: dict[tuple, _Family] = {}
         self.graphs: dict[tuple, tuple] = {}  # (family key, rows) -> (replay, static output)
+        # (family key, rows) -> replays: which graphs the steps ran, alike on a GPU (every named shape
+        # captured at start-up) and emulated (captured when first needed)
+        self.replayed: Counter = Counter()
         self.pool = None
 
     def family_key(self, meta: AttentionMetadata, tokens: int) -> tuple | None:
@@ -85,6 +89,7 @@ class GraphRunner:
             graph = self.graphs[(key, size)] = self._capture(family, size)
         replay, out = graph
         replay()
+        self.replayed[(key, size)] += 1
         return out[:input_ids.shape[0]]
 
     # ---- static buffers -------------------------------------------------------------------

@@ -111,7 +111,7 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     out = torch.empty_like(x)
     total = x if residual is None else torch.empty_like(x)
     if rows:
-        with kernel_launch("add_rms_norm"):
+        with kernel_launch("add_rms_norm", x, weight, out, total, *(() if residual is None else (residual,))):
             _add_rms_norm_kernel[(rows,)](x, x if residual is None else residual, weight, out, total, n, float(eps),
                                           x.stride(0), 0 if residual is None else residual.stride(0), out.stride(0),
                                           total.stride(0), HAS_RESIDUAL=residual is not None,
@@ -131,7 +131,8 @@ def rope_cache_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Ten
     assert cos.stride(-1) == 1 and sin_signed.stride(0) == cos.stride(0) and k_cache.stride(-1) == 1
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if tokens:
-        with kernel_launch("rope_cache_write"):
+        with kernel_launch("rope_cache_write", qkv, cos, sin_signed, slots, q, k_cache, v_cache,
+                           *(n for n in (q_norm, k_norm) if n is not None)):
             _rope_cache_write_kernel[(tokens, num_heads + 2 * num_kv_heads)](
                 qkv, cos, sin_signed, slots, q, k_cache, v_cache,
                 q_norm if q_norm is not None else cos, k_norm if k_norm is not None else cos,
@@ -147,7 +148,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     assert gate_up.stride(-1) == 1
     out = torch.empty(tokens, n, dtype=gate_up.dtype, device=gate_up.device)
     if tokens:
-        with kernel_launch("silu_mul"):
+        with kernel_launch("silu_mul", gate_up, out):
             _silu_mul_kernel[(tokens, triton.cdiv(n, SILU_BLOCK))](gate_up, out, n, gate_up.stride(0), out.stride(0),
                                                                  BLOCK=SILU_BLOCK)
     return out

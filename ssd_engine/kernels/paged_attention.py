@@ -178,7 +178,8 @@ def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_l
     if splits > 1:
         m, l = (torch.empty(splits, T, Hq, device=q.device) for _ in range(2))
     dummy = kv_lens  # never read when TREE is off
-    with kernel_launch("paged_attention"):
+    with kernel_launch("paged_attention", q, k_cache, v_cache, out, m, l, block_tables, kv_lens, query_start,
+                       *((table_rows, path_slots, path_lens) if tree else ())):
         _paged_attn_kernel[(rows, Hk, q_blocks * splits)](
             q, k_cache, v_cache, out, m, l,
             block_tables, table_rows if tree else dummy, kv_lens, query_start, path_slots if tree else dummy,
@@ -190,7 +191,7 @@ def _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_l
     if splits == 1:
         return out
     merged = torch.empty_like(q)
-    with kernel_launch("merge_splits"):
+    with kernel_launch("merge_splits", out, m, l, merged):
         _merge_splits_kernel[(T, Hq)](out, m, l, merged, T, Hq, D, out.stride(0), out.stride(1), out.stride(2),
                                       merged.stride(0), merged.stride(1), SPLITS=splits,
                                       BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=config["BLOCK_D"])

@@ -1,19 +1,28 @@
 """Triton launches as the op counter sees them: one kernel each.
 
 A Triton kernel is one launch on a GPU whatever its host side does (under TRITON_INTERPRET=1 on
-CPU, numpy copies in and out). Each launcher in `kernels/` runs inside `kernel_launch(name)`, so an
-active `OpCounter` (op_count.py) counts it as one compute op and ignores the aten ops inside.
+CPU, numpy copies in and out). Each launcher in `kernels/` runs inside `kernel_launch(name, *tensors)`,
+so an active `OpCounter` (op_count.py) counts it as one compute op and ignores the aten ops inside, and
+a `PlacementChecker` (placement.py) sees which tensors the kernel was handed.
+
+Under the interpreter one launch runs at a time: it keeps the launch's grid in module globals, so
+two threads launching at once (the SSD draft as a thread beside the target) corrupt each other.
 """
-from contextlib import contextmanager
+import os
+import threading
+from contextlib import ExitStack, contextmanager
 from typing import Protocol
+
+import torch
 
 
 class LaunchListener(Protocol):
-    def kernel(self, name: str):
-        """A context manager: one kernel named `name` runs inside."""
+    def kernel(self, name: str, tensors: tuple[torch.Tensor, ...]):
+        """A context manager: one kernel named `name`, handed `tensors`, runs inside."""
 
 
 _listeners: list[LaunchListener] = []
+_interpreter = threading.Lock()
 
 
 def listen(listener: LaunchListener) -> None:
@@ -25,9 +34,10 @@ def stop_listening(listener: LaunchListener) -> None:
 
 
 @contextmanager
-def kernel_launch(name: str):
-    if not _listeners:
-        yield
-        return
-    with _listeners[-1].kernel(name):
+def kernel_launch(name: str, *tensors: torch.Tensor):
+    with ExitStack() as stack:
+        if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"):
+            stack.enter_context(_interpreter)
+        for listener in list(_listeners):
+            stack.enter_context(listener.kernel(name, tensors))
         yield

@@ -17,6 +17,7 @@ inside are not seen), by op name, kind, call site and scope:
 Under `torch.inference_mode` (how the engine runs its forwards) the dispatcher shows composite
 ops such as `to` or `reshape` as they are called, not what they decompose into.
 """
+import contextlib
 import os
 import sys
 from collections import Counter
@@ -30,6 +31,7 @@ from ssd_engine.profiling import launches
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__))
 HERE = os.path.dirname(os.path.abspath(__file__))
+CONTEXTLIB = os.path.abspath(contextlib.__file__)  # a `with` entered through ExitStack
 # no compute: tensor metadata, or a tensor built from Python values (on a GPU an upload, not a kernel)
 METADATA_OPS = {"detach", "detach_", "alias", "lift_fresh", "empty", "empty_like", "empty_strided"}
 
@@ -40,7 +42,7 @@ def call_site() -> str:
     frame = sys._getframe(1)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
-        if not path.startswith((TORCH_DIR, HERE)):
+        if not path.startswith((TORCH_DIR, HERE, CONTEXTLIB)):
             shown = os.path.relpath(path, REPO) if path.startswith(REPO + os.sep) else os.path.basename(path)
             return f"{shown}:{frame.f_lineno} {frame.f_code.co_name}"
         frame = frame.f_back
@@ -99,7 +101,7 @@ class OpCounter(TorchDispatchMode):
         return super().__exit__(*exc)
 
     @contextmanager
-    def kernel(self, name: str):
+    def kernel(self, name: str, tensors=()):
         """One Triton kernel launch, counted as the compute op `triton:<name>`."""
         self.counts[(self._scopes[-1], f"triton:{name}", "compute", call_site())] += 1
         self._in_kernel += 1
