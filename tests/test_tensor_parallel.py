@@ -232,3 +232,12 @@ def test_torchrun_joins_instead_of_spawning(tiny_qwen2):
     assert joined.stdout == single.stdout and single.stdout.strip()
     for run in (single, joined):  # how the target ran, read through the TP runner too
         assert "[engine] device=cpu dtype=float32 attention=torch cuda_graphs=off" in run.stderr
+
+
+def test_each_rank_gets_its_own_gpu_or_a_clear_error():
+    from ssd_engine.distributed.launch import rank_gpus
+
+    assert rank_gpus("cuda", 2, 2) == ["cuda:0", "cuda:1"]
+    assert rank_gpus("cuda:1", 2, 4) == ["cuda:1", "cuda:2"]
+    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 from cuda needs GPUs cuda:0..cuda:1; this machine has 1"):
+        rank_gpus("cuda", 2, 1)

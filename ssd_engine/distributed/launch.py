@@ -43,6 +43,16 @@ def start_tensor_parallel(parallel: ParallelConfig, spec: RunnerSpec,
     return _spawn(parallel, spec, core_sets)
 
 
+def rank_gpus(device: str, size: int, available: int) -> list[str]:
+    """Each rank's GPU, consecutive from `device`'s; an error naming the shortfall (NCCL cannot link
+    two ranks on one GPU, so they cannot share)."""
+    first = torch.device(device).index or 0
+    if first + size > available:
+        raise ValueError(f"tensor_parallel_size={size} from {device} needs GPUs cuda:{first}..cuda:{first + size - 1}; "
+                         f"this machine has {available}")
+    return [f"cuda:{first + rank}" for rank in range(size)]
+
+
 def _spawn(parallel: ParallelConfig, spec: RunnerSpec, core_sets: list[list[int]] | None) -> TensorParallelRunner:
     size = parallel.tensor_parallel_size
     on_cpu = spec.model.device == "cpu"
@@ -50,6 +60,7 @@ def _spawn(parallel: ParallelConfig, spec: RunnerSpec, core_sets: list[list[int]
         core_sets = core_sets or plan_core_sets(size, parallel.cpu_cores)
     else:
         core_sets = [None] * size
+        gpus = rank_gpus(spec.model.device, size, torch.cuda.device_count())
     threads = [spec.model.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
     store = supervise.host_store(size)
     # SSD_ENGINE_TP_SHM=0 keeps every collective on gloo (to compare, or to rule the shared memory out)
@@ -58,14 +69,14 @@ def _spawn(parallel: ParallelConfig, spec: RunnerSpec, core_sets: list[list[int]
     workers = {}
     for rank in range(1, size):
         # a fresh interpreter (not multiprocessing): no re-import of the user's __main__, no helper processes
-        device = spec.model.device if on_cpu else f"cuda:{(torch.device(spec.model.device).index or 0) + rank}"
+        device = spec.model.device if on_cpu else gpus[rank]
         args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
                     device=device, timeout_s=parallel.distributed_timeout_s, shm_fd=shm_fd)
         workers[rank] = supervise.start(f"tensor-parallel worker rank {rank}", "ssd_engine.distributed.worker_main",
                                         args, ready_key(rank), pass_fds=() if shm_fd is None else (shm_fd,))
     processes = {rank: worker.process for rank, worker in workers.items()}
     restore = pin(core_sets[0], threads[0]) if on_cpu else None
-    where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: cuda:{r}" for r in range(size))
+    where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: {gpu}" for r, gpu in enumerate(gpus))
     transport = ("shared memory + gloo" if use_shm else "gloo") if on_cpu else "nccl"
     print(f"tensor parallel: {size} ranks ({transport}); {where}; "
           f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)

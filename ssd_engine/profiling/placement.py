@@ -168,7 +168,8 @@ class PlacementChecker(TorchFunctionMode):
             self._check_mixed(func, args, kwargs)
         inputs = {self.place(t) for t in tensors_in((args, kwargs))}
         out = func(*args, **kwargs)
-        if func in READS or not isinstance(out, (torch.Tensor, list, tuple)) or _writes_in_place(func, kwargs):
+        if (func in READS and func is not T.cpu) or not isinstance(out, (torch.Tensor, list, tuple)) or \
+                _writes_in_place(func, kwargs):
             return out  # a host value, or a destination that keeps its place
         named = [_named_place(a, ours) for a in (*args[1:], kwargs.get("device"))] if func is T.to else \
             [_named_place(kwargs.get("device"), ours)]
