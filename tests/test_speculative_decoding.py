@@ -296,7 +296,7 @@ def test_draft_never_proposes_embedding_padding(target, noisy_draft, monkeypatch
         if prop.probs is not None:  # the q rows the tokens were drawn from give padding no mass
             assert prop.probs.shape[-1] == 320
             assert float(prop.probs[..., bound:].abs().sum()) == 0.0
-            assert torch.allclose(prop.probs.sum(-1), torch.ones(prop.probs.shape[:2]), atol=1e-5)
+            assert torch.allclose(prop.probs.sum(-1), torch.ones(prop.probs.shape[:2], device=prop.probs.device), atol=1e-5)
     assert any(p.probs is not None for p in proposals[n_greedy:])
     # the padding is live in these random models (the target itself emits padding ids), so the
     # draft's restriction is doing something

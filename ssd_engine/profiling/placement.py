@@ -26,13 +26,17 @@ Reported, by kind and call site (file:line):
   them; `copy_`, slice assignments (a copy) and moves are meant to cross.
 - `kernel`: a Triton launch (`profiling/launches.py`) given a host tensor.
 
-Limits: the engine's `device=x.device` with a host `x` makes a device tensor here (a `Tensor.device`
-read never reaches the mode, so the object's origin is unknown). Tensors made before the checker
+A `Tensor.device` read never reaches the mode, so a `torch.device` object does not say where it came
+from: `device=x.device` or `.to(x.device)` written on the calling line is read from the source and
+follows `x`'s place. Limits: written otherwise (a variable set from `x.device` earlier) the object
+names the device. Tensors made before the checker
 started, or by memory it never saw made (a file mapped by safetensors), are host tensors: build the
 engine inside it. The mode is thread-local: a thread of one's own enters the same checker to be
 checked. CPU-only branches are not a GPU's: tests take the GPU's branch (tests/placement_harness.py).
 """
+import linecache
 import os
+import re
 import sys
 import threading
 from collections import Counter
@@ -52,6 +56,7 @@ PACKAGE = os.path.dirname(HERE) + os.sep
 TORCH_LIBRARY = os.path.join(TORCH_DIR, "testing") + os.sep
 # functions whose tensors may sit on different devices
 CROSSING = {T.copy_, T.to, T.cpu, T.cuda, T.pin_memory, T.new_tensor}
+DEVICE_OF = re.compile(r"(?:device=|\.to\()\s*([A-Za-z_][\w.]*)\.device\b")
 IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ior__", "__iand__"}
 
 
@@ -69,27 +74,31 @@ def _storage(t: torch.Tensor) -> int | None:
     return ptr or None  # an empty tensor has no memory to tell apart
 
 
-def _caller_is_ours() -> bool:
-    """Whether the innermost frame outside torch is the engine's or its user's code, not an installed
-    library's (transformers, ...)."""
+def _our_caller():
+    """The innermost frame outside torch when it is the engine's or its user's code; None when it is
+    an installed library's (transformers, ...)."""
     frame = sys._getframe(2)
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if path.startswith(TORCH_LIBRARY):
-            return False
+            return None
         if not path.startswith((TORCH_DIR, HERE, CONTEXTLIB)):
-            return path.startswith(PACKAGE) or not any(d in path for d in ("site-packages", "dist-packages"))
+            ours = path.startswith(PACKAGE) or not any(d in path for d in ("site-packages", "dist-packages"))
+            return frame if ours else None
         frame = frame.f_back
-    return False
-
-
-def _named_place(value, ours: bool) -> Place | None:
-    """The place a `device` argument names; None: no device named."""
-    if isinstance(value, str):
-        return Place.HOST if value.split(":")[0] == "cpu" else Place.DEVICE
-    if isinstance(value, torch.device):
-        return Place.DEVICE if ours else Place.UNKNOWN
     return None
+
+
+def _device_source(frame) -> torch.Tensor | None:
+    """The tensor `x` of a `device=x.device` (or `.to(x.device)`) on the caller's line, if any."""
+    found = DEVICE_OF.search(linecache.getline(frame.f_code.co_filename, frame.f_lineno))
+    if not found:
+        return None
+    head, *attrs = found.group(1).split(".")
+    value = frame.f_locals.get(head, frame.f_globals.get(head))
+    for attr in attrs:
+        value = getattr(value, attr, None)
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _writes_in_place(func, kwargs) -> bool:
@@ -158,21 +167,33 @@ class PlacementChecker(TorchFunctionMode):
         finally:
             self._launching.depth -= 1
 
+    def _named_place(self, value, caller) -> Place | None:
+        """The place a `device` argument names; None: no device named."""
+        if isinstance(value, str):
+            return Place.HOST if value.split(":")[0] == "cpu" else Place.DEVICE
+        if not isinstance(value, torch.device):
+            return None
+        if caller is None:
+            return Place.UNKNOWN
+        source = _device_source(caller)  # `device=x.device`: wherever x is
+        return Place.DEVICE if source is None else (self.place(source) or Place.DEVICE)
+
     # ---- the mode -------------------------------------------------------------------------
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.OpOverload) or getattr(self._launching, "depth", 0):
             return func(*args, **kwargs)  # an aten op called from a dispatch mode's code, or inside a launch
-        ours = _caller_is_ours()
-        if ours:
+        caller = _our_caller()
+        if caller is not None:
             self._check_mixed(func, args, kwargs)
         inputs = {self.place(t) for t in tensors_in((args, kwargs))}
+        named_place = lambda value: self._named_place(value, caller)
         out = func(*args, **kwargs)
         if (func in READS and func is not T.cpu) or not isinstance(out, (torch.Tensor, list, tuple)) or \
                 _writes_in_place(func, kwargs):
             return out  # a host value, or a destination that keeps its place
-        named = [_named_place(a, ours) for a in (*args[1:], kwargs.get("device"))] if func is T.to else \
-            [_named_place(kwargs.get("device"), ours)]
+        named = [named_place(a) for a in (*args[1:], kwargs.get("device"))] if func is T.to else \
+            [named_place(kwargs.get("device"))]
         moved = Place.HOST if func is T.cpu or (func is T.to and _moves_to_host(args, kwargs)) else \
             Place.DEVICE if func is T.cuda else next((p for p in named if p is not None), None)
         if func in (T.to, T.cpu, T.cuda) and moved is not None and isinstance(out, torch.Tensor) \
