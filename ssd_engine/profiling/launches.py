@@ -25,6 +25,18 @@ _listeners: list[LaunchListener] = []
 _interpreter = threading.Lock()
 
 
+class HearsLaunches:
+    """Mixed into a torch mode: it hears the kernel launches while it is entered."""
+
+    def __enter__(self):
+        listen(self)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        stop_listening(self)
+        return super().__exit__(*exc)
+
+
 def listen(listener: LaunchListener) -> None:
     _listeners.append(listener)
 

@@ -81,7 +81,7 @@ def kind_of(func, args, kwargs, out) -> str:
     return "view" if all(_storage(t) in inputs for t in outputs) else "compute"
 
 
-class OpCounter(TorchDispatchMode):
+class OpCounter(launches.HearsLaunches, TorchDispatchMode):
     """`with OpCounter() as ops: ...` counts every op dispatched inside; `ops.counts` maps
     (scope, op name, kind, call site) -> calls."""
 
@@ -91,14 +91,6 @@ class OpCounter(TorchDispatchMode):
         self.calls: Counter = Counter()  # scope -> forwards entered (e.g. decoder layers run)
         self._scopes: list[str] = ["step"]
         self._in_kernel = 0  # inside a Triton launch (profiling/launches.py): its host ops are not kernels
-
-    def __enter__(self):
-        launches.listen(self)
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        launches.stop_listening(self)
-        return super().__exit__(*exc)
 
     @contextmanager
     def kernel(self, name: str, tensors=()):

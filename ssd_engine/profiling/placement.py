@@ -106,7 +106,7 @@ def _writes_in_place(func, kwargs) -> bool:
     return "out" in kwargs or name in IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("__"))
 
 
-class PlacementChecker(TorchFunctionMode):
+class PlacementChecker(launches.HearsLaunches, TorchFunctionMode):
     """`with PlacementChecker() as placement: ...`; `placement.findings` maps (kind, what, call site)
     -> count, `placement.report()` lists them; `kernels_checked` counts launches by thread."""
 
@@ -203,14 +203,6 @@ class PlacementChecker(TorchFunctionMode):
             moved = next((p for p in (Place.DEVICE, Place.UNKNOWN) if p in inputs), Place.HOST)
         self._tag(out, moved)
         return out
-
-    def __enter__(self):
-        launches.listen(self)
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        launches.stop_listening(self)
-        return super().__exit__(*exc)
 
     def report(self) -> list[str]:
         return [f"{kind} {what} x{n} at {site}" for (kind, what, site), n in sorted(self.findings.items())]
