@@ -24,6 +24,9 @@ from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROMPTS = [list(range(5, 12)), list(range(40, 75)), [7, 8, 9]]
 
+# a GPU runs these tests (scripts/gpu_check.sh): each also fails in CI where a host tensor meets the device
+CHECK_PLACEMENT = True
+
 
 def _expected(path, prompts, n):
     oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()

@@ -24,6 +24,9 @@ from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROMPTS = [list(range(5, 12)), list(range(40, 62)), [7, 8, 9]]  # 3 rows: padded to a graph of 4
 
+# a GPU runs these tests (scripts/gpu_check.sh): each also fails in CI where a host tensor meets the device
+CHECK_PLACEMENT = True
+
 
 @pytest.fixture
 def emulated(monkeypatch):

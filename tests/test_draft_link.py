@@ -39,6 +39,9 @@ link.send_reply(words[-100:].clone())
 sys.exit(0 if link.transport == "nccl" else 3)
 """
 
+# a GPU runs these tests (scripts/gpu_check.sh): each also fails in CI where a host tensor meets the device
+CHECK_PLACEMENT = True
+
 
 def _store() -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))

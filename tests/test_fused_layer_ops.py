@@ -25,6 +25,9 @@ from ssd_engine.profiling.op_count import OpCounter, without_row_padding  # noqa
 # an object, as the engine names its device: what profiling/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
+# a GPU runs these tests (scripts/gpu_check.sh): each also fails in CI where a host tensor meets the device
+CHECK_PLACEMENT = True
+
 
 def _rms_norm(x, w, eps):
     return torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps)

@@ -24,6 +24,9 @@ from ssd_engine.kernels.paged_attention import paged_attention, tree_attention  
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 HEADS = [(4, 4), (6, 2), (8, 1), (12, 2)]
 
+# a GPU runs these tests (scripts/gpu_check.sh): each also fails in CI where a host tensor meets the device
+CHECK_PLACEMENT = True
+
 
 def attend(q, keys, values, scale):
     """q [Hq, D], keys/values [L, Hk, D] -> [Hq, D] (GQA: head h reads kv head h // (Hq // Hk))."""

@@ -17,6 +17,9 @@ from test_ssd import _children
 
 COMMON = dict(num_threads=1, block_size=8, speculative_mode="ssd", num_speculative_tokens=3, ssd_fallback="jit")
 
+# a GPU runs these tests (scripts/gpu_check.sh): each also fails in CI where a host tensor meets the device
+CHECK_PLACEMENT = True
+
 
 def _draft_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "ssd-draft"]
