@@ -12,7 +12,9 @@ forward, the sampler or the round's bookkeeping.
    The GPU path (Triton attention and the fused layer kernels, kernels/fused_layer_ops.py) is
    counted too, under Triton's interpreter: each Triton launch one kernel, split-KV attention as an
    H100 runs a batch-1 decode (`--gpu-path`, on by default).
-2. Ops and device-to-host syncs per engine step (ssd_engine/profiling/step_count.py): an AR step,
+2. Host launches of a prefill chunk on the GPU path, eager and with piecewise graphs
+   (engine/piecewise_graphs.py), at the real shapes.
+3. Ops and device-to-host syncs per engine step (ssd_engine/profiling/step_count.py): an AR step,
    an SD round, an SSD round (the coordinator's side), greedy and sampled, on a tiny pair (syncs
    do not depend on the model's size). Goal: 1 sync per round (the accepted tokens).
 
@@ -43,23 +45,33 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # the GPU path's kernels, on CPU
 
 
 # ---- 1. ops per decoder layer at real shapes ----------------------------------------------------
-def _runner(path: str, fmt: str | None, gpu_path: bool = False):
+def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2, graphs: int = 0):
     """`path`'s model with two decoder layers (the first does the step's once-per-step attention
     work, the second is a plain layer) and dummy weights (load_format="dummy"), in format `fmt` (None: the target's
-    packed fp32); `gpu_path`: with a GPU's attention backend and layer kernels, interpreted."""
+    packed fp32); `gpu_path`: with a GPU's attention backend and layer kernels, interpreted; `graphs`:
+    CUDA graphs' row cap (emulated on CPU; 0: none)."""
     from ssd_engine.config_parts import CacheConfig, ModelConfig
     from ssd_engine.engine.model_runner import RunnerSpec
     from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
     from ssd_engine.models.loader import load_config
     import torch
     hf_config = load_config(path)
-    layers = hf_config.num_hidden_layers
-    hf_config.num_hidden_layers = 2
+    real_layers = hf_config.num_hidden_layers
+    hf_config.num_hidden_layers = layers
     dtype = "float32" if fmt is None or ACTIVATION_DTYPE[fmt] == torch.float32 else "bfloat16"
     model = ModelConfig(path, None, dtype, "cpu", "packed", weight_format=fmt, load_format="dummy",
-                        attention_backend="triton" if gpu_path else "torch", fused_kernels="on" if gpu_path else "off")
+                        attention_backend="triton" if gpu_path else "torch", fused_kernels="on" if gpu_path else "off",
+                        cuda_graph_max_batch=graphs)
     pages = -(-(PREFIX + 2) // BLOCK)
-    return RunnerSpec(model, CacheConfig(BLOCK, pages), PREFIX + 2).build(hf_config=hf_config), layers, pages
+    emulate = os.environ.get("SSD_ENGINE_EMULATE_CUDA_GRAPHS")
+    os.environ["SSD_ENGINE_EMULATE_CUDA_GRAPHS"] = "1" if graphs else "0"
+    try:
+        runner = RunnerSpec(model, CacheConfig(BLOCK, pages), PREFIX + 2).build(hf_config=hf_config)
+    finally:
+        os.environ.pop("SSD_ENGINE_EMULATE_CUDA_GRAPHS")
+        if emulate is not None:
+            os.environ["SSD_ENGINE_EMULATE_CUDA_GRAPHS"] = emulate
+    return runner, real_layers, pages
 
 
 def layer_counts(path: str, fmt: str | None, gpu_path: bool = False) -> dict:
@@ -138,7 +150,45 @@ def model_rows(target: str, draft: str, formats: list[str], gpu_path: bool = Tru
     return rows
 
 
-# ---- 2. ops and syncs per engine step on a tiny pair --------------------------------------------
+# ---- 2. host launches of a prefill chunk --------------------------------------------------------
+def prefill_launches(path: str) -> dict:
+    """A PREFIX-token prefill on the GPU path, counted eagerly and with piecewise graphs
+    (engine/piecewise_graphs.py, emulated; each piece's replay one launch): the launches the host
+    issues (compute ops) and all its ops, per decoder layer (3 layers minus 2) and in total at the
+    model's depth."""
+    from ssd_engine.engine.model_runner import StepInputs
+    from ssd_engine.profiling.op_count import OpCounter
+    counts = {}
+    for graphs in (0, 4):
+        for layers in (2, 3):
+            runner, depth, pages = _runner(path, None, gpu_path=True, layers=layers, graphs=graphs)
+            prefill = StepInputs([0], [[3 + i for i in range(PREFIX)]], [list(range(pages))], [[PREFIX - 1]])
+            runner.run(prefill)  # makes the emulated graphs of the bucket
+            ops = OpCounter()
+            replays = 0
+            if graphs:
+                def counted(replay):
+                    def run():
+                        nonlocal replays
+                        replays += 1
+                        with ops.scope("replay"):
+                            replay()
+                    return run
+                for size, pieces in runner.piecewise.graphs.items():
+                    runner.piecewise.graphs[size] = [counted(piece) for piece in pieces]
+            with ops:
+                runner.run(prefill)
+            counts[graphs, layers] = (ops.total("step", "compute") + replays, ops.total("step") + replays)
+    row = {"tokens": PREFIX, "layers": depth}
+    for graphs, name in ((0, "eager"), (4, "piecewise")):
+        for index, what in enumerate(("launches", "ops")):
+            per_layer = counts[graphs, 3][index] - counts[graphs, 2][index]
+            row[f"{name}_{what}_per_layer"] = per_layer
+            row[f"{name}_{what}"] = counts[graphs, 2][index] + (depth - 2) * per_layer
+    return row
+
+
+# ---- 3. ops and syncs per engine step on a tiny pair --------------------------------------------
 def tiny_pair(root: str) -> tuple[str, str]:
     from tiny_checkpoints import build_checkpoint
     return (build_checkpoint(os.path.join(root, "target"), "qwen2", seed=0),
@@ -183,7 +233,8 @@ def render(raw: dict) -> str:
              f"visible; torch {cpu['torch']}; commit {raw['commit']}",
              f"- Command: `{raw['command']}`",
              f"- Target `{raw['target']}`, draft `{raw['draft']}`; row padding off (CPU only, per machine)", ""]
-    return "\n".join(lines + layer_lines(raw["layers"]) + engine_lines(raw["engine"])) + "\n"
+    return "\n".join(lines + layer_lines(raw["layers"]) + prefill_lines(raw.get("prefill", []))
+                     + engine_lines(raw["engine"])) + "\n"
 
 
 def layer_lines(layers: list[dict]) -> list[str]:
@@ -211,6 +262,24 @@ def layer_lines(layers: list[dict]) -> list[str]:
     lines += ["", f"### Where the target's {layers[0]['per_layer']} come from (one decoder layer)", "",
               "| call site | op (kind) | calls |", "|---|---|---|"]
     return lines + [f"| {s['site']} | {s['op']} ({s['kind']}) | {s['calls']} |" for s in layers[0]["by_site"]] + [""]
+
+
+def prefill_lines(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = [f"## Host launches of a {rows[0]['tokens']}-token prefill chunk, GPU path: eager vs piecewise graphs", "",
+             "A step no whole-step graph holds (prefill chunks, prefill batched with decode rows) replays piecewise "
+             "graphs (engine/piecewise_graphs.py): the work between two attentions as one graph, each replay one "
+             "launch; RoPE + K/V write and attention stay eager. Launches: compute ops and replays the host issues; "
+             "ops: all it dispatches, views included. Per layer: 3 layers minus 2; step: at the model's depth.", "",
+             "| model | layers | eager launches per layer / step | piecewise launches per layer / step "
+             "| eager ops per layer / step | piecewise ops per layer / step |", "|---" * 6 + "|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['layers']} | {r['eager_launches_per_layer']} / {r['eager_launches']} "
+                     f"| **{r['piecewise_launches_per_layer']} / {r['piecewise_launches']}** "
+                     f"| {r['eager_ops_per_layer']} / {r['eager_ops']} "
+                     f"| {r['piecewise_ops_per_layer']} / {r['piecewise_ops']} |")
+    return lines + [""]
 
 
 def engine_lines(rows: list[dict]) -> list[str]:
@@ -273,12 +342,14 @@ def main(argv: list[str] | None = None) -> dict:
     draft = opts.draft or resolve_default_model("draft")
     with without_row_padding(), tempfile.TemporaryDirectory() as root:
         layers = model_rows(target, draft, opts.formats, opts.gpu_path)
+        prefill = [{"model": name, **prefill_launches(path)} for name, path in (("target", target), ("draft", draft))
+                   ] if opts.gpu_path else []
         engine = engine_rows(*tiny_pair(root), opts.modes, opts.k, opts.steps, opts.engine_draft_dtype)
     stamp = datetime.date.today().isoformat()
     raw = {"date": stamp, "cpu": describe(), "commit": _commit(),
            "command": " ".join(["python benchmarks/bench_ops.py", *argv]),
            "target": os.path.basename(target.rstrip("/")), "draft": os.path.basename(draft.rstrip("/")),
-           "layers": layers, "engine": engine}
+           "layers": layers, "prefill": prefill, "engine": engine}
     text = render(raw)
     print(text)
     os.makedirs(opts.out, exist_ok=True)

@@ -169,6 +169,16 @@ def test_the_gpu_path_runs_a_layer_in_ten_kernels(tiny_qwen2):
     assert gpu["per_layer_compute"] <= bench_ops.GOAL_OPS_PER_LAYER < eager["per_layer_compute"]
 
 
+def test_piecewise_graphs_leave_attention_and_its_input_to_the_host(tiny_qwen2):
+    """A prefill chunk on the GPU path: eager, a layer is 9 launches (4 matmuls, 2 norms, RoPE + K/V
+    write, attention, SiLU-mul); with piecewise graphs 4 (RoPE + K/V write, attention, the copy of its
+    output into the next piece's input, that piece's replay)."""
+    with without_row_padding():
+        row = bench_ops.prefill_launches(tiny_qwen2)
+    assert (row["eager_launches_per_layer"], row["piecewise_launches_per_layer"]) == (9, 4)
+    assert row["piecewise_launches"] < row["eager_launches"]
+
+
 def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
     raw = bench_ops.main(["--target", tiny_qwen2, "--draft", pair[1], "--formats", "int8", "--modes", "ar",
                           "--steps", "1", "--out", str(tmp_path)])
@@ -178,4 +188,5 @@ def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
     text = (tmp_path / f"{raw['date']}-ops.md").read_text()
     assert text == bench_ops.render(raw) and raw["cpu"]["cpu_model"] in text
     assert f"| target | fp32 | 2 | **{raw['layers'][0]['per_layer']}** |" in text
+    assert [r["model"] for r in raw["prefill"]] == ["target", "draft"] and "piecewise graphs" in text
     assert (tmp_path / f"{raw['date']}-ops.json").is_file()

@@ -7,8 +7,9 @@ smallest captured row count (1, 2, 4, ... up to a cap) that holds it. Its inputs
 static buffers; the padding rows are empty (no keys, no path; their K/V goes to a reserved
 padding slot) and their outputs are dropped. Only the shapes the engine names are graphed (a
 uniform prefill of equal chunks must not become a graph): on a GPU each is captured for every row
-bucket at start-up, largest first so smaller graphs reuse the pool's memory; all share one pool. Prefill chunks, steps wider than the cap
-and the torch reference attention (its dense masks depend on the data) run eagerly.
+bucket at start-up, largest first so smaller graphs reuse the pool's memory; all share one pool. Prefill chunks and steps wider than the cap
+replay piecewise graphs instead (engine/piecewise_graphs.py); the torch reference attention (its
+dense masks depend on the data) is never captured whole.
 
 `capture="emulate"` runs the same static-buffer path without CUDA (each replay calls the forward
 again on the static buffers; graphs are made when first needed): CPU tests check padding and

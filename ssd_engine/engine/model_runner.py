@@ -3,7 +3,8 @@
 Inputs are flattened over the batch (no padding in the dense layers); attention gets compact
 metadata (block tables, key counts, query offsets). A sequence computing new tokens
 [start, start + n) attends to every slot up to its own position (causal over cached prefix + new
-tokens). On a GPU, steps of uniform shape replay CUDA graphs (engine/cuda_graphs.py).
+tokens). On a GPU, steps of uniform shape replay CUDA graphs (engine/cuda_graphs.py), other steps
+of up to 512 tokens piecewise ones with attention run between them (engine/piecewise_graphs.py).
 
 Under tensor parallelism every rank has a ModelRunner over its slice of the model and of the KV
 heads; all ranks run `run()` on the same StepInputs in lockstep and only rank 0 gets logits.
@@ -21,6 +22,7 @@ from ssd_engine.engine.compiled_model import CompiledModel
 from ssd_engine.engine.core import ScheduledBatch
 from ssd_engine.engine.cuda_graphs import GraphRunner
 from ssd_engine.engine.host_upload import padded_rows, upload
+from ssd_engine.engine.piecewise_graphs import PiecewiseGraphs
 from ssd_engine.layers.attention import AttentionMetadata, torch_attention
 from ssd_engine.layers.attention_backends import select_backend, select_fused_kernels
 from ssd_engine.layers import row_padding
@@ -128,6 +130,7 @@ class ModelRunner:
         self.compiled = CompiledModel(self.model.model) if compile_model and self.tp.size == 1 else None
         self.hidden = self.compiled or self.model
         self.graphs = self._graph_runner(cuda_graph_max_batch, num_kv_blocks, max_position)
+        self.piecewise = self._piecewise_graphs(cuda_graph_max_batch)
         self._allocate_kv_cache(num_kv_blocks + (self.graphs is not None))  # + the padding rows' page
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
@@ -159,10 +162,22 @@ class ModelRunner:
                            block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
                            capture="cuda" if self.device.type == "cuda" else "emulate")
 
+    def _piecewise_graphs(self, cap: int) -> PiecewiseGraphs | None:
+        """Piecewise graphs (engine/piecewise_graphs.py) where whole-step ones run, for the steps they
+        cannot hold; not for a compiled forward (its one region already runs every width)."""
+        emulate = os.environ.get("SSD_ENGINE_EMULATE_CUDA_GRAPHS") == "1"
+        if cap == 0 or self.compiled is not None or not (self.device.type == "cuda" or emulate):
+            return None
+        return PiecewiseGraphs(self.model.model, device=self.device,
+                               capture="cuda" if self.device.type == "cuda" else "emulate")
+
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        key = self.graphs and self.graphs.family_key(meta, input_ids.shape[0])
+        tokens = input_ids.shape[0]
+        key = self.graphs and self.graphs.family_key(meta, tokens)
         if key:
             return self.graphs.run(input_ids, positions, meta, key)
+        if self.piecewise is not None and self.piecewise.holds(tokens):
+            return self.piecewise.run(input_ids, positions, meta)
         return self.hidden(input_ids, positions, meta)
 
     @torch.inference_mode()
@@ -176,7 +191,10 @@ class ModelRunner:
     def capture_graphs(self, keys: list[tuple]) -> None:
         """Graph these step shapes, captured now for every row bucket (the CPU emulation captures
         lazily, keeping tests fast). ("paged", n): n tokens per row; ("tree", K): branch steps
-        with K-token paths. Other shapes run eagerly."""
+        with K-token paths. Other steps replay piecewise graphs (engine/piecewise_graphs.py), captured
+        now too, up to their largest bucket of tokens, and run eagerly past it."""
+        if self.piecewise is not None and self.piecewise.capture == "cuda":
+            self.piecewise.capture_all()
         if self.graphs is None:
             return
         if self.graphs.capture == "cuda":

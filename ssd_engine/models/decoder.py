@@ -53,13 +53,17 @@ class DecoderAttention(nn.Module):
         self.fused = False  # RoPE, q/k norms and the K/V write as one Triton kernel (use_fused_kernels)
 
     def forward(self, rope: Rope, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        qkv = self.qkv_proj(x)
+        return self.o_proj(self.attend(rope, self.qkv_proj(x), meta))
+
+    def attend(self, rope: Rope, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The fused q/k/v projection's output -> attention's [T, Hq * D] (before o_proj): RoPE, the
+        K/V cache write and attention, the part of a layer piecewise graphs run eagerly."""
         if self.fused:
             q = fused_layer_ops.rope_cache_write(
                 qkv, *rope, meta.slot_mapping, self.attn.k_cache, self.attn.v_cache, self.num_heads,
                 self.num_kv_heads, self.q_norm.weight if self.qk_norm else None,
                 self.k_norm.weight if self.qk_norm else None, self.q_norm.eps if self.qk_norm else 0.0)
-            return self.o_proj(self.attn.attend(q, meta))
+            return self.attn.attend(q, meta)
         q_cols, k_cols, _ = self.split
         v = qkv[:, q_cols + k_cols:].view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
@@ -68,7 +72,7 @@ class DecoderAttention(nn.Module):
         else:  # q's and k's heads side by side in the projection: rotated together, one set of ops
             qk = rotate(qkv[:, :q_cols + k_cols].view(-1, self.num_heads + self.num_kv_heads, self.head_dim), rope)
             q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
-        return self.o_proj(self.attn(q, k, v, meta))
+        return self.attn(q, k, v, meta)
 
 
 class DecoderMLP(nn.Module):
@@ -101,8 +105,17 @@ class DecoderLayer(nn.Module):
     def forward(self, rope: Rope, x, residual, meta):
         """-> (this layer's MLP output, the residual stream before it): the next norm adds them,
         fused with the norm on a GPU. `residual` None: the first layer (x is the embedding)."""
+        qkv, residual = self.start(x, residual)
+        return self.finish(self.self_attn.attend(rope, qkv, meta), residual)
+
+    def start(self, x, residual):
+        """The layer up to attention: (its q/k/v projection, the residual stream)."""
         x, residual = self.input_layernorm.add_forward(x, residual)
-        x, residual = self.post_attention_layernorm.add_forward(self.self_attn(rope, x, meta), residual)
+        return self.self_attn.qkv_proj(x), residual
+
+    def finish(self, attention, residual):
+        """The layer after attention: (its MLP output, the residual stream before it)."""
+        x, residual = self.post_attention_layernorm.add_forward(self.self_attn.o_proj(attention), residual)
         return self.mlp(x), residual
 
 
@@ -125,6 +138,19 @@ class DecoderModel(nn.Module):
         for layer in self.layers:
             x, residual = layer(rope, x, residual, meta)
         return self.norm.add_forward(x, residual)[0]
+
+    def piece(self, index: int, x: torch.Tensor, residual: torch.Tensor | None):
+        """The work between two attentions, what a piecewise graph holds (engine/piecewise_graphs.py).
+        index 0: x = input ids -> layer 0's (q/k/v projection, residual stream); 0 < index < layers:
+        x = layer index - 1's attention output -> layer index's (projection, residual); index = layers:
+        -> (the final hidden states, None)."""
+        if index == 0:
+            x = self.embed_tokens(x)
+        else:
+            x, residual = self.layers[index - 1].finish(x, residual)
+        if index == len(self.layers):
+            return self.norm.add_forward(x, residual)[0], None
+        return self.layers[index].start(x, residual)
 
 
 class DecoderForCausalLM(nn.Module):
