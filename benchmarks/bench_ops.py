@@ -51,6 +51,7 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
     packed fp32); `gpu_path`: with a GPU's attention backend and layer kernels, interpreted; `graphs`:
     CUDA graphs' row cap (emulated on CPU; 0: none)."""
     from ssd_engine.config_parts import CacheConfig, ModelConfig
+    from ssd_engine.engine.cuda_graphs import emulated
     from ssd_engine.engine.model_runner import RunnerSpec
     from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
     from ssd_engine.models.loader import load_config
@@ -63,14 +64,8 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
                         attention_backend="triton" if gpu_path else "torch", fused_kernels="on" if gpu_path else "off",
                         cuda_graph_max_batch=graphs)
     pages = -(-(PREFIX + 2) // BLOCK)
-    emulate = os.environ.get("SSD_ENGINE_EMULATE_CUDA_GRAPHS")
-    os.environ["SSD_ENGINE_EMULATE_CUDA_GRAPHS"] = "1" if graphs else "0"
-    try:
+    with emulated(bool(graphs)):
         runner = RunnerSpec(model, CacheConfig(BLOCK, pages), PREFIX + 2).build(hf_config=hf_config)
-    finally:
-        os.environ.pop("SSD_ENGINE_EMULATE_CUDA_GRAPHS")
-        if emulate is not None:
-            os.environ["SSD_ENGINE_EMULATE_CUDA_GRAPHS"] = emulate
     return runner, real_layers, pages
 
 

@@ -190,3 +190,15 @@ def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
     assert f"| target | fp32 | 2 | **{raw['layers'][0]['per_layer']}** |" in text
     assert [r["model"] for r in raw["prefill"]] == ["target", "draft"] and "piecewise graphs" in text
     assert (tmp_path / f"{raw['date']}-ops.json").is_file()
+
+
+def test_bench_host_overhead_takes_the_replays_out(tmp_path):
+    """Host time per step on the emulated GPU path: the replays (the forward itself, here run by
+    Triton's interpreter: tens of ms) are out of it, the LM head's CPU matmul is reported apart."""
+    import bench_host_overhead
+    rows = bench_host_overhead.main(["--modes", "ar", "--steps", "2", "--out", str(tmp_path)])
+    assert [(r["mode"], r["temperature"]) for r in rows] == [("ar", 0.0), ("ar", 0.7)]
+    for r in rows:
+        assert r["forwards_per_step"] == 1
+        assert 0 < r["host_us_per_step_without_head"] < r["host_us_per_step"] < 20_000
+    assert "host us per step" in next(tmp_path.glob("*-host-overhead.md")).read_text()

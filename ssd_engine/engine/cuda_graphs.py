@@ -15,12 +15,36 @@ dense masks depend on the data) is never captured whole.
 again on the static buffers; graphs are made when first needed): CPU tests check padding and
 buffer reuse with it.
 """
+import os
+import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
 
 from ssd_engine.layers.attention import AttentionMetadata
+
+
+EMULATE = "SSD_ENGINE_EMULATE_CUDA_GRAPHS"  # "1": the static-buffer path on CPU too (read as runners are built)
+
+
+def emulating() -> bool:
+    return os.environ.get(EMULATE) == "1"
+
+
+@contextmanager
+def emulated(on: bool = True):
+    """Runners built inside emulate CUDA graphs (on) or build none on CPU (off); the variable is
+    restored after (benchmarks)."""
+    saved = os.environ.get(EMULATE)
+    os.environ[EMULATE] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        os.environ.pop(EMULATE)
+        if saved is not None:
+            os.environ[EMULATE] = saved
 
 
 def bucket_sizes(cap: int) -> list[int]:
@@ -52,6 +76,9 @@ class GraphRunner:
         # (family key, rows) -> replays: which graphs the steps ran, alike on a GPU (every named shape
         # captured at start-up) and emulated (captured when first needed)
         self.replayed: Counter = Counter()
+        # host seconds inside replay calls: launching on a GPU, the whole forward when emulated
+        # (benchmarks/bench_host_overhead.py takes it from a step's wall time)
+        self.replay_seconds = 0.0
         self.pool = None
 
     def family_key(self, meta: AttentionMetadata, tokens: int) -> tuple | None:
@@ -89,7 +116,9 @@ class GraphRunner:
         if graph is None:
             graph = self.graphs[(key, size)] = self._capture(family, size)
         replay, out = graph
+        started = time.perf_counter()
         replay()
+        self.replay_seconds += time.perf_counter() - started
         self.replayed[(key, size)] += 1
         return out[:input_ids.shape[0]]
 

@@ -3,10 +3,10 @@
 `torch.tensor(values, device="cuda")` copies from pageable host memory, and such a copy first waits
 for the stream to drain: a step that uploads its ids, positions, slots, key counts, query offsets
 and page tables that way waits for the previous step's kernels five or six times before it can
-queue its own. Here every column goes into one pinned int64 staging tensor (torch's caching host
-allocator keeps it alive until the copy is done) and crosses in one non-blocking copy; columns
-are views of the device copy, cast on the device where an int32 is wanted. On a CPU the staging
-tensor is the result.
+queue its own. Here every column goes into one pinned staging tensor (int64, or int32 where every
+value fits, as a step's inputs do) that torch's caching host allocator keeps alive until the copy
+is done, and crosses in one non-blocking copy; columns are views of the device copy. On a CPU the
+staging tensor is the result.
 """
 import itertools
 
@@ -19,7 +19,7 @@ def upload(columns: list[list], device: torch.device, dtype: torch.dtype = torch
     cuda = device.type == "cuda"
     flat = torch.tensor(list(itertools.chain.from_iterable(columns)), dtype=dtype, pin_memory=cuda)
     flat = flat.to(device, non_blocking=cuda)  # on a CPU the same tensor (profiling/sync_count.py marks it)
-    return list(flat.split([len(column) for column in columns]))
+    return list(flat.split_with_sizes([len(column) for column in columns]))  # not Tensor.split's Python wrapper
 
 
 def padded_rows(tables: list[list[int]], width: int) -> list[int]:

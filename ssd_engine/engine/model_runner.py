@@ -20,7 +20,7 @@ from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.compiled_model import CompiledModel
 from ssd_engine.engine.core import ScheduledBatch
-from ssd_engine.engine.cuda_graphs import GraphRunner
+from ssd_engine.engine.cuda_graphs import GraphRunner, emulating
 from ssd_engine.engine.host_upload import padded_rows, upload
 from ssd_engine.engine.piecewise_graphs import PiecewiseGraphs
 from ssd_engine.layers.attention import AttentionMetadata, torch_attention
@@ -155,8 +155,7 @@ class ModelRunner:
     def _graph_runner(self, cap: int, num_kv_blocks: int, max_position: int) -> GraphRunner | None:
         """CUDA graphs on a GPU with a kernel backend; SSD_ENGINE_EMULATE_CUDA_GRAPHS=1 runs their
         static-buffer path on CPU too (tests). The torch reference's dense masks cannot be captured."""
-        emulate = os.environ.get("SSD_ENGINE_EMULATE_CUDA_GRAPHS") == "1"
-        if cap == 0 or self.attention_backend is torch_attention or not (self.device.type == "cuda" or emulate):
+        if cap == 0 or self.attention_backend is torch_attention or not (self.device.type == "cuda" or emulating()):
             return None
         return GraphRunner(self.hidden, cap=cap, max_pages=-(-max_position // self.block_size),
                            block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
@@ -165,8 +164,7 @@ class ModelRunner:
     def _piecewise_graphs(self, cap: int) -> PiecewiseGraphs | None:
         """Piecewise graphs (engine/piecewise_graphs.py) where whole-step ones run, for the steps they
         cannot hold; not for a compiled forward (its one region already runs every width)."""
-        emulate = os.environ.get("SSD_ENGINE_EMULATE_CUDA_GRAPHS") == "1"
-        if cap == 0 or self.compiled is not None or not (self.device.type == "cuda" or emulate):
+        if cap == 0 or self.compiled is not None or not (self.device.type == "cuda" or emulating()):
             return None
         return PiecewiseGraphs(self.model.model, device=self.device,
                                capture="cuda" if self.device.type == "cuda" else "emulate")
@@ -240,13 +238,13 @@ class ModelRunner:
         held_at, held = inputs.on_device or ([], None)
         ids_t, positions_t, slots_t, kv_lens_t, query_start_t, tables_t, held_at_t, logit_index_t = upload(
             [ids, positions, slots, kv_lens, query_start, padded_rows(inputs.block_tables, pages), held_at,
-             logit_index], self.device)
+             logit_index], self.device, torch.int32)  # int32 throughout: no casts on the device
         if held is not None:  # device-held fed tokens (drafts) written in place there: no host read
-            held = held.to(self.device, torch.long)
-            ids_t = held if held_at == list(range(len(ids))) else ids_t.index_put_((held_at_t,), held)
+            held = held.to(self.device)
+            ids_t = held if held_at == list(range(len(ids))) else ids_t.index_put_((held_at_t,), held.to(torch.int32))
         meta = AttentionMetadata(
-            slot_mapping=slots_t, block_tables=tables_t.view(len(kv_lens), pages).to(torch.int32),
-            kv_lens=kv_lens_t.to(torch.int32), query_start=query_start_t.to(torch.int32),
+            slot_mapping=slots_t, block_tables=tables_t.view(len(kv_lens), pages),
+            kv_lens=kv_lens_t, query_start=query_start_t,
             max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
         return ids_t, positions_t, meta, logit_index_t
 

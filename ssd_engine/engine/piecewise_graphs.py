@@ -21,6 +21,8 @@ so a step is padded by fewer than 8 rows or a quarter of its own. On a GPU every
 (largest first, one memory pool); `capture="emulate"` runs the same static-buffer path on CPU, each
 bucket made when first needed (tests).
 """
+import time
+
 import torch
 
 MAX_TOKENS = 512
@@ -43,6 +45,7 @@ class PiecewiseGraphs:
         self.graphs: dict[int, list] = {}  # bucket -> one replay per piece
         self.outputs: dict[int, torch.Tensor] = {}  # bucket -> the last piece's hidden states
         self.replayed: dict[int, int] = {}  # bucket -> steps it ran (tests, benchmarks)
+        self.replay_seconds = 0.0  # host seconds inside replay calls, as GraphRunner's
         self.pool = None
         self._buffers_made = False
 
@@ -56,12 +59,17 @@ class PiecewiseGraphs:
         replays = self._graphs(size)
         self.ids[:tokens].copy_(input_ids)
         rope = self.model.rotary.tables(positions, self.qkv.dtype)
-        replays[0]()
+        self._replay(replays[0])
         for layer, replay in zip(self.model.layers, replays[1:]):
             self.attention[:tokens].copy_(layer.self_attn.attend(rope, self.qkv[:tokens], meta))
-            replay()
+            self._replay(replay)
         self.replayed[size] = self.replayed.get(size, 0) + 1
         return self.outputs[size][:tokens]
+
+    def _replay(self, replay) -> None:
+        started = time.perf_counter()
+        replay()
+        self.replay_seconds += time.perf_counter() - started
 
     def capture_all(self) -> None:
         """Capture every bucket now (a GPU at start-up), largest first so the smaller ones reuse the pool."""

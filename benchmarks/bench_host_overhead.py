@@ -1,0 +1,128 @@
+"""Host time per engine step outside graph replays, on the GPU path (issue 22: the host work to launch
+a graphed step must stay well under the step's GPU time).
+
+    python benchmarks/bench_host_overhead.py                  # AR and SD, greedy and T = 0.7
+    python benchmarks/bench_host_overhead.py --steps 20 --k 4
+
+On CPU the GPU path is emulated: Triton attention and the fused layer kernels under Triton's
+interpreter, CUDA graphs replayed by re-running the forward on their static buffers. The replays
+are the GPU's share (slow here, and not measured); everything else a step does is work a GPU's
+host does too: scheduling, the step's inputs and their upload, the static-buffer fills, the LM
+head's and sampling's launches, verification, output processing. So host time = a step's wall time
+minus the time inside replay calls (GraphRunner / PiecewiseGraphs `replay_seconds`), per step and
+per forward. A tiny pair keeps the eager work outside the graphs (the LM head, sampling) near a
+GPU launch's cost; the figures scale with the host CPU's single-thread speed. SSD is left out: its
+draft's replays run beside the coordinator's. Writes benchmarks/results/DATE-host-overhead.md.
+"""
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "tests"), HERE]
+os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are imported
+
+
+def _runners(engine) -> list:
+    """The target's runner and an SD draft's (it runs in this process)."""
+    draft = getattr(engine.speculator, "runner", None)
+    return [engine.runner.local] + ([draft] if draft is not None else [])
+
+
+def _graph_runners(engine) -> list:
+    return [g for r in _runners(engine) for g in (r.graphs, r.piecewise) if g is not None]
+
+
+class HeadTimer:
+    """Seconds inside the LM heads' forwards: on CPU a real matmul (oneDNN, ~0.1-0.3 ms even at the
+    tiny pair's size), on a GPU one launch; reported apart so it can be taken out."""
+
+    def __init__(self, heads) -> None:
+        self.seconds, self._started = 0.0, 0.0
+        for head in heads:
+            head.register_forward_pre_hook(self._start)
+            head.register_forward_hook(self._stop)
+
+    def _start(self, *_) -> None:
+        self._started = time.perf_counter()
+
+    def _stop(self, *_) -> None:
+        self.seconds += time.perf_counter() - self._started
+
+
+def measure(target: str, draft: str, mode: str, temperature: float, k: int, steps: int) -> dict:
+    from ssd_engine import LLM, SamplingParams
+    from ssd_engine.engine.cuda_graphs import emulated
+    options = dict(speculative_mode=mode, num_threads=1, max_model_len=512, attention_backend="triton",
+                   fused_kernels="on")
+    if mode == "sd":
+        options.update(draft_model=draft, num_speculative_tokens=k, draft_dtype="fp32")
+    with emulated():
+        llm = LLM(target, **options)
+    with llm:
+        engine = llm.engine
+        engine.add_request(list(range(3, 20)), SamplingParams(temperature=temperature, seed=0, max_tokens=400,
+                                                               ignore_eos=True))
+        for _ in range(3):  # prefill, first rounds: graphs made
+            engine.step()
+        graphs = _graph_runners(engine)
+        heads = HeadTimer([runner.model.lm_head for runner in _runners(engine)])
+        host, head, forwards = [], [], []
+        for _ in range(steps):
+            replayed, in_head = sum(g.replay_seconds for g in graphs), heads.seconds
+            calls = sum(sum(g.replayed.values()) for g in graphs)
+            started = time.perf_counter()
+            engine.step()
+            wall = time.perf_counter() - started
+            host.append(wall - (sum(g.replay_seconds for g in graphs) - replayed))
+            head.append(heads.seconds - in_head)
+            forwards.append(sum(sum(g.replayed.values()) for g in graphs) - calls)
+    per_step = statistics.median(host)
+    without_head = statistics.median(h - m for h, m in zip(host, head))
+    per_forward = statistics.median((h - m) / f for h, m, f in zip(host, head, forwards) if f)
+    return {"mode": mode, "temperature": temperature, "k": k if mode == "sd" else None,
+            "host_us_per_step": round(per_step * 1e6), "lm_head_us_per_step": round(statistics.median(head) * 1e6),
+            "host_us_per_step_without_head": round(without_head * 1e6),
+            "forwards_per_step": statistics.median(forwards), "host_us_per_forward": round(per_forward * 1e6)}
+
+
+def render(rows: list[dict], machine: str, command: str) -> str:
+    lines = [f"# Host time per step outside graph replays, GPU path emulated, {datetime.date.today()}", "",
+             f"- Machine: {machine}", f"- Command: `{command}`",
+             "- Tiny pair (bench_ops.tiny_pair), batch 1, 1 thread; medians over the measured steps", "",
+             "| mode | T | K | host us per step | of which LM head matmuls (CPU only) | host us per step "
+             "without them | forwards per step | host us per forward without the LM head |", "|---" * 8 + "|"]
+    lines += [f"| {r['mode']} | {r['temperature']} | {r['k'] or '-'} | {r['host_us_per_step']} "
+              f"| {r['lm_head_us_per_step']} | **{r['host_us_per_step_without_head']}** "
+              f"| {r['forwards_per_step']:g} | {r['host_us_per_forward']} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--modes", default="ar,sd")
+    parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=15)
+    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    argv = sys.argv[1:] if argv is None else argv
+    opts = parser.parse_args(argv)
+    from bench_ops import tiny_pair
+    from suite.machine import machine_line
+    with tempfile.TemporaryDirectory() as root:
+        target, draft = tiny_pair(root)
+        rows = [measure(target, draft, mode, t, opts.k, opts.steps)
+                for mode in opts.modes.split(",") for t in (0.0, 0.7)]
+    text = render(rows, machine_line(), " ".join(["python benchmarks/bench_host_overhead.py", *argv]))
+    print(text)
+    os.makedirs(opts.out, exist_ok=True)
+    with open(os.path.join(opts.out, f"{datetime.date.today()}-host-overhead.md"), "w") as f:
+        f.write(text)
+    return rows
+
+
+if __name__ == "__main__":
+    main()
