@@ -7,12 +7,14 @@ catches up (the bonus token, plus the last draft token after a fully accepted ro
 decodes K tokens, keeping for each the exact probability row it was sampled from.
 
 The K draft steps run back to back without reading anything on the host: each step's tokens stay
-on the device and are fed to the next from there (`StepInputs.on_device`), and which rows draw a
-uniform is decided from the sampling parameters. The round's one read is the verifier's.
+on the device and are fed to the next from there, every step's positions and slots went up in one
+copy before the first (engine/decode_feed.py), and which rows draw a uniform is decided from the
+sampling parameters. The round's one read is the verifier's.
 """
 import torch
 
 from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.engine.decode_feed import DecodeFeed
 from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
 from ssd_engine.engine.host_upload import upload
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs
@@ -111,6 +113,9 @@ class SyncDraft:
         sampling = None if greedy else SamplingTensors.from_params(params, self.runner.device)
         generators = [v.seq.draft_generator for v in views]
         random_rows = [not p.greedy for p in params]
+        # the K - 1 steps after the catch-up feed positions len(seq) .. len(seq) + K - 2: one upload
+        feed = DecodeFeed(self.runner, [len(v.seq) for v in views], [v.block_table for v in views], self.k - 1) \
+            if self.k > 1 else None
         tokens, rows = [], []
         for step in range(self.k):
             logits = logits[:, :self.proposable_vocab]  # ids past the tokenizer are never proposed
@@ -122,7 +127,9 @@ class SyncDraft:
                 rows.append(probs)
             tokens.append(drawn)
             if step + 1 < self.k:
-                logits = self._decode_one(views, drawn, offset=step)
+                logits = feed.step(step, drawn)
+        for view in views:
+            view.num_computed_tokens = len(view.seq) + self.k - 1
         return torch.stack(tokens, dim=1), torch.stack(rows, dim=1) if rows else None
 
     def _extend(self, views: list[DraftView], ends: list[int], drafting: list[DraftView]) -> torch.Tensor:
@@ -139,17 +146,6 @@ class SyncDraft:
             view.num_computed_tokens = end
         row_of = {id(v): j for j, v in enumerate(v for v, rows in zip(views, logit_rows) if rows)}
         return logits[[row_of[id(v)] for v in drafting]] if drafting else logits
-
-    def _decode_one(self, views: list[DraftView], tokens: torch.Tensor, offset: int) -> torch.Tensor:
-        """Feed draft token `offset` of each view (position len(seq) + offset); `tokens` [n] stay on
-        the device (the fed lists hold placeholders)."""
-        n = len(views)
-        logits = self.runner.run(StepInputs([len(v.seq) + offset for v in views], [[0]] * n,
-                                            [v.block_table for v in views], [[0]] * n,
-                                            on_device=(list(range(n)), tokens)))
-        for view in views:
-            view.num_computed_tokens = len(view.seq) + offset + 1
-        return logits
 
     def on_outcome(self, outcome: Outcome) -> None:
         """After verification: the draft KV is valid up to the accepted prefix of the sequence."""
