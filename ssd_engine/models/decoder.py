@@ -52,12 +52,10 @@ class DecoderAttention(nn.Module):
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
         self.fused = False  # RoPE, q/k norms and the K/V write as one Triton kernel (use_fused_kernels)
 
-    def forward(self, rope: Rope, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.o_proj(self.attend(rope, self.qkv_proj(x), meta))
-
     def attend(self, rope: Rope, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The fused q/k/v projection's output -> attention's [T, Hq * D] (before o_proj): RoPE, the
-        K/V cache write and attention, the part of a layer piecewise graphs run eagerly."""
+        K/V cache write and attention, the part of a layer piecewise graphs run eagerly. The
+        projections around it are the layer's (DecoderLayer.start / finish)."""
         if self.fused:
             q = fused_layer_ops.rope_cache_write(
                 qkv, *rope, meta.slot_mapping, self.attn.k_cache, self.attn.v_cache, self.num_heads,
