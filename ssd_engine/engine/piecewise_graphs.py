@@ -43,7 +43,8 @@ class PiecewiseGraphs:
         self.sizes = token_buckets(largest or MAX_TOKENS)
         self.device, self.capture = device, capture
         self.graphs: dict[int, list] = {}  # bucket -> one replay per piece
-        self.outputs: dict[int, torch.Tensor] = {}  # bucket -> the last piece's hidden states
+        # bucket -> the last piece's hidden states: its graph's output (emulated: the last run's)
+        self.outputs: dict[int, torch.Tensor] = {}
         self.replayed: dict[int, int] = {}  # bucket -> steps it ran (tests, benchmarks)
         self.replay_seconds = 0.0  # host seconds inside replay calls, as GraphRunner's
         self.pool = None
@@ -105,9 +106,9 @@ class PiecewiseGraphs:
         if not self._buffers_made:
             self._make_buffers()
         pieces = [lambda index=index: self._piece(index, size) for index in range(len(self.model.layers) + 1)]
-        if self.capture == "emulate":
-            self.outputs[size] = pieces[-1]()
-            last = lambda: self.outputs[size].copy_(pieces[-1]())
+        if self.capture == "emulate":  # nothing run ahead (under the interpreter a piece is slow)
+            def last():
+                self.outputs[size] = pieces[-1]()
             self.graphs[size] = pieces[:-1] + [last]
             return self.graphs[size]
         stream = torch.cuda.current_stream(self.device)
