@@ -121,14 +121,14 @@ class SamplingTensors:
     def from_params(
         cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu"
     ) -> SamplingTensors:
-        # one copy to the device (engine/host_upload.py); float64 holds every top-k and rounds each
-        # float to float32 exactly as a float32 tensor made from it would
+        # one copy to the device (engine/host_upload.py), in float32: each float rounds as a float32
+        # tensor made from it would, and every top-k that is not disabled (below the vocabulary's
+        # size) is exact in it; a huge one rounds to a huge one, disabled all the same
         temperature, top_k, top_p, min_p = upload([[p.temperature for p in params], [p.top_k for p in params],
                                                    [p.top_p for p in params], [p.min_p for p in params]],
-                                                  device, torch.float64)
+                                                  device, torch.float32)
         return cls(
-            temperature=temperature.to(torch.float32), top_k=top_k.to(torch.int64),
-            top_p=top_p.to(torch.float32), min_p=min_p.to(torch.float32),
+            temperature=temperature, top_k=top_k.to(torch.int64), top_p=top_p, min_p=min_p,
             filtered=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
             any_greedy=any(p.temperature == 0 for p in params),
         )

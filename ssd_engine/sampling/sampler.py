@@ -51,18 +51,17 @@ def sample(
 def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     """Token i such that cdf[i-1] <= u * total < cdf[i], per row; never a zero-probability token.
 
-    probs: [n, V] non-negative, rows need not sum to 1. u: [n] uniforms in [0, 1).
+    probs: [n, V] non-negative float32 rows with a positive total (they need not sum to 1).
+    u: [n] uniforms in [0, 1). Five launches on a GPU, the whole draw.
     """
-    cdf = probs.double().cumsum(dim=-1)
-    target = (u.double() * cdf[:, -1]).unsqueeze(1)
-    # right=True returns the first index whose cdf is strictly above target; its cdf rose there,
-    # so its probability is positive.
-    idx = torch.searchsorted(cdf, target, right=True).squeeze(1)
-    # u * total can round up to total, which would step past the end: use the last token
-    # that has positive probability instead.
-    vocab = probs.shape[-1]
-    last_positive = vocab - 1 - (probs > 0).flip(-1).to(torch.uint8).argmax(dim=-1)
-    return torch.minimum(idx, last_positive)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
+    total = cdf[:, -1:]
+    # right=True returns the first index whose cdf is strictly above the target; its cdf rose there,
+    # so its probability is positive, as long as the target stays below the total. u * total can
+    # round up to the total: the cap is the largest double below it (a float32 row's positive total
+    # is at least 2**-149, far from doubles too small to have one below them within half an ulp).
+    target = torch.minimum(u.to(torch.float64).unsqueeze(1) * total, total * (1 - 2.0**-53))
+    return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
 
 def draw_uniforms(

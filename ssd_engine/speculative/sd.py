@@ -19,7 +19,7 @@ from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
 from ssd_engine.engine.host_upload import upload
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
-from ssd_engine.sampling.sampler import sample
+from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 
 
 class DraftView:
@@ -111,8 +111,11 @@ class SyncDraft:
         exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
         params = [v.seq.params for v in views]
         sampling = None if greedy else SamplingTensors.from_params(params, self.runner.device)
-        generators = [v.seq.draft_generator for v in views]
-        random_rows = [not p.greedy for p in params]
+        # each random row's K uniforms in one draw from its draft stream (the shared block for
+        # unseeded rows): one call a round, not one a step
+        u = None if greedy else draw_uniforms([v.seq.draft_generator for v in views],
+                                              [self.k if not p.greedy else 0 for p in params], self.k,
+                                              self.runner.device, self.generator)
         # the K - 1 steps after the catch-up feed positions len(seq) .. len(seq) + K - 2: one upload
         feed = DecodeFeed(self.runner, [len(v.seq) for v in views], [v.block_table for v in views], self.k - 1) \
             if self.k > 1 else None
@@ -123,7 +126,7 @@ class SyncDraft:
                 drawn = logits.argmax(dim=-1)
             else:
                 probs = sampling.probs(logits)
-                drawn = sample(probs, generators, self.generator, random_rows=random_rows)
+                drawn = inverse_cdf(probs, u[:, step])  # a one-hot (greedy) row's u = 0 picks its token
                 rows.append(probs)
             tokens.append(drawn)
             if step + 1 < self.k:
