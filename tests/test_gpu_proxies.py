@@ -83,6 +83,7 @@ def test_a_tiny_models_ops_per_layer_are_stable_and_row_padding_adds_three_per_l
 
 def test_sync_counter_counts_host_reads_of_would_be_device_tensors_only():
     device = torch.device("cpu")  # what the engine passes: a device object stands for the accelerator
+    before = torch.tensor([0, 1])
     with torch.inference_mode(), SyncCounter() as syncs:
         on_device = torch.tensor([1, 2, 3], device=device)
         host = torch.tensor([1, 2, 3])
@@ -94,15 +95,24 @@ def test_sync_counter_counts_host_reads_of_would_be_device_tensors_only():
         derived[derived > 2]                               # mask_index: a value-dependent shape
         torch.repeat_interleave(derived, derived)          # repeat_interleave: so is this one's
         torch.repeat_interleave(derived, derived, output_size=12)  # unless the caller knows it
-        moved = host.to(device)                            # an upload; `host` stays on the host
+        moved = host.to(device)                            # h2d: from pageable memory; `host` stays on the host
         host.tolist()
         moved.cpu()                                        # cpu
         on_device.to("cpu").tolist()                       # cpu; the copy is a host tensor
+        host.to(device, non_blocking=True)                 # pinned and non-blocking (host_upload.py): no wait
+        before.to(device), derived[before]                 # made before counting: could live anywhere
+        derived[[0, 1]]                                    # h2d: a list index crosses blocking
+        derived[host - 1]                                  # h2d: so does a host tensor's
+        derived[moved - 1]                                 # on the device already
+        derived[0:2] = host[:2]                            # h2d: a host tensor written in
+        derived.copy_(host * 3)                            # h2d: computed from host values only
+        derived[0] = 5                                     # a Python scalar: an argument, no copy
     kinds = Counter()
     for (kind, site), n in syncs.counts.items():
         kinds[kind] += n
         assert site.startswith(f"{HERE}:")
-    assert kinds == Counter({"tolist": 1, "item": 1, "bool": 1, "mask_index": 1, "repeat_interleave": 1, "cpu": 2})
+    assert kinds == Counter({"tolist": 1, "item": 1, "bool": 1, "mask_index": 1, "repeat_interleave": 1, "cpu": 2,
+                             "h2d": 6})  # torch.tensor(..., device=device) is one too
 
 
 @pytest.fixture(scope="module")

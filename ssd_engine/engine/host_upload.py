@@ -6,7 +6,8 @@ and page tables that way waits for the previous step's kernels five or six times
 queue its own. Here every column goes into one pinned staging tensor (int64, or int32 where every
 value fits, as a step's inputs do) that torch's caching host allocator keeps alive until the copy
 is done, and crosses in one non-blocking copy; columns are views of the device copy. On a CPU the
-staging tensor is the result.
+staging tensor is the result. `to_device` does the same for a tensor built on the host (uniforms
+drawn from a request's host generator, counts a proposer knows).
 """
 import itertools
 
@@ -18,8 +19,16 @@ def upload(columns: list[list], device: torch.device, dtype: torch.dtype = torch
     device = torch.device(device)
     cuda = device.type == "cuda"
     flat = torch.tensor(list(itertools.chain.from_iterable(columns)), dtype=dtype, pin_memory=cuda)
-    flat = flat.to(device, non_blocking=cuda)  # on a CPU the same tensor (profiling/sync_count.py marks it)
+    flat = flat.to(device, non_blocking=True)  # on a CPU the same tensor (profiling/sync_count.py marks it)
     return list(flat.split_with_sizes([len(column) for column in columns]))  # not Tensor.split's Python wrapper
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device` in one pinned, non-blocking copy (on a CPU: the tensor itself)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
 
 
 def padded_rows(tables: list[list[int]], width: int) -> list[int]:

@@ -21,7 +21,7 @@ from ssd_engine.distributed.partition import max_kv_heads_per_rank
 from ssd_engine.engine.compiled_model import CompiledModel
 from ssd_engine.engine.core import ScheduledBatch
 from ssd_engine.engine.cuda_graphs import GraphRunner, emulating
-from ssd_engine.engine.host_upload import padded_rows, upload
+from ssd_engine.engine.host_upload import padded_rows, to_device, upload
 from ssd_engine.engine.piecewise_graphs import PiecewiseGraphs
 from ssd_engine.layers.attention import AttentionMetadata, torch_attention
 from ssd_engine.layers.attention_backends import select_backend, select_fused_kernels
@@ -240,7 +240,7 @@ class ModelRunner:
             [ids, positions, slots, kv_lens, query_start, padded_rows(inputs.block_tables, pages), held_at,
              logit_index], self.device, torch.int32)  # int32 throughout: no casts on the device
         if held is not None:  # device-held fed tokens (drafts) written in place there: no host read
-            held = held.to(self.device)
+            held = held.to(self.device) if held.device.type != "cpu" else to_device(held, self.device)
             ids_t = held if held_at == list(range(len(ids))) else ids_t.index_put_((held_at_t,), held.to(torch.int32))
         meta = AttentionMetadata(
             slot_mapping=slots_t, block_tables=tables_t.view(len(kv_lens), pages),

@@ -17,6 +17,14 @@ Tensors made before counting started (weights, the KV cache, the SSD link's buff
 mark; what is computed from them together with marked tensors does. So the SSD reply's arrival
 is not counted: on CPU and on one shared GPU it lands in host memory (gloo); with the draft on a
 GPU of its own (NCCL) the reply's `.cpu()` in speculative/ssd/link.py is one more read per round.
+
+The other way waits too: a copy from pageable host memory to the device is queued behind every
+kernel before it (torch synchronizes the stream around it), so these count as well, kind "h2d":
+`torch.tensor(data, device=...)`, `.to(device)` / `.copy_()` of a host tensor without
+`non_blocking=True` (which declares a pinned source: engine/host_upload.py), a host tensor written
+into a device tensor, and a device tensor indexed by a Python list or a host tensor (torch moves the
+index with a blocking copy). A host tensor is one made while counting without a device (or computed
+from such tensors only): a tensor from before counting may live anywhere and is never counted.
 """
 from collections import Counter
 
@@ -26,6 +34,7 @@ from torch.overrides import TorchFunctionMode
 from ssd_engine.profiling.op_count import call_site, tensors_in
 
 MARK = "_ssd_would_be_on_device"
+HOST_MARK = "_ssd_made_on_the_host"
 T = torch.Tensor
 # a host read of the values: the host waits for the device to produce them
 READS = {T.item: "item", T.tolist: "tolist", T.numpy: "numpy", T.cpu: "cpu", T.__bool__: "bool",
@@ -50,10 +59,14 @@ def _is_device_arg(value) -> bool:
     return isinstance(value, str) and value.split(":")[0] in ("cuda", "xpu", "mps", "meta", "hip")
 
 
-def _mark(value) -> None:
+def on_host(t: torch.Tensor) -> bool:
+    return getattr(t, HOST_MARK, False)
+
+
+def _mark(value, mark: str = MARK) -> None:
     for t in tensors_in(value):
         try:
-            setattr(t, MARK, True)
+            setattr(t, mark, True)
         except (AttributeError, RuntimeError):
             pass
 
@@ -82,10 +95,14 @@ class SyncCounter(TorchFunctionMode):
             out = out.view_as(out)
         if to_device:
             _mark(out)
+        elif func not in READS and all(on_host(t) for t in inputs):  # made here, from host values only
+            _mark(out, HOST_MARK)
         return out
 
     @staticmethod
     def _sync_kind(func, args, kwargs, device_in: bool) -> str | None:
+        if _uploads_blocking(func, args, kwargs, device_in):
+            return "h2d"
         if not device_in:
             return None
         if func in READS:
@@ -114,6 +131,29 @@ class SyncCounter(TorchFunctionMode):
         if func is T.cuda:
             return True
         return device_in or _is_device_arg(kwargs.get("device"))  # a factory given the device
+
+
+def _uploads_blocking(func, args, kwargs, device_in: bool) -> bool:
+    """A host-to-device copy that waits for the stream (see the module docstring)."""
+    if func in (torch.tensor, torch.as_tensor):
+        return _is_device_arg(kwargs.get("device"))
+    if func in (T.to, T.cuda) and _host_tensor(args[0]):
+        targets = (*args[1:], kwargs.get("device"))
+        return (func is T.cuda or any(_is_device_arg(a) for a in targets)) and kwargs.get("non_blocking") is not True
+    if not device_in or not args or not on_device(args[0]):
+        return False
+    if func is T.copy_:
+        return _host_tensor(args[1]) and kwargs.get("non_blocking") is not True
+    if func in (T.__getitem__, T.__setitem__):
+        parts = args[1] if isinstance(args[1], tuple) else (args[1],)
+        if any(isinstance(p, list) or (_host_tensor(p) and p.dim() > 0) for p in parts):
+            return True  # the index crosses with a blocking copy
+        return func is T.__setitem__ and _host_tensor(args[2]) and args[2].dim() > 0
+    return False
+
+
+def _host_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor) and on_host(value)
 
 
 def _moves_to_host(args, kwargs) -> bool:

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ssd_engine.engine.host_upload import to_device
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 
 
@@ -88,7 +89,7 @@ def verify(
     """
     n, k_max = draft_tokens.shape
     device = target_probs.device
-    draft_tokens = draft_tokens.to(device, torch.int64)
+    draft_tokens = _on(device, draft_tokens, torch.int64)
     nd = _num_draft(num_draft, n, k_max, device)
     rows = torch.arange(n, device=device)
     valid = torch.arange(k_max, device=device).unsqueeze(0) < nd.unsqueeze(1)
@@ -109,7 +110,7 @@ def verify(
 
     p_x = target_probs[:, :k_max].gather(2, x.unsqueeze(2)).squeeze(2).double()
     one_hot_q = torch.ones(n, dtype=torch.bool, device=device) if draft_probs is None else (
-        torch.zeros(n, dtype=torch.bool, device=device) if one_hot_rows is None else one_hot_rows.to(device))
+        torch.zeros(n, dtype=torch.bool, device=device) if one_hot_rows is None else _on(device, one_hot_rows))
     q_x = torch.ones(n, k_max, dtype=torch.float64, device=device)
     if draft_probs is not None:
         q_x = torch.where(one_hot_q.unsqueeze(1), q_x, draft_probs.gather(2, x.unsqueeze(2)).squeeze(2).double())
@@ -144,7 +145,7 @@ def verify_greedy(
     """
     n, k_max = draft_tokens.shape
     device = target_argmax.device
-    draft_tokens = draft_tokens.to(device, torch.int64)
+    draft_tokens = _on(device, draft_tokens, torch.int64)
     target_argmax = target_argmax.to(torch.int64)
     nd = _num_draft(num_draft, n, k_max, device)
     valid = torch.arange(k_max, device=device).unsqueeze(0) < nd.unsqueeze(1)
@@ -157,7 +158,14 @@ def verify_greedy(
 def _num_draft(num_draft: Tensor | None, n: int, k_max: int, device: torch.device) -> Tensor:
     if num_draft is None:
         return torch.full((n,), k_max, dtype=torch.int64, device=device)
-    return num_draft.to(device, torch.int64)
+    return _on(device, num_draft, torch.int64)
+
+
+def _on(device: torch.device, tensor: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """`tensor` on `device`: a host one (a proposer's counts, an SSD draft's tokens from the link) in a
+    non-blocking copy, since a blocking one would wait for the stream (profiling/sync_count.py)."""
+    tensor = tensor.to(dtype) if dtype is not None else tensor
+    return tensor.to(device) if tensor.device.type != "cpu" else to_device(tensor, device)
 
 
 def result_of(draft_tokens: Tensor, num_accepted: Tensor, bonus: Tensor) -> VerifyResult:

@@ -27,6 +27,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ssd_engine.engine.host_upload import to_device
+
 
 def sample(
     probs: Tensor,
@@ -71,27 +73,42 @@ def draw_uniforms(
     device: torch.device | str,
     default_generator: torch.Generator | None = None,
 ) -> Tensor:
-    """[n, width] float64 uniforms in [0, 1); zeros where a row needs none.
+    """[n, width] float64 uniforms in [0, 1) on `device`; zeros where a row needs none.
 
     Row i needs counts[i] <= width uniforms. A row with a generator draws exactly counts[i] from
-    it. Rows with generator None and counts[i] > 0 draw a single [m, width] block from
-    ``default_generator`` (or the global RNG), so the common unseeded batch costs one call.
+    it. Rows with generator None and counts[i] > 0 draw from ``default_generator`` (or the global
+    RNG of `device`) in one call for the whole batch, so the common unseeded batch costs one call.
+
+    Where the draws happen: a host generator's (a seeded request's) on the host, all of them
+    crossing to the device in one non-blocking copy; a device generator's on the device. Writing a
+    host tensor into a device tensor would make the host wait for the stream (profiling/sync_count.py).
     """
     if len(generators) != len(counts):
         raise ValueError(f"got {len(generators)} generators for {len(counts)} rows")
-    u = torch.zeros(len(counts), width, dtype=torch.float64, device=device)
-    shared_rows = []
+    device = torch.device(device)
+    n = len(counts)
+    host = torch.zeros(2, n, width, dtype=torch.float64)  # [0]: host draws; [1]: 1 where the shared block goes
+    on_device, shared = [], []
     for row, (gen, count) in enumerate(zip(generators, counts)):
         if count == 0:
             continue
         if gen is None:
-            shared_rows.append(row)
+            shared.append(row)
+            host[1, row, :count] = 1.0
+        elif gen.device.type == "cpu":
+            host[0, row, :count] = torch.rand(count, generator=gen, dtype=torch.float64)
         else:
-            u[row, :count] = torch.rand(count, generator=gen, device=gen.device, dtype=torch.float64)
-    if shared_rows:
-        block_device = default_generator.device if default_generator is not None else device
-        block = torch.rand(
-            len(shared_rows), width, generator=default_generator, device=block_device, dtype=torch.float64
-        )
-        u[torch.tensor(shared_rows, device=device)] = block.to(device)
+            on_device.append((row, gen, count))
+    block_device = default_generator.device if default_generator is not None else device
+    if shared and block_device.type == "cpu":  # the shared draws are host draws too
+        block = torch.rand(len(shared), width, generator=default_generator, dtype=torch.float64)
+        rows = torch.tensor(shared)
+        host[0, rows] = torch.where(host[1, rows] > 0, block, 0.0)
+        shared = []
+    u = to_device(host if shared else host[0], device)
+    if shared:  # one block for the batch from the device generator, kept where a shared row draws
+        block = torch.rand(n, width, generator=default_generator, device=block_device, dtype=torch.float64)
+        u = torch.where(u[1] > 0, block, u[0])
+    for row, gen, count in on_device:
+        u[row, :count] = torch.rand(count, generator=gen, device=gen.device, dtype=torch.float64)
     return u

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ssd_engine.engine.core import Proposal, Sequence
+from ssd_engine.engine.host_upload import upload
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
@@ -40,12 +41,15 @@ class Verifier:
             first_row.append(first_row[-1] + len(rows))
         plain = [i for i, rows in enumerate(logit_rows) if rows and not speculated[i]]
         spec = [i for i, s in enumerate(speculated) if s]
+        # which logit rows each part takes, up in one copy (a list index would cross blocking)
+        plain_rows, spec_rows = upload([[first_row[i] for i in plain],
+                                        [r for i in spec for r in range(first_row[i], first_row[i + 1])]],
+                                       logits.device)
         # sampling first, then verification: the order the requests' random streams are drawn in
-        sampled = self.sample([seqs[i] for i in plain], logits[[first_row[i] for i in plain]]) if plain else None
+        sampled = self.sample([seqs[i] for i in plain], logits[plain_rows]) if plain else None
         result = None
         if spec:
-            rows = torch.cat([torch.arange(first_row[i], first_row[i + 1]) for i in spec])
-            result = self.verify([seqs[i] for i in spec], proposal, logits[rows])
+            result = self.verify([seqs[i] for i in spec], proposal, logits[spec_rows])
         if sampled is not None:
             sampled_tokens = result.read_with(sampled) if result is not None else sampled.tolist()
             for i, token in zip(plain, sampled_tokens):

@@ -148,7 +148,10 @@ class SyncDraft:
         for view, end in zip(views, ends):
             view.num_computed_tokens = end
         row_of = {id(v): j for j, v in enumerate(v for v, rows in zip(views, logit_rows) if rows)}
-        return logits[[row_of[id(v)] for v in drafting]] if drafting else logits
+        if not drafting:
+            return logits
+        (rows,) = upload([[row_of[id(v)] for v in drafting]], logits.device)  # a list index would cross blocking
+        return logits[rows]
 
     def on_outcome(self, outcome: Outcome) -> None:
         """After verification: the draft KV is valid up to the accepted prefix of the sequence."""
