@@ -16,6 +16,7 @@ import torch
 
 from ssd_engine.distributed import supervise
 from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
+from ssd_engine.engine.host_upload import to_device
 from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.draft_thread import DraftThread
 from ssd_engine.speculative.ssd.link import CoordinatorEnd, DraftLink, DraftLinkError
@@ -138,7 +139,7 @@ class AsyncDraftClient:
             for i, q in enumerate(qs):
                 if q is not None:
                     probs[i, :, :q.shape[-1]] = q
-            probs = probs.to(self.device)
+            probs = to_device(probs, self.device)  # pinned, non-blocking: a pageable copy waits for the stream
         return Proposal(torch.tensor(tokens, dtype=torch.long).view(n, self.k), probs,
                         torch.tensor([self.k if d else 0 for d in drafted]),
                         one_hot=torch.tensor([q is None for q in qs]))
