@@ -109,11 +109,14 @@ def verify(
     u = draw_uniforms(generators, counts, k_max + 1, device, default_generator)
 
     p_x = target_probs[:, :k_max].gather(2, x.unsqueeze(2)).squeeze(2).double()
-    one_hot_q = torch.ones(n, dtype=torch.bool, device=device) if draft_probs is None else (
-        torch.zeros(n, dtype=torch.bool, device=device) if one_hot_rows is None else _on(device, one_hot_rows))
-    q_x = torch.ones(n, k_max, dtype=torch.float64, device=device)
-    if draft_probs is not None:
-        q_x = torch.where(one_hot_q.unsqueeze(1), q_x, draft_probs.gather(2, x.unsqueeze(2)).squeeze(2).double())
+    # which rows are one-hot proposals: all (no q rows), none (q rows and no mask), or some (a mask):
+    # the first two skip the other kind's arithmetic
+    one_hot_q = None if draft_probs is None or one_hot_rows is None else _on(device, one_hot_rows).unsqueeze(1)
+    if draft_probs is None:
+        q_x = torch.ones(n, k_max, dtype=torch.float64, device=device)
+    else:
+        q_x = draft_probs.gather(2, x.unsqueeze(2)).squeeze(2).double()
+        q_x = q_x if one_hot_q is None else torch.where(one_hot_q, 1.0, q_x)
     # u < p/q without dividing (q may be 0 for malformed input; then any p > 0 accepts).
     accepted = (u[:, :k_max] * q_x < p_x) & valid
     num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
@@ -124,10 +127,12 @@ def verify(
     dist = p_bonus
     if k_max > 0:
         at = num_accepted.clamp(max=k_max - 1)
-        residual = p_bonus.scatter(1, x[rows, at].unsqueeze(1), 0.0)  # one-hot q: p without x
+        if draft_probs is None or one_hot_q is not None:
+            without_x = p_bonus.scatter(1, x[rows, at].unsqueeze(1), 0.0)  # one-hot q: p without x
         if draft_probs is not None:
             sampled = (p_bonus - draft_probs[rows, at].float()).clamp_min(0.0)
-            residual = torch.where(one_hot_q.unsqueeze(1), residual, sampled)
+        residual = without_x if draft_probs is None else (
+            sampled if one_hot_q is None else torch.where(one_hot_q, without_x, sampled))
         # p == q up to round-off can leave nothing; the rejection was itself a round-off event,
         # and p is the right distribution to fall back to.
         use_p = (num_accepted == nd) | (residual.sum(dim=-1) <= 0)
