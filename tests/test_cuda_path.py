@@ -58,3 +58,34 @@ def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout, host):
         metrics = llm.speculation_metrics()
     assert metrics["draft_failures"] == []
     assert (metrics["cache_hit_rate_warm"] == 1.0) if fanout == "1" else metrics["cache_hit_rate"] == 0.0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+@pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
+def test_a_steady_cuda_round_waits_for_the_device_once(tiny_model_dir, mode, temperature):
+    """torch's sync debug mode on the real GPU: a round's host waits for the device once, to read the
+    emitted tokens. What profiling/sync_count.py counts on CPU (host reads, and copies from pageable
+    memory to the device), checked where it matters; SSD counts the coordinator (its draft is a
+    process)."""
+    import warnings
+    path = tiny_model_dir("qwen2", vocab_size=259)
+    options = {} if mode == "ar" else dict(draft_model=path, num_speculative_tokens=3, draft_dtype="fp32")
+    if mode == "ssd":
+        options.update(ssd_draft_host="process")
+    with LLM(path, device="cuda", dtype="float32", speculative_mode=mode, **options) as llm:
+        engine = llm.engine
+        engine.add_request(list(range(5, 14)), SamplingParams(temperature=temperature, seed=0, max_tokens=64,
+                                                               ignore_eos=True))
+        for _ in range(3):  # the prefill and first rounds: graphs captured, the SSD cache warm
+            engine.step()
+        waits = []
+        for _ in range(3):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    engine.step()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+            waits.append(sum("synchronizing CUDA operation" in str(w.message) for w in caught))
+    assert waits == [1, 1, 1]
