@@ -28,7 +28,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.join(os.path.dirname(HERE), "tests"), HERE]
-os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are imported
 
 
 def _runners(engine) -> list:
@@ -97,14 +96,14 @@ def _host_seconds(engine, graphs: list, heads: "HeadTimer", steps: int) -> tuple
     return host, head, forwards
 
 
-def measure(target: str, draft: str, mode: str, temperature: float, k: int, steps: int) -> dict:
+def measure(target: str, draft: str, mode: str, temperature: float, k: int, steps: int, device: str = "cpu") -> dict:
     from ssd_engine import LLM, SamplingParams
     from ssd_engine.engine.cuda_graphs import emulated
     options = dict(speculative_mode=mode, num_threads=1, max_model_len=512, attention_backend="triton",
-                   fused_kernels="on")
+                   fused_kernels="on", device=device, dtype="float32")
     if mode == "sd":
         options.update(draft_model=draft, num_speculative_tokens=k, draft_dtype="fp32")
-    with emulated():
+    with emulated(device == "cpu"):  # a GPU captures real graphs
         llm = LLM(target, **options)
     with llm:
         engine = llm.engine
@@ -128,8 +127,10 @@ def measure(target: str, draft: str, mode: str, temperature: float, k: int, step
             "host_us_per_step_replays_skipped": round(warm * 1e6)}
 
 
-def render(rows: list[dict], machine: str, command: str) -> str:
-    lines = [f"# Host time per step outside graph replays, GPU path emulated, {datetime.date.today()}", "",
+def render(rows: list[dict], machine: str, command: str, device: str = "cpu") -> str:
+    where = "GPU path emulated" if device == "cpu" else f"on {device} (the 'host us per step' columns then " \
+        "hold the step's wall time: the round's read waits for the GPU; replays skipped: the host's own work)"
+    lines = [f"# Host time per step outside graph replays, {where}, {datetime.date.today()}", "",
              f"- Machine: {machine}", f"- Command: `{command}`",
              "- Tiny pair (bench_ops.tiny_pair), batch 1, 1 thread; medians over the measured steps", "",
              "| mode | T | K | host us per step | of which LM head matmuls (CPU only) | host us per step "
@@ -148,18 +149,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--device", default="cpu", help="cpu (the GPU path emulated) or cuda (real graphs)")
     argv = sys.argv[1:] if argv is None else argv
     opts = parser.parse_args(argv)
+    if opts.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are imported
     from bench_ops import tiny_pair
     from suite.machine import machine_line
     with tempfile.TemporaryDirectory() as root:
         target, draft = tiny_pair(root)
-        rows = [measure(target, draft, mode, t, opts.k, opts.steps)
+        rows = [measure(target, draft, mode, t, opts.k, opts.steps, opts.device)
                 for mode in opts.modes.split(",") for t in (0.0, 0.7)]
-    text = render(rows, machine_line(), " ".join(["python benchmarks/bench_host_overhead.py", *argv]))
+    text = render(rows, machine_line(opts.device), " ".join(["python benchmarks/bench_host_overhead.py", *argv]),
+                  opts.device)
     print(text)
     os.makedirs(opts.out, exist_ok=True)
-    with open(os.path.join(opts.out, f"{datetime.date.today()}-host-overhead.md"), "w") as f:
+    suffix = "" if opts.device == "cpu" else f"-{opts.device.split(':')[0]}"
+    with open(os.path.join(opts.out, f"{datetime.date.today()}-host-overhead{suffix}.md"), "w") as f:
         f.write(text)
     return rows
 

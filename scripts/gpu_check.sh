@@ -15,6 +15,8 @@
 #              0.5B / 1.5B step ratio is the two models' batch-1 rows
 #   anchor     our AR against transformers' generate (dynamic cache; static cache + torch.compile) at the
 #              1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
+#   host       host time per AR step and SD round on this machine's CPU (tiny pair, real graphs; the same steps
+#              again with every replay skipped: the host's own work, to set against a step's GPU time)
 #   synthetic  AR / SD / SSD at synthetic acceptance, the SSD draft sharing the one GPU: alpha 0.8, K 4,
 #              batch 1 with the Qwen2.5-7B-shaped target and the 0.5B-shaped draft, the draft as a process
 #              and as a thread on its own CUDA stream (which shares one GPU better sets the default); then alpha 0.5/0.7/0.9,
@@ -25,7 +27,7 @@
 set -u
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-tests kernels bandwidth anchor synthetic}
+stages=${*:-tests kernels bandwidth anchor host synthetic}
 day=$(date +%F)
 mkdir -p "$out"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -59,6 +61,9 @@ for stage in $stages; do
     anchor)
         python benchmarks/bench_anchor.py --device cuda --model $target --compile --out "$out"
         ;;
+    host)
+        python benchmarks/bench_host_overhead.py --device cuda --out "$out"
+        ;;
     synthetic)
         python benchmarks/bench_synthetic.py --device cuda --target $shapes/qwen2.5-7b --draft $draft \
             --alpha 0.8 --k 4 --budget 4 --hit 0.9 --batch 1 --new-tokens 128 --prompt-len 512 --tag 7b-cuda --out "$out"
@@ -68,7 +73,7 @@ for stage in $stages; do
             --k 2,4,8 --budget 2,4,8 --hit 0.9 --batch 1,8 --new-tokens 64 --tag sweep-cuda --out "$out"
         ;;
     *)
-        echo "unknown stage $stage (tests kernels bandwidth anchor synthetic)" >&2
+        echo "unknown stage $stage (tests kernels bandwidth anchor host synthetic)" >&2
         exit 2
         ;;
     esac
