@@ -109,6 +109,41 @@ def test_padding_rows_write_only_the_padding_slot(model, emulated):
     assert list(graphed.graphs.replayed) == [(("paged", 1), 4)]
 
 
+def test_a_step_filling_its_bucket_goes_in_with_one_copy(model, emulated):
+    """A step's ids, positions, slots and key counts leave one upload in the order the static buffer
+    holds them: one copy in (one launch on a GPU, were four), the block tables a second, skipped when
+    the next step feeds the same tables (an SD draft's steps after its catch-up)."""
+    from ssd_engine.engine.decode_feed import DecodeFeed
+    from ssd_engine.profiling.op_count import OpCounter
+    graphed, eager = _runner(model, 4), _runner(model, 0)
+    tables = [[0, 1], [2, 3]]
+    for runner in (graphed, eager):
+        runner.run(StepInputs([0, 0], [[5, 6, 7], [8, 9]], tables, [[2], [1]]))
+    ops, fill = OpCounter(), graphed.graphs._fill
+
+    def counted(*args):
+        with ops.scope("fill"):
+            fill(*args)
+    graphed.graphs._fill = counted
+
+    def copies(run):
+        before = ops.total("fill", "compute")
+        with ops:
+            logits = run()
+        return ops.total("fill", "compute") - before, logits
+
+    step = StepInputs([3, 2], [[13], [14]], tables, [[0], [0]])  # 2 rows: the graph of 2, no padding
+    n, logits = copies(lambda: graphed.run(step))
+    assert n == 2
+    torch.testing.assert_close(logits, eager.run(step))
+    feeds = [DecodeFeed(runner, [4, 3], tables, 2) for runner in (graphed, eager)]
+    tokens = torch.tensor([15, 16], device=DEVICE)
+    for s, want in enumerate([3, 2]):  # the drawn ids, [positions | slots | key counts], the tables once
+        n, logits = copies(lambda: feeds[0].step(s, tokens))
+        assert n == want
+        torch.testing.assert_close(logits, feeds[1].step(s, tokens))
+
+
 def test_only_named_shapes_are_graphed(model, emulated):
     """A uniform prefill (every row feeding the same number of tokens) is not a graph: only the
     shapes the engine named at start-up (here decode) replay."""

@@ -57,10 +57,44 @@ def bucket_sizes(cap: int) -> list[int]:
 
 @dataclass
 class _Family:
-    """Static buffers shared by every captured row count of one step shape (kind, tokens per row)."""
-    input_ids: torch.Tensor
-    positions: torch.Tensor
-    meta: AttentionMetadata   # views of the static buffers at full capacity
+    """Static buffers shared by every captured row count of one step shape (kind, tokens per row).
+
+    The per-row columns (fed ids, positions, slots, key counts) share one int32 buffer laid out per
+    row bucket: a graph of `size` rows reads [ids | positions | slots], size * per_row each, then
+    size key counts, from the buffer's start. A step that fills its bucket and brings its columns in
+    that order from one upload (engine/model_runner.py, engine/decode_feed.py) is copied in with one
+    copy instead of four."""
+    columns: torch.Tensor     # int32 [3 * cap * per_row + cap]
+    meta: AttentionMetadata   # block tables, query offsets (and the tree fields) at full capacity
+    # the block tables copied in last (held, so the object stays that one): a step feeding the same
+    # tensor again (an SD draft's steps after its catch-up) skips the copy
+    tables_from: torch.Tensor | None = None
+
+
+def _adjacent(first: tuple, second: tuple) -> bool:
+    """Whether two (destination, source) copies continue each other on both sides: one copy then."""
+    (dst_a, src_a), (dst_b, src_b) = first, second
+    return (src_a.dtype == src_b.dtype == dst_a.dtype and src_a.device == src_b.device
+            and src_a.is_contiguous() and src_b.is_contiguous()
+            and src_b.data_ptr() == src_a.data_ptr() + src_a.numel() * src_a.element_size()
+            and src_a.untyped_storage().data_ptr() == src_b.untyped_storage().data_ptr()
+            and dst_b.data_ptr() == dst_a.data_ptr() + dst_a.numel() * dst_a.element_size())
+
+
+def copy_runs(pairs: list[tuple]) -> None:
+    """dst.copy_(src) for each (dst, src), equal sizes, 1-D; a run of pairs adjacent on both sides
+    (destinations views of one buffer) in one copy: on a GPU one launch, not one a column."""
+    i = 0
+    while i < len(pairs):
+        j, size = i + 1, pairs[i][1].numel()
+        while j < len(pairs) and _adjacent(pairs[j - 1], pairs[j]):
+            size += pairs[j][1].numel()
+            j += 1
+        dst, src = pairs[i]
+        if j - i > 1:
+            dst, src = dst.as_strided((size,), (1,)), src.as_strided((size,), (1,))
+        dst.copy_(src)
+        i = j
 
 
 class GraphRunner:
@@ -105,6 +139,7 @@ class GraphRunner:
             family = self._family(key)
             for size in reversed(self.sizes):
                 if (key, size) not in self.graphs:
+                    self._empty(family, size)
                     self.graphs[(key, size)] = self._capture(family, size)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, key: tuple):
@@ -134,28 +169,37 @@ class GraphRunner:
         per_row = width if kind == "paged" else 1
         i32 = dict(dtype=torch.int32, device=dev)
         meta = AttentionMetadata(
-            slot_mapping=torch.full((cap * per_row,), self.pad_slot, dtype=torch.long, device=dev),
-            block_tables=torch.zeros(cap, self.max_pages, **i32), kv_lens=torch.zeros(cap, **i32),
-            query_start=torch.arange(cap + 1, **i32) * per_row, max_query_len=per_row, max_kv_len=0,
-            block_size=self.block_size)
+            slot_mapping=torch.zeros(0, **i32), block_tables=torch.zeros(cap, self.max_pages, **i32),
+            kv_lens=torch.zeros(0, **i32), query_start=torch.arange(cap + 1, **i32) * per_row,
+            max_query_len=per_row, max_kv_len=0, block_size=self.block_size)
         if kind == "tree":
             meta = replace(meta, table_rows=torch.zeros(cap, **i32), path_lens=torch.zeros(cap, **i32),
                            path_slots=torch.full((cap, width), self.pad_slot, dtype=torch.long, device=dev))
-        return _Family(torch.zeros(cap * per_row, dtype=torch.long, device=dev),
-                       torch.zeros(cap * per_row, dtype=torch.long, device=dev), meta)
+        return _Family(torch.zeros(3 * cap * per_row + cap, **i32), meta)
+
+    @staticmethod
+    def _columns(family: _Family, size: int) -> tuple:
+        """A `size`-row graph's ids, positions, slots and key counts: views of the family's buffer."""
+        n = size * family.meta.max_query_len
+        c = family.columns
+        return c[:n], c[n:2 * n], c[2 * n:3 * n], c[3 * n:3 * n + size]
 
     def _fill(self, family: _Family, input_ids, positions, meta: AttentionMetadata, size: int) -> None:
         """Copy the step in; rows past it up to `size` become empty rows."""
         static, tokens, rows = family.meta, input_ids.shape[0], meta.kv_lens.shape[0]
-        per_row = static.max_query_len
-        family.input_ids[:tokens].copy_(input_ids)
-        family.positions[:tokens].copy_(positions)
-        static.slot_mapping[:tokens].copy_(meta.slot_mapping)
-        static.slot_mapping[tokens:size * per_row].fill_(self.pad_slot)
+        ids, pos, slots, kv_lens = self._columns(family, size)
+        copy_runs([(ids[:tokens], input_ids), (pos[:tokens], positions), (slots[:tokens], meta.slot_mapping),
+                   (kv_lens[:rows], meta.kv_lens)])
+        if rows < size:  # padding rows: no keys, K/V to the padding slot; ids and positions in range
+            # (the buffer's other buckets lay other columns over theirs)
+            ids[tokens:].zero_()
+            pos[tokens:].zero_()
+            slots[tokens:].fill_(self.pad_slot)
+            kv_lens[rows:].zero_()
         tables = meta.block_tables
-        static.block_tables[:tables.shape[0], :tables.shape[1]].copy_(tables)
-        static.kv_lens[:rows].copy_(meta.kv_lens)
-        static.kv_lens[rows:size].zero_()          # no keys: a padding row reads nothing
+        if tables is not family.tables_from:
+            static.block_tables[:tables.shape[0], :tables.shape[1]].copy_(tables)
+            family.tables_from = tables
         if meta.is_tree:
             static.table_rows[:rows].copy_(meta.table_rows)
             static.table_rows[rows:size].zero_()
@@ -163,18 +207,29 @@ class GraphRunner:
             static.path_lens[:rows].copy_(meta.path_lens)
             static.path_lens[rows:size].zero_()
 
+    def _empty(self, family: _Family, size: int) -> None:
+        """Every row of a `size`-row graph empty (no keys, K/V to the padding slot): what start-up
+        captures run on."""
+        ids, pos, slots, kv_lens = self._columns(family, size)
+        ids.zero_(), pos.zero_(), slots.fill_(self.pad_slot), kv_lens.zero_()
+        family.meta.block_tables.zero_()
+        family.tables_from = None
+        if family.meta.is_tree:
+            family.meta.table_rows.zero_(), family.meta.path_lens.zero_()
+            family.meta.path_slots.fill_(self.pad_slot)
+
     def _view(self, family: _Family, size: int):
         """The inputs a graph of `size` rows is captured on: views into the family's buffers."""
         static = family.meta
-        tokens = size * static.max_query_len
-        meta = replace(static, slot_mapping=static.slot_mapping[:tokens], kv_lens=static.kv_lens[:size],
-                       query_start=static.query_start[:size + 1], _dense=None)
+        ids, pos, slots, kv_lens = self._columns(family, size)
+        meta = replace(static, slot_mapping=slots, kv_lens=kv_lens, query_start=static.query_start[:size + 1],
+                       _dense=None)
         if static.is_tree:
             meta = replace(meta, table_rows=static.table_rows[:size], path_slots=static.path_slots[:size],
                            path_lens=static.path_lens[:size])
         else:
             meta = replace(meta, block_tables=static.block_tables[:size])
-        return family.input_ids[:tokens], family.positions[:tokens], meta
+        return ids, pos, meta
 
     # ---- capture --------------------------------------------------------------------------
     def _capture(self, family: _Family, size: int):

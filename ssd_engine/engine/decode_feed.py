@@ -18,13 +18,15 @@ class DecodeFeed:
         """Row i feeds position starts[i] + s at step s (s < steps); its pages must already cover it."""
         self.runner, self.block_size = runner, runner.block_size
         bs, rows = runner.block_size, len(starts)
-        positions = [start + s for s in range(steps) for start in starts]  # step-major: a step is a row
-        slots = [table[p // bs] * bs + p % bs for p, table in zip(positions, block_tables * steps)]
+        positions = [[start + s for start in starts] for s in range(steps)]
+        slots = [[table[p // bs] * bs + p % bs for p, table in zip(step, block_tables)] for step in positions]
         pages = -(-(max(starts) + steps) // bs)
-        positions_t, slots_t, kv_lens_t, tables_t, query_start_t = upload(
-            [positions, slots, [p + 1 for p in positions], padded_rows(block_tables, pages), list(range(rows + 1))],
-            runner.device, torch.int32)
-        self.positions, self.slots, self.kv_lens = (t.view(steps, rows) for t in (positions_t, slots_t, kv_lens_t))
+        # step by step, [positions | slots | key counts]: the order the graphs' static buffers take
+        # them in, so a step's three go in with one copy (engine/cuda_graphs.py)
+        columns = [column for s in range(steps) for column in (positions[s], slots[s], [p + 1 for p in positions[s]])]
+        *per_step, tables_t, query_start_t = upload(columns + [padded_rows(block_tables, pages), list(range(rows + 1))],
+                                                    runner.device, torch.int32)
+        self.positions, self.slots, self.kv_lens = per_step[0::3], per_step[1::3], per_step[2::3]
         self.block_tables, self.query_start = tables_t.view(rows, pages), query_start_t
         self.max_kv_lens = [max(starts) + s + 1 for s in range(steps)]
 
