@@ -96,6 +96,16 @@ def _host_seconds(engine, graphs: list, heads: "HeadTimer", steps: int) -> tuple
     return host, head, forwards
 
 
+def _launches(engine) -> int:
+    """Compute ops one step dispatches outside the (skipped) replays, row padding off as on a GPU: each
+    a kernel launch there. Counted, so it does not drift with the machine as the times do."""
+    from ssd_engine.profiling.op_count import OpCounter, without_row_padding
+    ops = OpCounter()
+    with without_row_padding(), ops:
+        engine.step()
+    return ops.total(kind="compute")
+
+
 def measure(target: str, draft: str, mode: str, temperature: float, k: int, steps: int, device: str = "cpu") -> dict:
     from ssd_engine import LLM, SamplingParams
     from ssd_engine.engine.cuda_graphs import emulated
@@ -116,6 +126,7 @@ def measure(target: str, draft: str, mode: str, temperature: float, k: int, step
         host, head, forwards = _host_seconds(engine, graphs, heads, steps)
         skip_replays(graphs)
         skipped, skipped_head, _ = _host_seconds(engine, graphs, heads, steps)
+        launches = statistics.median(_launches(engine) for _ in range(3))
     per_step = statistics.median(host)
     without_head = statistics.median(h - m for h, m in zip(host, head))
     per_forward = statistics.median((h - m) / f for h, m, f in zip(host, head, forwards) if f)
@@ -124,7 +135,7 @@ def measure(target: str, draft: str, mode: str, temperature: float, k: int, step
             "host_us_per_step": round(per_step * 1e6), "lm_head_us_per_step": round(statistics.median(head) * 1e6),
             "host_us_per_step_without_head": round(without_head * 1e6),
             "forwards_per_step": statistics.median(forwards), "host_us_per_forward": round(per_forward * 1e6),
-            "host_us_per_step_replays_skipped": round(warm * 1e6)}
+            "host_us_per_step_replays_skipped": round(warm * 1e6), "launches_outside_replays": launches}
 
 
 def render(rows: list[dict], machine: str, command: str, device: str = "cpu") -> str:
@@ -135,11 +146,12 @@ def render(rows: list[dict], machine: str, command: str, device: str = "cpu") ->
              "- Tiny pair (bench_ops.tiny_pair), batch 1, 1 thread; medians over the measured steps", "",
              "| mode | T | K | host us per step | of which LM head matmuls (CPU only) | host us per step "
              "without them | forwards per step | host us per forward without the LM head "
-             "| host us per step without them, replays skipped |", "|---" * 9 + "|"]
+             "| host us per step without them, replays skipped | launches outside the replays per step |",
+             "|---" * 10 + "|"]
     lines += [f"| {r['mode']} | {r['temperature']} | {r['k'] or '-'} | {r['host_us_per_step']} "
               f"| {r['lm_head_us_per_step']} | **{r['host_us_per_step_without_head']}** "
               f"| {r['forwards_per_step']:g} | {r['host_us_per_forward']} "
-              f"| {r['host_us_per_step_replays_skipped']} |" for r in rows]
+              f"| {r['host_us_per_step_replays_skipped']} | {r['launches_outside_replays']:g} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
