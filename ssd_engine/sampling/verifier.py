@@ -41,15 +41,13 @@ class Verifier:
             first_row.append(first_row[-1] + len(rows))
         plain = [i for i, rows in enumerate(logit_rows) if rows and not speculated[i]]
         spec = [i for i, s in enumerate(speculated) if s]
-        # which logit rows each part takes, up in one copy (a list index would cross blocking)
-        plain_rows, spec_rows = upload([[first_row[i] for i in plain],
-                                        [r for i in spec for r in range(first_row[i], first_row[i + 1])]],
-                                       logits.device)
+        picks = [[first_row[i] for i in plain], [r for i in spec for r in range(first_row[i], first_row[i + 1])]]
+        plain_logits, spec_logits = _rows(logits, picks)
         # sampling first, then verification: the order the requests' random streams are drawn in
-        sampled = self.sample([seqs[i] for i in plain], logits[plain_rows]) if plain else None
+        sampled = self.sample([seqs[i] for i in plain], plain_logits) if plain else None
         result = None
         if spec:
-            result = self.verify([seqs[i] for i in spec], proposal, logits[spec_rows])
+            result = self.verify([seqs[i] for i in spec], proposal, spec_logits)
         if sampled is not None:
             sampled_tokens = result.read_with(sampled) if result is not None else sampled.tolist()
             for i, token in zip(plain, sampled_tokens):
@@ -81,3 +79,13 @@ class Verifier:
             return logits.argmax(dim=-1)
         probs = SamplingTensors.from_params(params, logits.device).probs(logits)
         return sample(probs, [seq.generator for seq in seqs], self.generator, random_rows=[not p.greedy for p in params])
+
+
+def _rows(logits: torch.Tensor, picks: list[list[int]]) -> list[torch.Tensor]:
+    """logits[rows] for each list of rows: a list taking every row in order is the logits themselves
+    (a plain decode or verification step); the others' indices go up in one copy (a list index
+    would cross blocking)."""
+    whole = list(range(logits.shape[0]))
+    if any(rows == whole for rows in picks):
+        return [logits if rows == whole else logits[:0] for rows in picks]  # the other list is empty
+    return [logits[index] for index in upload(picks, logits.device)]
