@@ -12,6 +12,7 @@ copy before the first (engine/decode_feed.py), and which rows draw a uniform is 
 sampling parameters. The round's one read is the verifier's.
 """
 import torch
+import torch.nn.functional as F
 
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.decode_feed import DecodeFeed
@@ -85,12 +86,15 @@ class SyncDraft:
         logits = self._extend(extend, ends, drafting)
         if not dec_views:
             return None
-        device = self.runner.device
-        tokens = torch.zeros(len(dec_views), self.k, dtype=torch.long, device=device)
+        device, vocab = self.runner.device, self.runner.config.vocab_size
         num_draft = torch.tensor([self.k if v in drafting else 0 for v in dec_views])
-        params = [v.seq.params for v in dec_views]
-        greedy = all(p.greedy for p in params)
-        probs = None if greedy else torch.zeros(len(dec_views), self.k, self.runner.config.vocab_size, device=device)
+        greedy = all(v.seq.params.greedy for v in dec_views)
+        if len(drafting) == len(dec_views):  # every decoding sequence drafts (the usual round): no scatter
+            tokens, drawn_probs = self._draft(drafting, logits, greedy)
+            probs = None if greedy else F.pad(drawn_probs, (0, vocab - drawn_probs.shape[-1]))
+            return Proposal(tokens, probs, num_draft)
+        tokens = torch.zeros(len(dec_views), self.k, dtype=torch.long, device=device)
+        probs = None if greedy else torch.zeros(len(dec_views), self.k, vocab, device=device)
         if drafting:
             (rows,) = upload([[dec_views.index(v) for v in drafting]], device)  # queued work keeps running
             drawn_tokens, drawn_probs = self._draft(drafting, logits, greedy)
