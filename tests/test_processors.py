@@ -173,11 +173,12 @@ def test_half_precision_input_computes_in_float32():
     torch.testing.assert_close(probs.sum(-1), torch.ones(4))
 
 
-def test_repeat_interleave_lays_rows_out_per_position():
-    tensors = SamplingTensors.from_params([SamplingParams(temperature=0.5, top_k=3), SamplingParams(top_p=0.7)])
-    rep = tensors.repeat_interleave(3)
+def test_repeated_rows_are_laid_out_per_position():
+    params = [SamplingParams(temperature=0.5, top_k=3), SamplingParams(top_p=0.7)]
+    rep = SamplingTensors.from_params(params, times=3)
     assert rep.temperature.tolist() == [0.5] * 3 + [1.0] * 3
     assert rep.top_k.tolist() == [3] * 3 + [-1] * 3
+    assert rep.top_p.tolist() == pytest.approx([1.0] * 3 + [0.7] * 3)
 
 
 def test_flags_known_on_the_host_skip_the_launches_no_row_needs():

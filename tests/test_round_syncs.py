@@ -39,7 +39,7 @@ def test_probs_decide_their_branches_on_the_host(rows):
     sampling = SamplingTensors.from_params(params, DEVICE)
     with torch.inference_mode(), SyncCounter() as syncs:
         probs = sampling.probs(logits.to(DEVICE))
-        repeated = sampling.repeat_interleave(2).probs(logits.to(DEVICE).repeat_interleave(2, dim=0))
+        repeated = SamplingTensors.from_params(params, DEVICE, times=2).probs(logits.to(DEVICE).repeat_interleave(2, dim=0))
     assert _syncs(syncs) == {}
     read = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
     assert torch.equal(probs, read) and torch.equal(repeated, read.repeat_interleave(2, dim=0))

@@ -111,7 +111,7 @@ class SamplingTensors:
     them (None: unknown, read from the tensors)."""
 
     temperature: Tensor  # [n] float32
-    top_k: Tensor  # [n] int64, <= 0 disabled
+    top_k: Tensor  # [n] float32 holding integers, <= 0 disabled (probs_from_logits casts it if a filter is on)
     top_p: Tensor  # [n] float32
     min_p: Tensor  # [n] float32
     filtered: bool | None = None    # some row has top-k, top-p or min-p on
@@ -119,23 +119,23 @@ class SamplingTensors:
 
     @classmethod
     def from_params(
-        cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu"
+        cls, params: Sequence[SamplingParams], device: torch.device | str = "cpu", times: int = 1
     ) -> SamplingTensors:
-        # one copy to the device (engine/host_upload.py), in float32: each float rounds as a float32
-        # tensor made from it would, and every top-k that is not disabled (below the vocabulary's
-        # size) is exact in it; a huge one rounds to a huge one, disabled all the same
-        temperature, top_k, top_p, min_p = upload([[p.temperature for p in params], [p.top_k for p in params],
-                                                   [p.top_p for p in params], [p.min_p for p in params]],
+        """Each request's parameters `times` times in a row, for logits laid out [n * times, V] (a
+        verification's K + 1 positions per sequence): repeated on the host, so the rows cross to the
+        device in one copy (engine/host_upload.py) and nothing is repeated or cast there."""
+        # float32: each float rounds as a float32 tensor made from it would, and every top-k that is
+        # not disabled (below the vocabulary's size) is exact in it; a huge one rounds to a huge one,
+        # disabled all the same
+        rows = [p for p in params for _ in range(times)]
+        temperature, top_k, top_p, min_p = upload([[p.temperature for p in rows], [p.top_k for p in rows],
+                                                   [p.top_p for p in rows], [p.min_p for p in rows]],
                                                   device, torch.float32)
         return cls(
-            temperature=temperature, top_k=top_k.to(torch.int64), top_p=top_p, min_p=min_p,
+            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
             filtered=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
             any_greedy=any(p.temperature == 0 for p in params),
         )
-
-    def repeat_interleave(self, times: int) -> SamplingTensors:
-        """Each row repeated `times` times, for logits laid out [n * times, V] (e.g. K+1 positions)."""
-        return SamplingTensors(*(t.repeat_interleave(times) for t in self._fields()), self.filtered, self.any_greedy)
 
     def probs(self, logits: Tensor) -> Tensor:
         return probs_from_logits(logits, *self._fields(), filtered=self.filtered, any_greedy=self.any_greedy)

@@ -68,7 +68,7 @@ class Verifier:
         if all(p.greedy for p in params):
             return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),
                                  proposal.num_draft)
-        probs = SamplingTensors.from_params(params, target_logits.device).repeat_interleave(k + 1).probs(target_logits)
+        probs = SamplingTensors.from_params(params, target_logits.device, times=k + 1).probs(target_logits)
         return verify(proposal.tokens, proposal.probs, probs.view(len(seqs), k + 1, -1), [s.generator for s in seqs],
                       num_draft=proposal.num_draft, default_generator=self.generator, one_hot_rows=proposal.one_hot,
                       random_rows=[not p.greedy for p in params])
