@@ -15,8 +15,10 @@ GPU launch's cost; the figures scale with the host CPU's single-thread speed. SS
 draft's replays run beside the coordinator's. Writes benchmarks/results/DATE-host-overhead.md.
 
 The interpreted replays between two steps evict the host's caches, which a GPU's launches do not:
-the same engine then runs as many steps again with every replay skipped (`skip_replays`), the last
-column, the closer figure for a GPU's host.
+the same engine then runs as many steps again with every replay skipped (`skip_replays`), the
+closer figure for a GPU's host. In that pass `ReadToLaunch` also times the one stretch a GPU cannot
+hide behind its own work: from the round's read of its emitted tokens (the host waits for the
+device to drain) to the next round's first launch, the device idle in between.
 """
 import argparse
 import datetime
@@ -73,7 +75,50 @@ def skip_replays(graphs: list) -> None:
 
 
 def _nothing() -> None:
-    return None
+    ReadToLaunch.launched()
+
+
+class ReadToLaunch:
+    """While entered: each step's host time from the last host read (`Tensor.tolist`, how the engine
+    reads its emitted tokens) to the first launch after it: a host-to-device copy (every step's inputs
+    go up in one) or a (skipped) graph replay. Patched methods rather than a torch mode: a mode would
+    slow every op in the stretch it times."""
+
+    active: "ReadToLaunch | None" = None
+
+    def __init__(self) -> None:
+        self.read_at: float | None = None
+        self.gaps: list[float] = []
+
+    @classmethod
+    def launched(cls) -> None:
+        timer = cls.active
+        if timer is not None and timer.read_at is not None:
+            timer.gaps.append(time.perf_counter() - timer.read_at)
+            timer.read_at = None
+
+    def __enter__(self) -> "ReadToLaunch":
+        import torch
+        self._tolist, self._copy = torch.Tensor.tolist, torch.Tensor.copy_
+        tolist, copy = self._tolist, self._copy
+
+        def timed_tolist(tensor, *args):
+            values = tolist(tensor, *args)
+            self.read_at = time.perf_counter()
+            return values
+
+        def timed_copy(tensor, *args, **kwargs):
+            ReadToLaunch.launched()
+            return copy(tensor, *args, **kwargs)
+
+        torch.Tensor.tolist, torch.Tensor.copy_ = timed_tolist, timed_copy
+        ReadToLaunch.active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+        torch.Tensor.tolist, torch.Tensor.copy_ = self._tolist, self._copy
+        ReadToLaunch.active = None
 
 
 def _ran_once(replay, out):
@@ -94,6 +139,18 @@ def _host_seconds(engine, graphs: list, heads: "HeadTimer", steps: int) -> tuple
         head.append(heads.seconds - in_head)
         forwards.append(sum(sum(g.replayed.values()) for g in graphs) - calls)
     return host, head, forwards
+
+
+def _read_to_launch(engine, steps: int) -> list[float]:
+    """Per step (replays skipped), the longest stretch from a read to the next launch: the one after the
+    round's read of its tokens (a step's other reads are of host tensors, a launch or so before one)."""
+    longest = []
+    with ReadToLaunch() as timer:
+        for _ in range(steps + 1):
+            before = len(timer.gaps)
+            engine.step()
+            longest.append(max(timer.gaps[before:], default=0.0))
+    return longest[1:]  # the first step's stretch began before timing did
 
 
 def _launches(engine) -> int:
@@ -126,6 +183,7 @@ def measure(target: str, draft: str, mode: str, temperature: float, k: int, step
         host, head, forwards = _host_seconds(engine, graphs, heads, steps)
         skip_replays(graphs)
         skipped, skipped_head, _ = _host_seconds(engine, graphs, heads, steps)
+        gaps = _read_to_launch(engine, steps)
         launches = statistics.median(_launches(engine) for _ in range(3))
     per_step = statistics.median(host)
     without_head = statistics.median(h - m for h, m in zip(host, head))
@@ -135,7 +193,8 @@ def measure(target: str, draft: str, mode: str, temperature: float, k: int, step
             "host_us_per_step": round(per_step * 1e6), "lm_head_us_per_step": round(statistics.median(head) * 1e6),
             "host_us_per_step_without_head": round(without_head * 1e6),
             "forwards_per_step": statistics.median(forwards), "host_us_per_forward": round(per_forward * 1e6),
-            "host_us_per_step_replays_skipped": round(warm * 1e6), "launches_outside_replays": launches}
+            "host_us_per_step_replays_skipped": round(warm * 1e6), "launches_outside_replays": launches,
+            "read_to_launch_us": round(statistics.median(gaps) * 1e6)}
 
 
 def render(rows: list[dict], machine: str, command: str, device: str = "cpu") -> str:
@@ -146,12 +205,14 @@ def render(rows: list[dict], machine: str, command: str, device: str = "cpu") ->
              "- Tiny pair (bench_ops.tiny_pair), batch 1, 1 thread; medians over the measured steps", "",
              "| mode | T | K | host us per step | of which LM head matmuls (CPU only) | host us per step "
              "without them | forwards per step | host us per forward without the LM head "
-             "| host us per step without them, replays skipped | launches outside the replays per step |",
-             "|---" * 10 + "|"]
+             "| host us per step without them, replays skipped | launches outside the replays per step "
+             "| host us from the read to the next launch (the device idle) |",
+             "|---" * 11 + "|"]
     lines += [f"| {r['mode']} | {r['temperature']} | {r['k'] or '-'} | {r['host_us_per_step']} "
               f"| {r['lm_head_us_per_step']} | **{r['host_us_per_step_without_head']}** "
               f"| {r['forwards_per_step']:g} | {r['host_us_per_forward']} "
-              f"| {r['host_us_per_step_replays_skipped']} | {r['launches_outside_replays']:g} |" for r in rows]
+              f"| {r['host_us_per_step_replays_skipped']} | {r['launches_outside_replays']:g} "
+              f"| {r['read_to_launch_us']} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
