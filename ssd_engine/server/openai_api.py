@@ -97,7 +97,7 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
                          param="model", code="model_not_found")
         try:
             params = body.params()
-            stream = engine.generate(prompt, params)
+            stream = engine.generate(prompt, params, stream=body.stream)
             first = await anext(stream)  # validation and overload errors surface here, before any byte is sent
         except ValueError as exc:
             return reject(400, str(exc))
