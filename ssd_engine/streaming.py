@@ -6,6 +6,7 @@ still become the start of a stop string that the final text drops."""
 from collections.abc import Iterator
 
 from ssd_engine.engine.core import Sequence, SequenceStatus
+from ssd_engine.engine.incremental_text import IncrementalText
 from ssd_engine.outputs import RequestOutput
 
 
@@ -43,13 +44,14 @@ class TextStream:
         self.engine, self.seq = engine, seq
         self.output: RequestOutput | None = None
         self.increments = TextIncrements(seq)
+        self.text = IncrementalText(engine.output_processor.tokenizer)
 
     def __iter__(self) -> Iterator[str]:
         try:
             while self.seq.status != SequenceStatus.FINISHED:
                 self.engine.step()  # advances every queued request, this one included
                 if self.seq.status != SequenceStatus.FINISHED:
-                    delta = self.increments.delta(self.engine.output_processor.text(self.seq))
+                    delta = self.increments.delta(self.text.of(self.seq.output_token_ids))
                     if delta:
                         yield delta
         finally:

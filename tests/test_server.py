@@ -67,23 +67,20 @@ def test_stream_joins_to_the_same_text_and_carries_usage(served):
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
 
 
-def test_a_request_not_streamed_gets_one_delta_and_is_not_decoded_while_it_runs(served):
-    """Decoding a whole output costs O(its length) (~0.2 ms at 1,000 tokens): time the device waits
-    through between two steps. Only a streamed request's text is needed while it runs."""
+def test_a_request_not_streamed_gets_one_delta_and_is_not_decoded_while_it_runs(served, monkeypatch):
+    """A streamed request's text is decoded after every step (engine/incremental_text.py); a request
+    not streamed needs none of it until it finishes."""
+    from ssd_engine.engine.incremental_text import IncrementalText
     _, engine, offline, _ = served
-    processor = engine.engine.output_processor
     decoded = []
-    processor.text = lambda seq, text=processor.text: decoded.append(seq.seq_id) or text(seq)
+    monkeypatch.setattr(IncrementalText, "of", lambda self, ids, of=IncrementalText.of: decoded.append(ids) or of(self, ids))
     params = SamplingParams(temperature=0, max_tokens=12)
 
     async def deltas(stream: bool) -> list:
         return [d async for d in engine.generate(PROMPTS[1], params, stream=stream)]
-    try:
-        whole = asyncio.run(deltas(False))
-        assert decoded == []
-        streamed = asyncio.run(deltas(True))
-    finally:
-        del processor.text
+    whole = asyncio.run(deltas(False))
+    assert decoded == []
+    streamed = asyncio.run(deltas(True))
     assert len(whole) == 1 and whole[0].output is not None and whole[0].text == offline[PROMPTS[1]]
     assert decoded and "".join(d.text for d in streamed) == whole[0].text
 

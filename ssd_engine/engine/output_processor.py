@@ -62,10 +62,6 @@ class OutputProcessor:
         cut = _cut_at_stop(text, seq.params.stop)
         return text if cut is None else cut  # like vLLM, the stop string itself is not returned
 
-    def text(self, seq: Sequence) -> str:
-        """The output so far, decoded (stop strings not cut)."""
-        return self._decode(seq)
-
     def _decode(self, seq: Sequence) -> str:
         return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
 
