@@ -246,6 +246,37 @@ def test_commit_registers_only_full_computed_pages():
     assert len(bm.hash_to_block) == 2
 
 
+class CountingList(list):
+    """Counts item reads."""
+    reads = 0
+
+    def __getitem__(self, index):
+        CountingList.reads += 1
+        return super().__getitem__(index)
+
+
+def test_commit_after_every_token_chains_as_one_commit_and_reads_only_the_pages_it_fills():
+    """Decoding commits after every step: a step costs the pages it filled (and a look back at the last
+    hashed one), not the table's length, and the hashes chain as committing the whole sequence at once."""
+    tokens = list(range(10, 10 + 40 * BS + 3))
+    at_once, stepped = BlockManager(64, BS), BlockManager(64, BS)
+    whole = make_seq(tokens)
+    at_once.allocate(whole)
+    compute_all(at_once, whole)
+    seq = make_seq(tokens[:5])
+    stepped.allocate(seq)
+    stepped.blocks = CountingList(stepped.blocks)
+    CountingList.reads = 0
+    for token in tokens[5:]:
+        seq.token_ids.append(token)
+        stepped.grow(seq, len(seq))
+        seq.num_computed_tokens = len(seq) - 1
+        stepped.commit(seq)
+    assert CountingList.reads < 3 * len(tokens)  # every page every step: ~40 x 160 / 2
+    assert [stepped.blocks[b].hash for b in seq.block_table[:40]] == [at_once.blocks[b].hash for b in whole.block_table[:40]]
+    assert len(stepped.hash_to_block) == 40
+
+
 def test_prefix_caching_disabled_never_hits():
     bm = BlockManager(8, BS, enable_prefix_caching=False)
     a = make_seq(range(10, 20))

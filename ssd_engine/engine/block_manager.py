@@ -122,13 +122,18 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full_pages = min(seq.num_computed_tokens, len(seq)) // self.block_size
-        prev_hash = None
-        for index in range(full_pages):
+        # a sequence's hashed pages are a prefix of its table (commit hashes in order; a cached page
+        # keeps its hash while a sequence holds it): find where it ends from the back, so a step
+        # costs the pages it filled, not the whole table's length
+        start = full_pages
+        while start > 0 and self.blocks[seq.block_table[start - 1]].hash is NO_HASH:
+            start -= 1
+        prev_hash = self.blocks[seq.block_table[start - 1]].hash if start else None
+        for index in range(start, full_pages):
             block = self.blocks[seq.block_table[index]]
-            if block.hash is NO_HASH:
-                block.token_ids = seq.block_tokens(index)
-                block.hash = chain_hash(prev_hash, block.token_ids)
-                self.hash_to_block.setdefault(block.hash, block.block_id)
+            block.token_ids = seq.block_tokens(index)
+            block.hash = chain_hash(prev_hash, block.token_ids)
+            self.hash_to_block.setdefault(block.hash, block.block_id)
             prev_hash = block.hash
 
     def trim(self, seq: Sequence) -> None:
