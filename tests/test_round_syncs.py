@@ -116,11 +116,25 @@ def test_drafts_fed_from_the_device_give_the_same_inputs(runner):
 
 
 class _Uploads(torch.overrides.TorchFunctionMode):
-    """Tensors made from host values (`torch.tensor`), and moves of those onto the device object."""
+    """Tensors made from host values (`torch.tensor`; `torch.frombuffer`, which torch modes do not see,
+    by a wrapper), and moves of those onto the device object."""
 
     def __init__(self) -> None:
         super().__init__()
         self.made, self.moved = [], 0
+
+    def __enter__(self):
+        self._frombuffer = torch.frombuffer
+        torch.frombuffer = lambda *args, **kwargs: self._made(self._frombuffer(*args, **kwargs))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        torch.frombuffer = self._frombuffer
+        return super().__exit__(*exc)
+
+    def _made(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.made.append(tensor)
+        return tensor
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}

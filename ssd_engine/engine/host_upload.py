@@ -9,16 +9,23 @@ is done, and crosses in one non-blocking copy; columns are views of the device c
 staging tensor is the result. `to_device` does the same for a tensor built on the host (uniforms
 drawn from a request's host generator, counts a proposer knows).
 """
+import array
 import itertools
 
 import torch
 
 
+# Python values packed by the array module: ~3x faster than torch.tensor(list), which checks each one
+TYPECODES = {torch.long: "q", torch.int32: "i", torch.float32: "f", torch.float64: "d"}
+
+
 def upload(columns: list[list], device: torch.device, dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
     """One `dtype` tensor per column, on `device`."""
     device = torch.device(device)
-    cuda = device.type == "cuda"
-    flat = torch.tensor(list(itertools.chain.from_iterable(columns)), dtype=dtype, pin_memory=cuda)
+    packed = array.array(TYPECODES[dtype], itertools.chain.from_iterable(columns))
+    flat = torch.frombuffer(packed, dtype=dtype) if packed else torch.empty(0, dtype=dtype)
+    if device.type == "cuda":
+        flat = flat.pin_memory()
     flat = flat.to(device, non_blocking=True)  # on a CPU the same tensor (profiling/sync_count.py marks it)
     return list(flat.split_with_sizes([len(column) for column in columns]))  # not Tensor.split's Python wrapper
 
@@ -33,5 +40,12 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def padded_rows(tables: list[list[int]], width: int) -> list[int]:
     """Each table cut or zero-padded to `width` entries, row after row (padding is never read: key
-    counts stop short of it)."""
-    return [page for table in tables for page in table[:width] + [0] * (width - len(table[:width]))]
+    counts stop short of it). Whole rows are appended: a step at batch 64 and 4,000 tokens flattens
+    16,000 entries, where a loop per entry cost a quarter of a millisecond."""
+    flat: list[int] = []
+    for table in tables:
+        row = table[:width]
+        flat += row
+        if len(row) < width:
+            flat += [0] * (width - len(row))
+    return flat
