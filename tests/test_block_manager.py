@@ -43,7 +43,7 @@ def test_allocate_and_deallocate_track_refcounts_and_free_list():
     table = list(seq.block_table)
     seq.num_computed_tokens = 7
     bm.deallocate(seq)
-    assert seq.block_table == [] and seq.num_computed_tokens == 0
+    assert len(seq.block_table) == 0 and seq.num_computed_tokens == 0
     assert bm.num_free_blocks == 6
     assert all(bm.blocks[b].ref_count == 0 and b in bm.free for b in table)
     bm.deallocate(other)
@@ -216,7 +216,7 @@ def test_cached_page_survives_on_free_list_until_reused():
     bm.deallocate(f)
     g = make_seq(range(10, 19))
     bm.allocate(g)
-    assert g.block_table[:2] == f_table[:2] and g.num_cached_tokens == 2 * BS
+    assert list(g.block_table[:2]) == f_table[:2] and g.num_cached_tokens == 2 * BS
 
 
 def test_commit_registers_only_full_computed_pages():
@@ -302,7 +302,7 @@ def test_trim_frees_pages_reserved_past_the_sequence_and_keeps_committed_hashes(
     seq.num_computed_tokens = len(seq) - 1
     reserved = seq.block_table[2]
     bm.trim(seq)
-    assert seq.block_table == head and bm.num_free_blocks == 6
+    assert list(seq.block_table) == head and bm.num_free_blocks == 6
     assert bm.blocks[reserved].ref_count == 0 and reserved in bm.free and bm.blocks[reserved].hash is None
     assert hashed(bm, head[0])
     bm.commit(seq)
@@ -313,7 +313,7 @@ def test_trim_frees_pages_reserved_past_the_sequence_and_keeps_committed_hashes(
     # a later prompt with this prefix reuses both pages
     probe = make_seq(range(10, 19))
     bm.allocate(probe)
-    assert probe.block_table[:2] == head and probe.num_cached_tokens == 2 * BS
+    assert list(probe.block_table[:2]) == head and probe.num_cached_tokens == 2 * BS
 
 
 def test_trim_keeps_exactly_the_pages_the_tokens_need():

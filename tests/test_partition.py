@@ -1,11 +1,13 @@
 """Pure pieces of the tensor-parallel runtime: how a model splits, where ranks run, what travels."""
 import os
+import random
 
 import pytest
 
 from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
 from ssd_engine.distributed.placement import parse_core_sets, plan_core_sets
 from ssd_engine.distributed.worker import PageTableMirror
+from ssd_engine.engine.core import page_table
 
 
 def test_even_spans_cover_the_total_in_order():
@@ -72,14 +74,38 @@ def test_page_table_deltas_carry_only_changes():
     sender, worker = PageTableMirror(), PageTableMirror()
     history = [[7], [7, 3], [7, 3, 9, 4], [7, 3], [], [5, 7, 3], [5, 7, 3, 8]]
     sent = []
-    for table in history:
+    for table in map(page_table, history):
         keep, appended = sender.delta(42, table)
-        sent.append((keep, appended))
+        sent.append((keep, list(appended)))
         assert worker.apply(42, keep, appended) == table
     assert sent[2] == (2, [9, 4]) and sent[3] == (2, []) and sent[6] == (3, [8])
     worker.forget(42)
     sender.forget(42)
-    assert sender.delta(42, [1, 2]) == (0, [1, 2]) and worker.apply(42, 0, [1, 2]) == [1, 2]
+    assert sender.delta(42, page_table([1, 2])) == (0, page_table([1, 2]))
+
+
+def test_page_table_deltas_follow_a_table_changed_in_place():
+    """The block manager grows, trims and empties a sequence's one table object between steps: each
+    delta keeps exactly the pages the last table sent shares with the new one (so a page replaced
+    at the same place is resent), and the worker ends with the same table."""
+    rng = random.Random(0)
+    sender, worker = PageTableMirror(), PageTableMirror()
+    table = page_table()
+    for _ in range(500):
+        before = list(sender.tables.get(1, []))
+        change = rng.choice(["grow", "trim", "empty", "same"])
+        if change == "grow":
+            table.extend(rng.randrange(6) for _ in range(rng.randrange(1, 4)))
+        elif change == "trim":
+            del table[rng.randrange(len(table) + 1):]
+        elif change == "empty":
+            del table[:]
+        keep, appended = sender.delta(1, table)
+        shared = 0
+        while shared < min(len(before), len(table)) and before[shared] == table[shared]:
+            shared += 1
+        assert keep == shared and list(appended) == list(table[shared:])
+        assert worker.apply(1, keep, appended) == table
 
 
 def test_nested_pins_restore_the_state_each_replaced():

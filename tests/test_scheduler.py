@@ -32,7 +32,7 @@ def check_batch(sched, batch):
         assert seq.status == SequenceStatus.RUNNING and seq in sched.running
         assert len(seq.block_table) * BS >= seq.num_computed_tokens + n  # slots exist for the new tokens
     for seq in sched.waiting:
-        assert seq.block_table == [] and seq.status == SequenceStatus.WAITING
+        assert len(seq.block_table) == 0 and seq.status == SequenceStatus.WAITING
 
 
 def step(sched, k=0):
@@ -181,7 +181,7 @@ def test_preemption_takes_newest_puts_it_in_front_and_recomputes():
     assert batch.seqs == [a]
     assert b not in sched.running and b.status == SequenceStatus.WAITING
     assert list(sched.waiting) == [b, c]  # back at the FRONT of the queue, ahead of c
-    assert b.block_table == [] and b.num_computed_tokens == 0
+    assert len(b.block_table) == 0 and b.num_computed_tokens == 0
     assert b.token_ids == b_tokens  # its generated token is kept, to be recomputed
     assert a.num_output_tokens == 2 and a.is_finished  # a got its page and finished
 
@@ -204,8 +204,8 @@ def test_sequence_never_preempts_an_older_one():
     batch, _ = step(sched)  # b needs a page, none free: b preempts itself, not a
     assert sched.num_preemptions == 1
     assert batch.seqs == [a]
-    assert a.block_table == a_table and a.status == SequenceStatus.RUNNING
-    assert list(sched.waiting) == [b] and b.block_table == []
+    assert list(a.block_table) == a_table and a.status == SequenceStatus.RUNNING
+    assert list(sched.waiting) == [b] and len(b.block_table) == 0
     run_to_completion(sched)
     assert a.num_output_tokens == 3 and b.num_output_tokens == 3
 

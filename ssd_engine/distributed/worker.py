@@ -11,26 +11,41 @@ import torch
 
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.engine.core import PageTable, page_table
 from ssd_engine.engine.model_runner import ModelRunner, RunnerSpec, StepInputs
+
+
+def common_prefix(a: PageTable, b: PageTable) -> int:
+    """How many leading pages two tables share. Packed tables compare in C: a whole-table compare
+    first (a step that only appended pages, the usual case), else a bisection of prefix compares."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    same, differ = 0, n  # a[:same] == b[:same]; a[:differ] != b[:differ]
+    while differ - same > 1:
+        mid = (same + differ) // 2
+        if a[:mid] == b[:mid]:
+            same = mid
+        else:
+            differ = mid
+    return same
 
 
 class PageTableMirror:
     """Each live sequence's page table as the workers know it (rank 0 keeps the same copy)."""
 
     def __init__(self) -> None:
-        self.tables: dict[int, list[int]] = {}
+        self.tables: dict[int, PageTable] = {}
 
-    def delta(self, seq_id: int, table: list[int]) -> tuple[int, list[int]]:
+    def delta(self, seq_id: int, table: PageTable) -> tuple[int, PageTable]:
         """Rank 0: how to turn the last table sent for seq_id into `table` (pages kept, pages appended)."""
-        old = self.tables.get(seq_id, [])
-        keep = 0
-        while keep < min(len(old), len(table)) and old[keep] == table[keep]:
-            keep += 1
-        self.tables[seq_id] = list(table)
+        table = page_table(table)  # a copy: the sequence's own table changes after this step
+        keep = common_prefix(self.tables.get(seq_id, page_table()), table)
+        self.tables[seq_id] = table
         return keep, table[keep:]
 
-    def apply(self, seq_id: int, keep: int, appended: list[int]) -> list[int]:
-        table = self.tables.get(seq_id, [])[:keep] + appended
+    def apply(self, seq_id: int, keep: int, appended: PageTable) -> PageTable:
+        table = self.tables.get(seq_id, page_table())[:keep] + page_table(appended)
         self.tables[seq_id] = table
         return table
 

@@ -9,7 +9,7 @@ prefix survives until its page is actually needed for something else.
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ssd_engine.engine.core import Sequence
+from ssd_engine.engine.core import Sequence, page_table
 
 NO_HASH = None
 
@@ -98,7 +98,7 @@ class BlockManager:
     def deallocate(self, seq: Sequence) -> None:
         for block_id in reversed(seq.block_table):  # tail pages freed first, so the shared head survives longest
             self._release(block_id)
-        seq.block_table = []
+        seq.block_table = page_table()
         seq.num_computed_tokens = 0
 
     def _release(self, block_id: int) -> None:

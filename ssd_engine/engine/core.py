@@ -8,6 +8,7 @@
 - `Runner`: what runs the target (ModelRunner, or TensorParallelRunner on rank 0);
 - `Speculator`: SD's colocated draft, SSD's coordinator, or the n-gram speculator.
 """
+import array
 import enum
 import functools
 import itertools
@@ -19,6 +20,18 @@ import torch
 
 from ssd_engine.sampling.streams import Stream, stream_generator
 from ssd_engine.sampling_params import SamplingParams
+
+
+# A KV page table: int32 page ids, packed. A step flattens every row's table into its upload and
+# tensor parallelism compares each with the copy its workers hold: on packed arrays both are
+# memory copies and compares (30 us for 64 tables of 250 pages, where Python lists took 0.6 ms to
+# flatten and 2.2 ms to compare, AMD EPYC).
+PageTable = array.array
+assert array.array("i").itemsize == 4, "page tables are uploaded as int32"
+
+
+def page_table(pages=()) -> PageTable:
+    return array.array("i", pages)
 
 
 class SequenceStatus(enum.Enum):
@@ -48,7 +61,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0   # tokens whose K/V is in the cache
         self.num_cached_tokens = 0     # of those, how many came from the prefix cache
-        self.block_table: list[int] = []
+        self.block_table: PageTable = page_table()
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.metrics = SequenceMetrics()

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ssd_engine.engine.block_manager import BlockManager
 from ssd_engine.engine.decode_feed import DecodeFeed
-from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
+from ssd_engine.engine.core import Outcome, PageTable, Proposal, ScheduledBatch, Sequence, page_table
 from ssd_engine.engine.host_upload import upload
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
@@ -28,7 +28,7 @@ class DraftView:
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = seq
-        self.block_table: list[int] = []
+        self.block_table: PageTable = page_table()
         self.num_computed_tokens = 0
 
     @property

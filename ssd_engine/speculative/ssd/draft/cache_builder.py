@@ -116,8 +116,9 @@ class CacheBuilder:
         pages = -(-width // bs)
         visible_host = [len(seqs[i]) + accepted for i, accepted in zip(branch_seq, branch_k)]  # fork = t*'s position
         tables, seq_index, visible, ids = upload(
-            [padded_rows([s.block_table for s in seqs], pages), branch_seq, visible_host, branch_tok], device)
-        tables = tables.view(len(seqs), pages).to(torch.int32)
+            [padded_rows([s.block_table for s in seqs], pages), branch_seq, visible_host, branch_tok], device,
+            torch.int32)  # as the attention metadata holds them: no casts on the device
+        tables = tables.view(len(seqs), pages)
         scratch = (self.scratch_base + torch.arange(rows * k, device=device)).view(rows, k)
         params = [seqs[i].params for i in branch_seq]
         gens = [seqs[i].generator for i in branch_seq]

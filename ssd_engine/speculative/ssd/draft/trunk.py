@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.engine.core import PageTable, page_table
 from ssd_engine.engine.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
@@ -25,7 +26,7 @@ class DraftSeq:
     params: DraftParams
     generator: torch.Generator | None         # draft sampling (None: greedy)
     backup_generator: torch.Generator         # the fast backup's random proposals
-    block_table: list[int] = field(default_factory=list)
+    block_table: PageTable = field(default_factory=page_table)
     num_computed_tokens: int = 0              # BlockManager bookkeeping; the trunk is the truth
     trunk: list[int] = field(default_factory=list)
     sent: Speculation | None = None           # the speculation the target is verifying
