@@ -109,16 +109,26 @@ class ReplyLayout:
         return self.q_at + FLOAT * self.k * sum(self.q_widths)
 
 
-def q_mode(spec: Speculation, width: int, vocab: int) -> QMode:
-    """How `spec`'s rows go in a slot of `width` floats per position."""
+def q_slot(spec: Speculation, width: int, vocab: int) -> tuple[QMode, tuple | None]:
+    """How `spec`'s rows go in a slot of `width` floats per position, and for COMPACT their
+    [K, top_k] ids and probabilities."""
     if spec.q is None:
-        return QMode.ONE_HOT
+        return QMode.ONE_HOT, None
     mode = q_mode_of_width(width, vocab)
-    # ties at the k-th logit can leave more than top_k tokens; such a row goes one-hot, which is
-    # still exact (any proposal verified as deterministic is)
-    if mode == QMode.COMPACT and int(torch.count_nonzero(spec.q, dim=-1).max()) > width // 2:
-        return QMode.ONE_HOT
-    return mode
+    if mode != QMode.COMPACT:
+        return mode, None
+    # one topk of top_k + 1 both picks the support and checks it: the extra value is zero iff every
+    # row has at most top_k tokens (a count of nonzeros cost as much as the topk again). Ties at the
+    # k-th logit can leave more; such a row goes one-hot, which is still exact (any proposal verified
+    # as deterministic is). The picked ids are the whole support, padded with zero-probability ids.
+    top = spec.q.topk(width // 2 + 1, dim=-1)
+    if bool(top.values[:, -1].max() > 0):
+        return QMode.ONE_HOT, None
+    return mode, (top.indices[:, :-1], top.values[:, :-1])
+
+
+def q_mode(spec: Speculation, width: int, vocab: int) -> QMode:
+    return q_slot(spec, width, vocab)[0]
 
 
 def encode_reply(reply: Reply, layout: ReplyLayout, vocab: int, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -135,16 +145,15 @@ def encode_reply(reply: Reply, layout: ReplyLayout, vocab: int, out: torch.Tenso
         tokens = spec.tokens or [0] * k  # NONE: no speculation
         if len(tokens) != k:
             raise ValueError(f"a speculation of {len(tokens)} tokens, the reply carries {k}")
-        mode = q_mode(spec, width, vocab)
+        mode, support = q_slot(spec, width, vocab)
         ints += (int(spec.source), int(mode), spec.bonus_rank, *tokens)
         slot = buf[at:at + FLOAT * k * width]
         if mode == QMode.FULL:
             slot.view(torch.float32).view(k, width).copy_(spec.q)
         elif mode == QMode.COMPACT:
             ids, probs = _compact_views(slot, k, width // 2)
-            top = spec.q.topk(width // 2, dim=-1).indices  # the whole support, padded with zero-probability ids
-            ids.copy_(top)
-            probs.copy_(spec.q.gather(1, top))
+            ids.copy_(support[0])
+            probs.copy_(support[1])
         elif width:
             slot.zero_()  # an unused slot: nothing stale crosses
         at += slot.numel()
@@ -153,6 +162,8 @@ def encode_reply(reply: Reply, layout: ReplyLayout, vocab: int, out: torch.Tenso
 
 
 def decode_reply(buf: torch.Tensor, layout: ReplyLayout, vocab: int) -> Reply:
+    """FULL q rows come back as views of `buf` (the coordinator copies them into its proposal at once:
+    a clone here was a second copy of K x vocab floats per sequence); COMPACT rows are made dense."""
     k = layout.k
     raw = buf.numpy()
     build_s, lookup_s, glue_s, step_s = raw[:layout.ints_at].view(np.float64).tolist()
@@ -164,7 +175,7 @@ def decode_reply(buf: torch.Tensor, layout: ReplyLayout, vocab: int) -> Reply:
         spec = Speculation(source, ints[i + 3:i + 3 + k] if source != Source.NONE else [], bonus_rank=rank)
         slot = buf[at:at + FLOAT * k * width]
         if mode == QMode.FULL:
-            spec.q = slot.view(torch.float32).view(k, width).clone()
+            spec.q = slot.view(torch.float32).view(k, width)  # a view of buf (see above)
         elif mode == QMode.COMPACT:
             ids, probs = _compact_views(slot, k, width // 2)
             spec.q = torch.zeros(k, vocab).scatter_(1, ids.long(), probs)

@@ -135,11 +135,13 @@ class AsyncDraftClient:
         n = len(tokens)
         probs = None
         if any(q is not None for q in qs):
-            probs = torch.zeros(n, self.k, self.target_vocab)
+            # made in pinned memory on a GPU, so the copy up is non-blocking without a second host copy
+            # (a pageable copy would wait for the stream); the rows are views of the link's reply buffer
+            probs = torch.zeros(n, self.k, self.target_vocab, pin_memory=self.device.type == "cuda")
             for i, q in enumerate(qs):
                 if q is not None:
                     probs[i, :, :q.shape[-1]] = q
-            probs = to_device(probs, self.device)  # pinned, non-blocking: a pageable copy waits for the stream
+            probs = to_device(probs, self.device)
         return Proposal(torch.tensor(tokens, dtype=torch.long).view(n, self.k), probs,
                         torch.tensor([self.k if d else 0 for d in drafted]),
                         one_hot=torch.tensor([q is None for q in qs]))
