@@ -49,8 +49,10 @@ class QueueLink:
         return self.requests.get()
 
     def send_reply(self, frame: torch.Tensor) -> None:
-        # the loop reuses its reply buffer next round; the coordinator may still hold this one
-        self.replies.put(frame.clone())
+        # no copy (a full-vocabulary reply is K x vocab floats a sequence): the loop reuses its reply
+        # buffer only for the next request's reply, and the coordinator has copied this one's rows
+        # into its proposal before it sends that request
+        self.replies.put(frame)
 
 
 class DraftThread:
