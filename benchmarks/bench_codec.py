@@ -6,7 +6,9 @@
 Replies: every sequence greedy (no q rows), sampled with top_k = 40 (COMPACT rows) and sampled over
 the whole vocabulary (FULL rows, ~155 MB at the defaults). Requests: one round's news for every
 sequence (4 new tokens each), and every sequence new with a 2000-token prompt. Encode is the
-draft's side of a reply (the coordinator's of a request), decode the other end's; milliseconds per
+draft's side of a reply (the coordinator's of a request), decode the other end's; for a reply,
+"to proposal" is the coordinator's whole stretch from the received bytes to the verifier's dense
+[batch, K, vocab] probabilities on the host (decode + ssd/proposal_rows.py). Milliseconds per
 message, best of a few repeats of the mean over `n` calls (the machine may be shared).
 """
 import argparse
@@ -15,6 +17,7 @@ import time
 import torch
 
 from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, decode_request, encode_reply, encode_request
+from ssd_engine.speculative.ssd.proposal_rows import proposal_probs
 from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Reply, Request, Speculation, Wanted,
                                                  q_width)
 from ssd_engine.speculative.ssd.source import Source
@@ -54,8 +57,10 @@ def bench_replies(batch: int, k: int, vocab: int) -> None:
         out = torch.empty(layout.size, dtype=torch.uint8)
         n = 3 if support == vocab else 20
         encode = _ms(lambda: encode_reply(reply, layout, vocab, out=out), n)
-        decode = _ms(lambda: decode_reply(out, layout, vocab), n)
-        print(f"| reply {name} | {encode:.2f} | {decode:.2f} | {layout.size} |")
+        decode = _ms(lambda: decode_reply(out, layout), n)
+        host = torch.device("cpu")
+        proposal = _ms(lambda: proposal_probs([s.q for s in decode_reply(out, layout).speculations], k, vocab, host), n)
+        print(f"| reply {name} | {encode:.2f} | {decode:.2f} | {proposal:.2f} | {layout.size} |")
 
 
 def bench_requests(batch: int) -> None:
@@ -68,7 +73,7 @@ def bench_requests(batch: int) -> None:
         frame = encode_request(request)
         encode = _ms(lambda: encode_request(request), n)
         decode = _ms(lambda: decode_request(frame), n)
-        print(f"| {name} | {encode:.3f} | {decode:.3f} | {frame.numel()} |")
+        print(f"| {name} | {encode:.3f} | {decode:.3f} | | {frame.numel()} |")
 
 
 def main() -> None:
@@ -80,7 +85,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"batch {args.batch}, K = {args.k}, vocab {args.vocab}, {args.threads} thread(s)\n")
-    print("| message | encode ms | decode ms | bytes |\n|---|---|---|---|")
+    print("| message | encode ms | decode ms | to proposal ms | bytes |\n|---|---|---|---|---|")
     bench_replies(args.batch, args.k, args.vocab)
     bench_requests(args.batch)
 

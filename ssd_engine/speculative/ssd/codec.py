@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Kind, QMode, Reply, Request,
-                                                 Speculation, Wanted, q_mode_of_width)
+                                                 Speculation, SupportRows, Wanted, q_mode_of_width)
 from ssd_engine.speculative.ssd.source import Source
 
 REQUEST_HEADER = 8  # int64 words
@@ -161,9 +161,10 @@ def encode_reply(reply: Reply, layout: ReplyLayout, vocab: int, out: torch.Tenso
     return buf
 
 
-def decode_reply(buf: torch.Tensor, layout: ReplyLayout, vocab: int) -> Reply:
-    """FULL q rows come back as views of `buf` (the coordinator copies them into its proposal at once:
-    a clone here was a second copy of K x vocab floats per sequence); COMPACT rows are made dense."""
+def decode_reply(buf: torch.Tensor, layout: ReplyLayout) -> Reply:
+    """q rows come back as views of `buf`, FULL ones as [K, vocab] floats and COMPACT ones as
+    `SupportRows`: the coordinator copies them into its proposal at once (a clone here was a second
+    copy of K x vocab floats per sequence; a dense COMPACT row a third)."""
     k = layout.k
     raw = buf.numpy()
     build_s, lookup_s, glue_s, step_s = raw[:layout.ints_at].view(np.float64).tolist()
@@ -177,8 +178,7 @@ def decode_reply(buf: torch.Tensor, layout: ReplyLayout, vocab: int) -> Reply:
         if mode == QMode.FULL:
             spec.q = slot.view(torch.float32).view(k, width)  # a view of buf (see above)
         elif mode == QMode.COMPACT:
-            ids, probs = _compact_views(slot, k, width // 2)
-            spec.q = torch.zeros(k, vocab).scatter_(1, ids.long(), probs)
+            spec.q = SupportRows(*_compact_views(slot, k, width // 2))
         specs.append(spec)
         i += 3 + k
         at += slot.numel()

@@ -16,11 +16,11 @@ import torch
 
 from ssd_engine.distributed import supervise
 from ssd_engine.engine.core import Outcome, Proposal, ScheduledBatch, Sequence
-from ssd_engine.engine.host_upload import to_device
 from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.draft_thread import DraftThread
 from ssd_engine.speculative.ssd.link import CoordinatorEnd, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import DraftSpec, spawn
+from ssd_engine.speculative.ssd.proposal_rows import QRows, proposal_probs
 from ssd_engine.saguaro.plan import SaguaroPlan
 from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_request
 from ssd_engine.speculative.ssd.protocol import DraftParams, Entry, Kind, Request, Wanted, q_width
@@ -97,7 +97,7 @@ class AsyncDraftClient:
         if not wanted:
             return None
         layout = ReplyLayout.of(request, self.k)
-        reply = decode_reply(self.link.recv_reply(layout.size), layout, self.vocab)
+        reply = decode_reply(self.link.recv_reply(layout.size), layout)
         specs, t = reply.speculations, reply.timings
         self.replied_at = time.perf_counter()
         self.metrics.record_round(t.build_s, self.replied_at - started, t.glue_s, t.step_s, t.step_rows)
@@ -131,18 +131,10 @@ class AsyncDraftClient:
             return None
         return Entry(seq.seq_id, self.last_accepted.get(seq.seq_id, -1), seq.token_ids[have:])
 
-    def _proposal(self, tokens: list[list[int]], qs: list, drafted: list[bool]) -> Proposal:
+    def _proposal(self, tokens: list[list[int]], qs: list[QRows], drafted: list[bool]) -> Proposal:
         n = len(tokens)
-        probs = None
-        if any(q is not None for q in qs):
-            # made in pinned memory on a GPU, so the copy up is non-blocking without a second host copy
-            # (a pageable copy would wait for the stream); the rows are views of the link's reply buffer
-            probs = torch.zeros(n, self.k, self.target_vocab, pin_memory=self.device.type == "cuda")
-            for i, q in enumerate(qs):
-                if q is not None:
-                    probs[i, :, :q.shape[-1]] = q
-            probs = to_device(probs, self.device)
-        return Proposal(torch.tensor(tokens, dtype=torch.long).view(n, self.k), probs,
+        return Proposal(torch.tensor(tokens, dtype=torch.long).view(n, self.k),
+                        proposal_probs(qs, self.k, self.target_vocab, self.device),
                         torch.tensor([self.k if d else 0 for d in drafted]),
                         one_hot=torch.tensor([q is None for q in qs]))
 

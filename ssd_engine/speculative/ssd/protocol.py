@@ -93,12 +93,24 @@ class Request:
         return [w.seq_id for w in self.wanted]
 
 
+@dataclass(frozen=True)
+class SupportRows:
+    """K q rows given by their supports, as a COMPACT slot carries them: far smaller than the rows
+    (40 pairs against 151,936 floats), so the coordinator uploads these and scatters on the device."""
+    ids: torch.Tensor    # [K, n] int32; ids past a row's support carry probability 0
+    probs: torch.Tensor  # [K, n] float32
+
+    def dense(self, vocab: int) -> torch.Tensor:
+        """[K, vocab]: each probability at its id, bit for bit (adding the padding's zeros changes nothing)."""
+        return torch.zeros(self.ids.shape[0], vocab).scatter_add_(1, self.ids.long(), self.probs)
+
+
 @dataclass
 class Speculation:
     """One sequence's next K tokens and the rows they were sampled from (None: verify as one-hot)."""
     source: Source
     tokens: list[int]
-    q: torch.Tensor | None = None     # [K, vocab] float32
+    q: torch.Tensor | SupportRows | None = None  # [K, vocab] float32 (a received COMPACT slot: SupportRows)
     # where the round's bonus token t* stood among the draft's candidates for it (0 = its first;
     # RANK_DEPTH = deeper than tracked; -1 = no prediction was made): the miss rate at every fan-out
     bonus_rank: int = -1

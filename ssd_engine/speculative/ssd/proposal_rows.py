@@ -1,0 +1,62 @@
+"""The draft's q rows of one SSD round as the verifier's dense [n, K, vocab] proposal, built on the
+target's device.
+
+A reply carries each sequence's rows one of three ways (protocol.py `QMode`): whole rows, their
+supports (`SupportRows`, a top_k request), or none (verified as one-hot). Laying all of them out
+densely on the host cost 2.3 ms at batch 8 (vocab 151,936, one thread), on the round's critical
+path. Here only whole rows cross densely; a support crosses as its few hundred bytes and is
+scattered into the zeroed proposal on the device.
+"""
+import torch
+
+from ssd_engine.engine.host_upload import to_device
+from ssd_engine.speculative.ssd.protocol import SupportRows
+
+QRows = torch.Tensor | SupportRows | None
+
+
+def proposal_probs(qs: list[QRows], k: int, vocab: int, device: torch.device) -> torch.Tensor | None:
+    """[n, K, vocab] float32 on `device`, row i from qs[i] (zeros where it is None: such rows are
+    verified as one-hot and never read); None when no row carries q. `vocab` may exceed the
+    draft's: the target's ids past the draft's have probability 0."""
+    full = [i for i, q in enumerate(qs) if isinstance(q, torch.Tensor)]
+    support = [i for i, q in enumerate(qs) if isinstance(q, SupportRows)]
+    if not full and not support:
+        return None
+    probs = torch.zeros(len(qs), k, vocab, device=device)
+    if full:
+        _copy_full(probs, full, [qs[i] for i in full])
+    if support:
+        _scatter_supports(probs, support, [qs[i] for i in support])
+    return probs
+
+
+def _copy_full(probs: torch.Tensor, rows: list[int], qs: list[torch.Tensor]) -> None:
+    width = qs[0].shape[-1]
+    if probs.device.type == "cpu":
+        for i, q in zip(rows, qs):
+            probs[i, :, :width] = q
+        return
+    # staged in pinned memory: the copy up is then non-blocking without another host copy (the
+    # rows are views of the link's reply buffer, which is pageable)
+    staged = torch.empty(len(rows), *qs[0].shape, pin_memory=True)
+    for j, q in enumerate(qs):
+        staged[j] = q
+    probs[to_device(torch.tensor(rows), probs.device), :, :width] = staged.to(probs.device, non_blocking=True)
+
+
+def _scatter_supports(probs: torch.Tensor, rows: list[int], qs: list[SupportRows]) -> None:
+    """One accumulate-scatter for all of them. Supports of different top_k are padded with id 0 at
+    probability 0; accumulating keeps a padding duplicate of a real id 0 from overwriting it, and
+    adding zeros leaves every probability bit for bit as sent."""
+    width = max(q.ids.shape[1] for q in qs)
+    k = probs.shape[1]
+    ids = torch.zeros(len(rows), k, width, dtype=torch.int64)
+    values = torch.zeros(len(rows), k, width)
+    for j, q in enumerate(qs):
+        ids[j, :, :q.ids.shape[1]] = q.ids
+        values[j, :, :q.ids.shape[1]] = q.probs
+    device = probs.device
+    at_row = to_device(torch.tensor(rows).view(-1, 1, 1), device)
+    at_position = torch.arange(k, device=device).view(1, -1, 1)
+    probs.index_put_((at_row, at_position, to_device(ids, device)), to_device(values, device), accumulate=True)
