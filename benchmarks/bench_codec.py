@@ -8,7 +8,7 @@ the whole vocabulary (FULL rows, ~155 MB at the defaults). Requests: one round's
 sequence (4 new tokens each), and every sequence new with a 2000-token prompt. Encode is the
 draft's side of a reply (the coordinator's of a request), decode the other end's; for a reply,
 "to proposal" is the coordinator's whole stretch from the received bytes to the verifier's dense
-[batch, K, vocab] probabilities on the host (decode + ssd/proposal_rows.py). Milliseconds per
+[batch, K, vocab] probabilities on the host (decode + speculative/ssd/proposal_rows.py). Milliseconds per
 message, best of a few repeats of the mean over `n` calls (the machine may be shared).
 """
 import argparse

@@ -14,7 +14,7 @@ from ssd_engine.sampling.rejection import verify
 from ssd_engine.speculative.ngram import fast_proposal, ngram_proposal
 from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
 from ssd_engine.speculative.ssd.codec import (ReplyLayout, decode_reply, decode_request, encode_reply, encode_request,
-                                              q_mode, request_size)
+                                              q_slots, request_size)
 from ssd_engine.speculative.ssd.link import REQUEST_CAPACITY, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Kind, QMode, Reply, Request,
                                                  Speculation, Wanted, q_width)
@@ -53,7 +53,10 @@ def _row(vocab, support, gen):
     return q / q.sum()
 
 
-def test_reply_round_trip_every_q_mode():
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
+def test_reply_round_trip_every_q_mode(device):
+    """On a GPU the draft's rows sit on its device: they cross in one read (supports) and
+    non-blocking copies into a pinned buffer (whole rows), which must still land bit for bit."""
     vocab, k = 50, 3
     gen = torch.Generator().manual_seed(0)
     full = torch.stack([_row(vocab, vocab, gen) for _ in range(k)])
@@ -61,17 +64,20 @@ def test_reply_round_trip_every_q_mode():
     tied = torch.stack([_row(vocab, s, gen) for s in (4, 5, 3)])  # one row has more than top_k = 4 tokens
     params = [DraftParams(1.0), DraftParams(0.8, top_k=4), DraftParams(0.8, top_k=4), DraftParams(0.0),
               DraftParams(1.0), DraftParams(1.0, top_k=4)]
-    specs = [Speculation(Source.HIT, [1, 2, 3], full, bonus_rank=0),
-             Speculation(Source.JIT, [4, 5, 6], compact, bonus_rank=32), Speculation(Source.HIT, [7, 8, 9], tied),
+    on = torch.device(device)
+    specs = [Speculation(Source.HIT, [1, 2, 3], full.to(on), bonus_rank=0),
+             Speculation(Source.JIT, [4, 5, 6], compact.to(on), bonus_rank=32),
+             Speculation(Source.HIT, [7, 8, 9], tied.to(on)),
              Speculation(Source.HIT, [10, 11, 12]), Speculation(Source.FAST, [13, 14, 15]),
              Speculation(Source.NONE, [])]
     widths = [q_width(p, vocab) for p in params]
     assert widths == [vocab, 8, 8, 0, vocab, 8]
-    assert [q_mode(s, w, vocab) for s, w in zip(specs, widths)] == [QMode.FULL, QMode.COMPACT] + [QMode.ONE_HOT] * 4
+    assert [m for m, _ in q_slots(specs, tuple(widths), vocab)] == [QMode.FULL, QMode.COMPACT] + [QMode.ONE_HOT] * 4
     layout = ReplyLayout(k, tuple(widths))
     timings = DraftTimings(0.25, 0.5, 0.125, 1 / 3, 12)
     buf = encode_reply(Reply(timings, specs), layout, vocab, out=torch.full((layout.size + 10,), 7, dtype=torch.uint8))
     assert buf.dtype == torch.uint8 and buf.numel() == layout.size
+    assert torch.equal(encode_reply(Reply(timings, specs), layout, vocab), buf)  # a buffer of its own (pinned on a GPU)
     back = decode_reply(buf.clone(), layout)
     assert back.timings == timings  # float64: the draft's timings arrive exactly
     assert [s.bonus_rank for s in back.speculations] == [0, 32, -1, -1, -1, -1]

@@ -109,55 +109,62 @@ class ReplyLayout:
         return self.q_at + FLOAT * self.k * sum(self.q_widths)
 
 
-def q_slot(spec: Speculation, width: int, vocab: int) -> tuple[QMode, tuple | None]:
-    """How `spec`'s rows go in a slot of `width` floats per position, and for COMPACT their
-    [K, top_k] ids and probabilities."""
-    if spec.q is None:
-        return QMode.ONE_HOT, None
-    mode = q_mode_of_width(width, vocab)
-    if mode != QMode.COMPACT:
-        return mode, None
+def q_slots(specs: list[Speculation], widths: tuple[int, ...], vocab: int) -> list[tuple[QMode, SupportRows | None]]:
+    """How each speculation's rows go in its slot of `width` floats per position, and for COMPACT
+    their supports on the host. The draft's rows may sit on its GPU: every support is picked there
+    and all of them cross in one read (one sync a reply, not one a sequence)."""
+    modes = [QMode.ONE_HOT if s.q is None else q_mode_of_width(w, vocab) for s, w in zip(specs, widths, strict=True)]
+    compact = [i for i, m in enumerate(modes) if m == QMode.COMPACT]
     # one topk of top_k + 1 both picks the support and checks it: the extra value is zero iff every
     # row has at most top_k tokens (a count of nonzeros cost as much as the topk again). Ties at the
     # k-th logit can leave more; such a row goes one-hot, which is still exact (any proposal verified
     # as deterministic is). The picked ids are the whole support, padded with zero-probability ids.
-    top = spec.q.topk(width // 2 + 1, dim=-1)
-    if bool(top.values[:, -1].max() > 0):
-        return QMode.ONE_HOT, None
-    return mode, (top.indices[:, :-1], top.values[:, :-1])
-
-
-def q_mode(spec: Speculation, width: int, vocab: int) -> QMode:
-    return q_slot(spec, width, vocab)[0]
+    tops = [specs[i].q.topk(widths[i] // 2 + 1, dim=-1) for i in compact]
+    values = torch.cat([t.values.flatten() for t in tops]).cpu() if tops else None
+    indices = torch.cat([t.indices.flatten().int() for t in tops]).cpu() if tops else None
+    out: list[tuple[QMode, SupportRows | None]] = [(m, None) for m in modes]
+    at = 0
+    for i, top in zip(compact, tops):
+        shape = top.values.shape
+        rows_values = values[at:at + shape.numel()].view(shape)
+        rows_ids = indices[at:at + shape.numel()].view(shape)
+        at += shape.numel()
+        fits = not bool(rows_values[:, -1].max() > 0)
+        out[i] = (QMode.COMPACT, SupportRows(rows_ids[:, :-1], rows_values[:, :-1])) if fits else (QMode.ONE_HOT, None)
+    return out
 
 
 def encode_reply(reply: Reply, layout: ReplyLayout, vocab: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`out`: a buffer to write into when it is large enough (the draft reuses one)."""
+    """`out`: a buffer to write into when it is large enough (the draft reuses one). Rows on a GPU
+    land in a pinned buffer without waiting copy by copy: one sync covers them all."""
     k = layout.k
+    gpu = next((s.q.device for s in reply.speculations if isinstance(s.q, torch.Tensor) and s.q.is_cuda), None)
     buf = out[:layout.size] if out is not None and out.numel() >= layout.size else \
-        torch.empty(layout.size, dtype=torch.uint8)
+        torch.empty(layout.size, dtype=torch.uint8, pin_memory=gpu is not None)
     raw = buf.numpy()
     t = reply.timings
     raw[:layout.ints_at].view(np.float64)[:] = (t.build_s, t.lookup_s, t.glue_s, t.step_s)
     ints = [t.step_rows]
     at = layout.q_at
-    for spec, width in zip(reply.speculations, layout.q_widths, strict=True):
+    slots = q_slots(reply.speculations, layout.q_widths, vocab)
+    for spec, width, (mode, support) in zip(reply.speculations, layout.q_widths, slots):
         tokens = spec.tokens or [0] * k  # NONE: no speculation
         if len(tokens) != k:
             raise ValueError(f"a speculation of {len(tokens)} tokens, the reply carries {k}")
-        mode, support = q_slot(spec, width, vocab)
         ints += (int(spec.source), int(mode), spec.bonus_rank, *tokens)
         slot = buf[at:at + FLOAT * k * width]
         if mode == QMode.FULL:
-            slot.view(torch.float32).view(k, width).copy_(spec.q)
+            slot.view(torch.float32).view(k, width).copy_(spec.q, non_blocking=True)
         elif mode == QMode.COMPACT:
             ids, probs = _compact_views(slot, k, width // 2)
-            ids.copy_(support[0])
-            probs.copy_(support[1])
+            ids.copy_(support.ids)
+            probs.copy_(support.probs)
         elif width:
             slot.zero_()  # an unused slot: nothing stale crosses
         at += slot.numel()
     raw[layout.ints_at:layout.q_at].view(np.int64)[:] = ints
+    if gpu is not None:
+        torch.cuda.current_stream(gpu).synchronize()  # the FULL rows' copies (the draft's stream in a thread)
     return buf
 
 
