@@ -4,7 +4,10 @@ On one GPU a separate draft process gets its own CUDA context, and the GPU time-
 draft's kernels never run beside the target's. A thread of the engine process shares the target's
 context and launches on its own CUDA stream, so its kernels can overlap the verification (both are
 small-batch decode kernels that leave most SMs idle). The cost is Python: both sides' host work shares
-one interpreter lock, which CUDA graphs keep short. Which wins is measured by
+one interpreter lock. A draft thread that holds it most of the time (host-bound: eager or launch-bound
+steps) stalls the coordinator's launches by orders of magnitude, because each time it drops and retakes
+the lock the waiting coordinator's switch-interval timer starts over; one that mostly waits on its
+device (graphed steps) costs little (benchmarks/bench_gil_handoff.py). Which wins is measured by
 `benchmarks/bench_synthetic.py --draft-host thread` against the process (scripts/gpu_check.sh);
 the multi-GPU layout (draft on its own GPU) stays a process.
 
