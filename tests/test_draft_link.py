@@ -2,7 +2,9 @@
 (overflow included, with requests queued before the draft reads), what the coordinator receives is
 exactly the reply, and a dead or stalled draft raises DraftLinkError instead of hanging. Both the
 plain gloo link and "gloo-split" (the NCCL protocol: doorbell on gloo, payload on a second group)
-run on CPU; NCCL itself only with two GPUs."""
+run on CPU; NCCL itself only with two GPUs. "window" is the plain gloo link with a shared reply window
+(reply_window.py): replies that fit it are written there and only their size crosses."""
+import os
 import datetime
 import subprocess
 import sys
@@ -16,23 +18,28 @@ import torch.distributed as dist
 from ssd_engine.speculative.ssd.codec import encode_request
 from ssd_engine.speculative.ssd.link import DOORBELL, REPLY, REQUEST_CAPACITY, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.protocol import DraftParams, Entry, Request, Wanted
+from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
-BACKENDS = [None, "gloo-split"]
+BACKENDS = [None, "gloo-split", "window"]
+WINDOW = 2048  # bytes: the tests' replies of 4000 bytes overflow it and cross over gloo
 
-# the draft side in its own process: argv = port, mode, device; "die" takes one request and exits
-# without replying, "echo" answers one request with its last 100 bytes
+# the draft side in its own process: argv = port, mode, device[, window fd]; "die" takes one request and
+# exits without replying ("die-window": on a link with a reply window), "echo" answers one request
+# with its last 100 bytes
 CHILD = """
 import datetime, sys, time
 import torch, torch.distributed as dist
 from ssd_engine.speculative.ssd.link import DraftLink
+from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 port, mode, device = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 if device.startswith("cuda"):
     torch.cuda.set_device(torch.device(device))
 store = dist.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=60))
+window = ReplyWindow(int(sys.argv[4]), 2048) if mode == "die-window" else None
 link = DraftLink(store, 1, 20.0, payload_device=torch.device(device),
-                 payload_backend="gloo-split" if mode == "die" else None)
+                 payload_backend="gloo-split" if mode == "die" else None, reply_window=window)
 words = link.recv_request()
-if mode == "die":
+if mode.startswith("die"):
     time.sleep(0.5)  # the coordinator is waiting for its reply by now
     sys.exit(0)
 link.send_reply(words[-100:].clone())
@@ -47,14 +54,26 @@ def _store() -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
 
 
+def _windows() -> list[ReplyWindow]:
+    """Two mappings of one memfd, as the coordinator and its draft process hold it."""
+    fd = ReplyWindow.create_fd(WINDOW)
+    try:
+        return [ReplyWindow(fd, WINDOW), ReplyWindow(fd, WINDOW)]
+    finally:
+        os.close(fd)
+
+
 def _pair(timeout_s: float = 5.0, backend: str | None = None, devices=(None, None)):
     """Both ranks in this process, one thread each (gloo lets one process hold both ends)."""
     store = _store()
     stores = [store, dist.TCPStore("127.0.0.1", store.port, 2, False, timeout=datetime.timedelta(seconds=30))]
     links = {}
+    windows = _windows() if backend == "window" else [None, None]
+    backend = None if backend == "window" else backend
 
     def make(rank):
-        links[rank] = DraftLink(stores[rank], rank, timeout_s, payload_device=devices[rank], payload_backend=backend)
+        links[rank] = DraftLink(stores[rank], rank, timeout_s, payload_device=devices[rank], payload_backend=backend,
+                                reply_window=windows[rank])
     threads = [threading.Thread(target=make, args=(r,), daemon=True) for r in (0, 1)]
     for t in threads:
         t.start()
@@ -79,7 +98,7 @@ def _bytes(n: int) -> torch.Tensor:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_requests_and_replies_arrive_exactly(backend):
     coordinator, draft, _ = _pair(backend=backend)
-    assert coordinator.transport == draft.transport == (backend or "gloo")
+    assert coordinator.transport == draft.transport == ("gloo" if backend in (None, "window") else backend)
     # (request, reply size or 0): two rounds queued before the draft reads, overflowing requests,
     # then rounds alternating the two send buffers with replies of varying sizes
     rounds = [(_request(5, []), 0), (_request(TOKENS_PER_BUFFER + 37, []), 0), (_request(3, [1]), 6),
@@ -92,8 +111,13 @@ def test_requests_and_replies_arrive_exactly(backend):
     def serve():
         try:
             time.sleep(0.3)  # the coordinator's first sends go out before any receive is posted
-            for (_, size), reply in zip(rounds, replies):
+            for i, ((_, size), reply) in enumerate(zip(rounds, replies)):
                 received.append(draft.recv_request().clone())
+                shared = draft.reply_buffer(size) if size else None
+                assert (shared is not None) == (backend == "window" and 0 < size <= WINDOW)
+                if shared is not None and i % 2:  # encoded in place, as the draft's loop does
+                    shared.copy_(reply)
+                    reply = shared
                 if size:
                     draft.send_reply(reply)
         except BaseException as error:  # reported by the main thread
@@ -105,6 +129,8 @@ def test_requests_and_replies_arrive_exactly(backend):
         if size:
             got = coordinator.recv_reply(size)
             assert got.device.type == "cpu" and torch.equal(got, reply)
+            in_window = coordinator.window is not None and got.data_ptr() == coordinator.window.buffer.data_ptr()
+            assert in_window == (backend == "window" and size <= WINDOW)  # read in place, not copied
     server.join(30)
     assert not server.is_alive() and not errors, errors
     assert len(received) == len(rounds)
@@ -174,10 +200,15 @@ def test_a_wrong_reply_size_fails_instead_of_hanging():
 def _run_child(mode: str, device: str, coordinator_device, body) -> int:
     """Rank 1 in a child process; `body(link)` runs rank 0 here. Returns the child's exit code."""
     store = _store()
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(store.port), mode, device], stdin=subprocess.DEVNULL)
+    fd = ReplyWindow.create_fd(WINDOW) if mode == "die-window" else None
+    window = None if fd is None else ReplyWindow(fd, WINDOW)
+    argv = [sys.executable, "-c", CHILD, str(store.port), mode, device] + ([] if fd is None else [str(fd)])
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=() if fd is None else (fd,))
+    if fd is not None:
+        os.close(fd)
     try:
         link = DraftLink(store, 0, 20.0, payload_device=coordinator_device,
-                         payload_backend="gloo-split" if mode == "die" else None)
+                         payload_backend="gloo-split" if mode == "die" else None, reply_window=window)
         body(link)
         return child.wait(timeout=30)
     finally:
@@ -186,15 +217,17 @@ def _run_child(mode: str, device: str, coordinator_device, body) -> int:
         child.wait()
 
 
-def test_a_dead_draft_fails_at_once():
+@pytest.mark.parametrize("mode", ["die", "die-window"])
+def test_a_dead_draft_fails_at_once(mode):
     def body(link):
-        assert link.transport == "gloo-split"
+        assert link.transport == ("gloo-split" if mode == "die" else "gloo")
+        assert (link.window is not None) == (mode == "die-window")
         link.send_request(_request(4, [1]))
         started = time.monotonic()
         with pytest.raises(DraftLinkError):
             link.recv_reply(6)  # timeout_s is 20: the closed connection must fail it well before
         assert time.monotonic() - started < 10
-    assert _run_child("die", "cpu", None, body) == 0
+    assert _run_child(mode, "cpu", None, body) == 0
 
 
 def test_cpu_and_a_shared_gpu_keep_gloo():
@@ -218,3 +251,15 @@ def test_distinct_gpus_use_nccl():
         assert got.device.type == "cpu" and torch.equal(got, words[-100:])
     torch.cuda.set_device(0)
     assert _run_child("echo", "cuda:1", torch.device("cuda:0"), body) == 0
+
+
+def test_reply_window_benchmark_runs():
+    """benchmarks/bench_reply_window.py: both transports are timed for every batch (the child
+    processes map the window through the inherited fd)."""
+    bench = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                         "benchmarks", "bench_reply_window.py"),
+                            "--batch", "1,2", "--vocab", "1000", "--rounds", "3"],
+                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert bench.returncode == 0, bench.stderr[-2000:]
+    rows = [line for line in bench.stdout.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert len(rows) == 2 and all(float(cell) > 0 for row in rows for cell in row.strip("| ").split(" | ")[2:])

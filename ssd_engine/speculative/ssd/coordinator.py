@@ -50,10 +50,10 @@ class AsyncDraftClient:
             self.process = DraftThread(spec, timeout_s)
             self.pid, self.link, self.name = None, self.process.link, "SSD draft thread"
         else:
-            self.process, self._store = spawn(spec, cores, threads, timeout_s)
+            self.process, self._store, window = spawn(spec, cores, threads, timeout_s)
             self.pid, self.name = self.process.pid, f"SSD draft process (pid {self.process.pid})"
             try:
-                self.link = DraftLink(self._store, 0, timeout_s, payload_device=device)
+                self.link = DraftLink(self._store, 0, timeout_s, payload_device=device, reply_window=window)
             except BaseException:
                 self.close()
                 raise

@@ -51,6 +51,9 @@ class QueueLink:
     def recv_request(self) -> torch.Tensor:
         return self.requests.get()
 
+    def reply_buffer(self, size: int) -> None:
+        return None  # the loop's own buffer crosses as it is (send_reply)
+
     def send_reply(self, frame: torch.Tensor) -> None:
         # no copy (a full-vocabulary reply is K x vocab floats a sequence): the loop reuses its reply
         # buffer only for the next request's reply, and the coordinator has copied this one's rows

@@ -19,6 +19,8 @@ NCCL sends the draft receives with NCCL (a dead coordinator takes the draft with
 `distributed/lifeline.py`). On any failure the NCCL group is aborted, so no kernel waits on a gone peer.
 `payload_backend="gloo-split"` (tests only, passed by both ends) runs that same split protocol
 with a second gloo group instead of NCCL, so it is exercised on CPU.
+With gloo alone and a `ReplyWindow` on both ends (a draft process on this host: reply_window.py),
+a reply that fits the window is written there and gloo carries only its size.
 """
 import datetime
 import time
@@ -28,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ssd_engine.speculative.ssd.codec import request_size
+from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 REQUEST_CAPACITY = 64 * 1024  # bytes: a round's news fits unless it brings long new prompts
 IDLE = datetime.timedelta(days=7)
@@ -48,6 +51,7 @@ class CoordinatorEnd(Protocol):
 class DraftEnd(Protocol):
     """What the draft's loop calls (draft/loop.py `serve`)."""
     def recv_request(self) -> torch.Tensor: ...
+    def reply_buffer(self, size: int) -> torch.Tensor | None: ...  # where to encode a reply in place, if anywhere
     def send_reply(self, frame: torch.Tensor) -> None: ...
 
 
@@ -67,7 +71,8 @@ def _gloo(store, rank: int):
 
 
 class DraftLink:
-    def __init__(self, store, rank: int, timeout_s: float, payload_device=None, payload_backend: str | None = None):
+    def __init__(self, store, rank: int, timeout_s: float, payload_device=None, payload_backend: str | None = None,
+                 reply_window: ReplyWindow | None = None):
         self.peer = 1 - rank
         self.timeout = datetime.timedelta(seconds=timeout_s)
         mine = _device_name(payload_device)
@@ -88,6 +93,8 @@ class DraftLink:
         else:
             self.transport, self.payload = "gloo", self.group
         self.split = self.payload is not self.group
+        # both ends are given a window or neither (process.py), and both see the same transport
+        self.window = reply_window if self.transport == "gloo" else None
         self.bell = torch.zeros(1, dtype=torch.int64)  # the doorbell: the size of the reply that follows
         self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device)  # the draft's
         self.reply_buf = torch.zeros(0, dtype=torch.uint8, device=self.device)
@@ -117,7 +124,12 @@ class DraftLink:
         self.in_flight[self.turn] = (works, rest)
 
     def recv_reply(self, size: int) -> torch.Tensor:
-        """The reply of `size` bytes as a host uint8 tensor (valid until the next call)."""
+        """The reply of `size` bytes as a host uint8 tensor (valid until the next request is sent)."""
+        if self.window is not None and self.window.fits(size):
+            self._wait(self.group.recv([self.bell], self.peer, REPLY))
+            if int(self.bell) != size:
+                self._fail(f"the draft announced a reply of {int(self.bell)} bytes, expected {size}")
+            return self.window.buffer[:size]
         if self.split:  # the doorbell first: once it rang, the draft is alive and its send is posted
             self._wait(self.group.recv([self.bell], self.peer, DOORBELL))
             if int(self.bell) != size:
@@ -140,8 +152,16 @@ class DraftLink:
         self._wait_payload(self.payload.recv([rest], self.peer, REST), patient=True)
         return torch.cat([frame, rest.cpu()])
 
+    def reply_buffer(self, size: int) -> torch.Tensor | None:
+        return self.window.buffer[:size] if self.window is not None and self.window.fits(size) else None
+
     def send_reply(self, frame: torch.Tensor) -> None:
         """Send one encoded reply (uint8)."""
+        if self.window is not None and self.window.fits(frame.numel()):
+            if not self.window.holds(frame):
+                self.window.buffer[:frame.numel()] = frame
+            self.bell[0] = frame.numel()
+            return self._wait(self.group.send([self.bell], self.peer, REPLY), patient=True)
         out = frame.contiguous().to(self.device)  # on CPU the tensor itself
         if not self.split:
             return self._wait(self.group.send([out], self.peer, REPLY), patient=True)

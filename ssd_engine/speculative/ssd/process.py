@@ -4,8 +4,10 @@ Like tensor-parallel workers it is a fresh interpreter (`python -m ssd_engine.sp
 pinned to its own cores on CPU or on its own GPU, started and awaited by distributed/supervise.py:
 it dies with the coordinator in every phase and finds it through a TCPStore on a kernel-picked
 port. It loads its model before announcing itself, so a draft that fails to load is reported at
-start-up with its exit code, never as a hang.
+start-up with its exit code, never as a hang. It inherits the reply window (reply_window.py), sized
+for the largest reply a round can bring.
 """
+import os
 import subprocess
 from dataclasses import asdict, dataclass
 
@@ -14,6 +16,9 @@ import torch.distributed as dist
 from ssd_engine.config_parts import CacheConfig, ModelConfig
 from ssd_engine.distributed import supervise
 from ssd_engine.engine.model_runner import RunnerSpec
+from ssd_engine.speculative.ssd import reply_window
+from ssd_engine.speculative.ssd.codec import ReplyLayout
+from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 READY_KEY = "draft/ready"
 
@@ -47,10 +52,23 @@ class DraftSpec:
 
 
 def spawn(spec: DraftSpec, cores: list[int] | None, threads: int,
-          timeout_s: float) -> tuple[subprocess.Popen, dist.TCPStore]:
-    """-> (process, store); returns once the draft has loaded its model and waits on the channel."""
+          timeout_s: float) -> tuple[subprocess.Popen, dist.TCPStore, ReplyWindow | None]:
+    """-> (process, store, the coordinator's view of the reply window); returns once the draft has
+    loaded its model and waits on the channel."""
     store = supervise.host_store(2)
     args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, spec=spec.to_args())
-    draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
+    if not reply_window.supported():
+        draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
+        supervise.wait_ready(store, [draft])
+        return draft.process, store, None
+    capacity = ReplyLayout(spec.k, (spec.vocab,) * spec.max_num_seqs).size  # every sequence sending whole rows
+    fd = ReplyWindow.create_fd(capacity)
+    try:
+        window = ReplyWindow(fd, capacity)
+        args.update(reply_fd=fd, reply_capacity=capacity)
+        draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY,
+                                pass_fds=(fd,))
+    finally:
+        os.close(fd)  # the mapping and the child's copy keep the memory
     supervise.wait_ready(store, [draft])
-    return draft.process, store
+    return draft.process, store, window

@@ -16,9 +16,11 @@ from ssd_engine.speculative.ssd.link import DraftEnd, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import READY_KEY, DraftSpec
 from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_request, encode_reply
 from ssd_engine.speculative.ssd.protocol import Kind, Reply
+from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 
-def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict) -> None:
+def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict,
+               reply_fd: int | None = None, reply_capacity: int = 0) -> None:
     spec = DraftSpec.from_args(spec)
     device = spec.runner.model.device
     if cores is not None:
@@ -29,7 +31,8 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     store = supervise.join_store(port, 2, supervise.STARTUP_TIMEOUT_S)
     server = build_server(spec)
     supervise.announce_ready(store, READY_KEY)
-    link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device))
+    window = None if reply_fd is None else ReplyWindow(reply_fd, reply_capacity)
+    link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device), reply_window=window)
     try:
         serve(link, server, spec)
     except DraftLinkError:
@@ -66,7 +69,10 @@ def serve(link: DraftEnd, server: DraftServer, spec: DraftSpec) -> None:
         wanted = request.wanted_ids
         if wanted:
             reply = Reply(server.timings(), server.lookup(wanted, request.backup))
-            encoded = encode_reply(reply, ReplyLayout.of(request, spec.k), spec.vocab, out=out)
-            out = encoded if encoded.numel() > out.numel() else out  # grows to the largest round seen
+            layout = ReplyLayout.of(request, spec.k)
+            shared = link.reply_buffer(layout.size)  # encoded in place where the link shares memory
+            encoded = encode_reply(reply, layout, spec.vocab, out=out if shared is None else shared)
+            if shared is None and encoded.numel() > out.numel():
+                out = encoded  # grows to the largest round seen
             link.send_reply(encoded)
         server.build(wanted)
