@@ -9,7 +9,9 @@ sequence (4 new tokens each), and every sequence new with a 2000-token prompt. E
 draft's side of a reply (the coordinator's of a request), decode the other end's; for a reply,
 "to proposal" is the coordinator's whole stretch from the received bytes to the verifier's dense
 [batch, K, vocab] probabilities on the host (decode + speculative/ssd/proposal_rows.py). Milliseconds per
-message, best of a few repeats of the mean over `n` calls (the machine may be shared).
+message, best of a few repeats of the mean over `n` calls (the machine may be shared). "host bytes
+of a GPU reply": what crosses to the coordinator's host when the reply arrives on its GPU (NCCL from
+the draft's GPU: the head before `ReplyLayout.wide_at`; whole rows stay on the GPU).
 """
 import argparse
 import time
@@ -52,15 +54,15 @@ def bench_replies(batch: int, k: int, vocab: int) -> None:
         specs = [Speculation(Source.HIT, list(range(k)), None if q is None else q[i], bonus_rank=0)
                  for i in range(batch)]
         request = Request(wanted=[Wanted(i, q_width(params, vocab)) for i in range(batch)])
-        layout = ReplyLayout.of(request, k)
+        layout = ReplyLayout.of(request, k, vocab)
         reply = Reply(DraftTimings(0.1, 0.2, 0.3, 0.4, 5), specs)
         out = torch.empty(layout.size, dtype=torch.uint8)
         n = 3 if support == vocab else 20
-        encode = _ms(lambda: encode_reply(reply, layout, vocab, out=out), n)
+        encode = _ms(lambda: encode_reply(reply, layout, out=out), n)
         decode = _ms(lambda: decode_reply(out, layout), n)
         host = torch.device("cpu")
         proposal = _ms(lambda: proposal_probs([s.q for s in decode_reply(out, layout).speculations], k, vocab, host), n)
-        print(f"| reply {name} | {encode:.2f} | {decode:.2f} | {proposal:.2f} | {layout.size} |")
+        print(f"| reply {name} | {encode:.2f} | {decode:.2f} | {proposal:.2f} | {layout.size} | {layout.wide_at} |")
 
 
 def bench_requests(batch: int) -> None:
@@ -73,7 +75,7 @@ def bench_requests(batch: int) -> None:
         frame = encode_request(request)
         encode = _ms(lambda: encode_request(request), n)
         decode = _ms(lambda: decode_request(frame), n)
-        print(f"| {name} | {encode:.3f} | {decode:.3f} | | {frame.numel()} |")
+        print(f"| {name} | {encode:.3f} | {decode:.3f} | | {frame.numel()} | |")
 
 
 def main() -> None:
@@ -85,7 +87,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"batch {args.batch}, K = {args.k}, vocab {args.vocab}, {args.threads} thread(s)\n")
-    print("| message | encode ms | decode ms | to proposal ms | bytes |\n|---|---|---|---|---|")
+    print("| message | encode ms | decode ms | to proposal ms | bytes | host bytes of a GPU reply |\n"
+          "|---|---|---|---|---|---|")
     bench_replies(args.batch, args.k, args.vocab)
     bench_requests(args.batch)
 

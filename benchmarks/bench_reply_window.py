@@ -20,11 +20,12 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ssd_engine.speculative.ssd.codec import ReplyLayout
 from ssd_engine.speculative.ssd.link import DraftLink
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 
-def _side(rank: int, path: str, fd: int, capacity: int, sizes: list[int], rounds: int, results) -> None:
+def _side(rank: int, path: str, fd: int, capacity: int, layouts: list[ReplyLayout], rounds: int, results) -> None:
     os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.set_num_threads(1)
     store = dist.FileStore(path, 2)
@@ -33,7 +34,8 @@ def _side(rank: int, path: str, fd: int, capacity: int, sizes: list[int], rounds
                                  reply_window=ReplyWindow(fd, capacity))}
     request = torch.zeros(64, dtype=torch.uint8)
     request.view(torch.int64)[0] = 64  # request_size: its own length
-    for size in sizes:
+    for layout in layouts:
+        size = layout.size
         rows = torch.rand(size // 4)
         own = torch.empty(size, dtype=torch.uint8)
         for name, link in links.items():
@@ -46,7 +48,7 @@ def _side(rank: int, path: str, fd: int, capacity: int, sizes: list[int], rounds
                     times.append(time.perf_counter() - started)
                 else:
                     link.recv_request()
-                    shared = link.reply_buffer(size)
+                    shared = link.reply_buffer(layout)
                     out = own if shared is None else shared
                     out.view(torch.float32).copy_(rows)  # the encode's copy of the q rows
                     link.send_reply(out)
@@ -62,14 +64,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=30)
     args = parser.parse_args()
     batches = [int(b) for b in args.batch.split(",")]
-    sizes = [4 * args.k * args.vocab * b for b in batches]
+    layouts = [ReplyLayout(args.k, (args.vocab,) * b, args.vocab) for b in batches]
+    sizes = [layout.size for layout in layouts]
     capacity = max(sizes)
     fd = ReplyWindow.create_fd(capacity)
     path = tempfile.mktemp(prefix="bench-reply-window-")
     results = mp.Manager().dict()
     try:
         # forked: the children inherit the window's fd, as the draft process does through pass_fds
-        mp.start_processes(_side, args=(path, fd, capacity, sizes, args.rounds, results), nprocs=2, start_method="fork")
+        mp.start_processes(_side, args=(path, fd, capacity, layouts, args.rounds, results), nprocs=2, start_method="fork")
     finally:
         os.close(fd)
         if os.path.exists(path):

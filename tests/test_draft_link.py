@@ -15,10 +15,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ssd_engine.speculative.ssd.codec import encode_request
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_reply, encode_request
 from ssd_engine.speculative.ssd.link import DOORBELL, REPLY, REQUEST_CAPACITY, DraftLink, DraftLinkError
-from ssd_engine.speculative.ssd.protocol import DraftParams, Entry, Request, Wanted
+from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Entry, Reply, Request, Speculation, Wanted
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow
+from ssd_engine.speculative.ssd.source import Source
 
 BACKENDS = [None, "gloo-split", "window"]
 WINDOW = 2048  # bytes: the tests' replies of 4000 bytes overflow it and cross over gloo
@@ -91,6 +92,11 @@ def _request(n_tokens: int, wanted: list[int]) -> torch.Tensor:
                                   wanted=[Wanted(i, 0) for i in wanted]))
 
 
+def _layout(width: int | None) -> ReplyLayout | None:
+    """A reply for one wanted sequence with a q slot of `width` floats: 72 + 4 x width bytes."""
+    return None if width is None else ReplyLayout(1, (width,), 10**6)
+
+
 def _bytes(n: int) -> torch.Tensor:
     return torch.randint(0, 256, (n,), dtype=torch.uint8)
 
@@ -99,34 +105,38 @@ def _bytes(n: int) -> torch.Tensor:
 def test_requests_and_replies_arrive_exactly(backend):
     coordinator, draft, _ = _pair(backend=backend)
     assert coordinator.transport == draft.transport == ("gloo" if backend in (None, "window") else backend)
-    # (request, reply size or 0): two rounds queued before the draft reads, overflowing requests,
-    # then rounds alternating the two send buffers with replies of varying sizes
-    rounds = [(_request(5, []), 0), (_request(TOKENS_PER_BUFFER + 37, []), 0), (_request(3, [1]), 6),
-              (_request(2 * TOKENS_PER_BUFFER, [1]), 4000), (_request(10, [1]), 1), (_request(7, [1]), 1500),
-              (_request(TOKENS_PER_BUFFER - 20, [1]), 33)]
+    # (request, reply layout or None): two rounds queued before the draft reads, overflowing
+    # requests, then rounds alternating the two send buffers with replies of varying sizes
+    rounds = [(_request(5, []), None), (_request(TOKENS_PER_BUFFER + 37, []), None), (_request(3, [1]), _layout(0)),
+              (_request(2 * TOKENS_PER_BUFFER, [1]), _layout(982)), (_request(10, [1]), _layout(1)),
+              (_request(7, [1]), _layout(357)), (_request(TOKENS_PER_BUFFER - 20, [1]), _layout(5))]
     assert rounds[-1][0].numel() < REQUEST_CAPACITY < rounds[1][0].numel()
-    replies = [_bytes(size) for _, size in rounds]
+    assert [layout.size for _, layout in rounds[2:]] == [72, 4000, 76, 1500, 92]
+    replies = [_bytes(layout.size if layout else 0) for _, layout in rounds]
     received, errors = [], []
 
     def serve():
         try:
             time.sleep(0.3)  # the coordinator's first sends go out before any receive is posted
-            for i, ((_, size), reply) in enumerate(zip(rounds, replies)):
+            for i, ((_, layout), reply) in enumerate(zip(rounds, replies)):
                 received.append(draft.recv_request().clone())
-                shared = draft.reply_buffer(size) if size else None
-                assert (shared is not None) == (backend == "window" and 0 < size <= WINDOW)
+                if layout is None:
+                    continue
+                shared = draft.reply_buffer(layout)  # the window, the split protocol's payload buffer, or none
+                in_place = backend == "gloo-split" or (backend == "window" and layout.size <= WINDOW)
+                assert (shared is not None) == in_place and (shared is None or shared.numel() == layout.size)
                 if shared is not None and i % 2:  # encoded in place, as the draft's loop does
                     shared.copy_(reply)
                     reply = shared
-                if size:
-                    draft.send_reply(reply)
+                draft.send_reply(reply)
         except BaseException as error:  # reported by the main thread
             errors.append(error)
     server = threading.Thread(target=serve, daemon=True)
     server.start()
-    for (words, size), reply in zip(rounds, replies):
+    for (words, layout), reply in zip(rounds, replies):
         coordinator.send_request(words)
-        if size:
+        if layout is not None:
+            size = layout.size
             got = coordinator.recv_reply(size)
             assert got.device.type == "cpu" and torch.equal(got, reply)
             in_window = coordinator.window is not None and got.data_ptr() == coordinator.window.buffer.data_ptr()
@@ -136,6 +146,41 @@ def test_requests_and_replies_arrive_exactly(backend):
     assert len(received) == len(rounds)
     for (words, _), got in zip(rounds, received):
         assert got.dtype == torch.uint8 and torch.equal(got, words)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reply_encoded_where_the_link_says_decodes_exactly(backend):
+    """The draft loop's path: encode into `reply_buffer` (the window, the split protocol's payload
+    buffer: on GPUs the rows never leave them) or a buffer of its own, send, decode on arrival."""
+    vocab, k = 300, 2
+    gen = torch.Generator().manual_seed(1)
+    rows = torch.rand(k, vocab, generator=gen)
+    rows /= rows.sum(-1, keepdim=True)
+    support = torch.zeros(k, vocab)
+    support[:, [3, 9]] = torch.tensor([[0.25, 0.75], [0.5, 0.5]])
+    reply = Reply(DraftTimings(0.5, 0.25, 0.125, 0.0625, 7),
+                  [Speculation(Source.JIT, [5, 6], support, bonus_rank=1), Speculation(Source.HIT, [1, 2], rows)])
+    # whole rows overflow the tests' window (over gloo); without them (verified one-hot) the reply fits it
+    for widths in [(2 * 2, vocab), (2 * 2, 0)]:
+        coordinator, draft, _ = _pair(backend=backend)
+        layout = ReplyLayout(k, widths, vocab)
+        assert (layout.size > WINDOW) == (widths[1] == vocab)
+        reply.speculations[1].q = rows if widths[1] == vocab else None
+
+        def serve():
+            draft.recv_request()
+            draft.send_reply(encode_reply(reply, layout, out=draft.reply_buffer(layout)))
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        coordinator.send_request(_request(3, [1, 2]))
+        back = decode_reply(coordinator.recv_reply(layout.size), layout)
+        server.join(30)
+        assert back.timings == reply.timings and [s.tokens for s in back.speculations] == [[5, 6], [1, 2]]
+        assert torch.equal(back.speculations[0].q.dense(vocab), support)
+        if widths[1] == vocab:
+            assert torch.equal(back.speculations[1].q, rows)
+        else:
+            assert back.speculations[1].q is None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -248,7 +293,7 @@ def test_distinct_gpus_use_nccl():
         assert link.transport == "nccl" and link.out_bufs[0].device == torch.device("cuda:0")
         link.send_request(words)
         got = link.recv_reply(100)
-        assert got.device.type == "cpu" and torch.equal(got, words[-100:])
+        assert got.device == torch.device("cuda:0") and torch.equal(got.cpu(), words[-100:])  # stays on the GPU
     torch.cuda.set_device(0)
     assert _run_child("echo", "cuda:1", torch.device("cuda:0"), body) == 0
 

@@ -17,15 +17,17 @@ def _support(k: int, ids: list[int], width: int, gen: torch.Generator) -> Suppor
     return SupportRows(torch.tensor([ids + pad] * k, dtype=torch.int32), values)
 
 
+@pytest.mark.parametrize("rows_on_device", [False, True])  # a reply decoded on the host, or held on the device
 @pytest.mark.parametrize("device", DEVICES)
-def test_every_row_kind_lands_bit_for_bit(device):
+def test_every_row_kind_lands_bit_for_bit(device, rows_on_device):
     k, draft_vocab, target_vocab = 3, 300, 320  # the target's ids past the draft's get probability 0
     gen = torch.Generator().manual_seed(0)
     full = torch.rand(k, draft_vocab, generator=gen)
     full /= full.sum(-1, keepdim=True)
     # different top_k, so the narrower is padded with id 0; its real support holds id 0 too
     narrow, wide = _support(k, [0, 7, 299], 4, gen), _support(k, [5, 6, 8, 9, 10, 11], 8, gen)
-    qs = [narrow, None, full, wide, full.clone()]
+    rows = full.to(device) if rows_on_device else full
+    qs = [narrow, None, rows, wide, rows.clone()]
     probs = proposal_probs(qs, k, target_vocab, torch.device(device))
     assert probs.shape == (5, k, target_vocab) and probs.device.type == device
     expected = torch.zeros(5, k, target_vocab)

@@ -42,7 +42,7 @@ def test_request_round_trip_with_new_sequences_and_overflow():
     for name in ("temperature", "top_p", "min_p"):
         assert got.__dict__[name] == torch.tensor(getattr(params, name), dtype=torch.float32).item()
     # the reply's layout follows from the request alone: both ends compute the same one
-    assert ReplyLayout.of(back, 4) == ReplyLayout.of(req, 4) == ReplyLayout(4, (0, 80))
+    assert ReplyLayout.of(back, 4, 80) == ReplyLayout.of(req, 4, 80) == ReplyLayout(4, (0, 80), 80)
     assert decode_request(encode_request(Request(kind=Kind.SHUTDOWN))).kind == Kind.SHUTDOWN
 
 
@@ -56,7 +56,9 @@ def _row(vocab, support, gen):
 @pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if torch.cuda.is_available() else []))
 def test_reply_round_trip_every_q_mode(device):
     """On a GPU the draft's rows sit on its device: they cross in one read (supports) and
-    non-blocking copies into a pinned buffer (whole rows), which must still land bit for bit."""
+    non-blocking copies into a pinned buffer (whole rows), which must still land bit for bit; a
+    reply encoded into a GPU buffer (the payload of a link between GPUs, or a draft thread's) keeps
+    its whole rows there and crosses to the host only up to `wide_at`."""
     vocab, k = 50, 3
     gen = torch.Generator().manual_seed(0)
     full = torch.stack([_row(vocab, vocab, gen) for _ in range(k)])
@@ -73,20 +75,37 @@ def test_reply_round_trip_every_q_mode(device):
     widths = [q_width(p, vocab) for p in params]
     assert widths == [vocab, 8, 8, 0, vocab, 8]
     assert [m for m, _ in q_slots(specs, tuple(widths), vocab)] == [QMode.FULL, QMode.COMPACT] + [QMode.ONE_HOT] * 4
-    layout = ReplyLayout(k, tuple(widths))
+    layout = ReplyLayout(k, tuple(widths), vocab)
+    # narrow slots first, in wanted order, then the wide ones: the host part ends where they begin
+    slot = 4 * k
+    narrow_end = layout.q_at + slot * 8 * 3
+    assert layout.wide_at == narrow_end and layout.size == narrow_end + slot * vocab * 2
+    assert layout.slots_at == (narrow_end, layout.q_at, layout.q_at + slot * 8, layout.q_at + slot * 16,
+                               narrow_end + slot * vocab, layout.q_at + slot * 16)
     timings = DraftTimings(0.25, 0.5, 0.125, 1 / 3, 12)
-    buf = encode_reply(Reply(timings, specs), layout, vocab, out=torch.full((layout.size + 10,), 7, dtype=torch.uint8))
-    assert buf.dtype == torch.uint8 and buf.numel() == layout.size
-    assert torch.equal(encode_reply(Reply(timings, specs), layout, vocab), buf)  # a buffer of its own (pinned on a GPU)
-    back = decode_reply(buf.clone(), layout)
-    assert back.timings == timings  # float64: the draft's timings arrive exactly
-    assert [s.bonus_rank for s in back.speculations] == [0, 32, -1, -1, -1, -1]
-    assert [s.source for s in back.speculations] == [s.source for s in specs]
-    assert [s.tokens for s in back.speculations] == [s.tokens for s in specs]
-    assert torch.equal(back.speculations[0].q, full) and torch.equal(back.speculations[1].q.dense(vocab), compact)  # bit-exact
-    assert all(s.q is None for s in back.speculations[2:])  # verified as one-hot: still exact
+    host = encode_reply(Reply(timings, specs), layout, out=torch.full((layout.size + 10,), 7, dtype=torch.uint8))
+    assert host.dtype == torch.uint8 and host.numel() == layout.size and host.device.type == "cpu"
+    assert torch.equal(encode_reply(Reply(timings, specs), layout), host)  # a buffer of its own (pinned on a GPU)
+    on_device = encode_reply(Reply(timings, specs), layout, out=torch.full((layout.size,), 7, dtype=torch.uint8, device=on))
+    assert on_device.device == on and torch.equal(on_device.cpu(), host)
+    for buf in (host.clone(), on_device):
+        back = decode_reply(buf, layout)
+        assert back.timings == timings  # float64: the draft's timings arrive exactly
+        assert [s.bonus_rank for s in back.speculations] == [0, 32, -1, -1, -1, -1]
+        assert [s.source for s in back.speculations] == [s.source for s in specs]
+        assert [s.tokens for s in back.speculations] == [s.tokens for s in specs]
+        whole = back.speculations[0].q
+        assert whole.device == buf.device and whole.data_ptr() == buf.data_ptr() + layout.slots_at[0]  # not copied
+        assert torch.equal(whole.cpu(), full) and torch.equal(back.speculations[1].q.dense(vocab), compact)  # bit-exact
+        assert all(s.q is None for s in back.speculations[2:])  # verified as one-hot: still exact
+    # the host reads nothing past wide_at: garbage there changes only the whole rows
+    spoiled = host.clone()
+    spoiled[layout.wide_at:] = 255
+    back = decode_reply(spoiled, layout)
+    assert back.timings == timings and [s.tokens for s in back.speculations] == [s.tokens for s in specs]
+    assert torch.equal(back.speculations[1].q.dense(vocab), compact) and not torch.equal(back.speculations[0].q, full)
     with pytest.raises(ValueError, match="2 tokens"):
-        encode_reply(Reply(timings, [Speculation(Source.FAST, [1, 2])]), ReplyLayout(k, (0,)), vocab)
+        encode_reply(Reply(timings, [Speculation(Source.FAST, [1, 2])]), ReplyLayout(k, (0,), vocab))
 
 
 # --------------------------------------------------------------------------- tree mask

@@ -15,13 +15,18 @@ Request = [int64 ints | float32 floats]
               draft samples with
 total_bytes leads, so the link reads a request's length from its first word (`request_size`).
 
-Reply = [float64 timings | int64 ints | float32 q slots], laid out by `ReplyLayout.of(request, k)`:
+Reply = [float64 timings | int64 ints | narrow q slots | wide q slots], laid out by
+`ReplyLayout.of(request, k, vocab)`:
     timings   [build_s, lookup_s, glue_s, step_s]
     ints      [step_rows], then per wanted [source, q_mode, bonus_rank, K tokens]
-    q slots   per wanted K * q_width floats: FULL rows as they are (the fast path: one copy each
-              way), COMPACT as [K x top_k int32 ids][K x top_k float32 probs], unused when ONE_HOT
+    q slots   per wanted K * q_width floats: COMPACT as [K x top_k int32 ids][K x top_k float32
+              probs], FULL rows as they are (the fast path: one copy each way), unused when ONE_HOT.
+              Narrow slots (COMPACT-sized) come first, wide ones (a whole row) last, each group in
+              wanted order: everything the host must read lies before `wide_at`, so a reply held on
+              a GPU crosses to the host only up to there and its whole rows stay on the GPU.
 """
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -90,10 +95,11 @@ class ReplyLayout:
     """Where everything sits in a reply; a function of the request, so both ends agree on it."""
     k: int
     q_widths: tuple[int, ...]  # per wanted sequence, floats per drafted position
+    vocab: int                 # the draft's proposable ids: a slot this wide carries whole rows
 
     @classmethod
-    def of(cls, request: Request, k: int) -> "ReplyLayout":
-        return cls(k, tuple(w.q_width for w in request.wanted))
+    def of(cls, request: Request, k: int, vocab: int) -> "ReplyLayout":
+        return cls(k, tuple(w.q_width for w in request.wanted), vocab)
 
     @property
     def ints_at(self) -> int:
@@ -102,6 +108,22 @@ class ReplyLayout:
     @property
     def q_at(self) -> int:
         return self.ints_at + INT * (1 + len(self.q_widths) * (3 + self.k))
+
+    @cached_property
+    def slots_at(self) -> tuple[int, ...]:
+        """Byte offset of each wanted sequence's q slot: narrow slots, then wide ones."""
+        at, offsets = self.q_at, {}
+        for wide in (False, True):
+            for i, width in enumerate(self.q_widths):
+                if (width == self.vocab) == wide:
+                    offsets[i] = at
+                    at += FLOAT * self.k * width
+        return tuple(offsets[i] for i in range(len(self.q_widths)))
+
+    @property
+    def wide_at(self) -> int:
+        """Where the wide slots begin: the bytes before it are all a host ever reads."""
+        return self.q_at + FLOAT * self.k * sum(w for w in self.q_widths if w != self.vocab)
 
     @property
     def size(self) -> int:
@@ -134,25 +156,28 @@ def q_slots(specs: list[Speculation], widths: tuple[int, ...], vocab: int) -> li
     return out
 
 
-def encode_reply(reply: Reply, layout: ReplyLayout, vocab: int, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`out`: a buffer to write into when it is large enough (the draft reuses one). Rows on a GPU
-    land in a pinned buffer without waiting copy by copy: one sync covers them all."""
-    k = layout.k
+def encode_reply(reply: Reply, layout: ReplyLayout, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`out`: a buffer to write into when it is large enough (the draft reuses one), on the host or
+    on a GPU (the link's payload buffer). Rows on a GPU land without waiting copy by copy: in a
+    pinned buffer, or straight into a GPU `out`; one stream sync covers the reply."""
+    k, vocab = layout.k, layout.vocab
     gpu = next((s.q.device for s in reply.speculations if isinstance(s.q, torch.Tensor) and s.q.is_cuda), None)
     buf = out[:layout.size] if out is not None and out.numel() >= layout.size else \
         torch.empty(layout.size, dtype=torch.uint8, pin_memory=gpu is not None)
-    raw = buf.numpy()
+    # what a host reads (timings, ints, narrow slots) is written on the host, in place when `buf` is there
+    head = buf[:layout.wide_at] if buf.device.type == "cpu" else torch.empty(layout.wide_at, dtype=torch.uint8,
+                                                                             pin_memory=True)
+    raw = head.numpy()
     t = reply.timings
     raw[:layout.ints_at].view(np.float64)[:] = (t.build_s, t.lookup_s, t.glue_s, t.step_s)
     ints = [t.step_rows]
-    at = layout.q_at
     slots = q_slots(reply.speculations, layout.q_widths, vocab)
-    for spec, width, (mode, support) in zip(reply.speculations, layout.q_widths, slots):
+    for spec, width, at, (mode, support) in zip(reply.speculations, layout.q_widths, layout.slots_at, slots):
         tokens = spec.tokens or [0] * k  # NONE: no speculation
         if len(tokens) != k:
             raise ValueError(f"a speculation of {len(tokens)} tokens, the reply carries {k}")
         ints += (int(spec.source), int(mode), spec.bonus_rank, *tokens)
-        slot = buf[at:at + FLOAT * k * width]
+        slot = (head if at < layout.wide_at else buf)[at:at + FLOAT * k * width]
         if mode == QMode.FULL:
             slot.view(torch.float32).view(k, width).copy_(spec.q, non_blocking=True)
         elif mode == QMode.COMPACT:
@@ -161,34 +186,36 @@ def encode_reply(reply: Reply, layout: ReplyLayout, vocab: int, out: torch.Tenso
             probs.copy_(support.probs)
         elif width:
             slot.zero_()  # an unused slot: nothing stale crosses
-        at += slot.numel()
     raw[layout.ints_at:layout.q_at].view(np.int64)[:] = ints
-    if gpu is not None:
-        torch.cuda.current_stream(gpu).synchronize()  # the FULL rows' copies (the draft's stream in a thread)
+    if buf.device.type != "cpu":
+        buf[:layout.wide_at].copy_(head, non_blocking=True)
+    if gpu is not None or buf.is_cuda:
+        # the rows' copies (on the draft's stream, in a thread): done before the reply is announced
+        torch.cuda.current_stream(gpu or buf.device).synchronize()
     return buf
 
 
 def decode_reply(buf: torch.Tensor, layout: ReplyLayout) -> Reply:
     """q rows come back as views of `buf`, FULL ones as [K, vocab] floats and COMPACT ones as
     `SupportRows`: the coordinator copies them into its proposal at once (a clone here was a second
-    copy of K x vocab floats per sequence; a dense COMPACT row a third)."""
+    copy of K x vocab floats per sequence; a dense COMPACT row a third). A `buf` on a GPU crosses
+    to the host up to `wide_at` only (one read): its whole rows stay there, views of `buf`."""
     k = layout.k
-    raw = buf.numpy()
+    head = buf if buf.device.type == "cpu" else buf[:layout.wide_at].cpu()
+    raw = head.numpy()
     build_s, lookup_s, glue_s, step_s = raw[:layout.ints_at].view(np.float64).tolist()
     ints = raw[layout.ints_at:layout.q_at].view(np.int64).tolist()
     specs = []
-    i, at = 1, layout.q_at
-    for width in layout.q_widths:
+    i = 1
+    for width, at in zip(layout.q_widths, layout.slots_at):
         source, mode, rank = Source(ints[i]), QMode(ints[i + 1]), ints[i + 2]
         spec = Speculation(source, ints[i + 3:i + 3 + k] if source != Source.NONE else [], bonus_rank=rank)
-        slot = buf[at:at + FLOAT * k * width]
         if mode == QMode.FULL:
-            spec.q = slot.view(torch.float32).view(k, width)  # a view of buf (see above)
+            spec.q = buf[at:at + FLOAT * k * width].view(torch.float32).view(k, width)  # a view of buf (see above)
         elif mode == QMode.COMPACT:
-            spec.q = SupportRows(*_compact_views(slot, k, width // 2))
+            spec.q = SupportRows(*_compact_views(head[at:at + FLOAT * k * width], k, width // 2))
         specs.append(spec)
         i += 3 + k
-        at += slot.numel()
     return Reply(DraftTimings(build_s, lookup_s, glue_s, step_s, ints[0]), specs)
 
 

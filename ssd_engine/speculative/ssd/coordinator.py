@@ -96,7 +96,7 @@ class AsyncDraftClient:
         self.finished = []
         if not wanted:
             return None
-        layout = ReplyLayout.of(request, self.k)
+        layout = ReplyLayout.of(request, self.k, self.vocab)
         reply = decode_reply(self.link.recv_reply(layout.size), layout)
         specs, t = reply.speculations, reply.timings
         self.replied_at = time.perf_counter()

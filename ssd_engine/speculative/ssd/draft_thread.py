@@ -21,6 +21,7 @@ import threading
 
 import torch
 
+from ssd_engine.speculative.ssd.codec import ReplyLayout
 from ssd_engine.speculative.ssd.link import DraftLinkError
 from ssd_engine.speculative.ssd.process import DraftSpec
 
@@ -51,8 +52,11 @@ class QueueLink:
     def recv_request(self) -> torch.Tensor:
         return self.requests.get()
 
-    def reply_buffer(self, size: int) -> None:
-        return None  # the loop's own buffer crosses as it is (send_reply)
+    def reply_buffer(self, layout: ReplyLayout) -> None:
+        # the loop's own host buffer crosses as it is (send_reply). A reply held on the GPU would keep
+        # whole rows there, but the coordinator would then read its head from the device: a second
+        # sync a round, beside the accepted tokens' (codec.py)
+        return None
 
     def send_reply(self, frame: torch.Tensor) -> None:
         # no copy (a full-vocabulary reply is K x vocab floats a sequence): the loop reuses its reply

@@ -20,7 +20,10 @@ NCCL sends the draft receives with NCCL (a dead coordinator takes the draft with
 `payload_backend="gloo-split"` (tests only, passed by both ends) runs that same split protocol
 with a second gloo group instead of NCCL, so it is exercised on CPU.
 With gloo alone and a `ReplyWindow` on both ends (a draft process on this host: reply_window.py),
-a reply that fits the window is written there and gloo carries only its size.
+a reply that fits the window is written there and gloo carries only its size. On the split
+protocol the draft encodes each reply straight into its payload buffer, and the coordinator hands
+on the received buffer as it is: between two GPUs a reply's whole q rows go GPU to GPU, never
+through either host (codec.py reads only the reply's narrow head on the host).
 """
 import datetime
 import time
@@ -29,7 +32,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 
-from ssd_engine.speculative.ssd.codec import request_size
+from ssd_engine.speculative.ssd.codec import ReplyLayout, request_size
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 REQUEST_CAPACITY = 64 * 1024  # bytes: a round's news fits unless it brings long new prompts
@@ -51,7 +54,7 @@ class CoordinatorEnd(Protocol):
 class DraftEnd(Protocol):
     """What the draft's loop calls (draft/loop.py `serve`)."""
     def recv_request(self) -> torch.Tensor: ...
-    def reply_buffer(self, size: int) -> torch.Tensor | None: ...  # where to encode a reply in place, if anywhere
+    def reply_buffer(self, layout: ReplyLayout) -> torch.Tensor | None: ...  # where to encode a reply in place, if anywhere
     def send_reply(self, frame: torch.Tensor) -> None: ...
 
 
@@ -97,6 +100,7 @@ class DraftLink:
         self.window = reply_window if self.transport == "gloo" else None
         self.bell = torch.zeros(1, dtype=torch.int64)  # the doorbell: the size of the reply that follows
         self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device)  # the draft's
+        # replies on the payload device: the coordinator receives into it, the draft encodes into it
         self.reply_buf = torch.zeros(0, dtype=torch.uint8, device=self.device)
         # gloo sends complete only once the peer posts its receive, and the draft posts it only
         # after building its cache: sends go out asynchronously from two alternating buffers
@@ -124,7 +128,8 @@ class DraftLink:
         self.in_flight[self.turn] = (works, rest)
 
     def recv_reply(self, size: int) -> torch.Tensor:
-        """The reply of `size` bytes as a host uint8 tensor (valid until the next request is sent)."""
+        """The reply of `size` bytes (uint8) where it arrived: the window, or the payload buffer on the
+        payload device (valid until the next request is sent)."""
         if self.window is not None and self.window.fits(size):
             self._wait(self.group.recv([self.bell], self.peer, REPLY))
             if int(self.bell) != size:
@@ -134,11 +139,9 @@ class DraftLink:
             self._wait(self.group.recv([self.bell], self.peer, DOORBELL))
             if int(self.bell) != size:
                 self._fail(f"the draft announced a reply of {int(self.bell)} bytes, expected {size}")
-        if self.reply_buf.numel() < size:
-            self.reply_buf = torch.zeros(size, dtype=torch.uint8, device=self.device)
-        view = self.reply_buf[:size]
+        view = self._reply_view(size)
         self._wait_payload(self.payload.recv([view], self.peer, REPLY))
-        return view.cpu()  # on a GPU, one copy of a few kilobytes; on CPU the view itself
+        return view
 
     # ---- draft --------------------------------------------------------------------------
     def recv_request(self) -> torch.Tensor:
@@ -152,8 +155,15 @@ class DraftLink:
         self._wait_payload(self.payload.recv([rest], self.peer, REST), patient=True)
         return torch.cat([frame, rest.cpu()])
 
-    def reply_buffer(self, size: int) -> torch.Tensor | None:
-        return self.window.buffer[:size] if self.window is not None and self.window.fits(size) else None
+    def reply_buffer(self, layout: ReplyLayout) -> torch.Tensor | None:
+        if self.window is not None and self.window.fits(layout.size):
+            return self.window.buffer[:layout.size]
+        return self._reply_view(layout.size) if self.split else None
+
+    def _reply_view(self, size: int) -> torch.Tensor:
+        if self.reply_buf.numel() < size:
+            self.reply_buf = torch.zeros(size, dtype=torch.uint8, device=self.device)
+        return self.reply_buf[:size]
 
     def send_reply(self, frame: torch.Tensor) -> None:
         """Send one encoded reply (uint8)."""
@@ -162,7 +172,7 @@ class DraftLink:
                 self.window.buffer[:frame.numel()] = frame
             self.bell[0] = frame.numel()
             return self._wait(self.group.send([self.bell], self.peer, REPLY), patient=True)
-        out = frame.contiguous().to(self.device)  # on CPU the tensor itself
+        out = frame.contiguous().to(self.device)  # the tensor itself when encoded in place (or on CPU)
         if not self.split:
             return self._wait(self.group.send([out], self.peer, REPLY), patient=True)
         self.bell[0] = out.numel()  # ring right before the payload send: the coordinator then posts its receive

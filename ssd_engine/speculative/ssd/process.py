@@ -61,7 +61,7 @@ def spawn(spec: DraftSpec, cores: list[int] | None, threads: int,
         draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
         supervise.wait_ready(store, [draft])
         return draft.process, store, None
-    capacity = ReplyLayout(spec.k, (spec.vocab,) * spec.max_num_seqs).size  # every sequence sending whole rows
+    capacity = ReplyLayout(spec.k, (spec.vocab,) * spec.max_num_seqs, spec.vocab).size  # every sequence sending whole rows
     fd = ReplyWindow.create_fd(capacity)
     try:
         window = ReplyWindow(fd, capacity)

@@ -33,12 +33,12 @@ def proposal_probs(qs: list[QRows], k: int, vocab: int, device: torch.device) ->
 
 def _copy_full(probs: torch.Tensor, rows: list[int], qs: list[torch.Tensor]) -> None:
     width = qs[0].shape[-1]
-    if probs.device.type == "cpu":
+    if all(q.device == probs.device for q in qs):  # on CPU, or a reply that stayed on the GPU (codec.py)
         for i, q in zip(rows, qs):
             probs[i, :, :width] = q
         return
-    # staged in pinned memory: the copy up is then non-blocking without another host copy (the
-    # rows are views of the link's reply buffer, which is pageable)
+    # host rows staged in pinned memory: the copy up is then non-blocking without another host copy
+    # (the rows are views of a pageable reply buffer or window)
     staged = torch.empty(len(rows), *qs[0].shape, pin_memory=True)
     for j, q in enumerate(qs):
         staged[j] = q

@@ -69,9 +69,9 @@ def serve(link: DraftEnd, server: DraftServer, spec: DraftSpec) -> None:
         wanted = request.wanted_ids
         if wanted:
             reply = Reply(server.timings(), server.lookup(wanted, request.backup))
-            layout = ReplyLayout.of(request, spec.k)
-            shared = link.reply_buffer(layout.size)  # encoded in place where the link shares memory
-            encoded = encode_reply(reply, layout, spec.vocab, out=out if shared is None else shared)
+            layout = ReplyLayout.of(request, spec.k, spec.vocab)
+            shared = link.reply_buffer(layout)  # encoded in place: the link's shared memory or payload buffer
+            encoded = encode_reply(reply, layout, out=out if shared is None else shared)
             if shared is None and encoded.numel() > out.numel():
                 out = encoded  # grows to the largest round seen
             link.send_reply(encoded)
