@@ -59,7 +59,7 @@ def update_readme(raw: dict, base: str, readme: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    from suite import isolate, options, plots, report
+    from suite import host_speed, isolate, options, plots, report
     from suite.machine import machine_line
     from ssd_engine.machine import describe
 
@@ -71,10 +71,13 @@ def main(argv: list[str] | None = None) -> dict:
         return raw
     opts = options.parse(argv)
     prompt_sets = {name: load_prompts(name, opts.num_prompts) for name in opts.prompt_sets}
+    speed_before = host_speed.measure()
     results = isolate.run_modes(opts.modes, opts, prompt_sets)
+    speed_after = host_speed.measure()
 
     stamp = datetime.date.today().isoformat()
-    raw = {"date": stamp, "machine": machine_line(opts.device), "cpu": describe(), "placement": opts.placement_text(),
+    raw = {"date": stamp, "machine": machine_line(opts.device) + "; " + host_speed.describe(speed_before, speed_after),
+           "host_speed": host_speed.as_dict(speed_before, speed_after), "cpu": describe(), "placement": opts.placement_text(),
            "command": "python benchmarks/bench.py " + " ".join(argv), "target": opts.model, "draft": opts.draft,
            "temperature": opts.temperature, "new_tokens": opts.new_tokens, "num_prompts": opts.num_prompts,
            "prompt_sets": opts.prompt_sets, "batch": opts.batch, "k": opts.k, "dtype": opts.dtype,

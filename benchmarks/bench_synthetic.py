@@ -94,7 +94,7 @@ def bench_argv(a, mode: str, alpha: float | None = None, budget: int | None = No
 
 
 def run_sweep(a) -> dict:
-    from suite import isolate, options
+    from suite import host_speed, isolate, options
     from suite.machine import machine_line
     from ssd_engine.machine import describe
     from ssd_engine.models.loader import load_config
@@ -102,6 +102,7 @@ def run_sweep(a) -> dict:
     vocab = min(load_config(a.target, "dummy").vocab_size, load_config(a.draft, "dummy").vocab_size)
     prompt_sets = {"random-ids": random_prompts(a.num_prompts, a.prompt_len, vocab)}
     ar_opts = options.parse(bench_argv(a, "ar"))
+    speed_before = host_speed.measure()
     sweep = {"date": datetime.date.today().isoformat(), "machine": machine_line(a.device), "cpu": describe(),
              "placement": ar_opts.placement_text(), "target": shown(a.target), "draft": shown(a.draft),
              "command": "python benchmarks/bench_synthetic.py " + " ".join(a.argv), "prompt_len": a.prompt_len,
@@ -118,6 +119,9 @@ def run_sweep(a) -> dict:
                 ssd = isolate.run_modes(["ssd"], opts, prompt_sets)["ssd"]
                 sweep["runs"].append({"mode": "ssd", "alpha": alpha, "budget": budget, "hit": hit,
                                       "rows": ssd["rows"], "peaks": ssd["peaks"]})
+    speed_after = host_speed.measure()
+    sweep["machine"] += "; " + host_speed.describe(speed_before, speed_after)
+    sweep["host_speed"] = host_speed.as_dict(speed_before, speed_after)
     return sweep
 
 

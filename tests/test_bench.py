@@ -2,16 +2,19 @@
 checkpoints (greedy outputs equal across engines, cells and files complete), and its arithmetic
 (decode throughput without prefill, batching, the README section) on hand-made numbers."""
 import json
+import math
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import bench  # noqa: E402
-from suite import isolate, options, ours  # noqa: E402
+from suite import host_speed, isolate, options, ours  # noqa: E402
 from suite.goals import goal_lines  # noqa: E402
 from suite.machine import machine_line  # noqa: E402
 from suite.measure import Request, batches, cell  # noqa: E402
@@ -122,6 +125,8 @@ def test_files_tables_and_plots_are_written(run):
     saved = json.loads((out / f"{stamp}-bench-t.json").read_text())
     assert saved["machine"].count("commit ") == 1 and "cores [1]" in saved["placement"]
     assert saved["cpu"]["visible_cores"] == os.cpu_count() and saved["machine"].startswith(saved["cpu"]["cpu_model"])
+    assert "; host speed before / after the run: fp32 GEMM " in saved["machine"]
+    assert set(saved["host_speed"]) == {"before", "after"}
     text = (out / f"{stamp}-bench-t.md").read_text()
     assert text == render(saved)  # the JSON alone reproduces the report
     table = headline(saved, 1)
@@ -170,6 +175,29 @@ def test_cpu_model_and_flags_are_in_every_machine_line(monkeypatch):
     assert machine_line().startswith(f"Test CPU 9000 (avx2, avx512_bf16), {os.cpu_count()} cores visible; torch ")
     monkeypatch.setattr(ssd_engine.machine, "cpu_flags", lambda: [])
     assert machine_line().startswith("Test CPU 9000 (no AVX2 / AVX-512 / AMX), ")
+
+
+def test_host_speed_is_measured_on_one_thread_and_leaves_torch_threads_alone():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        speed = host_speed.measure()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert all(math.isfinite(value) and value > 0 for value in asdict(speed).values())
+
+
+def test_a_run_whose_host_changed_speed_is_marked():
+    before = host_speed.HostSpeed(gemm_gflops=100.0, copy_gbps=20.0, python_msteps=40.0)
+    steady = host_speed.describe(before, host_speed.HostSpeed(95.0, 21.0, 38.0))
+    assert steady == ("host speed before / after the run: fp32 GEMM 100.0 / 95.0 GFLOP/s, copy 20.0 / 21.0 GB/s "
+                      "(1 thread), Python 40.0 / 38.0 M loop steps/s")
+    slowed = host_speed.HostSpeed(100.0, 0.5, 40.0)  # memory copies 40x slower: the figure decode depends on
+    assert host_speed.drift(before, slowed) == pytest.approx(0.975)
+    assert host_speed.describe(before, slowed).endswith(
+        "(the host's speed moved 98% while it ran: compare this run's figures with care)")
+    assert host_speed.drift(slowed, before) == pytest.approx(39.0)  # a host that recovered is marked too
 
 
 def test_sd_all_and_auto_get_both_core_sets_and_auto_no_k_sweep():

@@ -68,5 +68,6 @@ def test_a_tiny_sweep_writes_every_cell_with_its_prediction(tmp_path):
     assert ssd["predicted_own_verify"] > 0 and cells[0]["predicted_own_verify"] is None  # SSD's own verify time
     saved = json.loads((out / f"{stamp}-synthetic-t.json").read_text())
     assert saved["cpu"]["cpu_model"] and saved["target"] == "t" and saved["ar"]["costs"]["target_forward_s"]
+    assert set(saved["host_speed"]) == {"before", "after"} and "; host speed before / after" in saved["machine"]
     text = (out / f"{stamp}-synthetic-t.md").read_text()
     assert "outputs are not the target's" in text and "| ssd | 0.6 | 2 | 1 | 2 | 1.00 |" in text
