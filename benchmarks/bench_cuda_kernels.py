@@ -108,10 +108,15 @@ def engine_rows(device: str, dtype: str, config, batches, prompt_len: int, new_t
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench_cuda_kernels.py",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(sys.argv[1:] if argv is None else argv)
     if args.smoke:  # before any kernel is imported; graphs emulated so every row's path runs
         os.environ["TRITON_INTERPRET"] = "1"
         os.environ["SSD_ENGINE_EMULATE_CUDA_GRAPHS"] = "1"

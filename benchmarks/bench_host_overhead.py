@@ -216,15 +216,25 @@ def render(rows: list[dict], machine: str, command: str, device: str = "cpu") ->
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python benchmarks/bench_host_overhead.py",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--modes", default="ar,sd")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--device", default="cpu", help="cpu (the GPU path emulated) or cuda (real graphs)")
-    argv = sys.argv[1:] if argv is None else argv
     opts = parser.parse_args(argv)
+    if unknown := [m for m in opts.modes.split(",") if m not in ("ar", "sd")]:
+        parser.error(f"--modes: unknown mode {unknown[0]!r}; choose from ar, sd")
+    if opts.device != "cpu" and not opts.device.startswith("cuda"):
+        parser.error(f"--device must be cpu or cuda, got {opts.device!r}")
+    return opts
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    argv = sys.argv[1:] if argv is None else argv
+    opts = parse(argv)
     if opts.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are imported
     from bench_ops import tiny_pair

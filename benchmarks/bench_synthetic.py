@@ -93,6 +93,17 @@ def bench_argv(a, mode: str, alpha: float | None = None, budget: int | None = No
     return argv
 
 
+def sweep_runs(a) -> list[dict]:
+    """The sweep's runs in order, each with bench.py's flags: AR once, then per alpha SD and SSD at every
+    budget and hit rate (a GPU session can check them all without running one)."""
+    runs = [{"mode": "ar", "argv": bench_argv(a, "ar")}]
+    for alpha in a.alpha:
+        runs.append({"mode": "sd", "alpha": alpha, "argv": bench_argv(a, "sd", alpha)})
+        runs += [{"mode": "ssd", "alpha": alpha, "budget": budget, "hit": hit,
+                  "argv": bench_argv(a, "ssd", alpha, budget, hit)} for budget in a.budget for hit in a.hit]
+    return runs
+
+
 def run_sweep(a) -> dict:
     from suite import host_speed, isolate, options
     from suite.machine import machine_line
@@ -101,7 +112,8 @@ def run_sweep(a) -> dict:
 
     vocab = min(load_config(a.target, "dummy").vocab_size, load_config(a.draft, "dummy").vocab_size)
     prompt_sets = {"random-ids": random_prompts(a.num_prompts, a.prompt_len, vocab)}
-    ar_opts = options.parse(bench_argv(a, "ar"))
+    ar_run, *runs = sweep_runs(a)
+    ar_opts = options.parse(ar_run["argv"])
     speed_before = host_speed.measure()
     sweep = {"date": datetime.date.today().isoformat(), "machine": machine_line(a.device), "cpu": describe(),
              "placement": ar_opts.placement_text(), "target": shown(a.target), "draft": shown(a.draft),
@@ -109,16 +121,12 @@ def run_sweep(a) -> dict:
              "num_prompts": a.num_prompts, "new_tokens": a.new_tokens, "fallback": a.fallback, "prefix": a.prefix,
              "reps": a.reps, "alpha": a.alpha, "k": a.k, "budget": a.budget, "hit": a.hit, "batch": a.batch,
              "ar": isolate.run_modes(["ar"], ar_opts, prompt_sets)["ar"], "runs": []}
-    for alpha in a.alpha:
-        sd = isolate.run_modes(["sd"], options.parse(bench_argv(a, "sd", alpha)), prompt_sets)["sd"]
-        sweep["runs"].append({"mode": "sd", "alpha": alpha, "rows": sd["rows"],
-                              "draft_forward_s": sd["costs"].get("draft_forward_s")})
-        for budget in a.budget:
-            for hit in a.hit:
-                opts = options.parse(bench_argv(a, "ssd", alpha, budget, hit))
-                ssd = isolate.run_modes(["ssd"], opts, prompt_sets)["ssd"]
-                sweep["runs"].append({"mode": "ssd", "alpha": alpha, "budget": budget, "hit": hit,
-                                      "rows": ssd["rows"], "peaks": ssd["peaks"]})
+    for run in runs:
+        mode, argv = run.pop("mode"), run.pop("argv")
+        result = isolate.run_modes([mode], options.parse(argv), prompt_sets)[mode]
+        extra = ({"draft_forward_s": result["costs"].get("draft_forward_s")} if mode == "sd"
+                 else {"peaks": result["peaks"]})
+        sweep["runs"].append({"mode": mode, **run, "rows": result["rows"], **extra})
     speed_after = host_speed.measure()
     sweep["machine"] += "; " + host_speed.describe(speed_before, speed_after)
     sweep["host_speed"] = host_speed.as_dict(speed_before, speed_after)
