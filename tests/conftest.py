@@ -17,6 +17,9 @@ import torch
 # order the files are collected in (a test asking for a non-interpreted CPU run unsets it itself)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# emulated CUDA graphs fail a test where a real capture would refuse the code or replay other launches
+# (profiling/graph_fidelity.py); spawned draft processes and TP workers inherit it
+os.environ.setdefault("SSD_ENGINE_CHECK_GRAPHS", "1")
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 if TESTS_DIR not in sys.path:

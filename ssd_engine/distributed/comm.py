@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ssd_engine.distributed.shm_collectives import ShmCollectives
+from ssd_engine.profiling.launches import one_kernel
 
 IDLE_TIMEOUT = datetime.timedelta(days=7)
 COMMAND_BYTES = 4096  # one broadcast carries a command this size; a longer one takes a second
@@ -52,9 +53,10 @@ class TPGroup:
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.size > 1:
-            if self.shm is not None and tensor.is_contiguous() and self.shm.fits(tensor):
-                return self.shm.all_reduce(tensor)
-            self._data.allreduce([tensor]).wait()
+            with one_kernel("all_reduce", tensor):  # one NCCL kernel on a GPU, in place
+                if self.shm is not None and tensor.is_contiguous() and self.shm.fits(tensor):
+                    return self.shm.all_reduce(tensor)
+                self._data.allreduce([tensor]).wait()
         return tensor
 
     def gather_columns(self, local: torch.Tensor, sizes: list[int]) -> torch.Tensor | None:

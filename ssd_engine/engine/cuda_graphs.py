@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ssd_engine.layers.attention import AttentionMetadata
+from ssd_engine.profiling.graph_fidelity import emulated_graph
 
 
 EMULATE = "SSD_ENGINE_EMULATE_CUDA_GRAPHS"  # "1": the static-buffer path on CPU too (read as runners are built)
@@ -99,8 +100,11 @@ def copy_runs(pairs: list[tuple]) -> None:
 
 class GraphRunner:
     def __init__(self, forward, *, cap: int, max_pages: int, block_size: int, pad_slot: int,
-                 device: torch.device, capture: str) -> None:
+                 device: torch.device, capture: str, recorded: bool = True) -> None:
         self.forward = forward  # (input_ids, positions, meta) -> hidden [T, H]
+        # emulated replays checked against their capture (profiling/graph_fidelity.py) unless the
+        # forward is compiled: Dynamo runs no compiled code under the checker's Python modes
+        self.recorded = recorded
         self.sizes = bucket_sizes(cap)
         self.max_pages, self.block_size, self.pad_slot, self.device = max_pages, block_size, pad_slot, device
         self.capture = capture
@@ -131,6 +135,7 @@ class GraphRunner:
     def add_shapes(self, keys: list[tuple]) -> None:
         self.shapes.update(keys)
 
+    @torch.inference_mode()  # the mode the steps replay in (the ops dispatched are the same)
     def capture_all(self, keys: list[tuple]) -> None:
         """Capture every row bucket of each (kind, width) key now, on the empty static buffers (rows
         without keys, K/V written to the padding slot), instead of during the first requests."""
@@ -236,6 +241,9 @@ class GraphRunner:
         input_ids, positions, meta = self._view(family, size)
         run = lambda: self.forward(input_ids, positions, meta)
         if self.capture == "emulate":
+            if self.recorded:
+                kind = "tree" if family.meta.is_tree else "paged"
+                run = emulated_graph(run, f"{family.meta.max_query_len}-token {kind} step x {size} rows")
             out = run()
             return (lambda: out.copy_(run())), out
         side = torch.cuda.Stream(self.device)  # warm-up off the capture stream (allocator, cuBLAS handles)

@@ -159,7 +159,8 @@ class ModelRunner:
             return None
         return GraphRunner(self.hidden, cap=cap, max_pages=-(-max_position // self.block_size),
                            block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
-                           capture="cuda" if self.device.type == "cuda" else "emulate")
+                           capture="cuda" if self.device.type == "cuda" else "emulate",
+                           recorded=self.compiled is None)
 
     def _piecewise_graphs(self, cap: int) -> PiecewiseGraphs | None:
         """Piecewise graphs (engine/piecewise_graphs.py) where whole-step ones run, for the steps they

@@ -25,6 +25,8 @@ import time
 
 import torch
 
+from ssd_engine.profiling.graph_fidelity import emulated_graph
+
 MAX_TOKENS = 512
 SMALLEST = 8
 
@@ -72,6 +74,7 @@ class PiecewiseGraphs:
         replay()
         self.replay_seconds += time.perf_counter() - started
 
+    @torch.inference_mode()  # the mode the steps replay in (the ops dispatched are the same)
     def capture_all(self) -> None:
         """Capture every bucket now (a GPU at start-up), largest first so the smaller ones reuse the pool."""
         for size in reversed(self.sizes):
@@ -107,6 +110,9 @@ class PiecewiseGraphs:
             self._make_buffers()
         pieces = [lambda index=index: self._piece(index, size) for index in range(len(self.model.layers) + 1)]
         if self.capture == "emulate":  # nothing run ahead (under the interpreter a piece is slow)
+            pieces = [emulated_graph(piece, f"piece {index} of the {size}-token bucket")
+                      for index, piece in enumerate(pieces)]
+
             def last():
                 self.outputs[size] = pieces[-1]()
             self.graphs[size] = pieces[:-1] + [last]

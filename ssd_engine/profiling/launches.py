@@ -1,4 +1,4 @@
-"""Triton launches as the op counter sees them: one kernel each.
+"""Triton launches (and other work a GPU runs as one kernel) as the op counter sees them: one kernel each.
 
 A Triton kernel is one launch on a GPU whatever its host side does (under TRITON_INTERPRET=1 on
 CPU, numpy copies in and out). Each launcher in `kernels/` runs inside `kernel_launch(name, *tensors)`,
@@ -47,9 +47,19 @@ def stop_listening(listener: LaunchListener) -> None:
 
 @contextmanager
 def kernel_launch(name: str, *tensors: torch.Tensor):
+    """A Triton launch: one kernel, and one launch at a time under the interpreter."""
     with ExitStack() as stack:
         if os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes"):
             stack.enter_context(_interpreter)
+        stack.enter_context(one_kernel(name, *tensors))
+        yield
+
+
+@contextmanager
+def one_kernel(name: str, *tensors: torch.Tensor):
+    """Work a GPU runs as one kernel, whatever runs on the host here (a Triton launch, a collective
+    that is one NCCL kernel there): the listeners hear one kernel handed `tensors`."""
+    with ExitStack() as stack:
         for listener in list(_listeners):
             stack.enter_context(listener.kernel(name, tensors))
         yield

@@ -60,7 +60,7 @@ def tensors_in(value) -> list[torch.Tensor]:
     return []
 
 
-def _storage(t: torch.Tensor) -> int | None:
+def storage_address(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # opaque tensors (oneDNN's packed weights) have none
@@ -77,8 +77,8 @@ def kind_of(func, args, kwargs, out) -> str:
     outputs = tensors_in(out)
     if not outputs:
         return "compute"
-    inputs = {s for t in tensors_in((args, kwargs)) if (s := _storage(t))}
-    return "view" if all(_storage(t) in inputs for t in outputs) else "compute"
+    inputs = {s for t in tensors_in((args, kwargs)) if (s := storage_address(t))}
+    return "view" if all(storage_address(t) in inputs for t in outputs) else "compute"
 
 
 class OpCounter(launches.HearsLaunches, TorchDispatchMode):

@@ -111,7 +111,7 @@ class SyncCounter(TorchFunctionMode):
             return DATA_DEPENDENT[func]
         if func is T.to and _moves_to_host(args, kwargs):
             return "cpu"
-        if func in (T.__getitem__, T.__setitem__) and len(args) > 1 and _bool_index(args[1]):
+        if func in (T.__getitem__, T.__setitem__) and len(args) > 1 and bool_index(args[1]):
             return "mask_index"
         if func in (torch.repeat_interleave, T.repeat_interleave) and "output_size" not in kwargs and \
                 isinstance(args[-1] if len(args) <= 2 else args[1], torch.Tensor):
@@ -161,6 +161,6 @@ def _moves_to_host(args, kwargs) -> bool:
     return any(isinstance(a, str) and a.split(":")[0] == "cpu" for a in targets)
 
 
-def _bool_index(index) -> bool:
+def bool_index(index) -> bool:
     parts = index if isinstance(index, tuple) else (index,)
     return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
