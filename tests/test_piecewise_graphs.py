@@ -56,6 +56,7 @@ def test_ragged_steps_replay_pieces_and_match_eager(tiny_model_dir, emulated, fu
     tables = [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
     prefill = StepInputs([0, 0], [list(range(5, 14)), list(range(30, 35))], tables[:2], [[8], [3, 4]])
     mixed = StepInputs([9, 5, 0], [[40], [41], list(range(50, 63))], tables, [[0], [0], [12]])
+    outputs = []
     for step, bucket in ((prefill, 16), (mixed, 16)):
         before = graphed.kv_cache.clone()
         logits = graphed.run(step)
@@ -64,7 +65,9 @@ def test_ragged_steps_replay_pieces_and_match_eager(tiny_model_dir, emulated, fu
         written = (graphed.kv_cache != before).any(dim=-1).any(dim=-1).any(dim=1).any(dim=0)
         assert written.sum().item() == sum(len(fed) for fed in step.token_ids)  # padding rows write no K/V
         torch.testing.assert_close(graphed.kv_cache[:, :, :eager.kv_cache.shape[2]], eager.kv_cache)  # + a padding page
+        outputs.append(graphed.piecewise.outputs[bucket].data_ptr())
     assert graphed.piecewise.replayed == {16: 2}
+    assert outputs[0] == outputs[1]  # one output buffer a bucket, rewritten by each replay, as a real graph's
     decode = StepInputs([10, 6, 13], [[70], [71], [72]], tables, [[0]] * 3)
     torch.testing.assert_close(graphed.run(decode), eager.run(decode))
     assert graphed.piecewise.replayed == {16: 2}  # a uniform decode step is the whole-step graph's

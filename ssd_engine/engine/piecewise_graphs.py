@@ -45,7 +45,7 @@ class PiecewiseGraphs:
         self.sizes = token_buckets(largest or MAX_TOKENS)
         self.device, self.capture = device, capture
         self.graphs: dict[int, list] = {}  # bucket -> one replay per piece
-        # bucket -> the last piece's hidden states: its graph's output (emulated: the last run's)
+        # bucket -> the last piece's hidden states: its graph's output, one buffer each replay rewrites
         self.outputs: dict[int, torch.Tensor] = {}
         self.replayed: dict[int, int] = {}  # bucket -> steps it ran (tests, benchmarks)
         self.replay_seconds = 0.0  # host seconds inside replay calls, as GraphRunner's
@@ -113,8 +113,12 @@ class PiecewiseGraphs:
             pieces = [emulated_graph(piece, f"piece {index} of the {size}-token bucket")
                       for index, piece in enumerate(pieces)]
 
-            def last():
-                self.outputs[size] = pieces[-1]()
+            def last():  # a real graph's output is one buffer that each replay rewrites
+                out = pieces[-1]()
+                if size in self.outputs:
+                    self.outputs[size].copy_(out)
+                else:
+                    self.outputs[size] = out
             self.graphs[size] = pieces[:-1] + [last]
             return self.graphs[size]
         stream = torch.cuda.current_stream(self.device)
