@@ -4,10 +4,13 @@
 #     bash scripts/gpu_check.sh OUT                       # every stage, in order
 #     bash scripts/gpu_check.sh OUT tests anchor          # some stages (the device tool allows 10 minutes a call)
 #
+# Each stage's whole output goes to OUT as it is written, so a call stopped at its time limit still returns
+# what ran; a stage that outlasts one call is split by naming fewer stages a call.
+#
 # Stages:
 #   tests      the CUDA tests (real kernels, fused layer kernels, real CUDA graph capture, greedy AR/SD/SSD equal
-#              to transformers in fp32, bf16 greedy within the fp64 recompute's tolerance), eager and with every
-#              runner compiled
+#              to transformers in fp32, bf16 greedy within the fp64 recompute's tolerance)
+#   tests-compiled  the engine's CUDA tests again with every runner compiled (inductor: minutes of compiling)
 #   kernels    the Triton attention kernels against the torch reference, and engine decode per backend
 #   bandwidth  one decode step at the default pair's shapes (bf16, batch 1/8/32, context 512) against the
 #              measured HBM ceiling: graphed (fused Triton layer kernels), graphed with torch's ops, graphed +
@@ -27,10 +30,10 @@
 set -u
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-tests kernels bandwidth anchor host synthetic}
+stages=${*:-tests tests-compiled kernels bandwidth anchor host synthetic}
 day=$(date +%F)
 mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET SSD_ENGINE_EMULATE_CUDA_GRAPHS
 shapes=configs/shapes
 target=$shapes/qwen2.5-coder-1.5b-instruct
@@ -45,9 +48,12 @@ for stage in $stages; do
             tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py
             tests/test_bf16_exactness.py tests/test_fused_layer_ops.py tests/test_piecewise_graphs.py
             tests/test_proposal_rows.py tests/test_ssd_units.py"
-        python -m pytest -q -rs $cuda_tests 2>&1 | tail -40 | tee "$out/$day-cuda-tests.txt"
-        python -m pytest -q -rs --compile-model tests/test_cuda_path.py tests/test_cuda_graphs.py 2>&1 \
-            | tail -40 | tee "$out/$day-cuda-tests-compiled.txt"
+        # the whole log is written as it runs: a call stopped at its time limit still brings back how far it got
+        python -m pytest -q -rs --durations=15 $cuda_tests 2>&1 | tee "$out/$day-cuda-tests.txt" | tail -40
+        ;;
+    tests-compiled)
+        python -m pytest -q -rs --durations=15 --compile-model tests/test_cuda_path.py tests/test_cuda_graphs.py 2>&1 \
+            | tee "$out/$day-cuda-tests-compiled.txt" | tail -40
         ;;
     kernels)
         python benchmarks/bench_cuda_kernels.py 2>/dev/null | tee "$out/$day-cuda-kernels.md"
@@ -74,7 +80,7 @@ for stage in $stages; do
             --k 2,4,8 --budget 2,4,8 --hit 0.9 --batch 1,8 --new-tokens 64 --tag sweep-cuda --out "$out"
         ;;
     *)
-        echo "unknown stage $stage (tests kernels bandwidth anchor host synthetic)" >&2
+        echo "unknown stage $stage (tests tests-compiled kernels bandwidth anchor host synthetic)" >&2
         exit 2
         ;;
     esac
