@@ -78,8 +78,8 @@ class _Recorder(TorchDispatchMode):
     def _tensor(self, t: torch.Tensor) -> tuple:
         address = storage_address(t)
         origin = ("made", self.made[address]) if address in self.made else ("outside", address)
-        return origin, tuple(t.shape), t.stride() if t.layout == torch.strided else None, t.dtype, \
-            t.storage_offset() if address is not None else None
+        strides = t.stride() if t.layout == torch.strided else None
+        return origin, tuple(t.shape), strides, t.dtype, t.storage_offset() if address is not None else None
 
     def _signature(self, value):
         if isinstance(value, torch.Tensor):
@@ -131,11 +131,10 @@ def _record(fn, name: str):
 def _compare(name: str, captured: list, replayed: list) -> None:
     for index, (was, now) in enumerate(zip(captured, replayed)):
         if was[0] != now[0] or was[2] != now[2]:
-            raise GraphInfidelity(
-                f"graph {name}: replay diverged from the capture at launch {index}: captured {was[0]} at {was[1]}, "
-                f"replayed {now[0]} at {now[1]}" + ("" if was[0] != now[0] else
-                                                    f" with other arguments ({_first_difference(was[2], now[2])})")
-                + "; a real CUDA graph replays the capture's")
+            how = "" if was[0] != now[0] else f" with other arguments ({_first_difference(was[2], now[2])})"
+            raise GraphInfidelity(f"graph {name}: replay diverged from the capture at launch {index}: captured "
+                                  f"{was[0]} at {was[1]}, replayed {now[0]} at {now[1]}{how}; a real CUDA graph "
+                                  "replays the capture's")
     if len(captured) != len(replayed):
         raise GraphInfidelity(f"graph {name}: the capture launched {len(captured)} kernels and ops, the replay "
                               f"{len(replayed)}; a real CUDA graph replays the capture's")
