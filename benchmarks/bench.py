@@ -61,7 +61,7 @@ def update_readme(raw: dict, base: str, readme: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     from suite import host_speed, isolate, options, plots, report
     from suite.machine import machine_line
-    from ssd_engine.machine import describe
+    from ssd_engine.utils.machine import describe
 
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--report"] and len(argv) == 2:  # re-render an earlier run's tables

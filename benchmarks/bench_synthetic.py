@@ -107,7 +107,7 @@ def sweep_runs(a) -> list[dict]:
 def run_sweep(a) -> dict:
     from suite import host_speed, isolate, options
     from suite.machine import machine_line
-    from ssd_engine.machine import describe
+    from ssd_engine.utils.machine import describe
     from ssd_engine.models.loader import load_config
 
     vocab = min(load_config(a.target, "dummy").vocab_size, load_config(a.draft, "dummy").vocab_size)

@@ -56,20 +56,20 @@ for stage in $stages; do
             | tee "$out/$day-cuda-tests-compiled.txt" | tail -40
         ;;
     kernels)
-        python benchmarks/bench_cuda_kernels.py 2>/dev/null | tee "$out/$day-cuda-kernels.md"
+        python benchmarks/gpu/bench_cuda_kernels.py 2>/dev/null | tee "$out/$day-cuda-kernels.md"
         ;;
     bandwidth)
         common="--device cuda --load-format dummy --model $target --draft $draft --batch 1,8,32 --context 512 --steps 50"
-        python benchmarks/bench_bandwidth.py $common --out "$out/$day-bandwidth-cuda.md" 2>/dev/null
-        python benchmarks/bench_bandwidth.py $common --fused-kernels off --out "$out/$day-bandwidth-cuda-unfused.md" 2>/dev/null
-        python benchmarks/bench_bandwidth.py $common --compile --out "$out/$day-bandwidth-cuda-compiled.md" 2>/dev/null
-        python benchmarks/bench_bandwidth.py $common --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md" 2>/dev/null
+        python benchmarks/gpu/bench_bandwidth.py $common --out "$out/$day-bandwidth-cuda.md" 2>/dev/null
+        python benchmarks/gpu/bench_bandwidth.py $common --fused-kernels off --out "$out/$day-bandwidth-cuda-unfused.md" 2>/dev/null
+        python benchmarks/gpu/bench_bandwidth.py $common --compile --out "$out/$day-bandwidth-cuda-compiled.md" 2>/dev/null
+        python benchmarks/gpu/bench_bandwidth.py $common --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md" 2>/dev/null
         ;;
     anchor)
-        python benchmarks/bench_anchor.py --device cuda --model $target --compile --out "$out"
+        python benchmarks/gpu/bench_anchor.py --device cuda --model $target --compile --out "$out"
         ;;
     host)
-        python benchmarks/bench_host_overhead.py --device cuda --out "$out"
+        python benchmarks/gpu/bench_host_overhead.py --device cuda --out "$out"
         ;;
     synthetic)
         python benchmarks/bench_synthetic.py --device cuda --target $shapes/qwen2.5-7b --draft $draft \

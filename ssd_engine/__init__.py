@@ -5,13 +5,13 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "RequestMetrics"]
 
 # Imported on first use: child processes (`python -m ssd_engine.speculative.ssd.draft.main`) import this
 # package before their entry point runs, and must reach it without first importing torch.
-_HOMES = {"LLM": "ssd_engine.llm", "SamplingParams": "ssd_engine.sampling_params",
-          "RequestOutput": "ssd_engine.outputs", "RequestMetrics": "ssd_engine.outputs"}
+_HOMES = {"LLM": "ssd_engine.llm", "SamplingParams": "ssd_engine.core.sampling_params",
+          "RequestOutput": "ssd_engine.core.outputs", "RequestMetrics": "ssd_engine.core.outputs"}
 
 if TYPE_CHECKING:
     from ssd_engine.llm import LLM
-    from ssd_engine.outputs import RequestMetrics, RequestOutput
-    from ssd_engine.sampling_params import SamplingParams
+    from ssd_engine.core.outputs import RequestMetrics, RequestOutput
+    from ssd_engine.core.sampling_params import SamplingParams
 
 
 def __getattr__(name: str):

@@ -21,13 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-from ssd_engine.config import EngineConfig
-from ssd_engine.machine import cpu_fingerprint
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.utils.machine import cpu_fingerprint
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, engine_options, fail
 from ssd_engine.saguaro.calibration import (CONFIG_DIR, Calibration, best_budget, budget_from_timings, fit_power_law,
                                             miss_curve, model_fingerprint)
 from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 
 PROMPTS = Path(__file__).resolve().parent / "saguaro" / "calibration_prompts.txt"
 ENGINE_FIELDS_SET_HERE = ("speculative_mode", "ssd_fanout", "ssd_fallback", "ssd_budget", "calibration_dir")
@@ -52,7 +52,7 @@ def load_prompts(count: int) -> list[str]:
 def _run(options: dict, prompts: list[str], temperature: float, new_tokens: int, **overrides):
     """One SSD run -> its SSDMetrics and the resolved model paths."""
     from ssd_engine import LLM, SamplingParams
-    from ssd_engine.default_models import resolve_model_path
+    from ssd_engine.models.default_models import resolve_model_path
     with tempfile.TemporaryDirectory() as nowhere, \
             LLM(**{**options, **overrides, "speculative_mode": "ssd", "calibration_dir": nowhere}) as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=4, seed=0), use_tqdm=False)

@@ -9,9 +9,9 @@ import types
 import typing
 from dataclasses import MISSING, fields
 
-from ssd_engine.config import EngineConfig
-from ssd_engine.options import choices_of, help_of
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.options import choices_of, help_of
+from ssd_engine.core.sampling_params import SamplingParams
 
 ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"], "tensor_parallel_size": ["--tp"]}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
@@ -53,7 +53,7 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("s
 
     Every flag defaults to None (unset), so EngineConfig's defaults stay in one place; the help
     shows them."""
-    group = parser.add_argument_group("engine", "options of the engine (ssd_engine/config.py, EngineConfig)")
+    group = parser.add_argument_group("engine", "options of the engine (ssd_engine/core/config.py, EngineConfig)")
     for f in fields(EngineConfig):
         if f.name in skip:
             continue
@@ -70,7 +70,7 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("s
 
 def add_sampling_args(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
     """`defaults` overrides SamplingParams' own (the CLI generates more than 16 tokens, greedily)."""
-    group = parser.add_argument_group("sampling", "per-request sampling (ssd_engine/sampling_params.py)")
+    group = parser.add_argument_group("sampling", "per-request sampling (ssd_engine/core/sampling_params.py)")
     for f in fields(SamplingParams):
         if f.name not in SAMPLING_FIELDS:
             continue

@@ -10,9 +10,9 @@ import sys
 import time
 
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, fail, sampling_params
-from ssd_engine.config import EngineConfig
-from ssd_engine.progress import PROGRESS_ENV
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.utils.progress import PROGRESS_ENV
+from ssd_engine.core.sampling_params import SamplingParams
 
 DEFAULT_PROMPT = "def quicksort(arr):"
 
@@ -66,7 +66,7 @@ def _generate(prompts: list[str], params: SamplingParams, args) -> int:
 
 @contextlib.contextmanager
 def _no_progress_bars():
-    """The loading and conversion bars read PROGRESS_ENV (ssd_engine/progress.py), here and in the
+    """The loading and conversion bars read PROGRESS_ENV (ssd_engine/utils/progress.py), here and in the
     children started meanwhile (draft process, workers, converter), which inherit it."""
     before = os.environ.get(PROGRESS_ENV)
     os.environ[PROGRESS_ENV] = "0"

@@ -3,11 +3,11 @@ import time
 
 from tqdm.auto import tqdm
 
-from ssd_engine.config import EngineConfig
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.engine.llm_engine import LLMEngine
-from ssd_engine.outputs import RequestOutput
-from ssd_engine.sampling_params import SamplingParams
-from ssd_engine.streaming import TextStream
+from ssd_engine.core.outputs import RequestOutput
+from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.engine.streaming import TextStream
 
 Prompt = str | list[int]
 

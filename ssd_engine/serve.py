@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as error:
         fail(str(error))
     if llm.config.model is None:  # the built-in pair
-        from ssd_engine.default_models import resolve_default_model
+        from ssd_engine.models.default_models import resolve_default_model
         model_path = resolve_default_model("target")
     else:
         model_path = llm.config.model

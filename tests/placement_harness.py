@@ -1,4 +1,4 @@
-"""Run code under a `PlacementChecker` (ssd_engine/profiling/placement.py) the way a GPU would run it.
+"""Run code under a `PlacementChecker` (benchmarks/profiling/placement.py) the way a GPU would run it.
 
 On CPU four branches a GPU never takes hold host memory where a GPU's is on the device: the KV cache
 is an anonymous mapping (`memory.lazy_zeros`), the embedding is mapped from the checkpoint file
@@ -14,12 +14,12 @@ from contextlib import contextmanager
 import pytest
 import torch
 
-from ssd_engine.profiling.placement import PlacementChecker, Place
+from profiling.placement import PlacementChecker, Place
 
 
 @contextmanager
 def gpu_placement():
-    import ssd_engine.engine.model_runner as model_runner
+    import ssd_engine.runtime.model_runner as model_runner
     from ssd_engine.distributed.shm_collectives import ShmCollectives
     from ssd_engine.layers.embedding import VocabParallelEmbedding
     from ssd_engine.layers.weight_formats import Int4Weight, Int8Weight

@@ -20,7 +20,7 @@ from ssd_engine.layers.attention import AttentionMetadata, torch_attention  # no
 from ssd_engine.layers.attention_backends import select_backend, triton_attention  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
 
-# an object, as the engine names its device: what profiling/placement.py takes for the accelerator
+# an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROMPTS = [list(range(5, 12)), list(range(40, 75)), [7, 8, 9]]
 

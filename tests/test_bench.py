@@ -81,7 +81,7 @@ def run(tmp_path_factory):
     target = build_checkpoint(str(root / "target"), "qwen2", seed=0)
     draft = build_checkpoint(str(root / "draft"), "qwen2", seed=0, num_hidden_layers=1)
     out = root / "results"
-    from ssd_engine.config import SPECULATIVE_MODES
+    from ssd_engine.core.config import SPECULATIVE_MODES
     modes = "ar,sd,sd-all,ssd,hf-ar,hf-assisted" + (",auto" if "auto" in SPECULATIVE_MODES else "")
     raw = bench.main(["--model", target, "--draft", draft, "--mode", modes,
                       "--prompts", "code,english", "--num-prompts", "2", "--new-tokens", "6", "--batch", "1,2",
@@ -158,7 +158,7 @@ def test_cuda_kernel_benchmark_smoke_run_on_cpu():
     between GPU loans): every kernel row and every backend / graphs row is produced."""
     pytest.importorskip("triton")
     script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks",
-                          "bench_cuda_kernels.py")
+                          "gpu", "bench_cuda_kernels.py")
     done = subprocess.run([sys.executable, script, "--smoke"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ")]
@@ -169,11 +169,11 @@ def test_cuda_kernel_benchmark_smoke_run_on_cpu():
 
 
 def test_cpu_model_and_flags_are_in_every_machine_line(monkeypatch):
-    import ssd_engine.machine
-    monkeypatch.setattr(ssd_engine.machine, "cpu_model", lambda: "Test CPU 9000")
-    monkeypatch.setattr(ssd_engine.machine, "cpu_flags", lambda: ["avx2", "avx512_bf16"])
+    import ssd_engine.utils.machine
+    monkeypatch.setattr(ssd_engine.utils.machine, "cpu_model", lambda: "Test CPU 9000")
+    monkeypatch.setattr(ssd_engine.utils.machine, "cpu_flags", lambda: ["avx2", "avx512_bf16"])
     assert machine_line().startswith(f"Test CPU 9000 (avx2, avx512_bf16), {os.cpu_count()} cores visible; torch ")
-    monkeypatch.setattr(ssd_engine.machine, "cpu_flags", lambda: [])
+    monkeypatch.setattr(ssd_engine.utils.machine, "cpu_flags", lambda: [])
     assert machine_line().startswith("Test CPU 9000 (no AVX2 / AVX-512 / AMX), ")
 
 

@@ -1,4 +1,4 @@
-"""benchmarks/bench_bandwidth.py: its byte model equals a hand count from the tiny configs (weights
+"""benchmarks/gpu/bench_bandwidth.py: its byte model equals a hand count from the tiny configs (weights
 read once per step whatever the CPU layout, a tied table once, only the looked-up embedding rows,
 KV per sequence), the datasheet table, and an end-to-end run writing a table of positive numbers."""
 import os
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import bench_bandwidth  # noqa: E402
+from gpu import bench_bandwidth  # noqa: E402
 
-from ssd_engine.engine.model_runner import ModelRunner  # noqa: E402
+from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
 from ssd_engine.models.loader import load_config  # noqa: E402
 
 # tiny configs (tests/tiny_checkpoints.py): vocab 320, hidden 64, intermediate 128, 2 layers,
@@ -63,7 +63,7 @@ def test_end_to_end_table(tiny_qwen2, tiny_llama, tmp_path):
                           "--steps", "3", "--warmup", "1", "--threads", "1", "--ceiling-gib", "0.0625",
                           "--out", str(out)])
     text = out.read_text()
-    assert "python benchmarks/bench_bandwidth.py --model" in text and "1 torch thread(s)" in text
+    assert "python benchmarks/gpu/bench_bandwidth.py --model" in text and "1 torch thread(s)" in text
     rows = [line for line in text.splitlines() if line.startswith("| model") or line.startswith("| draft")]
     assert len(rows) == 5  # header + 2 models x 2 batch sizes
     kv_per_token = 2 * 2 * 2 * 16 * 4

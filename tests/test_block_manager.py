@@ -1,9 +1,9 @@
 """BlockManager: page allocation, ref counts, chained-hash prefix caching, commit, trim (rollback)."""
 import pytest
 
-from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.core import Sequence
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.core.structures import Sequence
+from ssd_engine.core.sampling_params import SamplingParams
 
 BS = 4
 

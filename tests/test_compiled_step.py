@@ -1,4 +1,4 @@
-"""The compiled forward (compile_model="on", engine/compiled_model.py) against the eager one.
+"""The compiled forward (compile_model="on", runtime/compiled_model.py) against the eager one.
 
 fp32 logits within 1e-5 relative for every step shape the engine runs (ragged prefill, one-token
 decode, batched decode, K+1 verification, SSD tree-branch steps), with no recompilation after the
@@ -13,8 +13,8 @@ from torch.profiler import profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ssd_engine import LLM
-from ssd_engine.engine.compiled_model import CompiledModel
-from ssd_engine.engine.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.compiled_model import CompiledModel
+from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
 from ssd_engine.models.loader import load_config
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
@@ -143,9 +143,9 @@ def test_enforce_eager_and_off_compile_nothing(tiny_qwen2):
 def test_the_option_reaches_the_drafts_specs():
     """compile_model travels in ModelConfig: the SD draft's spec is the target's with another path,
     and the SSD draft process rebuilds its spec from plain values."""
-    from ssd_engine.config import EngineConfig
-    from ssd_engine.config_parts import CacheConfig
-    from ssd_engine.engine.model_runner import RunnerSpec
+    from ssd_engine.core.config import EngineConfig
+    from ssd_engine.core.config_parts import CacheConfig
+    from ssd_engine.runtime.model_runner import RunnerSpec
     from ssd_engine.speculative.ssd.process import DraftSpec
 
     assert EngineConfig(compile_model="on").parts().model.compile

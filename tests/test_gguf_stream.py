@@ -118,7 +118,7 @@ def test_smollm2_matches_transformers_dequantization(tmp_path):
     from safetensors import safe_open
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
-    from ssd_engine.default_models import find_smollm2_gguf
+    from ssd_engine.models.default_models import find_smollm2_gguf
     source = find_smollm2_gguf()
     gguf_stream.convert(source, tmp_path / "out", show_progress=False)
     from transformers import AutoConfig, AutoModelForCausalLM

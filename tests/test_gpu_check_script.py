@@ -70,8 +70,8 @@ def calls(tmp_path_factory) -> list[list[str]]:
 def test_every_stage_runs_its_commands(calls):
     scripts = [argv[0] for argv in calls if argv[0].startswith("benchmarks/")]
     assert sum(argv[:2] == ["-m", "pytest"] for argv in calls) == 2  # eager and compiled
-    assert sorted(set(scripts)) == ["benchmarks/bench_anchor.py", "benchmarks/bench_bandwidth.py",
-                                    "benchmarks/bench_cuda_kernels.py", "benchmarks/bench_host_overhead.py",
+    assert sorted(set(scripts)) == ["benchmarks/gpu/bench_anchor.py", "benchmarks/gpu/bench_bandwidth.py",
+                                    "benchmarks/gpu/bench_cuda_kernels.py", "benchmarks/gpu/bench_host_overhead.py",
                                     "benchmarks/bench_synthetic.py"]
     assert len(calls) == 2 + len(scripts)  # nothing else was run
 
@@ -125,6 +125,6 @@ def test_every_test_file_with_a_gpu_case_is_in_the_tests_stage(calls):
 
 
 def test_a_stage_can_run_alone_and_an_unknown_one_is_refused(tmp_path):
-    assert [argv[0] for argv in _recorded_calls(tmp_path / "a", "anchor")] == ["benchmarks/bench_anchor.py"]
+    assert [argv[0] for argv in _recorded_calls(tmp_path / "a", "anchor")] == ["benchmarks/gpu/bench_anchor.py"]
     with pytest.raises(AssertionError, match="unknown stage"):
         _recorded_calls(tmp_path / "b", "tets")

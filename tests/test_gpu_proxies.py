@@ -1,4 +1,4 @@
-"""The GPU-cost proxies count what they say (ssd_engine/profiling/): the op counter counts a known
+"""The GPU-cost proxies count what they say (benchmarks/profiling/): the op counter counts a known
 function op by op, kind by kind and line by line, and a tiny model's ops per decoder layer are
 stable, > 0, and exactly 3 more per Linear when row padding is on; the sync counter sees host
 reads of would-be device tensors and nothing else; one engine step's ops are finite measured
@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.profiling.op_count import OpCounter, without_row_padding
-from ssd_engine.profiling.step_count import count_ops, count_syncs, op_summary, sync_summary
-from ssd_engine.profiling.sync_count import SyncCounter
+from profiling.op_count import OpCounter, without_row_padding
+from profiling.step_count import count_ops, count_syncs, op_summary, sync_summary
+from profiling.sync_count import SyncCounter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import bench_ops  # noqa: E402
+from profiling import bench_ops  # noqa: E402
 
 HERE = "tests/test_gpu_proxies.py"
 
@@ -207,7 +207,7 @@ def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
 def test_bench_host_overhead_takes_the_replays_out(tmp_path):
     """Host time per step on the emulated GPU path: the replays (the forward itself, here run by
     Triton's interpreter: tens of ms) are out of it, the LM head's CPU matmul is reported apart."""
-    import bench_host_overhead
+    from gpu import bench_host_overhead
     rows = bench_host_overhead.main(["--modes", "ar", "--steps", "2", "--out", str(tmp_path)])
     assert [(r["mode"], r["temperature"]) for r in rows] == [("ar", 0.0), ("ar", 0.7)]
     for r in rows:

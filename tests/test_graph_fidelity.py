@@ -1,4 +1,4 @@
-"""Emulated CUDA graphs replay what real ones would (profiling/graph_fidelity.py).
+"""Emulated CUDA graphs replay what real ones would (benchmarks/profiling/graph_fidelity.py).
 
 The emulation calls the Python forward again at every replay; a real graph replays its capture's
 launches. Each class of code that passes the first and breaks the second must raise here, a
@@ -9,15 +9,11 @@ tree and piecewise, under tensor parallelism too) run checked in every CI run wi
 import pytest
 import torch
 
-from ssd_engine.engine.cuda_graphs import GraphRunner
-from ssd_engine.profiling import graph_fidelity
-from ssd_engine.profiling.graph_fidelity import GraphInfidelity, emulated_graph
-from ssd_engine.profiling.launches import kernel_launch
-
-
-@pytest.fixture(autouse=True)
-def checking(monkeypatch):
-    monkeypatch.setenv(graph_fidelity.CHECK, "1")
+from ssd_engine.runtime import graph_check
+from ssd_engine.runtime.cuda_graphs import GraphRunner
+from profiling import graph_fidelity
+from profiling.graph_fidelity import GraphInfidelity, emulated_graph
+from ssd_engine.utils.launches import kernel_launch
 
 
 def _static():
@@ -34,10 +30,14 @@ def test_a_forward_reading_only_its_static_buffers_replays_clean():
     graph()
 
 
-def test_the_check_is_off_unless_asked_for(monkeypatch):
-    monkeypatch.setenv(graph_fidelity.CHECK, "0")
+def test_the_engine_checks_its_graphs_only_when_a_checker_is_named(monkeypatch):
     forward = lambda: None  # noqa: E731
-    assert emulated_graph(forward, "off") is forward
+    monkeypatch.delenv(graph_check.CHECKER, raising=False)
+    assert graph_check.emulated_graph(forward, "off") is forward
+    monkeypatch.setenv(graph_check.CHECKER, graph_fidelity.SPEC)
+    checked = graph_check.emulated_graph(lambda: torch.ones(1).item(), "on")
+    with pytest.raises(GraphInfidelity, match="graph on: host read"):
+        checked()
 
 
 @pytest.mark.parametrize("read", ["item", "bool", "tolist", "nonzero", "mask_index", "upload"])

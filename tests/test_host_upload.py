@@ -5,8 +5,8 @@ import random
 import pytest
 import torch
 
-from ssd_engine.engine.core import page_table
-from ssd_engine.engine.host_upload import padded_rows, upload
+from ssd_engine.core.structures import page_table
+from ssd_engine.utils.host_upload import padded_rows, upload
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.long])
@@ -31,17 +31,3 @@ def test_padded_rows_cut_and_zero_fill_every_table():
         packed = [page_table(t) if rng.random() < 0.7 else t for t in tables]
         flat = padded_rows(packed, width)
         assert flat.typecode == "i" and list(flat) == expected
-
-
-def test_page_table_benchmark_writes_every_shape(tmp_path):
-    """benchmarks/bench_page_tables.py runs (one repeat) and reports both kinds for every shape."""
-    import os
-    import sys
-    here = os.path.dirname(os.path.abspath(__file__))
-    sys.path.insert(0, os.path.join(os.path.dirname(here), "benchmarks"))
-    import bench_page_tables
-    results = bench_page_tables.main(["--repeats", "1", "--out", str(tmp_path)])
-    assert [(r["rows"], r["tokens"]) for r in results] == bench_page_tables.SHAPES
-    assert all(r[key] > 0 for r in results for key in r if key.endswith("_us"))
-    written = next(tmp_path.iterdir()).read_text()
-    assert written.count("\n| ") == len(bench_page_tables.SHAPES) + 1  # the header and a row per shape

@@ -5,9 +5,9 @@ import os
 import pytest
 import torch
 
-from ssd_engine.engine.model_runner import ModelRunner
+from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.models.loader import load_config
-from ssd_engine.progress import PROGRESS_ENV
+from ssd_engine.utils.progress import PROGRESS_ENV
 
 
 @pytest.fixture(autouse=True)

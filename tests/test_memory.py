@@ -11,10 +11,10 @@ import struct
 import pytest
 import torch
 
-from ssd_engine.config import EngineConfig
-from ssd_engine.engine.model_runner import ModelRunner
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.layers.linear import Linear
-from ssd_engine.memory import lazy_zeros, map_rows, safetensors_header
+from ssd_engine.utils.memory import lazy_zeros, map_rows, safetensors_header
 from ssd_engine.models.loader import load_config
 
 

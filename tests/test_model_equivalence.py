@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.model_runner import ModelRunner
-from ssd_engine.engine.core import ScheduledBatch
-from ssd_engine.engine.core import Sequence
+from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.core.structures import ScheduledBatch
+from ssd_engine.core.structures import Sequence
 from ssd_engine.models.loader import load_config
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.core.sampling_params import SamplingParams
 
 TOL = 1e-4
 

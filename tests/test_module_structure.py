@@ -1,5 +1,6 @@
-"""The package's shape: no import loops between ssd_engine's modules (lazy imports inside
-functions count too: a loop hidden in a function is still a loop).
+"""The package's shape: its packages are layers that import only downward, and no import loops
+between its modules (lazy imports inside functions count too: a loop hidden in a function is still
+a loop).
 
 The import graph is read from the source with `ast` (every `import x` / `from x import y` naming
 an ssd_engine module), and its strongly connected components must all be single modules.
@@ -7,19 +8,40 @@ an ssd_engine module), and its strongly connected components must all be single 
 import ast
 import os
 
-import ssd_engine
+import pytest
 
-PACKAGE_DIR = os.path.dirname(ssd_engine.__file__)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# where each package's source lives: ssd_engine/, and the kernels installed as ssd_engine.kernels
+SOURCES = {"ssd_engine": os.path.join(REPO, "ssd_engine"), "ssd_engine.kernels": os.path.join(REPO, "kernels")}
+# bottom first: a package may import its own modules and those of the layers below it, nothing else.
+# The modules at the package's top (the public API and the command lines) form the top layer.
+LAYERS = [
+    {"utils"},            # leaf helpers: the machine, memory, uploads, kernel-launch hooks
+    {"core"},             # options, config, sampling parameters, outputs, sequences, batches, protocols
+    {"distributed"},      # process groups, partitions, core placement, child processes
+    {"kernels"},          # Triton kernels
+    {"layers"},           # linear, attention, norms, rotary, weight formats
+    {"models"},           # decoders, checkpoint loading, the built-in pair, tokenizers
+    {"sampling", "saguaro"},  # exact sampling and verification; the Saguaro math
+    {"runtime"},          # model runner, KV blocks, CUDA graphs
+    {"tensor_parallel"},  # the runtime across ranks
+    {"speculative"},      # SD and SSD speculators
+    {"planning"},         # auto mode: measured costs, predictions, the frozen plan
+    {"engine"},           # the step loop, scheduler, outputs, text streaming
+    {"server"},           # the OpenAI-compatible server
+    {"<top>"},            # the public API and the command lines
+]
 
 
 def _modules() -> dict[str, str]:
     found = {}
-    for folder, _, files in os.walk(PACKAGE_DIR):
-        for name in files:
-            if name.endswith(".py"):
-                path = os.path.join(folder, name)
-                module = "ssd_engine." + os.path.relpath(path, PACKAGE_DIR)[:-3].replace(os.sep, ".")
-                found[module.removesuffix(".__init__")] = path
+    for package, root in SOURCES.items():
+        for folder, _, files in os.walk(root):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    module = package + "." + os.path.relpath(path, root)[:-3].replace(os.sep, ".")
+                    found[module.removesuffix(".__init__")] = path
     return found
 
 
@@ -90,6 +112,47 @@ def test_cycle_finder_finds_a_loop():
 
 def test_no_import_loops_between_modules():
     assert cycles(import_graph()) == []
+
+
+def package_of(module: str) -> str:
+    """ssd_engine.runtime.model_runner -> runtime; ssd_engine.llm (a top-level module) -> <top>."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "<top>"
+    is_package = len(parts) > 2 or (len(parts) == 2 and os.path.isdir(os.path.join(REPO, "ssd_engine", parts[1])))
+    return parts[1] if is_package or parts[1] == "kernels" else "<top>"
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {package: i for i, layer in enumerate(LAYERS) for package in layer}
+    wrong = []
+    for module, deps in graph.items():
+        here = package_of(module)
+        for dep in sorted(deps):
+            there = package_of(dep)
+            if there != here and rank[there] >= rank[here]:
+                wrong.append(f"{module} ({here}) imports {dep} ({there})")
+    return wrong
+
+
+def test_every_package_has_a_layer():
+    packages = {package_of(m) for m in _modules() if m != "ssd_engine"}
+    assert packages == {p for layer in LAYERS for p in layer}
+
+
+def test_packages_import_only_downward():
+    assert upward_imports(import_graph()) == []
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"ssd_engine.core.config": {"ssd_engine.engine.llm_engine"}},
+     ["ssd_engine.core.config (core) imports ssd_engine.engine.llm_engine (engine)"]),
+    ({"ssd_engine.sampling.verifier": {"ssd_engine.saguaro.fanout"}},
+     ["ssd_engine.sampling.verifier (sampling) imports ssd_engine.saguaro.fanout (saguaro)"]),
+    ({"ssd_engine.engine.llm_engine": {"ssd_engine.core.config", "ssd_engine.engine.scheduler"}}, []),
+])
+def test_the_layer_check_finds_an_upward_import(graph, expected):
+    assert upward_imports(graph) == expected
 
 
 def test_every_module_is_small():

@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from ssd_engine.engine.core import Sequence
+from ssd_engine.core.structures import Sequence
 from ssd_engine.engine.output_processor import OutputProcessor, _cut_at_stop
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.core.sampling_params import SamplingParams
 from tiny_checkpoints import byte_tokenizer
 
 FRAGMENTS = ["def", " f", "(x)", ":", "\n", "\n\n", "    ", " return", " x", " .", " ,", "'s", "é", "漢字",

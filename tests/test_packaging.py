@@ -1,21 +1,31 @@
-"""What `pip install` puts on sys.path: only the `ssd_engine` package. The Triton kernels live in
-`ssd_engine.kernels`; a top-level `kernels` would shadow, or be shadowed by, PyPI's `kernels`
-(which transformers imports when present)."""
+"""What `pip install` puts on sys.path: only the `ssd_engine` package. The Triton kernels live in the
+top-level kernels/ folder and install as `ssd_engine.kernels`; a top-level `kernels` would shadow, or
+be shadowed by, PyPI's `kernels` (which transformers imports when present)."""
 import ast
 import importlib
 import os
+import shutil
+import subprocess
+import sys
 import tomllib
-
-from setuptools import find_packages
+import zipfile
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CODE_DIRS = ("ssd_engine", "benchmarks", "scripts", "tests")
 
 
-def installed_packages() -> list[str]:
+def setuptools_table() -> dict:
     with open(os.path.join(REPO_ROOT, "pyproject.toml"), "rb") as f:
-        find = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]
-    return find_packages(REPO_ROOT, include=find.get("include", ("*",)), exclude=find.get("exclude", ()))
+        return tomllib.load(f)["tool"]["setuptools"]
+
+
+def package_folders() -> set[str]:
+    """Every folder of ssd_engine/ that is a package, as a dotted name."""
+    found = set()
+    for folder, _, files in os.walk(os.path.join(REPO_ROOT, "ssd_engine")):
+        if "__init__.py" in files:
+            found.add(os.path.relpath(folder, REPO_ROOT).replace(os.sep, "."))
+    return found
 
 
 def test_kernels_import_under_the_project_namespace():
@@ -24,11 +34,29 @@ def test_kernels_import_under_the_project_namespace():
     assert importlib.import_module("ssd_engine.kernels.compile_check").VARIANTS
 
 
-def test_only_ssd_engine_is_installed():
-    packages = installed_packages()
-    assert "ssd_engine.kernels" in packages
-    assert all(p == "ssd_engine" or p.startswith("ssd_engine.") for p in packages), packages
-    assert not os.path.exists(os.path.join(REPO_ROOT, "kernels", "__init__.py"))
+def test_the_package_list_is_every_package_folder_and_the_kernels():
+    table = setuptools_table()
+    assert set(table["packages"]) == package_folders() | {"ssd_engine.kernels"}
+    assert table["package-dir"] == {"ssd_engine.kernels": "kernels"}
+
+
+def test_the_wheel_holds_only_ssd_engine_with_the_kernels_inside(tmp_path):
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(REPO_ROOT, name), source / name)
+    for folder in ("ssd_engine", "kernels"):
+        shutil.copytree(os.path.join(REPO_ROOT, folder), source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                           "-w", str(tmp_path / "wheel"), str(source)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (wheel,) = (tmp_path / "wheel").iterdir()
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert tops == {"ssd_engine"}, tops
+    for kernel in ("__init__", "paged_attention", "fused_layer_ops", "compile_check"):
+        assert f"ssd_engine/kernels/{kernel}.py" in names
+    assert "ssd_engine/saguaro/calibration_prompts.txt" in names
 
 
 def test_no_code_imports_a_top_level_kernels():

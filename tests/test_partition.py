@@ -5,9 +5,10 @@ import random
 import pytest
 
 from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
-from ssd_engine.distributed.placement import parse_core_sets, plan_core_sets
-from ssd_engine.distributed.worker import PageTableMirror
-from ssd_engine.engine.core import page_table
+from ssd_engine.core.config import parse_core_sets
+from ssd_engine.distributed.placement import plan_core_sets
+from ssd_engine.tensor_parallel.worker import PageTableMirror
+from ssd_engine.core.structures import page_table
 
 
 def test_even_spans_cover_the_total_in_order():

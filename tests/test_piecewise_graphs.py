@@ -1,4 +1,4 @@
-"""Piecewise graphs (engine/piecewise_graphs.py): steps no whole-step graph holds (prefill chunks,
+"""Piecewise graphs (runtime/piecewise_graphs.py): steps no whole-step graph holds (prefill chunks,
 prefill batched with decode rows) replay the work between attentions from graphs per token bucket.
 
 On CPU the graphs are emulated (SSD_ENGINE_EMULATE_CUDA_GRAPHS=1) over the Triton kernels under the
@@ -16,8 +16,8 @@ pytest.importorskip("triton")
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.engine import piecewise_graphs  # noqa: E402
-from ssd_engine.engine.model_runner import ModelRunner, StepInputs  # noqa: E402
-from ssd_engine.engine.piecewise_graphs import SMALLEST, token_buckets  # noqa: E402
+from ssd_engine.runtime.model_runner import ModelRunner, StepInputs  # noqa: E402
+from ssd_engine.runtime.piecewise_graphs import SMALLEST, token_buckets  # noqa: E402
 from ssd_engine.models.loader import load_config  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -1,4 +1,4 @@
-"""Device placement checked on CPU (profiling/placement.py): what a GPU run would reject.
+"""Device placement checked on CPU (benchmarks/profiling/placement.py): what a GPU run would reject.
 
 The first GPU run failed on host tensors handed to Triton kernels by paths only ever run on CPU. The
 checker reports each rule's violation here, the engine's GPU paths (Triton attention, the fused layer
@@ -19,8 +19,8 @@ from placement_harness import gpu_placement  # noqa: E402
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.engine import model_runner  # noqa: E402
-from ssd_engine.profiling.launches import kernel_launch  # noqa: E402
-from ssd_engine.profiling.placement import Place, PlacementChecker  # noqa: E402
+from ssd_engine.utils.launches import kernel_launch  # noqa: E402
+from profiling.placement import Place, PlacementChecker  # noqa: E402
 
 DEVICE = torch.device("cpu")  # a device object: what the checker takes for the accelerator
 PROMPTS = [list(range(5, 12)), list(range(40, 52)), [7, 8, 9]]

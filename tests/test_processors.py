@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ssd_engine.sampling.processors import SamplingTensors, probs_from_logits
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.core.sampling_params import SamplingParams
 
 
 def softmax(values: list[float]) -> list[float]:
@@ -183,8 +183,8 @@ def test_repeated_rows_are_laid_out_per_position():
 
 def test_flags_known_on_the_host_skip_the_launches_no_row_needs():
     """Plain temperature sampling with no greedy row is a division and a softmax: two kernels on a
-    GPU (profiling/op_count.py), with the same rows as when the flags are read from the tensors."""
-    from ssd_engine.profiling.op_count import OpCounter
+    GPU (benchmarks/profiling/op_count.py), with the same rows as when the flags are read from the tensors."""
+    from profiling.op_count import OpCounter
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     params = (torch.tensor([0.7, 1.0, 1.3]), torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))

@@ -1,6 +1,6 @@
 """The pieces of a round read nothing back from the device but the emitted tokens (issue 22).
 
-Counted with the sync counter (ssd_engine/profiling/sync_count.py): tensors made with an explicit
+Counted with the sync counter (benchmarks/profiling/sync_count.py): tensors made with an explicit
 `torch.device` stand for device tensors. Each piece is also checked to compute what it computed
 when it decided things by reading its tensors: probability rows with the host's flags equal those
 read from the parameter tensors; sampling and verification told which rows are random by the host
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from ssd_engine import SamplingParams
-from ssd_engine.engine.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
 from ssd_engine.models.loader import load_config
-from ssd_engine.profiling.sync_count import SyncCounter
+from profiling.sync_count import SyncCounter
 from ssd_engine.sampling.processors import SamplingTensors, probs_from_logits
 from ssd_engine.sampling.rejection import verify
 from ssd_engine.sampling.sampler import sample
@@ -150,7 +150,7 @@ class _Uploads(torch.overrides.TorchFunctionMode):
 def test_a_steps_host_values_cross_in_one_copy(tiny_qwen2):
     """ids, positions, slots, key counts, query offsets, page tables, the device-held tokens' places
     and the logit rows: one tensor from the host and one move (on CUDA pinned and non-blocking: a
-    copy from pageable memory would first wait for the stream to drain, engine/host_upload.py)."""
+    copy from pageable memory would first wait for the stream to drain, utils/host_upload.py)."""
     runner = ModelRunner(tiny_qwen2, load_config(tiny_qwen2), num_kv_blocks=16, block_size=4, max_position=64,
                          dtype=torch.float32, device=DEVICE)
     tables = [[0, 1, 2], [3, 4, 5]]
@@ -167,7 +167,7 @@ def test_a_steps_host_values_cross_in_one_copy(tiny_qwen2):
 def test_a_prefill_ending_beside_speculating_sequences_reads_once():
     """Sequence 0 finishes its prefill (one sampled token), 1 and 2 verify K = 2 drafts: the sampled
     token and the verification come back in one transfer, equal to reading them apart."""
-    from ssd_engine.engine.core import Proposal, Sequence
+    from ssd_engine.core.structures import Proposal, Sequence
     from ssd_engine.sampling.verifier import Verifier
     k, gen = 2, torch.Generator().manual_seed(3)
     params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.0),

@@ -13,12 +13,12 @@ import pytest
 
 from ssd_engine import LLM, SamplingParams, calibrate
 from ssd_engine.saguaro.calibration import DEFAULT_ALPHA, DEFAULT_R, Calibration, model_fingerprint
-from ssd_engine.machine import cpu_fingerprint
+from ssd_engine.utils.machine import cpu_fingerprint
 from ssd_engine.saguaro.fallback import critical_batch_size
-from ssd_engine.config import EngineConfig
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout
 from ssd_engine.saguaro.plan import plan_saguaro
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 from small_pair import DIST_PROMPT, engine_options as _engine_options
 from test_speculative_decoding import _prompts, noisy_draft, target  # noqa: F401 (fixtures)
 

@@ -44,7 +44,7 @@ from ssd_engine.saguaro.fanout import (
 )
 from ssd_engine.saguaro.sampling import saguaro_probs
 from ssd_engine.sampling.rejection import verify
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 from stats_helpers import chi_square_pvalue
 
 ALPHAS = (0.01, 0.3, 0.6, 0.9, 0.99)

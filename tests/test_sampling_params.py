@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.core.sampling_params import SamplingParams
 
 
 def test_defaults_match_vllm():

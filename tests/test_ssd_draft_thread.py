@@ -82,17 +82,3 @@ def test_a_draft_thread_that_raises_loses_no_request(target, noisy_draft, monkey
     assert m["speculations_by_source"]["local"] > 0
     assert sum("local n-gram" in r.getMessage() for r in caplog.records) == 1
     assert not _draft_threads()
-
-
-def test_gil_handoff_benchmark_runs_and_restores_the_switch_interval():
-    """benchmarks/bench_gil_handoff.py (the thread host's risk, measured): both rounds are timed, its
-    draft thread stops, and the interpreter's switch interval is as it was."""
-    import os
-    import sys
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-    import bench_gil_handoff
-    before = sys.getswitchinterval()
-    alone, beside = bench_gil_handoff.measure(ops=10, stretch_us=50, wait_us=50, interval_s=1e-4, repeats=3)
-    assert alone > 0 and beside > 0
-    assert sys.getswitchinterval() == before
-    assert not [t for t in threading.enumerate() if t.name == "gil-bench-draft"]

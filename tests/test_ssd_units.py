@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from ssd_engine.engine.model_runner import ModelRunner
+from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling.rejection import verify
 from ssd_engine.speculative.ngram import fast_proposal, ngram_proposal
@@ -18,7 +18,7 @@ from ssd_engine.speculative.ssd.codec import (ReplyLayout, decode_reply, decode_
 from ssd_engine.speculative.ssd.link import REQUEST_CAPACITY, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Kind, QMode, Reply, Request,
                                                  Speculation, Wanted, q_width)
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 # --------------------------------------------------------------------------- messages
@@ -214,7 +214,7 @@ def test_a_hit_replies_with_the_cached_branch(nopad):
 def test_a_just_in_time_draft_reads_the_device_once(nopad, temperature):
     """Each draft token is fed to the next step from the device; the K drafts come back in one read,
     and the trunk then holds them: what drafting the same tokens one by one from lists would hold."""
-    from ssd_engine.profiling.sync_count import SyncCounter
+    from profiling.sync_count import SyncCounter
     k = 3
     server = _server(nopad, [1, 1, 1, 1], k)
     server.apply(Request(entries=[Entry(0, -1, [5, 6, 7, 8], DraftParams(temperature=temperature))]))

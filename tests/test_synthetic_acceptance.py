@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.config import EngineConfig
-from ssd_engine.engine.core import Proposal
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.structures import Proposal
 from ssd_engine.sampling.synthetic import BernoulliDraws, verify_synthetic
 from ssd_engine.speculative.ssd.draft.server import DraftServer
 from ssd_engine.speculative.ssd.protocol import Speculation
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 from test_dummy_weights import SMALL, shape_folder
 
 
@@ -127,8 +127,8 @@ def test_ssd_hit_rate_is_the_synthetic_one(tmp_path, p):
 
 
 def test_auto_predicts_with_the_synthetic_rates():
-    from ssd_engine.auto_mode.choose import with_synthetic
-    from ssd_engine.auto_mode.predict import Acceptance
+    from ssd_engine.planning.choose import with_synthetic
+    from ssd_engine.planning.predict import Acceptance
     base = Acceptance.from_calibration(None)
     assert with_synthetic(base, EngineConfig()) == base
     drawn = with_synthetic(base, EngineConfig(synthetic_acceptance=0.9, synthetic_hit=0.8))

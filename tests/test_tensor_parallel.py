@@ -22,11 +22,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.distributed.executor import TensorParallelError
+from ssd_engine.tensor_parallel.executor import TensorParallelError
 from ssd_engine.distributed.shm_collectives import supported as shm_supported
-from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.model_runner import ModelRunner
-from ssd_engine.engine.core import ScheduledBatch, Sequence
+from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.core.structures import ScheduledBatch, Sequence
 from ssd_engine.models.loader import load_config
 from process_helpers import children_of, gone_within, kill_session, read_line
 
@@ -235,7 +235,7 @@ def test_torchrun_joins_instead_of_spawning(tiny_qwen2):
 
 
 def test_each_rank_gets_its_own_gpu_or_a_clear_error():
-    from ssd_engine.distributed.launch import rank_gpus
+    from ssd_engine.tensor_parallel.launch import rank_gpus
 
     assert rank_gpus("cuda", 2, 2) == ["cuda:0", "cuda:1"]
     assert rank_gpus("cuda:1", 2, 4) == ["cuda:1", "cuda:2"]

@@ -1,4 +1,4 @@
-"""The draft's weight formats (layers/weight_formats.py) and how one is picked (engine/draft_format.py)."""
+"""The draft's weight formats (layers/weight_formats.py) and how one is picked (runtime/draft_format.py)."""
 import json
 import os
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import Qwen2Config
 
-from ssd_engine.config import EngineConfig
-from ssd_engine.engine import draft_format
-from ssd_engine.engine.draft_format import DraftFormat, choose, linear_shapes, resolve
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.runtime import draft_format
+from ssd_engine.runtime.draft_format import DraftFormat, choose, linear_shapes, resolve
 from ssd_engine.layers import weight_formats
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, dequantized, prepare
 

@@ -3,7 +3,7 @@
 | module | what it holds |
 |---|---|
 | `options.py` | the command line: modes, prompt sets, batch sizes, K, draft weight format, temperature, placement, device; defaults |
-| `machine.py` | what a result was measured on: CPU model and kernel flags (ssd_engine.machine), GPU, torch version, git commit |
+| `machine.py` | what a result was measured on: CPU model and kernel flags (ssd_engine.utils.machine), GPU, torch version, git commit |
 | `measure.py` | one measurement cell from per-request timings (decode tok/s without prefill, TTFT, TPOT, e2e); peak memory per process |
 | `ours.py` | our engine's runners (ar, ar-all, sd, sd-all, ssd, auto), one engine per mode (per K for sd, ssd); rows carry the draft's format and auto's choice |
 | `hf.py` | transformers' runners (hf-ar, hf-assisted) with a timing streamer |

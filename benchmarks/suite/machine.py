@@ -8,8 +8,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def cpu_line() -> str:
     """The CPU model and the flags that decide which kernels and draft formats are fast (from
-    ssd_engine.machine, the same reading the engine's cached probes are keyed by)."""
-    from ssd_engine.machine import cpu_flags, cpu_model
+    ssd_engine.utils.machine, the same reading the engine's cached probes are keyed by)."""
+    from ssd_engine.utils.machine import cpu_flags, cpu_model
     flags = cpu_flags()
     return f"{cpu_model()} ({', '.join(flags) if flags else 'no AVX2 / AVX-512 / AMX'})"
 

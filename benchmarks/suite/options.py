@@ -150,7 +150,7 @@ def parse(argv: list[str]) -> BenchOptions:
         p.error(f"--cores and --draft-cores overlap on {sorted(cores & draft_cores)}: the draft needs its own cores")
     model, draft = a.model, a.draft
     if model is None:
-        from ssd_engine.default_models import resolve_default_model
+        from ssd_engine.models.default_models import resolve_default_model
         model = resolve_default_model("target")
         if draft is None and any(m in SPECULATIVE for m in modes):
             draft = resolve_default_model("draft")

@@ -10,8 +10,8 @@ class ForwardProbe:
     def __init__(self, runner, blocks, config, prefix: int) -> None:
         import torch
         from ssd_engine import SamplingParams
-        from ssd_engine.engine.core import ScheduledBatch
-        from ssd_engine.engine.core import Sequence
+        from ssd_engine.core.structures import ScheduledBatch
+        from ssd_engine.core.structures import Sequence
 
         self.runner, self.blocks, self.prefix, self.batch_type = runner, blocks, prefix, ScheduledBatch
         self.sync = torch.cuda.synchronize if config.device.startswith("cuda") else (lambda: None)

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from ssd_engine.distributed.shm_collectives import ShmCollectives
-from ssd_engine.profiling.launches import one_kernel
+from ssd_engine.utils.launches import one_kernel
 
 IDLE_TIMEOUT = datetime.timedelta(days=7)
 COMMAND_BYTES = 4096  # one broadcast carries a command this size; a longer one takes a second

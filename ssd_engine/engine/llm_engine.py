@@ -11,26 +11,27 @@ from dataclasses import replace
 import torch
 from transformers import GenerationConfig
 
-from ssd_engine.auto_mode.choose import resolve_auto, size_ssd
-from ssd_engine.config import EngineConfig
-from ssd_engine.default_models import resolve_model_path
-from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.model_runner import DTYPES, ModelRunner, RunnerSpec
+from ssd_engine.planning.choose import resolve_auto, size_ssd
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.models.default_models import resolve_model_path
+from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.runtime.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.preflight import check_before_loading
 from ssd_engine.engine.scheduler import Scheduler
-from ssd_engine.engine.tokenizer_source import load_tokenizer
-from ssd_engine.engine.core import Outcome, ScheduledBatch, Sequence, SequenceStatus
-from ssd_engine.distributed.launch import close_at_exit, start_tensor_parallel, torchrun_world
-from ssd_engine.distributed.placement import available_cores, parse_core_sets, pin, plan_core_sets, unpin
+from ssd_engine.models.tokenizer_source import load_tokenizer
+from ssd_engine.core.structures import Outcome, ScheduledBatch, Sequence, SequenceStatus
+from ssd_engine.tensor_parallel.launch import close_at_exit, start_tensor_parallel, torchrun_world
+from ssd_engine.core.config import parse_core_sets
+from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.models.loader import load_config
-from ssd_engine.outputs import RequestMetrics, RequestOutput
+from ssd_engine.core.outputs import RequestMetrics, RequestOutput
 from ssd_engine.sampling.synthetic import synthetic_acceptance
 from ssd_engine.sampling.verifier import StepResult, Verifier
-from ssd_engine.sampling.streams import Stream, stream_generator
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.core.streams import Stream, stream_generator
+from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.speculative.metrics import SpecMetrics
 from ssd_engine.speculative.setup import build_sync_draft, start_async_draft
 

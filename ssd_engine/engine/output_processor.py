@@ -9,7 +9,7 @@ O(length) a token, ~0.2 ms at 1,000 tokens (Qwen2.5's tokenizer): time the devic
 between a round's read and the next round's launch. So the search first runs on the text of the
 output's last few tokens and decodes the whole output only when that finds a stop string.
 """
-from ssd_engine.engine.core import Sequence
+from ssd_engine.core.structures import Sequence
 
 # A tail's first characters may differ from the whole text's: a character whose bytes the tail cuts
 # decodes to replacement characters (at most 3), a leading space may be stripped, cleanup may join a

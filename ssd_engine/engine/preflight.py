@@ -2,7 +2,7 @@
 path costs no loading time and leaves nothing to shut down."""
 import os
 
-from ssd_engine.config import EngineConfig
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.models.loader import load_config
 
 

@@ -5,7 +5,7 @@ and for SSD tree-branch steps each branch's trunk row, fork point and own path s
 is handed a dense mask. Backends (`layers/attention_backends.py`):
 - `torch`: the reference. Expands the metadata once per step into slot tables and a boolean mask
   (`AttentionMetadata.dense`) and runs SDPA; the CPU path, and the oracle for the others.
-- `triton`: `ssd_engine/kernels/paged_attention.py`, masks generated in the kernel; the CUDA default.
+- `triton`: `kernels/paged_attention.py`, masks generated in the kernel; the CUDA default.
 - `flash-attn`: flash_attn_with_kvcache for paged steps when it is importable (tree steps stay
   on Triton).
 """
@@ -119,7 +119,7 @@ class Attention(nn.Module):
         self.layer_index = 0  # its place in the model: how a compiled step's attention op finds it
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
-        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq * D]. Inside a compiled step (engine/compiled_model.py)
+        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq * D]. Inside a compiled step (runtime/compiled_model.py)
         `meta` is None: the opaque op runs `run` on the step's metadata, eagerly (layers/compiled_ops.py)."""
         if torch.compiler.is_compiling():
             return torch.ops.ssd_engine.paged_attention(q, k, v, self.layer_index)

@@ -1,4 +1,4 @@
-"""The two calls a compiled step (engine/compiled_model.py) must leave as they are, as opaque ops.
+"""The two calls a compiled step (runtime/compiled_model.py) must leave as they are, as opaque ops.
 
 - `onednn_linear`: the matmul of a oneDNN-packed weight (layers/weight_formats.py). Inductor lowers
   `mkldnn._linear_pointwise` only for weights it packed itself while freezing a graph (an assertion
@@ -37,7 +37,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
     current = getattr(_step, "current", None)
     if current is None:
         raise RuntimeError("ssd_engine::paged_attention ran outside attention_step: compile the model through "
-                           "engine/compiled_model.py, which provides the step's metadata")
+                           "runtime/compiled_model.py, which provides the step's metadata")
     attentions, meta = current
     return attentions[layer].run(q, k, v, meta)
 

@@ -13,7 +13,7 @@ from torch import nn
 
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import Span
-from ssd_engine.memory import map_rows
+from ssd_engine.utils.memory import map_rows
 
 
 class VocabParallelEmbedding(nn.Module):

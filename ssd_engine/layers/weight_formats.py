@@ -10,7 +10,7 @@ Only a draft takes the lossy ones: verification uses the q rows the draft's own 
 whatever precision produced them, so the draft's format changes speed and acceptance, never the
 output. The int ops are vectorised for bf16 activations only (fp32 ones take a scalar loop many
 times slower), hence bf16 activations for all three; which format is fastest depends on the CPU
-(bf16 units, AMX, AVX2 only) and the row count, so the engine measures (engine/draft_format.py).
+(bf16 units, AMX, AVX2 only) and the row count, so the engine measures (runtime/draft_format.py).
 """
 from typing import Protocol
 

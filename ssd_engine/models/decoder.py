@@ -129,7 +129,7 @@ class DecoderModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids, positions, meta):
-        """-> hidden [T, H]. engine/compiled_model.py compiles this whole function, meta None."""
+        """-> hidden [T, H]. runtime/compiled_model.py compiles this whole function, meta None."""
         x = self.embed_tokens(input_ids)
         rope = self.rotary.tables(positions, x.dtype)
         residual = None
@@ -138,7 +138,7 @@ class DecoderModel(nn.Module):
         return self.norm.add_forward(x, residual)[0]
 
     def piece(self, index: int, x: torch.Tensor, residual: torch.Tensor | None):
-        """The work between two attentions, what a piecewise graph holds (engine/piecewise_graphs.py).
+        """The work between two attentions, what a piecewise graph holds (runtime/piecewise_graphs.py).
         index 0: x = input ids -> layer 0's (q/k/v projection, residual stream); 0 < index < layers:
         x = layer index - 1's attention output -> layer index's (projection, residual); index = layers:
         -> (the final hidden states, None)."""

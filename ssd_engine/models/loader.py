@@ -9,9 +9,9 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import AutoConfig
 
-from ssd_engine.memory import release_freed_heap, safetensors_header
+from ssd_engine.utils.memory import release_freed_heap, safetensors_header
 from ssd_engine.models import model_class_for
-from ssd_engine.progress import progress_enabled
+from ssd_engine.utils.progress import progress_enabled
 
 
 LOAD_FORMATS = ("auto", "dummy")

@@ -12,7 +12,7 @@ Slow wins for b < b* (x > x*); x* <= 0: slow always wins; x* >= 1: fast always w
 import math
 from dataclasses import dataclass
 
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 
 NEVER = math.inf  # b* when the slow backup always wins
 

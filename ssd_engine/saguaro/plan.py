@@ -5,7 +5,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ssd_engine.config_parts import SpeculativeConfig, SSDConfig
+from ssd_engine.core.config_parts import SpeculativeConfig, SSDConfig
 from ssd_engine.saguaro import calibration as cal_mod
 from ssd_engine.saguaro.calibration import Calibration, find_calibrations
 from ssd_engine.saguaro.fallback import Estimates, FallbackPolicy

@@ -21,7 +21,7 @@ exactly these rows (docs/saguaro.md "Exact verification").
 
 Which branches run (any filter on? any greedy row?) is decided on the host from the sampling
 parameters (`SamplingTensors.from_params`), never by reading the parameter tensors back: on a GPU
-such a read waits for every queued kernel (profiling/sync_count.py).
+such a read waits for every queued kernel (benchmarks/profiling/sync_count.py).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ssd_engine.engine.host_upload import upload
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.utils.host_upload import upload
+from ssd_engine.core.sampling_params import SamplingParams
 
 
 def probs_from_logits(
@@ -123,7 +123,7 @@ class SamplingTensors:
     ) -> SamplingTensors:
         """Each request's parameters `times` times in a row, for logits laid out [n * times, V] (a
         verification's K + 1 positions per sequence): repeated on the host, so the rows cross to the
-        device in one copy (engine/host_upload.py) and nothing is repeated or cast there."""
+        device in one copy (utils/host_upload.py) and nothing is repeated or cast there."""
         # float32: each float rounds as a float32 tensor made from it would, and every top-k that is
         # not disabled (below the vocabulary's size) is exact in it; a huge one rounds to a huge one,
         # disabled all the same

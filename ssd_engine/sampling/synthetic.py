@@ -11,14 +11,14 @@ i.i.d. model of the SSD paper's Theorem 7. The output is then NOT the target's.
   = alpha^j (1 - alpha) for j < K and alpha^K for j = K. The token after the accepted ones (the
   bonus or the correction) is the argmax of the target's row at that position, for greedy and
   sampled requests alike: no draw from the request's own streams, which stay untouched.
-- Draws come from a generator of their own (sampling/streams.py's SYNTHETIC stream, from the
+- Draws come from a generator of their own (core/streams.py's SYNTHETIC stream, from the
   engine's seed), so runs repeat and no request stream shifts.
 """
 import torch
 
-from ssd_engine.engine.core import Proposal
+from ssd_engine.core.structures import Proposal
 from ssd_engine.sampling.rejection import VerifyResult, result_of
-from ssd_engine.sampling.streams import Stream, stream_generator
+from ssd_engine.core.streams import Stream, stream_generator
 
 
 class BernoulliDraws:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ssd_engine.engine.core import Proposal, Sequence
-from ssd_engine.engine.host_upload import upload
+from ssd_engine.core.structures import Proposal, Sequence
+from ssd_engine.utils.host_upload import upload
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample

@@ -11,11 +11,11 @@ import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from ssd_engine.engine.core import Sequence, SequenceStatus
+from ssd_engine.core.structures import Sequence, SequenceStatus
 from ssd_engine.engine.incremental_text import IncrementalText
-from ssd_engine.outputs import RequestOutput
-from ssd_engine.sampling_params import SamplingParams
-from ssd_engine.streaming import TextIncrements
+from ssd_engine.core.outputs import RequestOutput
+from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.engine.streaming import TextIncrements
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ scrape time the engine's speculation metrics (acceptance, cache hits, fallbacks,
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ssd_engine.outputs import RequestOutput
+from ssd_engine.core.outputs import RequestOutput
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict
 
-from ssd_engine.sampling_params import SamplingParams
+from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.server.async_engine import AsyncEngine, Overloaded
 from ssd_engine.server.metrics import ServerMetrics
 

@@ -8,17 +8,17 @@ decodes K tokens, keeping for each the exact probability row it was sampled from
 
 The K draft steps run back to back without reading anything on the host: each step's tokens stay
 on the device and are fed to the next from there, every step's positions and slots went up in one
-copy before the first (engine/decode_feed.py), and which rows draw a uniform is decided from the
+copy before the first (runtime/decode_feed.py), and which rows draw a uniform is decided from the
 sampling parameters. The round's one read is the verifier's.
 """
 import torch
 import torch.nn.functional as F
 
-from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.decode_feed import DecodeFeed
-from ssd_engine.engine.core import Outcome, PageTable, Proposal, ScheduledBatch, Sequence, page_table
-from ssd_engine.engine.host_upload import upload
-from ssd_engine.engine.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.runtime.decode_feed import DecodeFeed
+from ssd_engine.core.structures import Outcome, PageTable, Proposal, ScheduledBatch, Sequence, page_table
+from ssd_engine.utils.host_upload import upload
+from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 

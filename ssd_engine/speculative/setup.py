@@ -5,12 +5,12 @@ import os
 import torch
 from transformers import AutoTokenizer
 
-from ssd_engine.default_models import cache_dir
-from ssd_engine.engine import draft_format
-from ssd_engine.engine.model_runner import RunnerSpec
-from ssd_engine.engine.tokenizer_source import has_tokenizer_files
+from ssd_engine.models.default_models import cache_dir
+from ssd_engine.runtime import draft_format
+from ssd_engine.runtime.model_runner import RunnerSpec
+from ssd_engine.models.tokenizer_source import has_tokenizer_files
 from ssd_engine.models.loader import load_config
-from ssd_engine.sampling.streams import Stream, stream_generator
+from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.saguaro.plan import plan_saguaro
 from ssd_engine.speculative.ssd.coordinator import AsyncDraftClient
 from ssd_engine.speculative.ssd.process import DraftSpec
@@ -34,7 +34,7 @@ def same_tokenizer_files(target_path: str, draft_path: str) -> bool:
 def draft_path_and_vocab(config, engine) -> tuple[str, int]:
     """The draft's folder (checked against the target's tokenizer) and the ids it may propose:
     ids past the tokenizer (embedding padding) or past either model's vocabulary never are."""
-    from ssd_engine.default_models import resolve_model_path
+    from ssd_engine.models.default_models import resolve_model_path
     draft_path = resolve_model_path(config, "draft")
     draft_config = load_config(draft_path, config.load_format)
     tokenizer_source = config.tokenizer or engine.model_path
@@ -95,7 +95,7 @@ def build_sync_draft(config, engine, target: RunnerSpec) -> SyncDraft:
 def with_draft_format(spec: RunnerSpec, option: str, engine, workload: list[tuple[int, int]],
                       cores: list[int] | None, threads: int) -> RunnerSpec:
     """The draft's spec in the weight format `option` resolves to on the cores it will run on
-    (engine/draft_format.py); the engine keeps the choice to report it."""
+    (runtime/draft_format.py); the engine keeps the choice to report it."""
     chosen = draft_format.resolve(option, load_config(spec.model.path, spec.model.load_format), spec.model.device, workload, cores, threads,
                                   cache_dir())
     engine.draft_format = chosen

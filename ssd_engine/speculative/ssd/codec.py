@@ -33,7 +33,7 @@ import torch
 
 from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Kind, QMode, Reply, Request,
                                                  Speculation, SupportRows, Wanted, q_mode_of_width)
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 
 REQUEST_HEADER = 8  # int64 words
 TIMINGS = 4         # float64 words

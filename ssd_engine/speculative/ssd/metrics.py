@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, fields
 
 from ssd_engine.saguaro.calibration import miss_curve
 from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 
 
 @dataclass

@@ -13,9 +13,9 @@ from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
 
-from ssd_engine.config_parts import CacheConfig, ModelConfig
+from ssd_engine.core.config_parts import CacheConfig, ModelConfig
 from ssd_engine.distributed import supervise
-from ssd_engine.engine.model_runner import RunnerSpec
+from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.speculative.ssd import reply_window
 from ssd_engine.speculative.ssd.codec import ReplyLayout
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow

@@ -9,7 +9,7 @@ scattered into the zeroed proposal on the device.
 """
 import torch
 
-from ssd_engine.engine.host_upload import to_device
+from ssd_engine.utils.host_upload import to_device
 from ssd_engine.speculative.ssd.protocol import SupportRows
 
 QRows = torch.Tensor | SupportRows | None

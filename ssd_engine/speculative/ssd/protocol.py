@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 
 RANK_DEPTH = 32  # bonus ranks are tracked this deep; deeper ones are reported as RANK_DEPTH
 

@@ -20,8 +20,8 @@ import torch
 
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.protocol import RANK_DEPTH, Speculation
-from ssd_engine.speculative.ssd.source import Source
-from ssd_engine.engine.host_upload import padded_rows, upload
+from ssd_engine.saguaro.source import Source
+from ssd_engine.utils.host_upload import padded_rows, upload
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 KEEP_LOGITS_BYTES = 256 * 2**20  # ~40 branches x K = 4 at a 150k vocabulary; wider builds glue as before

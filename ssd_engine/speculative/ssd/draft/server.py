@@ -6,15 +6,15 @@
 """
 import time
 
-from ssd_engine.engine.block_manager import BlockManager
+from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.sampling.synthetic import BernoulliDraws, synthetic_draws
-from ssd_engine.sampling.streams import Stream, stream_generator
+from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
 from ssd_engine.speculative.ssd.draft.cache_builder import CacheBuilder, bonus_rank
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Request, Speculation
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 
 
 class DraftServer:
@@ -131,7 +131,7 @@ class DraftServer:
         return DraftTimings(self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, b.step_rows)
 
     def _generators(self, seq_id: int, params: DraftParams, num_tokens: int) -> tuple:
-        """The sequence's draft and backup streams, unrelated to the target's (sampling/streams.py).
+        """The sequence's draft and backup streams, unrelated to the target's (core/streams.py).
         Salted with the token count: a sequence re-learnt after preemption gets fresh streams
         instead of replaying draws that already shaped its emitted tokens."""
         device = self.trunk.runner.device

@@ -9,14 +9,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssd_engine.engine.block_manager import BlockManager
-from ssd_engine.engine.core import PageTable, page_table
-from ssd_engine.engine.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.core.structures import PageTable, page_table
+from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.saguaro.sampling import saguaro_probs
 from ssd_engine.speculative.ssd.protocol import DraftParams, Speculation
-from ssd_engine.speculative.ssd.source import Source
+from ssd_engine.saguaro.source import Source
 
 
 @dataclass

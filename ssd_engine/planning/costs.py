@@ -1,0 +1,206 @@
+"""Measure what one forward costs on this machine, once per machine, for the mode choice.
+
+Four curves, seconds per forward by rows after a PREFIX-token context:
+- the target on every core the engine was given (AR and SD);
+- the target on SSD's target cores while the draft's cores decode beside it, as SSD runs its
+  verification (planning/contention.py);
+- the SD draft on every core (its one-row steps);
+- the SSD draft on its own cores (glue and branch steps) while the target's cores decode as the
+  verification does (planning/contention.py), in each candidate format: the probe's pick for one-row
+  steps (SD's) and for SSD's branch workload. The run-time build budget shrinks B until the build
+  fits the verification, and at a small B the one-row format can be the faster one, so the
+  prediction, not the probe alone, picks SSD's format (planning/choose.py).
+Each draft runs in the weight format it would use (runtime/draft_format.py). The models are built
+at their real shapes and formats with TIMED_LAYERS layers of dummy weights (a forward's cost does not
+depend on the values, every layer costs the same, nothing is read from disk), timed, scaled to
+the whole model and dropped before the engine loads its own: ~20 s on the default pair, with a
+progress bar. The result is cached under the cache directory, keyed by the machine fingerprint
+(CPU, flags, torch, cores, threads) and the pair, so later runs decide at once.
+"""
+import gc
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+
+import torch
+from tqdm import tqdm
+
+from ssd_engine.planning.contention import memory_traffic
+from ssd_engine.planning.predict import Costs
+from ssd_engine.core.config_parts import CacheConfig, ModelConfig
+from ssd_engine.distributed.placement import pin, unpin
+from ssd_engine.runtime import draft_format
+from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
+from ssd_engine.utils.memory import release_freed_heap
+from ssd_engine.models.loader import load_config
+from ssd_engine.utils.progress import progress_enabled
+
+PREFIX = 128
+BLOCK = 16
+TARGET_ROWS = (1, 5, 9)                  # AR's one row, verification of K + 1 for K up to 8
+DRAFT_ROWS = (1, 5, 9, 16, 32)           # one-row drafting, the glue (K + 1), branch steps (B)
+SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K = 4, B ~ 8
+REPEATS = 5                              # after two warm-ups; the median counts
+TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
+PAGES = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
+# 2: the SSD target timed under the draft cores' memory traffic; 3: bf16 drafts attend in fp32;
+# 4: each side timed beside a matrix-vector neighbour, the SSD draft in each candidate format
+VERSION = 4
+
+
+@dataclass
+class MeasuredCosts:
+    key: str
+    target_cores: list[int]
+    draft_cores: list[int]
+    target_all: dict[int, float]
+    target_one: dict[int, float]
+    draft_all: dict[int, float]
+    draft_one: dict[str, dict[int, float]]  # SSD draft format -> its curve
+    sd_format: str
+    ssd_format: str                 # the probe's pick for SSD's branch workload
+    seconds: float                  # how long measuring took
+    version: int = VERSION
+
+    def costs(self, ssd_format: str | None = None) -> Costs:
+        """The cost curves with the SSD draft in `ssd_format` (None: the probe's pick)."""
+        draft_one = self.draft_one[ssd_format or self.ssd_format]
+        return Costs(_curve(self.target_all), _curve(self.target_one), _curve(self.draft_all), _curve(draft_one),
+                     ssd_possible=bool(self.draft_cores))
+
+    @classmethod
+    def load(cls, path: str) -> "MeasuredCosts":
+        with open(path) as f:
+            raw = json.load(f)
+        if raw.get("version") != VERSION:
+            raise ValueError(f"{path}: costs of version {raw.get('version')}, this engine reads {VERSION}")
+        for name in ("target_all", "target_one", "draft_all"):
+            raw[name] = {int(rows): s for rows, s in raw[name].items()}
+        raw["draft_one"] = {fmt: {int(rows): s for rows, s in curve.items()} for fmt, curve in raw["draft_one"].items()}
+        return cls(**raw)
+
+    def save(self, path: str) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(asdict(self), f, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+def _curve(measured: dict[int, float]):
+    """Piecewise-linear in rows through the measured points, extended linearly past the last two.
+    A forward of fewer rows never costs more than one of more: a point above a later one is
+    noise (a neighbour's memory traffic, a first call's allocations) and takes the later value."""
+    rows = sorted(measured)
+    points = {n: min(measured[m] for m in rows if m >= n) for n in rows}
+
+    def at(n: float) -> float:
+        if n <= rows[0] or len(rows) == 1:
+            return points[rows[0]]
+        for lo, hi in zip(rows, rows[1:]):
+            if n <= hi or hi == rows[-1]:
+                return points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
+        raise AssertionError("unreachable")
+    return at
+
+
+def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
+                    target_cores: list[int], draft_cores: list[int]) -> tuple[MeasuredCosts, bool]:
+    """-> (costs, whether they came from the cache). `draft_cores` empty: no SSD (too few cores)."""
+    path = os.path.join(cache_dir, "calibrations", f"mode-costs-{key}.json")
+    try:
+        cached = MeasuredCosts.load(path)
+        if cached.key == key:
+            return cached, True
+    except (OSError, ValueError, TypeError, KeyError):
+        pass
+    measured = measure(key, cache_dir, target, draft, draft_dtype, target_cores, draft_cores)
+    measured.save(path)
+    return measured, False
+
+
+def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
+            target_cores: list[int], draft_cores: list[int]) -> MeasuredCosts:
+    started = time.perf_counter()
+    every = sorted(set(target_cores) | set(draft_cores))
+    draft_hf = load_config(draft.path, "dummy")
+    sd_format = draft_format.resolve(draft_dtype, draft_hf, "cpu", [(1, 4)], every, len(every), cache_dir)
+    ssd_format = (draft_format.resolve(draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores),
+                                       cache_dir) if draft_cores else sd_format)
+    ssd_formats = list({f.name: f for f in (sd_format, ssd_format)}.values()) if draft_cores else []
+    steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) + 1 + len(DRAFT_ROWS) * len(ssd_formats)
+    with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
+        runner = _build(target)
+        target_all = _time(runner, TARGET_ROWS, every, bar)
+        target_one = {}
+        if draft_cores:
+            with memory_traffic(draft_cores, "bfloat16"):  # what the SSD target meets: the draft beside it
+                target_one = _time(runner, TARGET_ROWS, target_cores, bar)
+        del runner
+        _release()  # the target's weights go before a draft loads
+        runner = _build(draft, sd_format)
+        draft_all = _time(runner, (1,), every, bar)
+        draft_one = {}
+        for fmt in ssd_formats:  # SD's format first: it is the one built
+            if fmt.name != sd_format.name:
+                del runner
+                _release()
+                runner = _build(draft, fmt)
+            with memory_traffic(target_cores, "float32"):  # the fp32 target verifying beside it
+                draft_one[fmt.name] = _time(runner, DRAFT_ROWS, draft_cores, bar)
+        del runner
+        _release()
+    return MeasuredCosts(key, target_cores, draft_cores, target_all, target_one or target_all, draft_all,
+                         draft_one or {sd_format.name: draft_all}, sd_format.name, ssd_format.name,
+                         time.perf_counter() - started)
+
+
+def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
+    """The model in its real format and shapes, with TIMED_LAYERS of its decoder layers and dummy
+    weights (models/loader.py: random normal floats): a forward's cost does not depend on the
+    values, every layer costs the same, and nothing is read from disk (seconds, where building the
+    whole model takes tens)."""
+    # eager even when the engine compiles: compiling these throwaway models would cost more than the
+    # few percent it changes a forward's time (runtime/compiled_model.py)
+    changes = {"load_format": "dummy", "compile": False} | ({"dtype": fmt.dtype, "weight_format": fmt.name}
+                                                           if fmt else {})
+    hf_config = load_config(model.path, "dummy")
+    layers = hf_config.num_hidden_layers
+    hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)
+    runner = RunnerSpec(replace(model, **changes), CacheConfig(BLOCK, PAGES), PREFIX + max(DRAFT_ROWS) + 1).build(
+        hf_config=hf_config)
+    context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]  # ids every vocabulary has
+    runner.run(StepInputs([0], [context], [list(range(PAGES))], [[PREFIX - 1]]))
+    return runner, layers / hf_config.num_hidden_layers
+
+
+def _time(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, float]:
+    """Median seconds of a whole model's forward of n new rows (logits for every row) on `cores`:
+    the built layers' time scaled to the model's layer count, plus the LM head's."""
+    runner, scale = built
+    token = pin(cores, len(cores))
+    try:
+        result = {}
+        for n in rows:
+            fed = [42 % runner.config.vocab_size] * n
+            ids, positions, meta = runner.prepare(StepInputs([PREFIX], [fed], [list(range(PAGES))], [list(range(n))]))
+            times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][2:]
+            result[n] = sorted(times)[REPEATS // 2]
+            bar.update(1)
+        return result
+    finally:
+        unpin(token)
+
+
+@torch.inference_mode()
+def _forward_s(runner, ids, positions, meta, scale: float) -> float:
+    start = time.perf_counter()
+    hidden = runner.model(ids, positions, meta)
+    layers_done = time.perf_counter()
+    runner.model.compute_logits(hidden)
+    return (layers_done - start) * scale + time.perf_counter() - layers_done
+
+
+def _release() -> None:
+    gc.collect()
+    release_freed_heap()

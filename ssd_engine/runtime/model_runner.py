@@ -1,0 +1,288 @@
+"""Owns one model and its paged KV cache: turns a scheduled batch into tensors, runs forward.
+
+Inputs are flattened over the batch (no padding in the dense layers); attention gets compact
+metadata (block tables, key counts, query offsets). A sequence computing new tokens
+[start, start + n) attends to every slot up to its own position (causal over cached prefix + new
+tokens). On a GPU, steps of uniform shape replay CUDA graphs (runtime/cuda_graphs.py), other steps
+of up to 512 tokens piecewise ones with attention run between them (runtime/piecewise_graphs.py).
+
+Under tensor parallelism every rank has a ModelRunner over its slice of the model and of the KV
+heads; all ranks run `run()` on the same StepInputs in lockstep and only rank 0 gets logits.
+"""
+import os
+from dataclasses import dataclass, replace
+
+import torch
+
+from ssd_engine.core.config_parts import CacheConfig, ModelConfig
+from ssd_engine.models.default_models import cache_dir
+from ssd_engine.distributed.comm import TPGroup
+from ssd_engine.distributed.partition import max_kv_heads_per_rank
+from ssd_engine.runtime.compiled_model import CompiledModel
+from ssd_engine.core.structures import ScheduledBatch
+from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
+from ssd_engine.utils.host_upload import padded_rows, to_device, upload
+from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
+from ssd_engine.layers.attention import AttentionMetadata, torch_attention
+from ssd_engine.layers.attention_backends import select_backend, select_fused_kernels
+from ssd_engine.layers import row_padding
+from ssd_engine.layers.linear import Linear
+from ssd_engine.utils.machine import fingerprint
+from ssd_engine.utils.memory import lazy_zeros
+from ssd_engine.models.loader import build_model, load_config
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class StepInputs:
+    """Everything a forward pass needs, as plain lists (what travels to tensor-parallel workers),
+    except fed tokens that are still on the device (draft tokens: reading them on the host would
+    wait for the draft's last step)."""
+    starts: list[int]               # per sequence: tokens already in the KV cache
+    token_ids: list[list[int]]      # per sequence: the tokens fed this step
+    block_tables: list[list[int]]   # per sequence: its KV pages
+    logit_rows: list[list[int]]     # per sequence: offsets into its fed tokens that need logits
+    # (flat positions over every fed token, a device tensor of as many ids): fed there instead of
+    # the placeholders token_ids holds at those places; None: token_ids is the whole feed
+    on_device: tuple[list[int], torch.Tensor] | None = None
+
+    @classmethod
+    def from_batch(cls, batch: ScheduledBatch, logit_rows: list[list[int]],
+                   token_ids: list[list[int]] | None = None,
+                   on_device: tuple[list[int], torch.Tensor] | None = None) -> "StepInputs":
+        """`token_ids[i]` overrides the tokens fed for sequence i (draft tokens)."""
+        starts = [seq.num_computed_tokens for seq in batch.seqs]
+        if token_ids is None:
+            token_ids = [seq.token_ids[s:s + n] for seq, s, n in zip(batch.seqs, starts, batch.num_new_tokens)]
+        for fed, n in zip(token_ids, batch.num_new_tokens):
+            assert len(fed) == n
+        return cls(starts, list(token_ids), [seq.block_table for seq in batch.seqs], logit_rows, on_device)
+
+    def on_host(self) -> "StepInputs":
+        """The same step with every fed token in token_ids (one host read of the device-held ones):
+        what tensor-parallel workers are sent."""
+        if self.on_device is None:
+            return self
+        flat = [t for fed in self.token_ids for t in fed]
+        at, values = self.on_device
+        for position, token in zip(at, values.tolist()):
+            flat[position] = token
+        token_ids, start = [], 0
+        for fed in self.token_ids:
+            token_ids.append(flat[start:start + len(fed)])
+            start += len(fed)
+        return replace(self, token_ids=token_ids, on_device=None)
+
+
+@dataclass(frozen=True)
+class RunnerSpec:
+    """The one way to build a ModelRunner (target, tensor-parallel ranks, SD draft, SSD draft
+    process), in plain values so other processes can build their own."""
+    model: ModelConfig     # path resolved
+    cache: CacheConfig     # num_kv_blocks resolved
+    max_position: int      # positions the model must cover: max_model_len + K + 1 (drafting and verifying run past it)
+
+    def with_model(self, **changes) -> "RunnerSpec":
+        """This spec with some ModelConfig fields changed (a draft's path, a rank's device)."""
+        return replace(self, model=replace(self.model, **changes))
+
+    def build(self, tp: TPGroup | None = None, hf_config=None) -> "ModelRunner":
+        """`hf_config`: replaces the checkpoint's (a few-layer copy of a model, to time it)."""
+        tp = tp or TPGroup.single()
+        model = self.model
+        device = torch.device(model.device)
+        if device.type == "cuda" and tp.rank > 0:
+            device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
+        return ModelRunner(model.path, hf_config or load_config(model.path, model.load_format), num_kv_blocks=self.cache.num_kv_blocks,
+                           block_size=self.cache.block_size, max_position=self.max_position,
+                           dtype=DTYPES[model.dtype], device=device, weight_layout=model.weight_layout, tp=tp,
+                           attention_backend=model.attention_backend,
+                           cuda_graph_max_batch=model.cuda_graph_max_batch, weight_format=model.weight_format,
+                           load_format=model.load_format, compile_model=model.compile,
+                           fused_kernels=model.fused_kernels)
+
+
+class ModelRunner:
+    def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_position: int,
+                 dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
+                 tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0,
+                 weight_format: str | None = None, load_format: str = "auto",
+                 compile_model: bool = False, fused_kernels: str = "off") -> None:
+        self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.config = hf_config
+        self.tp = tp or TPGroup.single()
+        self.weight_layout = weight_layout
+        self.weight_format = weight_format  # a draft's chosen format; None: this dtype's own
+        if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
+            # before any forward: whether oneDNN runs one-row steps faster padded (layers/row_padding.py)
+            row_padding.measure_once(dtype, fingerprint(sorted(os.sched_getaffinity(0)), torch.get_num_threads()),
+                                     str(cache_dir()))
+        self.model = build_model(model_path, hf_config, max_position, dtype, device, self.tp,
+                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=load_format)
+        self.attention_backend = select_backend(attention_backend, device, block_size)
+        for layer in self.model.model.layers:
+            layer.self_attn.attn.backend = self.attention_backend
+        self.fused_kernels = select_fused_kernels(fused_kernels, device, compile_model)
+        self.model.use_fused_kernels(self.fused_kernels)
+        # the forward every step runs (and CUDA graphs capture): the model's, or it compiled
+        # (runtime/compiled_model.py; tensor parallelism's all-reduces are not traced)
+        self.compiled = CompiledModel(self.model.model) if compile_model and self.tp.size == 1 else None
+        self.hidden = self.compiled or self.model
+        self.graphs = self._graph_runner(cuda_graph_max_batch, num_kv_blocks, max_position)
+        self.piecewise = self._piecewise_graphs(cuda_graph_max_batch)
+        self._allocate_kv_cache(num_kv_blocks + (self.graphs is not None))  # + the padding rows' page
+        if self.compiled is not None:
+            self.compiled.warm_up(self._throwaway_step)
+
+    def _pack(self, name: str, module) -> None:
+        """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
+        if not isinstance(module, Linear) or self.device.type != "cpu":
+            return
+        if self.weight_format is not None:  # a draft: every Linear, a tied head included, in its format
+            module.pack_for_cpu(keep_plain=False, fmt=self.weight_format)
+            return
+        native = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype)
+        if self.weight_layout == "plain" or native is None:
+            return
+        # a tied head shares the embedding table, which must stay plain: packing it would be a
+        # second copy, which only "dual" pays for
+        tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        if name == "lm_head" and tied and self.weight_layout != "dual":
+            return
+        module.pack_for_cpu(keep_plain=self.weight_layout == "dual", fmt=native)
+
+    def _graph_runner(self, cap: int, num_kv_blocks: int, max_position: int) -> GraphRunner | None:
+        """CUDA graphs on a GPU with a kernel backend; SSD_ENGINE_EMULATE_CUDA_GRAPHS=1 runs their
+        static-buffer path on CPU too (tests). The torch reference's dense masks cannot be captured."""
+        if cap == 0 or self.attention_backend is torch_attention or not (self.device.type == "cuda" or emulating()):
+            return None
+        return GraphRunner(self.hidden, cap=cap, max_pages=-(-max_position // self.block_size),
+                           block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
+                           capture="cuda" if self.device.type == "cuda" else "emulate",
+                           recorded=self.compiled is None)
+
+    def _piecewise_graphs(self, cap: int) -> PiecewiseGraphs | None:
+        """Piecewise graphs (runtime/piecewise_graphs.py) where whole-step ones run, for the steps they
+        cannot hold; not for a compiled forward (its one region already runs every width)."""
+        if cap == 0 or self.compiled is not None or not (self.device.type == "cuda" or emulating()):
+            return None
+        return PiecewiseGraphs(self.model.model, device=self.device,
+                               capture="cuda" if self.device.type == "cuda" else "emulate")
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        tokens = input_ids.shape[0]
+        key = self.graphs and self.graphs.family_key(meta, tokens)
+        if key:
+            return self.graphs.run(input_ids, positions, meta, key)
+        if self.piecewise is not None and self.piecewise.holds(tokens):
+            return self.piecewise.run(input_ids, positions, meta)
+        return self.hidden(input_ids, positions, meta)
+
+    @torch.inference_mode()
+    def _throwaway_step(self, tokens: int) -> None:
+        """A forward of `tokens` tokens into the first pages, to compile at start-up: no sequence
+        holds a page yet, and each writes its K/V before it reads them."""
+        pages = list(range(-(-tokens // self.block_size)))
+        self._forward(*self.prepare(StepInputs([0], [[0] * tokens], [pages], [[]])))
+
+    @torch.inference_mode()
+    def capture_graphs(self, keys: list[tuple]) -> None:
+        """Graph these step shapes, captured now for every row bucket (the CPU emulation captures
+        lazily, keeping tests fast). ("paged", n): n tokens per row; ("tree", K): branch steps
+        with K-token paths. Other steps replay piecewise graphs (runtime/piecewise_graphs.py), captured
+        now too, up to their largest bucket of tokens, and run eagerly past it."""
+        if self.piecewise is not None and self.piecewise.capture == "cuda":
+            self.piecewise.capture_all()
+        if self.graphs is None:
+            return
+        if self.graphs.capture == "cuda":
+            self.graphs.capture_all(keys)
+        self.graphs.add_shapes(keys)
+
+    @staticmethod
+    def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
+        """Bytes of one KV page on the rank holding the most KV heads."""
+        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        per_token = 2 * hf_config.num_hidden_layers * max_kv_heads_per_rank(hf_config, tp_size) * head_dim
+        return per_token * block_size * torch.finfo(dtype).bits // 8
+
+    def _allocate_kv_cache(self, num_blocks: int) -> None:
+        layers = self.model.model.layers
+        attn0 = layers[0].self_attn.attn
+        shape = (2, len(layers), num_blocks * self.block_size, attn0.num_kv_heads, attn0.head_dim)
+        # sized for every sequence at full length; on CPU only the pages written become resident
+        self.kv_cache = lazy_zeros(shape, self.dtype, self.device)
+        for i, layer in enumerate(layers):
+            layer.self_attn.attn.k_cache = self.kv_cache[0, i]
+            layer.self_attn.attn.v_cache = self.kv_cache[1, i]
+
+    def prepare(self, inputs: StepInputs):
+        """Flat input ids and positions plus the attention metadata of one step."""
+        return self._prepared(inputs)[:3]
+
+    def _prepared(self, inputs: StepInputs):
+        """prepare's three, and the flat index of the rows `inputs.logit_rows` names: all of it
+        crosses to the device in one copy (utils/host_upload.py)."""
+        bs = self.block_size
+        ids, positions, slots, kv_lens, query_start, logit_index = [], [], [], [], [0], []
+        for start, fed, table, rows in zip(inputs.starts, inputs.token_ids, inputs.block_tables, inputs.logit_rows):
+            end = start + len(fed)
+            logit_index.extend(len(ids) + r for r in rows)
+            ids.extend(fed)
+            positions.extend(range(start, end))
+            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            kv_lens.append(end)
+            query_start.append(query_start[-1] + len(fed))
+        max_kv = max(kv_lens)
+        pages = -(-max_kv // bs)
+        held_at, held = inputs.on_device or ([], None)
+        ids_t, positions_t, slots_t, kv_lens_t, query_start_t, tables_t, held_at_t, logit_index_t = upload(
+            [ids, positions, slots, kv_lens, query_start, padded_rows(inputs.block_tables, pages), held_at,
+             logit_index], self.device, torch.int32)  # int32 throughout: no casts on the device
+        if held is not None:  # device-held fed tokens (drafts) written in place there: no host read
+            held = held.to(self.device) if held.device.type != "cpu" else to_device(held, self.device)
+            ids_t = held if held_at == list(range(len(ids))) else ids_t.index_put_((held_at_t,), held.to(torch.int32))
+        meta = AttentionMetadata(
+            slot_mapping=slots_t, block_tables=tables_t.view(len(kv_lens), pages),
+            kv_lens=kv_lens_t, query_start=query_start_t,
+            max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
+        return ids_t, positions_t, meta, logit_index_t
+
+    def copy_kv(self, src_slots: list[int], dst_slots: list[int]) -> None:
+        """Every layer's K and V at src_slots written to dst_slots (a computed path kept as is)."""
+        src = torch.tensor(src_slots, dtype=torch.long, device=self.device)
+        dst = torch.tensor(dst_slots, dtype=torch.long, device=self.device)
+        self.kv_cache[:, :, dst] = self.kv_cache[:, :, src]
+
+    @property
+    def local(self) -> "ModelRunner":
+        """This process's own runner (a tensor-parallel runner answers its rank 0's)."""
+        return self
+
+    def release(self, seq) -> None:
+        """A sequence's pages were freed: nothing to forget here (its page table is the caller's)."""
+
+    def close(self) -> None:
+        """Nothing runs beside it: the model and its KV cache go with the object."""
+
+    def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids=None, on_device=None):
+        """Run the batch; return logits [R, V] (fp32) for the rows named by `logit_rows[i]`
+        (offsets into sequence i's new tokens), concatenated in batch order. `token_ids` and
+        `on_device` as in `StepInputs`."""
+        return self.run(StepInputs.from_batch(batch, logit_rows, token_ids, on_device))
+
+    @torch.inference_mode()
+    def run_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+        """Forward with attention metadata built by the caller (tree attention); logits of every row."""
+        return self.model.compute_logits(self._forward(input_ids, positions, meta)).float()
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor | None:
+        """Forward one step; logits on rank 0, None on other tensor-parallel ranks."""
+        input_ids, positions, meta, logit_index = self._prepared(inputs)
+        hidden = self._forward(input_ids, positions, meta)
+        if not logit_index.shape[0]:  # every rank agrees on this (same inputs): no collective is skipped unevenly
+            return hidden.new_zeros(0, self.config.vocab_size, dtype=torch.float32) if self.tp.rank == 0 else None
+        logits = self.model.compute_logits(hidden[logit_index])
+        return logits.float() if logits is not None else None
