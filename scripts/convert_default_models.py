@@ -18,7 +18,7 @@ from pathlib import Path
 # Runnable from a plain checkout without installing the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ssd_engine import default_models as dm  # noqa: E402
+from ssd_engine.models import default_models as dm  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ssd_engine import default_models as dm
+from ssd_engine.models import default_models as dm
 
 
 def _make_fake_parts(tmp_path, chunks, monkeypatch):

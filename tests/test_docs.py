@@ -3,14 +3,16 @@ the checkout, docs/ARCHITECTURE.md's module map names exactly the modules under 
 names it attributes to them, and nothing points outside the repository."""
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from repo_files import REPO, tracked_files
+
 PACKAGE = REPO / "ssd_engine"
+KERNELS = REPO / "kernels"  # installed as ssd_engine.kernels
 ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
-SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", "build", "dist"}
 # templates, not files: benchmarks/results/DATE-bench.md, "$out/$day-gpu.txt", saguaro-<target>-T<T>.json
 TEMPLATE = re.compile(r"DATE|^[-.]|[<>{}$*]")
 EXTENSIONS = "py|md|sh|json|txt|toml|png"
@@ -26,18 +28,13 @@ NOT_OURS = {
 
 
 def _files(*tops: str, suffixes: tuple[str, ...]) -> list[Path]:
-    found = []
-    for top in tops:
-        root = REPO / top
-        paths = [root] if root.is_file() else root.rglob("*")
-        found += [p for p in paths if p.is_file() and p.suffix in suffixes and not SKIP_DIRS & set(p.parts)]
-    return sorted(found)
+    return [p for top in tops for p in tracked_files(under=top) if p.suffix in suffixes]
 
 
 def citing_files() -> list[Path]:
     """Code, README and docs. benchmarks/results/ is left out: a result describes the checkout it
     was measured on (it records the commit), whose files may since have moved."""
-    code = _files("ssd_engine", "benchmarks", "scripts", "tests", ".ci", suffixes=(".py", ".sh", ""))
+    code = _files("ssd_engine", "kernels", "benchmarks", "scripts", "tests", ".ci", suffixes=(".py", ".sh", ""))
     docs = _files("README.md", "docs", suffixes=(".md",))
     return [p for p in code if "results" not in p.relative_to(REPO).parts] + docs + [REPO / "pyproject.toml"]
 
@@ -73,15 +70,35 @@ def test_cited_doc_sections_exist():
     assert not missing, missing
 
 
-def test_nothing_points_outside_the_repository():
-    # spelled in pieces so this file does not match itself
-    outside = [b"../" + b"shared", b"/" + b"work/"]
+# spelled in pieces so this file does not match itself
+OUTSIDE = [b"../" + b"shared", b"/" + b"work/"]
+
+
+def pointing_outside(root: Path) -> list[str]:
     offenders = []
-    for path in sorted(REPO.rglob("*")):
-        if path.is_file() and not SKIP_DIRS & set(path.relative_to(REPO).parts) and ".egg-info" not in str(path):
-            data = path.read_bytes()
-            offenders += [f"{path.relative_to(REPO)}: {o.decode()}" for o in outside if o in data]
-    assert not offenders, offenders
+    for path in tracked_files(root):
+        data = path.read_bytes()
+        offenders += [f"{path.relative_to(root)}: {o.decode()}" for o in OUTSIDE if o in data]
+    return offenders
+
+
+def test_nothing_points_outside_the_repository():
+    assert not pointing_outside(REPO), pointing_outside(REPO)
+
+
+def test_repository_scans_skip_what_a_user_keeps_in_the_checkout(tmp_path):
+    """A newcomer's `python -m venv .venv` inside the checkout: wheels carry their build paths, and
+    neither they nor caches or results are the repository's."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / "ours.py").write_text("print('ours')\n")
+    subprocess.run(["git", "-C", str(tmp_path), "add", "ours.py"], check=True)
+    for untracked in (".venv/lib/python3.11/site-packages/hf_xet/build.txt", "results/notes.md", "scratch.py"):
+        (tmp_path / untracked).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / untracked).write_bytes(b"built in " + OUTSIDE[1] + b"build/hf_xet\n")
+    assert tracked_files(tmp_path) == [tmp_path / "ours.py"]
+    assert pointing_outside(tmp_path) == []
+    (tmp_path / "ours.py").write_bytes(b"# see " + OUTSIDE[0] + b"/notes\n")
+    assert pointing_outside(tmp_path) == ["ours.py: " + OUTSIDE[0].decode()]
 
 
 # ---- docs/ARCHITECTURE.md's module map --------------------------------------------------------------
@@ -106,7 +123,7 @@ def module_map() -> list[tuple[list[Path], str]]:
         for entry in re.findall(r"`([^`]+)`", cells[0]):
             for name in _expand(entry):
                 top = name.split("/", 1)[0]
-                files.append(REPO / name if top in ("ssd_engine", "benchmarks", "scripts", "tests") else PACKAGE / name)
+                files.append(REPO / name if top in ("ssd_engine", "kernels", "benchmarks", "scripts", "tests") else PACKAGE / name)
         rows.append((files, "|".join(cells[1:])))
     return rows
 
@@ -118,7 +135,8 @@ def test_module_map_names_only_existing_files():
 
 def test_module_map_covers_every_module_of_the_package():
     mapped = {f for files, _ in module_map() for f in files}
-    modules = {p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py" and "__pycache__" not in p.parts}
+    modules = {p for top in ("ssd_engine", "kernels") for p in tracked_files(under=top)
+               if p.suffix == ".py" and p.name != "__init__.py"}
     unmapped = sorted(str(p.relative_to(REPO)) for p in modules - mapped)
     assert not unmapped, f"docs/ARCHITECTURE.md's module map lacks {unmapped}"
     assert PACKAGE / "__init__.py" in mapped  # the public API
@@ -141,8 +159,8 @@ def test_runners_are_built_only_through_runner_spec():
     """docs/ARCHITECTURE.md: every ModelRunner of the engine (target, TP ranks, SD draft, SSD draft
     process) comes from RunnerSpec.build, so a new runner option is added in one place."""
     direct = []
-    for path in PACKAGE.rglob("*.py"):
-        if path.name == "model_runner.py":
+    for path in tracked_files(under="ssd_engine"):
+        if path.suffix != ".py" or path.name == "model_runner.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "ModelRunner":

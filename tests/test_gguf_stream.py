@@ -13,7 +13,7 @@ import torch
 
 gguf = pytest.importorskip("gguf", reason="converting a GGUF needs the gguf package")
 
-from ssd_engine import gguf_stream  # noqa: E402
+from ssd_engine.models import gguf_stream  # noqa: E402
 
 
 def write_gguf(path, tensors: dict[str, tuple[np.ndarray, "gguf.GGMLQuantizationType"]]) -> None:

@@ -10,9 +10,11 @@ import os
 
 import pytest
 
+from repo_files import tracked_files
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # where each package's source lives: ssd_engine/, and the kernels installed as ssd_engine.kernels
-SOURCES = {"ssd_engine": os.path.join(REPO, "ssd_engine"), "ssd_engine.kernels": os.path.join(REPO, "kernels")}
+SOURCES = {"ssd_engine": "ssd_engine", "ssd_engine.kernels": "kernels"}
 # bottom first: a package may import its own modules and those of the layers below it, nothing else.
 # The modules at the package's top (the public API and the command lines) form the top layer.
 LAYERS = [
@@ -35,13 +37,11 @@ LAYERS = [
 
 def _modules() -> dict[str, str]:
     found = {}
-    for package, root in SOURCES.items():
-        for folder, _, files in os.walk(root):
-            for name in files:
-                if name.endswith(".py"):
-                    path = os.path.join(folder, name)
-                    module = package + "." + os.path.relpath(path, root)[:-3].replace(os.sep, ".")
-                    found[module.removesuffix(".__init__")] = path
+    for package, folder in SOURCES.items():
+        for path in tracked_files(under=folder):
+            if path.suffix == ".py":
+                module = package + "." + str(path.relative_to(REPO))[len(folder) + 1:-3].replace(os.sep, ".")
+                found[module.removesuffix(".__init__")] = str(path)
     return found
 
 

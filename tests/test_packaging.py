@@ -10,8 +10,10 @@ import sys
 import tomllib
 import zipfile
 
+from repo_files import tracked_files
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CODE_DIRS = ("ssd_engine", "benchmarks", "scripts", "tests")
+CODE_DIRS = ("ssd_engine", "kernels", "benchmarks", "scripts", "tests")
 
 
 def setuptools_table() -> dict:
@@ -21,11 +23,8 @@ def setuptools_table() -> dict:
 
 def package_folders() -> set[str]:
     """Every folder of ssd_engine/ that is a package, as a dotted name."""
-    found = set()
-    for folder, _, files in os.walk(os.path.join(REPO_ROOT, "ssd_engine")):
-        if "__init__.py" in files:
-            found.add(os.path.relpath(folder, REPO_ROOT).replace(os.sep, "."))
-    return found
+    return {os.path.relpath(p.parent, REPO_ROOT).replace(os.sep, ".")
+            for p in tracked_files(under="ssd_engine") if p.name == "__init__.py"}
 
 
 def test_kernels_import_under_the_project_namespace():
@@ -61,16 +60,9 @@ def test_the_wheel_holds_only_ssd_engine_with_the_kernels_inside(tmp_path):
 
 def test_no_code_imports_a_top_level_kernels():
     offenders = []
-    for top in CODE_DIRS:
-        for folder, _, files in os.walk(os.path.join(REPO_ROOT, top)):
-            for name in files:
-                if not name.endswith(".py"):
-                    continue
-                path = os.path.join(folder, name)
-                with open(path, encoding="utf-8") as f:
-                    tree = ast.parse(f.read(), path)
-                for node in ast.walk(tree):
-                    names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
-                        [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-                    offenders += [f"{path}: {n}" for n in names if n == "kernels" or n.startswith("kernels.")]
+    for path in (p for top in CODE_DIRS for p in tracked_files(under=top) if p.suffix == ".py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            offenders += [f"{path}: {n}" for n in names if n == "kernels" or n.startswith("kernels.")]
     assert not offenders, offenders

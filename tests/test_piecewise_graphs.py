@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
-from ssd_engine.engine import piecewise_graphs  # noqa: E402
+from ssd_engine.runtime import piecewise_graphs  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner, StepInputs  # noqa: E402
 from ssd_engine.runtime.piecewise_graphs import SMALLEST, token_buckets  # noqa: E402
 from ssd_engine.models.loader import load_config  # noqa: E402

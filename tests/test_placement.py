@@ -18,7 +18,7 @@ pytest.importorskip("triton")
 from placement_harness import gpu_placement  # noqa: E402
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
-from ssd_engine.engine import model_runner  # noqa: E402
+from ssd_engine.runtime import model_runner  # noqa: E402
 from ssd_engine.utils.launches import kernel_launch  # noqa: E402
 from profiling.placement import Place, PlacementChecker  # noqa: E402
 
