@@ -115,9 +115,9 @@ def report(llm, outputs: list, load_s: float) -> None:
     print("[engine] " + " ".join(f"{key}={value}" for key, value in llm.engine.execution().items()), file=sys.stderr)
     print(f"[stats] requests={len(outputs)} output_tokens={tokens} load={load_s:.1f}s e2e={e2e:.2f}s "
           f"ttft={ttft:.2f}s decode={decode:.2f} tok/s throughput={tokens / e2e:.2f} tok/s", file=sys.stderr)
-    if llm.engine.config.speculative_mode != "ar":  # the mode that ran: "auto" resolves to one
+    if llm.engine.plan.mode != "ar":  # the mode that ran: "auto" resolves to one
         spec = llm.speculation_metrics()
-        print(f"[spec] mode={llm.engine.config.speculative_mode} k={llm.engine.config.num_speculative_tokens} "
+        print(f"[spec] mode={llm.engine.plan.mode} k={llm.engine.k} "
               f"acceptance_rate={spec['acceptance_rate']:.3f} mean_acceptance_length={spec['mean_acceptance_length']:.2f} "
               f"per_position={[round(x, 3) for x in spec['per_position_acceptance_rate']]} "
               f"histogram={spec['accepted_length_histogram']}", file=sys.stderr)

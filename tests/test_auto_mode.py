@@ -97,8 +97,8 @@ def private_cache(tmp_path, monkeypatch):
 def test_auto_measures_once_then_reuses_and_stays_exact(target, noisy_draft, private_cache):
     oracle = greedy_oracle(target)[:3]
     with LLM(target, draft_model=noisy_draft, num_threads=1, block_size=8) as llm:
-        choice = llm.engine.mode_choice
-        assert llm.config.speculative_mode == "auto" and llm.engine.config.speculative_mode == choice.mode
+        choice = llm.engine.plan.choice
+        assert llm.config.speculative_mode == "auto" and llm.engine.plan.mode == choice.mode
         assert choice.mode in ("ar", "sd", "ssd") and not choice.how.startswith("cached")
         assert set(choice.predicted_tok_s) >= {"ar", "sd"} and choice.describe().startswith(choice.mode)
         assert llm.engine.execution()["mode"] == choice.describe()
@@ -106,7 +106,7 @@ def test_auto_measures_once_then_reuses_and_stays_exact(target, noisy_draft, pri
     (stored,) = (private_cache / "calibrations").iterdir()
     assert MeasuredCosts.load(str(stored)).target_all[1] > 0
     with LLM(target, draft_model=noisy_draft, num_threads=1, block_size=8) as again:
-        assert again.engine.mode_choice.how.startswith("cached") and again.engine.mode_choice.mode == choice.mode
+        assert again.engine.plan.choice.how.startswith("cached") and again.engine.plan.choice.mode == choice.mode
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
@@ -116,19 +116,19 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
              "ssd": Prediction("ssd", 3, 1.0 + 2 * (mode == "ssd"), {"budget": 5, "t_p": 0.8, "t_jit": 0.3})}
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8, draft_dtype="int8") as llm:
-        config = llm.engine.config
-        assert config.speculative_mode == mode and llm.engine.mode_choice.mode == mode
+        parts = llm.engine.parts
+        assert parts.speculative.mode == mode and llm.engine.plan.choice.mode == mode
         outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
         if mode == "ssd":
-            assert config.num_speculative_tokens == 3 and config.ssd_budget == 5
-            assert config.cpu_cores == "0;1" and llm.engine.draft_format.name == "int8"
+            assert llm.engine.k == parts.speculative.k == 3 and parts.speculative.ssd.budget == 5
+            assert parts.parallel.cpu_cores == "0;1" and llm.engine.draft_format.name == "int8"
             prior = llm.engine.speculator.policy.prior  # the fallback rule starts from this machine's timing
             assert (prior.t_p, prior.t_slow) == (0.8, 0.3)
         elif mode == "sd":
-            assert config.num_speculative_tokens == 2 and config.cpu_cores == "0,1" and config.num_threads == 2
+            assert llm.engine.k == 2 and parts.parallel.cpu_cores == "0,1" and parts.model.num_threads == 2
             assert llm.engine.draft_format.name == "int8"
         else:
-            assert llm.engine.speculator is None and config.num_threads == 2
+            assert llm.engine.speculator is None and llm.engine.k == 0 and parts.model.num_threads == 2
     assert [o.token_ids for o in outs] == greedy_oracle(target)[:3]
 
 
@@ -136,16 +136,16 @@ def test_a_near_tie_goes_to_ar(target, noisy_draft, private_cache, monkeypatch):
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.04)}
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8) as llm:
-        assert llm.engine.config.speculative_mode == "ar"
+        assert llm.engine.plan.mode == "ar"
 
 
 def test_a_forced_ssd_is_sized_from_this_machine(target, noisy_draft, private_cache):
     with LLM(target, draft_model=noisy_draft, speculative_mode="ssd", block_size=8) as llm:
-        choice, config = llm.engine.mode_choice, llm.engine.config
-        assert choice.how.startswith("forced") and config.ssd_budget == choice.detail["budget"] >= 1
-        assert sum(llm.engine.speculator.plan.fanouts[0][1]) == config.ssd_budget
+        choice, budget = llm.engine.plan.choice, llm.engine.parts.speculative.ssd.budget
+        assert choice.how.startswith("forced") and budget == choice.detail["budget"] >= 1
+        assert sum(llm.engine.speculator.plan.fanouts[0][1]) == budget
     with LLM(target, draft_model=noisy_draft, speculative_mode="ssd", ssd_budget=2, block_size=8) as pinned:
-        assert pinned.engine.mode_choice is None and pinned.engine.config.ssd_budget == 2
+        assert pinned.engine.plan.choice is None and pinned.engine.parts.speculative.ssd.budget == 2
 
 
 def test_memory_traffic_streams_on_the_given_cores_and_stops_with_the_block():

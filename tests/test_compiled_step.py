@@ -154,5 +154,6 @@ def test_the_option_reaches_the_drafts_specs():
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         EngineConfig(compile_model="on", tensor_parallel_size=2)
     target = RunnerSpec(EngineConfig(compile_model="on").parts().model, CacheConfig(16, 8), 64)
-    draft = DraftSpec(target.with_model(path="/draft"), 4, 320, ((0.0, (1, 1, 1, 1, 1)),), 1.0, 1, 0, True)
+    draft = DraftSpec(target.with_model(path="/draft"), EngineConfig().parts().speculative, ((0.0, (1, 1, 1, 1, 1)),),
+                      (), vocab=320, max_num_seqs=1, seed=0)
     assert DraftSpec.from_args(draft.to_args()).runner.model.compile

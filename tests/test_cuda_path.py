@@ -53,7 +53,7 @@ def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout, host):
     # draft_dtype fp32: the draft is the target, bit for bit, so a fan-out of 1 always hits
     with LLM(path, device="cuda", dtype="float32", draft_model=path, num_speculative_tokens=3,
              ssd_fanout=fanout, draft_dtype="fp32", ssd_draft_host=host) as llm:
-        assert llm.engine.config.speculative_mode == "ssd"  # auto runs SSD off CPU
+        assert llm.engine.plan.mode == "ssd"  # auto runs SSD off CPU
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         metrics = llm.speculation_metrics()
     assert metrics["draft_failures"] == []

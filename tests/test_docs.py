@@ -92,7 +92,7 @@ def test_repository_scans_skip_what_a_user_keeps_in_the_checkout(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "ours.py").write_text("print('ours')\n")
     subprocess.run(["git", "-C", str(tmp_path), "add", "ours.py"], check=True)
-    for untracked in (".venv/lib/python3.11/site-packages/hf_xet/build.txt", "results/notes.md", "scratch.py"):
+    for untracked in (".venv/lib/python3.11/site-packages/hf_xet/build.txt", "results/run.log", "scratch.py"):
         (tmp_path / untracked).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / untracked).write_bytes(b"built in " + OUTSIDE[1] + b"build/hf_xet\n")
     assert tracked_files(tmp_path) == [tmp_path / "ours.py"]

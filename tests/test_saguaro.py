@@ -60,8 +60,8 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
     (tmp_path / "empty").mkdir()  # a folder without this pair's file (a missing folder is an error)
     with caplog.at_level(logging.INFO, logger="ssd_engine"):
         with LLM(target, draft_model=noisy_draft, calibration_dir=str(tmp_path / "empty"), **COMMON) as llm:
-            budget = llm.engine.config.ssd_budget  # no calibration: B from this machine's costs (auto_mode)
-            assert budget >= 1 and llm.engine.mode_choice.how.startswith("forced")
+            budget = llm.engine.parts.speculative.ssd.budget  # no calibration: B from this machine's costs
+            assert budget >= 1 and llm.engine.plan.choice.how.startswith("forced")
             assert llm.speculation_metrics()["fanouts"] == {"T=0": geometric_fanout(DEFAULT_ALPHA, DEFAULT_R, budget, 3)}
     assert "no calibration for this model pair" in caplog.text
 

@@ -2,17 +2,20 @@
 transformers, the fast backup, mixed one-hot verification, the draft channel's overflow and deadline."""
 import datetime
 import threading
+from dataclasses import replace
 
 import pytest
 import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
-from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec
 from ssd_engine.models.loader import load_config
 from ssd_engine.sampling.rejection import verify
 from ssd_engine.speculative.ngram import fast_proposal, ngram_proposal
 from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
+from ssd_engine.speculative.ssd.process import DraftSpec
 from ssd_engine.speculative.ssd.codec import (ReplyLayout, decode_reply, decode_request, encode_reply, encode_request,
                                               q_slots, request_size)
 from ssd_engine.speculative.ssd.link import REQUEST_CAPACITY, DraftLink, DraftLinkError
@@ -154,7 +157,11 @@ def _server(path: str, fanout: list[int], k: int, fit_window: bool = False):
     fanouts = [(0.0, fanout)]
     runner = ModelRunner(path, load_config(path), num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8),
                          block_size=8, max_position=128, dtype=torch.float32, device=torch.device("cpu"))
-    return new_server(runner, 32, 8, k, 259, fanouts, 1.0, 2, seed=0, fit_window=fit_window)
+    parts = EngineConfig(speculative_mode="ssd", num_speculative_tokens=k, ssd_fit_window=fit_window,
+                         block_size=8).parts()
+    draft_spec = DraftSpec(RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=32), 128), parts.speculative,
+                           ((0.0, tuple(fanout)),), (), vocab=259, max_num_seqs=2, seed=0)
+    return new_server(draft_spec, runner)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

@@ -76,7 +76,7 @@ def main() -> None:
     engine = llm.engine
     switch = LayoutSwitch(engine.runner.model)
     sizes = [1, 2, args.k + 1]
-    probe = ForwardProbe(engine.runner, engine.block_manager, engine.config, 128)
+    probe = ForwardProbe(engine.runner, engine.block_manager, 128)
     params = SamplingParams(temperature=0, max_tokens=args.tokens, ignore_eos=True)
     costs = {layout: {n: [] for n in sizes} for layout in LAYOUTS}
     decode = {layout: [] for layout in LAYOUTS}

@@ -129,8 +129,8 @@ def run_ar(opts, prompt_sets: dict, progress, mode: str = "ar") -> dict:
     from ssd_engine import LLM
     with LLM(opts.model, speculative_mode="ar", **_engine_options(opts, False)) as llm:
         rows = _cells(llm, opts, prompt_sets, mode, progress, ran="ar")
-        costs = {"target_forward_s": forward_costs(llm.engine.runner, llm.engine.block_manager, llm.engine.config,
-                                                   opts, probe_sizes(opts))}
+        costs = {"target_forward_s": forward_costs(llm.engine.runner, llm.engine.block_manager, opts,
+                                                   probe_sizes(opts))}
         peaks = engine_peaks(llm)
     return {"rows": rows, "costs": costs, "peaks": peaks}
 
@@ -150,9 +150,9 @@ def run_sd(opts, prompt_sets: dict, progress, mode: str = "sd") -> dict:
             rows += _cells(llm, opts, prompt_sets, mode, progress, k=k, ran="sd", tags=_draft_tag(llm))
             engine = llm.engine
             if k == max(opts.k):  # its positions cover every verification width measured
-                draft = forward_costs(engine.speculator.runner, engine.speculator.blocks, engine.config, opts,
+                draft = forward_costs(engine.speculator.runner, engine.speculator.blocks, opts,
                                       sorted({1} | set(opts.batch)))
-                costs = {"target_forward_s": forward_costs(engine.runner, engine.block_manager, engine.config, opts,
+                costs = {"target_forward_s": forward_costs(engine.runner, engine.block_manager, opts,
                                                            sorted({1} | {n + 1 for n in opts.k})),
                          "draft_step_s": draft.get(1), "draft_forward_s": draft}
             peaks = merge_peaks(peaks, engine_peaks(llm))
@@ -179,11 +179,10 @@ def run_ssd(opts, prompt_sets: dict, progress) -> dict:
 
 
 def auto_tags(llm) -> tuple[str, int | None, dict]:
-    """(the mode an `auto` engine runs, its K, the row tags). The engine reports its choice as
-    `engine.mode_choice`; without it (an engine from before that) the config names the mode."""
-    choice = getattr(llm.engine, "mode_choice", None)
-    ran = choice.mode if choice is not None else llm.config.speculative_mode
-    k = (choice.k if choice is not None else llm.config.num_speculative_tokens) if ran in ("sd", "ssd") else None
+    """(the mode an `auto` engine runs, its K, the row tags), from the engine's plan."""
+    plan = llm.engine.plan
+    choice, ran = plan.choice, plan.mode
+    k = plan.parts.speculative.k if ran in ("sd", "ssd") else None
     predicted = dict(choice.predicted_tok_s) if choice is not None else None
     return ran, k, {**_draft_tag(llm), "chosen_mode": ran, "chosen_k": k, "predicted_tok_s": predicted}
 
@@ -199,14 +198,14 @@ def run_auto(opts, prompt_sets: dict, progress) -> dict:
              **options, **_ssd_options(opts)) as llm:
         ran, k, tags = auto_tags(llm)
         rows = _cells(llm, opts, prompt_sets, "auto", progress, k=k, ran=ran, tags=tags)
-        choice = getattr(llm.engine, "mode_choice", None)
+        choice = llm.engine.plan.choice
         peaks = engine_peaks(llm)
     return {"rows": rows, "costs": {}, "peaks": peaks, "mode_choice": choice.describe() if choice else None}
 
 
-def forward_costs(runner, blocks, config, opts, sizes: list[int]) -> dict[int, float]:
+def forward_costs(runner, blocks, opts, sizes: list[int]) -> dict[int, float]:
     """Seconds for one forward of n new tokens after an `opts.prefix`-token prefix, best of `opts.reps`."""
-    return best_of(runner, blocks, config, opts.prefix, sizes, opts.reps)
+    return best_of(runner, blocks, opts.prefix, sizes, opts.reps)
 
 
 RUNNERS = {"ar": run_ar, "ar-all": run_ar_all, "sd": run_sd, "sd-all": run_sd_all, "ssd": run_ssd,

@@ -154,7 +154,7 @@ class EngineConfig:
         return value * (k + 1) if len(value) == 1 else value
 
     def __post_init__(self) -> None:
-        if self.speculative_mode is None:  # the default pair, or a user-given draft, means SSD
+        if self.speculative_mode is None:  # the default pair, or a user-given draft, means auto
             drafted = self.model is None or self.draft_model is not None
             object.__setattr__(self, "speculative_mode", "auto" if drafted else "ar")
         _check(self.speculative_mode in SPECULATIVE_MODES,

@@ -1,5 +1,6 @@
 """The engine's core structures and the two interfaces its loop drives.
 
+- `Paged`: anything that owns KV pages (a sequence, or a draft's record of one);
 - `Sequence`: one request's state (tokens, how many have KV computed, pages, RNG streams, metrics);
 - `ScheduledBatch`: the sequences of one step and the tokens each computes; it builds the step's
   feed and logit rows, with a proposal's drafts for the speculated sequences;
@@ -32,6 +33,16 @@ assert array.array("i").itemsize == 4, "page tables are uploaded as int32"
 
 def page_table(pages=()) -> PageTable:
     return array.array("i", pages)
+
+
+class Paged(Protocol):
+    """What owns KV pages in a BlockManager (runtime/block_manager.py): a target `Sequence`, or a
+    draft's own record of one (SD's DraftView, the SSD draft process's DraftSeq), whose pages and
+    computed count are the draft's while its length is the sequence's."""
+    block_table: PageTable
+    num_computed_tokens: int  # tokens whose K/V sit in the pages; dropping the pages zeroes it
+
+    def __len__(self) -> int: ...
 
 
 class SequenceStatus(enum.Enum):
@@ -185,7 +196,8 @@ class Runner(Protocol):
 
 
 class Speculator(Protocol):
-    k: int  # drafts per round: the scheduler reserves k slots past each decoding sequence
+    """Built with the plan's K (`parts.speculative.k`), which the engine also reserves slots and
+    captures graphs for: the engine never asks a speculator for its K."""
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None: ...
     def on_outcome(self, outcome: Outcome) -> None: ...

@@ -11,13 +11,11 @@ from dataclasses import replace
 import torch
 from transformers import GenerationConfig
 
-from ssd_engine.planning.choose import resolve_auto, size_ssd
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.models.default_models import resolve_model_path
+from ssd_engine.planning.plan import plan
 from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.runtime.model_runner import DTYPES, ModelRunner, RunnerSpec
 from ssd_engine.engine.output_processor import OutputProcessor
-from ssd_engine.engine.preflight import check_before_loading
 from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.models.tokenizer_source import load_tokenizer
 from ssd_engine.core.structures import Outcome, ScheduledBatch, Sequence, SequenceStatus
@@ -39,35 +37,23 @@ log = logging.getLogger("ssd_engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
-        self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+    def __init__(self, options: EngineConfig) -> None:
         self._pinned, self.runner, self.speculator = None, None, None
-        self.draft_format = None  # engine/draft_format.DraftFormat once a draft is built
-        self.mode_choice = None   # auto_mode/choose.ModeChoice: auto's choice, or a forced SSD's sizing
+        self.draft_format = None  # runtime/draft_format.DraftFormat once a draft is built
         try:
+            self.plan = plan(options)
+            self.parts = self.plan.parts
             self._build()
         except BaseException:
             self.close()  # a half-built engine leaves no child process and no pinned cores behind
             raise
 
     def _build(self) -> None:
-        config = self.config
-        check_before_loading(config)
-        if config.speculative_mode == "auto":
-            config, self.mode_choice = resolve_auto(config)
-        elif config.speculative_mode == "ssd":
-            config, self.mode_choice = size_ssd(config)
-        self.config = config
+        parts = self.parts
+        if parts.model.num_threads:
+            torch.set_num_threads(parts.model.num_threads)
         core_sets = self._place()
-        # after _place: the weight layout follows this process's pinned threads
-        self.parts = parts = config.parts()
-        self.model_path = resolve_model_path(config)
-        if config.speculative_mode != "ar":
-            # a default draft's first-run conversion happens here, before any weights are loaded,
-            # so its working memory never adds to a loaded target's
-            resolve_model_path(config, "draft")
+        self.model_path = parts.model.path
         self.hf_config = load_config(self.model_path, parts.model.load_format)
         check_splittable(self.hf_config, parts.parallel.tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_path, parts.model.tokenizer, parts.model.load_format,
@@ -78,12 +64,11 @@ class LLMEngine:
         num_blocks = self._num_kv_blocks(dtype)
         # verification and drafting run up to K positions past the last token
         max_position = self.max_model_len + parts.speculative.k + 1
-        spec = RunnerSpec(replace(parts.model, path=self.model_path), replace(parts.cache, num_kv_blocks=num_blocks),
-                          max_position)
+        target = RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=num_blocks), max_position)
         if parts.parallel.tensor_parallel_size > 1 or torchrun_world() is not None:
-            self.runner = start_tensor_parallel(parts.parallel, spec, core_sets and core_sets[:-1])
+            self.runner = start_tensor_parallel(parts.parallel, target, core_sets and core_sets[:-1])
         else:
-            self.runner = spec.build()
+            self.runner = target.build()
         self.block_manager = BlockManager(num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, parts.scheduler.max_num_seqs,
                                    parts.scheduler.max_num_batched_tokens)
@@ -93,12 +78,12 @@ class LLMEngine:
                                  synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed))
         self.spec_metrics = SpecMetrics(parts.speculative.k)
         if parts.speculative.mode == "sd":
-            self.speculator = build_sync_draft(config, self, spec)
+            self.speculator = build_sync_draft(self, target)
             self.scheduler.release_hooks.append(self.speculator.release)
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
-            threads = config.num_threads or (len(cores) if cores else torch.get_num_threads())
-            self.speculator = start_async_draft(config, self, spec, cores, threads)
+            threads = parts.model.num_threads or (len(cores) if cores else torch.get_num_threads())
+            self.speculator = start_async_draft(self, target, cores, threads)
             self.scheduler.release_hooks.append(self.speculator.release)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
@@ -108,30 +93,29 @@ class LLMEngine:
     def _capture_graphs(self) -> None:
         """CUDA graphs for the steps this engine repeats: decode, verification of K + 1 tokens, and
         (the SD draft captures its one-token steps when built, the SSD draft process its own)."""
-        k = self.parts.speculative.k
-        shapes = [("paged", 1)] if self.parts.speculative.mode == "ar" else [("paged", 1), ("paged", k + 1)]
+        shapes = [("paged", 1)] if self.parts.speculative.mode == "ar" else [("paged", 1), ("paged", self.k + 1)]
         self.runner.capture_graphs(shapes)
 
     def _place(self) -> list[list[int]] | None:
         """On CPU, SSD gives the draft process cores of its own: one core set per target rank, then
         the draft's. This process (rank 0) is pinned to the first set until close(). Without a
         draft process, one given core set pins this process (auto's AR and SD take every core)."""
-        config = self.config
-        if config.device != "cpu" or torchrun_world() is not None:
+        model, parallel = self.parts.model, self.parts.parallel
+        if model.device != "cpu" or torchrun_world() is not None:
             return None
-        if config.speculative_mode != "ssd":
-            sets = parse_core_sets(config.cpu_cores) if config.cpu_cores else []
-            if len(sets) == 1 and config.tensor_parallel_size == 1:
-                self._pinned = pin(sets[0], config.num_threads or len(sets[0]))
+        if self.parts.speculative.mode != "ssd":
+            sets = parse_core_sets(parallel.cpu_cores) if parallel.cpu_cores else []
+            if len(sets) == 1 and parallel.tensor_parallel_size == 1:
+                self._pinned = pin(sets[0], model.num_threads or len(sets[0]))
             return None
-        needed = config.tensor_parallel_size + 1
-        if config.cpu_cores is None and len(available_cores()) < needed:
+        needed = parallel.tensor_parallel_size + 1
+        if parallel.cpu_cores is None and len(available_cores()) < needed:
             log.warning("SSD wants %d disjoint core sets (target ranks + draft) but this process may use %d "
                         "cores; the draft shares them", needed, len(available_cores()))
             return None
-        core_sets = plan_core_sets(needed, config.cpu_cores)
-        if config.tensor_parallel_size == 1:
-            self._pinned = pin(core_sets[0], config.num_threads or len(core_sets[0]))
+        core_sets = plan_core_sets(needed, parallel.cpu_cores)
+        if parallel.tensor_parallel_size == 1:
+            self._pinned = pin(core_sets[0], model.num_threads or len(core_sets[0]))
         return core_sets
 
     def _max_model_len(self) -> int:
@@ -191,7 +175,8 @@ class LLMEngine:
 
     @property
     def k(self) -> int:
-        return self.speculator.k if self.speculator else 0
+        """Draft tokens a round: the plan's K, 0 without a speculator."""
+        return self.parts.speculative.k if self.speculator else 0
 
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
         """Tokenize and validate one request without queuing it; raises ValueError if it can never run."""
@@ -266,12 +251,12 @@ class LLMEngine:
         its forward is compiled (and the start-up seconds that took)."""
         runner = self.runner.local  # rank 0's own ModelRunner under tensor parallelism
         graphs = runner.graphs
-        described = {"device": str(self.device), "dtype": self.config.dtype,
+        described = {"device": str(self.device), "dtype": self.parts.model.dtype,
                      "attention": backend_name(runner.attention_backend),
                      "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
                      "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
                      "fused_kernels": "on" if runner.fused_kernels else "off"}
-        described["mode"] = self.mode_choice.describe() if self.mode_choice else self.config.speculative_mode
+        described["mode"] = self.plan.describe_mode()
         if self.draft_format is not None:
             described["draft_format"] = self.draft_format.describe()
         return described

@@ -8,13 +8,15 @@ import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ssd_engine.layers.shapes import head_dim
+
 
 def _inv_freq(config) -> tuple[torch.Tensor, float]:
     params = getattr(config, "rope_parameters", None) or {}
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        dim = head_dim(config)
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim)), 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type in ("dynamic", "longrope"):
         # dynamic/longrope change frequencies with sequence length; the static table below can't express that

@@ -20,6 +20,7 @@ from ssd_engine.layers.embedding import VocabParallelEmbedding
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.norm import RMSNorm
 from ssd_engine.layers.rotary import RotaryEmbedding, rotate
+from ssd_engine.layers.shapes import head_dim
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # one forward's (cos, sin_signed) rows: RotaryEmbedding.tables
 
@@ -36,7 +37,7 @@ class DecoderAttention(nn.Module):
         super().__init__()
         heads = attention_head_shards(config.num_attention_heads, config.num_key_value_heads, tp.size)[tp.rank]
         self.num_heads, self.num_kv_heads = heads.q.size, heads.kv.size
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.head_dim = head_dim(config)
         q_rows, kv_rows = heads.q.scaled(self.head_dim), heads.kv.scaled(self.head_dim)
         total_q = config.num_attention_heads * self.head_dim
         total_kv = config.num_key_value_heads * self.head_dim

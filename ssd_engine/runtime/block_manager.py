@@ -5,11 +5,14 @@ are committed gets a hash chained from its predecessor's, so equal prefixes map 
 a later request with that prefix takes the page (ref_count + 1) instead of recomputing it.
 Freed pages keep their hash on the free list (oldest freed is reused first), so a cached
 prefix survives until its page is actually needed for something else.
+
+Allocation and commit read a `Sequence`'s tokens to hash its pages; growing, trimming and freeing
+take any `Paged`, so the drafts' private caches (SD's DraftView, SSD's DraftSeq) use the same code.
 """
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ssd_engine.core.structures import Sequence, page_table
+from ssd_engine.core.structures import Paged, Sequence, page_table
 
 NO_HASH = None
 
@@ -95,7 +98,7 @@ class BlockManager:
         block.hash, block.token_ids, block.ref_count = NO_HASH, [], 1
         return block_id
 
-    def deallocate(self, seq: Sequence) -> None:
+    def deallocate(self, seq: Paged) -> None:
         for block_id in reversed(seq.block_table):  # tail pages freed first, so the shared head survives longest
             self._release(block_id)
         seq.block_table = page_table()
@@ -109,11 +112,11 @@ class BlockManager:
             self.free[block_id] = None
 
     # ---- growth, commit, rollback ---------------------------------------------------------
-    def slots_needed(self, seq: Sequence, num_tokens: int) -> int:
+    def slots_needed(self, seq: Paged, num_tokens: int) -> int:
         """Pages that must be added so `seq` can hold `num_tokens` tokens."""
         return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
 
-    def grow(self, seq: Sequence, num_tokens: int) -> None:
+    def grow(self, seq: Paged, num_tokens: int) -> None:
         for _ in range(self.slots_needed(seq, num_tokens)):
             seq.block_table.append(self._take_free())
 
@@ -136,7 +139,7 @@ class BlockManager:
             self.hash_to_block.setdefault(block.hash, block.block_id)
             prev_hash = block.hash
 
-    def trim(self, seq: Sequence) -> None:
+    def trim(self, seq: Paged) -> None:
         """Rollback after verification: free pages past the sequence's current tokens (the slots
         `grow` reserved for speculative tokens that were rejected). Rejected tokens never enter
         `seq`, and `commit` hashes only pages of committed tokens, so a freed page holds no hash."""

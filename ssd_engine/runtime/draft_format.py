@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ssd_engine.core.config import DRAFT_DTYPES
+from ssd_engine.layers.shapes import head_dim
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, prepare
 
 log = logging.getLogger("ssd_engine")
@@ -50,8 +51,8 @@ class DraftFormat:
 def linear_shapes(hf_config) -> list[tuple[int, int, int]]:
     """(out, in, count) of the Linears one forward runs; the LM head last."""
     h, i = hf_config.hidden_size, hf_config.intermediate_size
-    head_dim = getattr(hf_config, "head_dim", None) or h // hf_config.num_attention_heads
-    q, kv = hf_config.num_attention_heads * head_dim, hf_config.num_key_value_heads * head_dim
+    width = head_dim(hf_config)
+    q, kv = hf_config.num_attention_heads * width, hf_config.num_key_value_heads * width
     layers = hf_config.num_hidden_layers
     return [(q + 2 * kv, h, layers), (h, q, layers), (2 * i, h, layers), (h, i, layers),
             (hf_config.vocab_size, h, 1)]

@@ -27,6 +27,7 @@ from ssd_engine.layers.attention import AttentionMetadata, torch_attention
 from ssd_engine.layers.attention_backends import select_backend, select_fused_kernels
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.linear import Linear
+from ssd_engine.layers.shapes import head_dim
 from ssd_engine.utils.machine import fingerprint
 from ssd_engine.utils.memory import lazy_zeros
 from ssd_engine.models.loader import build_model, load_config
@@ -203,8 +204,7 @@ class ModelRunner:
     @staticmethod
     def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
         """Bytes of one KV page on the rank holding the most KV heads."""
-        head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-        per_token = 2 * hf_config.num_hidden_layers * max_kv_heads_per_rank(hf_config, tp_size) * head_dim
+        per_token = 2 * hf_config.num_hidden_layers * max_kv_heads_per_rank(hf_config, tp_size) * head_dim(hf_config)
         return per_token * block_size * torch.finfo(dtype).bits // 8
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:

@@ -18,7 +18,7 @@ from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes, ge
 log = logging.getLogger("ssd_engine")
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-# documented defaults for an uncalibrated pair (README "Saguaro"): uniform fan-out 1 per k,
+# documented defaults for an uncalibrated pair (docs/saguaro.md "Saguaro options"): uniform fan-out 1 per k,
 # alpha 0.7, r 1, T_p 1, the fast backup committing one token per round
 DEFAULT_ALPHA, DEFAULT_R, DEFAULT_T_P, DEFAULT_E_FAST, DEFAULT_P_HIT = 0.7, 1.0, 1.0, 1.0, 0.7
 

@@ -31,7 +31,7 @@ class SaguaroPlan:
 
 def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: str,
                  timing: tuple[float, float] | None = None) -> SaguaroPlan:
-    """`timing`: (T_p, T_slow) predicted for this machine (auto_mode), preferred to the calibration's,
+    """`timing`: (T_p, T_slow) predicted for this machine (planning/), preferred to the calibration's,
     which were measured on whichever machine wrote it."""
     k, ssd = speculative.k, speculative.ssd
     directory = Path(ssd.calibration_dir) if ssd.calibration_dir else cal_mod.CONFIG_DIR

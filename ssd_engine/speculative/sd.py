@@ -6,21 +6,21 @@ computed count. The draft's KV is valid for a prefix of the sequence; each round
 catches up (the bonus token, plus the last draft token after a fully accepted round), then
 decodes K tokens, keeping for each the exact probability row it was sampled from.
 
-The K draft steps run back to back without reading anything on the host: each step's tokens stay
-on the device and are fed to the next from there, every step's positions and slots went up in one
-copy before the first (runtime/decode_feed.py), and which rows draw a uniform is decided from the
-sampling parameters. The round's one read is the verifier's.
+Reserving the draft's pages, the catch-up forward and the K steps fed from the device are
+paged_draft.py's, shared with the SSD draft process. SD's own is its sampling: a round's uniforms
+in one draw from each request's draft stream, and which rows draw one decided from the sampling
+parameters, so the K steps read nothing on the host. The round's one read is the verifier's.
 """
 import torch
 import torch.nn.functional as F
 
 from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.runtime.decode_feed import DecodeFeed
 from ssd_engine.core.structures import Outcome, PageTable, Proposal, ScheduledBatch, Sequence, page_table
 from ssd_engine.utils.host_upload import upload
-from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
+from ssd_engine.speculative.paged_draft import PagedDraft, StepSampler
 
 
 class DraftView:
@@ -39,12 +39,10 @@ class DraftView:
         return len(self.seq.token_ids)
 
 
-class SyncDraft:
+class SyncDraft(PagedDraft[DraftView]):
     def __init__(self, runner: ModelRunner, num_blocks: int, block_size: int, k: int,
                  proposable_vocab: int, generator: torch.Generator) -> None:
-        self.runner = runner
-        self.k = k
-        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
+        super().__init__(runner, BlockManager(num_blocks, block_size, enable_prefix_caching=False), k)
         self.views: dict[int, DraftView] = {}
         self.proposable_vocab = proposable_vocab  # ids past the tokenizer are embedding padding
         self.generator = generator
@@ -61,12 +59,9 @@ class SyncDraft:
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
         """Catch the draft up with every scheduled sequence's target progress; then draft K
-        tokens for each decoding one (in batch order).
-
-        The draft's pages are private copies (the target may share prefix pages), so under memory
-        pressure the draft can run short even when the target fits: a sequence whose draft pages
-        cannot be reserved drops its draft KV and gets no drafts this round (num_draft = 0, i.e.
-        one plain target step); it is re-prefilled on the draft once pages are free again."""
+        tokens for each decoding one (in batch order). A sequence whose draft pages cannot be
+        reserved (paged_draft.py) gets no drafts this round (num_draft = 0, i.e. one plain target
+        step)."""
         extend, ends, drafting = [], [], []
         dec_views = []
         for seq, n, dec in zip(batch.seqs, batch.num_new_tokens, decoding):
@@ -76,7 +71,7 @@ class SyncDraft:
             end = len(seq) if dec else seq.num_computed_tokens + n
             if view.num_computed_tokens > end:  # target was preempted and recomputes: so must we
                 self.blocks.deallocate(view)
-            if not self._reserve(view, end + (self.k - 1 if dec else 0)):
+            if not self.reserve(view, end + (self.k - 1 if dec else 0)):
                 continue
             if end > view.num_computed_tokens:
                 extend.append(view)
@@ -103,41 +98,29 @@ class SyncDraft:
                 probs[rows, :, :drawn_probs.shape[-1]] = drawn_probs
         return Proposal(tokens, probs, num_draft)
 
-    def _reserve(self, view: DraftView, num_tokens: int) -> bool:
-        if self.blocks.slots_needed(view, num_tokens) > self.blocks.num_free_blocks:
-            self.blocks.deallocate(view)
-            return False
-        self.blocks.grow(view, num_tokens)
-        return True
-
     def _draft(self, views: list[DraftView], logits: torch.Tensor, greedy: bool):
         """K autoregressive draft steps from the catch-up logits; returns tokens [n, K] and the
         exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
-        params = [v.seq.params for v in views]
-        sampling = None if greedy else SamplingTensors.from_params(params, self.runner.device)
-        # each random row's K uniforms in one draw from its draft stream (the shared block for
-        # unseeded rows): one call a round, not one a step
-        u = None if greedy else draw_uniforms([v.seq.draft_generator for v in views],
-                                              [self.k if not p.greedy else 0 for p in params], self.k,
-                                              self.runner.device, self.generator)
-        # the K - 1 steps after the catch-up feed positions len(seq) .. len(seq) + K - 2: one upload
-        feed = DecodeFeed(self.runner, [len(v.seq) for v in views], [v.block_table for v in views], self.k - 1) \
-            if self.k > 1 else None
-        tokens, rows = [], []
-        for step in range(self.k):
-            logits = logits[:, :self.proposable_vocab]  # ids past the tokenizer are never proposed
-            if greedy:
-                drawn = logits.argmax(dim=-1)
-            else:
-                probs = sampling.probs(logits)
-                drawn = inverse_cdf(probs, u[:, step])  # a one-hot (greedy) row's u = 0 picks its token
-                rows.append(probs)
-            tokens.append(drawn)
-            if step + 1 < self.k:
-                logits = feed.step(step, drawn)
+        tokens, rows = self.decode(views, [len(v.seq) for v in views], logits, self._sampler(views, greedy))
         for view in views:
             view.num_computed_tokens = len(view.seq) + self.k - 1
-        return torch.stack(tokens, dim=1), torch.stack(rows, dim=1) if rows else None
+        return tokens, rows
+
+    def _sampler(self, views: list[DraftView], greedy: bool) -> StepSampler:
+        vocab = self.proposable_vocab  # ids past the tokenizer are never proposed
+        if greedy:
+            return lambda step, logits: (logits[:, :vocab].argmax(dim=-1), None)
+        params = [v.seq.params for v in views]
+        sampling = SamplingTensors.from_params(params, self.runner.device)
+        # each random row's K uniforms in one draw from its draft stream (the shared block for
+        # unseeded rows): one call a round, not one a step
+        u = draw_uniforms([v.seq.draft_generator for v in views], [self.k if not p.greedy else 0 for p in params],
+                          self.k, self.runner.device, self.generator)
+
+        def draw(step: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            probs = sampling.probs(logits[:, :vocab])
+            return inverse_cdf(probs, u[:, step]), probs  # a one-hot (greedy) row's u = 0 picks its token
+        return draw
 
     def _extend(self, views: list[DraftView], ends: list[int], drafting: list[DraftView]) -> torch.Tensor:
         """Compute draft KV for views[i] up to ends[i]; return the last position's logits of
@@ -145,17 +128,16 @@ class SyncDraft:
         if not views:
             return torch.empty(0)
         wanted = {id(v) for v in drafting}
-        logit_rows = [[end - v.num_computed_tokens - 1] if id(v) in wanted else [] for v, end in zip(views, ends)]
-        logits = self.runner.run(StepInputs([v.num_computed_tokens for v in views],
-                                            [v.token_ids[v.num_computed_tokens:end] for v, end in zip(views, ends)],
-                                            [v.block_table for v in views], logit_rows))
+        rows = [1 if id(v) in wanted else 0 for v in views]
+        logits = self.extend_kv(views, [v.num_computed_tokens for v in views],
+                             [v.token_ids[v.num_computed_tokens:end] for v, end in zip(views, ends)], rows)
         for view, end in zip(views, ends):
             view.num_computed_tokens = end
-        row_of = {id(v): j for j, v in enumerate(v for v, rows in zip(views, logit_rows) if rows)}
+        row_of = {id(v): j for j, v in enumerate(v for v, n in zip(views, rows) if n)}
         if not drafting:
             return logits
-        (rows,) = upload([[row_of[id(v)] for v in drafting]], logits.device)  # a list index would cross blocking
-        return logits[rows]
+        (index,) = upload([[row_of[id(v)] for v in drafting]], logits.device)  # a list index would cross blocking
+        return logits[index]
 
     def on_outcome(self, outcome: Outcome) -> None:
         """After verification: the draft KV is valid up to the accepted prefix of the sequence."""

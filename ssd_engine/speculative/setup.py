@@ -31,30 +31,30 @@ def same_tokenizer_files(target_path: str, draft_path: str) -> bool:
     return all(os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False) for a, b in paths)
 
 
-def draft_path_and_vocab(config, engine) -> tuple[str, int]:
+def draft_path_and_vocab(engine) -> tuple[str, int]:
     """The draft's folder (checked against the target's tokenizer) and the ids it may propose:
     ids past the tokenizer (embedding padding) or past either model's vocabulary never are."""
-    from ssd_engine.models.default_models import resolve_model_path
-    draft_path = resolve_model_path(config, "draft")
-    draft_config = load_config(draft_path, config.load_format)
-    tokenizer_source = config.tokenizer or engine.model_path
+    parts = engine.parts
+    draft_path, load_format = parts.speculative.draft_model, parts.model.load_format
+    draft_config = load_config(draft_path, load_format)
+    tokenizer_source = parts.model.tokenizer or engine.model_path
     # dummy models from shape configs may have no tokenizer on either side: nothing to compare,
     # the vocabulary sizes below still bound what the draft may propose
-    tokenizer_less = config.load_format == "dummy" and not (has_tokenizer_files(tokenizer_source)
-                                                            and has_tokenizer_files(draft_path))
+    tokenizer_less = load_format == "dummy" and not (has_tokenizer_files(tokenizer_source)
+                                                     and has_tokenizer_files(draft_path))
     if not tokenizer_less and not same_tokenizer_files(tokenizer_source, draft_path):
         check_same_tokenizer(engine.tokenizer, AutoTokenizer.from_pretrained(draft_path), engine.model_path, draft_path)
-    if config.max_num_batched_tokens < config.num_speculative_tokens + 1:
-        raise ValueError(f"max_num_batched_tokens={config.max_num_batched_tokens} cannot fit one verification of "
-                         f"num_speculative_tokens+1={config.num_speculative_tokens + 1} tokens")
+    k, budget = parts.speculative.k, parts.scheduler.max_num_batched_tokens
+    if budget < k + 1:
+        raise ValueError(f"max_num_batched_tokens={budget} cannot fit one verification of "
+                         f"num_speculative_tokens+1={k + 1} tokens")
     return draft_path, min(len(engine.tokenizer), draft_config.vocab_size, engine.hf_config.vocab_size)
 
 
-def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | None,
-                      threads: int) -> AsyncDraftClient:
+def start_async_draft(engine, target: RunnerSpec, cores: list[int] | None, threads: int) -> AsyncDraftClient:
     """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU.
     `target` is the target's runner spec: the draft's KV cache and positions are sized like it."""
-    draft_path, vocab = draft_path_and_vocab(config, engine)
+    draft_path, vocab = draft_path_and_vocab(engine)
     parts = engine.parts
     device = parts.model.device
     if device.startswith("cuda"):
@@ -62,7 +62,7 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
         wanted = first + parts.parallel.tensor_parallel_size
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
-    choice = engine.mode_choice  # auto: this machine's predicted timing seeds the fallback rule
+    choice = engine.plan.choice  # auto: this machine's predicted timing seeds the fallback rule
     timing = (choice.detail["t_p"], choice.detail["t_jit"]) if choice and "t_p" in choice.detail else None
     plan = plan_saguaro(parts.speculative, engine.model_path, draft_path, timing)
     k = parts.speculative.k
@@ -70,17 +70,16 @@ def start_async_draft(config, engine, target: RunnerSpec, cores: list[int] | Non
     # a round: the glue scores K+1 rows, then K branch steps of B rows; a miss drafts one row
     runner = with_draft_format(target.with_model(path=draft_path, device=device), parts.speculative.draft_dtype,
                                engine, [(1, 1), (k + 1, 1), (max(branch_rows, 1), k)], cores, threads)
-    spec = DraftSpec(runner, parts.speculative.k, vocab, tuple((t, tuple(f)) for t, f in plan.fanouts),
-                     parts.speculative.ssd.saguaro_c, parts.scheduler.max_num_seqs, parts.seed,
-                     parts.speculative.ssd.fit_window, parts.speculative.ssd.synthetic_hit,
-                     tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables))
-    return AsyncDraftClient(spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
+    draft_spec = DraftSpec(runner, parts.speculative, tuple((t, tuple(f)) for t, f in plan.fanouts),
+                           tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables),
+                           vocab, parts.scheduler.max_num_seqs, parts.seed)
+    return AsyncDraftClient(draft_spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
                             stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
                             engine.device, plan, host=parts.speculative.ssd.draft_host)
 
 
-def build_sync_draft(config, engine, target: RunnerSpec) -> SyncDraft:
-    draft_path, proposable = draft_path_and_vocab(config, engine)
+def build_sync_draft(engine, target: RunnerSpec) -> SyncDraft:
+    draft_path, proposable = draft_path_and_vocab(engine)
     # the target's settings: the draft runs in the same process, on the same device
     spec = with_draft_format(target.with_model(path=draft_path), engine.parts.speculative.draft_dtype, engine,
                              [(1, engine.parts.speculative.k)], None, torch.get_num_threads())

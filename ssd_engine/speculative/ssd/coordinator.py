@@ -36,10 +36,10 @@ def draft_params(seq: Sequence) -> DraftParams:
 
 
 class AsyncDraftClient:
-    def __init__(self, spec: DraftSpec, target_vocab: int, cores: list[int] | None, threads: int,
+    def __init__(self, draft_spec: DraftSpec, target_vocab: int, cores: list[int] | None, threads: int,
                  timeout_s: float, generator: torch.Generator, device: torch.device, plan: SaguaroPlan,
                  host: str = "process") -> None:
-        self.k, self.vocab, self.target_vocab = spec.k, spec.vocab, target_vocab
+        self.k, self.vocab, self.target_vocab = draft_spec.k, draft_spec.vocab, target_vocab
         self.device = device  # the target's: proposals are verified there
         self.timeout_s = timeout_s
         self.generator = generator
@@ -47,10 +47,10 @@ class AsyncDraftClient:
         self.backup_log: deque = deque(maxlen=4096)  # (batch size, cold, backup chosen, b* then), latest rounds
         self.link: CoordinatorEnd | None = None
         if host == "thread":
-            self.process = DraftThread(spec, timeout_s)
+            self.process = DraftThread(draft_spec, timeout_s)
             self.pid, self.link, self.name = None, self.process.link, "SSD draft thread"
         else:
-            self.process, self._store, window = spawn(spec, cores, threads, timeout_s)
+            self.process, self._store, window = spawn(draft_spec, cores, threads, timeout_s)
             self.pid, self.name = self.process.pid, f"SSD draft process (pid {self.process.pid})"
             try:
                 self.link = DraftLink(self._store, 0, timeout_s, payload_device=device, reply_window=window)

@@ -7,7 +7,7 @@ small-batch decode kernels that leave most SMs idle). The cost is Python: both s
 one interpreter lock. A draft thread that holds it most of the time (host-bound: eager or launch-bound
 steps) stalls the coordinator's launches by orders of magnitude, because each time it drops and retakes
 the lock the waiting coordinator's switch-interval timer starts over; one that mostly waits on its
-device (graphed steps) costs little (benchmarks/bench_gil_handoff.py). Which wins is measured by
+device (graphed steps) costs little (benchmarks/results/2026-11-25-gil-handoff.md). Which wins is measured by
 `benchmarks/bench_synthetic.py --draft-host thread` against the process (scripts/gpu_check.sh);
 the multi-GPU layout (draft on its own GPU) stays a process.
 
@@ -69,30 +69,30 @@ class DraftThread:
     """Runs the draft's loop in a daemon thread on its own CUDA stream; `poll()` and `returncode`
     as a subprocess.Popen has them, so the coordinator watches it as it watches a process."""
 
-    def __init__(self, spec: DraftSpec, timeout_s: float) -> None:
+    def __init__(self, draft_spec: DraftSpec, timeout_s: float) -> None:
         self.link = QueueLink(timeout_s)
         self.returncode: int | None = None
         self.error: BaseException | None = None
         self._loaded = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(spec,), name="ssd-draft", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(draft_spec,), name="ssd-draft", daemon=True)
         self._thread.start()
         self._loaded.wait()
         if self.error is not None:
             raise RuntimeError(f"SSD draft thread failed to start: {type(self.error).__name__}: {self.error}") \
                 from self.error
 
-    def _run(self, spec: DraftSpec) -> None:
+    def _run(self, draft_spec: DraftSpec) -> None:
         from ssd_engine.speculative.ssd.draft.loop import build_server
 
         try:
-            device = torch.device(spec.runner.model.device)
+            device = torch.device(draft_spec.runner.model.device)
             if device.type == "cuda":
                 torch.cuda.set_device(device)  # per thread
                 stream = torch.cuda.Stream(device)
                 with torch.cuda.stream(stream):  # every launch and graph replay of the draft's goes here
-                    self._serve(build_server(spec), spec)
+                    self._serve(build_server(draft_spec), draft_spec)
             else:
-                self._serve(build_server(spec), spec)
+                self._serve(build_server(draft_spec), draft_spec)
             self.returncode = 0
         except BaseException as error:  # reported to the coordinator, which falls back
             self.error, self.returncode = error, 1
@@ -100,11 +100,11 @@ class DraftThread:
         finally:
             self._loaded.set()
 
-    def _serve(self, server, spec: DraftSpec) -> None:
+    def _serve(self, server, draft_spec: DraftSpec) -> None:
         from ssd_engine.speculative.ssd.draft.loop import serve
 
         self._loaded.set()  # loaded: the coordinator may send rounds
-        serve(self.link, server, spec)
+        serve(self.link, server, draft_spec)
 
     def poll(self) -> int | None:
         return None if self._thread.is_alive() else self.returncode

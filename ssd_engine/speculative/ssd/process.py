@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
 
-from ssd_engine.core.config_parts import CacheConfig, ModelConfig
+from ssd_engine.core.config_parts import CacheConfig, ModelConfig, SpeculativeConfig, SSDConfig
 from ssd_engine.distributed import supervise
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.speculative.ssd import reply_window
@@ -25,20 +25,23 @@ READY_KEY = "draft/ready"
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """What the draft process needs: its runner (the target's sizes, the draft's model, device and
-    layout; the draft adds scratch pages itself) and its speculation settings."""
+    """What the draft process needs, each part whole: its runner (the target's sizes, the draft's
+    model, device and layout; the draft adds scratch pages itself), the engine's speculative part
+    (K, Saguaro's C, the fit window, synthetic hits), the Saguaro plan's fan-outs, and what it
+    shares with the target."""
     runner: RunnerSpec
-    k: int                # draft tokens per round
-    vocab: int            # proposable ids: shared by tokenizer, draft and target
+    speculative: SpeculativeConfig
     fanouts: tuple        # ((temperature, (F_0..F_K)), ...): per request temperature, the nearest
-    saguaro_c: float      # Saguaro sampling's down-weighting constant C
-    max_num_seqs: int
-    seed: int
-    fit_window: bool = False  # shrink builds that outlast the verification (draft/build_budget.py)
-    synthetic_hit: float | None = None  # benchmarking: P(a lookup hits), whatever the cache holds
     # ((temperature, (F at budget 1, ..., F at the planned budget)), ...): the fan-out a build the
     # run-time budget cuts prepares; empty: the planned fan-out scaled down
-    fanout_tables: tuple = ()
+    fanout_tables: tuple
+    vocab: int            # proposable ids: shared by tokenizer, draft and target
+    max_num_seqs: int
+    seed: int
+
+    @property
+    def k(self) -> int:
+        return self.speculative.k
 
     def to_args(self) -> dict:
         """Plain values for the child's JSON arguments."""
@@ -46,22 +49,23 @@ class DraftSpec:
 
     @classmethod
     def from_args(cls, args: dict) -> "DraftSpec":
-        runner = args["runner"]
-        spec = RunnerSpec(ModelConfig(**runner["model"]), CacheConfig(**runner["cache"]), runner["max_position"])
-        return cls(**{**args, "runner": spec})
+        runner, speculative = args["runner"], args["speculative"]
+        runner_spec = RunnerSpec(ModelConfig(**runner["model"]), CacheConfig(**runner["cache"]), runner["max_position"])
+        speculative = SpeculativeConfig(**{**speculative, "ssd": SSDConfig(**speculative["ssd"])})
+        return cls(**{**args, "runner": runner_spec, "speculative": speculative})
 
 
-def spawn(spec: DraftSpec, cores: list[int] | None, threads: int,
+def spawn(draft_spec: DraftSpec, cores: list[int] | None, threads: int,
           timeout_s: float) -> tuple[subprocess.Popen, dist.TCPStore, ReplyWindow | None]:
     """-> (process, store, the coordinator's view of the reply window); returns once the draft has
     loaded its model and waits on the channel."""
     store = supervise.host_store(2)
-    args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, spec=spec.to_args())
+    args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, spec=draft_spec.to_args())
     if not reply_window.supported():
         draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
         supervise.wait_ready(store, [draft])
         return draft.process, store, None
-    capacity = ReplyLayout(spec.k, (spec.vocab,) * spec.max_num_seqs, spec.vocab).size  # every sequence sending whole rows
+    capacity = ReplyLayout(draft_spec.k, (draft_spec.vocab,) * draft_spec.max_num_seqs, draft_spec.vocab).size  # every sequence sending whole rows
     fd = ReplyWindow.create_fd(capacity)
     try:
         window = ReplyWindow(fd, capacity)

@@ -1,6 +1,6 @@
 """Keep the draft's cache build inside the target's verification (T_p <= 1), at run time.
 
-The planned fan-out's budget B comes from costs predicted before the run (auto_mode, or the
+The planned fan-out's budget B comes from costs predicted before the run (planning/, or the
 pair's calibration). The real window moves with contention for memory bandwidth, prompt length
 and batch size, and a build that outlasts it makes the target wait on every hit (Theorem 7's
 max(1, T_p)). So after each round the draft compares the build it just finished with the

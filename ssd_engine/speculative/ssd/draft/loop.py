@@ -21,20 +21,20 @@ from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict,
                reply_fd: int | None = None, reply_capacity: int = 0) -> None:
-    spec = DraftSpec.from_args(spec)
-    device = spec.runner.model.device
+    draft_spec = DraftSpec.from_args(spec)
+    device = draft_spec.runner.model.device
     if cores is not None:
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     store = supervise.join_store(port, 2, supervise.STARTUP_TIMEOUT_S)
-    server = build_server(spec)
+    server = build_server(draft_spec)
     supervise.announce_ready(store, READY_KEY)
     window = None if reply_fd is None else ReplyWindow(reply_fd, reply_capacity)
     link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device), reply_window=window)
     try:
-        serve(link, server, spec)
+        serve(link, server, draft_spec)
     except DraftLinkError:
         # the coordinator went away without a shutdown (it crashed, or exited without close()):
         # its own error says why; a traceback from here would only bury it
@@ -42,23 +42,22 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
         raise SystemExit(1) from None
 
 
-def build_server(spec: DraftSpec) -> DraftServer:
-    """The draft's model (with its scratch pages and graphs) behind a server, ready for rounds."""
-    fanouts = [(t, list(f)) for t, f in spec.fanouts]
-    cache = spec.runner.cache
-    scratch_pages = -(-scratch_slots(fanouts, spec.k, spec.max_num_seqs) // cache.block_size)
-    # the scratch pages sit past the target-sized cache the server's block manager hands out
-    runner = replace(spec.runner, cache=replace(cache, num_kv_blocks=cache.num_kv_blocks + scratch_pages)).build()
-    server = new_server(runner, cache.num_kv_blocks, cache.block_size, spec.k, spec.vocab, fanouts, spec.saguaro_c,
-                        spec.max_num_seqs, spec.seed, spec.fit_window, spec.synthetic_hit,
-                        [(t, [list(f) for f in table]) for t, table in spec.fanout_tables])
+def build_server(draft_spec: DraftSpec) -> DraftServer:
+    """The draft's model (with its scratch blocks and graphs) behind a server, ready for rounds."""
+    cache, k = draft_spec.runner.cache, draft_spec.k
+    fanouts = [(t, list(f)) for t, f in draft_spec.fanouts]
+    scratch_blocks = -(-scratch_slots(fanouts, k, draft_spec.max_num_seqs) // cache.block_size)
+    # the scratch blocks sit past the target-sized cache the server's block manager hands out
+    runner_spec = replace(draft_spec.runner, cache=replace(cache, num_kv_blocks=cache.num_kv_blocks + scratch_blocks))
+    runner = runner_spec.build()
+    server = new_server(draft_spec, runner)
     # just-in-time draft steps, the glue of a build that cannot reuse a hit's path (K + 1 tokens a
     # row), branch steps
-    runner.capture_graphs([("paged", 1), ("paged", spec.k + 1), ("tree", spec.k)])
+    runner.capture_graphs([("paged", 1), ("paged", k + 1), ("tree", k)])
     return server
 
 
-def serve(link: DraftEnd, server: DraftServer, spec: DraftSpec) -> None:
+def serve(link: DraftEnd, server: DraftServer, draft_spec: DraftSpec) -> None:
     """Answer the coordinator's rounds until it says shutdown."""
     out = torch.zeros(0, dtype=torch.uint8)
     while True:
@@ -69,7 +68,7 @@ def serve(link: DraftEnd, server: DraftServer, spec: DraftSpec) -> None:
         wanted = request.wanted_ids
         if wanted:
             reply = Reply(server.timings(), server.lookup(wanted, request.backup))
-            layout = ReplyLayout.of(request, spec.k, spec.vocab)
+            layout = ReplyLayout.of(request, draft_spec.k, draft_spec.vocab)
             shared = link.reply_buffer(layout)  # encoded in place: the link's shared memory or payload buffer
             encoded = encode_reply(reply, layout, out=out if shared is None else shared)
             if shared is None and encoded.numel() > out.numel():

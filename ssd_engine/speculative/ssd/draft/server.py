@@ -13,6 +13,7 @@ from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
 from ssd_engine.speculative.ssd.draft.cache_builder import CacheBuilder, bonus_rank
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
+from ssd_engine.speculative.ssd.process import DraftSpec
 from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Request, Speculation
 from ssd_engine.saguaro.source import Source
 
@@ -147,18 +148,19 @@ def fanout_for(fanouts: list, temperature: float) -> list:
     return list(min(pool, key=lambda f: abs(f[0] - temperature))[1])
 
 
-def new_server(runner, num_blocks: int, block_size: int, k: int, vocab: int, fanouts: list, saguaro_c: float,
-               max_num_seqs: int, seed: int, fit_window: bool = False,
-               synthetic_hit: float | None = None, fanout_tables: list | None = None) -> DraftServer:
-    """`runner`'s cache must hold num_blocks pages for trunks plus scratch_slots(...) for branches.
-    `fit_window`: shrink builds that outlast the target's verification (build_budget.py);
-    `synthetic_hit` (benchmarking only): the probability that a lookup hits, drawn per lookup;
-    `fanout_tables`: per temperature, the fan-out at each budget up to the planned one."""
-    blocks = BlockManager(num_blocks, block_size, enable_prefix_caching=False)
-    trunk = Trunk(runner, blocks, k, vocab, saguaro_c)
-    builder = CacheBuilder(trunk, num_blocks * block_size, max_branches(fanouts, max_num_seqs))
-    return DraftServer(trunk, builder, fanouts, seed, BuildBudget() if fit_window else None,
-                       synthetic_draws(synthetic_hit, seed, "cache hits"), fanout_tables)
+def new_server(draft_spec: DraftSpec, runner) -> DraftServer:
+    """`runner`'s cache must hold the spec's target-sized cache for trunks plus scratch_slots(...)
+    past it for branches. The SSD part's `fit_window` shrinks builds that outlast the target's
+    verification (build_budget.py); its `synthetic_hit` (benchmarking only) is the probability that
+    a lookup hits, drawn per lookup."""
+    cache, ssd, seed = draft_spec.runner.cache, draft_spec.speculative.ssd, draft_spec.seed
+    fanouts = [(t, list(f)) for t, f in draft_spec.fanouts]
+    blocks = BlockManager(cache.num_kv_blocks, cache.block_size, enable_prefix_caching=False)
+    trunk = Trunk(runner, blocks, draft_spec.k, draft_spec.vocab, ssd.saguaro_c)
+    builder = CacheBuilder(trunk, cache.num_kv_blocks * cache.block_size, max_branches(fanouts, draft_spec.max_num_seqs))
+    tables = [(t, [list(f) for f in table]) for t, table in draft_spec.fanout_tables]
+    return DraftServer(trunk, builder, fanouts, seed, BuildBudget() if ssd.fit_window else None,
+                       synthetic_draws(ssd.synthetic_hit, seed, "cache hits"), tables)
 
 
 def max_branches(fanouts: list, max_num_seqs: int) -> int:

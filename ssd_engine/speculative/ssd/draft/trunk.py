@@ -4,6 +4,8 @@ committed tokens, followed by the speculation currently being verified.
 `trunk` lists the tokens whose K/V sit in slots 0..len(trunk)-1 of the sequence's pages. After a
 round's outcome arrives the trunk is cut back to its longest prefix that is still true (the
 committed tokens, then the speculation just sent), so accepted draft tokens are never recomputed.
+Reserving a trunk's pages, extending it and decoding K tokens from it are paged_draft.py's, shared
+with SD's colocated draft; the sampling (Saguaro's down-weighting, per-row streams) is the trunk's.
 """
 from dataclasses import dataclass, field
 
@@ -11,16 +13,17 @@ import torch
 
 from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.core.structures import PageTable, page_table
-from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.saguaro.sampling import saguaro_probs
 from ssd_engine.speculative.ssd.protocol import DraftParams, Speculation
 from ssd_engine.saguaro.source import Source
+from ssd_engine.speculative.paged_draft import PagedDraft
 
 
 @dataclass
-class DraftSeq:
+class DraftSeq:  # a Paged (core/structures.py): its pages are the draft's, its length the committed tokens'
     seq_id: int
     tokens: list[int]                         # committed tokens, as the coordinator has them
     params: DraftParams
@@ -57,25 +60,17 @@ def sampling_of(params: list[DraftParams], device) -> SamplingTensors:
     return SamplingTensors.from_params(params, device)
 
 
-class Trunk:
+class Trunk(PagedDraft[DraftSeq]):
     """Runs the draft model over trunks; samples draft tokens keeping their exact q rows."""
 
     def __init__(self, runner: ModelRunner, blocks: BlockManager, k: int, vocab: int,
                  saguaro_c: float = 1.0) -> None:
-        self.runner, self.blocks, self.k, self.vocab = runner, blocks, k, vocab
-        self.saguaro_c = saguaro_c
-
-    def reserve(self, seq: DraftSeq, num_tokens: int) -> bool:
-        """Pages for `num_tokens` trunk tokens; on shortage the sequence's trunk is dropped."""
-        if self.blocks.slots_needed(seq, num_tokens) > self.blocks.num_free_blocks:
-            self.drop(seq)
-            return False
-        self.blocks.grow(seq, num_tokens)
-        return True
+        super().__init__(runner, blocks, k)
+        self.vocab, self.saguaro_c = vocab, saguaro_c
 
     def drop(self, seq: DraftSeq) -> None:
-        self.blocks.deallocate(seq)
-        seq.trunk = []
+        super().drop(seq)
+        seq.trunk = []  # its K/V went with the pages
 
     def extend(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: int) -> torch.Tensor:
         """Append feeds[i] to seqs[i]'s trunk; logits of the last `rows` fed positions, [n, rows, V]."""
@@ -86,22 +81,9 @@ class Trunk:
         return list(self._extend(seqs, feeds, rows).split(rows))
 
     def _extend(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
-        inputs = StepInputs([len(s.trunk) for s in seqs], feeds, [s.block_table for s in seqs],
-                            [list(range(len(f) - n, len(f))) for f, n in zip(feeds, rows)])
-        logits = self.runner.run(inputs)
+        logits = self.extend_kv(seqs, [len(s.trunk) for s in seqs], feeds, rows)
         for seq, fed in zip(seqs, feeds):
             seq.trunk.extend(fed)
-        return logits
-
-    def _extend_drawn(self, seqs: list[DraftSeq], drawn: torch.Tensor) -> torch.Tensor:
-        """Feed each sequence its drawn token ([n], on the device) without reading it: the trunk
-        holds a placeholder there until draft_jit writes the value. -> logits [n, V]."""
-        n = len(seqs)
-        inputs = StepInputs([len(s.trunk) for s in seqs], [[0]] * n, [s.block_table for s in seqs], [[0]] * n,
-                            on_device=(list(range(n)), drawn))
-        logits = self.runner.run(inputs)
-        for seq in seqs:
-            seq.trunk.append(0)
         return logits
 
     def sample(self, logits: torch.Tensor, params: list[DraftParams], generators: list[torch.Generator | None],
@@ -125,16 +107,11 @@ class Trunk:
         params = [s.params for s in seqs]
         gens = [s.generator for s in seqs]
         logits = self.extend(seqs, [s.tokens[len(s.trunk):] for s in seqs], 1)[:, 0]
-        fed_from = [len(s.trunk) for s in seqs]
-        tokens, rows = [], []
-        for step in range(self.k):
-            drawn, q = self.sample(logits, params, gens, [s.fanout[step] for s in seqs])
-            tokens.append(drawn)
-            rows.append(q)
-            if step + 1 < self.k:
-                logits = self._extend_drawn(seqs, drawn)
-        tokens = torch.stack(tokens, dim=1).tolist()  # the K drafts' one read
-        for seq, start, drafted in zip(seqs, fed_from, tokens):
-            seq.trunk[start:] = drafted[:self.k - 1]  # the placeholders' values, now on the host
-        return [Speculation(Source.JIT, tokens[i], None if rows[0] is None else torch.stack([r[i] for r in rows]))
-                for i in range(len(seqs))]
+
+        def draw(step: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            return self.sample(logits, params, gens, [s.fanout[step] for s in seqs])
+        tokens, q = self.decode(seqs, [len(s.trunk) for s in seqs], logits, draw)
+        tokens = tokens.tolist()  # the K drafts' one read
+        for seq, drafted in zip(seqs, tokens):
+            seq.trunk.extend(drafted[:self.k - 1])  # their K/V went into the pages as they were drawn
+        return [Speculation(Source.JIT, drafted, None if q is None else q[i]) for i, drafted in enumerate(tokens)]

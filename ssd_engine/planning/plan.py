@@ -1,0 +1,41 @@
+"""Everything decided before an engine is built, in one frozen `Plan`.
+
+`plan(options)` checks what needs no weights, lets `auto` measure and choose the mode and K (or
+sizes a forced SSD), resolves the model folders (the built-in pair is converted here, once, before
+any weights load, so its working memory never adds to a loaded target's) and cuts the options
+into their frozen parts. The engine reads only the plan: K lives in `parts.speculative.k` alone,
+and the flat options are never read again.
+"""
+from dataclasses import dataclass, replace
+
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.config_parts import Config
+from ssd_engine.models.default_models import resolve_model_path
+from ssd_engine.planning.choose import ModeChoice, resolve_auto, size_ssd
+from ssd_engine.planning.preflight import check_before_loading
+
+
+@dataclass(frozen=True)
+class Plan:
+    parts: Config               # model.path and speculative.draft_model are folders on disk
+    choice: ModeChoice | None   # auto's choice, or a forced SSD's sizing; None when the mode was given
+
+    @property
+    def mode(self) -> str:
+        return self.parts.speculative.mode
+
+    def describe_mode(self) -> str:
+        return self.choice.describe() if self.choice else self.mode
+
+
+def plan(options: EngineConfig) -> Plan:
+    check_before_loading(options)
+    choice = None
+    if options.speculative_mode == "auto":
+        options, choice = resolve_auto(options)
+    elif options.speculative_mode == "ssd":
+        options, choice = size_ssd(options)
+    parts = options.parts()
+    model = replace(parts.model, path=resolve_model_path(options))
+    draft = resolve_model_path(options, "draft") if parts.speculative.mode != "ar" else None
+    return Plan(replace(parts, model=model, speculative=replace(parts.speculative, draft_model=draft)), choice)
