@@ -116,24 +116,24 @@ def report(llm, outputs: list, load_s: float) -> None:
     print(f"[stats] requests={len(outputs)} output_tokens={tokens} load={load_s:.1f}s e2e={e2e:.2f}s "
           f"ttft={ttft:.2f}s decode={decode:.2f} tok/s throughput={tokens / e2e:.2f} tok/s", file=sys.stderr)
     if llm.engine.plan.mode != "ar":  # the mode that ran: "auto" resolves to one
-        spec = llm.speculation_metrics()
+        metrics = llm.speculation_metrics()
         print(f"[spec] mode={llm.engine.plan.mode} k={llm.engine.k} "
-              f"acceptance_rate={spec['acceptance_rate']:.3f} mean_acceptance_length={spec['mean_acceptance_length']:.2f} "
-              f"per_position={[round(x, 3) for x in spec['per_position_acceptance_rate']]} "
-              f"histogram={spec['accepted_length_histogram']}", file=sys.stderr)
-        if "cache_hit_rate" in spec:
-            by_accepted = {k: round(v, 3) for k, v in spec["cache_hit_rate_by_accepted"].items()}
-            print(f"[ssd] cache_hit_rate={spec['cache_hit_rate']:.3f} (after the first round: "
-                  f"{spec['cache_hit_rate_warm']:.3f}) by_accepted={by_accepted} acceptance_on_hits={spec['acceptance_on_hits']:.3f} "
-                  f"acceptance_on_misses={spec['acceptance_on_misses']:.3f} "
-                  f"speculations={spec['speculations_by_source']} T_p={spec['T_p']:.2f} "
-                  f"(draft build {spec['draft_build_s_per_round'] * 1e3:.0f} ms / verify "
-                  f"{spec['verify_s_per_round'] * 1e3:.0f} ms per round; wait for draft "
-                  f"{spec['coordinator_wait_s_per_round'] * 1e3:.0f} ms) draft_failures={len(spec['draft_failures'])}",
+              f"acceptance_rate={metrics['acceptance_rate']:.3f} mean_acceptance_length={metrics['mean_acceptance_length']:.2f} "
+              f"per_position={[round(x, 3) for x in metrics['per_position_acceptance_rate']]} "
+              f"histogram={metrics['accepted_length_histogram']}", file=sys.stderr)
+        if "cache_hit_rate" in metrics:
+            by_accepted = {accepted: round(rate, 3) for accepted, rate in metrics["cache_hit_rate_by_accepted"].items()}
+            print(f"[ssd] cache_hit_rate={metrics['cache_hit_rate']:.3f} (after the first round: "
+                  f"{metrics['cache_hit_rate_warm']:.3f}) by_accepted={by_accepted} acceptance_on_hits={metrics['acceptance_on_hits']:.3f} "
+                  f"acceptance_on_misses={metrics['acceptance_on_misses']:.3f} "
+                  f"speculations={metrics['speculations_by_source']} T_p={metrics['T_p']:.2f} "
+                  f"(draft build {metrics['draft_build_s_per_round'] * 1e3:.0f} ms / verify "
+                  f"{metrics['verify_s_per_round'] * 1e3:.0f} ms per round; wait for draft "
+                  f"{metrics['coordinator_wait_s_per_round'] * 1e3:.0f} ms) draft_failures={len(metrics['draft_failures'])}",
                   file=sys.stderr)
-            print(f"[saguaro] fanouts={spec['fanouts']} C={llm.config.saguaro_c} fallback={spec['fallback']} "
-                  f"b*={spec['critical_batch_size']:.2f} backup_rounds={spec['backup_rounds']} "
-                  f"miss_rate_by_fanout={[round(m, 3) for m in spec['miss_rate_by_fanout']]}", file=sys.stderr)
+            print(f"[saguaro] fanouts={metrics['fanouts']} C={llm.config.saguaro_c} fallback={metrics['fallback']} "
+                  f"b*={metrics['critical_batch_size']:.2f} backup_rounds={metrics['backup_rounds']} "
+                  f"miss_rate_by_fanout={[round(m, 3) for m in metrics['miss_rate_by_fanout']]}", file=sys.stderr)
 
 
 if __name__ == "__main__":

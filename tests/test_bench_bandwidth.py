@@ -6,13 +6,12 @@ import re
 import sys
 
 import pytest
-import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from gpu import bench_bandwidth  # noqa: E402
 
 from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
-from ssd_engine.models.loader import load_config  # noqa: E402
+from runners import tiny_runner
 
 # tiny configs (tests/tiny_checkpoints.py): vocab 320, hidden 64, intermediate 128, 2 layers,
 # 4 heads, 2 KV heads, head_dim 16, fp32
@@ -24,8 +23,7 @@ TABLE = 320 * 64                # the LM head (or the tied embedding table)
 
 
 def runner(path: str, layout: str) -> ModelRunner:
-    return ModelRunner(path, load_config(path), num_kv_blocks=8, block_size=16, max_position=64,
-                       dtype=torch.float32, device=torch.device("cpu"), weight_layout=layout)
+    return tiny_runner(path, num_kv_blocks=8, block_size=16, max_position=64, weight_layout=layout)
 
 
 @pytest.mark.parametrize("layout", ["plain", "dual", "packed"])

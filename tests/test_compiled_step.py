@@ -15,8 +15,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ssd_engine import LLM
 from ssd_engine.runtime.compiled_model import CompiledModel
 from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
-from ssd_engine.models.loader import load_config
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
+from runners import tiny_runner
 from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
 
 REL_TOL = 1e-5
@@ -24,8 +24,8 @@ BLOCK = 4
 
 
 def _runner(path: str, compiled: bool, layout: str = "packed") -> ModelRunner:
-    return ModelRunner(path, load_config(path), num_kv_blocks=64, block_size=BLOCK, max_position=256,
-                       dtype=torch.float32, device=torch.device("cpu"), weight_layout=layout, compile_model=compiled)
+    return tiny_runner(path, num_kv_blocks=64, block_size=BLOCK, max_position=256, weight_layout=layout,
+                       compile=compiled)
 
 
 def _steps(prompts: list[list[int]]) -> list[StepInputs]:

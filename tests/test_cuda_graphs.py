@@ -17,8 +17,8 @@ pytest.importorskip("triton")
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime.cuda_graphs import bucket_sizes  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner, StepInputs  # noqa: E402
-from ssd_engine.models.loader import load_config  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
+from runners import tiny_runner
 
 # an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -78,9 +78,8 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
 
 
 def _runner(model, graphs: int, shapes=(("paged", 1),)) -> ModelRunner:
-    runner = ModelRunner(model, load_config(model), num_kv_blocks=16, block_size=4, max_position=64,
-                         dtype=torch.float32, device=DEVICE, attention_backend="triton",
-                         cuda_graph_max_batch=graphs)
+    runner = tiny_runner(model, num_kv_blocks=16, block_size=4, max_position=64, device=DEVICE,
+                         attention_backend="triton", cuda_graph_max_batch=graphs)
     runner.capture_graphs(list(shapes))  # what the engine does at start-up
     return runner
 

@@ -3,11 +3,9 @@ the CLI's --no-progress (SSD_ENGINE_PROGRESS=0) hides them."""
 import os
 
 import pytest
-import torch
 
-from ssd_engine.runtime.model_runner import ModelRunner
-from ssd_engine.models.loader import load_config
 from ssd_engine.utils.progress import PROGRESS_ENV
+from runners import tiny_runner
 
 
 @pytest.fixture(autouse=True)
@@ -17,8 +15,7 @@ def progress_on(monkeypatch):
 
 
 def test_loading_a_model_draws_a_bar_named_after_it(tiny_qwen2, capfd):
-    ModelRunner(tiny_qwen2, load_config(tiny_qwen2), num_kv_blocks=8, block_size=16, max_position=64,
-                dtype=torch.float32, device=torch.device("cpu"), weight_layout="packed")
+    tiny_runner(tiny_qwen2, num_kv_blocks=8, block_size=16, max_position=64, weight_layout="packed")
     err = capfd.readouterr().err
     name = os.path.basename(os.path.normpath(tiny_qwen2))
     assert f"loading {name}" in err and "100%" in err

@@ -15,12 +15,11 @@ from ssd_engine.core.config import EngineConfig
 from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.layers.linear import Linear
 from ssd_engine.utils.memory import lazy_zeros, map_rows, safetensors_header
-from ssd_engine.models.loader import load_config
+from runners import tiny_runner
 
 
 def runner(path: str, layout: str) -> ModelRunner:
-    return ModelRunner(path, load_config(path), num_kv_blocks=64, block_size=16, max_position=256,
-                       dtype=torch.float32, device=torch.device("cpu"), weight_layout=layout)
+    return tiny_runner(path, num_kv_blocks=64, block_size=16, max_position=256, weight_layout=layout)
 
 
 def checkpoint_bytes(path: str) -> int:

@@ -9,11 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.core.structures import ScheduledBatch
 from ssd_engine.core.structures import Sequence
 from ssd_engine.models.loader import load_config
 from ssd_engine.core.sampling_params import SamplingParams
+from runners import tiny_runner
 
 TOL = 1e-4
 
@@ -21,8 +21,7 @@ TOL = 1e-4
 def _compare(path: str, prompts: list[list[int]], pack: bool, block_size: int = 4) -> tuple[float, float]:
     """Max |ours - transformers| over every prefill position, then over one decode step."""
     config = load_config(path)
-    runner = ModelRunner(path, config, num_kv_blocks=256, block_size=block_size, max_position=512,
-                         dtype=torch.float32, device=torch.device("cpu"), weight_layout=pack)
+    runner = tiny_runner(path, config, num_kv_blocks=256, block_size=block_size, max_position=512, weight_layout=pack)
     oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     blocks = BlockManager(256, block_size, enable_prefix_caching=False)
     seqs = [Sequence(p, SamplingParams(), block_size) for p in prompts]

@@ -18,7 +18,7 @@ from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime import piecewise_graphs  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner, StepInputs  # noqa: E402
 from ssd_engine.runtime.piecewise_graphs import SMALLEST, token_buckets  # noqa: E402
-from ssd_engine.models.loader import load_config  # noqa: E402
+from runners import tiny_runner
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CHECK_PLACEMENT = True  # a GPU runs these tests: a host tensor meeting the device fails in CI too
@@ -40,9 +40,8 @@ def test_token_buckets_pad_under_a_quarter_or_8_rows():
 
 
 def _runner(model, graphs: int, fused: str) -> ModelRunner:
-    return ModelRunner(model, load_config(model), num_kv_blocks=64, block_size=4, max_position=256,
-                       dtype=torch.float32, device=DEVICE, attention_backend="triton", cuda_graph_max_batch=graphs,
-                       fused_kernels=fused)
+    return tiny_runner(model, num_kv_blocks=64, block_size=4, max_position=256, device=DEVICE,
+                       attention_backend="triton", cuda_graph_max_batch=graphs, fused_kernels=fused)
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])

@@ -14,11 +14,11 @@ import torch
 
 from ssd_engine import SamplingParams
 from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
-from ssd_engine.models.loader import load_config
 from profiling.sync_count import SyncCounter
 from ssd_engine.sampling.processors import SamplingTensors, probs_from_logits
 from ssd_engine.sampling.rejection import verify
 from ssd_engine.sampling.sampler import sample
+from runners import tiny_runner
 
 DEVICE = torch.device("cpu")  # a device object: what the counter takes for the accelerator
 VOCAB = 12
@@ -92,8 +92,7 @@ def test_verification_told_the_random_rows_reads_the_device_once():
 
 @pytest.fixture(scope="module")
 def runner(tiny_qwen2) -> ModelRunner:
-    return ModelRunner(tiny_qwen2, load_config(tiny_qwen2), num_kv_blocks=32, block_size=4, max_position=128,
-                       dtype=torch.float32, device=DEVICE)
+    return tiny_runner(tiny_qwen2, num_kv_blocks=32, block_size=4, max_position=128, device=DEVICE)
 
 
 def test_drafts_fed_from_the_device_give_the_same_inputs(runner):
@@ -151,8 +150,7 @@ def test_a_steps_host_values_cross_in_one_copy(tiny_qwen2):
     """ids, positions, slots, key counts, query offsets, page tables, the device-held tokens' places
     and the logit rows: one tensor from the host and one move (on CUDA pinned and non-blocking: a
     copy from pageable memory would first wait for the stream to drain, utils/host_upload.py)."""
-    runner = ModelRunner(tiny_qwen2, load_config(tiny_qwen2), num_kv_blocks=16, block_size=4, max_position=64,
-                         dtype=torch.float32, device=DEVICE)
+    runner = tiny_runner(tiny_qwen2, num_kv_blocks=16, block_size=4, max_position=64, device=DEVICE)
     tables = [[0, 1, 2], [3, 4, 5]]
     runner.run(StepInputs([0, 0], [[5, 6, 7], [8, 9]], tables, [[2], [1]]))
     drafts = torch.tensor([11, 12], device=DEVICE)

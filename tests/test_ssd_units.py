@@ -10,8 +10,7 @@ import torch.distributed as dist
 from transformers import AutoModelForCausalLM
 
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec
-from ssd_engine.models.loader import load_config
+from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.sampling.rejection import verify
 from ssd_engine.speculative.ngram import fast_proposal, ngram_proposal
 from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
@@ -23,6 +22,7 @@ from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entr
                                                  Speculation, Wanted, q_width)
 from ssd_engine.saguaro.source import Source
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
+from runners import tiny_runner
 
 # --------------------------------------------------------------------------- messages
 
@@ -155,8 +155,7 @@ def nopad(tiny_model_dir) -> str:
 
 def _server(path: str, fanout: list[int], k: int, fit_window: bool = False):
     fanouts = [(0.0, fanout)]
-    runner = ModelRunner(path, load_config(path), num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8),
-                         block_size=8, max_position=128, dtype=torch.float32, device=torch.device("cpu"))
+    runner = tiny_runner(path, num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8), block_size=8, max_position=128)
     parts = EngineConfig(speculative_mode="ssd", num_speculative_tokens=k, ssd_fit_window=fit_window,
                          block_size=8).parts()
     draft_spec = DraftSpec(RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=32), 128), parts.speculative,

@@ -25,7 +25,7 @@ from ssd_engine import LLM, SamplingParams
 from ssd_engine.tensor_parallel.executor import TensorParallelError
 from ssd_engine.distributed.shm_collectives import supported as shm_supported
 from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.runtime.model_runner import ModelRunner
+from runners import tiny_runner
 from ssd_engine.core.structures import ScheduledBatch, Sequence
 from ssd_engine.models.loader import load_config
 from process_helpers import children_of, gone_within, kill_session, read_line
@@ -64,8 +64,7 @@ def _step_logits(runner, blocks: BlockManager, prompts: list[list[int]]) -> torc
 
 def _check_tp2_matches_tp1(path: str) -> None:
     config = load_config(path)
-    single = ModelRunner(path, config, num_kv_blocks=64, block_size=16, max_position=256, dtype=torch.float32,
-                         device=torch.device("cpu"), weight_layout="plain")
+    single = tiny_runner(path, config, num_kv_blocks=64, block_size=16, max_position=256)
     expected = _step_logits(single, BlockManager(64, 16, enable_prefix_caching=False), PROMPTS)
     with LLM(path, num_threads=1) as llm:
         greedy_tp1 = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]

@@ -253,17 +253,17 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def parse_core_sets(spec: str) -> list[list[int]]:
+def parse_core_sets(cpu_cores: str) -> list[list[int]]:
     """'0-3;4-7' or '0,2;1,3' -> [[0, 1, 2, 3], [4, 5, 6, 7]] (one set per rank, ';'-separated)."""
     sets = []
-    for part in spec.split(";"):
+    for part in cpu_cores.split(";"):
         cores = []
         for item in filter(None, (p.strip() for p in part.split(","))):
             lo, _, hi = item.partition("-")
             if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
-                raise ValueError(f"cpu_cores: cannot read {item!r} in {spec!r}; write core sets like '0-3;4-7' or '0,2;1'")
+                raise ValueError(f"cpu_cores: cannot read {item!r} in {cpu_cores!r}; write core sets like '0-3;4-7' or '0,2;1'")
             cores.extend(range(int(lo), int(hi or lo) + 1))
         if not cores:
-            raise ValueError(f"cpu_cores: empty core set in {spec!r}")
+            raise ValueError(f"cpu_cores: empty core set in {cpu_cores!r}")
         sets.append(sorted(set(cores)))
     return sets

@@ -8,24 +8,24 @@ from ssd_engine.core.config import parse_core_sets
 from ssd_engine.distributed.partition import even_spans
 
 
-def plan_core_sets(num_ranks: int, spec: str | None) -> list[list[int]]:
+def plan_core_sets(num_ranks: int, cpu_cores: str | None) -> list[list[int]]:
     """One disjoint core set per rank: the given ones, or this process's cores split evenly."""
     available = available_cores()
-    if spec is None:
+    if cpu_cores is None:
         if len(available) < num_ranks:
             raise ValueError(f"{num_ranks} ranks need {num_ranks} disjoint core sets but this process may use only "
                              f"{len(available)} cores {available}; pass cpu_cores to place them explicitly")
         return [available[s.start:s.end] for s in even_spans(len(available), num_ranks, "cores")]
-    sets = parse_core_sets(spec)
+    sets = parse_core_sets(cpu_cores)
     if len(sets) != num_ranks:
-        raise ValueError(f"cpu_cores {spec!r} gives {len(sets)} core sets for {num_ranks} ranks")
+        raise ValueError(f"cpu_cores {cpu_cores!r} gives {len(sets)} core sets for {num_ranks} ranks")
     seen: set[int] = set()
     for cores in sets:
         outside = [c for c in cores if c not in available]
         if outside:
-            raise ValueError(f"cpu_cores {spec!r}: cores {outside} are not available to this process ({available})")
+            raise ValueError(f"cpu_cores {cpu_cores!r}: cores {outside} are not available to this process ({available})")
         if seen & set(cores):
-            raise ValueError(f"cpu_cores {spec!r}: core sets overlap on {sorted(seen & set(cores))}")
+            raise ValueError(f"cpu_cores {cpu_cores!r}: core sets overlap on {sorted(seen & set(cores))}")
         seen |= set(cores)
     return sets
 

@@ -221,8 +221,8 @@ class LLMEngine:
 
     def _postprocess(self, batch: ScheduledBatch, speculated: list[bool], results: list[StepResult]) -> list[Sequence]:
         finished = []
-        for seq, n, spec, result in zip(batch.seqs, batch.num_new_tokens, speculated, results):
-            self.stats["decode_tokens" if n == 1 or spec else "prefill_tokens"] += n
+        for seq, n, was_speculated, result in zip(batch.seqs, batch.num_new_tokens, speculated, results):
+            self.stats["decode_tokens" if n == 1 or was_speculated else "prefill_tokens"] += n
             if result.tokens is None:  # a prefill chunk that does not reach the end of the prompt
                 seq.num_computed_tokens += n
                 continue
@@ -231,7 +231,7 @@ class LLMEngine:
             self.output_processor.append(seq, result.tokens)
             # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
             seq.num_computed_tokens = len(seq) - 1
-            if spec:
+            if was_speculated:
                 self.block_manager.trim(seq)
                 if result.accepted is not None:
                     self.spec_metrics.record(seq.seq_id, result.accepted)

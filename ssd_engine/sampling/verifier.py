@@ -40,21 +40,21 @@ class Verifier:
         for rows in logit_rows:
             first_row.append(first_row[-1] + len(rows))
         plain = [i for i, rows in enumerate(logit_rows) if rows and not speculated[i]]
-        spec = [i for i, s in enumerate(speculated) if s]
-        picks = [[first_row[i] for i in plain], [r for i in spec for r in range(first_row[i], first_row[i + 1])]]
+        speculated_rows = [i for i, s in enumerate(speculated) if s]
+        picks = [[first_row[i] for i in plain], [r for i in speculated_rows for r in range(first_row[i], first_row[i + 1])]]
         plain_logits, spec_logits = _rows(logits, picks)
         # sampling first, then verification: the order the requests' random streams are drawn in
         sampled = self.sample([seqs[i] for i in plain], plain_logits) if plain else None
         result = None
-        if spec:
-            result = self.verify([seqs[i] for i in spec], proposal, spec_logits)
+        if speculated_rows:
+            result = self.verify([seqs[i] for i in speculated_rows], proposal, spec_logits)
         if sampled is not None:
             sampled_tokens = result.read_with(sampled) if result is not None else sampled.tolist()
             for i, token in zip(plain, sampled_tokens):
                 out[i] = StepResult([token])
         if result is not None:
             drafted = proposal.num_draft.tolist()  # a host tensor: the proposer knows its counts
-            for j, i in enumerate(spec):
+            for j, i in enumerate(speculated_rows):
                 tokens = result.output_tokens[j]
                 out[i] = StepResult(tokens, len(tokens) - 1 if drafted[j] > 0 else None)
         return out

@@ -130,7 +130,7 @@ class SyncDraft(PagedDraft[DraftView]):
         wanted = {id(v) for v in drafting}
         rows = [1 if id(v) in wanted else 0 for v in views]
         logits = self.extend_kv(views, [v.num_computed_tokens for v in views],
-                             [v.token_ids[v.num_computed_tokens:end] for v, end in zip(views, ends)], rows)
+                                [v.token_ids[v.num_computed_tokens:end] for v, end in zip(views, ends)], rows)
         for view, end in zip(views, ends):
             view.num_computed_tokens = end
         row_of = {id(v): j for j, v in enumerate(v for v, n in zip(views, rows) if n)}

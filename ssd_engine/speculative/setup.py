@@ -53,7 +53,7 @@ def draft_path_and_vocab(engine) -> tuple[str, int]:
 
 def start_async_draft(engine, target: RunnerSpec, cores: list[int] | None, threads: int) -> AsyncDraftClient:
     """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU.
-    `target` is the target's runner spec: the draft's KV cache and positions are sized like it."""
+    `target` is the target's runner runner_spec: the draft's KV cache and positions are sized like it."""
     draft_path, vocab = draft_path_and_vocab(engine)
     parts = engine.parts
     device = parts.model.device
@@ -81,9 +81,9 @@ def start_async_draft(engine, target: RunnerSpec, cores: list[int] | None, threa
 def build_sync_draft(engine, target: RunnerSpec) -> SyncDraft:
     draft_path, proposable = draft_path_and_vocab(engine)
     # the target's settings: the draft runs in the same process, on the same device
-    spec = with_draft_format(target.with_model(path=draft_path), engine.parts.speculative.draft_dtype, engine,
+    runner_spec = with_draft_format(target.with_model(path=draft_path), engine.parts.speculative.draft_dtype, engine,
                              [(1, engine.parts.speculative.k)], None, torch.get_num_threads())
-    runner = spec.build()
+    runner = runner_spec.build()
     # its one-token draft steps, and the catch-up after a round that accepted every draft (x_K and
     # the bonus: two tokens a row; one after a rejection)
     runner.capture_graphs([("paged", 1), ("paged", 2)])
@@ -91,11 +91,11 @@ def build_sync_draft(engine, target: RunnerSpec) -> SyncDraft:
                      proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device))
 
 
-def with_draft_format(spec: RunnerSpec, option: str, engine, workload: list[tuple[int, int]],
+def with_draft_format(runner_spec: RunnerSpec, option: str, engine, workload: list[tuple[int, int]],
                       cores: list[int] | None, threads: int) -> RunnerSpec:
-    """The draft's spec in the weight format `option` resolves to on the cores it will run on
+    """The draft's runner_spec in the weight format `option` resolves to on the cores it will run on
     (runtime/draft_format.py); the engine keeps the choice to report it."""
-    chosen = draft_format.resolve(option, load_config(spec.model.path, spec.model.load_format), spec.model.device, workload, cores, threads,
+    chosen = draft_format.resolve(option, load_config(runner_spec.model.path, runner_spec.model.load_format), runner_spec.model.device, workload, cores, threads,
                                   cache_dir())
     engine.draft_format = chosen
-    return spec.with_model(dtype=chosen.dtype, weight_format=chosen.name if spec.model.device == "cpu" else None)
+    return runner_spec.with_model(dtype=chosen.dtype, weight_format=chosen.name if runner_spec.model.device == "cpu" else None)

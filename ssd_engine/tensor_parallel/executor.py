@@ -23,7 +23,7 @@ class TensorParallelError(RuntimeError):
 
 
 class TensorParallelRunner:
-    def __init__(self, tp: TPGroup, spec: RunnerSpec, processes: dict, restore_placement=None) -> None:
+    def __init__(self, tp: TPGroup, runner_spec: RunnerSpec, processes: dict, restore_placement=None) -> None:
         self.tp, self.processes = tp, processes   # rank -> subprocess.Popen (empty under torchrun)
         self._restore = restore_placement
         self.mirror = PageTableMirror()
@@ -32,9 +32,9 @@ class TensorParallelRunner:
         self.closed = False
         self.in_step = False
         with self._guard("loading the model"):
-            self.tp.send_command("init_runner", spec)
+            self.tp.send_command("init_runner", runner_spec)
             try:
-                self.runner = spec.build(tp)
+                self.runner = runner_spec.build(tp)
             except BaseException:
                 self.tp.barrier_status(True)  # the workers drop their shards and exit
                 raise

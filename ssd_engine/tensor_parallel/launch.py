@@ -34,13 +34,13 @@ def torchrun_world() -> tuple[int, int] | None:
     return None
 
 
-def start_tensor_parallel(parallel: ParallelConfig, spec: RunnerSpec,
+def start_tensor_parallel(parallel: ParallelConfig, runner_spec: RunnerSpec,
                           core_sets: list[list[int]] | None = None) -> TensorParallelRunner:
     """`core_sets`: the ranks' cores when the caller planned them (SSD adds the draft's set)."""
     joined = torchrun_world()
     if joined is not None:
-        return _join_torchrun(parallel, spec, *joined)
-    return _spawn(parallel, spec, core_sets)
+        return _join_torchrun(parallel, runner_spec, *joined)
+    return _spawn(parallel, runner_spec, core_sets)
 
 
 def rank_gpus(device: str, size: int, available: int) -> list[str]:
@@ -53,15 +53,15 @@ def rank_gpus(device: str, size: int, available: int) -> list[str]:
     return [f"cuda:{first + rank}" for rank in range(size)]
 
 
-def _spawn(parallel: ParallelConfig, spec: RunnerSpec, core_sets: list[list[int]] | None) -> TensorParallelRunner:
+def _spawn(parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[list[int]] | None) -> TensorParallelRunner:
     size = parallel.tensor_parallel_size
-    on_cpu = spec.model.device == "cpu"
+    on_cpu = runner_spec.model.device == "cpu"
     if on_cpu:
         core_sets = core_sets or plan_core_sets(size, parallel.cpu_cores)
     else:
         core_sets = [None] * size
-        gpus = rank_gpus(spec.model.device, size, torch.cuda.device_count())
-    threads = [spec.model.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
+        gpus = rank_gpus(runner_spec.model.device, size, torch.cuda.device_count())
+    threads = [runner_spec.model.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
     store = supervise.host_store(size)
     # SSD_ENGINE_TP_SHM=0 keeps every collective on gloo (to compare, or to rule the shared memory out)
     use_shm = on_cpu and shm_supported() and os.environ.get("SSD_ENGINE_TP_SHM", "1") != "0"
@@ -69,7 +69,7 @@ def _spawn(parallel: ParallelConfig, spec: RunnerSpec, core_sets: list[list[int]
     workers = {}
     for rank in range(1, size):
         # a fresh interpreter (not multiprocessing): no re-import of the user's __main__, no helper processes
-        device = spec.model.device if on_cpu else gpus[rank]
+        device = runner_spec.model.device if on_cpu else gpus[rank]
         args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
                     device=device, timeout_s=parallel.distributed_timeout_s, shm_fd=shm_fd)
         workers[rank] = supervise.start(f"tensor-parallel worker rank {rank}", "ssd_engine.tensor_parallel.worker_main",
@@ -82,9 +82,9 @@ def _spawn(parallel: ParallelConfig, spec: RunnerSpec, core_sets: list[list[int]
           f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)
     try:
         supervise.wait_ready(store, list(workers.values()), TensorParallelError)
-        tp = TPGroup.create(store, 0, size, torch.device(spec.model.device), parallel.distributed_timeout_s, loopback=True,
+        tp = TPGroup.create(store, 0, size, torch.device(runner_spec.model.device), parallel.distributed_timeout_s, loopback=True,
                             shm_fd=shm_fd, peers_alive=lambda: all(p.poll() is None for p in processes.values()))
-        runner = TensorParallelRunner(tp, spec, processes, restore)
+        runner = TensorParallelRunner(tp, runner_spec, processes, restore)
     except BaseException:
         _stop(processes)
         if restore is not None:
@@ -98,25 +98,25 @@ def _spawn(parallel: ParallelConfig, spec: RunnerSpec, core_sets: list[list[int]
     return runner
 
 
-def _join_torchrun(parallel: ParallelConfig, spec: RunnerSpec, rank: int, size: int) -> TensorParallelRunner:
+def _join_torchrun(parallel: ParallelConfig, runner_spec: RunnerSpec, rank: int, size: int) -> TensorParallelRunner:
     if size != parallel.tensor_parallel_size:
         raise ValueError(f"torchrun started WORLD_SIZE={size} processes but tensor_parallel_size="
                          f"{parallel.tensor_parallel_size}; pass --tensor-parallel-size {size}")
-    device = spec.model.device
+    device = runner_spec.model.device
     if device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
         torch.cuda.set_device(device)
-        spec = spec.with_model(device=device)
+        runner_spec = runner_spec.with_model(device=device)
     restore = None
     if device == "cpu" and parallel.cpu_cores is not None:
         cores = plan_core_sets(size, parallel.cpu_cores)[rank]
-        restore = pin(cores, spec.model.num_threads or len(cores))
+        restore = pin(cores, runner_spec.model.num_threads or len(cores))
     store, _, _ = next(dist.rendezvous("env://", rank, size))
     tp = TPGroup.create(store, rank, size, torch.device(device), parallel.distributed_timeout_s, loopback=False)
     if rank != 0:
         serve(tp)
         raise SystemExit(0)  # this process only served rank 0; the script's remaining work is rank 0's
-    runner = TensorParallelRunner(tp, spec, {}, restore)
+    runner = TensorParallelRunner(tp, runner_spec, {}, restore)
     close_at_exit(runner)
     return runner
 

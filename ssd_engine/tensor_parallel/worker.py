@@ -67,10 +67,10 @@ class Worker:
         self.runner: ModelRunner | None = None
         self.mirror = PageTableMirror()
 
-    def init_runner(self, spec: RunnerSpec) -> None:
+    def init_runner(self, runner_spec: RunnerSpec) -> None:
         failed = False
         try:
-            self.runner = spec.build(self.tp)
+            self.runner = runner_spec.build(self.tp)
         except Exception:
             traceback.print_exc()
             failed = True

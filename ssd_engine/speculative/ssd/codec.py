@@ -131,17 +131,17 @@ class ReplyLayout:
         return self.q_at + FLOAT * self.k * sum(self.q_widths)
 
 
-def q_slots(specs: list[Speculation], widths: tuple[int, ...], vocab: int) -> list[tuple[QMode, SupportRows | None]]:
+def q_slots(speculations: list[Speculation], widths: tuple[int, ...], vocab: int) -> list[tuple[QMode, SupportRows | None]]:
     """How each speculation's rows go in its slot of `width` floats per position, and for COMPACT
     their supports on the host. The draft's rows may sit on its GPU: every support is picked there
     and all of them cross in one read (one sync a reply, not one a sequence)."""
-    modes = [QMode.ONE_HOT if s.q is None else q_mode_of_width(w, vocab) for s, w in zip(specs, widths, strict=True)]
+    modes = [QMode.ONE_HOT if s.q is None else q_mode_of_width(w, vocab) for s, w in zip(speculations, widths, strict=True)]
     compact = [i for i, m in enumerate(modes) if m == QMode.COMPACT]
     # one topk of top_k + 1 both picks the support and checks it: the extra value is zero iff every
     # row has at most top_k tokens (a count of nonzeros cost as much as the topk again). Ties at the
     # k-th logit can leave more; such a row goes one-hot, which is still exact (any proposal verified
     # as deterministic is). The picked ids are the whole support, padded with zero-probability ids.
-    tops = [specs[i].q.topk(widths[i] // 2 + 1, dim=-1) for i in compact]
+    tops = [speculations[i].q.topk(widths[i] // 2 + 1, dim=-1) for i in compact]
     values = torch.cat([t.values.flatten() for t in tops]).cpu() if tops else None
     indices = torch.cat([t.indices.flatten().int() for t in tops]).cpu() if tops else None
     out: list[tuple[QMode, SupportRows | None]] = [(m, None) for m in modes]
@@ -172,14 +172,14 @@ def encode_reply(reply: Reply, layout: ReplyLayout, out: torch.Tensor | None = N
     raw[:layout.ints_at].view(np.float64)[:] = (t.build_s, t.lookup_s, t.glue_s, t.step_s)
     ints = [t.step_rows]
     slots = q_slots(reply.speculations, layout.q_widths, vocab)
-    for spec, width, at, (mode, support) in zip(reply.speculations, layout.q_widths, layout.slots_at, slots):
-        tokens = spec.tokens or [0] * k  # NONE: no speculation
+    for speculation, width, at, (mode, support) in zip(reply.speculations, layout.q_widths, layout.slots_at, slots):
+        tokens = speculation.tokens or [0] * k  # NONE: no speculation
         if len(tokens) != k:
             raise ValueError(f"a speculation of {len(tokens)} tokens, the reply carries {k}")
-        ints += (int(spec.source), int(mode), spec.bonus_rank, *tokens)
+        ints += (int(speculation.source), int(mode), speculation.bonus_rank, *tokens)
         slot = (head if at < layout.wide_at else buf)[at:at + FLOAT * k * width]
         if mode == QMode.FULL:
-            slot.view(torch.float32).view(k, width).copy_(spec.q, non_blocking=True)
+            slot.view(torch.float32).view(k, width).copy_(speculation.q, non_blocking=True)
         elif mode == QMode.COMPACT:
             ids, probs = _compact_views(slot, k, width // 2)
             ids.copy_(support.ids)
@@ -205,18 +205,18 @@ def decode_reply(buf: torch.Tensor, layout: ReplyLayout) -> Reply:
     raw = head.numpy()
     build_s, lookup_s, glue_s, step_s = raw[:layout.ints_at].view(np.float64).tolist()
     ints = raw[layout.ints_at:layout.q_at].view(np.int64).tolist()
-    specs = []
+    speculations = []
     i = 1
     for width, at in zip(layout.q_widths, layout.slots_at):
         source, mode, rank = Source(ints[i]), QMode(ints[i + 1]), ints[i + 2]
-        spec = Speculation(source, ints[i + 3:i + 3 + k] if source != Source.NONE else [], bonus_rank=rank)
+        speculation = Speculation(source, ints[i + 3:i + 3 + k] if source != Source.NONE else [], bonus_rank=rank)
         if mode == QMode.FULL:
-            spec.q = buf[at:at + FLOAT * k * width].view(torch.float32).view(k, width)  # a view of buf (see above)
+            speculation.q = buf[at:at + FLOAT * k * width].view(torch.float32).view(k, width)  # a view of buf (see above)
         elif mode == QMode.COMPACT:
-            spec.q = SupportRows(*_compact_views(head[at:at + FLOAT * k * width], k, width // 2))
-        specs.append(spec)
+            speculation.q = SupportRows(*_compact_views(head[at:at + FLOAT * k * width], k, width // 2))
+        speculations.append(speculation)
         i += 3 + k
-    return Reply(DraftTimings(build_s, lookup_s, glue_s, step_s, ints[0]), specs)
+    return Reply(DraftTimings(build_s, lookup_s, glue_s, step_s, ints[0]), speculations)
 
 
 def _compact_views(slot: torch.Tensor, k: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -98,16 +98,16 @@ class AsyncDraftClient:
             return None
         layout = ReplyLayout.of(request, self.k, self.vocab)
         reply = decode_reply(self.link.recv_reply(layout.size), layout)
-        specs, t = reply.speculations, reply.timings
+        speculations, t = reply.speculations, reply.timings
         self.replied_at = time.perf_counter()
         self.metrics.record_round(t.build_s, self.replied_at - started, t.glue_s, t.step_s, t.step_rows)
-        if any(spec.source == Source.JIT for spec in specs):
+        if any(speculation.source == Source.JIT for speculation in speculations):
             self.metrics.record_jit(t.lookup_s)
-        for seq, spec in zip(wanted, specs):
-            self.metrics.record_lookup(self.last_accepted.pop(seq.seq_id, -1), spec.source, spec.bonus_rank)
-            self.source[seq.seq_id] = spec.source
-        return self._proposal([s.tokens or [0] * self.k for s in specs], [s.q for s in specs],
-                              [s.source != Source.NONE for s in specs])
+        for seq, speculation in zip(wanted, speculations):
+            self.metrics.record_lookup(self.last_accepted.pop(seq.seq_id, -1), speculation.source, speculation.bonus_rank)
+            self.source[seq.seq_id] = speculation.source
+        return self._proposal([s.tokens or [0] * self.k for s in speculations], [s.q for s in speculations],
+                              [s.source != Source.NONE for s in speculations])
 
     def _backup(self, batch_size: int, cold: int) -> Source:
         """Saguaro fallback: what a miss takes this round, from the batch size and b* (`cold`:

@@ -1,4 +1,4 @@
-"""SSD-specific counters: cache hits (overall and by the outcome's accepted count k), acceptance
+"""SSD-specific counters: cache hits (overall and by the outcome's accepted count), acceptance
 by where the speculation came from, fallbacks, draft failures, and T_p.
 
 T_p = the draft's cache-build time per round / the coordinator's verification time per round
@@ -16,14 +16,14 @@ from ssd_engine.saguaro.source import Source
 
 @dataclass
 class SSDMetrics:
-    k: int
-    lookups_by_accepted: list[int] = field(default_factory=list)   # index k + 1; index 0 = no previous speculation
+    k: int  # K: drafts a round
+    lookups_by_accepted: list[int] = field(default_factory=list)   # index accepted + 1; index 0 = no previous speculation
     hits_by_accepted: list[int] = field(default_factory=list)
     drafted: dict = field(default_factory=dict)               # source -> draft tokens verified
     accepted: dict = field(default_factory=dict)              # source -> of those, accepted
     speculations: dict = field(default_factory=dict)          # source -> count ("local" after a draft failure)
     draft_failures: list[str] = field(default_factory=list)
-    bonus_ranks_by_accepted: list = field(default_factory=list)     # [k][rank]: where each bonus stood among candidates
+    bonus_ranks_by_accepted: list = field(default_factory=list)     # [accepted][rank]: where each bonus stood among candidates
     rounds: dict = field(default_factory=dict)                # source -> verified rounds
     rounds_by_accepted: dict = field(default_factory=dict)    # source -> [rounds that accepted a], a = 0..K
     backups: dict = field(default_factory=dict)               # jit / fast -> rounds the policy chose it for
@@ -125,8 +125,9 @@ class SSDMetrics:
         return {
             "cache_hit_rate": rate(hits, lookups),
             "cache_hit_rate_warm": rate(hits, warm),
-            "cache_hit_rate_by_accepted": {str(k): rate(self.hits_by_accepted[k + 1], self.lookups_by_accepted[k + 1])
-                                    for k in range(self.k + 1) if self.lookups_by_accepted[k + 1]},
+            "cache_hit_rate_by_accepted": {str(accepted): rate(self.hits_by_accepted[accepted + 1],
+                                                               self.lookups_by_accepted[accepted + 1])
+                                           for accepted in range(self.k + 1) if self.lookups_by_accepted[accepted + 1]},
             "lookups": lookups,
             "acceptance_on_hits": hit_acc,
             "acceptance_on_misses": rate(sum(self.accepted[s] for s in miss), sum(self.drafted[s] for s in miss)),

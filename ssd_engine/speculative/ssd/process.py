@@ -60,7 +60,7 @@ def spawn(draft_spec: DraftSpec, cores: list[int] | None, threads: int,
     """-> (process, store, the coordinator's view of the reply window); returns once the draft has
     loaded its model and waits on the channel."""
     store = supervise.host_store(2)
-    args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, spec=draft_spec.to_args())
+    args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, draft_args=draft_spec.to_args())
     if not reply_window.supported():
         draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
         supervise.wait_ready(store, [draft])

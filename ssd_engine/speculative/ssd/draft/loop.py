@@ -19,9 +19,9 @@ from ssd_engine.speculative.ssd.protocol import Kind, Reply
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 
-def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, spec: dict,
+def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, draft_args: dict,
                reply_fd: int | None = None, reply_capacity: int = 0) -> None:
-    draft_spec = DraftSpec.from_args(spec)
+    draft_spec = DraftSpec.from_args(draft_args)
     device = draft_spec.runner.model.device
     if cores is not None:
         os.sched_setaffinity(0, cores)

@@ -83,29 +83,29 @@ class DraftServer:
         """The next speculation of each wanted sequence: from the cache, else from `backup`
         (JIT: the primary drafts now; FAST: n-gram, else random)."""
         started = time.perf_counter()
-        specs: dict[int, Speculation] = {}
+        speculations: dict[int, Speculation] = {}
         missed = []
         for seq_id in wanted:
             seq = self.seqs[seq_id]
             if not self.trunk.reserve(seq, len(seq) + self.k):
-                specs[seq_id] = Speculation(Source.NONE, [])
+                speculations[seq_id] = Speculation(Source.NONE, [])
             elif seq.cache:  # apply() kept only the entry matching the outcome
-                specs[seq_id] = next(iter(seq.cache.values()))
+                speculations[seq_id] = next(iter(seq.cache.values()))
             else:
                 missed.append(seq)
         if missed and backup == Source.JIT:
-            for seq, spec in zip(missed, self.trunk.draft_jit(missed)):
-                specs[seq.seq_id] = spec
+            for seq, speculation in zip(missed, self.trunk.draft_jit(missed)):
+                speculations[seq.seq_id] = speculation
         else:
             for seq in missed:
                 tokens = fast_proposal(seq.tokens, self.k, self.trunk.vocab, seq.backup_generator)
-                specs[seq.seq_id] = Speculation(Source.FAST, tokens)
-        for seq_id, spec in specs.items():
+                speculations[seq.seq_id] = Speculation(Source.FAST, tokens)
+        for seq_id, speculation in speculations.items():
             seq = self.seqs[seq_id]
-            seq.sent, seq.cache = (spec if spec.source != Source.NONE else None), {}
-            spec.bonus_rank, seq.bonus_rank = seq.bonus_rank, -1
+            seq.sent, seq.cache = (speculation if speculation.source != Source.NONE else None), {}
+            speculation.bonus_rank, seq.bonus_rank = seq.bonus_rank, -1
         self.lookup_seconds = time.perf_counter() - started
-        return [specs[i] for i in wanted]
+        return [speculations[i] for i in wanted]
 
     def build(self, wanted: list[int]) -> None:
         """After replying: prefill sequences the draft has not caught up with, build the next cache."""
@@ -149,7 +149,7 @@ def fanout_for(fanouts: list, temperature: float) -> list:
 
 
 def new_server(draft_spec: DraftSpec, runner) -> DraftServer:
-    """`runner`'s cache must hold the spec's target-sized cache for trunks plus scratch_slots(...)
+    """`runner`'s cache must hold the speculation's target-sized cache for trunks plus scratch_slots(...)
     past it for branches. The SSD part's `fit_window` shrinks builds that outlast the target's
     verification (build_budget.py); its `synthetic_hit` (benchmarking only) is the probability that
     a lookup hits, drawn per lookup."""
