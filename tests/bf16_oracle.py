@@ -62,10 +62,10 @@ def engine_logit_error(reference: Fp64Reference, runs: list[tuple[list[int], lis
     path, longest = reference.path, max(len(p) + len(e) for p, e in runs)
     options = EngineConfig(model=path, dtype="bfloat16", device=device, speculative_mode="ar", block_size=block_size)
     parts = options.parts()  # the weight layout and attention backend the engine itself uses
-    pages = -(-longest // block_size)
-    runner = RunnerSpec(replace(parts.model, path=path), replace(parts.cache, num_kv_blocks=pages),
+    blocks = -(-longest // block_size)
+    runner = RunnerSpec(replace(parts.model, path=path), replace(parts.cache, num_kv_blocks=blocks),
                         longest + 1).build()
-    table = list(range(pages))  # runs go one after another: each rewrites every slot it reads
+    table = list(range(blocks))  # runs go one after another: each rewrites every slot it reads
     worst = 0.0
     for prompt, emitted in runs:
         tokens = prompt + emitted

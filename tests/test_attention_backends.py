@@ -58,15 +58,15 @@ def test_engine_with_triton_kernels_matches_transformers(tiny_model_dir, mode):
 def _random_paged(g, rows, hk, page):
     q_lens = [int(x) for x in torch.randint(1, 7, (rows,), generator=g)]
     kv_lens = [n + int(torch.randint(0, 30, (1,), generator=g)) for n in q_lens]
-    pages_each = max(-(-n // page) for n in kv_lens)
-    tables = torch.randperm(rows * pages_each + 2, generator=g)[:rows * pages_each].view(rows, pages_each)
+    blocks_each = max(-(-n // page) for n in kv_lens)
+    tables = torch.randperm(rows * blocks_each + 2, generator=g)[:rows * blocks_each].view(rows, blocks_each)
     slots = [tables[b, p // page] * page + p % page for b in range(rows) for p in range(kv_lens[b] - q_lens[b],
                                                                                            kv_lens[b])]
     starts = torch.tensor([0] + q_lens).cumsum(0)
     # drawn on the host (one seeded generator), used on the device: a GPU's kernels take no host pointer
     return AttentionMetadata(torch.tensor(slots).to(DEVICE), tables.to(DEVICE, torch.int32),
                              torch.tensor(kv_lens, dtype=torch.int32).to(DEVICE), starts.to(DEVICE, torch.int32),
-                             max(q_lens), max(kv_lens), page), rows * pages_each + 2
+                             max(q_lens), max(kv_lens), page), rows * blocks_each + 2
 
 
 @pytest.mark.parametrize("seed", range(4))

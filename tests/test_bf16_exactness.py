@@ -44,7 +44,7 @@ from tiny_checkpoints import derived_checkpoint
 from ssd_engine import LLM, SamplingParams
 
 K = 3
-BLOCK_SIZE = 8  # tokens per KV page, in the engine and in the error measurement alike
+BLOCK_SIZE = 8  # tokens per KV block, in the engine and in the error measurement alike
 NEW_TOKENS = 40
 PROMPTS = [[(31 * i + 7 * j) % 250 + 3 for j in range(3 + 5 * i)] for i in range(4)]  # ragged, 3..18 tokens
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)

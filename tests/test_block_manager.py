@@ -1,4 +1,4 @@
-"""BlockManager: page allocation, ref counts, chained-hash prefix caching, commit, trim (rollback)."""
+"""BlockManager: block allocation, ref counts, chained-hash prefix caching, commit, trim (rollback)."""
 import pytest
 
 from ssd_engine.runtime.block_manager import BlockManager
@@ -13,7 +13,7 @@ def make_seq(tokens, block_size=BS):
 
 
 def compute_all(bm, seq):
-    """Pretend the model computed every token of `seq`, then register its full pages."""
+    """Pretend the model computed every token of `seq`, then register its full blocks."""
     seq.num_computed_tokens = len(seq)
     bm.commit(seq)
 
@@ -26,7 +26,7 @@ def hashed(bm, block_id):
 # ---- plain allocation -------------------------------------------------------------------------
 def test_allocate_and_deallocate_track_refcounts_and_free_list():
     bm = BlockManager(8, BS)
-    seq = make_seq(range(10, 20))  # 10 tokens -> 3 pages
+    seq = make_seq(range(10, 20))  # 10 tokens -> 3 blocks
     assert bm.can_allocate(seq)
     bm.allocate(seq)
     assert len(seq.block_table) == 3 and len(set(seq.block_table)) == 3
@@ -35,7 +35,7 @@ def test_allocate_and_deallocate_track_refcounts_and_free_list():
     assert all(b not in bm.free for b in seq.block_table)
     assert seq.num_cached_tokens == 0 and seq.num_computed_tokens == 0
 
-    other = make_seq(range(100, 105))  # 2 pages, distinct from the first sequence's
+    other = make_seq(range(100, 105))  # 2 blocks, distinct from the first sequence's
     bm.allocate(other)
     assert not set(other.block_table) & set(seq.block_table)
     assert bm.num_free_blocks == 3
@@ -51,27 +51,27 @@ def test_allocate_and_deallocate_track_refcounts_and_free_list():
     assert all(b.ref_count == 0 for b in bm.blocks)
 
 
-def test_out_of_pages_raises():
+def test_out_of_blocks_raises():
     bm = BlockManager(2, BS)
-    big = make_seq(range(10, 19))  # 9 tokens -> 3 pages > 2
+    big = make_seq(range(10, 19))  # 9 tokens -> 3 blocks > 2
     assert bm.blocks_needed(9) == 3
     assert not bm.can_allocate(big)
-    with pytest.raises(RuntimeError, match="out of KV pages"):
+    with pytest.raises(RuntimeError, match="out of KV blocks"):
         bm.allocate(big)
 
     bm2 = BlockManager(2, BS)
-    seq = make_seq(range(10, 15))  # 2 pages: all of them
+    seq = make_seq(range(10, 15))  # 2 blocks: all of them
     assert bm2.can_allocate(seq)
     bm2.allocate(seq)
     assert bm2.num_free_blocks == 0
     assert not bm2.can_allocate(make_seq([7]))
-    with pytest.raises(RuntimeError, match="out of KV pages"):
+    with pytest.raises(RuntimeError, match="out of KV blocks"):
         bm2.grow(seq, 9)
 
 
 def test_grow_and_slots_needed():
     bm = BlockManager(8, BS)
-    seq = make_seq(range(10, 15))  # 5 tokens -> 2 pages
+    seq = make_seq(range(10, 15))  # 5 tokens -> 2 blocks
     bm.allocate(seq)
     assert bm.slots_needed(seq, 5) == 0
     assert bm.slots_needed(seq, 8) == 0
@@ -88,14 +88,14 @@ def test_grow_and_slots_needed():
 
 
 # ---- prefix caching -----------------------------------------------------------------------------
-def test_prefix_hit_shares_full_pages():
+def test_prefix_hit_shares_full_blocks():
     bm = BlockManager(16, BS)
-    a = make_seq(range(10, 20))  # 10 tokens: pages [10..13], [14..17], [18, 19]
+    a = make_seq(range(10, 20))  # 10 tokens: blocks [10..13], [14..17], [18, 19]
     bm.allocate(a)
     compute_all(bm, a)
     free_before = bm.num_free_blocks
 
-    b = make_seq(list(range(10, 18)) + [50, 51, 52])  # shares two full pages, then differs
+    b = make_seq(list(range(10, 18)) + [50, 51, 52])  # shares two full blocks, then differs
     bm.allocate(b)
     assert b.block_table[:2] == a.block_table[:2]
     assert b.block_table[2] != a.block_table[2]
@@ -103,35 +103,35 @@ def test_prefix_hit_shares_full_pages():
     assert bm.blocks[a.block_table[2]].ref_count == 1
     assert b.num_cached_tokens == 2 * BS
     assert b.num_computed_tokens == 2 * BS
-    assert bm.num_free_blocks == free_before - 1  # only the new third page was taken
+    assert bm.num_free_blocks == free_before - 1  # only the new third block was taken
 
-    # freeing one sharer keeps the pages alive for the other
+    # freeing one sharer keeps the blocks alive for the other
     bm.deallocate(a)
     assert all(bm.blocks[x].ref_count == 1 and x not in bm.free for x in b.block_table[:2])
 
 
-def test_page_holding_last_prompt_token_is_never_a_hit():
+def test_block_holding_last_prompt_token_is_never_a_hit():
     bm = BlockManager(16, BS)
-    a = make_seq(range(10, 22))  # 12 tokens, 3 full pages
+    a = make_seq(range(10, 22))  # 12 tokens, 3 full blocks
     bm.allocate(a)
     compute_all(bm, a)
     assert all(hashed(bm, x) for x in a.block_table)
 
-    same = make_seq(range(10, 22))  # identical prompt: its last page holds the last token
+    same = make_seq(range(10, 22))  # identical prompt: its last block holds the last token
     bm.allocate(same)
     assert same.block_table[:2] == a.block_table[:2]
     assert same.block_table[2] != a.block_table[2]
     assert same.num_cached_tokens == 2 * BS and same.num_computed_tokens == 2 * BS
 
-    prefix = make_seq(range(10, 18))  # exactly the first two pages
+    prefix = make_seq(range(10, 18))  # exactly the first two blocks
     bm.allocate(prefix)
     assert prefix.block_table[0] == a.block_table[0]
     assert prefix.block_table[1] != a.block_table[1]
     assert prefix.num_cached_tokens == BS
 
-    one_page = make_seq(range(10, 14))  # a single full page = the last token's page
-    bm.allocate(one_page)
-    assert one_page.num_cached_tokens == 0 and one_page.block_table[0] != a.block_table[0]
+    one_block = make_seq(range(10, 14))  # a single full block = the last token's block
+    bm.allocate(one_block)
+    assert one_block.num_cached_tokens == 0 and one_block.block_table[0] != a.block_table[0]
 
 
 def test_hashes_are_chained_over_the_prefix():
@@ -143,7 +143,7 @@ def test_hashes_are_chained_over_the_prefix():
         bm.allocate(s)
         compute_all(bm, s)
 
-    # same page content at a different position: no hit
+    # same block content at a different position: no hit
     moved = make_seq(q + [40, 41])
     bm.allocate(moved)
     assert moved.num_cached_tokens == 0 and moved.block_table[0] != a.block_table[1]
@@ -162,9 +162,9 @@ def test_hashes_are_chained_over_the_prefix():
     assert again.block_table[:2] == a.block_table[:2] and again.num_cached_tokens == 2 * BS
 
 
-def test_cached_page_survives_on_free_list_until_reused():
+def test_cached_block_survives_on_free_list_until_reused():
     bm = BlockManager(4, BS)
-    a = make_seq(range(10, 19))  # 9 tokens -> 3 pages, 2 of them full
+    a = make_seq(range(10, 19))  # 9 tokens -> 3 blocks, 2 of them full
     bm.allocate(a)
     compute_all(bm, a)
     cached = a.block_table[:2]
@@ -182,11 +182,11 @@ def test_cached_page_survives_on_free_list_until_reused():
     bm.deallocate(b)
     old_hashes = [bm.blocks[x].hash for x in cached]
 
-    # other content takes 3 of the 4 pages: the oldest-freed first, the shared head last
+    # other content takes 3 of the 4 blocks: the oldest-freed first, the shared head last
     c = make_seq(range(100, 112))
     bm.allocate(c)
     reused = set(c.block_table) & set(cached)
-    assert reused == {cached[1]}  # the second cached page was overwritten ...
+    assert reused == {cached[1]}  # the second cached block was overwritten ...
     assert not hashed(bm, cached[1]) and bm.blocks[cached[1]].hash is None
     assert old_hashes[1] not in bm.hash_to_block  # ... and its hash dropped
     assert hashed(bm, cached[0])  # ... the first one survived
@@ -195,10 +195,10 @@ def test_cached_page_survives_on_free_list_until_reused():
     d = make_seq(range(10, 19))
     bm.allocate(d)
     assert d.block_table[0] == cached[0]
-    assert d.num_cached_tokens == BS  # only the surviving page hits
+    assert d.num_cached_tokens == BS  # only the surviving block hits
     bm.deallocate(d)
 
-    # fill every page with other content: the whole prefix is evicted
+    # fill every block with other content: the whole prefix is evicted
     e = make_seq(range(200, 216))
     bm.allocate(e)
     assert not any(hashed(bm, x) for x in cached)
@@ -209,7 +209,7 @@ def test_cached_page_survives_on_free_list_until_reused():
     bm.allocate(f)
     assert f.num_cached_tokens == 0 and f.num_computed_tokens == 0
 
-    # recomputed into new pages, the prefix is registered (and hit) again
+    # recomputed into new blocks, the prefix is registered (and hit) again
     compute_all(bm, f)
     assert all(hashed(bm, x) for x in f.block_table[:2])
     f_table = list(f.block_table)
@@ -219,14 +219,14 @@ def test_cached_page_survives_on_free_list_until_reused():
     assert list(g.block_table[:2]) == f_table[:2] and g.num_cached_tokens == 2 * BS
 
 
-def test_commit_registers_only_full_computed_pages():
+def test_commit_registers_only_full_computed_blocks():
     bm = BlockManager(8, BS)
-    seq = make_seq(range(10, 20))  # 10 tokens: 2 full pages + 2 tokens
+    seq = make_seq(range(10, 20))  # 10 tokens: 2 full blocks + 2 tokens
     bm.allocate(seq)
     bm.commit(seq)  # nothing computed yet
     assert bm.hash_to_block == {}
 
-    seq.num_computed_tokens = 6  # page 0 complete, page 1 half computed
+    seq.num_computed_tokens = 6  # block 0 complete, block 1 half computed
     bm.commit(seq)
     assert hashed(bm, seq.block_table[0])
     assert bm.blocks[seq.block_table[0]].token_ids == [10, 11, 12, 13]
@@ -236,7 +236,7 @@ def test_commit_registers_only_full_computed_pages():
     bm.commit(seq)
     assert hashed(bm, seq.block_table[1])
     assert bm.blocks[seq.block_table[1]].token_ids == [14, 15, 16, 17]
-    assert bm.blocks[seq.block_table[2]].hash is None  # partial last page is never registered
+    assert bm.blocks[seq.block_table[2]].hash is None  # partial last block is never registered
     assert len(bm.hash_to_block) == 2
 
     # slots grown past the tokens (e.g. lookahead) are not registered either
@@ -255,8 +255,8 @@ class CountingList(list):
         return super().__getitem__(index)
 
 
-def test_commit_after_every_token_chains_as_one_commit_and_reads_only_the_pages_it_fills():
-    """Decoding commits after every step: a step costs the pages it filled (and a look back at the last
+def test_commit_after_every_token_chains_as_one_commit_and_reads_only_the_blocks_it_fills():
+    """Decoding commits after every step: a step costs the blocks it filled (and a look back at the last
     hashed one), not the table's length, and the hashes chain as committing the whole sequence at once."""
     tokens = list(range(10, 10 + 40 * BS + 3))
     at_once, stepped = BlockManager(64, BS), BlockManager(64, BS)
@@ -272,7 +272,7 @@ def test_commit_after_every_token_chains_as_one_commit_and_reads_only_the_pages_
         stepped.grow(seq, len(seq))
         seq.num_computed_tokens = len(seq) - 1
         stepped.commit(seq)
-    assert CountingList.reads < 3 * len(tokens)  # every page every step: ~40 x 160 / 2
+    assert CountingList.reads < 3 * len(tokens)  # every block every step: ~40 x 160 / 2
     assert [stepped.blocks[b].hash for b in seq.block_table[:40]] == [at_once.blocks[b].hash for b in whole.block_table[:40]]
     assert len(stepped.hash_to_block) == 40
 
@@ -289,16 +289,16 @@ def test_prefix_caching_disabled_never_hits():
 
 
 # ---- rollback ------------------------------------------------------------------------------------
-def test_trim_frees_pages_reserved_past_the_sequence_and_keeps_committed_hashes():
+def test_trim_frees_blocks_reserved_past_the_sequence_and_keeps_committed_hashes():
     bm = BlockManager(8, BS)
-    seq = make_seq(range(10, 16))  # 6 tokens -> 2 pages, 1 full
+    seq = make_seq(range(10, 16))  # 6 tokens -> 2 blocks, 1 full
     bm.allocate(seq)
     compute_all(bm, seq)
     head = list(seq.block_table)
     bm.grow(seq, len(seq) + 1 + 5)  # a verification step's lookahead: last token + K = 5 drafts
     assert len(seq.block_table) == 3 and bm.num_free_blocks == 5
 
-    seq.token_ids += [16, 17]  # one draft accepted, then the bonus: 8 tokens, pages 0-1 in use
+    seq.token_ids += [16, 17]  # one draft accepted, then the bonus: 8 tokens, blocks 0-1 in use
     seq.num_computed_tokens = len(seq) - 1
     reserved = seq.block_table[2]
     bm.trim(seq)
@@ -310,15 +310,15 @@ def test_trim_frees_pages_reserved_past_the_sequence_and_keeps_committed_hashes(
     compute_all(bm, seq)
     assert hashed(bm, head[1])
 
-    # a later prompt with this prefix reuses both pages
+    # a later prompt with this prefix reuses both blocks
     probe = make_seq(range(10, 19))
     bm.allocate(probe)
     assert list(probe.block_table[:2]) == head and probe.num_cached_tokens == 2 * BS
 
 
-def test_trim_keeps_exactly_the_pages_the_tokens_need():
+def test_trim_keeps_exactly_the_blocks_the_tokens_need():
     bm = BlockManager(8, BS)
-    seq = make_seq(range(10, 18))  # 8 tokens: exactly 2 pages
+    seq = make_seq(range(10, 18))  # 8 tokens: exactly 2 blocks
     bm.allocate(seq)
     bm.grow(seq, 13)
     assert len(seq.block_table) == 4

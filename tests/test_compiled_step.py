@@ -65,7 +65,7 @@ def test_compiled_tree_steps_match_eager(tiny_qwen3):
         runner.run(StepInputs([0], [trunk], [list(range(8))], [[len(trunk) - 1]]))
         tables = torch.tensor([list(range(8))], dtype=torch.int32)
         visible = torch.tensor([len(trunk), len(trunk) - 2, len(trunk) - 5])
-        scratch = (40 * BLOCK + torch.arange(3 * 2)).view(3, 2)  # pages 40..41: no trunk's
+        scratch = (40 * BLOCK + torch.arange(3 * 2)).view(3, 2)  # blocks 40..41: no trunk's
         ids, out = torch.tensor([3, 4, 5]), []
         for step in range(2):
             meta = branch_metadata(tables, torch.zeros(3, dtype=torch.long), visible, len(trunk), scratch, step, BLOCK)

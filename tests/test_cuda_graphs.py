@@ -160,7 +160,7 @@ def test_tree_steps_replay_and_match_eager(model, emulated):
     prefill = StepInputs([0, 0], [list(range(5, 15)), list(range(20, 27))], tables, [[9], [6]])
     for runner in (graphed, eager):
         runner.run(prefill)
-    k, scratch_base = 3, 8 * 4  # branch paths in pages 8.. (after the trunks)
+    k, scratch_base = 3, 8 * 4  # branch paths in blocks 8.. (after the trunks)
     seq_of_branch, fork = torch.tensor([0, 0, 1, 1, 1], device=DEVICE), [10, 8, 7, 5, 6]  # 5 branches: a graph of 8
     scratch = (scratch_base + torch.arange(5 * k, device=DEVICE)).view(5, k)
     trunk_tables = torch.tensor(tables, dtype=torch.int32, device=DEVICE)

@@ -121,7 +121,7 @@ def test_graph_runner_refuses_a_forward_reading_its_step_values():
     def forward(input_ids, positions, meta):
         return torch.zeros(input_ids.shape[0], 4) + meta.kv_lens[: int(meta.kv_lens.max())].sum()
 
-    runner = GraphRunner(forward, cap=2, max_pages=2, block_size=4, pad_slot=0, device=torch.device("cpu"),
+    runner = GraphRunner(forward, cap=2, max_blocks=2, block_size=4, pad_slot=0, device=torch.device("cpu"),
                          capture="emulate")
     with pytest.raises(GraphInfidelity, match=r"graph 1-token paged step x 2 rows: host read 'int'"):
         runner.capture_all([("paged", 1)])

@@ -13,7 +13,7 @@ NEW_TOKENS = 72
 
 
 def _prompts(n: int) -> list[list[int]]:
-    shared = [(11 * i) % 250 + 3 for i in range(20)]  # a common prefix, longer than one page
+    shared = [(11 * i) % 250 + 3 for i in range(20)]  # a common prefix, longer than one block
     prompts = []
     for i in range(n):
         own = [(31 * i + 7 * j) % 250 + 3 for j in range(3 + 5 * i)]
@@ -66,7 +66,7 @@ def test_greedy_with_prefix_sharing_and_chunked_prefill(tiny_model_dir, oracle_o
 
 
 def test_greedy_under_preemption(tiny_model_dir, oracle_outputs):
-    # 8 sequences of up to ~130 tokens need ~120 pages of 8; 40 pages force preemption by recompute
+    # 8 sequences of up to ~130 tokens need ~120 blocks of 8; 40 blocks force preemption by recompute
     with LLM(tiny_model_dir("llama"), block_size=8, num_kv_blocks=40) as llm:
         outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
         preemptions = llm.engine.scheduler.num_preemptions

@@ -2,7 +2,7 @@
 
 Covers Llama (llama3 rope_scaling, GQA, tied embeddings), Qwen2 (qkv bias), Qwen3 (q/k norm),
 with plain and prepacked weights, for a batched prefill of ragged prompts followed by a batched
-decode step reading K/V back through the page tables; and the real SmolLM2-135M checkpoint.
+decode step reading K/V back through the block tables; and the real SmolLM2-135M checkpoint.
 """
 import pytest
 import torch

@@ -47,10 +47,10 @@ def random_cache(g, pages, page, hk, d, dtype):
     return k, v
 
 
-def random_tables(g, rows, pages_each, pages_total):
+def random_tables(g, rows, blocks_each, blocks_total):
     """Each row its own scattered pages (a permutation, so rows never share a page by accident)."""
-    perm = torch.randperm(pages_total, generator=g)[:rows * pages_each]
-    return perm.view(rows, pages_each).to(torch.int32)
+    perm = torch.randperm(blocks_total, generator=g)[:rows * blocks_each]
+    return perm.view(rows, blocks_each).to(torch.int32)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -64,9 +64,9 @@ def test_paged_attention_matches_reference_on_random_shapes(seed):
     q_lens = [int(x) for x in torch.randint(1, 20, (rows,), generator=g)]
     q_lens[0] = 1
     kv_lens = [ql + int(torch.randint(0, 70, (1,), generator=g)) for ql in q_lens]
-    pages_each = max(-(-n // page) for n in kv_lens) + 1
-    tables = random_tables(g, rows, pages_each, rows * pages_each + 3)
-    k_cache, v_cache = random_cache(g, rows * pages_each + 3, page, hk, d, torch.float32)
+    blocks_each = max(-(-n // page) for n in kv_lens) + 1
+    tables = random_tables(g, rows, blocks_each, rows * blocks_each + 3)
+    k_cache, v_cache = random_cache(g, rows * blocks_each + 3, page, hk, d, torch.float32)
     q = torch.randn(sum(q_lens), hq, d, generator=g)
     starts = torch.tensor([0] + q_lens).cumsum(0).to(torch.int32)
     scale = d ** -0.5
@@ -93,16 +93,16 @@ def test_tree_attention_matches_reference_on_random_shapes(seed):
     page, k = [16, 4][seed % 2], 1 + seed % 4
     seqs = 1 + seed % 3
     trunk_lens = [int(x) for x in torch.randint(3, 60, (seqs,), generator=g)]
-    pages_each = max(-(-n // page) for n in trunk_lens)
-    total_pages = seqs * pages_each + -(-(40 * k) // page) + 2
-    tables = random_tables(g, seqs, pages_each, total_pages - -(-(40 * k) // page))
-    k_cache, v_cache = random_cache(g, total_pages, page, hk, d, torch.float32)
+    blocks_each = max(-(-n // page) for n in trunk_lens)
+    total_blocks = seqs * blocks_each + -(-(40 * k) // page) + 2
+    tables = random_tables(g, seqs, blocks_each, total_blocks - -(-(40 * k) // page))
+    k_cache, v_cache = random_cache(g, total_blocks, page, hk, d, torch.float32)
     branches = int(torch.randint(1, 9, (1,), generator=g))
     table_rows = torch.randint(0, seqs, (branches,), generator=g).to(torch.int32)
     # a branch forks somewhere inside its trunk (committed + first k accepted drafts)
     visible = torch.tensor([int(torch.randint(1, trunk_lens[s] + 1, (1,), generator=g)) for s in table_rows.tolist()],
                            dtype=torch.int32)
-    scratch_base = seqs * pages_each * page  # scratch region after every trunk page
+    scratch_base = seqs * blocks_each * page  # scratch region after every trunk page
     path_slots = (scratch_base + torch.randperm(40 * k, generator=g)[:branches * k]).view(branches, k)
     q = torch.randn(branches, hq, d, generator=g)
     scale = d ** -0.5

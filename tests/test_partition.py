@@ -7,8 +7,8 @@ import pytest
 from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
 from ssd_engine.core.config import parse_core_sets
 from ssd_engine.distributed.placement import plan_core_sets
-from ssd_engine.tensor_parallel.worker import PageTableMirror
-from ssd_engine.core.structures import page_table
+from ssd_engine.tensor_parallel.worker import BlockTableMirror
+from ssd_engine.core.structures import new_block_table
 
 
 def test_even_spans_cover_the_total_in_order():
@@ -69,29 +69,29 @@ def test_default_placement_splits_this_process_cores_evenly():
     assert sum(plan_core_sets(1, None), []) == available
 
 
-def test_page_table_deltas_carry_only_changes():
-    """What rank 0 sends per sequence is (pages kept, pages appended); the worker's mirror follows
+def test_block_table_deltas_carry_only_changes():
+    """What rank 0 sends per sequence is (blocks kept, blocks appended); the worker's mirror follows
     grow, trim (rejected drafts), preemption (table emptied, then rebuilt) and release."""
-    sender, worker = PageTableMirror(), PageTableMirror()
+    sender, worker = BlockTableMirror(), BlockTableMirror()
     history = [[7], [7, 3], [7, 3, 9, 4], [7, 3], [], [5, 7, 3], [5, 7, 3, 8]]
     sent = []
-    for table in map(page_table, history):
+    for table in map(new_block_table, history):
         keep, appended = sender.delta(42, table)
         sent.append((keep, list(appended)))
         assert worker.apply(42, keep, appended) == table
     assert sent[2] == (2, [9, 4]) and sent[3] == (2, []) and sent[6] == (3, [8])
     worker.forget(42)
     sender.forget(42)
-    assert sender.delta(42, page_table([1, 2])) == (0, page_table([1, 2]))
+    assert sender.delta(42, new_block_table([1, 2])) == (0, new_block_table([1, 2]))
 
 
-def test_page_table_deltas_follow_a_table_changed_in_place():
+def test_block_table_deltas_follow_a_table_changed_in_place():
     """The block manager grows, trims and empties a sequence's one table object between steps: each
-    delta keeps exactly the pages the last table sent shares with the new one (so a page replaced
+    delta keeps exactly the blocks the last table sent shares with the new one (so a block replaced
     at the same place is resent), and the worker ends with the same table."""
     rng = random.Random(0)
-    sender, worker = PageTableMirror(), PageTableMirror()
-    table = page_table()
+    sender, worker = BlockTableMirror(), BlockTableMirror()
+    table = new_block_table()
     for _ in range(500):
         before = list(sender.tables.get(1, []))
         change = rng.choice(["grow", "trim", "empty", "same"])

@@ -63,7 +63,7 @@ def test_ragged_steps_replay_pieces_and_match_eager(tiny_model_dir, emulated, fu
         torch.testing.assert_close(logits, expected)
         written = (graphed.kv_cache != before).any(dim=-1).any(dim=-1).any(dim=1).any(dim=0)
         assert written.sum().item() == sum(len(fed) for fed in step.token_ids)  # padding rows write no K/V
-        torch.testing.assert_close(graphed.kv_cache[:, :, :eager.kv_cache.shape[2]], eager.kv_cache)  # + a padding page
+        torch.testing.assert_close(graphed.kv_cache[:, :, :eager.kv_cache.shape[2]], eager.kv_cache)  # + a padding block
         outputs.append(graphed.piecewise.outputs[bucket].data_ptr())
     assert graphed.piecewise.replayed == {16: 2}
     assert outputs[0] == outputs[1]  # one output buffer a bucket, rewritten by each replay, as a real graph's

@@ -147,7 +147,7 @@ class _Uploads(torch.overrides.TorchFunctionMode):
 
 
 def test_a_steps_host_values_cross_in_one_copy(tiny_qwen2):
-    """ids, positions, slots, key counts, query offsets, page tables, the device-held tokens' places
+    """ids, positions, slots, key counts, query offsets, block tables, the device-held tokens' places
     and the logit rows: one tensor from the host and one move (on CUDA pinned and non-blocking: a
     copy from pageable memory would first wait for the stream to drain, utils/host_upload.py)."""
     runner = tiny_runner(tiny_qwen2, num_kv_blocks=16, block_size=4, max_position=64, device=DEVICE)

@@ -148,9 +148,9 @@ def test_fcfs_requests_start_in_arrival_order():
 
 def test_head_of_queue_is_not_overtaken_when_it_does_not_fit():
     sched = make_scheduler(num_blocks=6)
-    a = make_seq(16, max_tokens=2)   # 4 pages
-    big = make_seq(10, start=50)     # 3 pages: does not fit in the 2 left
-    small = make_seq(2, start=80)    # 1 page: would fit, but arrived later
+    a = make_seq(16, max_tokens=2)   # 4 blocks
+    big = make_seq(10, start=50)     # 3 blocks: does not fit in the 2 left
+    small = make_seq(2, start=80)    # 1 block: would fit, but arrived later
     sched.add(a)
     sched.add(big)
     sched.add(small)
@@ -166,7 +166,7 @@ def test_head_of_queue_is_not_overtaken_when_it_does_not_fit():
 # ---- preemption ----------------------------------------------------------------------------------
 def test_preemption_takes_newest_puts_it_in_front_and_recomputes():
     sched = make_scheduler(num_blocks=2, max_num_seqs=2)
-    a = make_seq(4, max_tokens=2, start=10)   # after its first token it needs a second page
+    a = make_seq(4, max_tokens=2, start=10)   # after its first token it needs a second block
     b = make_seq(3, max_tokens=2, start=50)
     c = make_seq(1, max_tokens=1, start=90)   # arrives while the two slots are full
     for s in (a, b, c):
@@ -176,14 +176,14 @@ def test_preemption_takes_newest_puts_it_in_front_and_recomputes():
     assert len(a) == 5 and len(b) == 4
     b_tokens = list(b.token_ids)
 
-    batch, _ = step(sched)  # a needs a page: b (the newest) is preempted
+    batch, _ = step(sched)  # a needs a block: b (the newest) is preempted
     assert sched.num_preemptions == 1
     assert batch.seqs == [a]
     assert b not in sched.running and b.status == SequenceStatus.WAITING
     assert list(sched.waiting) == [b, c]  # back at the FRONT of the queue, ahead of c
     assert len(b.block_table) == 0 and b.num_computed_tokens == 0
     assert b.token_ids == b_tokens  # its generated token is kept, to be recomputed
-    assert a.num_output_tokens == 2 and a.is_finished  # a got its page and finished
+    assert a.num_output_tokens == 2 and a.is_finished  # a got its block and finished
 
     batch, _ = step(sched)  # b is recomputed from scratch, prompt + its generated token
     assert batch.seqs[0] is b and batch.num_new_tokens[0] == len(b_tokens) == 4
@@ -196,12 +196,12 @@ def test_preemption_takes_newest_puts_it_in_front_and_recomputes():
 def test_sequence_never_preempts_an_older_one():
     sched = make_scheduler(num_blocks=2)
     a = make_seq(3, max_tokens=3, start=10)
-    b = make_seq(4, max_tokens=3, start=50)   # b crosses a page boundary first
+    b = make_seq(4, max_tokens=3, start=50)   # b crosses a block boundary first
     sched.add(a)
     sched.add(b)
     step(sched)
     a_table = list(a.block_table)
-    batch, _ = step(sched)  # b needs a page, none free: b preempts itself, not a
+    batch, _ = step(sched)  # b needs a block, none free: b preempts itself, not a
     assert sched.num_preemptions == 1
     assert batch.seqs == [a]
     assert list(a.block_table) == a_table and a.status == SequenceStatus.RUNNING
@@ -217,14 +217,14 @@ def test_preemption_of_several_keeps_their_order():
         sched.add(s)
     step(sched)
     assert sched.block_manager.num_free_blocks == 0
-    batch = sched.schedule(k=8)  # a's decode needs 3 + 9 = 12 slots: 2 more pages
+    batch = sched.schedule(k=8)  # a's decode needs 3 + 9 = 12 slots: 2 more blocks
     assert batch.seqs == [a] and batch.num_new_tokens == [9]
     assert len(a.block_table) == 3
     assert sched.running == [a] and list(sched.waiting) == [b, c]
     assert sched.num_preemptions == 2
 
 
-def test_draft_slots_grow_pages_for_decodes_only():
+def test_draft_slots_grow_blocks_for_decodes_only():
     sched = make_scheduler(num_blocks=8)
     a = make_seq(3, max_tokens=8)
     sched.add(a)
@@ -235,7 +235,7 @@ def test_draft_slots_grow_pages_for_decodes_only():
     a.token_ids.append(NEXT_TOKEN)
     batch = sched.schedule(k=3)
     assert batch.num_new_tokens == [4]  # 1 decode + 3 draft slots
-    assert len(a.block_table) == 2  # computed 3 + 4 = 7 slots -> 2 pages
+    assert len(a.block_table) == 2  # computed 3 + 4 = 7 slots -> 2 blocks
     assert sched.block_manager.num_free_blocks == 6
 
 

@@ -1,7 +1,7 @@
 """The OpenAI-compatible server, live on 127.0.0.1 (a kernel-picked port), through the official
 `openai` client: greedy answers equal LLM.generate's, streams join to them and end with [DONE],
 many concurrent streams neither lose nor duplicate tokens, a disconnecting client frees its
-pages, and bad requests get OpenAI-shaped errors."""
+blocks, and bad requests get OpenAI-shaped errors."""
 import asyncio
 import json
 import socket
@@ -138,11 +138,11 @@ def test_concurrent_streams_each_complete_exactly(served):
         assert text == offline[prompt]
     deadline = time.time() + 30
     while engine.engine.has_unfinished() or engine.engine.block_manager.num_free_blocks != free:
-        assert time.time() < deadline, "pages did not return to the pool"
+        assert time.time() < deadline, "blocks did not return to the pool"
         time.sleep(0.05)
 
 
-def test_disconnect_mid_stream_frees_pages(served):
+def test_disconnect_mid_stream_frees_blocks(served):
     _, engine, _, port = served
     free, aborted = engine.engine.block_manager.num_free_blocks, engine.aborted
     body = json.dumps({"model": NAME, "prompt": PROMPTS[2], "max_tokens": 400, "temperature": 0, "stream": True,
@@ -154,7 +154,7 @@ def test_disconnect_mid_stream_frees_pages(served):
     response.close()     # the client goes away
     deadline = time.time() + 30
     while engine.engine.block_manager.num_free_blocks != free or engine.engine.has_unfinished():
-        assert time.time() < deadline, "the disconnected request's pages never came back"
+        assert time.time() < deadline, "the disconnected request's blocks never came back"
         time.sleep(0.05)
     assert engine.aborted == aborted + 1
 

@@ -3,7 +3,7 @@
 Greedy. SD output must be token-identical to transformers' greedy `generate` (EOS ignored, 48 new
 tokens) at batch 1 / 3 / 8 with ragged prompts and K in {1, 4, 8}, under forced preemption, under
 chunked prefill and with prompts served (all but one token) from the prefix cache, and under KV
-pressure where the draft's private pages run short before the target's (the draft then skips
+pressure where the draft's private blocks run short before the target's (the draft then skips
 drafting for a sequence, which takes a plain target step). The draft is a different model: the target's weights plus Gaussian noise (so it agrees
 often but not always: partial acceptances occur). A self-draft accepts everything; an
 unrelated random draft accepts almost nothing; neither changes a single output token. Stops (EOS,
@@ -37,7 +37,7 @@ COMMON = dict(num_threads=1, block_size=8)
 
 
 def _prompts(n: int) -> list[list[int]]:
-    """Ragged prompts of byte ids; odd ones share a 20-token prefix (more than one page)."""
+    """Ragged prompts of byte ids; odd ones share a 20-token prefix (more than one block)."""
     shared = [(11 * i) % 250 + 3 for i in range(20)]
     prompts = []
     for i in range(n):
@@ -155,7 +155,7 @@ def test_greedy_sd_with_a_low_precision_draft_matches_transformers(target, noisy
 
 
 def test_greedy_sd_under_preemption(target, oracle):
-    # 8 sequences of up to ~110 tokens + K slots need ~110 pages of 8; 40 force preemption by recompute.
+    # 8 sequences of up to ~110 tokens + K slots need ~110 blocks of 8; 40 force preemption by recompute.
     # The draft is the target itself (it still rejects: it never proposes the padding ids the target
     # emits) and prefix caching is off.
     with _sd(target, target, 4, num_kv_blocks=40, enable_prefix_caching=False) as llm:

@@ -8,7 +8,7 @@ Regimes, each at batch 1, 3 and 8 (one engine per regime, the three batches in t
   its bonus is the draft's top-1, which the cache holds; only first rounds miss;
 - forced all-miss: fan-out 0 (no cache), with the just-in-time primary and with the fast backup;
 - natural: a noisy draft (the target's weights plus noise) with fan-out 1.
-Also: preemption and draft page shortage; EOS / max_tokens inside an accepted run; killing the
+Also: preemption and draft block shortage; EOS / max_tokens inside an accepted run; killing the
 draft by pid mid-batch; stalling it (SIGSTOP) past its deadline.
 """
 import os
@@ -89,15 +89,15 @@ def test_greedy_ssd_with_a_low_precision_draft_matches_transformers(target, nois
 
 
 @pytest.mark.parametrize("num_kv_blocks", [14, 18])
-def test_greedy_ssd_under_preemption_and_draft_page_shortage(target, noisy_draft, oracles, num_kv_blocks):
-    """Few pages: the target preempts (the draft forgets the sequence and relearns it) and the
+def test_greedy_ssd_under_preemption_and_draft_block_shortage(target, noisy_draft, oracles, num_kv_blocks):
+    """Few blocks: the target preempts (the draft forgets the sequence and relearns it) and the
     draft's trunks run short (it replies 'no speculation' for a sequence: a plain target step)."""
     with _ssd(target, noisy_draft, num_kv_blocks=num_kv_blocks, ssd_fanout=1) as llm:
         outs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
         assert llm.engine.scheduler.num_preemptions > 0
         sources = llm.speculation_metrics()["speculations_by_source"]
     assert [o.token_ids for o in outs] == oracles[target]
-    # at 18 pages the draft (no prefix sharing: prompts 1, 3, 5, 7 share 20 tokens on the target)
+    # at 18 blocks the draft (no prefix sharing: prompts 1, 3, 5, 7 share 20 tokens on the target)
     # also runs short, and those sequences take plain target steps
     assert num_kv_blocks != 18 or sources.get("none", 0) > 0
 

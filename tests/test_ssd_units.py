@@ -115,7 +115,7 @@ def test_reply_round_trip_every_q_mode(device):
 
 
 def test_branch_metadata_dense_view_sees_its_trunk_prefix_and_own_path_only():
-    tables = torch.tensor([[0, 1]], dtype=torch.int32)  # one sequence, pages 0 and 1 of 4 slots
+    tables = torch.tensor([[0, 1]], dtype=torch.int32)  # one sequence, blocks 0 and 1 of 4 slots
     visible = torch.tensor([2, 5, 0])
     scratch = torch.tensor([[20, 21, 22], [23, 24, 25], [26, 27, 28]])
     meta = branch_metadata(tables, torch.tensor([0, 0, 0]), visible, 6, scratch, step=1, block_size=4)
@@ -129,7 +129,7 @@ def test_branch_metadata_dense_view_sees_its_trunk_prefix_and_own_path_only():
 
 
 def test_branch_metadata_never_reaches_a_sibling():
-    tables = torch.tensor([[0, 1], [4, 0]], dtype=torch.int32)  # pages of 4 slots
+    tables = torch.tensor([[0, 1], [4, 0]], dtype=torch.int32)  # blocks of 4 slots
     trunk_slots = torch.tensor([[0, 1, 2, 3, 4, 5, 6, 7], [16, 17, 18, 19, 0, 0, 0, 0]])
     seq_of_branch = torch.tensor([0, 0, 1, 1])
     visible = torch.tensor([3, 5, 2, 3])

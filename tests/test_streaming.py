@@ -1,6 +1,6 @@
 """LLM.generate_stream: increments join to exactly what generate() returns (stop strings and
 incomplete UTF-8 included), several streams interleave on one engine, and a stream closed early
-cancels its request and returns its pages."""
+cancels its request and returns its blocks."""
 import pytest
 
 from ssd_engine import LLM, SamplingParams
@@ -61,7 +61,7 @@ def test_interleaved_streams_each_equal_their_offline_output(llm):
     assert texts == offline
 
 
-def test_closing_a_stream_early_cancels_it_and_frees_its_pages(llm):
+def test_closing_a_stream_early_cancels_it_and_frees_its_blocks(llm):
     engine = llm.engine
     free = engine.block_manager.num_free_blocks
     stream = iter(llm.generate_stream(PROMPTS[1] * 8, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)))

@@ -11,8 +11,8 @@ achieved bandwidth is the bytes it must read at least divided by its measured ti
   looked-up rows. Bytes come from the engine's own parameters, so dtype and layout are honoured.
 - KV cache: per sequence 2 * layers * kv_heads * head_dim * (context + 1) * dtype bytes (the step at
   position `context` attends to the prefix and to its own token).
-- not counted (each well under 1% here): activations, RoPE table rows, logits, the page tables.
-The step is timed on the engine's ModelRunner.run(StepInputs) with hand-made page tables: after a
+- not counted (each well under 1% here): activations, RoPE table rows, logits, the block tables.
+The step is timed on the engine's ModelRunner.run(StepInputs) with hand-made block tables: after a
 prefill of `context` tokens the same one-token step is repeated (same position, so every repetition
 does the same work); the median of `--steps` after `--warmup`. The ceiling is measured with torch on
 the same threads: read (sum of a 1 GiB fp32 tensor) and copy ((read + written bytes) / time), best of 5;
@@ -25,6 +25,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import replace
 
 import torch
 
@@ -35,7 +36,7 @@ from suite.machine import device_name, machine_line  # noqa: E402
 # datasheet HBM peaks in GB/s: (substrings the device name must all contain, peak); first match wins
 PEAKS_GBS = [(("H200",), 4800), (("H100", "PCIe"), 2000), (("H100", "HBM3"), 3350), (("H100", "SXM"), 3350),
              (("A100", "SXM", "80GB"), 2039)]
-BLOCK_SIZE = 16  # EngineConfig's default page size
+BLOCK_SIZE = 16  # EngineConfig's default block size
 
 
 def peak_bytes_per_s(name: str) -> float | None:
@@ -68,7 +69,7 @@ def measure_ceiling(device: torch.device, gib: float = 1.0, reps: int = 5) -> di
     nbytes = src.numel() * 4
 
     def best(fn) -> float:
-        fn()  # warm-up: first touch of the pages / kernel launch
+        fn()  # warm-up: first touch of the blocks / kernel launch
         times = []
         for _ in range(reps):
             sync()
@@ -86,27 +87,25 @@ def measure_ceiling(device: torch.device, gib: float = 1.0, reps: int = 5) -> di
 def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
     """Rows of the table for one model: one per batch size."""
     from ssd_engine.core.config import EngineConfig
-    from ssd_engine.runtime.model_runner import DTYPES, ModelRunner, StepInputs
-    from ssd_engine.models.loader import load_config
+    from ssd_engine.core.config_parts import CacheConfig
+    from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
     config = EngineConfig(model=model_path, speculative_mode="ar", device=args.device, num_threads=args.threads,
                           load_format=args.load_format, enforce_eager=args.enforce_eager,
                           compile_model="on" if args.compile else "off", fused_kernels=args.fused_kernels)
-    layout = config.weight_layout  # the engine's own choices: layout, attention backend, CUDA graphs
-    pages = -(-(args.context + 1) // BLOCK_SIZE)
+    layout = config.weight_layout
+    blocks = -(-(args.context + 1) // BLOCK_SIZE)
     max_batch = max(args.batch)
-    runner = ModelRunner(model_path, load_config(model_path, args.load_format), num_kv_blocks=max_batch * pages,
-                         block_size=BLOCK_SIZE, max_position=args.context + 2, dtype=DTYPES[args.dtype], device=device,
-                         weight_layout=layout, cuda_graph_max_batch=config.graph_max_batch,
-                         compile_model=config.compiled, load_format=args.load_format,
-                         fused_kernels=config.fused_kernels)
+    # the engine's own choices (layout, attention backend, CUDA graphs, compile, fused kernels), this dtype
+    model = replace(config.parts().model, dtype=args.dtype, device=str(device))
+    runner = RunnerSpec(model, CacheConfig(BLOCK_SIZE, max_batch * blocks), args.context + 2).build()
     runner.capture_graphs([("paged", 1)])  # as the engine does at start-up (GPU only)
-    tables = [list(range(i * pages, (i + 1) * pages)) for i in range(max_batch)]
+    tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(max_batch)]
     prompt = [3 + i % 250 for i in range(args.context)]  # ids every vocabulary has
     runner.run(StepInputs([0], [prompt], tables[:1], [[args.context - 1]]))
-    # identical prompts have identical K/V: copy sequence 0's into every other sequence's own pages
-    # instead of prefilling each (each sequence still reads its own pages in the step)
+    # identical prompts have identical K/V: copy sequence 0's into every other sequence's own blocks
+    # instead of prefilling each (each sequence still reads its own blocks in the step)
     for i in range(1, max_batch):
-        first = i * pages * BLOCK_SIZE
+        first = i * blocks * BLOCK_SIZE
         runner.kv_cache[:, :, first:first + args.context] = runner.kv_cache[:, :, :args.context]
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     rows = []

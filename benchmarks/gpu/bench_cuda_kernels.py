@@ -39,18 +39,18 @@ def _step(kind: str, rows: int, context: int, hq: int, hk: int, d: int, page: in
     from ssd_engine.layers.attention import AttentionMetadata
     from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
-    pages_each = -(-(context + k + 1) // page)
-    total = rows * pages_each + -(-rows * k // page) + 1
+    blocks_each = -(-(context + k + 1) // page)
+    total = rows * blocks_each + -(-rows * k // page) + 1
     gen = torch.Generator().manual_seed(0)
     kv = [torch.randn(total * page, hk, d, generator=gen).to(device, dtype) for _ in range(2)]
-    tables = torch.randperm(rows * pages_each, generator=gen).view(rows, pages_each).to(torch.int32)
+    tables = torch.randperm(rows * blocks_each, generator=gen).view(rows, blocks_each).to(torch.int32)
     per_row = {"decode": 1, "verify": k + 1, "tree": 1}[kind]
     kv_bytes = 2 * hk * d * kv[0].element_size()
     if kind == "tree":  # rows branches over rows // (k + 1) sequences' trunks, each at its own fork
         seqs = max(1, rows // (k + 1))
         seq_of = torch.arange(rows) % seqs
         visible = context + torch.arange(rows) % (k + 1)
-        scratch = rows * pages_each * page + torch.arange(rows * k).view(rows, k)
+        scratch = rows * blocks_each * page + torch.arange(rows * k).view(rows, k)
         meta = branch_metadata(tables[:seqs].to(device), seq_of.to(device), visible.to(device), int(visible.max()),
                                scratch.to(device), k - 1, page)
         read = int(visible.sum() + rows * k) * kv_bytes

@@ -34,7 +34,9 @@ def build(name: str, fmt: str, layers: int, context: int, rows: list[int]):
     with `context` tokens prefilled."""
     import torch
     from ssd_engine.models.default_models import cache_dir
-    from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
+    from ssd_engine.core.config_parts import CacheConfig, ModelConfig
+    from ssd_engine.distributed.comm import TPGroup
+    from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec, StepInputs
     from ssd_engine.models.loader import load_config
 
     class RandomRunner(ModelRunner):
@@ -51,13 +53,12 @@ def build(name: str, fmt: str, layers: int, context: int, rows: list[int]):
     path = os.path.join(cache_dir(), MODELS[name])
     hf = load_config(path)
     hf.num_hidden_layers = layers
-    pages = -(-(context + max(rows)) // BLOCK)
-    dtype = torch.float32 if fmt == "fp32" else torch.bfloat16
-    runner = RandomRunner(path, hf, num_kv_blocks=pages + 1, block_size=BLOCK, max_position=context + max(rows) + 1,
-                          dtype=dtype, device=torch.device("cpu"), weight_layout="packed",
-                          weight_format=None if fmt == "fp32" else fmt, load_format="dummy", compile_model=True)
-    runner.run(StepInputs([0], [[(3 + i) % 1000 for i in range(context)]], [list(range(pages))], [[context - 1]]))
-    steps = {n: runner.prepare(StepInputs([context], [[42 + i for i in range(n)]], [list(range(pages))], [[0]]))
+    blocks = -(-(context + max(rows)) // BLOCK)
+    model = ModelConfig(path, None, "float32" if fmt == "fp32" else "bfloat16", "cpu", "packed",
+                        weight_format=None if fmt == "fp32" else fmt, load_format="dummy", compile=True)
+    runner = RandomRunner(RunnerSpec(model, CacheConfig(BLOCK, blocks + 1), context + max(rows) + 1), TPGroup.single(), hf)
+    runner.run(StepInputs([0], [[(3 + i) % 1000 for i in range(context)]], [list(range(blocks))], [[context - 1]]))
+    steps = {n: runner.prepare(StepInputs([context], [[42 + i for i in range(n)]], [list(range(blocks))], [[0]]))
              for n in rows}
     return runner, steps
 

@@ -63,10 +63,10 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
     model = ModelConfig(path, None, dtype, "cpu", "packed", weight_format=fmt, load_format="dummy",
                         attention_backend="triton" if gpu_path else "torch", fused_kernels="on" if gpu_path else "off",
                         cuda_graph_max_batch=graphs)
-    pages = -(-(PREFIX + 2) // BLOCK)
+    blocks = -(-(PREFIX + 2) // BLOCK)
     with emulated(bool(graphs)):
-        runner = RunnerSpec(model, CacheConfig(BLOCK, pages), PREFIX + 2).build(hf_config=hf_config)
-    return runner, real_layers, pages
+        runner = RunnerSpec(model, CacheConfig(BLOCK, blocks), PREFIX + 2).build(hf_config=hf_config)
+    return runner, real_layers, blocks
 
 
 def layer_counts(path: str, fmt: str | None, gpu_path: bool = False) -> dict:
@@ -77,9 +77,9 @@ def layer_counts(path: str, fmt: str | None, gpu_path: bool = False) -> dict:
     from profiling.op_count import OpCounter
     from ssd_engine.sampling.verifier import Verifier
     import torch
-    runner, num_layers, pages = _runner(path, fmt, gpu_path)
+    runner, num_layers, blocks = _runner(path, fmt, gpu_path)
     vocab = runner.config.vocab_size
-    table = list(range(pages))
+    table = list(range(blocks))
     runner.run(StepInputs([0], [[(3 + i) % vocab for i in range(PREFIX)]], [table], [[PREFIX - 1]]))
     verifier = Verifier(torch.Generator().manual_seed(0))
     greedy, sampled = ([Sequence([3, 4], SamplingParams(temperature=t, seed=0), BLOCK)] for t in (0.0, 0.7))
@@ -156,8 +156,8 @@ def prefill_launches(path: str) -> dict:
     counts = {}
     for graphs in (0, 4):
         for layers in (2, 3):
-            runner, depth, pages = _runner(path, None, gpu_path=True, layers=layers, graphs=graphs)
-            prefill = StepInputs([0], [[3 + i for i in range(PREFIX)]], [list(range(pages))], [[PREFIX - 1]])
+            runner, depth, blocks = _runner(path, None, gpu_path=True, layers=layers, graphs=graphs)
+            prefill = StepInputs([0], [[3 + i for i in range(PREFIX)]], [list(range(blocks))], [[PREFIX - 1]])
             runner.run(prefill)  # makes the emulated graphs of the bucket
             ops = OpCounter()
             replays = 0

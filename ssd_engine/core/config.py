@@ -45,10 +45,10 @@ class EngineConfig:
     max_model_len: int | None = option(None, "prompt + output token limit; unset: min(the checkpoint's, 4096)")
     max_num_seqs: int = option(16, "most requests in one batch")
     max_num_batched_tokens: int = option(2048, "tokens computed per step (a longer prefill is chunked to fit)")
-    block_size: int = option(16, "tokens per KV-cache page")
-    num_kv_blocks: int | None = option(None, "KV-cache pages; unset: derived from kv_cache_memory_gb")
+    block_size: int = option(16, "tokens per KV-cache block")
+    num_kv_blocks: int | None = option(None, "KV-cache blocks; unset: derived from kv_cache_memory_gb")
     kv_cache_memory_gb: float = option(1.0, "memory for the KV cache in GiB, per rank")
-    enable_prefix_caching: bool = option(True, "reuse the KV pages of a prompt prefix seen before")
+    enable_prefix_caching: bool = option(True, "reuse the KV blocks of a prompt prefix seen before")
     dtype: str = option("auto", "weights and activations; auto: bfloat16 on CUDA, float32 on CPU (no bf16 units "
                                 "on AVX2)", DTYPES)
     device: str = option("cpu", "cpu or cuda[:N]")
@@ -61,7 +61,7 @@ class EngineConfig:
     fused_kernels: str = option("auto", "a decoder layer's elementwise work (residual add + RMSNorm, RoPE + K/V "
                                         "cache write, SiLU-mul) as Triton kernels; auto: on for CUDA unless "
                                         "compile_model is on (inductor fuses those), off on CPU", FUSED_KERNEL_MODES)
-    attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the pages fit, else "
+    attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the blocks fit, else "
                                             "triton, on CPU torch; torch is the reference", ATTENTION_BACKENDS)
     cuda_graph_max_batch: int = option(64, "CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this")
     cpu_weight_layout: str = option("auto", "CPU weight layout (see layers/linear.py): auto = packed (one copy "

@@ -1,7 +1,7 @@
 """The engine's core structures and the two interfaces its loop drives.
 
-- `Paged`: anything that owns KV pages (a sequence, or a draft's record of one);
-- `Sequence`: one request's state (tokens, how many have KV computed, pages, RNG streams, metrics);
+- `Paged`: anything that owns KV blocks (a sequence, or a draft's record of one);
+- `Sequence`: one request's state (tokens, how many have KV computed, blocks, RNG streams, metrics);
 - `ScheduledBatch`: the sequences of one step and the tokens each computes; it builds the step's
   feed and logit rows, with a proposal's drafts for the speculated sequences;
 - `Proposal`: what a speculator proposes for the decoding sequences (K tokens and their q rows);
@@ -23,24 +23,24 @@ from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.core.sampling_params import SamplingParams
 
 
-# A KV page table: int32 page ids, packed. A step flattens every row's table into its upload and
+# A KV block table: int32 block ids, packed. A step flattens every row's table into its upload and
 # tensor parallelism compares each with the copy its workers hold: on packed arrays both are
-# memory copies and compares (30 us for 64 tables of 250 pages, where Python lists took 0.6 ms to
+# memory copies and compares (30 us for 64 tables of 250 blocks, where Python lists took 0.6 ms to
 # flatten and 2.2 ms to compare, AMD EPYC).
-PageTable = array.array
-assert array.array("i").itemsize == 4, "page tables are uploaded as int32"
+BlockTable = array.array
+assert array.array("i").itemsize == 4, "block tables are uploaded as int32"
 
 
-def page_table(pages=()) -> PageTable:
-    return array.array("i", pages)
+def new_block_table(blocks=()) -> BlockTable:
+    return array.array("i", blocks)
 
 
 class Paged(Protocol):
-    """What owns KV pages in a BlockManager (runtime/block_manager.py): a target `Sequence`, or a
-    draft's own record of one (SD's DraftView, the SSD draft process's DraftSeq), whose pages and
+    """What owns KV blocks in a BlockManager (runtime/block_manager.py): a target `Sequence`, or a
+    draft's own record of one (SD's DraftView, the SSD draft process's DraftSeq), whose blocks and
     computed count are the draft's while its length is the sequence's."""
-    block_table: PageTable
-    num_computed_tokens: int  # tokens whose K/V sit in the pages; dropping the pages zeroes it
+    block_table: BlockTable
+    num_computed_tokens: int  # tokens whose K/V sit in the blocks; dropping the blocks zeroes it
 
     def __len__(self) -> int: ...
 
@@ -72,7 +72,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0   # tokens whose K/V is in the cache
         self.num_cached_tokens = 0     # of those, how many came from the prefix cache
-        self.block_table: PageTable = page_table()
+        self.block_table: BlockTable = new_block_table()
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
         self.metrics = SequenceMetrics()

@@ -135,7 +135,7 @@ class LLMEngine:
         per_block = ModelRunner.kv_bytes_per_block(self.hf_config, cache.block_size, dtype,
                                                    self.parts.parallel.tensor_parallel_size)
         by_memory = int(cache.kv_cache_memory_gb * 2**30 // per_block)
-        # more pages than every slot of every sequence at full length can never be used
+        # more blocks than every slot of every sequence at full length can never be used
         useful = self.parts.scheduler.max_num_seqs * -(-self.max_model_len // cache.block_size) + 1
         return max(1, min(by_memory, useful))
 
@@ -168,9 +168,9 @@ class LLMEngine:
         if n + params.max_tokens > self.max_model_len:
             raise ValueError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} "
                              f"exceeds max_model_len={self.max_model_len}")
-        pages = self.block_manager.blocks_needed(n + params.max_tokens + self.k)
-        if pages > self.block_manager.num_blocks:
-            raise ValueError(f"request needs {pages} KV pages (prompt {n} + max_tokens {params.max_tokens}) but the "
+        blocks = self.block_manager.blocks_needed(n + params.max_tokens + self.k)
+        if blocks > self.block_manager.num_blocks:
+            raise ValueError(f"request needs {blocks} KV blocks (prompt {n} + max_tokens {params.max_tokens}) but the "
                              f"whole KV cache has {self.block_manager.num_blocks}; raise num_kv_blocks")
 
     @property
@@ -195,7 +195,7 @@ class LLMEngine:
         return self.scheduler.has_unfinished()
 
     def abort(self, seq: Sequence) -> None:
-        """Cancel one request (a stream whose reader went away): its pages and draft state are freed."""
+        """Cancel one request (a stream whose reader went away): its blocks and draft state are freed."""
         if seq.status != SequenceStatus.FINISHED:
             seq.metrics.finish_time = time.perf_counter()
             self.scheduler.abort(seq)

@@ -4,7 +4,7 @@ Every step each scheduled sequence computes a run of new tokens starting at its
 `num_computed_tokens`: a decode computes 1 (plus `k` draft slots when speculating),
 a prefill computes a chunk of its prompt. Running sequences go first (oldest first), then
 waiting ones join while the token budget (`max_num_batched_tokens`) and `max_num_seqs` allow.
-When pages run out, the most recently admitted running sequence is preempted: its pages are
+When blocks run out, the most recently admitted running sequence is preempted: its blocks are
 freed and it returns to the front of the queue to be recomputed later (FCFS fairness).
 """
 from collections import deque
@@ -20,7 +20,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.release_hooks: list = []  # called with a sequence whose pages were freed (e.g. the draft's too)
+        self.release_hooks: list = []  # called with a sequence whose blocks were freed (e.g. the draft's too)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -61,7 +61,7 @@ class Scheduler:
         return batch
 
     def _make_room(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
-        """Grow `seq` to `num_tokens` slots, preempting the newest sequences if pages run out."""
+        """Grow `seq` to `num_tokens` slots, preempting the newest sequences if blocks run out."""
         bm = self.block_manager
         while bm.slots_needed(seq, num_tokens) > bm.num_free_blocks:
             victim = self.running[-1]
@@ -88,7 +88,7 @@ class Scheduler:
         self._release(seq)
 
     def abort(self, seq: Sequence) -> None:
-        """Drop an unfinished request wherever it is (queued or running) and free its pages."""
+        """Drop an unfinished request wherever it is (queued or running) and free its blocks."""
         if seq.status == SequenceStatus.FINISHED:
             return
         if seq in self.waiting:

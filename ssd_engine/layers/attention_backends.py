@@ -2,7 +2,7 @@
 a layer's elementwise ops run as Triton kernels (`select_fused_kernels`).
 
 `auto` means: on CPU the torch reference (Triton compiles for GPUs; on CPU it only interprets,
-which is for tests), on CUDA flash-attn when it is importable and the page size suits it, else the
+which is for tests), on CUDA flash-attn when it is importable and the block size suits it, else the
 Triton kernels, else (no triton) the reference. Asking for a backend that cannot run here is an
 error naming why, never a silent switch.
 """
@@ -13,7 +13,7 @@ import torch
 from ssd_engine.layers.attention import AttentionMetadata, Backend, torch_attention
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
-FLASH_ATTN_PAGE = 256  # flash_attn_with_kvcache reads paged KV only in pages of a multiple of 256 tokens
+FLASH_ATTN_BLOCK = 256  # flash_attn_with_kvcache reads paged KV only in blocks of a multiple of 256 tokens
 
 
 def _interpreting() -> bool:
@@ -60,8 +60,8 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     from flash_attn import flash_attn_with_kvcache
 
     # flash-attn aligns the causal mask at the bottom right: query i of n sees keys < kv_len - n + i + 1
-    pages = k_cache.view(-1, meta.block_size, *k_cache.shape[1:])
-    out = flash_attn_with_kvcache(q.view(rows, meta.max_query_len, *q.shape[1:]), pages,
+    blocks = k_cache.view(-1, meta.block_size, *k_cache.shape[1:])
+    out = flash_attn_with_kvcache(q.view(rows, meta.max_query_len, *q.shape[1:]), blocks,
                                   v_cache.view(-1, meta.block_size, *v_cache.shape[1:]),
                                   cache_seqlens=meta.kv_lens, block_table=meta.block_tables, softmax_scale=scale,
                                   causal=True)
@@ -75,7 +75,7 @@ def select_backend(name: str, device: torch.device, block_size: int) -> Backend:
     if name == "auto":
         if not on_cuda:
             return torch_attention
-        if flash_attn_available() and block_size % FLASH_ATTN_PAGE == 0:
+        if flash_attn_available() and block_size % FLASH_ATTN_BLOCK == 0:
             return flash_attention
         return triton_attention if triton_available() else torch_attention
     if name == "torch":
@@ -91,8 +91,8 @@ def select_backend(name: str, device: torch.device, block_size: int) -> Backend:
         raise ValueError("attention_backend='flash-attn' needs a CUDA device")
     if not flash_attn_available():
         raise ValueError("attention_backend='flash-attn' needs the flash-attn package (pip install flash-attn)")
-    if block_size % FLASH_ATTN_PAGE:
-        raise ValueError(f"attention_backend='flash-attn' needs block_size to be a multiple of {FLASH_ATTN_PAGE}, "
+    if block_size % FLASH_ATTN_BLOCK:
+        raise ValueError(f"attention_backend='flash-attn' needs block_size to be a multiple of {FLASH_ATTN_BLOCK}, "
                          f"got {block_size}")
     return flash_attention
 

@@ -43,7 +43,7 @@ DRAFT_ROWS = (1, 5, 9, 16, 32)           # one-row drafting, the glue (K + 1), b
 SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K = 4, B ~ 8
 REPEATS = 5                              # after two warm-ups; the median counts
 TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
-PAGES = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
+BLOCKS = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
 # 2: the SSD target timed under the draft cores' memory traffic; 3: bf16 drafts attend in fp32;
 # 4: each side timed beside a matrix-vector neighbour, the SSD draft in each candidate format
 VERSION = 4
@@ -167,10 +167,10 @@ def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
     hf_config = load_config(model.path, "dummy")
     layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)
-    runner = RunnerSpec(replace(model, **changes), CacheConfig(BLOCK, PAGES), PREFIX + max(DRAFT_ROWS) + 1).build(
+    runner = RunnerSpec(replace(model, **changes), CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1).build(
         hf_config=hf_config)
     context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]  # ids every vocabulary has
-    runner.run(StepInputs([0], [context], [list(range(PAGES))], [[PREFIX - 1]]))
+    runner.run(StepInputs([0], [context], [list(range(BLOCKS))], [[PREFIX - 1]]))
     return runner, layers / hf_config.num_hidden_layers
 
 
@@ -183,7 +183,7 @@ def _time(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, floa
         result = {}
         for n in rows:
             fed = [42 % runner.config.vocab_size] * n
-            ids, positions, meta = runner.prepare(StepInputs([PREFIX], [fed], [list(range(PAGES))], [list(range(n))]))
+            ids, positions, meta = runner.prepare(StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))]))
             times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][2:]
             result[n] = sorted(times)[REPEATS // 2]
             bar.update(1)

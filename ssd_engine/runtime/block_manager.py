@@ -1,18 +1,18 @@
-"""Paged KV pages: allocation, reference counts, prefix caching with chained hashes, rollback.
+"""Paged KV blocks: allocation, reference counts, prefix caching with chained hashes, rollback.
 
-A page (block) holds `block_size` token slots of every layer's K/V. A full page whose tokens
-are committed gets a hash chained from its predecessor's, so equal prefixes map to equal pages;
-a later request with that prefix takes the page (ref_count + 1) instead of recomputing it.
-Freed pages keep their hash on the free list (oldest freed is reused first), so a cached
-prefix survives until its page is actually needed for something else.
+A block (block) holds `block_size` token slots of every layer's K/V. A full block whose tokens
+are committed gets a hash chained from its predecessor's, so equal prefixes map to equal blocks;
+a later request with that prefix takes the block (ref_count + 1) instead of recomputing it.
+Freed blocks keep their hash on the free list (oldest freed is reused first), so a cached
+prefix survives until its block is actually needed for something else.
 
-Allocation and commit read a `Sequence`'s tokens to hash its pages; growing, trimming and freeing
+Allocation and commit read a `Sequence`'s tokens to hash its blocks; growing, trimming and freeing
 take any `Paged`, so the drafts' private caches (SD's DraftView, SSD's DraftSeq) use the same code.
 """
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from ssd_engine.core.structures import Paged, Sequence, page_table
+from ssd_engine.core.structures import Paged, Sequence, new_block_table
 
 NO_HASH = None
 
@@ -53,10 +53,10 @@ class BlockManager:
         return self.blocks_needed(len(seq)) <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
-        """Give `seq` pages for all its tokens, reusing cached prefix pages where they match.
+        """Give `seq` blocks for all its tokens, reusing cached prefix blocks where they match.
 
-        Only pages that end before the last token can be hits: the last token must be computed
-        so its logits exist, and recomputing it into a shared page would mutate another
+        Only blocks that end before the last token can be hits: the last token must be computed
+        so its logits exist, and recomputing it into a shared block would mutate another
         sequence's cache.
         """
         assert not seq.block_table
@@ -90,7 +90,7 @@ class BlockManager:
 
     def _take_free(self) -> int:
         if not self.free:
-            raise RuntimeError("out of KV pages")
+            raise RuntimeError("out of KV blocks")
         block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not NO_HASH and self.hash_to_block.get(block.hash) == block_id:
@@ -99,9 +99,9 @@ class BlockManager:
         return block_id
 
     def deallocate(self, seq: Paged) -> None:
-        for block_id in reversed(seq.block_table):  # tail pages freed first, so the shared head survives longest
+        for block_id in reversed(seq.block_table):  # tail blocks freed first, so the shared head survives longest
             self._release(block_id)
-        seq.block_table = page_table()
+        seq.block_table = new_block_table()
         seq.num_computed_tokens = 0
 
     def _release(self, block_id: int) -> None:
@@ -113,7 +113,7 @@ class BlockManager:
 
     # ---- growth, commit, rollback ---------------------------------------------------------
     def slots_needed(self, seq: Paged, num_tokens: int) -> int:
-        """Pages that must be added so `seq` can hold `num_tokens` tokens."""
+        """Blocks that must be added so `seq` can hold `num_tokens` tokens."""
         return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
 
     def grow(self, seq: Paged, num_tokens: int) -> None:
@@ -121,18 +121,18 @@ class BlockManager:
             seq.block_table.append(self._take_free())
 
     def commit(self, seq: Sequence) -> None:
-        """Register hashes of pages now completely filled with computed, final tokens."""
+        """Register hashes of blocks now completely filled with computed, final tokens."""
         if not self.enable_prefix_caching:
             return
-        full_pages = min(seq.num_computed_tokens, len(seq)) // self.block_size
-        # a sequence's hashed pages are a prefix of its table (commit hashes in order; a cached page
+        full_blocks = min(seq.num_computed_tokens, len(seq)) // self.block_size
+        # a sequence's hashed blocks are a prefix of its table (commit hashes in order; a cached block
         # keeps its hash while a sequence holds it): find where it ends from the back, so a step
-        # costs the pages it filled, not the whole table's length
-        start = full_pages
+        # costs the blocks it filled, not the whole table's length
+        start = full_blocks
         while start > 0 and self.blocks[seq.block_table[start - 1]].hash is NO_HASH:
             start -= 1
         prev_hash = self.blocks[seq.block_table[start - 1]].hash if start else None
-        for index in range(start, full_pages):
+        for index in range(start, full_blocks):
             block = self.blocks[seq.block_table[index]]
             block.token_ids = seq.block_tokens(index)
             block.hash = chain_hash(prev_hash, block.token_ids)
@@ -140,9 +140,9 @@ class BlockManager:
             prev_hash = block.hash
 
     def trim(self, seq: Paged) -> None:
-        """Rollback after verification: free pages past the sequence's current tokens (the slots
+        """Rollback after verification: free blocks past the sequence's current tokens (the slots
         `grow` reserved for speculative tokens that were rejected). Rejected tokens never enter
-        `seq`, and `commit` hashes only pages of committed tokens, so a freed page holds no hash."""
+        `seq`, and `commit` hashes only blocks of committed tokens, so a freed block holds no hash."""
         keep = self.blocks_needed(len(seq))
         for block_id in seq.block_table[keep:]:
             self._release(block_id)

@@ -99,14 +99,14 @@ def copy_runs(pairs: list[tuple]) -> None:
 
 
 class GraphRunner:
-    def __init__(self, forward, *, cap: int, max_pages: int, block_size: int, pad_slot: int,
+    def __init__(self, forward, *, cap: int, max_blocks: int, block_size: int, pad_slot: int,
                  device: torch.device, capture: str, recorded: bool = True) -> None:
         self.forward = forward  # (input_ids, positions, meta) -> hidden [T, H]
         # emulated replays checked against their capture (benchmarks/profiling/graph_fidelity.py) unless the
         # forward is compiled: Dynamo runs no compiled code under the checker's Python modes
         self.recorded = recorded
         self.sizes = bucket_sizes(cap)
-        self.max_pages, self.block_size, self.pad_slot, self.device = max_pages, block_size, pad_slot, device
+        self.max_blocks, self.block_size, self.pad_slot, self.device = max_blocks, block_size, pad_slot, device
         self.capture = capture
         self.shapes: set[tuple] = set()  # the (kind, width) keys the engine named
         self.families: dict[tuple, _Family] = {}
@@ -124,7 +124,7 @@ class GraphRunner:
         rows = meta.kv_lens.shape[0]
         if rows > self.sizes[-1] or tokens != rows * meta.max_query_len:
             return None  # too wide, or rows feeding different token counts (prefill chunks)
-        if meta.block_tables.shape[1] > self.max_pages:
+        if meta.block_tables.shape[1] > self.max_blocks:
             return None
         if meta.is_tree:
             key = ("tree", meta.path_slots.shape[1]) if meta.block_tables.shape[0] <= self.sizes[-1] else None
@@ -174,7 +174,7 @@ class GraphRunner:
         per_row = width if kind == "paged" else 1
         i32 = dict(dtype=torch.int32, device=dev)
         meta = AttentionMetadata(
-            slot_mapping=torch.zeros(0, **i32), block_tables=torch.zeros(cap, self.max_pages, **i32),
+            slot_mapping=torch.zeros(0, **i32), block_tables=torch.zeros(cap, self.max_blocks, **i32),
             kv_lens=torch.zeros(0, **i32), query_start=torch.arange(cap + 1, **i32) * per_row,
             max_query_len=per_row, max_kv_len=0, block_size=self.block_size)
         if kind == "tree":

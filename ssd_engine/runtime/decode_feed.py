@@ -3,7 +3,7 @@ after its catch-up.
 
 Why: a step built from host lists (`ModelRunner.run`) pays its Python loops and an upload each
 time, host work a GPU's draft step (a fraction of a millisecond of graphed kernels) must not wait
-on. The draft's steps differ only by one position per row, and the row's pages are reserved for
+on. The draft's steps differ only by one position per row, and the row's blocks are reserved for
 all of them before the first, so every step's positions, slots and key counts go up in one copy;
 a step takes its row of them, and its tokens are the previous step's draws, on the device.
 """
@@ -15,19 +15,19 @@ from ssd_engine.layers.attention import AttentionMetadata
 
 class DecodeFeed:
     def __init__(self, runner, starts: list[int], block_tables: list[list[int]], steps: int) -> None:
-        """Row i feeds position starts[i] + s at step s (s < steps); its pages must already cover it."""
+        """Row i feeds position starts[i] + s at step s (s < steps); its blocks must already cover it."""
         self.runner, self.block_size = runner, runner.block_size
         bs, rows = runner.block_size, len(starts)
         positions = [[start + s for start in starts] for s in range(steps)]
         slots = [[table[p // bs] * bs + p % bs for p, table in zip(step, block_tables)] for step in positions]
-        pages = -(-(max(starts) + steps) // bs)
+        blocks = -(-(max(starts) + steps) // bs)
         # step by step, [positions | slots | key counts]: the order the graphs' static buffers take
         # them in, so a step's three go in with one copy (runtime/cuda_graphs.py)
         columns = [column for s in range(steps) for column in (positions[s], slots[s], [p + 1 for p in positions[s]])]
-        *per_step, tables_t, query_start_t = upload(columns + [padded_rows(block_tables, pages), list(range(rows + 1))],
+        *per_step, tables_t, query_start_t = upload(columns + [padded_rows(block_tables, blocks), list(range(rows + 1))],
                                                     runner.device, torch.int32)
         self.positions, self.slots, self.kv_lens = per_step[0::3], per_step[1::3], per_step[2::3]
-        self.block_tables, self.query_start = tables_t.view(rows, pages), query_start_t
+        self.block_tables, self.query_start = tables_t.view(rows, blocks), query_start_t
         self.max_kv_lens = [max(starts) + s + 1 for s in range(steps)]
 
     def step(self, s: int, tokens: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ class StepInputs:
     wait for the draft's last step)."""
     starts: list[int]               # per sequence: tokens already in the KV cache
     token_ids: list[list[int]]      # per sequence: the tokens fed this step
-    block_tables: list[list[int]]   # per sequence: its KV pages
+    block_tables: list[list[int]]   # per sequence: its KV blocks
     logit_rows: list[list[int]]     # per sequence: offsets into its fed tokens that need logits
     # (flat positions over every fed token, a device tensor of as many ids): fed there instead of
     # the placeholders token_ids holds at those places; None: token_ids is the whole feed
@@ -149,7 +149,7 @@ class ModelRunner:
         static-buffer path on CPU too (tests). The torch reference's dense masks cannot be captured."""
         if cap == 0 or self.attention_backend is torch_attention or not (self.device.type == "cuda" or emulating()):
             return None
-        return GraphRunner(self.hidden, cap=cap, max_pages=-(-max_position // self.block_size),
+        return GraphRunner(self.hidden, cap=cap, max_blocks=-(-max_position // self.block_size),
                            block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
                            capture="cuda" if self.device.type == "cuda" else "emulate",
                            recorded=self.compiled is None)
@@ -173,10 +173,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _throwaway_step(self, tokens: int) -> None:
-        """A forward of `tokens` tokens into the first pages, to compile at start-up: no sequence
-        holds a page yet, and each writes its K/V before it reads them."""
-        pages = list(range(-(-tokens // self.block_size)))
-        self._forward(*self.prepare(StepInputs([0], [[0] * tokens], [pages], [[]])))
+        """A forward of `tokens` tokens into the first blocks, to compile at start-up: no sequence
+        holds a block yet, and each writes its K/V before it reads them."""
+        blocks = list(range(-(-tokens // self.block_size)))
+        self._forward(*self.prepare(StepInputs([0], [[0] * tokens], [blocks], [[]])))
 
     @torch.inference_mode()
     def capture_graphs(self, keys: list[tuple]) -> None:
@@ -194,7 +194,7 @@ class ModelRunner:
 
     @staticmethod
     def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
-        """Bytes of one KV page on the rank holding the most KV heads."""
+        """Bytes of one KV block on the rank holding the most KV heads."""
         per_token = 2 * hf_config.num_hidden_layers * max_kv_heads_per_rank(hf_config, tp_size) * head_dim(hf_config)
         return per_token * block_size * torch.finfo(dtype).bits // 8
 
@@ -202,7 +202,7 @@ class ModelRunner:
         layers = self.model.model.layers
         attn0 = layers[0].self_attn.attn
         shape = (2, len(layers), num_blocks * self.block_size, attn0.num_kv_heads, attn0.head_dim)
-        # sized for every sequence at full length; on CPU only the pages written become resident
+        # sized for every sequence at full length; on CPU only the blocks written become resident
         self.kv_cache = lazy_zeros(shape, self.dtype, self.device)
         for i, layer in enumerate(layers):
             layer.self_attn.attn.k_cache = self.kv_cache[0, i]
@@ -226,16 +226,16 @@ class ModelRunner:
             kv_lens.append(end)
             query_start.append(query_start[-1] + len(fed))
         max_kv = max(kv_lens)
-        pages = -(-max_kv // bs)
+        blocks = -(-max_kv // bs)
         held_at, held = inputs.on_device or ([], None)
         ids_t, positions_t, slots_t, kv_lens_t, query_start_t, tables_t, held_at_t, logit_index_t = upload(
-            [ids, positions, slots, kv_lens, query_start, padded_rows(inputs.block_tables, pages), held_at,
+            [ids, positions, slots, kv_lens, query_start, padded_rows(inputs.block_tables, blocks), held_at,
              logit_index], self.device, torch.int32)  # int32 throughout: no casts on the device
         if held is not None:  # device-held fed tokens (drafts) written in place there: no host read
             held = held.to(self.device) if held.device.type != "cpu" else to_device(held, self.device)
             ids_t = held if held_at == list(range(len(ids))) else ids_t.index_put_((held_at_t,), held.to(torch.int32))
         meta = AttentionMetadata(
-            slot_mapping=slots_t, block_tables=tables_t.view(len(kv_lens), pages),
+            slot_mapping=slots_t, block_tables=tables_t.view(len(kv_lens), blocks),
             kv_lens=kv_lens_t, query_start=query_start_t,
             max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
         return ids_t, positions_t, meta, logit_index_t
@@ -252,7 +252,7 @@ class ModelRunner:
         return self
 
     def release(self, seq) -> None:
-        """A sequence's pages were freed: nothing to forget here (its page table is the caller's)."""
+        """A sequence's blocks were freed: nothing to forget here (its block table is the caller's)."""
 
     def close(self) -> None:
         """Nothing runs beside it: the model and its KV cache go with the object."""

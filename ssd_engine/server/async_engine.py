@@ -1,6 +1,6 @@
 """One engine loop shared by every connection: the engine steps on its own thread while requests
 are queued, every request's final-only text increments go back to its asyncio task, and a task
-that goes away (a client that disconnected) aborts its request, which frees its pages.
+that goes away (a client that disconnected) aborts its request, which frees its blocks.
 
 The engine is only ever touched from the loop thread; the event loop only tokenizes and
 validates (`make_sequence`), so a bad request fails in its own handler and never reaches the loop."""

@@ -1,9 +1,9 @@
 """A draft model over its own paged KV cache: what SD's colocated draft (sd.py) and the SSD draft
 process's trunks (ssd/draft/trunk.py) share.
 
-- pages: a draft's pages are private copies (the target may share prefix pages), so under memory
-  pressure the draft can run short where the target fits. A sequence whose pages cannot be
-  reserved drops its draft K/V rather than fail the round; it is prefilled again once pages free up;
+- blocks: a draft's blocks are private copies (the target may share prefix blocks), so under memory
+  pressure the draft can run short where the target fits. A sequence whose blocks cannot be
+  reserved drops its draft K/V rather than fail the round; it is prefilled again once blocks free up;
 - extend: one forward over each sequence's newly fed tokens (a prefill, or the catch-up with what
   the target committed), keeping the logits of its last rows;
 - decode: K autoregressive steps from the extend's logits. Each step's draws stay on the device and
@@ -41,7 +41,7 @@ class PagedDraft(Generic[S]):
         self.runner, self.blocks, self.k = runner, blocks, k
 
     def reserve(self, seq: S, num_tokens: int) -> bool:
-        """Pages for `num_tokens` of `seq`'s draft tokens; False (its draft K/V dropped) on shortage."""
+        """Blocks for `num_tokens` of `seq`'s draft tokens; False (its draft K/V dropped) on shortage."""
         if self.blocks.slots_needed(seq, num_tokens) > self.blocks.num_free_blocks:
             self.drop(seq)
             return False
@@ -52,7 +52,7 @@ class PagedDraft(Generic[S]):
         self.blocks.deallocate(seq)
 
     def extend_kv(self, seqs: list[S], starts: list[int], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
-        """Feed feeds[i] into seqs[i]'s pages from position starts[i] -> fp32 logits of the last
+        """Feed feeds[i] into seqs[i]'s blocks from position starts[i] -> fp32 logits of the last
         rows[i] fed positions of each, concatenated in order: [sum(rows), V]."""
         return self.runner.run(StepInputs(starts, feeds, [s.block_table for s in seqs],
                                           [list(range(len(f) - n, len(f))) for f, n in zip(feeds, rows)]))
@@ -60,7 +60,7 @@ class PagedDraft(Generic[S]):
     def decode(self, seqs: list[S], starts: list[int], logits: torch.Tensor,
                sample: StepSampler) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K draft tokens per sequence from `logits` [n, V] (each one's next-token logits). The
-        first K - 1 drawn are fed at positions starts[i] .. starts[i] + K - 2, whose pages must be
+        first K - 1 drawn are fed at positions starts[i] .. starts[i] + K - 2, whose blocks must be
         reserved. -> tokens [n, K] and their q rows [n, K, V'] (None when greedy), on the device."""
         feed = DecodeFeed(self.runner, starts, [s.block_table for s in seqs], self.k - 1) if self.k > 1 else None
         tokens, rows = [], []

@@ -1,12 +1,12 @@
 """SD: a colocated draft model proposes K tokens per decoding sequence, autoregressively.
 
 The draft has its own ModelRunner and paged KV cache managed by the same BlockManager code.
-Each sequence has a `DraftView`: the target sequence's tokens with the draft's own page table and
+Each sequence has a `DraftView`: the target sequence's tokens with the draft's own block table and
 computed count. The draft's KV is valid for a prefix of the sequence; each round it first
 catches up (the bonus token, plus the last draft token after a fully accepted round), then
 decodes K tokens, keeping for each the exact probability row it was sampled from.
 
-Reserving the draft's pages, the catch-up forward and the K steps fed from the device are
+Reserving the draft's blocks, the catch-up forward and the K steps fed from the device are
 paged_draft.py's, shared with the SSD draft process. SD's own is its sampling: a round's uniforms
 in one draw from each request's draft stream, and which rows draw one decided from the sampling
 parameters, so the K steps read nothing on the host. The round's one read is the verifier's.
@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.core.structures import Outcome, PageTable, Proposal, ScheduledBatch, Sequence, page_table
+from ssd_engine.core.structures import Outcome, BlockTable, Proposal, ScheduledBatch, Sequence, new_block_table
 from ssd_engine.utils.host_upload import upload
 from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.sampling.processors import SamplingTensors
@@ -24,11 +24,11 @@ from ssd_engine.speculative.paged_draft import PagedDraft, StepSampler
 
 
 class DraftView:
-    """The draft's side of a sequence: its own page table and how many tokens have draft K/V."""
+    """The draft's side of a sequence: its own block table and how many tokens have draft K/V."""
 
     def __init__(self, seq: Sequence) -> None:
         self.seq = seq
-        self.block_table: PageTable = page_table()
+        self.block_table: BlockTable = new_block_table()
         self.num_computed_tokens = 0
 
     @property
@@ -59,7 +59,7 @@ class SyncDraft(PagedDraft[DraftView]):
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
         """Catch the draft up with every scheduled sequence's target progress; then draft K
-        tokens for each decoding one (in batch order). A sequence whose draft pages cannot be
+        tokens for each decoding one (in batch order). A sequence whose draft blocks cannot be
         reserved (paged_draft.py) gets no drafts this round (num_draft = 0, i.e. one plain target
         step)."""
         extend, ends, drafting = [], [], []
@@ -144,7 +144,7 @@ class SyncDraft(PagedDraft[DraftView]):
         view = self.views.get(outcome.seq.seq_id)
         if view is not None:
             view.num_computed_tokens = min(view.num_computed_tokens, outcome.num_kept)
-            self.blocks.trim(view)  # pages holding only rejected drafts go back to the pool
+            self.blocks.trim(view)  # blocks holding only rejected drafts go back to the pool
 
     def summary(self) -> dict:
         return {}  # SD's acceptance metrics are the engine's own

@@ -14,7 +14,7 @@ import torch
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.placement import unpin
-from ssd_engine.tensor_parallel.worker import PageTableMirror, step_message
+from ssd_engine.tensor_parallel.worker import BlockTableMirror, step_message
 from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec, StepInputs
 
 
@@ -26,7 +26,7 @@ class TensorParallelRunner:
     def __init__(self, tp: TPGroup, runner_spec: RunnerSpec, processes: dict, restore_placement=None) -> None:
         self.tp, self.processes = tp, processes   # rank -> subprocess.Popen (empty under torchrun)
         self._restore = restore_placement
-        self.mirror = PageTableMirror()
+        self.mirror = BlockTableMirror()
         self.freed: list[int] = []
         self.error: TensorParallelError | None = None
         self.closed = False
@@ -79,7 +79,7 @@ class TensorParallelRunner:
             self.runner.capture_graphs(keys)
 
     def release(self, seq) -> None:
-        """The sequence's pages were freed: workers drop their copy of its table with the next step."""
+        """The sequence's blocks were freed: workers drop their copy of its table with the next step."""
         self.mirror.forget(seq.seq_id)
         self.freed.append(seq.seq_id)
 

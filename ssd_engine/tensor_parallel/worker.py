@@ -1,8 +1,8 @@
 """A tensor-parallel worker: ranks 1..N-1 run this loop, driven by rank 0's commands.
 
 Rank 0 sends each step only what changed: per scheduled sequence its id, start, fed tokens and
-page-table delta (pages kept + pages appended), plus ids of sequences that left. The worker keeps
-a mirror of every live sequence's page table, rebuilds the same StepInputs and runs its slice.
+block-table delta (blocks kept + blocks appended), plus ids of sequences that left. The worker keeps
+a mirror of every live sequence's block table, rebuilds the same StepInputs and runs its slice.
 """
 import os
 import traceback
@@ -11,13 +11,13 @@ import torch
 
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
-from ssd_engine.core.structures import PageTable, page_table
+from ssd_engine.core.structures import BlockTable, new_block_table
 from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec, StepInputs
 
 
-def common_prefix(a: PageTable, b: PageTable) -> int:
-    """How many leading pages two tables share. Packed tables compare in C: a whole-table compare
-    first (a step that only appended pages, the usual case), else a bisection of prefix compares."""
+def common_prefix(a: BlockTable, b: BlockTable) -> int:
+    """How many leading blocks two tables share. Packed tables compare in C: a whole-table compare
+    first (a step that only appended blocks, the usual case), else a bisection of prefix compares."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
@@ -31,21 +31,21 @@ def common_prefix(a: PageTable, b: PageTable) -> int:
     return same
 
 
-class PageTableMirror:
-    """Each live sequence's page table as the workers know it (rank 0 keeps the same copy)."""
+class BlockTableMirror:
+    """Each live sequence's block table as the workers know it (rank 0 keeps the same copy)."""
 
     def __init__(self) -> None:
-        self.tables: dict[int, PageTable] = {}
+        self.tables: dict[int, BlockTable] = {}
 
-    def delta(self, seq_id: int, table: PageTable) -> tuple[int, PageTable]:
-        """Rank 0: how to turn the last table sent for seq_id into `table` (pages kept, pages appended)."""
-        table = page_table(table)  # a copy: the sequence's own table changes after this step
-        keep = common_prefix(self.tables.get(seq_id, page_table()), table)
+    def delta(self, seq_id: int, table: BlockTable) -> tuple[int, BlockTable]:
+        """Rank 0: how to turn the last table sent for seq_id into `table` (blocks kept, blocks appended)."""
+        table = new_block_table(table)  # a copy: the sequence's own table changes after this step
+        keep = common_prefix(self.tables.get(seq_id, new_block_table()), table)
         self.tables[seq_id] = table
         return keep, table[keep:]
 
-    def apply(self, seq_id: int, keep: int, appended: PageTable) -> PageTable:
-        table = self.tables.get(seq_id, page_table())[:keep] + page_table(appended)
+    def apply(self, seq_id: int, keep: int, appended: BlockTable) -> BlockTable:
+        table = self.tables.get(seq_id, new_block_table())[:keep] + new_block_table(appended)
         self.tables[seq_id] = table
         return table
 
@@ -53,7 +53,7 @@ class PageTableMirror:
         self.tables.pop(seq_id, None)
 
 
-def step_message(seq_ids, inputs: StepInputs, mirror: PageTableMirror, freed: list[int]) -> tuple:
+def step_message(seq_ids, inputs: StepInputs, mirror: BlockTableMirror, freed: list[int]) -> tuple:
     """What a worker needs to rebuild `inputs`; device-held fed tokens (SD's drafts) are not in it:
     their places are, and their values follow by TPGroup.broadcast."""
     deltas = [mirror.delta(i, t) for i, t in zip(seq_ids, inputs.block_tables)]
@@ -65,7 +65,7 @@ class Worker:
     def __init__(self, tp: TPGroup) -> None:
         self.tp = tp
         self.runner: ModelRunner | None = None
-        self.mirror = PageTableMirror()
+        self.mirror = BlockTableMirror()
 
     def init_runner(self, runner_spec: RunnerSpec) -> None:
         failed = False

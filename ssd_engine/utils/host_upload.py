@@ -2,7 +2,7 @@
 
 `torch.tensor(values, device="cuda")` copies from pageable host memory, and such a copy first waits
 for the stream to drain: a step that uploads its ids, positions, slots, key counts, query offsets
-and page tables that way waits for the previous step's kernels five or six times before it can
+and block tables that way waits for the previous step's kernels five or six times before it can
 queue its own. Here every column goes into one pinned staging tensor (int64, or int32 where every
 value fits, as a step's inputs do) that torch's caching host allocator keeps alive until the copy
 is done, and crosses in one non-blocking copy; columns are views of the device copy. On a CPU the
@@ -42,9 +42,9 @@ def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def padded_rows(tables: list, width: int) -> array.array:
-    """Each page table cut or zero-padded to `width` entries, row after row, as int32 (padding is
-    never read: key counts stop short of it). Packed tables (core/structures.py `PageTable`) go in as
-    memory copies: 64 tables of 250 pages in ~30 us, where Python lists of them took 0.6 ms."""
+    """Each block table cut or zero-padded to `width` entries, row after row, as int32 (padding is
+    never read: key counts stop short of it). Packed tables (core/structures.py `BlockTable`) go in as
+    memory copies: 64 tables of 250 blocks in ~30 us, where Python lists of them took 0.6 ms."""
     flat = array.array("i")
     for table in tables:
         row = table[:width]

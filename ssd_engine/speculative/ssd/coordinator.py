@@ -148,7 +148,7 @@ class AsyncDraftClient:
 
     def on_outcome(self, outcome: Outcome) -> None:
         """Nothing to roll back here: the draft learns the outcome from the next request."""
-        if outcome.accepted is None:  # no drafts were verified (the draft had no pages for it)
+        if outcome.accepted is None:  # no drafts were verified (the draft had no blocks for it)
             return
         self.last_accepted[outcome.seq.seq_id] = outcome.accepted
         self.metrics.record_verified(self.source.pop(outcome.seq.seq_id, Source.LOCAL), outcome.accepted)

@@ -26,7 +26,7 @@ READY_KEY = "draft/ready"
 @dataclass(frozen=True)
 class DraftSpec:
     """What the draft process needs, each part whole: its runner (the target's sizes, the draft's
-    model, device and layout; the draft adds scratch pages itself), the engine's speculative part
+    model, device and layout; the draft adds scratch blocks itself), the engine's speculative part
     (K, Saguaro's C, the fit window, synthetic hits), the Saguaro plan's fan-outs, and what it
     shares with the target."""
     runner: RunnerSpec

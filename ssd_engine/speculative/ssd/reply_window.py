@@ -8,7 +8,7 @@ two pinned processes, benchmarks/micro/bench_reply_window.py). The draft encodes
 coordinator decodes it in place, and gloo carries only its size.
 
 Where the memory lives: one anonymous memfd the coordinator creates and the draft process inherits
-(`pass_fds`): no name anywhere, freed by the kernel when the last holder exits. Pages are
+(`pass_fds`): no name anywhere, freed by the kernel when the last holder exits. Blocks are
 allocated as a reply first touches them, so sizing it for the largest possible reply costs nothing
 until one is sent. Ordering: the draft writes the reply, then sends its size; the coordinator
 reads it after receiving that size, and both are system calls, which order memory on every

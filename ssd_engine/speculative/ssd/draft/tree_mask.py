@@ -17,7 +17,7 @@ from ssd_engine.layers.attention import AttentionMetadata
 
 def branch_metadata(trunk_tables: torch.Tensor, seq_of_branch: torch.Tensor, visible: torch.Tensor,
                     max_visible: int, scratch_slots: torch.Tensor, step: int, block_size: int) -> AttentionMetadata:
-    """trunk_tables [S, P] int32: each sequence's trunk pages; seq_of_branch [R]; visible [R]: trunk
+    """trunk_tables [S, P] int32: each sequence's trunk blocks; seq_of_branch [R]; visible [R]: trunk
     keys each branch sees (max_visible: their maximum, on the host); scratch_slots [R, K]: where each
     branch's path K/V lives. Step `step` writes path slot `step` and sees path slots 0..step."""
     rows = scratch_slots.shape[0]

@@ -1,10 +1,10 @@
 """The draft process's view of each sequence and its trunk: the draft's own paged K/V of the
 committed tokens, followed by the speculation currently being verified.
 
-`trunk` lists the tokens whose K/V sit in slots 0..len(trunk)-1 of the sequence's pages. After a
+`trunk` lists the tokens whose K/V sit in slots 0..len(trunk)-1 of the sequence's blocks. After a
 round's outcome arrives the trunk is cut back to its longest prefix that is still true (the
 committed tokens, then the speculation just sent), so accepted draft tokens are never recomputed.
-Reserving a trunk's pages, extending it and decoding K tokens from it are paged_draft.py's, shared
+Reserving a trunk's blocks, extending it and decoding K tokens from it are paged_draft.py's, shared
 with SD's colocated draft; the sampling (Saguaro's down-weighting, per-row streams) is the trunk's.
 """
 from dataclasses import dataclass, field
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.core.structures import PageTable, page_table
+from ssd_engine.core.structures import BlockTable, new_block_table
 from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
@@ -23,13 +23,13 @@ from ssd_engine.speculative.paged_draft import PagedDraft
 
 
 @dataclass
-class DraftSeq:  # a Paged (core/structures.py): its pages are the draft's, its length the committed tokens'
+class DraftSeq:  # a Paged (core/structures.py): its blocks are the draft's, its length the committed tokens'
     seq_id: int
     tokens: list[int]                         # committed tokens, as the coordinator has them
     params: DraftParams
     generator: torch.Generator | None         # draft sampling (None: greedy)
     backup_generator: torch.Generator         # the fast backup's random proposals
-    block_table: PageTable = field(default_factory=page_table)
+    block_table: BlockTable = field(default_factory=new_block_table)
     num_computed_tokens: int = 0              # BlockManager bookkeeping; the trunk is the truth
     trunk: list[int] = field(default_factory=list)
     sent: Speculation | None = None           # the speculation the target is verifying
@@ -70,7 +70,7 @@ class Trunk(PagedDraft[DraftSeq]):
 
     def drop(self, seq: DraftSeq) -> None:
         super().drop(seq)
-        seq.trunk = []  # its K/V went with the pages
+        seq.trunk = []  # its K/V went with the blocks
 
     def extend(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: int) -> torch.Tensor:
         """Append feeds[i] to seqs[i]'s trunk; logits of the last `rows` fed positions, [n, rows, V]."""
@@ -113,5 +113,5 @@ class Trunk(PagedDraft[DraftSeq]):
         tokens, q = self.decode(seqs, [len(s.trunk) for s in seqs], logits, draw)
         tokens = tokens.tolist()  # the K drafts' one read
         for seq, drafted in zip(seqs, tokens):
-            seq.trunk.extend(drafted[:self.k - 1])  # their K/V went into the pages as they were drawn
+            seq.trunk.extend(drafted[:self.k - 1])  # their K/V went into the blocks as they were drawn
         return [Speculation(Source.JIT, drafted, None if q is None else q[i]) for i, drafted in enumerate(tokens)]
