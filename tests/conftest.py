@@ -32,6 +32,12 @@ os.environ.setdefault("SSD_ENGINE_GRAPH_CHECKER", "profiling.graph_fidelity:emul
 TINY_ARCHS = ("llama", "qwen2", "qwen3")
 
 
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: a worker per core this process may use, at most 4 (each holds torch and its tiny
+    models; the engines' child processes come on top)."""
+    return max(1, min(len(os.sched_getaffinity(0)), 4))
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Factory: `tiny_model_dir("qwen2")` -> path of a tiny random checkpoint (built once per

@@ -159,3 +159,17 @@ def test_every_module_is_small():
     """Small modules with one job each: none over 300 lines."""
     long = {module: n for module, path in _modules().items() if (n := sum(1 for _ in open(path))) > 300}
     assert long == {}
+
+
+def test_the_engine_reads_its_options_only_through_the_plan():
+    """LLMEngine hands the flat options to plan() and reads only the frozen plan after that: no
+    second home for K or any other option."""
+    path = os.path.join(REPO, "ssd_engine", "engine", "llm_engine.py")
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    uses = [node for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "options"]
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "plan"]
+    assert len(uses) == 1 and len(calls) == 1 and calls[0].args[0] is uses[0]
+    engine_files = [p for p in tracked_files(under="ssd_engine/engine") if p.suffix == ".py"]
+    readers = [str(p) for p in engine_files if ".num_speculative_tokens" in p.read_text()]
+    assert readers == []

@@ -157,9 +157,9 @@ class ScheduledBatch:
         fed tokens, the proposal's tokens) puts them there on the device (`StepInputs.on_device`).
         None when nothing is speculated."""
         feed, logit_rows, draft_at, base = [], [], [], 0
-        for seq, n, spec in zip(self.seqs, self.num_new_tokens, speculated):
+        for seq, n, was_speculated in zip(self.seqs, self.num_new_tokens, speculated):
             start = seq.num_computed_tokens
-            if spec:
+            if was_speculated:
                 feed.append([seq.token_ids[-1]] + [0] * (n - 1))
                 logit_rows.append(list(range(n)))
                 draft_at.extend(range(base + 1, base + n))

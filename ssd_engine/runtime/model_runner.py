@@ -85,7 +85,7 @@ class RunnerSpec:
     max_position: int      # positions the model must cover: max_model_len + K + 1 (drafting and verifying run past it)
 
     def with_model(self, **changes) -> "RunnerSpec":
-        """This spec with some ModelConfig fields changed (a draft's path, a rank's device)."""
+        """This runner spec with some ModelConfig fields changed (a draft's path, a rank's device)."""
         return replace(self, model=replace(self.model, **changes))
 
     def build(self, tp: TPGroup | None = None, hf_config=None) -> "ModelRunner":
@@ -94,9 +94,9 @@ class RunnerSpec:
 
 
 class ModelRunner:
-    def __init__(self, spec: "RunnerSpec", tp: TPGroup, hf_config=None) -> None:
-        """Built by `RunnerSpec.build`: the spec's parts travel whole, never re-listed."""
-        model, cache = spec.model, spec.cache
+    def __init__(self, runner_spec: "RunnerSpec", tp: TPGroup, hf_config=None) -> None:
+        """Built by `RunnerSpec.build`: the runner_spec's parts travel whole, never re-listed."""
+        model, cache = runner_spec.model, runner_spec.cache
         device = torch.device(model.device)
         if device.type == "cuda" and tp.rank > 0:
             device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
@@ -110,7 +110,7 @@ class ModelRunner:
             # before any forward: whether oneDNN runs one-row steps faster padded (layers/row_padding.py)
             row_padding.measure_once(dtype, fingerprint(sorted(os.sched_getaffinity(0)), torch.get_num_threads()),
                                      str(cache_dir()))
-        self.model = build_model(model.path, self.config, spec.max_position, dtype, device, self.tp,
+        self.model = build_model(model.path, self.config, runner_spec.max_position, dtype, device, self.tp,
                                  progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format)
         self.attention_backend = select_backend(model.attention_backend, device, cache.block_size)
         for layer in self.model.model.layers:
@@ -121,7 +121,7 @@ class ModelRunner:
         # (runtime/compiled_model.py; tensor parallelism's all-reduces are not traced)
         self.compiled = CompiledModel(self.model.model) if model.compile and self.tp.size == 1 else None
         self.hidden = self.compiled or self.model
-        self.graphs = self._graph_runner(model.cuda_graph_max_batch, cache.num_kv_blocks, spec.max_position)
+        self.graphs = self._graph_runner(model.cuda_graph_max_batch, cache.num_kv_blocks, runner_spec.max_position)
         self.piecewise = self._piecewise_graphs(model.cuda_graph_max_batch)
         self._allocate_kv_cache(cache.num_kv_blocks + (self.graphs is not None))  # + the padding rows' block
         if self.compiled is not None:
