@@ -20,8 +20,15 @@ class LLM:
 
     def __init__(self, model: str | None = None, **options) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **options)
-        self.engine = LLMEngine(self.config)
-        self.tokenizer = self.engine.tokenizer
+        self._engine: LLMEngine | None = LLMEngine(self.config)
+        self._final_metrics: dict | None = None  # what speculation_metrics() said when the engine closed
+        self.tokenizer = self._engine.tokenizer
+
+    @property
+    def engine(self) -> LLMEngine:
+        if self._engine is None:
+            raise RuntimeError("this LLM is closed: generate inside its `with` block, or before close()")
+        return self._engine
 
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -80,16 +87,20 @@ class LLM:
 
     def speculation_metrics(self) -> dict:
         """Engine-wide acceptance metrics (vLLM definitions; empty counters in AR mode), plus in SSD
-        mode the cache-hit rates, acceptance on hits and misses, fallbacks, draft failures and T_p."""
-        summary = self.engine.spec_metrics.total.summary()
-        speculator = self.engine.speculator
+        mode the cache-hit rates, acceptance on hits and misses, fallbacks, draft failures and T_p.
+        After close() (a `with` block's end): the metrics as they stood when the engine closed."""
+        if self._engine is None:
+            return dict(self._final_metrics)
+        summary = self._engine.spec_metrics.total.summary()
+        speculator = self._engine.speculator
         return {**summary, **speculator.summary()} if speculator is not None else summary
 
     def close(self) -> None:
         """Stop every child process (draft process, tensor-parallel workers); safe to call twice."""
-        if self.engine is not None:
-            self.engine.close()
-        self.engine = None
+        if self._engine is not None:
+            self._final_metrics = self.speculation_metrics()
+            self._engine.close()
+        self._engine = None
 
     def __enter__(self) -> "LLM":
         return self

@@ -309,3 +309,15 @@ def test_missing_draft_is_refused_before_the_target_loads(unloadable, tmp_path, 
 def test_cli_prompt_too_long(tiny_qwen2, capsys):
     run = run_cli_in_process(["--model", tiny_qwen2, "--max-model-len", "16", "--prompt", "x" * 40], capsys)
     assert_cli_error(run, "40", "max_model_len=16")
+
+
+def test_a_closed_llm_answers_with_its_last_metrics_and_refuses_work_in_one_line(tiny_qwen2):
+    """The README's pattern: generate inside `with`, read the metrics after it."""
+    with LLM(tiny_qwen2, draft_model=tiny_qwen2, speculative_mode="sd", num_threads=1, max_model_len=MAX_LEN) as closed:
+        closed.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+        during = closed.speculation_metrics()
+    assert during["rounds"] > 0 and closed.speculation_metrics() == during
+    closed.close()  # twice is fine
+    with pytest.raises(RuntimeError) as excinfo:
+        closed.generate([[5, 6, 7]])
+    assert "closed" in one_line_error(excinfo)
