@@ -15,7 +15,8 @@ Without meaningful weights: `--load-format dummy` (random weights from config.js
 outputs are then not the target's); benchmarks/bench_synthetic.py sweeps them against the theory.
 Each mode runs in its own pinned subprocess on the same prompts. Writes
 `benchmarks/results/DATE-bench[-TAG].md` (tables), `.json` (raw numbers, machine, CPU model and
-flags, placement, torch version, git commit) and PNG plots; `--readme` also puts the headline
+flags, placement, torch version, git commit) and PNG plots, into the committed results unless
+`--out DIR` names another folder (`--tag TAG` names the files); `--readme` also puts the headline
 table into README.md; `python benchmarks/bench.py --report RESULT.json` prints an earlier run's
 tables again.
 See `python benchmarks/bench.py --help` for every flag, benchmarks/suite/ for how it measures.
@@ -58,6 +59,17 @@ def update_readme(raw: dict, base: str, readme: str) -> None:
     print(f"updated {readme}", file=sys.stderr)
 
 
+def where_results_go(out: str, tag: str) -> str:
+    """The line bench.py starts with: the folder it will write into, and, when that is the default
+    (the repository's benchmarks/results/, where committed results live), how to write elsewhere."""
+    from suite.options import RESULTS_DIR
+    names = f"DATE-bench{'-' + tag if tag else ''}.*"
+    line = f"results: {os.path.join(out, names)}"
+    if os.path.abspath(out) == os.path.abspath(RESULTS_DIR):
+        line += " (the repository's committed results; --out DIR writes elsewhere, --tag TAG names the files)"
+    return line
+
+
 def main(argv: list[str] | None = None) -> dict:
     from suite import host_speed, isolate, options, plots, report
     from suite.machine import machine_line
@@ -70,6 +82,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(report.render(raw))
         return raw
     opts = options.parse(argv)
+    print(where_results_go(opts.out, opts.tag), file=sys.stderr)
     prompt_sets = {name: load_prompts(name, opts.num_prompts) for name in opts.prompt_sets}
     speed_before = host_speed.measure()
     results = isolate.run_modes(opts.modes, opts, prompt_sets)
@@ -99,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"no plots ({error}): pip install matplotlib, then python benchmarks/plot.py {base}.json", file=sys.stderr)
     if opts.readme:
         update_readme(raw, base, os.path.join(os.path.dirname(HERE), "README.md"))
-    print("wrote " + ", ".join(written), file=sys.stderr)
+    print(f"wrote into {os.path.abspath(opts.out)}: " + ", ".join(os.path.basename(p) for p in written), file=sys.stderr)
     return raw
 
 

@@ -52,7 +52,7 @@ def load_prompts(count: int) -> list[str]:
 def _run(options: dict, prompts: list[str], temperature: float, new_tokens: int, **overrides):
     """One SSD run -> its SSDMetrics and the resolved model paths."""
     from ssd_engine import LLM, SamplingParams
-    from ssd_engine.models.default_models import resolve_model_path
+    from ssd_engine.models.model_paths import resolve_model_path
     with tempfile.TemporaryDirectory() as nowhere, \
             LLM(**{**options, **overrides, "speculative_mode": "ssd", "calibration_dir": nowhere}) as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=4, seed=0), use_tqdm=False)

@@ -1,5 +1,7 @@
 """speculative_mode="auto": the throughput predictions (planning/predict.py), the cached cost
 measurement (planning/costs.py) and the choice applied to a real engine (planning/choose.py)."""
+from dataclasses import replace
+
 import pytest
 
 from ssd_engine import LLM
@@ -155,3 +157,127 @@ def test_memory_traffic_streams_on_the_given_cores_and_stops_with_the_block():
     with memory_traffic([core]) as pid:
         assert os.sched_getaffinity(pid) == {core}
     assert not os.path.exists(f"/proc/{pid}")  # reaped, not left running
+
+
+# ---- tensor parallelism and other devices ----------------------------------------------------------
+def _two_cores() -> tuple[str, list[int]]:
+    """Two of this process's cores as one per rank: what `--tp 2` gets on a 2-core machine."""
+    import os
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    return f"{cores[0]};{cores[1]}", cores
+
+
+def _fake_costs(draft_cores: list[int], fmt: str = "int8") -> MeasuredCosts:
+    """Costs that skip measuring (tests that fix the predictions, or check only the placement)."""
+    curve = {1: 0.1, 5: 0.12, 9: 0.14}
+    return MeasuredCosts("fake", [0], draft_cores, curve, curve, {1: 0.01}, {fmt: {1: 0.01, 9: 0.02, 32: 0.05}},
+                         fmt, fmt, 0.0)
+
+
+def test_tp_auto_predicts_from_measured_ranks_and_never_runs_a_shared_draft(target, noisy_draft, private_cache):
+    """tp=2 on two cores: the ranks take one core each, so SSD's draft would share them and is no
+    candidate; the target is measured on its two ranks, the choice is the faster prediction of AR
+    and SD (by the 5% rule), applied on the ranks' cores, and its output is exact. An `auto` that
+    still ran SSD under TP fails here."""
+    cpu_cores, cores = _two_cores()
+    with LLM(target, draft_model=noisy_draft, tensor_parallel_size=2, cpu_cores=cpu_cores, block_size=8) as llm:
+        choice, parts = llm.engine.plan.choice, llm.engine.parts
+        assert set(choice.predicted_tok_s) == {"ar", "sd"} and choice.mode != "ssd"
+        assert "2 tensor-parallel ranks (cores " in choice.how and "SSD not a candidate" in choice.how
+        predicted = choice.predicted_tok_s
+        assert choice.mode == ("sd" if predicted["sd"] >= choose.MARGIN * predicted["ar"] else "ar")
+        assert parts.speculative.mode == choice.mode and parts.parallel.tensor_parallel_size == 2
+        assert parts.parallel.cpu_cores == cpu_cores and llm.engine.execution()["mode"] == choice.describe()
+        outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == greedy_oracle(target)[:3]
+    (stored,) = (private_cache / "calibrations").iterdir()
+    measured = MeasuredCosts.load(str(stored))
+    assert stored.name.startswith("mode-costs-tp2-") and measured.draft_cores == [] and measured.target_all[9] > 0
+
+
+@pytest.mark.parametrize("mode", ["ar", "sd"])
+def test_a_fixed_prediction_is_applied_whole_under_tp(target, noisy_draft, private_cache, monkeypatch, mode):
+    """Mode, K, the draft's format and the ranks' cores, as predicted, with the target on two ranks."""
+    cpu_cores, _ = _two_cores()
+    fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.0 + (mode == "sd"))}
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs([]), False))
+    monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
+    with LLM(target, draft_model=noisy_draft, tensor_parallel_size=2, cpu_cores=cpu_cores, block_size=8) as llm:
+        parts = llm.engine.parts
+        assert parts.speculative.mode == mode and parts.parallel.tensor_parallel_size == 2
+        assert parts.parallel.cpu_cores == cpu_cores and len(llm.engine.runner.processes) == 1
+        if mode == "sd":
+            assert llm.engine.k == 2 and llm.engine.draft_format.name == "int8"
+        else:
+            assert llm.engine.speculator is None
+        outs = llm.generate(_prompts(2), GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outs] == greedy_oracle(target)[:2]
+
+
+def _tp_config(target, draft, **options):
+    from ssd_engine.core.config import EngineConfig
+    return EngineConfig(model=target, draft_model=draft, tensor_parallel_size=2, block_size=8, **options)
+
+
+@pytest.mark.parametrize("fastest", ["ssd", "ar"])
+def test_tp_with_a_core_set_for_the_draft_predicts_ssd_too(target, noisy_draft, private_cache, monkeypatch, fastest):
+    """Four cores, tp=2: AR and SD's ranks on 0,1 and 2,3, SSD's on 0,1 and 2 with its draft on 3.
+    SSD is a candidate and runs when predicted fastest, with its K, budget, format and cores; AR runs
+    when the predictions say SSD is slower."""
+    fixed = {"ar": Prediction("ar", 0, 2.0), "sd": Prediction("sd", 2, 1.5),
+             "ssd": Prediction("ssd", 3, 3.0 if fastest == "ssd" else 1.0, {"budget": 5, "t_p": 0.8, "t_jit": 0.3})}
+    seen = {}
+    monkeypatch.setattr(choose, "available_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args: seen.setdefault("placement", args[-1]) and (
+        _fake_costs(args[-1].ssd_draft), False))
+    monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
+    config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
+    assert seen["placement"].ranks == [[0, 1], [2, 3]] and seen["placement"].ssd_ranks == [[0, 1], [2]]
+    assert "SSD's ranks on cores 0,1;2 and its draft on cores 3" in choice.how and "not a candidate" not in choice.how
+    assert choice.mode == config.speculative_mode == fastest
+    if fastest == "ssd":
+        assert (config.num_speculative_tokens, config.ssd_budget, config.draft_dtype) == (3, 5, "int8")
+        assert config.cpu_cores == "0,1;2;3"
+    else:
+        assert config.cpu_cores == "0,1;2,3" and config.num_threads is None
+
+
+def test_torchrun_ranks_do_not_place_a_draft_and_only_rank_0_measures(target, noisy_draft, private_cache,
+                                                                       monkeypatch):
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args: pytest.fail("rank 1 measured"))
+    config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
+    assert config.speculative_mode == "ar" and "torchrun rank 1" in choice.how
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(choose, "available_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs(args[-1].ssd_draft), False))
+    fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 2.0)}
+    monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
+    config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
+    assert config.speculative_mode == "sd" and config.cpu_cores is None  # torchrun's ranks are not placed
+    assert "under torchrun the SSD draft gets no cores of its own" in choice.how
+
+
+def test_cuda_is_placed_by_gpu_and_keeps_ssd_until_it_is_measured(target, noisy_draft, private_cache, monkeypatch):
+    """No GPU here: the GPUs are faked. Without a CUDA measurement auto keeps SSD and says why; given
+    measured costs (faked) it predicts and chooses as on CPU, SSD a candidate only with a GPU of its own."""
+    from ssd_engine.core.config import EngineConfig
+    from ssd_engine.planning import costs
+    monkeypatch.setattr(choose, "_gpus", lambda: ["fake GPU", "fake GPU"])
+    config = EngineConfig(model=target, draft_model=noisy_draft, device="cuda", block_size=8)
+    chosen, choice = choose.resolve_auto(config)
+    assert chosen.speculative_mode == "ssd" and choice.how.startswith("not measured: planning/costs.py times")
+    placements = []
+    monkeypatch.setattr(costs, "measure", lambda *args: placements.append(args[-1]) or _fake_costs(args[-1].ssd_draft))
+    chosen, choice = choose.resolve_auto(config)
+    assert placements[0].ranks == [[0]] and placements[0].ssd_draft == [1] and placements[0].device == "cuda"
+    assert set(choice.predicted_tok_s) == {"ar", "sd", "ssd"} and "GPU(s)" in choice.how
+    assert chosen.speculative_mode == choice.mode != "auto"
+    assert chosen.draft_dtype == "auto" and chosen.cpu_cores is None  # the int formats and cores are CPU-only
+    best = max(choice.predicted_tok_s, key=choice.predicted_tok_s.get)
+    assert choice.mode == best or choice.predicted_tok_s[best] < choose.MARGIN * choice.predicted_tok_s["ar"]
+    _, two_ranks = choose.resolve_auto(replace(config, tensor_parallel_size=2))
+    assert "ssd" not in two_ranks.predicted_tok_s and "SSD not a candidate" in two_ranks.how

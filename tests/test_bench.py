@@ -362,3 +362,57 @@ def test_round_efficiency_is_measured_over_the_round_model():
     assert efficiency.endswith("| 0.75 | n/a |")
     del raw["results"]["sd"]["costs"]["draft_step_s"]
     assert efficiency_lines(raw) == [] and round_efficiency(raw, row) is None
+
+
+def test_batch_heading_names_only_the_speculative_modes_that_ran():
+    no_ssd = headline_lines(_fake_raw({"ar": (None, 2.0, {}), "sd": (4, 4.0, {"draft_format": "int4"})}))[0]
+    assert no_ssd == "### Batch 1 (decode tok/s, prefill excluded; SD at K = 4, int4 draft)"
+    assert headline_lines(_fake_raw({"ar": (None, 2.0, {})}))[0] == "### Batch 1 (decode tok/s, prefill excluded)"
+    both = headline_lines(_fake_raw({"ar": (None, 2.0, {}), "sd": (4, 4.0, {}), "ssd": (2, 5.0, {})}))[0]
+    assert both.endswith("prefill excluded; SD at K = 4; SSD at K = 2)") and "n/a" not in both
+
+
+def _inside(artist, fig) -> bool:
+    box, frame = artist.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+    return frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+
+
+@pytest.mark.parametrize("modes", [("ar", "sd", "ssd"), tuple(options.MODES)])
+def test_throughput_title_and_legend_fit_the_figure_with_one_prompt_set(modes):
+    pytest.importorskip("matplotlib")
+    from suite import plots
+    raw = _fake_raw({m: (None if m.startswith("ar") or m == "hf-ar" else 4, 2.0 + i, {}) for i, m in enumerate(modes)})
+    raw.update(date="2026-11-25", new_tokens=64)
+    fig = plots.throughput_figure(raw)
+    try:
+        fig.canvas.draw()
+        title = fig._suptitle or fig.axes[0].title  # a figure title, or the axes'
+        assert title.get_text().startswith("Throughput per mode")
+        assert _inside(title, fig) and _inside(fig.legends[0], fig)
+    finally:
+        plots._pyplot().close(fig)
+
+
+def test_a_title_wider_than_its_figure_is_wrapped_to_fit():
+    pytest.importorskip("matplotlib")
+    from suite import plots
+    plt = plots._pyplot()
+    fig = plt.figure(figsize=(2.5, 2.0))
+    try:
+        text = "Throughput per mode, 2026-11-25 (T = 0.7, 256 tokens, a long set of settings)"
+        title = plots.fitted_suptitle(fig, text)
+        fig.tight_layout()
+        fig.canvas.draw()
+        assert "\n" in title.get_text() and title.get_text().replace("\n", " ") == text
+        assert _inside(title, fig)
+    finally:
+        plt.close(fig)
+
+
+def test_the_results_folder_is_announced_with_how_to_write_elsewhere(tmp_path):
+    from suite.options import RESULTS_DIR
+    default = bench.where_results_go(RESULTS_DIR, "")
+    assert default.startswith(f"results: {os.path.join(RESULTS_DIR, 'DATE-bench.*')} ")
+    assert "--out DIR" in default and "--tag TAG" in default
+    assert bench.where_results_go(str(tmp_path), "x") == f"results: {tmp_path / 'DATE-bench-x.*'}"
+    assert options.parse(["--model", "m", "--mode", "ar"]).out == RESULTS_DIR

@@ -218,7 +218,8 @@ def test_help_gives_every_flag_a_description_default_and_choices():
     help_text = " ".join(parser.format_help().split())  # argparse wraps lines; compare unwrapped
     for needle in ("--speculative-mode {auto,ar,sd,ssd}, --mode {auto,ar,sd,ssd}", "K: draft tokens per round (default: 4)",
                    "--dtype {auto,float32,bfloat16,float16}", "--ssd-fallback {auto,jit,fast}",
-                   "most tokens to generate (default: 128)", "(default: 0.0)", "Exit status"):
+                   "most tokens to generate (default: 128)", "Exit status",
+                   "(default: the model's generation_config.json value, else 1.0)", "--temperature 0 gives the greedy"):
         assert needle in help_text, needle
 
 

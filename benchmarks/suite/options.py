@@ -3,12 +3,14 @@ new tokens, greedy, batch 1, K = 4, modes ar, sd, ssd; the target (and AR, SD) o
 draft process on core 1 (the paper's placement: SSD adds the draft's own device). `ar-all`,
 `sd-all` and `auto` get both sets: what SSD's two sets are worth to a mode that is not split."""
 import argparse
+import os
 from dataclasses import dataclass, field
 
 MODES = ("ar", "ar-all", "sd", "sd-all", "ssd", "auto", "hf-ar", "hf-assisted")
 SPECULATIVE = ("sd", "sd-all", "ssd", "auto", "hf-assisted")  # need a draft checkpoint
 DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # our engine's draft_dtype
 SPLIT = ("ssd", "auto")  # the draft gets (ssd) or may get (auto) its own core set: the sets must be disjoint
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")  # committed results
 
 
 @dataclass
@@ -84,8 +86,10 @@ def parse(argv: list[str]) -> BenchOptions:
     p.add_argument("--draft-dtype", default="auto", choices=DRAFT_DTYPES,
                    help="our draft's weight format (sd, sd-all, ssd, auto); auto: the engine measures and picks")
     p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--model", default=None, help="target HF folder (default: the built-in target)")
-    p.add_argument("--draft", default=None, help="draft HF folder (default: the built-in draft; needed with --model)")
+    p.add_argument("--model", default=None, help="target HF folder or .gguf file (converted once into the engine's "
+                                                  "cache; default: the built-in target)")
+    p.add_argument("--draft", default=None, help="draft HF folder or .gguf file (default: the built-in draft; needed "
+                                                  "with --model)")
     p.add_argument("--device", default="cpu", help="cpu | cuda (TP target on GPUs 0..N-1, the draft on GPU N)")
     p.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel ranks of our target")
@@ -112,7 +116,8 @@ def parse(argv: list[str]) -> BenchOptions:
     p.add_argument("--passes", type=int, default=1,
                    help="run the mode list this many times, alternating its order (A B C, C B A, ...), and average: "
                         "a drifting machine's trend cancels from ratios between modes")
-    p.add_argument("--out", default=None, help="results folder (default: benchmarks/results)")
+    p.add_argument("--out", default=None, help="results folder (default: benchmarks/results, where the committed "
+                                                "results live)")
     p.add_argument("--tag", default="", help="appended to the result files' names: DATE-bench-TAG.*")
     p.add_argument("--readme", action="store_true", help="also put the headline table into README.md's benchmark section")
     a = p.parse_args(argv)
@@ -148,7 +153,10 @@ def parse(argv: list[str]) -> BenchOptions:
         p.error(f"--draft-dtype {a.draft_dtype} is CPU-only; on {a.device} use auto, bf16 or fp32")
     if a.device == "cpu" and any(m in SPLIT for m in modes) and cores & draft_cores:
         p.error(f"--cores and --draft-cores overlap on {sorted(cores & draft_cores)}: the draft needs its own cores")
-    model, draft = a.model, a.draft
+    from ssd_engine.models.gguf_files import is_gguf_file, resolve_gguf
+    # a GGUF converted here, once: every mode (transformers' peers too) then reads the same folder
+    model, draft = (resolve_gguf(path) if path is not None and is_gguf_file(path) else path
+                    for path in (a.model, a.draft))
     if model is None:
         from ssd_engine.models.default_models import resolve_default_model
         model = resolve_default_model("target")
@@ -156,8 +164,7 @@ def parse(argv: list[str]) -> BenchOptions:
             draft = resolve_default_model("draft")
     if draft is None and any(m in SPECULATIVE for m in modes):
         p.error("--model was given, so " + " / ".join(SPECULATIVE) + " need --draft too")
-    import os
-    out = a.out or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")
+    out = a.out or RESULTS_DIR
     return BenchOptions(
         modes=modes, prompt_sets=_csv(a.prompts), num_prompts=a.num_prompts, new_tokens=a.new_tokens, batch=batch,
         k=k, draft_dtype=a.draft_dtype, temperature=a.temperature, model=model, draft=draft, device=a.device,

@@ -19,12 +19,29 @@ def _cell(raw: dict, mode: str, name: str, batch: int) -> dict | None:
     return rows[0] if rows else None
 
 
-def throughput(raw: dict, path: str, batch: int = 1) -> str:
-    """Grouped bars: decode tok/s of every mode (its best K) per prompt set, at one batch size."""
+def fitted_suptitle(fig, text: str, fontsize: float = 10):
+    """fig.suptitle(text), wrapped at spaces onto as many lines as the figure's width needs: a long
+    title (a date, settings) over a narrow figure (one prompt set) is never clipped. Call
+    fig.tight_layout() after it, which makes room for the lines."""
+    import textwrap
+    renderer = fig.canvas.get_renderer()
+    title = fig.suptitle(text, fontsize=fontsize)
+    for width in range(len(text) - 1, 8, -1):
+        if title.get_window_extent(renderer).width <= 0.95 * fig.bbox.width:
+            break
+        title.set_text(textwrap.fill(text, width, break_long_words=False))
+    return title
+
+
+def throughput_figure(raw: dict, batch: int = 1):
+    """The throughput plot's figure (the caller saves and closes it)."""
     plt = _pyplot()
     sets, modes = raw["prompt_sets"], list(raw["results"])
     width = 0.8 / len(modes)
-    fig, ax = plt.subplots(figsize=(min(14.0, 2.0 + len(sets) * (0.5 + 0.35 * len(modes))), 4.4))
+    legend_columns = min(len(modes), 4)
+    legend_rows = -(-len(modes) // legend_columns)
+    fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 2.0 + len(sets) * (0.5 + 0.35 * len(modes)))),
+                                    4.4 + 0.2 * (legend_rows - 1)))
     for i, mode in enumerate(modes):
         cells = [_cell(raw, mode, name, batch) for name in sets]
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(sets))]
@@ -33,12 +50,20 @@ def throughput(raw: dict, path: str, batch: int = 1) -> str:
         ax.bar_label(bars, labels=[f"{v:.1f}" if v else "" for v in values], fontsize=7, padding=2)
     ax.set_xticks(range(len(sets)), sets)
     ax.set_ylabel(f"decode tok/s (batch {batch})")
-    ax.set_title(f"Throughput per mode, {raw['date']} (T = {raw['temperature']}, {raw['new_tokens']} tokens)",
-                 fontsize=10)
+    fitted_suptitle(fig, f"Throughput per mode, {raw['date']} (T = {raw['temperature']}, {raw['new_tokens']} tokens)")
     ax.set_ylim(0, 1.15 * max([c["decode_tok_s"] for m in modes for n in sets if (c := _cell(raw, m, n, batch))] or [1]))
-    fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=len(modes), fontsize=8, frameon=False)
+    legend = fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=legend_columns, fontsize=8,
+                        frameon=False)
     ax.grid(True, axis="y", alpha=0.3)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    legend_height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
+    fig.tight_layout(rect=(0, legend_height + 0.01, 1, 1))
+    return fig
+
+
+def throughput(raw: dict, path: str, batch: int = 1) -> str:
+    """Grouped bars: decode tok/s of every mode (its best K) per prompt set, at one batch size."""
+    plt = _pyplot()
+    fig = throughput_figure(raw, batch)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

@@ -57,11 +57,17 @@ def _at_k(raw: dict, mode: str, batch: int) -> str:
     return f"{mode.upper()} at K = {_fmt(k, 'd')}" + (f", {fmt} draft" if fmt else "")
 
 
+def headline_heading(raw: dict, batch: int) -> str:
+    """The batch's heading, naming the K (and draft format) of SD and SSD where each ran: a mode
+    not run gets no "at K = n/a"."""
+    ran = [_at_k(raw, mode, batch) for mode in ("sd", "ssd") if best_k(raw, mode, batch) is not None]
+    return f"### Batch {batch} (decode tok/s, prefill excluded{''.join('; ' + part for part in ran)})"
+
+
 def headline_lines(raw: dict) -> list[str]:
     lines = []
     for batch in raw["batch"]:
-        lines += [f"### Batch {batch} (decode tok/s, prefill excluded; {_at_k(raw, 'sd', batch)}; "
-                  f"{_at_k(raw, 'ssd', batch)})", "",
+        lines += [headline_heading(raw, batch), "",
                   "| prompts | AR tok/s | SD tok/s | SSD tok/s | SSD/SD | SSD/AR |", "|---|---|---|---|---|---|"]
         for name, v in headline(raw, batch).items():
             lines.append(f"| {name} | {_fmt(v['ar'])} | {_fmt(v['sd'])} | {_fmt(v['ssd'])} "

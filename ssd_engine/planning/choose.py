@@ -1,22 +1,38 @@
 """speculative_mode="auto": run the mode (AR, SD or SSD) and K predicted fastest on this machine.
 
 The engine's cores are the baseline's too: AR and SD get every core the engine was given, SSD
-splits them into a target set and a draft set. Costs come from planning/costs.py (measured once
-per machine, cached), acceptance from the pair's Saguaro calibration (configs/), the prediction
-from planning/predict.py. A speculative mode must beat AR by MARGIN to be chosen, so that a
-prediction error costs little where AR is nearly as fast. The choice, its K, the draft's format
+splits them into a target set and a draft set. Under tensor parallelism the target's ranks take the
+place of the one process: AR and SD's ranks split every core evenly (SD's draft runs in rank 0,
+on its cores), SSD's split them into one set per rank and one for the draft, and SSD is a
+candidate only where the draft gets a set of its own (never under torchrun, where the engine
+places nothing): a draft sharing the ranks' cores overlaps nothing with them, which no prediction
+covers. Costs come from planning/costs.py (measured once per machine and placement, cached),
+acceptance from the pair's Saguaro calibration (configs/), the prediction from
+planning/predict.py. A speculative mode must beat AR by MARGIN to be chosen, so that a prediction
+error costs little where AR is nearly as fast. The choice, its K, the draft's format, the cores
 and (for SSD) the budget B are written into the engine's config; `ModeChoice` reports them.
+
+On CUDA the placement is by GPU (ranks on consecutive GPUs, SSD's draft on the next one, a
+candidate only where there is one), but planning/costs.py does not time GPUs yet: there `auto`
+runs SSD, as before it measured, and says so in its `how`.
 """
+import hashlib
 import logging
 from dataclasses import dataclass, field, replace
 
-from ssd_engine.planning.costs import MeasuredCosts, load_or_measure
+import torch
+
+from ssd_engine.planning.costs import MeasuredCosts, NotMeasured, Placement, load_or_measure
 from ssd_engine.planning.predict import Acceptance, Prediction, predict_all, predict_ssd
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.config_parts import ModelConfig
-from ssd_engine.models.default_models import cache_dir, resolve_model_path
+from ssd_engine.models.default_models import cache_dir
+from ssd_engine.models.model_paths import resolve_model_path
 from ssd_engine.core.config import parse_core_sets
-from ssd_engine.distributed.placement import available_cores
+from ssd_engine.distributed.partition import check_splittable, even_spans
+from ssd_engine.distributed.placement import available_cores, plan_core_sets
+from ssd_engine.models.loader import load_config
+from ssd_engine.tensor_parallel.launch import torchrun_world
 from ssd_engine.utils.machine import cpu_fingerprint, fingerprint
 from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_fingerprint
 
@@ -45,36 +61,113 @@ class ModeChoice:
 
 @dataclass(frozen=True)
 class Survey:
-    """What a prediction rests on: the engine's cores, split for SSD, and their measured costs."""
-    every: list[int]
-    target_cores: list[int]
-    draft_cores: list[int]
+    """What a prediction rests on: where each mode runs and its measured costs."""
+    placement: Placement
     measured: MeasuredCosts
     acceptance: Acceptance
     how: str
 
 
-def survey(config: EngineConfig) -> Survey:
-    """This machine's costs for the config's pair and cores (measured once, then cached)."""
-    target_path, draft_path = resolve_model_path(config), resolve_model_path(config, "draft")
+def placement_for(config: EngineConfig) -> tuple[Placement, str]:
+    """Where AR, SD and SSD would run, as the engine places them, and why SSD is no candidate
+    (empty when it is one)."""
+    if config.device != "cpu":
+        return _gpu_placement(config)
+    tp = config.tensor_parallel_size
     sets = parse_core_sets(config.cpu_cores) if config.cpu_cores else [available_cores()]
     every = sorted({c for s in sets for c in s})
-    half = len(every) // 2
-    target_cores, draft_cores = (sets[0], sets[1]) if len(sets) == 2 else (every[:half], every[half:])
-    if not half:
-        target_cores, draft_cores = every, []
-    key = "-".join([fingerprint(every, len(every)), model_fingerprint(target_path)[:8],
+    if tp == 1:
+        half = len(every) // 2
+        if not half:
+            return Placement([every], [every], []), "one core: the draft would share it"
+        target_cores, draft_cores = (sets[0], sets[1]) if len(sets) == 2 else (every[:half], every[half:])
+        return Placement([every], [target_cores], draft_cores), ""
+    if config.cpu_cores:
+        plan_core_sets(len(sets), config.cpu_cores)  # the engine's checks (available, disjoint) before any pinning
+    if len(every) < tp:
+        raise ValueError(f"{tp} ranks need {tp} disjoint core sets but only {len(every)} cores {every} are given "
+                         f"or available; pass cpu_cores to place them explicitly")
+    ranks = sets if len(sets) == tp else _split(every, tp)
+    ssd = sets if len(sets) == tp + 1 else _split(every, tp + 1) if len(every) > tp else None
+    if torchrun_world() is not None:
+        return Placement(ranks, ranks, []), "under torchrun the SSD draft gets no cores of its own"
+    if ssd is None:
+        return Placement(ranks, ranks, []), (f"{tp} ranks + its draft need {tp + 1} disjoint core sets, "
+                                             f"{len(every)} core(s) here: the draft would share the ranks'")
+    return Placement(ranks, ssd[:-1], ssd[-1]), ""
+
+
+def _split(cores: list[int], parts: int) -> list[list[int]]:
+    """Even contiguous core sets, as the engine splits this process's cores among its ranks."""
+    return [cores[s.start:s.start + s.size] for s in even_spans(len(cores), parts, "cores")]
+
+
+def _gpu_placement(config: EngineConfig) -> tuple[Placement, str]:
+    """Rank r on the r-th GPU from the config's; SSD's draft on the next (tensor_parallel/launch.py,
+    speculative/setup.py): a candidate only where that GPU exists, never sharing the last one."""
+    first, tp, count = torch.device(config.device).index or 0, config.tensor_parallel_size, len(_gpus())
+    ranks = [[first + r] for r in range(tp)]
+    if first + tp < count:
+        return Placement(ranks, ranks, [first + tp], config.device), ""
+    why = f"{tp} rank GPU(s) + the draft's need GPUs up to cuda:{first + tp}, {count} here: the draft would share one"
+    return Placement(ranks, ranks, [], config.device), why
+
+
+def _gpus() -> list[str]:
+    """The visible GPUs' names (tests replace this to plan for GPUs this machine lacks)."""
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+def _sets(sets: list[list[int]]) -> str:
+    return ";".join(",".join(map(str, s)) for s in sets)
+
+
+def _placement_key(placement: Placement, tp: int) -> str:
+    """The cached costs' machine part: one process keeps the key it always had; ranks and GPUs add
+    the placement itself (given cpu_cores may split the same cores differently)."""
+    every = placement.every
+    if placement.device == "cpu" and tp == 1:
+        return fingerprint(every, len(every))
+    where = f"{_sets(placement.ranks)}|{_sets(placement.ssd_ranks)}|{_sets([placement.ssd_draft])}"
+    machine = fingerprint(every, len(every)) if placement.device == "cpu" else "|".join([torch.__version__] + _gpus())
+    return f"tp{tp}-" + hashlib.blake2b(f"{machine}|{where}".encode(), digest_size=6).hexdigest()
+
+
+def survey(config: EngineConfig) -> Survey:
+    """This machine's costs for the config's pair and placement (measured once, then cached).
+    Raises NotMeasured where planning/costs.py cannot time the device."""
+    target_path, draft_path = resolve_model_path(config), resolve_model_path(config, "draft")
+    tp = config.tensor_parallel_size
+    if tp > 1:  # an unsplittable target fails here, naming its sizes, before any rank is started
+        check_splittable(load_config(target_path, "dummy"), tp)
+    placement, no_ssd = placement_for(config)
+    key = "-".join([_placement_key(placement, tp), model_fingerprint(target_path)[:8],
                     model_fingerprint(draft_path)[:8], config.draft_dtype])
-    model = ModelConfig(target_path, None, config.dtype, "cpu", config.weight_layout)
+    model = ModelConfig(target_path, None, config.dtype, config.device, config.weight_layout)
     measured, cached = load_or_measure(key, str(cache_dir()), model, replace(model, path=draft_path),
-                                       config.draft_dtype, target_cores, draft_cores)
+                                       config.draft_dtype, placement)
     calibrations = find_calibrations(target_path, draft_path, config.calibration_dir or CONFIG_DIR)
-    how = (f"{'cached ' if cached else ''}costs measured on {len(every)} core(s) in {measured.seconds:.0f} s, "
-           f"acceptance from {'the pair calibration' if calibrations else 'defaults (no calibration)'}")
+    unit = "core(s)" if placement.device == "cpu" else "GPU(s)"
+    how = f"{'cached ' if cached else ''}costs measured on {len(placement.every)} {unit} in {measured.seconds:.0f} s"
+    if tp > 1:
+        how += (f", the target on {tp} tensor-parallel ranks ({_where(placement.ranks, placement.device)}), "
+                f"SD's draft in rank 0")
+        if placement.ssd_draft:
+            how += f", SSD's ranks on {_where(placement.ssd_ranks, placement.device)} and its draft on " \
+                   f"{_where([placement.ssd_draft], placement.device)}"
+    if no_ssd:
+        how += f"; SSD not a candidate ({no_ssd})"
+    how += f"; acceptance from {'the pair calibration' if calibrations else 'defaults (no calibration)'}"
     acceptance = with_synthetic(Acceptance.from_calibration(calibrations[0] if calibrations else None), config)
     if config.synthetic_acceptance is not None or config.synthetic_hit is not None:
         how += " (synthetic_acceptance / synthetic_hit replace what they set)"
-    return Survey(every, target_cores, draft_cores, measured, acceptance, how)
+    return Survey(placement, measured, acceptance, how)
+
+
+def _where(sets: list[list[int]], device: str) -> str:
+    if device == "cpu":
+        return "cores " + _sets(sets)
+    return ", ".join(f"cuda:{g}" for s in sets for g in s)
 
 
 def with_synthetic(acceptance: Acceptance, config: EngineConfig) -> Acceptance:
@@ -91,17 +184,24 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
     """The config with speculative_mode="auto" replaced by the chosen mode and its settings."""
     if config.model is not None and config.draft_model is None:
         return replace(config, speculative_mode="ar"), ModeChoice("ar", 0, "no draft model")
-    if config.device != "cpu" or config.tensor_parallel_size > 1:
-        # not calibrated there yet: the draft on its own device, as before "auto" existed
-        return replace(config, speculative_mode="ssd"), ModeChoice("ssd", config.num_speculative_tokens,
-                                                                  "not calibrated off CPU or under TP: SSD")
-    seen = survey(config)
+    world = torchrun_world()
+    if world is not None and world[0] != 0:
+        # this rank only serves rank 0's forwards, built from rank 0's plan: measuring here would
+        # only slow rank 0's measurement down
+        return replace(config, speculative_mode="ar"), ModeChoice("ar", 0, f"torchrun rank {world[0]}: serves rank "
+                                                                            "0, which chooses the mode")
+    try:
+        seen = survey(config)
+    except NotMeasured as missing:
+        # the draft on its own device, as before "auto" measured anything
+        return replace(config, speculative_mode="ssd"), ModeChoice(
+            "ssd", config.num_speculative_tokens, f"not measured: {missing}; SSD, as before auto measured")
     predictions = _predict_all_formats(seen.measured, seen.acceptance)
     best = max(predictions.values(), key=lambda p: p.tokens_per_s)
     if best.mode != "ar" and best.tokens_per_s < MARGIN * predictions["ar"].tokens_per_s:
         best = predictions["ar"]
     choice = ModeChoice(best.mode, best.k, seen.how, {m: p.tokens_per_s for m, p in predictions.items()}, best.detail)
-    return _apply(config, choice, seen.every, seen.target_cores, seen.draft_cores, seen.measured), choice
+    return _apply(config, choice, seen.placement, seen.measured), choice
 
 
 def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
@@ -115,7 +215,7 @@ def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
     if calibrations and calibrations[0].measured.get("cpu_fingerprint") == cpu_fingerprint():
         return config, None  # calibrated on this kind of CPU: its measured budget stands
     seen = survey(config)
-    if not seen.draft_cores:
+    if not seen.placement.ssd_draft:
         return config, None  # one core: the draft shares it, and no prediction covers that
     k = config.num_speculative_tokens
     predicted = _best_format([(fmt, predict_ssd(seen.measured.costs(fmt), seen.acceptance, k))
@@ -151,16 +251,30 @@ def _predict_all_formats(measured: MeasuredCosts, acceptance: Acceptance) -> dic
     return predictions
 
 
-def _apply(config: EngineConfig, choice: ModeChoice, every, target_cores, draft_cores, measured) -> EngineConfig:
-    together = ",".join(map(str, every))
+def _apply(config: EngineConfig, choice: ModeChoice, placement: Placement, measured: MeasuredCosts) -> EngineConfig:
+    """The choice written into the config. On CPU the cores too, as the prediction placed them (one
+    set: this process; several: one per rank, then SSD's draft), except under torchrun, whose ranks
+    the engine does not place; one process runs on every core's thread. On a GPU the draft keeps the
+    given draft_dtype (the int formats are CPU-only)."""
+    on_cpu = placement.device == "cpu"
     if choice.mode == "ssd":
         budget = config.ssd_budget if config.ssd_budget is not None else choice.detail["budget"]
-        return replace(config, speculative_mode="ssd", num_speculative_tokens=choice.k, ssd_budget=budget,
-                       draft_dtype=choice.detail.get("draft_format", measured.ssd_format),
-                       cpu_cores=";".join(",".join(map(str, s)) for s in (target_cores, draft_cores)))
+        changes = dict(speculative_mode="ssd", num_speculative_tokens=choice.k, ssd_budget=budget)
+        if on_cpu:
+            changes["draft_dtype"] = choice.detail.get("draft_format", measured.ssd_format)
+            if torchrun_world() is None:
+                changes["cpu_cores"] = _sets(placement.ssd_ranks + [placement.ssd_draft])
+        return replace(config, **changes)
     # the benchmarking-only options of modes not chosen are dropped: they would not apply
+    changes = dict(speculative_mode=choice.mode, synthetic_hit=None)
     if choice.mode == "sd":
-        return replace(config, speculative_mode="sd", num_speculative_tokens=choice.k, draft_dtype=measured.sd_format,
-                       cpu_cores=together, num_threads=config.num_threads or len(every), synthetic_hit=None)
-    return replace(config, speculative_mode="ar", cpu_cores=together, num_threads=config.num_threads or len(every),
-                   synthetic_acceptance=None, synthetic_hit=None)
+        changes["num_speculative_tokens"] = choice.k
+        if on_cpu:
+            changes["draft_dtype"] = measured.sd_format
+    else:
+        changes["synthetic_acceptance"] = None
+    if on_cpu and torchrun_world() is None:
+        changes["cpu_cores"] = _sets(placement.ranks)
+        if len(placement.ranks) == 1:
+            changes["num_threads"] = config.num_threads or len(placement.ranks[0])
+    return replace(config, **changes)

@@ -1,10 +1,13 @@
 """Measure what one forward costs on this machine, once per machine, for the mode choice.
 
-Four curves, seconds per forward by rows after a PREFIX-token context:
-- the target on every core the engine was given (AR and SD);
-- the target on SSD's target cores while the draft's cores decode beside it, as SSD runs its
-  verification (planning/contention.py);
-- the SD draft on every core (its one-row steps);
+Four curves, seconds per forward by rows after a PREFIX-token context, each where the engine will
+run it (a `Placement`, from planning/choose.py):
+- the target on AR and SD's cores: every core the engine was given in one process, or under
+  tensor parallelism its ranks, each pinned to its own core set as the engine spawns them;
+- the target on SSD's target cores (or ranks) while the draft's cores decode beside it, as SSD runs
+  its verification (planning/contention.py);
+- the SD draft on AR and SD's cores (its one-row steps): under tensor parallelism rank 0's, where the
+  colocated draft runs;
 - the SSD draft on its own cores (glue and branch steps) while the target's cores decode as the
   verification does (planning/contention.py), in each candidate format: the probe's pick for one-row
   steps (SD's) and for SSD's branch workload. The run-time build budget shrinks B until the build
@@ -14,12 +17,18 @@ Each draft runs in the weight format it would use (runtime/draft_format.py). The
 at their real shapes and formats with TIMED_LAYERS layers of dummy weights (a forward's cost does not
 depend on the values, every layer costs the same, nothing is read from disk), timed, scaled to
 the whole model and dropped before the engine loads its own: ~20 s on the default pair, with a
-progress bar. The result is cached under the cache directory, keyed by the machine fingerprint
-(CPU, flags, torch, cores, threads) and the pair, so later runs decide at once.
+progress bar. A tensor-parallel target is timed the same way on real ranks (worker processes
+started as the engine starts them, building the same few layers from a copy of the config): its
+all-reduces and logits gather are in the time. The result is cached under the cache directory,
+keyed by the machine fingerprint (CPU, flags, torch, cores, threads), the placement and the pair, so
+later runs decide at once. Only CPUs are timed: on another device `measure` raises `NotMeasured`.
 """
+import contextlib
 import gc
+import io
 import json
 import os
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 
@@ -28,10 +37,13 @@ from tqdm import tqdm
 
 from ssd_engine.planning.contention import memory_traffic
 from ssd_engine.planning.predict import Costs
-from ssd_engine.core.config_parts import CacheConfig, ModelConfig
+from ssd_engine.core.config_parts import CacheConfig, ModelConfig, ParallelConfig
+from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.core.structures import ScheduledBatch, Sequence, new_block_table
 from ssd_engine.distributed.placement import pin, unpin
 from ssd_engine.runtime import draft_format
 from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
+from ssd_engine.tensor_parallel.launch import _spawn as spawn_ranks
 from ssd_engine.utils.memory import release_freed_heap
 from ssd_engine.models.loader import load_config
 from ssd_engine.utils.progress import progress_enabled
@@ -47,13 +59,31 @@ BLOCKS = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
 # 2: the SSD target timed under the draft cores' memory traffic; 3: bf16 drafts attend in fp32;
 # 4: each side timed beside a matrix-vector neighbour, the SSD draft in each candidate format
 VERSION = 4
+RANKS_TIMEOUT_S = 60.0  # the measuring ranks' collectives (distributed_timeout_s's default)
+
+
+class NotMeasured(Exception):
+    """The placement's device is one this module does not time (planning/choose.py keeps SSD)."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where each mode runs, as the engine will place it. On CPU a unit is a core; on CUDA a GPU."""
+    ranks: list[list[int]]       # AR and SD: the target's units per rank (one set: one process); SD's draft on ranks[0]
+    ssd_ranks: list[list[int]]   # SSD: the target's units per rank
+    ssd_draft: list[int]         # SSD's draft process; empty: it would share the ranks', and SSD is no candidate
+    device: str = "cpu"
+
+    @property
+    def every(self) -> list[int]:
+        return sorted({u for s in self.ranks + self.ssd_ranks + [self.ssd_draft] for u in s})
 
 
 @dataclass
 class MeasuredCosts:
     key: str
-    target_cores: list[int]
-    draft_cores: list[int]
+    target_cores: list[int]         # SSD's target cores (every rank's)
+    draft_cores: list[int]          # SSD's draft cores; empty: no SSD
     target_all: dict[int, float]
     target_one: dict[int, float]
     draft_all: dict[int, float]
@@ -105,8 +135,8 @@ def _curve(measured: dict[int, float]):
 
 
 def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
-                    target_cores: list[int], draft_cores: list[int]) -> tuple[MeasuredCosts, bool]:
-    """-> (costs, whether they came from the cache). `draft_cores` empty: no SSD (too few cores)."""
+                    placement: Placement) -> tuple[MeasuredCosts, bool]:
+    """-> (costs, whether they came from the cache). Raises NotMeasured off CPU (nothing cached)."""
     path = os.path.join(cache_dir, "calibrations", f"mode-costs-{key}.json")
     try:
         cached = MeasuredCosts.load(path)
@@ -114,45 +144,61 @@ def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelC
             return cached, True
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    measured = measure(key, cache_dir, target, draft, draft_dtype, target_cores, draft_cores)
+    measured = measure(key, cache_dir, target, draft, draft_dtype, placement)
     measured.save(path)
     return measured, False
 
 
 def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
-            target_cores: list[int], draft_cores: list[int]) -> MeasuredCosts:
+            placement: Placement) -> MeasuredCosts:
+    if placement.device != "cpu":
+        raise NotMeasured(f"planning/costs.py times forwards on CPU cores only; on {placement.device} (forwards "
+                          f"timed with device synchronisation, each rank on its GPU) it is not implemented")
     started = time.perf_counter()
-    every = sorted(set(target_cores) | set(draft_cores))
+    ranks, ssd_ranks, draft_cores = placement.ranks, placement.ssd_ranks, placement.ssd_draft
+    sd_cores = ranks[0]  # the colocated draft runs in rank 0's process (one process: every core)
+    ssd_target = sorted({c for s in ssd_ranks for c in s})
     draft_hf = load_config(draft.path, "dummy")
-    sd_format = draft_format.resolve(draft_dtype, draft_hf, "cpu", [(1, 4)], every, len(every), cache_dir)
+    sd_format = draft_format.resolve(draft_dtype, draft_hf, "cpu", [(1, 4)], sd_cores, len(sd_cores), cache_dir)
     ssd_format = (draft_format.resolve(draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores),
                                        cache_dir) if draft_cores else sd_format)
     ssd_formats = list({f.name: f for f in (sd_format, ssd_format)}.values()) if draft_cores else []
     steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) + 1 + len(DRAFT_ROWS) * len(ssd_formats)
     with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
-        runner = _build(target)
-        target_all = _time(runner, TARGET_ROWS, every, bar)
-        target_one = {}
-        if draft_cores:
-            with memory_traffic(draft_cores, "bfloat16"):  # what the SSD target meets: the draft beside it
-                target_one = _time(runner, TARGET_ROWS, target_cores, bar)
-        del runner
-        _release()  # the target's weights go before a draft loads
+        target_all, target_one = _time_target(target, ranks, ssd_ranks, draft_cores, bar)
         runner = _build(draft, sd_format)
-        draft_all = _time(runner, (1,), every, bar)
+        draft_all = _time(runner, (1,), sd_cores, bar)
         draft_one = {}
         for fmt in ssd_formats:  # SD's format first: it is the one built
             if fmt.name != sd_format.name:
                 del runner
                 _release()
                 runner = _build(draft, fmt)
-            with memory_traffic(target_cores, "float32"):  # the fp32 target verifying beside it
+            with memory_traffic(ssd_target, "float32"):  # the fp32 target verifying beside it
                 draft_one[fmt.name] = _time(runner, DRAFT_ROWS, draft_cores, bar)
         del runner
         _release()
-    return MeasuredCosts(key, target_cores, draft_cores, target_all, target_one or target_all, draft_all,
+    return MeasuredCosts(key, ssd_target, draft_cores, target_all, target_one or target_all, draft_all,
                          draft_one or {sd_format.name: draft_all}, sd_format.name, ssd_format.name,
                          time.perf_counter() - started)
+
+
+def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[list[int]], draft_cores: list[int],
+                 bar) -> tuple[dict[int, float], dict[int, float]]:
+    """The target on AR and SD's ranks, and on SSD's beside the draft cores' memory traffic when SSD
+    is a candidate. One process is built once and timed on both; ranks start on each's cores."""
+    one = _build(target) if len(ranks) == 1 else None
+
+    def time_on(sets: list[list[int]]) -> dict[int, float]:
+        return _time(one, TARGET_ROWS, sets[0], bar) if one else _time_ranks(target, sets, bar)
+
+    target_all, target_one = time_on(ranks), {}
+    if draft_cores:
+        with memory_traffic(draft_cores, "bfloat16"):  # what the SSD target meets: the draft beside it
+            target_one = time_on(ssd_ranks)
+    del one, time_on
+    _release()  # the target's weights go before a draft loads
+    return target_all, target_one
 
 
 def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
@@ -190,6 +236,53 @@ def _time(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, floa
         return result
     finally:
         unpin(token)
+
+
+def _time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, float]:
+    """As _time, for the target split over len(ranks) tensor-parallel ranks, rank 0 this process and
+    the others started as the engine starts them (tensor_parallel/launch.py), each pinned to its core
+    set with one thread a core. Every rank builds TIMED_LAYERS layers of dummy weights from a copy of
+    the config written to a temporary folder. Each rows' forward is timed with and without logits:
+    the difference (the LM head and the logits gather) counts once, the rest (embedding, layers and
+    their all-reduces) is scaled to the model's layer count, as _forward_s splits it."""
+    hf_config = load_config(model.path, "dummy")
+    layers = hf_config.num_hidden_layers
+    timed = min(layers, TIMED_LAYERS)
+    hf_config.num_hidden_layers = timed
+    if isinstance(getattr(hf_config, "layer_types", None), list):
+        hf_config.layer_types = hf_config.layer_types[:timed]
+    with tempfile.TemporaryDirectory(prefix="ssd-engine-costs-") as folder:
+        hf_config.save_pretrained(folder)
+        spec = RunnerSpec(replace(model, path=folder, load_format="dummy", compile=False, num_threads=None),
+                          CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1)
+        parallel = ParallelConfig(len(ranks), ";".join(",".join(map(str, s)) for s in ranks), RANKS_TIMEOUT_S)
+        with contextlib.redirect_stderr(io.StringIO()):  # its placement line is the engine's to print
+            runner = spawn_ranks(parallel, spec, ranks)
+        try:
+            seq = Sequence([0], SamplingParams(), BLOCK)
+            seq.block_table = new_block_table(range(BLOCKS))
+            context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]
+            _ranks_forward_s(runner, seq, context, [PREFIX - 1])
+            seq.num_computed_tokens = PREFIX
+            result = {}
+            for n in TARGET_ROWS:
+                fed = [42 % hf_config.vocab_size] * n
+                timed_s = {}
+                for rows in (list(range(n)), []):  # with logits, then the forward without them
+                    times = [_ranks_forward_s(runner, seq, fed, rows) for _ in range(2 + REPEATS)][2:]
+                    timed_s[bool(rows)] = sorted(times)[REPEATS // 2]
+                result[n] = timed_s[False] * layers / timed + max(timed_s[True] - timed_s[False], 0.0)
+                bar.update(1)
+            return result
+        finally:
+            runner.close()
+
+
+@torch.inference_mode()
+def _ranks_forward_s(runner, seq: Sequence, fed: list[int], logit_rows: list[int]) -> float:
+    start = time.perf_counter()
+    runner.forward(ScheduledBatch([seq], [len(fed)]), [logit_rows], [fed])
+    return time.perf_counter() - start
 
 
 @torch.inference_mode()

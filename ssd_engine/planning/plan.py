@@ -1,8 +1,8 @@
 """Everything decided before an engine is built, in one frozen `Plan`.
 
 `plan(options)` checks what needs no weights, lets `auto` measure and choose the mode and K (or
-sizes a forced SSD), resolves the model folders (the built-in pair is converted here, once, before
-any weights load, so its working memory never adds to a loaded target's) and cuts the options
+sizes a forced SSD), resolves the model folders (the built-in pair and GGUF files are converted here,
+once, before any weights load, so their working memory never adds to a loaded target's) and cuts the options
 into their frozen parts. The engine reads only the plan: K lives in `parts.speculative.k` alone,
 and the flat options are never read again.
 """
@@ -10,7 +10,8 @@ from dataclasses import dataclass, replace
 
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.config_parts import Config
-from ssd_engine.models.default_models import resolve_model_path
+from ssd_engine.models.model_paths import resolve_model_path
+from ssd_engine.models.gguf_files import is_gguf_file, resolve_gguf
 from ssd_engine.planning.choose import ModeChoice, resolve_auto, size_ssd
 from ssd_engine.planning.preflight import check_before_loading
 
@@ -30,6 +31,7 @@ class Plan:
 
 def plan(options: EngineConfig) -> Plan:
     check_before_loading(options)
+    options = convert_gguf_files(options)
     choice = None
     if options.speculative_mode == "auto":
         options, choice = resolve_auto(options)
@@ -39,3 +41,15 @@ def plan(options: EngineConfig) -> Plan:
     model = replace(parts.model, path=resolve_model_path(options))
     draft = resolve_model_path(options, "draft") if parts.speculative.mode != "ar" else None
     return Plan(replace(parts, model=model, speculative=replace(parts.speculative, draft_model=draft)), choice)
+
+
+def convert_gguf_files(options: EngineConfig) -> EngineConfig:
+    """A GGUF file given as model / draft_model (a draft only where one runs) replaced by its
+    converted folder: converted here, once, in a child process, before auto measures anything and
+    before any weights load; later starts find it in the cache."""
+    changes = {}
+    if options.model is not None and is_gguf_file(options.model):
+        changes["model"] = resolve_gguf(options.model)
+    if options.speculative_mode != "ar" and options.draft_model is not None and is_gguf_file(options.draft_model):
+        changes["draft_model"] = resolve_gguf(options.draft_model)
+    return replace(options, **changes) if changes else options

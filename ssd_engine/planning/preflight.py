@@ -1,19 +1,48 @@
 """Checks that need no weights: run before anything loads or any process starts, so a typo in a
 path costs no loading time and leaves nothing to shut down."""
 import os
+import re
 
 from ssd_engine.core.config import EngineConfig
+from ssd_engine.models.default_models import is_complete
+from ssd_engine.models.gguf_files import gguf_cache_folder, is_gguf_file
+from ssd_engine.models.gguf_stream import check_gguf
 from ssd_engine.models.loader import load_config
+
+# `org/name` (one slash, no leading . / ~): what a Hugging Face Hub id looks like
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+WHAT_TO_PASS = "a local folder with config.json and *.safetensors, or a .gguf file"
+
+
+def check_model_source(path: str, option: str = "model", load_format: str = "auto") -> None:
+    """Raise a one-line ValueError unless `path` is a model folder that can load or a GGUF file the
+    engine can convert (checked from its header, unless its conversion is already cached). `option`
+    names the setting in the message (model, draft_model)."""
+    if os.path.isdir(path):
+        load_config(path, load_format)
+    elif is_gguf_file(path):
+        if not is_complete(gguf_cache_folder(path)):
+            check_gguf(path)  # ~2 s of header parsing: worth it only before a conversion
+    elif os.path.isfile(path):
+        raise ValueError(f"{option} {path} is a file but not a GGUF file (no GGUF magic bytes): pass {WHAT_TO_PASS}")
+    elif (HUB_ID.match(path) and not path.lower().endswith(".gguf")
+          and not os.path.isdir(os.path.dirname(path))):
+        raise ValueError(f"{option} {path!r} looks like a Hugging Face Hub id, but weights cannot be downloaded "
+                         f"here: pass {WHAT_TO_PASS}")
+    else:
+        raise ValueError(f"{option} not found: {path} (pass {WHAT_TO_PASS})")
 
 
 def check_before_loading(config: EngineConfig) -> None:
-    """Raise ValueError for a model folder that cannot load (missing, no config.json, no weights
-    unless load_format is dummy, unsupported architecture) or a missing calibration_dir. The built-in default pair (None) is
-    resolved later: resolving it may mean converting it."""
-    folders = [config.model] + ([config.draft_model] if config.speculative_mode != "ar" else [])
-    for path in folders:
+    """Raise ValueError for a model that cannot load: a folder missing, without config.json, without
+    weights unless load_format is dummy, or of an unsupported architecture; a GGUF file the
+    converter refuses; a Hub id (nothing is downloaded); or a missing calibration_dir. The built-in
+    default pair (None) and GGUF files are converted later, in planning/plan.py."""
+    sources = [("model", config.model)] + ([("draft_model", config.draft_model)]
+                                           if config.speculative_mode != "ar" else [])
+    for option, path in sources:
         if path is not None:
-            load_config(path, config.load_format)
+            check_model_source(path, option, config.load_format)
     if config.speculative_mode in ("ssd", "auto") and config.calibration_dir is not None \
             and not os.path.isdir(config.calibration_dir):
         raise ValueError(f"calibration_dir not found: {config.calibration_dir}")

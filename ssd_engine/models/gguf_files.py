@@ -1,0 +1,76 @@
+"""A GGUF file given as `model=` / `draft_model=` (`--model x.gguf`): converted once, like the
+built-in pair (default_models.py: a child process, the same progress bar, before any weights
+load), into the same cache, in a folder keyed by the file's path, size and mtime.
+
+Standard library only at module level: a cache hit costs a stat and a 4-byte read.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+from ssd_engine.models.default_models import MARKER, _resolve_cached, cache_dir, is_complete
+
+GGUF_MAGIC = b"GGUF"
+GGUF_PREFIX = "gguf-"  # cache folders of users' GGUF files: gguf-<file stem>-<key>
+KEY_CHARS = 16
+
+
+def is_gguf_file(path) -> bool:
+    """An existing file that starts with GGUF's magic bytes (whatever its name ends with)."""
+    try:
+        with open(path, "rb") as f:
+            return os.path.isfile(path) and f.read(4) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
+def gguf_cache_name(path) -> str:
+    """The cache folder of a user's GGUF file: its name, plus a key of (absolute path, size, mtime),
+    so a file replaced or re-downloaded in place converts again (hashing the content would cost
+    seconds per start for a GB file; the stat costs nothing)."""
+    source = Path(path).resolve()
+    stat = source.stat()
+    key = hashlib.sha256(f"{source}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:KEY_CHARS]
+    stem = re.sub(r"[^a-z0-9._-]+", "-", source.stem.lower()).strip("-.") or "model"
+    return f"{GGUF_PREFIX}{stem}-{key}"
+
+
+def gguf_cache_folder(path) -> Path:
+    """Where a user's GGUF file is (or will be) converted; is_complete() of it is a cache hit."""
+    return cache_dir() / gguf_cache_name(path)
+
+
+def resolve_gguf(path) -> str:
+    """Path of the converted HF folder for a user's GGUF file: converted once into cache_dir() (in a
+    child process, with the default pair's progress bar), then a cache hit costs one stat."""
+    source = Path(path).resolve()
+    name = gguf_cache_name(source)
+
+    def make_gguf(root: Path) -> Path:
+        _drop_superseded(root, source, name)  # converted from this path before it changed
+        return source  # converted straight from where it lies: no copy, never deleted (cleanup=False)
+
+    return _resolve_cached(name, make_gguf, cleanup=False)
+
+
+def _drop_superseded(root: Path, source: Path, keep: str) -> None:
+    """Remove earlier conversions of the same path (its size or mtime has changed since): each is
+    an fp32 checkpoint several times the GGUF's size that nothing will look up again."""
+    stem = keep[:-KEY_CHARS - 1]  # the name less "-<key>"
+    for folder in root.glob(f"{stem}-*"):
+        if folder.name == keep or len(folder.name) != len(keep) or not is_complete(folder):
+            continue
+        try:
+            info = json.loads((folder / MARKER).read_text())
+        except (OSError, ValueError):
+            continue
+        if info.get("path") == str(source):
+            stale = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.stale")
+            os.replace(folder, stale)
+            shutil.rmtree(stale, ignore_errors=True)

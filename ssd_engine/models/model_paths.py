@@ -1,0 +1,18 @@
+"""The folder a `model` / `draft_model` option names: a folder as given, a GGUF file converted once
+into the cache (gguf_files.py), or None: the built-in pair's (default_models.py)."""
+from ssd_engine.models.default_models import resolve_default_model
+from ssd_engine.models.gguf_files import is_gguf_file, resolve_gguf
+
+
+def resolve_model_arg(value: str | None, which: str = "target") -> str:
+    """The folder a `model` / `draft_model` value names: a folder as given, a GGUF file converted
+    once into the cache, None the built-in pair's `which` ('target' or 'draft')."""
+    if value is None:
+        return resolve_default_model(which)
+    return resolve_gguf(value) if is_gguf_file(value) else value
+
+
+def resolve_model_path(config, which: str = "target") -> str:
+    """The folder of the engine's target or draft: the configured one (a GGUF file converted once
+    into the cache), else the built-in pair's."""
+    return resolve_model_arg(config.model if which == "target" else config.draft_model, which)
