@@ -11,7 +11,7 @@ from dataclasses import MISSING, fields
 
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.options import choices_of, help_of
-from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS, SamplingParams
 
 ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"], "tensor_parallel_size": ["--tp"]}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
@@ -69,13 +69,19 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("s
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, defaults: dict | None = None) -> None:
-    """`defaults` overrides SamplingParams' own (the CLI generates more than 16 tokens, greedily)."""
-    group = parser.add_argument_group("sampling", "per-request sampling (ssd_engine/core/sampling_params.py)")
+    """`defaults` overrides SamplingParams' own (the CLI generates more than 16 tokens). temperature, top_p,
+    top_k and min_p default to unset: sampling_params() gives them the model's defaults (DEFAULTS_RULE)."""
+    group = parser.add_argument_group("sampling", "per-request sampling (ssd_engine/core/sampling_params.py); "
+                                                  + DEFAULTS_RULE)
     for f in fields(SamplingParams):
         if f.name not in SAMPLING_FIELDS:
             continue
-        default = (defaults or {}).get(f.name, None if f.default is MISSING else f.default)
-        help = help_of(f) + ("" if default is None else " (default: %(default)s)")
+        if f.name in MODEL_DEFAULT_FIELDS and f.name not in (defaults or {}):
+            default, shown = None, f" (default: the model's generation_config.json value, else {f.default})"
+        else:
+            default = (defaults or {}).get(f.name, None if f.default is MISSING else f.default)
+            shown = "" if default is None else " (default: %(default)s)"
+        help = help_of(f) + shown
         if f.name == "ignore_eos":
             group.add_argument(_flag(f.name), action="store_true", default=default, help=help_of(f))
         elif f.name in ("stop", "stop_token_ids"):
@@ -96,8 +102,15 @@ def engine_options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
 
-def sampling_params(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(**{k: getattr(args, k) for k in SAMPLING_FIELDS if hasattr(args, k)})
+def sampling_params(args: argparse.Namespace, defaults: SamplingParams | None = None) -> SamplingParams:
+    """The flags given; an unset one takes `defaults` (`LLM.get_default_sampling_params()`, the model's),
+    else SamplingParams' own (what checks the flags before any model loads)."""
+    return SamplingParams.from_optional(defaults, **{k: getattr(args, k) for k in SAMPLING_FIELDS if hasattr(args, k)})
+
+
+def describe_engine(llm) -> str:
+    """The `[engine]` line both CLIs print: how the engine runs (mode chosen with its predictions, formats)."""
+    return "[engine] " + " ".join(f"{key}={value}" for key, value in llm.engine.execution().items())
 
 
 def fail(message: str) -> typing.NoReturn:

@@ -1,15 +1,18 @@
 """CLI: python -m ssd_engine.generate --prompt "def quicksort(arr):"
 
 Runs the built-in default pair's target unless --model is given; prints each completion and one
-closing stats line. Bad input prints one `error: ...` line and exits with status 2 (what needs no
-model is refused before anything loads); Ctrl-C prints `interrupted` and exits with status 130.
+closing stats line. Sampling flags left unset take the model's generation_config.json values, else
+temperature 1.0 (it samples, as LLM.generate and the server do); --temperature 0 is greedy. Bad
+input prints one `error: ...` line and exits with status 2 (what needs no model is refused before
+anything loads); Ctrl-C prints `interrupted` and exits with status 130.
 """
 import contextlib
 import os
 import sys
 import time
 
-from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, fail, sampling_params
+from ssd_engine.cli_args import (ArgumentParser, add_engine_args, add_sampling_args, describe_engine, engine_options,
+                                 fail, sampling_params)
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.utils.progress import PROGRESS_ENV
 from ssd_engine.core.sampling_params import SamplingParams
@@ -20,7 +23,9 @@ DEFAULT_PROMPT = "def quicksort(arr):"
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="python -m ssd_engine.generate", allow_abbrev=False,
                             description="Generate text for each --prompt with the built-in model pair, or your "
-                                        "--model (and --draft-model); print it, then stats on stderr.",
+                                        "--model (and --draft-model); print it, then stats on stderr. It samples "
+                                        "unless told otherwise (the sampling flags' defaults below, vLLM's rule): "
+                                        "--temperature 0 gives the greedy, reproducible output.",
                             epilog="Exit status: 0 done; 2 bad input (one `error: ...` line, refused before "
                                    "loading when no model is needed to tell); 130 interrupted (Ctrl-C).")
     parser.add_argument("--prompt", action="append",
@@ -29,7 +34,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars (loading, generation)")
     parser.add_argument("--stream", action="store_true", help="print the text as it is generated (one prompt)")
     add_engine_args(parser)
-    add_sampling_args(parser, defaults={"max_tokens": 128, "temperature": 0.0})
+    add_sampling_args(parser, defaults={"max_tokens": 128})
     return parser
 
 
@@ -51,6 +56,7 @@ def _generate(prompts: list[str], params: SamplingParams, args) -> int:
         started = time.perf_counter()
         llm = LLM(**engine_options(args))
         load_s = time.perf_counter() - started
+        params = sampling_params(args, llm.get_default_sampling_params())  # unset flags: the model's defaults
         outputs = run(llm, prompts, params, args)
         report(llm, outputs, load_s)
     except ValueError as error:
@@ -80,7 +86,8 @@ def _no_progress_bars():
 
 
 def checked_request(args) -> tuple[list[str], SamplingParams]:
-    """The prompts and sampling parameters, refused here if no model could ever run them."""
+    """The prompts and sampling parameters, refused here if no model could ever run them (unset sampling
+    flags checked with SamplingParams' defaults; the model's are filled in once it has loaded)."""
     prompts = args.prompt or [DEFAULT_PROMPT]
     for i, prompt in enumerate(prompts):
         if not prompt:
@@ -112,7 +119,7 @@ def report(llm, outputs: list, load_s: float) -> None:
     e2e = max(o.metrics.e2e_s for o in outputs)
     ttft = sum(o.metrics.ttft_s for o in outputs) / len(outputs)
     decode = sum(o.metrics.decode_tokens_per_s for o in outputs) / len(outputs)
-    print("[engine] " + " ".join(f"{key}={value}" for key, value in llm.engine.execution().items()), file=sys.stderr)
+    print(describe_engine(llm), file=sys.stderr)
     print(f"[stats] requests={len(outputs)} output_tokens={tokens} load={load_s:.1f}s e2e={e2e:.2f}s "
           f"ttft={ttft:.2f}s decode={decode:.2f} tok/s throughput={tokens / e2e:.2f} tok/s", file=sys.stderr)
     if llm.engine.plan.mode != "ar":  # the mode that ran: "auto" resolves to one

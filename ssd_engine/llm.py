@@ -6,7 +6,7 @@ from tqdm.auto import tqdm
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.engine.llm_engine import LLMEngine
 from ssd_engine.core.outputs import RequestOutput
-from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.core.sampling_params import SamplingParams, model_sampling_defaults
 from ssd_engine.engine.streaming import TextStream
 
 Prompt = str | list[int]
@@ -30,16 +30,29 @@ class LLM:
             raise RuntimeError("this LLM is closed: generate inside its `with` block, or before close()")
         return self._engine
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What a request without sampling params gets, and what its unset fields take (vLLM's rule): the
+        model's generation_config.json temperature / top_p / top_k / min_p where the file sets them, else
+        SamplingParams' defaults (temperature 1.0: it samples). Pass temperature=0 for greedy output."""
+        if getattr(self, "_model_sampling_defaults", None) is None:  # the file is read once
+            self._model_sampling_defaults = model_sampling_defaults(self.engine.model_path)
+        return SamplingParams(**self._model_sampling_defaults)
+
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
         """Generate for each prompt; outputs come back in input order.
 
+        Without sampling_params: get_default_sampling_params() (it samples unless the model's
+        generation_config.json says otherwise; SamplingParams(temperature=0) is greedy).
         Every prompt is validated before any is queued, so a bad one raises ValueError without
         disturbing requests already in flight.
         """
         prompts = _as_prompt_list(prompts)
-        params = sampling_params if isinstance(sampling_params, list) else [sampling_params or SamplingParams()] * len(prompts)
+        if isinstance(sampling_params, list):
+            params = sampling_params
+        else:
+            params = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
         seqs = []
@@ -80,8 +93,9 @@ class LLM:
         """Queue one request and return a TextStream: iterate it for text increments (they join to
         the final text; `.output` holds the RequestOutput afterwards). Iterating steps the whole
         engine, so other queued requests advance too; closing the stream early cancels the request.
-        A bad request raises ValueError here, before anything is queued."""
-        seq = self.engine.make_sequence(prompt, sampling_params)
+        A bad request raises ValueError here, before anything is queued. Without sampling_params:
+        get_default_sampling_params(), as generate()."""
+        seq = self.engine.make_sequence(prompt, sampling_params or self.get_default_sampling_params())
         self.engine.scheduler.add(seq)
         return TextStream(self.engine, seq)
 

@@ -2,11 +2,16 @@
 
 An OpenAI-compatible server (FastAPI + uvicorn) on the built-in pair in SSD mode unless --model /
 --speculative-mode say otherwise. Every engine option of `python -m ssd_engine.generate` applies.
+At start it prints the `[engine]` line (how the engine runs) and the `[sampling]` defaults that
+requests' unset fields take. Ctrl-C stops accepting requests and lets those in flight finish (it
+says how many); a second Ctrl-C stops at once.
 """
 import importlib.util
 import os
+import sys
 
-from ssd_engine.cli_args import ArgumentParser, add_engine_args, engine_options, fail
+from ssd_engine.cli_args import ArgumentParser, add_engine_args, describe_engine, engine_options, fail
+from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS, SamplingParams
 
 # the `serve` extra; checked after parsing so that --help works on an install without it
 SERVER_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
@@ -14,7 +19,11 @@ SERVE_INSTALL = 'pip install "ssd_engine[serve]"'
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="python -m ssd_engine.serve", description=__doc__.splitlines()[0], allow_abbrev=False)
+    parser = ArgumentParser(prog="python -m ssd_engine.serve", description=__doc__.splitlines()[0], allow_abbrev=False,
+                            epilog="Sampling: a request's " + DEFAULTS_RULE + ". A request without max_tokens gets 16 "
+                                   "tokens on /v1/completions and up to max_model_len on /v1/chat/completions "
+                                   "(max_completion_tokens, its newer name, wins over max_tokens), as in vLLM. "
+                                   "Ctrl-C drains the requests in flight; a second Ctrl-C stops at once.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
@@ -26,6 +35,32 @@ def build_parser() -> ArgumentParser:
 def missing_server_packages() -> list[str]:
     """All of them at once, so one reinstall fixes the lot."""
     return [name for name in SERVER_PACKAGES if importlib.util.find_spec(name) is None]
+
+
+def describe_sampling(llm) -> str:
+    """The `[sampling]` line: what a request's unset sampling fields take, and where that comes from."""
+    defaults = llm.get_default_sampling_params()
+    values = " ".join(f"{name}={getattr(defaults, name)}" for name in MODEL_DEFAULT_FIELDS)
+    plain = SamplingParams()
+    from_model = [name for name in MODEL_DEFAULT_FIELDS if getattr(defaults, name) != getattr(plain, name)]
+    source = (f"{', '.join(from_model)} from the model's generation_config.json" if from_model
+              else "SamplingParams' defaults; the model's generation_config.json changes none")
+    return f"[sampling] unset fields take {values} ({source}; temperature=0 is greedy)"
+
+
+def draining_server(uvicorn, config, engine):
+    """uvicorn's Server, which on a first Ctrl-C stops accepting and waits for the requests in flight, saying
+    so in one line (a second Ctrl-C is uvicorn's force exit)."""
+
+    class DrainingServer(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            n = engine.in_flight
+            if n and not self.force_exit:
+                print(f"[serve] stopping: draining {n} in-flight request{'s' if n != 1 else ''} first "
+                      "(Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+            await super().shutdown(sockets=sockets)
+
+    return DrainingServer(config)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,20 +79,32 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         llm = LLM(**engine_options(args))
+        sampling = describe_sampling(llm)
     except ValueError as error:
         fail(str(error))
+    except KeyboardInterrupt:  # while loading: children started so far die with this process
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
     if llm.config.model is None:  # the built-in pair
         from ssd_engine.models.default_models import resolve_default_model
         model_path = resolve_default_model("target")
     else:
         model_path = llm.config.model
     name = args.served_model_name or os.path.basename(os.path.normpath(model_path))
+    print(describe_engine(llm), file=sys.stderr)
+    print(sampling, file=sys.stderr, flush=True)
     engine = AsyncEngine(llm, max_pending=args.max_pending)
+    server = draining_server(uvicorn, uvicorn.Config(build_app(engine, name), host=args.host, port=args.port,
+                                                     log_level="info"), engine)
     try:
-        uvicorn.run(build_app(engine, name), host=args.host, port=args.port, log_level="info")
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raises again the Ctrl-C it handled, once it has stopped
+        pass
     finally:
         engine.close()
         llm.close()
+    if not server.started:
+        sys.exit(3)  # uvicorn said why (the port is taken, ...); its own exit status for a failed start
 
 
 if __name__ == "__main__":

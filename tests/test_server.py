@@ -168,19 +168,36 @@ def _post(port, path, raw: bytes) -> tuple[int, dict]:
         return error.code, json.loads(error.read())
 
 
-@pytest.mark.parametrize("raw, status, needle", [
-    (b'{"model": "tiny", "prompt": "x"', 400, "malformed JSON"),
-    (json.dumps({"model": "other", "prompt": "x"}).encode(), 404, "'other' does not exist"),
-    (json.dumps({"model": NAME, "prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
-    (json.dumps({"model": NAME, "prompt": "x", "logprobs": 2}).encode(), 400, "unsupported field 'logprobs'"),
-    (json.dumps({"model": NAME, "prompt": "x", "n": 2}).encode(), 400, "'n'"),
-    (json.dumps({"model": NAME, "prompt": "x " * 2000, "max_tokens": 4}).encode(), 400, "more than max_model_len"),
-], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "n-2", "prompt-too-long"])
-def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle):
+def _body(**fields) -> bytes:
+    return json.dumps({"model": NAME, "prompt": "x", **fields}).encode()
+
+
+@pytest.mark.parametrize("raw, status, needle, param", [
+    (b'{"model": "tiny", "prompt": "x"', 400, "malformed JSON", None),
+    (json.dumps({"model": "other", "prompt": "x"}).encode(), 404, "'other' does not exist", "model"),
+    (_body(temperature=-1), 400, "temperature", "temperature"),
+    (_body(logprobs=2), 400, "unsupported field 'logprobs'", "logprobs"),
+    (_body(n=2), 400, "'n'", "n"),
+    (json.dumps({"model": NAME, "prompt": "x " * 2000, "max_tokens": 4}).encode(), 400, "more than max_model_len",
+     "prompt"),
+    (_body(stream_options={"include_usage": True}), 400, "stream_options is only allowed with stream: true",
+     "stream_options"),
+    (_body(max_completion_tokens=0), 400, "max_completion_tokens must be an int > 0", "max_completion_tokens"),
+    (_body(max_tokens=0), 400, "max_tokens must be an int > 0", "max_tokens"),
+    (_body(min_p=2), 400, "min_p must be in [0, 1]", "min_p"),
+    (_body(top_p=0), 400, "top_p must be in (0, 1]", "top_p"),
+    (_body(stream=True, stream_options={"include_obfuscation": True}), 400,
+     "unsupported field 'stream_options.include_obfuscation'", "stream_options.include_obfuscation"),
+], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "n-2", "prompt-too-long",
+        "stream-options-without-stream", "max-completion-tokens-0", "max-tokens-0", "bad-min-p", "bad-top-p",
+        "unsupported-stream-option"])
+def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle, param):
+    """One line each, naming the field at fault in the message and as OpenAI's `param`."""
     _, _, _, port = served
     code, body = _post(port, "/v1/completions", raw)
     assert code == status and needle in body["error"]["message"], body
     assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert "\n" not in body["error"]["message"] and body["error"]["param"] == param, body
     code, body = _post(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "ok", "max_tokens": 2}).encode())
     assert code == 200  # the server still answers
 
@@ -293,3 +310,101 @@ def test_overload_is_a_503_in_openai_shape(tiny_qwen2):
             assert response.json()["error"]["type"] == "server_overloaded" and "limit 0" in response.json()["error"]["message"]
             assert http.get("/health").json() == {"status": "ok"}
         engine.close()
+
+
+def test_max_completion_tokens_is_honoured_and_wins_over_max_tokens(served):
+    """The chat API's newer name for max_tokens (what current OpenAI SDKs send); given both, vLLM takes it."""
+    client, _, _, _ = served
+    greedy = dict(temperature=0, extra_body={"ignore_eos": True})
+    out = client.chat.completions.create(model=NAME, messages=CHAT, max_completion_tokens=5, **greedy)
+    assert out.usage.completion_tokens == 5 and out.choices[0].finish_reason == "length"
+    out = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=3, max_completion_tokens=6, **greedy)
+    assert out.usage.completion_tokens == 6
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], temperature=0,
+                                    extra_body={"ignore_eos": True, "max_completion_tokens": 4})
+    assert out.usage.completion_tokens == 4
+
+
+def test_chat_without_max_tokens_runs_to_the_end_of_max_model_len(served):
+    """As in vLLM: a chat request that sets no limit may generate until the context is full."""
+    client, engine, _, _ = served
+    messages = [{"role": "user", "content": "x" * 480}]
+    out = client.chat.completions.create(model=NAME, messages=messages, temperature=0, extra_body={"ignore_eos": True})
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.total_tokens == engine.engine.max_model_len and out.usage.completion_tokens > 0
+
+
+def test_include_usage_sends_a_last_chunk_with_usage_and_no_choices(served):
+    """OpenAI's shape: every content chunk has usage null, then one chunk with `choices: []` and the usage,
+    then [DONE]; both endpoints."""
+    client, _, offline, _ = served
+    chunks = list(client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))
+    *content, last = chunks
+    assert "".join(c.choices[0].text for c in content) == offline[PROMPTS[1]]
+    assert last.choices == [] and 0 < last.usage.completion_tokens <= 12
+    assert last.usage.total_tokens == last.usage.prompt_tokens + last.usage.completion_tokens > 0
+    assert all(c.usage is None for c in content) and content[-1].choices[0].finish_reason is not None
+    chat = list(client.chat.completions.create(model=NAME, messages=CHAT, max_completion_tokens=12, temperature=0,
+                                               stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chat[:-1]) == offline["chat"]
+    assert chat[-1].choices == [] and chat[-1].usage.completion_tokens > 0
+    assert all(c.usage is None for c in chat[:-1])
+    # include_usage false: no usage at all; no stream_options: the last chunk carries it (this server's default)
+    quiet = list(client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=12, temperature=0, stream=True,
+                                           stream_options={"include_usage": False}))
+    assert all(c.usage is None for c in quiet) and all(c.choices for c in quiet)
+
+
+def test_continuous_usage_stats_count_every_chunk(served):
+    """vLLM's extension: with include_usage, each chunk carries the usage so far, the last the total."""
+    client, _, offline, _ = served
+    chunks = list(client.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=12, temperature=0, stream=True,
+                                            stream_options={"include_usage": True, "continuous_usage_stats": True}))
+    *content, last = chunks
+    assert "".join(c.choices[0].text for c in content) == offline[PROMPTS[2]] and last.choices == []
+    counts = [c.usage.completion_tokens for c in content]
+    assert counts == sorted(counts) and 0 < counts[0] and counts[-1] == last.usage.completion_tokens
+    assert {c.usage.prompt_tokens for c in chunks} == {last.usage.prompt_tokens}
+
+
+def test_unset_sampling_fields_take_the_models_generation_config_everywhere(tiny_qwen2, tmp_path, capsys):
+    """One rule on the three entry points (vLLM's): a field a request leaves unset takes the model's
+    generation_config.json value, else SamplingParams' default; a seeded request then gives the same tokens
+    through LLM.generate, the server and the CLI, and temperature=0 is still greedy."""
+    import shutil
+    from fastapi.testclient import TestClient
+    from ssd_engine.generate import main as generate_main
+    model = str(tmp_path / "model")
+    shutil.copytree(tiny_qwen2, model)
+    with open(f"{model}/generation_config.json") as f:
+        config = json.load(f)
+    model_defaults = dict(temperature=0.7, top_p=0.9, top_k=30, min_p=0.02)
+    with open(f"{model}/generation_config.json", "w") as f:
+        json.dump({**config, "do_sample": True, **model_defaults}, f)
+    prompt, seeded = PROMPTS[3], dict(seed=11, max_tokens=10, ignore_eos=True)
+    with LLM(model, max_num_seqs=2, num_kv_blocks=64) as llm:
+        defaults = llm.get_default_sampling_params()
+        assert {name: getattr(defaults, name) for name in model_defaults} == model_defaults
+        expected = llm.generate(prompt, SamplingParams(**model_defaults, **seeded), use_tqdm=False)[0].text
+        greedy = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True),
+                              use_tqdm=False)[0].text
+        assert expected != greedy  # the defaults matter for this prompt
+        received = []
+        make_sequence = llm.engine.make_sequence
+        llm.engine.make_sequence = lambda p, params: received.append(params) or make_sequence(p, params)
+        llm.generate(prompt, use_tqdm=False)  # no params: the model's defaults, not SamplingParams()
+        assert received[-1] == defaults
+        del llm.engine.make_sequence
+        engine = AsyncEngine(llm)
+        with TestClient(build_app(engine, NAME)) as http:
+            answer = http.post("/v1/completions", json={"model": NAME, "prompt": prompt, **seeded}).json()
+            assert answer["choices"][0]["text"] == expected
+            answer = http.post("/v1/completions", json={"model": NAME, "prompt": prompt, "temperature": 0,
+                                                        **seeded}).json()
+            assert answer["choices"][0]["text"] == greedy
+        engine.close()
+    capsys.readouterr()
+    generate_main(["--model", model, "--prompt", prompt, "--seed", "11", "--max-tokens", "10", "--ignore-eos",
+                   "--no-progress"])
+    assert capsys.readouterr().out == expected + "\n"

@@ -74,7 +74,8 @@ def test_closing_a_stream_early_cancels_it_and_frees_its_blocks(llm):
 
 
 def test_cli_stream_prints_the_completion(tiny_qwen2, capsys):
-    argv = ["--model", tiny_qwen2, "--prompt", "hello", "--max-tokens", "12", "--ignore-eos", "--no-progress"]
+    argv = ["--model", tiny_qwen2, "--prompt", "hello", "--max-tokens", "12", "--ignore-eos", "--no-progress",
+            "--temperature", "0"]  # the CLI samples by default: greedy, so both runs print the same text
     assert generate_main(argv + ["--stream"]) in (0, None)
     streamed = capsys.readouterr().out
     assert generate_main(argv) in (0, None)

@@ -1,9 +1,15 @@
-"""Per-request sampling parameters, with vLLM's field names and defaults."""
+"""Per-request sampling parameters, with vLLM's field names and defaults.
+
+The rule for a field a request leaves unset (vLLM's; every entry point follows it: `LLM.generate`
+without params, the CLI's sampling flags, the server's request fields): temperature, top_p, top_k and
+min_p take the model's generation_config.json value where that file sets them, else the defaults
+below (temperature 1.0: sampling). temperature=0 is greedy."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, fields
 
 from ssd_engine.core.options import option
 
@@ -52,3 +58,38 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @classmethod
+    def from_optional(cls, defaults: SamplingParams | None = None, **values) -> SamplingParams:
+        """A request's params: a value that is None (unset) takes `defaults`' value for that field
+        (`LLM.get_default_sampling_params()`: the model's defaults), else SamplingParams' own."""
+        base = {f.name: getattr(defaults, f.name) for f in fields(cls)} if defaults is not None else {}
+        return cls(**{**base, **{name: value for name, value in values.items() if value is not None}})
+
+
+# the fields a model's generation_config.json may set for requests that leave them unset (vLLM reads these and
+# repetition_penalty, which this engine does not implement, and max_new_tokens, which it leaves to each entry point)
+MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p")
+DEFAULTS_RULE = ("temperature, top_p, top_k and min_p left unset take the model's generation_config.json value "
+                 "where it sets one, else 1.0, 1.0, -1 and 0.0 (vLLM's rule), so it samples; temperature 0 is "
+                 "greedy and reproducible")
+
+
+def model_sampling_defaults(model_path: str) -> dict:
+    """The MODEL_DEFAULT_FIELDS that the folder's generation_config.json sets, read by transformers'
+    GenerationConfig as vLLM reads them: `do_sample` and every other field are ignored, so a file with
+    `do_sample: false` alone, or without the file, gives {}. A value no request could take is a ValueError
+    naming the file."""
+    path = os.path.join(model_path, "generation_config.json")
+    if not os.path.isfile(path):
+        return {}
+    from transformers import GenerationConfig
+
+    # to_diff_dict: only what differs from transformers' own defaults, i.e. what the file set
+    config = GenerationConfig.from_pretrained(model_path).to_diff_dict()
+    found = {name: config[name] for name in MODEL_DEFAULT_FIELDS if config.get(name) is not None}
+    try:
+        SamplingParams(**found)
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+    return found

@@ -28,6 +28,8 @@ class Overloaded(RuntimeError):
 class Delta:
     text: str
     output: RequestOutput | None = None   # set on the last delta of a request
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0            # generated so far (the usage of a stream's chunk)
 
 
 @dataclass
@@ -88,6 +90,20 @@ class AsyncEngine:
             with self._lock:
                 self._in_flight -= 1
 
+    @property
+    def in_flight(self) -> int:
+        """Requests being generated (streamed or not) whose reader is still there."""
+        return self._in_flight
+
+    def max_tokens_room(self, prompt: str | list[int]) -> int:
+        """The most tokens a request with this prompt can generate: what a request that sets no max_tokens gets
+        (vLLM's rule), the rest of max_model_len, or less if the whole KV cache holds less. Raises
+        ValueError for an empty prompt; a prompt with no room left gets 1, which validation then refuses."""
+        engine = self.engine
+        n = len(engine.tokenize(prompt))
+        by_cache = engine.block_manager.num_blocks * engine.block_manager.block_size - engine.k - n
+        return max(1, min(engine.max_model_len - n, by_cache))
+
     async def snapshot(self) -> dict:
         """The engine's speculation metrics, read on the loop thread between steps."""
         loop = asyncio.get_running_loop()
@@ -143,9 +159,10 @@ class AsyncEngine:
             seq = request.seq
             if seq.status == SequenceStatus.FINISHED:
                 output = self.engine.to_output(seq)
-                request.push(Delta(request.increments.rest(output.text), output))
+                request.push(Delta(request.increments.rest(output.text), output, seq.num_prompt_tokens,
+                                   seq.num_output_tokens))
                 del self._live[seq_id]
             elif request.text is not None:
                 delta = request.increments.delta(request.text.of(seq.output_token_ids))
                 if delta:
-                    request.push(Delta(delta))
+                    request.push(Delta(delta, None, seq.num_prompt_tokens, seq.num_output_tokens))

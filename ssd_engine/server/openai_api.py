@@ -1,8 +1,12 @@
 """The OpenAI-compatible HTTP API over one AsyncEngine: /v1/completions, /v1/chat/completions
 (the model's chat template), /v1/models, /health, /metrics (Prometheus). Streaming answers are Server-Sent Events in
-OpenAI's chunk format ending with `data: [DONE]`; the last chunk carries `usage`. Errors have
-OpenAI's shape {"error": {"message", "type", "param", "code"}}; fields this server does not
-implement are rejected with a 400 naming them, never ignored."""
+OpenAI's chunk format ending with `data: [DONE]`; the last chunk carries `usage`, or with `stream_options:
+{"include_usage": true}` a chunk of its own with empty `choices` before [DONE], as OpenAI and vLLM send it
+(`continuous_usage_stats`, vLLM's: every chunk carries the usage so far). Sampling fields a request leaves unset
+take the model's defaults (LLM.get_default_sampling_params: generation_config.json, else temperature 1.0); no
+max_tokens (or max_completion_tokens, which wins when both are given) on the chat endpoint means up to the end of
+max_model_len, as in vLLM. Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}; fields this
+server does not implement are rejected with a 400 naming them, never ignored."""
 import json
 import time
 import uuid
@@ -19,28 +23,57 @@ from ssd_engine.server.async_engine import AsyncEngine, Overloaded
 from ssd_engine.server.metrics import ServerMetrics
 
 
+class BadRequest(ValueError):
+    """A 400 naming the request field at fault."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = True              # vLLM's default once stream_options is given
+    continuous_usage_stats: bool = False    # vLLM's extension (with include_usage): usage so far in every chunk
+
+
 class _Sampling(BaseModel):
     model_config = ConfigDict(extra="forbid")  # an unknown field is a 400 naming it
     model: str
-    max_tokens: int | None = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None  # the chat API's newer name for max_tokens; wins when both are given
+    temperature: float | None = None  # None (unset): the model's default, LLM.get_default_sampling_params()
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     n: Literal[1] = 1
     stream: bool = False
+    stream_options: StreamOptions | None = None
     user: str | None = None   # recorded by OpenAI for abuse tracking; no effect on generation
     ignore_eos: bool = False  # vLLM's extension: keep generating past EOS (benchmarks)
 
-    def params(self) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
-                              max_tokens=self.max_tokens, stop=stop, ignore_eos=self.ignore_eos)
+    def check(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
+        if self.max_completion_tokens is not None and self.max_completion_tokens <= 0:
+            raise BadRequest(f"max_completion_tokens must be an int > 0, got {self.max_completion_tokens!r}",
+                             "max_completion_tokens")
+
+    def requested_max_tokens(self) -> int | None:
+        """vLLM's rule: max_completion_tokens if given, else max_tokens; None: as many as fit."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def params(self, defaults: SamplingParams, max_tokens: int) -> SamplingParams:
+        return SamplingParams.from_optional(defaults, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                                            min_p=self.min_p, seed=self.seed, max_tokens=max_tokens, stop=self.stop,
+                                            ignore_eos=self.ignore_eos)
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
+    max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
 
 
 class ChatMessage(BaseModel):
@@ -51,7 +84,6 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage]
-    max_tokens: int | None = None
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -62,6 +94,8 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
 def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     app = FastAPI(title="ssd_engine")
     tokenizer = engine.llm.tokenizer
+    defaults = engine.llm.get_default_sampling_params()  # what a request's unset sampling fields take
+    request_fields = set(CompletionRequest.model_fields) | set(ChatRequest.model_fields)
     metrics = ServerMetrics()
 
     def reject(status: int, message: str, **fields) -> JSONResponse:
@@ -96,16 +130,24 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
             return reject(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
                          param="model", code="model_not_found")
         try:
-            params = body.params()
+            body.check()
+            max_tokens = body.requested_max_tokens()
+            params = body.params(defaults, max_tokens if max_tokens is not None else engine.max_tokens_room(prompt))
             stream = engine.generate(prompt, params, stream=body.stream)
             first = await anext(stream)  # validation and overload errors surface here, before any byte is sent
-        except ValueError as exc:
-            return reject(400, str(exc))
+        except BadRequest as exc:
+            return reject(400, str(exc), param=exc.param)
+        except ValueError as exc:  # SamplingParams' and the engine's messages start with the field they are about
+            named = str(exc).split(" ", 1)[0]
+            if named == "max_tokens" and body.max_completion_tokens is not None:
+                named = "max_completion_tokens"
+            return reject(400, str(exc), param=named if named in request_fields else None)
         except Overloaded as exc:
             return reject(503, str(exc), kind="server_overloaded", code="overloaded")
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            return StreamingResponse(_sse(first, stream, rid, created, kind), media_type="text/event-stream")
+            return StreamingResponse(_sse(first, stream, rid, created, kind, body.stream_options),
+                                     media_type="text/event-stream")
         text, output = first.text, first.output
         async for delta in stream:
             text, output = text + delta.text, delta.output
@@ -121,16 +163,24 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
 
     def _usage(output) -> dict:
         m = output.metrics
-        return {"prompt_tokens": m.num_prompt_tokens, "completion_tokens": m.num_output_tokens,
-                "total_tokens": m.num_prompt_tokens + m.num_output_tokens}
+        return _counts(m.num_prompt_tokens, m.num_output_tokens)
+
+    def _counts(prompt_tokens: int, completion_tokens: int) -> dict:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens}
 
     def _response(rid, created, kind, text, output) -> dict:
         return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
                 "model": model_name, "choices": [_choice(kind, text, output.finish_reason, False)],
                 "usage": _usage(output)}
 
-    async def _sse(delta, stream, rid, created, kind):
+    async def _sse(delta, stream, rid, created, kind, options: StreamOptions | None):
+        """Without stream_options the last chunk carries `usage` (this server's way since before they existed);
+        with include_usage every chunk has `"usage": null` (or, continuous_usage_stats, the usage so far) and a
+        last chunk with empty `choices` carries the total, as OpenAI sends it; include_usage false: no usage."""
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        separate = options is not None and options.include_usage
+        continuous = separate and options.continuous_usage_stats
         first = True
         try:
             while True:
@@ -138,13 +188,22 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
                          "choices": [_choice(kind, delta.text, delta.output.finish_reason if delta.output else None,
                                              True, first)]}
                 first = False
+                if continuous:
+                    chunk["usage"] = _counts(delta.num_prompt_tokens, delta.num_output_tokens)
+                elif separate:
+                    chunk["usage"] = None
                 if delta.output is not None:
-                    chunk["usage"] = _usage(delta.output)
+                    if options is None:
+                        chunk["usage"] = _usage(delta.output)
                     metrics.finished(delta.output)
                 yield f"data: {json.dumps(chunk)}\n\n"
                 if delta.output is not None:
                     break
                 delta = await anext(stream)
+            if separate:
+                last = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
+                        "usage": _usage(delta.output)}
+                yield f"data: {json.dumps(last)}\n\n"
             yield "data: [DONE]\n\n"
         finally:  # also when the client disconnected mid-stream: the request is aborted now
             await stream.aclose()
