@@ -9,7 +9,8 @@
 Modes: `ar`, `sd`, `ssd` (our engine), `ar-all` and `sd-all` (our AR / SD on the target's and the
 draft's cores together: the baselines for SSD, which uses both), `auto` (our engine on both sets
 choosing AR / SD / SSD and K itself; run once, not per --k), `hf-ar` (transformers `generate`),
-`hf-assisted` (transformers assisted generation). `--draft-dtype` sets our draft's weight format.
+`hf-assisted` (transformers assisted generation). `--draft-dtype` sets our draft's weight format,
+`--target-dtype` our target's (bf16/int8/int4 re-quantize it: another model, reproduced exactly).
 Without meaningful weights: `--load-format dummy` (random weights from config.json) with
 `--synthetic-acceptance ALPHA [--synthetic-hit P]` (drafts accepted, SSD lookups hit, at those rates:
 outputs are then not the target's); benchmarks/bench_synthetic.py sweeps them against the theory.
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> dict:
            "command": "python benchmarks/bench.py " + " ".join(argv), "target": opts.model, "draft": opts.draft,
            "temperature": opts.temperature, "new_tokens": opts.new_tokens, "num_prompts": opts.num_prompts,
            "prompt_sets": opts.prompt_sets, "batch": opts.batch, "k": opts.k, "dtype": opts.dtype,
-           "draft_dtype": opts.draft_dtype, "prefix": opts.prefix, "reps": opts.reps, "passes": opts.passes,
+           "draft_dtype": opts.draft_dtype, "target_dtype": opts.target_dtype, "prefix": opts.prefix, "reps": opts.reps, "passes": opts.passes,
            "load_format": opts.load_format, "synthetic_acceptance": opts.synthetic_acceptance,
            "synthetic_hit": opts.synthetic_hit, "results": results}
     os.makedirs(opts.out, exist_ok=True)

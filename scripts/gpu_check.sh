@@ -47,7 +47,7 @@ for stage in $stages; do
         cuda_tests="tests/test_cuda_path.py tests/test_cuda_graphs.py tests/test_paged_attention_kernels.py
             tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py
             tests/test_bf16_exactness.py tests/test_fused_layer_ops.py tests/test_piecewise_graphs.py
-            tests/test_proposal_rows.py tests/test_ssd_units.py"
+            tests/test_proposal_rows.py tests/test_ssd_units.py tests/test_doc_examples.py"
         # the whole log is written as it runs: a call stopped at its time limit still brings back how far it got
         python -m pytest -q -rs --durations=15 $cuda_tests 2>&1 | tee "$out/$day-cuda-tests.txt" | tail -40
         ;;

@@ -87,7 +87,7 @@ def _draft_tag(llm) -> dict:
 def _engine_options(opts, with_draft: bool) -> dict:
     options = dict(num_threads=opts.threads, max_num_seqs=max(opts.batch), enable_prefix_caching=False,
                    device=opts.device, dtype=opts.dtype, tensor_parallel_size=opts.tp, load_format=opts.load_format,
-                   tokenizer=opts.tokenizer)
+                   tokenizer=opts.tokenizer, target_dtype=opts.target_dtype)
     if opts.device == "cpu":
         options["cpu_weight_layout"] = opts.layout
         if opts.tp > 1 or with_draft:

@@ -269,7 +269,9 @@ def costs_lines(raw: dict) -> list[str]:
 
 
 def _draft_setting(raw: dict) -> str:
-    return f", draft weights {raw['draft_dtype']} (--draft-dtype)" if raw.get("draft_dtype") else ""
+    target = raw.get("target_dtype", "fp32")  # older result files: fp32, the only target format then
+    retargeted = f", target weights {target} (--target-dtype: re-quantized)" if target != "fp32" else ""
+    return (f", draft weights {raw['draft_dtype']} (--draft-dtype)" if raw.get("draft_dtype") else "") + retargeted
 
 
 def _synthetic_setting(raw: dict) -> str:

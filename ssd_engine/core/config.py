@@ -17,6 +17,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
 SSD_FALLBACKS = ("auto", "jit", "fast")
 DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # auto: the fastest this CPU runs (runtime/draft_format.py)
+TARGET_DTYPES = ("fp32", "bf16", "int8", "int4")  # layers/weight_formats.py; all but fp32 change the model
 FANOUT_RULES = ("auto", "geometric", "uniform")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
 COMPILE_MODES = ("auto", "on", "off")
@@ -38,6 +39,11 @@ class EngineConfig:
     draft_dtype: str = option("auto", "the draft's weight format (its precision never changes the output): auto "
                                       "picks the fastest this CPU runs, measured once per machine; int8/int4 are "
                                       "weight-only with bf16 activations, CPU only", DRAFT_DTYPES)
+    target_dtype: str = option("fp32", "the target's Linear weight format: fp32 keeps the weights as dtype holds "
+                                       "them (today's); bf16, int8 and int4 re-quantize them, which CHANGES the "
+                                       "model: AR, SD and SSD all give that model's own output (bf16 activations "
+                                       "in its Linears, norms and attention stay in dtype); int8/int4 CPU only",
+                               TARGET_DTYPES)
     tokenizer: str | None = option(None, "tokenizer folder; unset: the model folder (with load_format=dummy and "
                                          "no tokenizer files there: none, prompts must be token ids)")
     load_format: str = option("auto", "auto: read the checkpoint's safetensors; dummy: random weights at the "
@@ -118,6 +124,12 @@ class EngineConfig:
         return "packed"
 
     @property
+    def target_weight_format(self) -> str | None:
+        """The target's re-quantized Linear format (layers/weight_formats.py); None: fp32, the weights
+        as `dtype` holds them."""
+        return None if self.target_dtype == "fp32" else self.target_dtype
+
+    @property
     def compiled(self) -> bool:
         """Whether every runner (target, SD draft, SSD draft) compiles its forward (runtime/compiled_model.py).
         auto is off: on the AMD EPYC of benchmarks/results/2026-11-23-compiled-step.md a compiled step
@@ -195,6 +207,10 @@ class EngineConfig:
         _check(self.draft_dtype in DRAFT_DTYPES, f"draft_dtype must be one of {DRAFT_DTYPES}, got {self.draft_dtype!r}")
         _check(self.device == "cpu" or self.draft_dtype not in ("int8", "int4"),
                f"draft_dtype={self.draft_dtype} is CPU-only; on {self.device} use auto, bf16 or fp32")
+        _check(self.target_dtype in TARGET_DTYPES,
+               f"target_dtype must be one of {TARGET_DTYPES}, got {self.target_dtype!r}")
+        _check(self.device == "cpu" or self.target_dtype not in ("int8", "int4"),
+               f"target_dtype={self.target_dtype} is CPU-only; on {self.device} use fp32 or bf16")
         _check(self.ssd_fallback in SSD_FALLBACKS,
                f"ssd_fallback must be one of {SSD_FALLBACKS}, got {self.ssd_fallback!r}")
         self.fanout()  # validates

@@ -20,7 +20,8 @@ class ModelConfig:
     attention_backend: str = "auto"
     cuda_graph_max_batch: int = 0  # 0: eager (enforce_eager or no graphs)
     num_threads: int | None = None
-    weight_format: str | None = None  # a draft's resolved format (layers/weight_formats.py); None: dtype's own
+    weight_format: str | None = None  # a draft's resolved format, or the target's target_dtype (layers/weight_formats.py); None: dtype's own
+    row_independent: bool = False     # the target's format: a row's output never depends on the others (never a draft's)
     load_format: str = "auto"         # auto: the checkpoint; dummy: random weights at its shapes (models/loader.py)
     compile: bool = False             # the forward as one torch.compile region (runtime/compiled_model.py)
     fused_kernels: str = "auto"       # a layer's elementwise ops as Triton kernels (kernels/fused_layer_ops.py)
@@ -91,6 +92,8 @@ def build_config(options) -> Config:
     return Config(
         model=ModelConfig(options.model, options.tokenizer, options.dtype, options.device, options.weight_layout,
                           options.attention_backend, options.graph_max_batch, options.num_threads,
+                          weight_format=options.target_weight_format,
+                          row_independent=options.target_weight_format is not None,
                           load_format=options.load_format, compile=options.compiled,
                           fused_kernels=options.fused_kernels),
         cache=CacheConfig(options.block_size, options.num_kv_blocks, options.kv_cache_memory_gb,

@@ -248,7 +248,7 @@ class LLMEngine:
 
     def execution(self) -> dict:
         """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets, whether
-        its forward is compiled (and the start-up seconds that took)."""
+        its forward is compiled (and the start-up seconds that took), its weight format (target_dtype)."""
         runner = self.runner.local  # rank 0's own ModelRunner under tensor parallelism
         graphs = runner.graphs
         described = {"device": str(self.device), "dtype": self.parts.model.dtype,
@@ -256,6 +256,8 @@ class LLMEngine:
                      "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
                      "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
                      "fused_kernels": "on" if runner.fused_kernels else "off"}
+        target_format = self.parts.model.weight_format  # target_dtype: None is fp32, the weights as dtype holds them
+        described["target_dtype"] = f"{target_format} (re-quantized)" if target_format else "fp32"
         described["mode"] = self.plan.describe_mode()
         if self.draft_format is not None:
             described["draft_format"] = self.draft_format.describe()

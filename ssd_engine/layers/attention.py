@@ -78,26 +78,75 @@ def _expand(meta: AttentionMetadata) -> DenseView:
 
 
 def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
-    """The reference backend: gather each row's keys, SDPA with the explicit mask. -> [T, Hq, D]."""
+                    scale: float, row_independent: bool = False) -> torch.Tensor:
+    """The reference backend: gather each row's keys, SDPA with the explicit mask. -> [T, Hq, D].
+    row_independent: each query's bits never depend on the step's other queries or keys (see
+    `row_independent_attention`)."""
     dense = meta.dense()
     rows, lq = dense.mask.shape[0], meta.max_query_len
     heads, dim = q.shape[1], q.shape[2]
     # CPU SDPA on bf16 (a draft's activations) takes a path 3-10x slower than fp32's for decode
     # rows, so the gathered keys are attended in fp32 there (a copy of what is read anyway)
     compute = torch.float32 if q.device.type == "cpu" else q.dtype
-    keys = _as(k_cache[dense.gather_slots], compute).transpose(1, 2)    # [R, Hk, L, D]
-    values = _as(v_cache[dense.gather_slots], compute).transpose(1, 2)
+    gather_slots, mask, run_lq = dense.gather_slots, dense.mask, lq
+    if row_independent:
+        gather_slots, mask, run_lq = _fixed_blocks(gather_slots, mask)
+    keys = _as(k_cache[gather_slots], compute).transpose(1, 2)    # [R, Hk, L, D]
+    values = _as(v_cache[gather_slots], compute).transpose(1, 2)
     if dense.token_to_padded is None:
         queries = _as(q, compute).view(rows, lq, heads, dim)
     else:
         queries = q.new_zeros(rows * lq, heads, dim, dtype=compute)
         queries[dense.token_to_padded] = _as(q, compute)
         queries = queries.view(rows, lq, heads, dim)
-    out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=dense.mask.unsqueeze(1),
+    if run_lq > lq:  # padding queries (zeros, attending every key: no empty softmax), dropped below
+        queries = torch.cat([queries, queries.new_zeros(rows, run_lq - lq, heads, dim)], dim=1)
+    out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask.unsqueeze(1),
                                          scale=scale, enable_gqa=heads != k_cache.shape[1])
-    out = out.transpose(1, 2).reshape(rows * lq, heads, dim)
+    out = out.transpose(1, 2)
+    if run_lq > lq:
+        out = out[:, :lq]
+    out = out.reshape(rows * lq, heads, dim)
     return _as(out if dense.token_to_padded is None else out[dense.token_to_padded], q.dtype)
+
+
+# torch's CPU flash attention (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, torch 2.13) splits
+# the queries into blocks of 32 / 64 / 256 rows (fewer than 192 / 768 / more queries) and the keys
+# into blocks of 512 (512 or more keys; else one block of them all); a block's matmuls give a row
+# other bits when the block has 1, 2 or 3 rows than from 4 on, and a softmax over a key block
+# gives other bits when the block's (masked) length changes. Measured on an AMD EPYC: with
+# queries padded so no block has fewer than 4 rows, and keys padded (masked) to a multiple of 512,
+# a query's output is the same bits at any query count, position and dense key length.
+_MIN_QUERY_BLOCK = 4
+_KEY_BLOCK = 512
+
+
+def _query_split(queries: int) -> int:
+    return 256 if queries >= 768 else 64 if queries >= 192 else 32
+
+
+def _fixed_blocks(gather_slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(gather_slots, mask, query rows) padded so every query takes SDPA's blocks of one shape."""
+    rows, lq, width = mask.shape
+    run_lq = max(lq, _MIN_QUERY_BLOCK)
+    while 0 < run_lq % _query_split(run_lq) < _MIN_QUERY_BLOCK:
+        run_lq += 1
+    run_width = -(-width // _KEY_BLOCK) * _KEY_BLOCK
+    if run_width > width:  # slot 0 read for the padding keys, masked out
+        gather_slots = torch.cat([gather_slots, gather_slots.new_zeros(rows, run_width - width)], dim=1)
+        mask = torch.cat([mask, mask.new_zeros(rows, lq, run_width - width)], dim=2)
+    if run_lq > lq:
+        mask = torch.cat([mask, mask.new_ones(rows, run_lq - lq, run_width)], dim=1)
+    return gather_slots, mask, run_lq
+
+
+def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """The torch reference with every query computed by SDPA blocks of one shape, so its bits never
+    depend on how many queries or keys the step holds: what a re-quantized target's exactness needs
+    (EngineConfig.target_dtype: AR scores a lone decode row, SD K + 1 verification rows). Costs
+    attention over up to 3 padding queries and up to 511 masked keys a row."""
+    return torch_attention(q, k_cache, v_cache, meta, scale, row_independent=True)
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

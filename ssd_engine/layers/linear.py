@@ -1,5 +1,5 @@
-"""Linear layers with an optional prepared CPU weight (oneDNN prepacking, or a draft's bf16/int8/int4
-format: layers/weight_formats.py).
+"""Linear layers with an optional prepared CPU weight (oneDNN prepacking, or a draft's or target's
+bf16/int8/int4 format: layers/weight_formats.py; the output keeps the input's dtype).
 
 Why prepack: on CPU, eager `F.linear` runs small-M matmuls (M = 2..16 rows, exactly the
 verification / branch-decoding shapes) through MKL's generic path, which costs nearly M times
@@ -59,11 +59,12 @@ class Linear(nn.Module):
             raise ValueError(f"weight shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}")
         target.copy_(loaded)
 
-    def pack_for_cpu(self, keep_plain: bool, fmt: str = "fp32") -> None:
-        """Prepare the weight in format `fmt`; drop the plain one unless `keep_plain` (layout "dual")."""
+    def pack_for_cpu(self, keep_plain: bool, fmt: str = "fp32", row_independent: bool = False) -> None:
+        """Prepare the weight in format `fmt`; drop the plain one unless `keep_plain` (layout "dual").
+        row_independent: a target's format (layers/weight_formats.py `prepare`)."""
         if self.weight.device.type != "cpu":
             return
-        self.prepared = prepare(self.weight.data, fmt)
+        self.prepared = prepare(self.weight.data, fmt, row_independent)
         if not keep_plain:
             self.weight = None
 
@@ -71,6 +72,8 @@ class Linear(nn.Module):
         bias = None if self.reduce else self.bias  # row-parallel: add the bias once, after the sum
         if self.prepared is not None and (x.shape[0] > 1 or self.weight is None):
             out = self.prepared(x, bias)
+            if out.dtype != x.dtype:  # a target's bf16 / int format in an fp32 model: its activations stay fp32
+                out = out.to(x.dtype)
         else:
             out = F.linear(x, self.weight, bias)
         if self.reduce:

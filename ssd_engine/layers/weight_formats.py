@@ -11,6 +11,14 @@ whatever precision produced them, so the draft's format changes speed and accept
 output. The int ops are vectorised for bf16 activations only (fp32 ones take a scalar loop many
 times slower), hence bf16 activations for all three; which format is fastest depends on the CPU
 (bf16 units, AMX, AVX2 only) and the row count, so the engine measures (runtime/draft_format.py).
+
+A target may take them too (EngineConfig.target_dtype): then it IS a different model, and SD/SSD
+must reproduce that model's own AR output, so a row's output must not depend on how many rows are
+multiplied with it (a one-row decode against K + 1 verification rows). Measured (AMD EPYC, torch
+2.13, 1 and 2 threads, up to 2048 rows, the 1.5B target's shapes): the int8 and int4 ops give every
+row the same bits at any row count and position; oneDNN's packed fp32 and bf16 kernels give one row
+other bits than two or more (all row counts from two on agree). `row_independent=True` therefore
+runs a lone row padded to two (tests/test_target_dtype.py checks all four).
 """
 from typing import Protocol
 
@@ -36,9 +44,11 @@ class OneDNNWeight:
     """fp32 or bf16, reordered once into oneDNN's blocked layout: small row counts (verification,
     branch decoding) share one pass over the weight instead of ~one pass per row."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, batch_hint: int = 8) -> None:
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, batch_hint: int = 8, min_rows: int = 1) -> None:
+        """min_rows: fewer rows are run padded to this many (2: every row count takes the same kernel)."""
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), batch_hint)
         self.dtype = dtype
+        self.min_rows = min_rows
         self.nbytes = self.packed.numel() * self.packed.element_size()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -48,7 +58,7 @@ class OneDNNWeight:
         if x.dtype != self.dtype:
             x = x.to(self.dtype)
         rows = x.shape[0] if x.dim() == 2 else 0
-        run_rows = padded_rows(rows, self.dtype) if rows else 0
+        run_rows = max(padded_rows(rows, self.dtype), self.min_rows) if rows else 0
         if run_rows > rows:  # a faster kernel from this many rows on (layers/row_padding.py)
             x = torch.cat([x, x.new_zeros(run_rows - rows, x.shape[1])])
             return self._matmul(x, bias)[:rows]
@@ -115,10 +125,12 @@ def _rows_through(matmul, x: torch.Tensor, bias: torch.Tensor | None) -> torch.T
     return out + (bias if bias.dtype == out.dtype else bias.to(out.dtype))
 
 
-def prepare(weight: torch.Tensor, fmt: str) -> PreparedWeight:
-    """`weight` ([out, in], any float dtype) in format `fmt`; a new tensor, the caller may drop the original."""
+def prepare(weight: torch.Tensor, fmt: str, row_independent: bool = False) -> PreparedWeight:
+    """`weight` ([out, in], any float dtype) in format `fmt`; a new tensor, the caller may drop the original.
+    row_independent: each row's output bits never depend on the other rows multiplied with it (a
+    target's format; see the module docstring)."""
     if fmt in ("fp32", "bf16"):
-        return OneDNNWeight(weight, ACTIVATION_DTYPE[fmt])
+        return OneDNNWeight(weight, ACTIVATION_DTYPE[fmt], min_rows=2 if row_independent else 1)
     if fmt == "int8":
         return Int8Weight(weight)
     if fmt == "int4":
@@ -137,3 +149,12 @@ def dequantized(weight: torch.Tensor, fmt: str) -> torch.Tensor:
     prepared = prepare(weight, fmt)
     eye = torch.eye(weight.shape[1], dtype=torch.bfloat16)
     return prepared(eye, None).float().t()  # exact when rows of the identity pass through unrounded
+
+
+def check_supported(fmt: str, option: str) -> None:
+    """A one-line ValueError naming `option` where this CPU or torch build lacks format `fmt`'s op."""
+    try:
+        prepare(torch.zeros(16, 64), fmt)(torch.zeros(1, 64, dtype=ACTIVATION_DTYPE[fmt]), None)
+    except RuntimeError as error:
+        raise ValueError(f"{option}={fmt} is not supported by this CPU or torch build: "
+                         f"{str(error).splitlines()[0]}") from None

@@ -142,8 +142,12 @@ def survey(config: EngineConfig) -> Survey:
         check_splittable(load_config(target_path, "dummy"), tp)
     placement, no_ssd = placement_for(config)
     key = "-".join([_placement_key(placement, tp), model_fingerprint(target_path)[:8],
-                    model_fingerprint(draft_path)[:8], config.draft_dtype])
-    model = ModelConfig(target_path, None, config.dtype, config.device, config.weight_layout)
+                    model_fingerprint(draft_path)[:8], config.draft_dtype]
+                   + ([config.target_dtype] if config.target_weight_format else []))  # fp32: the keys cached before
+    # the target timed in its own format (target_dtype); the draft's is resolved in measure()
+    model = ModelConfig(target_path, None, config.dtype, config.device, config.weight_layout,
+                        weight_format=config.target_weight_format,
+                        row_independent=config.target_weight_format is not None)
     measured, cached = load_or_measure(key, str(cache_dir()), model, replace(model, path=draft_path),
                                        config.draft_dtype, placement)
     calibrations = find_calibrations(target_path, draft_path, config.calibration_dir or CONFIG_DIR)

@@ -208,8 +208,8 @@ def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
     whole model takes tens)."""
     # eager even when the engine compiles: compiling these throwaway models would cost more than the
     # few percent it changes a forward's time (runtime/compiled_model.py)
-    changes = {"load_format": "dummy", "compile": False} | ({"dtype": fmt.dtype, "weight_format": fmt.name}
-                                                           if fmt else {})
+    changes = {"load_format": "dummy", "compile": False} | ({"dtype": fmt.dtype, "weight_format": fmt.name,
+                                                            "row_independent": False} if fmt else {})
     hf_config = load_config(model.path, "dummy")
     layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)

@@ -20,7 +20,7 @@ import torch
 
 from ssd_engine.core.config import DRAFT_DTYPES
 from ssd_engine.layers.shapes import head_dim
-from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, prepare
+from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, check_supported, prepare
 
 log = logging.getLogger("ssd_engine")
 TIE = 1.10
@@ -66,7 +66,7 @@ def resolve(option: str, hf_config, device: str, workload: list[tuple[int, int]]
     if device != "cpu":
         return DraftFormat("fp32" if option == "fp32" else "bf16", "draft_dtype" if option != "auto" else "gpu")
     if option != "auto":
-        _check_supported(option)
+        check_supported(option, "draft_dtype")
         return DraftFormat(option, "draft_dtype")
     from ssd_engine.utils.machine import fingerprint
     shapes = linear_shapes(hf_config)
@@ -135,11 +135,3 @@ def _median_ms(fn, repeats: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return sorted(times)[repeats // 2] * 1e3
-
-
-def _check_supported(fmt: str) -> None:
-    try:
-        prepare(torch.zeros(16, 64), fmt)(torch.zeros(1, 64, dtype=ACTIVATION_DTYPE[fmt]), None)
-    except RuntimeError as error:
-        raise ValueError(f"draft_dtype={fmt} is not supported by this CPU or torch build: "
-                         f"{str(error).splitlines()[0]}") from None

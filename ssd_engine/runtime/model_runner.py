@@ -23,10 +23,11 @@ from ssd_engine.core.structures import ScheduledBatch
 from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
 from ssd_engine.utils.host_upload import padded_rows, to_device, upload
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
-from ssd_engine.layers.attention import AttentionMetadata, torch_attention
+from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention
 from ssd_engine.layers.attention_backends import select_backend, select_fused_kernels
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.linear import Linear
+from ssd_engine.layers.weight_formats import check_supported
 from ssd_engine.layers.shapes import head_dim
 from ssd_engine.utils.machine import fingerprint
 from ssd_engine.utils.memory import lazy_zeros
@@ -105,7 +106,10 @@ class ModelRunner:
         self.config = hf_config or load_config(model.path, model.load_format)
         self.tp = tp
         self.weight_layout = model.weight_layout
-        self.weight_format = model.weight_format  # a draft's chosen format; None: this dtype's own
+        self.weight_format = model.weight_format  # a draft's chosen format or the target's; None: this dtype's own
+        self.row_independent = model.row_independent  # a target's format: one kernel for every row count
+        if self.weight_format is not None and device.type == "cpu" and model.row_independent:
+            check_supported(self.weight_format, "target_dtype")  # a one-line error before any weight loads
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             # before any forward: whether oneDNN runs one-row steps faster padded (layers/row_padding.py)
             row_padding.measure_once(dtype, fingerprint(sorted(os.sched_getaffinity(0)), torch.get_num_threads()),
@@ -113,8 +117,11 @@ class ModelRunner:
         self.model = build_model(model.path, self.config, runner_spec.max_position, dtype, device, self.tp,
                                  progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format)
         self.attention_backend = select_backend(model.attention_backend, device, cache.block_size)
+        layer_backend = self.attention_backend
+        if self.row_independent and layer_backend is torch_attention:  # a re-quantized target on CPU
+            layer_backend = row_independent_attention
         for layer in self.model.model.layers:
-            layer.self_attn.attn.backend = self.attention_backend
+            layer.self_attn.attn.backend = layer_backend
         self.fused_kernels = select_fused_kernels(model.fused_kernels, device, model.compile)
         self.model.use_fused_kernels(self.fused_kernels)
         # the forward every step runs (and CUDA graphs capture): the model's, or it compiled
@@ -129,10 +136,15 @@ class ModelRunner:
 
     def _pack(self, name: str, module) -> None:
         """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
-        if not isinstance(module, Linear) or self.device.type != "cpu":
+        if not isinstance(module, Linear):
             return
-        if self.weight_format is not None:  # a draft: every Linear, a tied head included, in its format
-            module.pack_for_cpu(keep_plain=False, fmt=self.weight_format)
+        if self.device.type != "cpu":
+            if self.weight_format == "bf16" and module.weight.dtype != torch.bfloat16:
+                # a target's bf16 on a GPU (int formats are CPU-only): its weights rounded, in dtype
+                module.weight.data.copy_(module.weight.data.to(torch.bfloat16))
+            return
+        if self.weight_format is not None:  # a draft or a re-quantized target: every Linear, a tied head included
+            module.pack_for_cpu(keep_plain=False, fmt=self.weight_format, row_independent=self.row_independent)
             return
         native = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype)
         if self.weight_layout == "plain" or native is None:

@@ -98,4 +98,6 @@ def with_draft_format(runner_spec: RunnerSpec, option: str, engine, workload: li
     chosen = draft_format.resolve(option, load_config(runner_spec.model.path, runner_spec.model.load_format), runner_spec.model.device, workload, cores, threads,
                                   cache_dir())
     engine.draft_format = chosen
-    return runner_spec.with_model(dtype=chosen.dtype, weight_format=chosen.name if runner_spec.model.device == "cpu" else None)
+    # the target's own format (target_dtype) is not the draft's: row_independent is the target's alone
+    return runner_spec.with_model(dtype=chosen.dtype, weight_format=chosen.name if runner_spec.model.device == "cpu" else None,
+                                  row_independent=False)
