@@ -4,7 +4,9 @@ An OpenAI-compatible server (FastAPI + uvicorn) on the built-in pair in SSD mode
 --speculative-mode say otherwise. Every engine option of `python -m ssd_engine.generate` applies.
 At start it prints the `[engine]` line (how the engine runs) and the `[sampling]` defaults that
 requests' unset fields take. Ctrl-C stops accepting requests and lets those in flight finish (it
-says how many); a second Ctrl-C stops at once.
+says how many); a second Ctrl-C stops at once. `--api-key KEY` (or SSD_ENGINE_API_KEY, out of the process list)
+makes every request but /health and /metrics carry `Authorization: Bearer KEY`; a server bound beyond loopback with
+no key says so in one warning line at start.
 """
 import importlib.util
 import os
@@ -12,6 +14,7 @@ import sys
 
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, describe_engine, engine_options, fail
 from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS, SamplingParams
+from ssd_engine.server.auth import ENV_VAR, KEY_FLAG, access_line, resolve_keys
 
 # the `serve` extra; checked after parsing so that --help works on an install without it
 SERVER_PACKAGES = ("fastapi", "uvicorn", "prometheus_client")
@@ -28,6 +31,13 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
     parser.add_argument("--max-pending", type=int, default=256, help="requests in flight beyond this get a 503")
+    parser.add_argument(KEY_FLAG, nargs="+", action="extend", default=None, metavar="KEY",
+                        help="every request but /health and /metrics must carry 'Authorization: Bearer KEY', else a "
+                             "401; one key or more (as in vLLM: --api-key K1 K2; the flag may also be repeated). "
+                             f"Without it, {ENV_VAR} (one key, kept out of the process list) if set, as vLLM's "
+                             "VLLM_API_KEY")
+    parser.add_argument("--metrics-require-key", action="store_true",
+                        help="/metrics needs the API key too (default: open to scrapers, as /health is to probes)")
     add_engine_args(parser)
     return parser
 
@@ -65,6 +75,12 @@ def draining_server(uvicorn, config, engine):
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    try:
+        api_keys = resolve_keys(args.api_key, os.environ)
+    except ValueError as error:  # names the flag or variable, never the key
+        fail(str(error))
+    if args.metrics_require_key and api_keys is None:
+        fail(f"--metrics-require-key needs an API key: {KEY_FLAG} KEY or {ENV_VAR}")
     # before the model loads: a missing package should cost the user seconds, not a model load
     missing = missing_server_packages()
     if missing:
@@ -72,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import uvicorn
         from ssd_engine.server.async_engine import AsyncEngine
-        from ssd_engine.server.openai_api import build_app
+        from ssd_engine.server.openai_api import build_app, open_paths
     except ImportError as error:  # installed but unimportable (e.g. a dependency of theirs)
         fail(f"python -m ssd_engine.serve cannot import {error.name or error}: {SERVE_INSTALL}")
     from ssd_engine import LLM
@@ -93,9 +109,12 @@ def main(argv: list[str] | None = None) -> None:
     name = args.served_model_name or os.path.basename(os.path.normpath(model_path))
     print(describe_engine(llm), file=sys.stderr)
     print(sampling, file=sys.stderr, flush=True)
+    access = access_line(args.host, api_keys, open_paths(args.metrics_require_key))
+    if access:
+        print(access, file=sys.stderr, flush=True)
     engine = AsyncEngine(llm, max_pending=args.max_pending)
-    server = draining_server(uvicorn, uvicorn.Config(build_app(engine, name), host=args.host, port=args.port,
-                                                     log_level="info"), engine)
+    app = build_app(engine, name, api_keys=api_keys, metrics_require_key=args.metrics_require_key)
+    server = draining_server(uvicorn, uvicorn.Config(app, host=args.host, port=args.port, log_level="info"), engine)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raises again the Ctrl-C it handled, once it has stopped

@@ -46,14 +46,20 @@ def test_starting_without_the_server_packages_is_one_line_naming_the_install():
 
 # ---- a real server: what it says at start, and Ctrl-C ------------------------------------------------------
 class Served:
-    """`python -m ssd_engine.serve` on a kernel-picked port; its stderr read line by line on a thread."""
+    """`python -m ssd_engine.serve` on 127.0.0.1, a kernel-picked port (`args`: more flags; `env`: more variables);
+    its stderr and stdout (uvicorn's access log), merged, read line by line on a thread and kept in `said`."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, *args: str, env: dict | None = None) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", model, "--port", "0",
-                                      "--served-model-name", "tiny"], cwd=REPO_ROOT, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "SSD_ENGINE_PROGRESS": "0"})
+                                      "--served-model-name", "tiny", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True,
+                                     env={**{k: v for k, v in os.environ.items() if k != "SSD_ENGINE_API_KEY"},
+                                          "SSD_ENGINE_PROGRESS": "0", **(env or {})})
         self.lines: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=lambda: [self.lines.put(line) for line in self.proc.stderr], daemon=True).start()
+        self.said: list[str] = []
+        self.reader = threading.Thread(target=lambda: [(self.said.append(line), self.lines.put(line))
+                                                       for line in self.proc.stdout], daemon=True)
+        self.reader.start()
         self.before_start: list[str] = []
         try:
             line = self.wait_for("running on http://127.0.0.1:", self.before_start)
@@ -86,6 +92,17 @@ class Served:
         assert response.readline().startswith(b"data: ")
         return response
 
+    def stop(self) -> str:
+        """A Ctrl-C, then everything the server said from start to exit."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.close()
+        self.reader.join(timeout=30)
+        return "".join(self.said)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
@@ -101,6 +118,8 @@ def test_start_prints_the_engine_line_and_the_sampling_defaults(tiny_qwen2):
         assert len(engine) == 1 and "mode=" in engine[0] and "device=cpu" in engine[0], served.before_start
         sampling = [line for line in served.before_start if line.startswith("[sampling] ")]
         assert len(sampling) == 1 and "temperature=1.0" in sampling[0] and "temperature=0 is greedy" in sampling[0]
+        # no API key on loopback: as before, nothing said about access
+        assert not [line for line in served.before_start if "API key" in line], served.before_start
     finally:
         served.close()
 

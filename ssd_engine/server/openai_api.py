@@ -6,7 +6,9 @@ OpenAI's chunk format ending with `data: [DONE]`; the last chunk carries `usage`
 take the model's defaults (LLM.get_default_sampling_params: generation_config.json, else temperature 1.0); no
 max_tokens (or max_completion_tokens, which wins when both are given) on the chat endpoint means up to the end of
 max_model_len, as in vLLM. Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}; fields this
-server does not implement are rejected with a 400 naming them, never ignored."""
+server does not implement are rejected with a 400 naming them, never ignored. With API keys (auth.py) every path but
+/health (and /metrics, unless metrics_require_key) needs `Authorization: Bearer KEY`, else a 401 (code
+"invalid_api_key", counted in ssd_rejected_requests)."""
 import json
 import time
 import uuid
@@ -20,6 +22,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.server.async_engine import AsyncEngine, Overloaded
+from ssd_engine.server.auth import ApiKeys, RequireApiKey
 from ssd_engine.server.metrics import ServerMetrics
 
 
@@ -91,7 +94,15 @@ def error(status: int, message: str, kind: str = "invalid_request_error", param:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
 
 
-def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
+def open_paths(metrics_require_key: bool = False) -> tuple[str, ...]:
+    """The paths a server with API keys answers without one: probes (/health) and, by default, scrapes (/metrics)."""
+    return ("/health",) if metrics_require_key else ("/health", "/metrics")
+
+
+def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = None,
+              metrics_require_key: bool = False) -> FastAPI:
+    if metrics_require_key and api_keys is None:
+        raise ValueError("metrics_require_key needs API keys")
     app = FastAPI(title="ssd_engine")
     tokenizer = engine.llm.tokenizer
     defaults = engine.llm.get_default_sampling_params()  # what a request's unset sampling fields take
@@ -101,6 +112,14 @@ def build_app(engine: AsyncEngine, model_name: str) -> FastAPI:
     def reject(status: int, message: str, **fields) -> JSONResponse:
         metrics.rejected.labels(str(status)).inc()
         return error(status, message, **fields)
+
+    if api_keys is not None:
+        def unauthorized(message: str) -> JSONResponse:
+            response = reject(401, message, code="invalid_api_key")
+            response.headers["WWW-Authenticate"] = "Bearer"  # RFC 6750
+            return response
+        app.add_middleware(RequireApiKey, keys=api_keys, open_paths=open_paths(metrics_require_key),
+                           respond=unauthorized)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
