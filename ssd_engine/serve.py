@@ -34,8 +34,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument(KEY_FLAG, nargs="+", action="extend", default=None, metavar="KEY",
                         help="every request but /health and /metrics must carry 'Authorization: Bearer KEY', else a "
                              "401; one key or more (as in vLLM: --api-key K1 K2; the flag may also be repeated). "
-                             f"Without it, {ENV_VAR} (one key, kept out of the process list) if set, as vLLM's "
-                             "VLLM_API_KEY")
+                             f"Without it, {ENV_VAR} if set (one key or several, comma-separated, kept out of the "
+                             "process list), as vLLM's VLLM_API_KEY")
     parser.add_argument("--metrics-require-key", action="store_true",
                         help="/metrics needs the API key too (default: open to scrapers, as /health is to probes)")
     add_engine_args(parser)

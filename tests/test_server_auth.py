@@ -153,8 +153,8 @@ def test_the_flag_wins_over_the_variable_which_holds_one_key():
     assert keys.source == "--api-key" and keys.accepts("flag-key") and not keys.accepts("env-key-1")
     keys = resolve_keys(None, env)
     assert keys.source == auth.ENV_VAR and len(keys) == 1 and keys.accepts("env-key-1")
-    keys = resolve_keys(None, {auth.ENV_VAR: "k1,k2\n"})  # as VLLM_API_KEY: one key, commas and all
-    assert len(keys) == 1 and keys.accepts("k1,k2") and not keys.accepts("k1")
+    keys = resolve_keys(None, {auth.ENV_VAR: "k1, k2\n"})  # several keys, none of them in the process list
+    assert len(keys) == 2 and keys.accepts("k1") and keys.accepts("k2") and not keys.accepts("k1,k2")
     assert resolve_keys(None, {}) is None and resolve_keys(None, {auth.ENV_VAR: ""}) is None
 
 

@@ -56,13 +56,14 @@ def check_key(key: str, source: str) -> str:
 
 def resolve_keys(flag_keys: list[str] | None, environ: Mapping[str, str]) -> ApiKeys | None:
     """vLLM's rule: the keys of `--api-key` if given (the environment variable is then ignored), else the
-    variable's value as one key (empty counts as unset); None: no key, the server is open."""
+    variable's (empty counts as unset); None: no key, the server is open. Unlike VLLM_API_KEY the variable
+    may hold several keys, comma-separated, so that several keys can stay out of the process list too."""
     if flag_keys:
         return ApiKeys([check_key(k, KEY_FLAG) for k in flag_keys], KEY_FLAG)
     value = environ.get(ENV_VAR, "")
     if not value.strip():
         return None
-    return ApiKeys([check_key(value, ENV_VAR)], ENV_VAR)
+    return ApiKeys([check_key(k.strip(), ENV_VAR) for k in value.split(",")], ENV_VAR)
 
 
 def bearer_token(authorization: str | None) -> str | None:
