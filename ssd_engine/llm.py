@@ -22,6 +22,7 @@ class LLM:
         self.config = EngineConfig.from_kwargs(model=model, **options)
         self._engine: LLMEngine | None = LLMEngine(self.config)
         self._final_metrics: dict | None = None  # what speculation_metrics() said when the engine closed
+        self._model_sampling_defaults: dict | None = None  # read from generation_config.json when first needed
         self.tokenizer = self._engine.tokenizer
 
     @property
@@ -34,7 +35,7 @@ class LLM:
         """What a request without sampling params gets, and what its unset fields take (vLLM's rule): the
         model's generation_config.json temperature / top_p / top_k / min_p where the file sets them, else
         SamplingParams' defaults (temperature 1.0: it samples). Pass temperature=0 for greedy output."""
-        if getattr(self, "_model_sampling_defaults", None) is None:  # the file is read once
+        if self._model_sampling_defaults is None:
             self._model_sampling_defaults = model_sampling_defaults(self.engine.model_path)
         return SamplingParams(**self._model_sampling_defaults)
 

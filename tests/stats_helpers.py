@@ -39,6 +39,16 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float,
     return stat, dof, p_value
 
 
+def fit(sample, law: dict) -> tuple[float, int, float, int]:
+    """Goodness of fit of `sample` (a Counter of outcomes) against `law` ({outcome: probability})
+    -> (statistic, dof, p-value, n)."""
+    cells = sorted(set(law) | set(sample))
+    counts = torch.tensor([sample[c] for c in cells], dtype=torch.float64)
+    probs = torch.tensor([law.get(c, 0.0) for c in cells], dtype=torch.float64)
+    stat, dof, p = chi_square_pvalue(counts, probs)
+    return stat, dof, p, int(counts.sum())
+
+
 def chi2_sf(x: float, dof: int) -> float:
     if dof <= 0:
         return 1.0

@@ -52,7 +52,7 @@ from ssd_engine.sampling import rejection
 from ssd_engine.core.streams import Stream, stream_generator
 from exact_law import marginal, output_law
 from small_pair import DIST_PROMPT, engine_options
-from stats_helpers import chi2_isf, chi_square_pvalue, gof_power, ncx2_sf
+from stats_helpers import chi2_isf, fit, gof_power, ncx2_sf
 
 ALPHA = 1e-3
 DESIGN_POWER = 0.8
@@ -115,15 +115,6 @@ def exact(small_pair):
             cache[name, length] = output_law(target, DIST_PROMPT, _params(name, length), length)
         return cache[name, length]
     return get
-
-
-def fit(sample: Counter, law: dict) -> tuple[float, int, float, int]:
-    """Goodness of fit of `sample` against `law` -> (statistic, dof, p-value, n)."""
-    cells = sorted(set(law) | set(sample))
-    counts = torch.tensor([sample[c] for c in cells], dtype=torch.float64)
-    probs = torch.tensor([law.get(c, 0.0) for c in cells], dtype=torch.float64)
-    stat, dof, p = chi_square_pvalue(counts, probs)
-    return stat, dof, p, int(counts.sum())
 
 
 def _check(label: str, result, tv: float, metrics: dict) -> None:

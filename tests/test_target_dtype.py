@@ -22,7 +22,6 @@ decode row, SD and SSD score K + 1 verification rows, a batch mixes sequences.
 """
 from __future__ import annotations
 
-import itertools
 from collections import Counter
 from dataclasses import replace
 
@@ -35,7 +34,7 @@ from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, prepare
 from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
 from exact_law import output_law
 from small_pair import DIST_PROMPT, engine_options
-from stats_helpers import chi_square_pvalue, gof_power
+from stats_helpers import fit, gof_power
 from tiny_checkpoints import derived_checkpoint
 
 QUANTIZED = [f for f in TARGET_DTYPES if f != "fp32"]
@@ -212,14 +211,6 @@ def own_law(path: str, fmt: str, prompt: list[int], length: int) -> dict[tuple, 
     return law
 
 
-def _fit(sample: Counter, law: dict) -> tuple[float, int, float, int]:
-    cells = sorted(set(law) | set(sample))
-    counts = torch.tensor([sample[c] for c in cells], dtype=torch.float64)
-    probs = torch.tensor([law.get(c, 0.0) for c in cells], dtype=torch.float64)
-    stat, dof, p = chi_square_pvalue(counts, probs)
-    return stat, dof, p, int(counts.sum())
-
-
 def test_sd_with_an_int4_target_follows_that_targets_own_law(small_pair):
     target, draft = small_pair
     law = own_law(target, DIST_FORMAT, DIST_PROMPT, 2)
@@ -233,7 +224,7 @@ def test_sd_with_an_int4_target_follows_that_targets_own_law(small_pair):
             engine.step()
         metrics = llm.speculation_metrics()
     sample = Counter(tuple(s.output_token_ids) for s in seqs)
-    stat, dof, p, n = _fit(sample, law)
+    stat, dof, p, n = fit(sample, law)
     power = gof_power(dof, n, SD_TV, ALPHA)
     checkpoint = output_law(target, DIST_PROMPT, SamplingParams(max_tokens=2, **T1), 2)  # fp64, unquantized
     apart = 0.5 * sum(abs(law.get(c, 0.0) - checkpoint.get(c, 0.0)) for c in set(law) | set(checkpoint))
@@ -243,4 +234,4 @@ def test_sd_with_an_int4_target_follows_that_targets_own_law(small_pair):
     assert dof >= 2 and power >= DESIGN_POWER
     assert p >= ALPHA, f"the emitted law differs from the int4 target's (chi2 = {stat:.1f}, dof = {dof}, p = {p:.2e})"
     # against the unquantized checkpoint's law the same sample fails: the reference is the one that matters
-    assert _fit(sample, checkpoint)[2] < ALPHA, "int4 changed the law too little for this test to tell"
+    assert fit(sample, checkpoint)[2] < ALPHA, "int4 changed the law too little for this test to tell"

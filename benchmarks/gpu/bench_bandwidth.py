@@ -69,7 +69,7 @@ def measure_ceiling(device: torch.device, gib: float = 1.0, reps: int = 5) -> di
     nbytes = src.numel() * 4
 
     def best(fn) -> float:
-        fn()  # warm-up: first touch of the blocks / kernel launch
+        fn()  # warm-up: first touch of the pages / kernel launch
         times = []
         for _ in range(reps):
             sync()

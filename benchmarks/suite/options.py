@@ -6,6 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
+from ssd_engine.core.config import format_core_sets
+
 MODES = ("ar", "ar-all", "sd", "sd-all", "ssd", "auto", "hf-ar", "hf-assisted")
 SPECULATIVE = ("sd", "sd-all", "ssd", "auto", "hf-assisted")  # need a draft checkpoint
 DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # our engine's draft_dtype
@@ -57,7 +59,7 @@ class BenchOptions:
         sets = [cores[r * per_rank:(r + 1) * per_rank] for r in range(self.tp)]
         if with_draft:
             sets.append(sorted(self.draft_cores))
-        return ";".join(",".join(map(str, s)) for s in sets)
+        return format_core_sets(sets)
 
     def placement_text(self) -> str:
         if self.device.startswith("cuda"):
@@ -160,17 +162,14 @@ def parse(argv: list[str]) -> BenchOptions:
         p.error(f"--target-dtype {a.target_dtype} is CPU-only; on {a.device} use fp32 or bf16")
     if a.device == "cpu" and any(m in SPLIT for m in modes) and cores & draft_cores:
         p.error(f"--cores and --draft-cores overlap on {sorted(cores & draft_cores)}: the draft needs its own cores")
-    from ssd_engine.models.gguf_files import is_gguf_file, resolve_gguf
-    # a GGUF converted here, once: every mode (transformers' peers too) then reads the same folder
-    model, draft = (resolve_gguf(path) if path is not None and is_gguf_file(path) else path
-                    for path in (a.model, a.draft))
-    if model is None:
-        from ssd_engine.models.default_models import resolve_default_model
-        model = resolve_default_model("target")
-        if draft is None and any(m in SPECULATIVE for m in modes):
-            draft = resolve_default_model("draft")
-    if draft is None and any(m in SPECULATIVE for m in modes):
+    speculative = any(m in SPECULATIVE for m in modes)
+    if a.model is not None and a.draft is None and speculative:
         p.error("--model was given, so " + " / ".join(SPECULATIVE) + " need --draft too")
+    from ssd_engine.models.model_paths import resolve_model_arg
+    # folders as given; a GGUF converted here, once, and None the built-in pair's: every mode
+    # (transformers' peers too) then reads the same folder
+    model = resolve_model_arg(a.model, "target")
+    draft = resolve_model_arg(a.draft, "draft") if a.draft is not None or speculative else None
     out = a.out or RESULTS_DIR
     return BenchOptions(
         modes=modes, prompt_sets=_csv(a.prompts), num_prompts=a.num_prompts, new_tokens=a.new_tokens, batch=batch,

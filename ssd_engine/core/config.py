@@ -284,3 +284,8 @@ def parse_core_sets(cpu_cores: str) -> list[list[int]]:
             raise ValueError(f"cpu_cores: empty core set in {cpu_cores!r}")
         sets.append(sorted(set(cores)))
     return sets
+
+
+def format_core_sets(sets: list[list[int]]) -> str:
+    """[[0, 1], [2]] -> '0,1;2': the cpu_cores text parse_core_sets reads back."""
+    return ";".join(",".join(map(str, cores)) for cores in sets)

@@ -8,6 +8,11 @@ from ssd_engine.core.config import parse_core_sets
 from ssd_engine.distributed.partition import even_spans
 
 
+def split_evenly(cores: list[int], parts: int) -> list[list[int]]:
+    """Even contiguous core sets, one per part."""
+    return [cores[s.start:s.end] for s in even_spans(len(cores), parts, "cores")]
+
+
 def plan_core_sets(num_ranks: int, cpu_cores: str | None) -> list[list[int]]:
     """One disjoint core set per rank: the given ones, or this process's cores split evenly."""
     available = available_cores()
@@ -15,7 +20,7 @@ def plan_core_sets(num_ranks: int, cpu_cores: str | None) -> list[list[int]]:
         if len(available) < num_ranks:
             raise ValueError(f"{num_ranks} ranks need {num_ranks} disjoint core sets but this process may use only "
                              f"{len(available)} cores {available}; pass cpu_cores to place them explicitly")
-        return [available[s.start:s.end] for s in even_spans(len(available), num_ranks, "cores")]
+        return split_evenly(available, num_ranks)
     sets = parse_core_sets(cpu_cores)
     if len(sets) != num_ranks:
         raise ValueError(f"cpu_cores {cpu_cores!r} gives {len(sets)} core sets for {num_ranks} ranks")

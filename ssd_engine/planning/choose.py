@@ -28,9 +28,9 @@ from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.config_parts import ModelConfig
 from ssd_engine.models.default_models import cache_dir
 from ssd_engine.models.model_paths import resolve_model_path
-from ssd_engine.core.config import parse_core_sets
-from ssd_engine.distributed.partition import check_splittable, even_spans
-from ssd_engine.distributed.placement import available_cores, plan_core_sets
+from ssd_engine.core.config import format_core_sets, parse_core_sets
+from ssd_engine.distributed.partition import check_splittable
+from ssd_engine.distributed.placement import available_cores, plan_core_sets, split_evenly
 from ssd_engine.models.loader import load_config
 from ssd_engine.tensor_parallel.launch import torchrun_world
 from ssd_engine.utils.machine import cpu_fingerprint, fingerprint
@@ -87,19 +87,14 @@ def placement_for(config: EngineConfig) -> tuple[Placement, str]:
     if len(every) < tp:
         raise ValueError(f"{tp} ranks need {tp} disjoint core sets but only {len(every)} cores {every} are given "
                          f"or available; pass cpu_cores to place them explicitly")
-    ranks = sets if len(sets) == tp else _split(every, tp)
-    ssd = sets if len(sets) == tp + 1 else _split(every, tp + 1) if len(every) > tp else None
+    ranks = sets if len(sets) == tp else split_evenly(every, tp)  # as the engine splits its cores among ranks
+    ssd = sets if len(sets) == tp + 1 else split_evenly(every, tp + 1) if len(every) > tp else None
     if torchrun_world() is not None:
         return Placement(ranks, ranks, []), "under torchrun the SSD draft gets no cores of its own"
     if ssd is None:
         return Placement(ranks, ranks, []), (f"{tp} ranks + its draft need {tp + 1} disjoint core sets, "
                                              f"{len(every)} core(s) here: the draft would share the ranks'")
     return Placement(ranks, ssd[:-1], ssd[-1]), ""
-
-
-def _split(cores: list[int], parts: int) -> list[list[int]]:
-    """Even contiguous core sets, as the engine splits this process's cores among its ranks."""
-    return [cores[s.start:s.start + s.size] for s in even_spans(len(cores), parts, "cores")]
 
 
 def _gpu_placement(config: EngineConfig) -> tuple[Placement, str]:
@@ -118,17 +113,13 @@ def _gpus() -> list[str]:
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
-def _sets(sets: list[list[int]]) -> str:
-    return ";".join(",".join(map(str, s)) for s in sets)
-
-
 def _placement_key(placement: Placement, tp: int) -> str:
     """The cached costs' machine part: one process keeps the key it always had; ranks and GPUs add
     the placement itself (given cpu_cores may split the same cores differently)."""
     every = placement.every
     if placement.device == "cpu" and tp == 1:
         return fingerprint(every, len(every))
-    where = f"{_sets(placement.ranks)}|{_sets(placement.ssd_ranks)}|{_sets([placement.ssd_draft])}"
+    where = f"{format_core_sets(placement.ranks)}|{format_core_sets(placement.ssd_ranks)}|{format_core_sets([placement.ssd_draft])}"
     machine = fingerprint(every, len(every)) if placement.device == "cpu" else "|".join([torch.__version__] + _gpus())
     return f"tp{tp}-" + hashlib.blake2b(f"{machine}|{where}".encode(), digest_size=6).hexdigest()
 
@@ -170,7 +161,7 @@ def survey(config: EngineConfig) -> Survey:
 
 def _where(sets: list[list[int]], device: str) -> str:
     if device == "cpu":
-        return "cores " + _sets(sets)
+        return "cores " + format_core_sets(sets)
     return ", ".join(f"cuda:{g}" for s in sets for g in s)
 
 
@@ -267,7 +258,7 @@ def _apply(config: EngineConfig, choice: ModeChoice, placement: Placement, measu
         if on_cpu:
             changes["draft_dtype"] = choice.detail.get("draft_format", measured.ssd_format)
             if torchrun_world() is None:
-                changes["cpu_cores"] = _sets(placement.ssd_ranks + [placement.ssd_draft])
+                changes["cpu_cores"] = format_core_sets(placement.ssd_ranks + [placement.ssd_draft])
         return replace(config, **changes)
     # the benchmarking-only options of modes not chosen are dropped: they would not apply
     changes = dict(speculative_mode=choice.mode, synthetic_hit=None)
@@ -278,7 +269,7 @@ def _apply(config: EngineConfig, choice: ModeChoice, placement: Placement, measu
     else:
         changes["synthetic_acceptance"] = None
     if on_cpu and torchrun_world() is None:
-        changes["cpu_cores"] = _sets(placement.ranks)
+        changes["cpu_cores"] = format_core_sets(placement.ranks)
         if len(placement.ranks) == 1:
             changes["num_threads"] = config.num_threads or len(placement.ranks[0])
     return replace(config, **changes)

@@ -37,6 +37,7 @@ from tqdm import tqdm
 
 from ssd_engine.planning.contention import memory_traffic
 from ssd_engine.planning.predict import Costs
+from ssd_engine.core.config import format_core_sets
 from ssd_engine.core.config_parts import CacheConfig, ModelConfig, ParallelConfig
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import ScheduledBatch, Sequence, new_block_table
@@ -255,7 +256,7 @@ def _time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, fl
         hf_config.save_pretrained(folder)
         spec = RunnerSpec(replace(model, path=folder, load_format="dummy", compile=False, num_threads=None),
                           CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1)
-        parallel = ParallelConfig(len(ranks), ";".join(",".join(map(str, s)) for s in ranks), RANKS_TIMEOUT_S)
+        parallel = ParallelConfig(len(ranks), format_core_sets(ranks), RANKS_TIMEOUT_S)
         with contextlib.redirect_stderr(io.StringIO()):  # its placement line is the engine's to print
             runner = spawn_ranks(parallel, spec, ranks)
         try:

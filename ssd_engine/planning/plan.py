@@ -10,8 +10,7 @@ from dataclasses import dataclass, replace
 
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.config_parts import Config
-from ssd_engine.models.model_paths import resolve_model_path
-from ssd_engine.models.gguf_files import is_gguf_file, resolve_gguf
+from ssd_engine.models.model_paths import resolve_model_arg, resolve_model_path
 from ssd_engine.planning.choose import ModeChoice, resolve_auto, size_ssd
 from ssd_engine.planning.preflight import check_before_loading
 
@@ -48,8 +47,8 @@ def convert_gguf_files(options: EngineConfig) -> EngineConfig:
     converted folder: converted here, once, in a child process, before auto measures anything and
     before any weights load; later starts find it in the cache."""
     changes = {}
-    if options.model is not None and is_gguf_file(options.model):
-        changes["model"] = resolve_gguf(options.model)
-    if options.speculative_mode != "ar" and options.draft_model is not None and is_gguf_file(options.draft_model):
-        changes["draft_model"] = resolve_gguf(options.draft_model)
-    return replace(options, **changes) if changes else options
+    if options.model is not None:
+        changes["model"] = resolve_model_arg(options.model)  # a folder comes back as given
+    if options.speculative_mode != "ar" and options.draft_model is not None:
+        changes["draft_model"] = resolve_model_arg(options.draft_model, "draft")
+    return replace(options, **changes)

@@ -214,7 +214,7 @@ class ModelRunner:
         layers = self.model.model.layers
         attn0 = layers[0].self_attn.attn
         shape = (2, len(layers), num_blocks * self.block_size, attn0.num_kv_heads, attn0.head_dim)
-        # sized for every sequence at full length; on CPU only the blocks written become resident
+        # sized for every sequence at full length; on CPU only the memory pages written become resident
         self.kv_cache = lazy_zeros(shape, self.dtype, self.device)
         for i, layer in enumerate(layers):
             layer.self_attn.attn.k_cache = self.kv_cache[0, i]

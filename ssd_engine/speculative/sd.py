@@ -55,7 +55,7 @@ class SyncDraft(PagedDraft[DraftView]):
     def release(self, seq: Sequence) -> None:
         view = self.views.pop(seq.seq_id, None)
         if view is not None:
-            self.blocks.deallocate(view)
+            self.drop(view)
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
         """Catch the draft up with every scheduled sequence's target progress; then draft K
@@ -70,7 +70,7 @@ class SyncDraft(PagedDraft[DraftView]):
                 dec_views.append(view)
             end = len(seq) if dec else seq.num_computed_tokens + n
             if view.num_computed_tokens > end:  # target was preempted and recomputes: so must we
-                self.blocks.deallocate(view)
+                self.drop(view)
             if not self.reserve(view, end + (self.k - 1 if dec else 0)):
                 continue
             if end > view.num_computed_tokens:
