@@ -256,8 +256,7 @@ class LLMEngine:
                      "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
                      "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
                      "fused_kernels": "on" if runner.fused_kernels else "off"}
-        target_format = self.parts.model.weight_format  # target_dtype: None is fp32, the weights as dtype holds them
-        described["target_dtype"] = f"{target_format} (re-quantized)" if target_format else "fp32"
+        described["target_dtype"] = _describe_format(runner.weight_format, self.parts.model.weight_format)
         described["mode"] = self.plan.describe_mode()
         if self.draft_format is not None:
             described["draft_format"] = self.draft_format.describe()
@@ -281,3 +280,13 @@ class LLMEngine:
         return RequestOutput(seq.seq_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
                              self.output_processor.final_text(seq), seq.output_token_ids, seq.finish_reason, metrics,
                              self.spec_metrics.pop(seq.seq_id))
+
+
+def _describe_format(running: str | None, asked: str | None) -> str:
+    """target_dtype as the target runs it (None: fp32, the weights as dtype holds them; a gguf target
+    whose kernels could not be built runs the same values in fp32)."""
+    if running == "gguf":
+        return "gguf (the checkpoint's blocks)"
+    if running:
+        return f"{running} (re-quantized)"
+    return "fp32 (the GGUF kernels could not be built)" if asked == "gguf" else "fp32"

@@ -68,6 +68,11 @@ class Linear(nn.Module):
         if not keep_plain:
             self.weight = None
 
+    def use_prepared(self, prepared: PreparedWeight) -> None:
+        """Multiply by `prepared` from now on (a weight kept in its checkpoint's blocks) and drop the plain weight."""
+        self.prepared = prepared
+        self.weight = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = None if self.reduce else self.bias  # row-parallel: add the bias once, after the sum
         if self.prepared is not None and (x.shape[0] > 1 or self.weight is None):

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 
 from ssd_engine.models.default_models import MARKER, _resolve_cached, cache_dir, discard, is_complete
+from ssd_engine.utils.progress import progress_enabled
 
 GGUF_MAGIC = b"GGUF"
 GGUF_PREFIX = "gguf-"  # cache folders of users' GGUF files: gguf-<file stem>-<key>
@@ -70,3 +71,30 @@ def _drop_superseded(root: Path, source: Path, keep: str) -> None:
             continue
         if info.get("path") == str(source):
             discard(folder)
+
+
+def source_gguf(folder) -> Path:
+    """The GGUF file a converted folder came from, for a target kept in its quantized blocks
+    (target_dtype="gguf"): a user's file where it lies (the marker's "path"), the built-in pair's
+    joined again from its installed parts into the folder, once. ValueError (one line) otherwise."""
+    from ssd_engine.models.default_models import DEFAULT_DRAFT, DEFAULT_TARGET, join_parts
+
+    folder = Path(folder)
+    try:
+        info = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        info = {}
+    if info.get("path") and is_gguf_file(info["path"]):
+        return Path(info["path"])
+    for model_spec in (DEFAULT_TARGET, DEFAULT_DRAFT):
+        if folder.name == model_spec.name and is_complete(folder):
+            joined = folder / model_spec.gguf_name  # appears only by an atomic rename, verified
+            if not joined.is_file():
+                from filelock import FileLock
+
+                with FileLock(str(folder.parent / f".{folder.name}.lock")):
+                    if not joined.is_file():
+                        join_parts(model_spec, joined, progress=progress_enabled())
+            return joined
+    raise ValueError(f"target_dtype=gguf needs the GGUF file {folder} was converted from, and none is known "
+                     f"(give the .gguf file itself as the model)")

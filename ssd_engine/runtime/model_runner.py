@@ -32,6 +32,9 @@ from ssd_engine.layers.shapes import head_dim
 from ssd_engine.utils.machine import fingerprint
 from ssd_engine.utils.memory import lazy_zeros
 from ssd_engine.models.loader import build_model, load_config
+from ssd_engine.models import model_class_for
+from ssd_engine.models.gguf_weights import block_source, gguf_weight
+from ssd_engine.kernels import gguf_cpu
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -108,7 +111,8 @@ class ModelRunner:
         self.weight_layout = model.weight_layout
         self.weight_format = model.weight_format  # a draft's chosen format or the target's; None: this dtype's own
         self.row_independent = model.row_independent  # a target's format: one kernel for every row count
-        if self.weight_format is not None and device.type == "cpu" and model.row_independent:
+        self.gguf_blocks = self._gguf_blocks(model) if self.weight_format == "gguf" else None
+        if self.weight_format not in (None, "gguf") and device.type == "cpu" and model.row_independent:
             check_supported(self.weight_format, "target_dtype")  # a one-line error before any weight loads
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             # before any forward: whether oneDNN runs one-row steps faster padded (layers/row_padding.py)
@@ -134,9 +138,23 @@ class ModelRunner:
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
 
+    def _gguf_blocks(self, model: ModelConfig):
+        """Where a target kept in its GGUF blocks reads them; None where the kernels cannot be built
+        here: then the target runs the converted fp32 weights, the very same values."""
+        try:
+            gguf_cpu.load()
+        except gguf_cpu.KernelUnavailable as error:
+            print(f"warning: target_dtype=gguf: {error}; the target runs its fp32 weights (the same values)")
+            self.weight_format = None
+            return None
+        return block_source(model.path, self.config, model.load_format)
+
     def _pack(self, name: str, module) -> None:
         """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
         if not isinstance(module, Linear):
+            return
+        if self.gguf_blocks is not None:  # the checkpoint's own blocks replace the fp32 copy just loaded
+            module.use_prepared(gguf_weight(self.gguf_blocks, name, module, model_class_for(self.config).stacked_params))
             return
         if self.device.type != "cpu":
             if self.weight_format == "bf16" and module.weight.dtype != torch.bfloat16:

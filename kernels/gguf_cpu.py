@@ -1,0 +1,76 @@
+"""The GGUF block kernels (gguf_matmul.cpp), compiled for this CPU on first use.
+
+Built with torch's extension builder (`-O3 -march=native`: the compiler picks AVX-512 or AVX2 for the
+machine it runs on) into torch's extension cache, under a name keyed on the CPU's flags, so a
+cache shared by two machines never loads code built for the other. Where no compiler works,
+`load()` says why and the caller keeps fp32 weights (the same values, more memory).
+
+    torch.ops.ssd_engine_gguf.linear(x_fp32[rows, k], blocks_uint8[n, row_bytes], kind, k) -> [rows, n]
+    torch.ops.ssd_engine_gguf.dequantize(blocks, kind, k) -> fp32 [n, k]
+"""
+import functools
+import hashlib
+import os
+import platform
+from pathlib import Path
+from typing import NamedTuple
+
+SOURCE = Path(__file__).with_name("gguf_matmul.cpp")
+# -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
+# runs serially without it; the libgomp it links is the one torch has already loaded
+FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
+DISABLE_ENV = "SSD_ENGINE_NO_GGUF_KERNEL"  # 1: behave as if no compiler were installed (tests, debugging)
+
+
+
+class BlockShape(NamedTuple):
+    values: int            # weights a block holds
+    bytes: int             # its size
+    half_offsets: tuple    # where its fp16 scales (and minimums) lie
+
+
+# GGML type id -> its block; the kernel handles exactly these
+BLOCKS = {2: BlockShape(32, 18, (0,)), 3: BlockShape(32, 20, (0, 2)), 6: BlockShape(32, 22, (0,)),
+          7: BlockShape(32, 24, (0, 2)), 8: BlockShape(32, 34, (0,)), 12: BlockShape(256, 144, (0, 2)),
+          13: BlockShape(256, 176, (0, 2)), 14: BlockShape(256, 210, (208,))}
+
+
+class KernelUnavailable(RuntimeError):
+    """The GGUF kernels cannot be built or loaded here (the message says why, in one line)."""
+
+
+def _cpu_key() -> str:
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        flags = platform.processor()
+    return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
+
+
+@functools.cache
+def load() -> None:
+    """Build (once per machine and source) and load the kernels; KernelUnavailable if that fails."""
+    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+        raise KernelUnavailable(f"the GGUF kernels are switched off ({DISABLE_ENV}=1)")
+    import torch
+    from torch.utils import cpp_extension
+
+    try:
+        cpp_extension.load(name=f"ssd_engine_gguf_{_cpu_key()}", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                           is_python_module=False, verbose=False)
+    except Exception as error:  # no compiler, no ninja, a compile error: all mean "not here"
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise KernelUnavailable(f"cannot build the GGUF CPU kernels: {first}") from None
+    torch.ops.ssd_engine_gguf.linear  # noqa: B018  raises now if the library registered nothing
+
+
+def available() -> bool:
+    try:
+        load()
+    except KernelUnavailable:
+        return False
+    return True

@@ -1,0 +1,96 @@
+"""A Linear whose weight stays in its GGUF checkpoint's quantized blocks (target_dtype="gguf").
+
+Unlike the re-quantized formats (weight_formats.py) this is the checkpoint itself: each block
+dequantizes to exactly the values the fp32 conversion of the same file holds, so the model is the
+one transformers runs on the dequantized checkpoint; only the order of the fp32 sums differs, as
+between any two fp32 kernels. The kernel (kernels/gguf_matmul.cpp) gives a row the same bits at
+any row count up to FUSED_ROWS, so verification rows equal one-row decoding exactly.
+
+A fused Linear (qkv, gate_up) may hold tensors of different block types (Q4_K_M files store some
+v and down projections as Q6_K): each run of one type is one kernel call.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ssd_engine.kernels import gguf_cpu
+from ssd_engine.layers.weight_formats import prepare
+
+# Rows above this take a dequantized tile and a dense matmul (prefill: compute-bound, where
+# dequantizing once per tile costs little next to the matmul); at or below it, the fused kernel.
+FUSED_ROWS = 64
+TILE_ROWS = 1024  # output rows dequantized at a time on the dense path (6 MB of fp32 at 1536 columns)
+DUMMY_SCALE = 0x211F  # fp16 0.01: dummy blocks' scales, so their values are small normal floats
+
+
+DENSE = 0  # GGML's F32 id: a tensor the file stores unquantized (F32 / F16 / BF16), kept as fp32
+
+
+@dataclass(frozen=True)
+class QuantizedRows:
+    """Consecutive output rows of a weight, as GGUF blocks of one type."""
+    blocks: torch.Tensor  # uint8 [rows, bytes a row]; fp32 [rows, cols] where kind is DENSE
+    kind: int             # GGML type id (gguf_cpu.BLOCKS), or DENSE
+    cols: int             # input columns
+
+    @property
+    def rows(self) -> int:
+        return self.blocks.shape[0]
+
+
+def random_rows(rows: int, cols: int, kind: int, generator: torch.Generator) -> QuantizedRows:
+    """Blocks of random codes with small normal scales: a dummy weight's (load_format="dummy")."""
+    shape = gguf_cpu.BLOCKS[kind]
+    blocks = torch.randint(0, 256, (rows, cols // shape.values, shape.bytes), dtype=torch.uint8,
+                           generator=generator)
+    for offset in shape.half_offsets:
+        blocks[..., offset] = DUMMY_SCALE & 0xFF
+        blocks[..., offset + 1] = DUMMY_SCALE >> 8
+    return QuantizedRows(blocks.reshape(rows, -1), kind, cols)
+
+
+class GGUFWeight:
+    """The PreparedWeight (weight_formats.py) of GGUF blocks: fp32 rows in, fp32 rows out."""
+
+    def __init__(self, parts: list[QuantizedRows]) -> None:
+        self.parts = _merge_runs(parts)
+        self.nbytes = sum(part.blocks.numel() * part.blocks.element_size() for part in self.parts)
+        # the row-independent fp32 kernel of a re-quantized target's (a lone row padded to two)
+        self.dense = {id(part): prepare(part.blocks, "fp32", row_independent=True)
+                      for part in self.parts if part.kind == DENSE}
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+        if rows.dtype != torch.float32:
+            rows = rows.float()
+        outs = [self._part(rows, part) for part in self.parts]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        if bias is not None:
+            out = out + bias
+        return out if x.dim() == 2 else out.reshape(*x.shape[:-1], -1)
+
+    def _part(self, rows: torch.Tensor, part: QuantizedRows) -> torch.Tensor:
+        ops = torch.ops.ssd_engine_gguf
+        if part.kind == DENSE:
+            return self.dense[id(part)](rows, None)
+        if rows.shape[0] <= FUSED_ROWS:
+            return ops.linear(rows, part.blocks, part.kind, part.cols)
+        return torch.cat([F.linear(rows, ops.dequantize(part.blocks[start:start + TILE_ROWS], part.kind, part.cols))
+                          for start in range(0, part.rows, TILE_ROWS)], dim=1)
+
+    def dequantized(self) -> torch.Tensor:
+        """The fp32 weight these blocks hold (tests compare against the checkpoint's)."""
+        return torch.cat([p.blocks if p.kind == DENSE else torch.ops.ssd_engine_gguf.dequantize(p.blocks, p.kind, p.cols)
+                          for p in self.parts])
+
+
+def _merge_runs(parts: list[QuantizedRows]) -> list[QuantizedRows]:
+    """Adjacent parts of one type joined, so each run of a type is one kernel call."""
+    merged: list[QuantizedRows] = []
+    for part in parts:
+        if merged and merged[-1].kind == part.kind:
+            merged[-1] = QuantizedRows(torch.cat([merged[-1].blocks, part.blocks]), part.kind, part.cols)
+        else:
+            merged.append(part)
+    return merged

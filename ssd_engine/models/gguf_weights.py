@@ -1,0 +1,122 @@
+"""The quantized blocks a target's Linears keep in target_dtype="gguf" (layers/gguf_weight.py),
+read from the GGUF file its folder was converted from (or made up, for load_format="dummy").
+
+Only the Linears come from here; norms, biases and the embedding table still load from the
+converted fp32 folder, whose values are those very blocks dequantized.
+"""
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ssd_engine.distributed.partition import Span
+from ssd_engine.kernels.gguf_cpu import BLOCKS
+from ssd_engine.layers.gguf_weight import DENSE, GGUFWeight, QuantizedRows, random_rows
+from ssd_engine.layers.linear import Linear
+from ssd_engine.layers.shapes import head_dim
+
+Q4_K, Q8_0 = 12, 8
+UNQUANTIZED = ("F32", "F16")  # kept as fp32 Linears
+DUMMY_SEED = 0
+
+
+class BlockSource(Protocol):
+    def rows(self, hf_name: str, rows: Span, cols: Span | None) -> QuantizedRows: ...
+
+
+class GGUFFile:
+    """Tensors of a GGUF file by Hugging Face name, memory-mapped: a slice is copied out when asked."""
+
+    def __init__(self, path: Path, config) -> None:
+        from gguf import GGUFReader
+
+        from ssd_engine.models.gguf_stream import plan_tensors
+
+        reader = GGUFReader(str(path))
+        arch = reader.fields["general.architecture"].contents()
+        self.path = path
+        self.plans = {plan.hf_name: plan for plan in plan_tensors(reader, config, arch)}
+        self.tensors = {tensor.name: tensor for tensor in reader.tensors}
+        if "lm_head.weight" not in self.plans:  # a tied head multiplies by the embedding's blocks
+            self.plans["lm_head.weight"] = self.plans["model.embed_tokens.weight"]
+
+    def kind(self, hf_name: str) -> int:
+        return int(self.tensors[self.plans[hf_name].gguf_name].tensor_type)
+
+    def rows(self, hf_name: str, rows: Span, cols: Span | None) -> QuantizedRows:
+        plan = self.plans[hf_name]
+        tensor = self.tensors[plan.gguf_name]
+        kind = int(tensor.tensor_type)
+        order = np.arange(plan.shape[0]) if plan.row_order is None else plan.row_order
+        picked = order[rows.start:rows.start + rows.size]
+        data = tensor.data[picked[0]:picked[-1] + 1] if plan.row_order is None else tensor.data[picked]
+        if tensor.tensor_type.name in UNQUANTIZED:
+            dense = torch.from_numpy(np.array(data, dtype=np.float32))
+            return QuantizedRows(dense if cols is None else dense[:, cols.start:cols.start + cols.size].contiguous(),
+                                 DENSE, cols.size if cols else plan.shape[1])
+        if kind not in BLOCKS:
+            raise ValueError(f"target_dtype=gguf: {hf_name} is stored as {tensor.tensor_type.name} in {self.path.name}, "
+                             f"which the GGUF kernels do not read (they read {_kind_names()})")
+        values, nbytes = BLOCKS[kind].values, BLOCKS[kind].bytes
+        width = plan.shape[1]
+        if cols is not None:
+            if cols.start % values or cols.size % values:
+                raise ValueError(f"target_dtype=gguf: {hf_name}'s input columns {cols.start}..{cols.start + cols.size} "
+                                 f"(its tensor-parallel slice) do not fall on its {values}-value blocks; use fewer ranks")
+            data = data[:, cols.start // values * nbytes:(cols.start + cols.size) // values * nbytes]
+            width = cols.size
+        return QuantizedRows(torch.from_numpy(np.array(data)), kind, width)  # a copy: the mapping may close
+
+
+class DummyBlocks:
+    """Random blocks at the real shapes (load_format="dummy"): of the types the GGUF file holds
+    when it is known, else Q4_K (Q8_0 where a row is not whole 256-value blocks)."""
+
+    def __init__(self, config, types: GGUFFile | None) -> None:
+        self.config = config
+        self.types = types
+        self.generator = torch.Generator().manual_seed(DUMMY_SEED)
+
+    def rows(self, hf_name: str, rows: Span, cols: Span | None) -> QuantizedRows:
+        width = cols.size if cols is not None else self._columns(hf_name)
+        kind = self.types.kind(hf_name) if self.types else DENSE
+        if kind not in BLOCKS:
+            kind = Q4_K if width % BLOCKS[Q4_K].values == 0 else Q8_0
+        return random_rows(rows.size, width, kind, self.generator)
+
+    def _columns(self, hf_name: str) -> int:
+        if "down_proj" in hf_name:
+            return self.config.intermediate_size
+        if "o_proj" in hf_name:
+            return self.config.num_attention_heads * head_dim(self.config)
+        return self.config.hidden_size
+
+
+def block_source(path: str, config, load_format: str) -> BlockSource:
+    from ssd_engine.models.gguf_files import source_gguf
+
+    if load_format == "dummy":
+        try:
+            types = GGUFFile(source_gguf(path), config)
+        except ValueError:  # a config-only folder: no file to take the types from
+            types = None
+        return DummyBlocks(config, types)
+    return GGUFFile(source_gguf(path), config)
+
+
+def gguf_weight(source: BlockSource, module_name: str, linear: Linear, stacked_params: dict) -> GGUFWeight:
+    """The blocks of this rank's slice of every checkpoint tensor a (possibly fused) Linear holds."""
+    fused = {(module, shard): hf_part for hf_part, (module, shard) in stacked_params.items()}
+    stem, _, leaf = module_name.rpartition(".")
+    parts = []
+    for shard, span in linear.shards.items():
+        hf_name = f"{module_name}.weight" if shard is None else f"{stem}.{fused[(leaf, shard)]}.weight"
+        parts.append(source.rows(hf_name, span, linear.cols))
+    return GGUFWeight(parts)
+
+
+def _kind_names() -> str:
+    from gguf import GGMLQuantizationType
+
+    return ", ".join(GGMLQuantizationType(kind).name for kind in BLOCKS)

@@ -1,0 +1,166 @@
+"""target_dtype="gguf": the target's Linears kept in their GGUF checkpoint's own quantized blocks.
+
+- The kernels (kernels/gguf_matmul.cpp) against gguf's own dequantizer, for every block type they
+  read: the dequantized values bit for bit, a product within fp32 rounding of the float64 one on
+  odd shapes, and each row's bits independent of the row count (1 .. 64 rows, past a pass of rows).
+- A small GGUF file (tests/gguf_checkpoints.py: Q4_K, Q6_K, Q8_0, Q5_0 and Q4_1 blocks, the mix
+  a Q4_K_M file holds): greedy AR equals transformers on the dequantized checkpoint token for
+  token; SD and SSD equal that AR output; each Linear holds only its blocks.
+- Without the kernels the target runs its fp32 weights and says so; a folder with no known GGUF,
+  and a tensor-parallel slice that splits a block, are one-line errors.
+"""
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package")
+from gguf.quants import dequantize  # noqa: E402
+
+from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine.distributed.partition import Span  # noqa: E402
+from ssd_engine.kernels import gguf_cpu  # noqa: E402
+from ssd_engine.layers.gguf_weight import GGUFWeight, QuantizedRows  # noqa: E402
+from gguf_checkpoints import gguf_checkpoint, random_blocks  # noqa: E402
+from test_greedy_generation import _oracle, _prompts  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C++ compiler to build the GGUF kernels")
+KINDS = sorted(gguf_cpu.BLOCKS)
+NEW_TOKENS = 24
+GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+
+
+def blocks_of(kind: int, rows: int, blocks_per_row: int, seed: int = 0):
+    cols = blocks_per_row * gguf_cpu.BLOCKS[kind].values
+    stored = random_blocks(rows, cols, kind, np.random.default_rng(seed))
+    return torch.from_numpy(stored), dequantize(stored, gguf.GGMLQuantizationType(kind)).reshape(rows, cols), cols
+
+
+@pytest.mark.parametrize("kind", KINDS, ids=lambda k: gguf.GGMLQuantizationType(k).name)
+def test_blocks_dequantize_to_ggufs_own_values_and_multiply_within_rounding(kind):
+    blocks, reference, cols = blocks_of(kind, 37, 3)
+    ops = torch.ops.ssd_engine_gguf
+    assert np.array_equal(ops.dequantize(blocks, kind, cols).numpy().view(np.uint32), reference.view(np.uint32))
+    x = torch.randn(11, cols)
+    exact = x.double() @ torch.from_numpy(reference).double().T
+    got = ops.linear(x, blocks, kind, cols)
+    bound = 8 * cols * 2**-24 * (x.double().abs() @ torch.from_numpy(reference).double().abs().T)
+    assert ((got.double() - exact).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("kind", [12, 14, 8], ids=["Q4_K", "Q6_K", "Q8_0"])
+def test_each_rows_bits_do_not_depend_on_the_row_count(kind):
+    blocks, _, cols = blocks_of(kind, 21, 2)
+    x = torch.randn(64, cols)
+    whole = torch.ops.ssd_engine_gguf.linear(x, blocks, kind, cols)
+    for rows in (1, 2, 3, 5, 8, 9, 17, 40):
+        for start in (0, 64 - rows):
+            assert torch.equal(torch.ops.ssd_engine_gguf.linear(x[start:start + rows], blocks, kind, cols),
+                               whole[start:start + rows]), (rows, start)
+
+
+def test_a_fused_linear_of_mixed_types_and_the_dense_path_for_many_rows():
+    q4k, ref_a, cols = blocks_of(12, 24, 2, seed=1)
+    q6k, ref_b, _ = blocks_of(14, 8, 2, seed=2)
+    more, ref_c, _ = blocks_of(12, 16, 2, seed=3)
+    weight = GGUFWeight([QuantizedRows(q4k, 12, cols), QuantizedRows(q6k, 14, cols), QuantizedRows(more, 12, cols)])
+    assert [p.kind for p in weight.parts] == [12, 14, 12] and weight.nbytes == q4k.numel() + q6k.numel() + more.numel()
+    reference = torch.from_numpy(np.concatenate([ref_a, ref_b, ref_c]))
+    assert torch.equal(weight.dequantized(), reference)
+    bias = torch.randn(48)
+    for rows in (1, 5, 100):  # 100: past FUSED_ROWS, dequantized tiles and a dense matmul
+        x = torch.randn(rows, cols)
+        torch.testing.assert_close(weight(x, bias), x @ reference.T + bias, rtol=1e-5, atol=1e-5)
+
+
+# --------------------------------------------------------------------------- a GGUF model
+
+
+def q4_k_m(hf_name: str) -> int:
+    """Q4_K_M's mix: Q6_K for half the v / down projections and the head, plus the 32-value types."""
+    if "layers.0." in hf_name and ("v_proj" in hf_name or "down_proj" in hf_name) or "lm_head" in hf_name:
+        return 14
+    if "layers.1.self_attn.o_proj" in hf_name:
+        return 8
+    if "embed_tokens" in hf_name:
+        return 6  # Q5_0: a tied head multiplies by these
+    if "layers.1.mlp.up_proj" in hf_name:
+        return 3
+    return 12
+
+
+SIZES = dict(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2)
+
+
+@pytest.fixture(scope="module")
+def gguf_model(tiny_model_dir, tmp_path_factory):
+    made = {}
+
+    def get(arch: str):
+        if arch not in made:
+            made[arch] = gguf_checkpoint(tiny_model_dir(arch, **SIZES), str(tmp_path_factory.mktemp(f"gguf_{arch}")),
+                                         arch, q4_k_m)
+        return made[arch]
+    return get
+
+
+def _generate(folder: str, **options) -> list[list[int]]:
+    with LLM(folder, num_threads=1, target_dtype="gguf", **options) as llm:
+        assert llm.engine.execution()["target_dtype"] == "gguf (the checkpoint's blocks)"
+        return [o.token_ids for o in llm.generate(_prompts(3), GREEDY, use_tqdm=False)]
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])  # llama: q / k rows stored permuted in the file
+def test_greedy_equals_transformers_on_the_dequantized_checkpoint(gguf_model, arch):
+    folder, _ = gguf_model(arch)
+    expected = [out[:NEW_TOKENS] for out in _oracle(folder, _prompts(3))]
+    assert _generate(folder, speculative_mode="ar") == expected
+
+
+@pytest.mark.parametrize("mode", ["sd", "ssd"])
+def test_sd_and_ssd_equal_ar_with_the_target_in_its_blocks(gguf_model, tiny_model_dir, mode):
+    folder, _ = gguf_model("qwen2")
+    options = dict(speculative_mode=mode, draft_model=tiny_model_dir("qwen2", seed=1, **SIZES),
+                   num_speculative_tokens=3)
+    if mode == "ssd":
+        options.update(ssd_budget=4)
+    assert _generate(folder, **options) == _generate(folder, speculative_mode="ar")
+
+
+def test_each_linear_holds_only_its_blocks(gguf_model):
+    folder, _ = gguf_model("qwen2")
+    with LLM(folder, num_threads=1, target_dtype="gguf", speculative_mode="ar") as llm:
+        model = llm.engine.runner.local.model
+        linears = [m for m in model.modules() if type(m).__name__ == "Linear"]
+        assert linears and all(m.weight is None and isinstance(m.prepared, GGUFWeight) for m in linears)
+        kinds = {p.kind for m in linears for p in m.prepared.parts}
+        assert kinds == {12, 14, 8, 3}  # the head's Q6_K, o_proj's Q8_0, up_proj's Q4_1 beside Q4_K
+
+
+def test_without_the_kernels_the_target_runs_its_fp32_weights(gguf_model, monkeypatch, capsys):
+    folder, _ = gguf_model("qwen2")
+    expected = _generate(folder, speculative_mode="ar")
+    monkeypatch.setenv(gguf_cpu.DISABLE_ENV, "1")
+    gguf_cpu.load.cache_clear()
+    try:
+        with LLM(folder, num_threads=1, target_dtype="gguf", speculative_mode="ar") as llm:
+            outputs = [o.token_ids for o in llm.generate(_prompts(3), GREEDY, use_tqdm=False)]
+    finally:
+        gguf_cpu.load.cache_clear()
+    assert "target_dtype=gguf: the GGUF kernels are switched off" in capsys.readouterr().out
+    assert outputs == expected
+
+
+def test_a_folder_without_a_gguf_and_a_split_block_are_one_line_errors(tiny_model_dir, gguf_model):
+    with pytest.raises(ValueError, match="target_dtype=gguf needs the GGUF file") as error:
+        LLM(tiny_model_dir("qwen2"), num_threads=1, target_dtype="gguf", speculative_mode="ar")
+    assert "\n" not in str(error.value)
+    from transformers import AutoConfig
+
+    from ssd_engine.models.gguf_weights import GGUFFile
+
+    folder, path = gguf_model("qwen2")
+    source = GGUFFile(__import__("pathlib").Path(path), AutoConfig.from_pretrained(folder))
+    with pytest.raises(ValueError, match="do not fall on its 256-value blocks"):
+        source.rows("model.layers.0.mlp.down_proj.weight", Span(0, 256), Span(128, 256))
+    part = source.rows("model.layers.0.mlp.down_proj.weight", Span(0, 256), Span(256, 256))
+    assert part.cols == 256 and part.blocks.shape == (256, 210)
