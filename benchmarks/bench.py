@@ -9,8 +9,10 @@
 Modes: `ar`, `sd`, `ssd` (our engine), `ar-all` and `sd-all` (our AR / SD on the target's and the
 draft's cores together: the baselines for SSD, which uses both), `auto` (our engine on both sets
 choosing AR / SD / SSD and K itself; run once, not per --k), `hf-ar` (transformers `generate`),
-`hf-assisted` (transformers assisted generation). `--draft-dtype` sets our draft's weight format,
-`--target-dtype` our target's (bf16/int8/int4 re-quantize it: another model, reproduced exactly).
+`hf-assisted` (transformers assisted generation), `llamacpp` and `llamacpp-all` (llama.cpp on the
+target's GGUF where ar / ar-all run; benchmarks/llamacpp_mode.py, `pip install "ssd_engine[llamacpp]"`).
+`--draft-dtype` sets our draft's weight format, `--target-dtype` our target's (bf16/int8/int4
+re-quantize it: another model, reproduced exactly).
 Without meaningful weights: `--load-format dummy` (random weights from config.json) with
 `--synthetic-acceptance ALPHA [--synthetic-hit P]` (drafts accepted, SSD lookups hit, at those rates:
 outputs are then not the target's); benchmarks/bench_synthetic.py sweeps them against the theory.
@@ -71,8 +73,17 @@ def where_results_go(out: str, tag: str) -> str:
     return line
 
 
+def render(raw: dict) -> str:
+    """The report: suite/report.py's, then the llama.cpp section when a llama.cpp mode ran."""
+    from llamacpp_mode import section_lines
+    from suite import report
+    extra = section_lines(raw)
+    return report.render(raw) + ("\n" + "\n".join(extra).rstrip() + "\n" if extra else "")
+
+
 def main(argv: list[str] | None = None) -> dict:
-    from suite import host_speed, isolate, options, plots, report
+    import llamacpp_mode
+    from suite import host_speed, options, plots
     from suite.machine import machine_line
     from ssd_engine.utils.machine import describe
 
@@ -80,18 +91,31 @@ def main(argv: list[str] | None = None) -> dict:
     if argv[:1] == ["--report"] and len(argv) == 2:  # re-render an earlier run's tables
         with open(argv[1]) as f:
             raw = json.load(f)
-        print(report.render(raw))
+        print(render(raw))
         return raw
-    opts = options.parse(argv)
+    # the llama.cpp modes are bench.py's, not suite/options.py's: checked here, before anything loads
+    our_argv, modes, model_arg = llamacpp_mode.split_argv(argv)
+    gguf = None
+    try:
+        if any(m in llamacpp_mode.MODES for m in modes):
+            llamacpp_mode.require_llama_cpp()
+            gguf = llamacpp_mode.gguf_for(model_arg)
+        opts = options.parse(our_argv)
+        if gguf is not None:
+            llamacpp_mode.check(opts)
+            opts.modes = modes
+    except llamacpp_mode.LlamaCppError as error:
+        sys.exit(f"error: {error}")
     print(where_results_go(opts.out, opts.tag), file=sys.stderr)
     prompt_sets = {name: load_prompts(name, opts.num_prompts) for name in opts.prompt_sets}
     speed_before = host_speed.measure()
-    results = isolate.run_modes(opts.modes, opts, prompt_sets)
+    results = llamacpp_mode.run_modes(opts.modes, opts, prompt_sets, gguf)
     speed_after = host_speed.measure()
 
     stamp = datetime.date.today().isoformat()
     raw = {"date": stamp, "machine": machine_line(opts.device) + "; " + host_speed.describe(speed_before, speed_after),
-           "host_speed": host_speed.as_dict(speed_before, speed_after), "cpu": describe(), "placement": opts.placement_text(),
+           "host_speed": host_speed.as_dict(speed_before, speed_after), "cpu": describe(),
+           "placement": opts.placement_text() + llamacpp_mode.placement_text(opts.modes, opts),
            "command": "python benchmarks/bench.py " + " ".join(argv), "target": opts.model, "draft": opts.draft,
            "temperature": opts.temperature, "new_tokens": opts.new_tokens, "num_prompts": opts.num_prompts,
            "prompt_sets": opts.prompt_sets, "batch": opts.batch, "k": opts.k, "dtype": opts.dtype,
@@ -102,7 +126,7 @@ def main(argv: list[str] | None = None) -> dict:
     base = os.path.join(opts.out, f"{stamp}-bench" + (f"-{opts.tag}" if opts.tag else ""))
     with open(base + ".json", "w") as f:  # first: a run's measurements outlive any bug in the tables
         json.dump(raw, f)  # every output's token ids included: `--report` re-renders the tables from it
-    text = report.render(raw)
+    text = render(raw)
     print(text)
     with open(base + ".md", "w") as f:
         f.write(text)

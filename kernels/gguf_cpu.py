@@ -7,6 +7,8 @@ cache shared by two machines never loads code built for the other. Where no comp
 
     torch.ops.ssd_engine_gguf.linear(x_fp32[rows, k], blocks_uint8[n, row_bytes], kind, k) -> [rows, n]
     torch.ops.ssd_engine_gguf.dequantize(blocks, kind, k) -> fp32 [n, k]
+    torch.ops.ssd_engine_gguf.linear_int8(x_fp32, blocks, kind, k) -> [rows, n]   (gguf_int8.cpp: x
+        quantized to int8 first; the kinds in INT8_KINDS, on CPUs with AVX2)
 """
 import functools
 import hashlib
@@ -15,7 +17,7 @@ import platform
 from pathlib import Path
 from typing import NamedTuple
 
-SOURCE = Path(__file__).with_name("gguf_matmul.cpp")
+SOURCES = [Path(__file__).with_name("gguf_matmul.cpp"), Path(__file__).with_name("gguf_int8.cpp")]
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
@@ -33,6 +35,8 @@ class BlockShape(NamedTuple):
 BLOCKS = {2: BlockShape(32, 18, (0,)), 3: BlockShape(32, 20, (0, 2)), 6: BlockShape(32, 22, (0,)),
           7: BlockShape(32, 24, (0, 2)), 8: BlockShape(32, 34, (0,)), 12: BlockShape(256, 144, (0, 2)),
           13: BlockShape(256, 176, (0, 2)), 14: BlockShape(256, 210, (208,))}
+
+INT8_KINDS = (2, 3, 8, 12, 14)  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: gguf_int8.cpp's
 
 
 class KernelUnavailable(RuntimeError):
@@ -60,7 +64,7 @@ def load() -> None:
     from torch.utils import cpp_extension
 
     try:
-        cpp_extension.load(name=f"ssd_engine_gguf_{_cpu_key()}", sources=[str(SOURCE)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+        cpp_extension.load(name=f"ssd_engine_gguf_{_cpu_key()}", sources=[str(source) for source in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                            is_python_module=False, verbose=False)
     except Exception as error:  # no compiler, no ninja, a compile error: all mean "not here"
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

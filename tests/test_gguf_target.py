@@ -8,6 +8,10 @@
   token; SD and SSD equal that AR output; each Linear holds only its blocks.
 - Without the kernels the target runs its fp32 weights and says so; a folder with no known GGUF,
   and a tensor-parallel slice that splits a block, are one-line errors.
+- gguf-int8 (int8-rounded activations, another model): the kernel against float64 products of
+  the rounded activations; a row's logits equal from a prefill, one-token steps and K + 1-token
+  steps; greedy SD and SSD equal its own AR, which differs from gguf's.
+- auto (the default) keeps a GGUF target's blocks and leaves a plain folder in fp32.
 """
 import numpy as np
 import pytest
@@ -72,6 +76,28 @@ def test_a_fused_linear_of_mixed_types_and_the_dense_path_for_many_rows():
         torch.testing.assert_close(weight(x, bias), x @ reference.T + bias, rtol=1e-5, atol=1e-5)
 
 
+def rounded_activations(x: torch.Tensor, block: int) -> torch.Tensor:
+    """x as gguf_int8.cpp multiplies it: int8 codes of amax / 127 steps per `block` values, to nearest even."""
+    grouped = x.double().reshape(x.shape[0], -1, block)
+    amax = grouped.abs().amax(-1, keepdim=True)
+    inverse = torch.where(amax > 0, (127 / amax).float().double(), torch.zeros_like(amax))
+    return (torch.round(grouped * inverse) * (amax / 127).float().double()).reshape(x.shape)
+
+
+@pytest.mark.parametrize("kind", gguf_cpu.INT8_KINDS, ids=lambda k: gguf.GGMLQuantizationType(k).name)
+def test_int8_activations_multiply_the_rounded_rows_and_each_row_alone(kind):
+    blocks, reference, cols = blocks_of(kind, 29, 3 if gguf_cpu.BLOCKS[kind].values == 256 else 9)
+    x = torch.randn(40, cols)
+    got = torch.ops.ssd_engine_gguf.linear_int8(x, blocks, kind, cols)
+    expected = rounded_activations(x, 256 if gguf_cpu.BLOCKS[kind].values == 256 else 32) @ torch.from_numpy(reference).double().T
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
+    assert (got.double() - x.double() @ torch.from_numpy(reference).double().T).abs().max() > 1e-3  # really rounded
+    for rows in (1, 2, 3, 5, 8, 9, 17):
+        for start in (0, 40 - rows):
+            assert torch.equal(torch.ops.ssd_engine_gguf.linear_int8(x[start:start + rows], blocks, kind, cols),
+                               got[start:start + rows]), (rows, start)
+
+
 # --------------------------------------------------------------------------- a GGUF model
 
 
@@ -103,9 +129,12 @@ def gguf_model(tiny_model_dir, tmp_path_factory):
     return get
 
 
-def _generate(folder: str, **options) -> list[list[int]]:
-    with LLM(folder, num_threads=1, target_dtype="gguf", **options) as llm:
-        assert llm.engine.execution()["target_dtype"] == "gguf (the checkpoint's blocks)"
+DESCRIBED = {"gguf": "gguf (the checkpoint's blocks)", "gguf-int8": "gguf-int8 (the checkpoint's blocks, int8 activations)"}
+
+
+def _generate(folder: str, fmt: str = "gguf", **options) -> list[list[int]]:
+    with LLM(folder, num_threads=1, target_dtype=fmt, **options) as llm:
+        assert llm.engine.execution()["target_dtype"] == DESCRIBED[fmt]
         return [o.token_ids for o in llm.generate(_prompts(3), GREEDY, use_tqdm=False)]
 
 
@@ -116,14 +145,37 @@ def test_greedy_equals_transformers_on_the_dequantized_checkpoint(gguf_model, ar
     assert _generate(folder, speculative_mode="ar") == expected
 
 
+@pytest.mark.parametrize("fmt", ["gguf", "gguf-int8"])
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
-def test_sd_and_ssd_equal_ar_with_the_target_in_its_blocks(gguf_model, tiny_model_dir, mode):
+def test_sd_and_ssd_equal_ar_with_the_target_in_its_blocks(gguf_model, tiny_model_dir, mode, fmt):
     folder, _ = gguf_model("qwen2")
     options = dict(speculative_mode=mode, draft_model=tiny_model_dir("qwen2", seed=1, **SIZES),
                    num_speculative_tokens=3)
     if mode == "ssd":
         options.update(ssd_budget=4)
-    assert _generate(folder, **options) == _generate(folder, speculative_mode="ar")
+    ar = _generate(folder, fmt, speculative_mode="ar")
+    assert _generate(folder, fmt, **options) == ar
+    if fmt == "gguf-int8" and mode == "sd":  # another model: its greedy path parts from the checkpoint's
+        assert ar != _generate(folder, "gguf", speculative_mode="ar")
+
+
+def test_an_int8_activation_targets_logits_do_not_depend_on_the_other_rows(gguf_model):
+    from dataclasses import replace
+
+    from ssd_engine.core.config import EngineConfig
+    from ssd_engine.runtime.model_runner import RunnerSpec
+    from test_target_dtype import BLOCK_SIZE, PROMPTS, _logits
+
+    folder, _ = gguf_model("qwen2")
+    tokens, prompt_len = PROMPTS[3] + PROMPTS[2][:9], len(PROMPTS[3])
+    blocks = -(-len(tokens) // BLOCK_SIZE)
+    parts = EngineConfig(model=folder, target_dtype="gguf-int8", speculative_mode="ar", block_size=BLOCK_SIZE,
+                         num_threads=1).parts()
+    runner = RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=blocks), len(tokens) + 2).build()
+    table = list(range(blocks))
+    prefill = _logits(runner, tokens, prompt_len, len(tokens), table)
+    for step in (1, 2, 4):  # decode, and verification-shaped steps
+        assert torch.equal(_logits(runner, tokens, prompt_len, step, table), prefill), step
 
 
 def test_each_linear_holds_only_its_blocks(gguf_model):
@@ -164,3 +216,25 @@ def test_a_folder_without_a_gguf_and_a_split_block_are_one_line_errors(tiny_mode
         source.rows("model.layers.0.mlp.down_proj.weight", Span(0, 256), Span(128, 256))
     part = source.rows("model.layers.0.mlp.down_proj.weight", Span(0, 256), Span(256, 256))
     assert part.cols == 256 and part.blocks.shape == (256, 210)
+
+
+# --------------------------------------------------------------------------- the default: auto
+
+
+def test_auto_keeps_a_gguf_targets_blocks_and_a_plain_folders_fp32(gguf_model, tiny_model_dir, tmp_path):
+    from ssd_engine.core.config import EngineConfig
+    from ssd_engine.models import default_models
+    from ssd_engine.planning.plan import resolve_target_format
+
+    folder, _ = gguf_model("qwen2")
+    plain = tiny_model_dir("qwen2")
+    # a folder standing in under the built-in target's name, whose marker does not name its GGUF
+    stand_in = tmp_path / default_models.DEFAULT_TARGET.name
+    __import__("shutil").copytree(plain, stand_in)
+    (stand_in / default_models.MARKER).write_text("{}\n")
+    chosen = {path: resolve_target_format(EngineConfig(model=str(path), speculative_mode="ar")).target_dtype
+              for path in (folder, plain, stand_in)}
+    assert chosen == {folder: "gguf", plain: "fp32", stand_in: "fp32"}
+    assert resolve_target_format(EngineConfig(model=folder, speculative_mode="ar", target_dtype="fp32")).target_dtype == "fp32"
+    with LLM(folder, num_threads=1, speculative_mode="ar") as llm:  # target_dtype left to its default
+        assert llm.engine.execution()["target_dtype"] == "gguf (the checkpoint's blocks)"

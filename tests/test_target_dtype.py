@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.core.config import TARGET_DTYPES, EngineConfig
+from ssd_engine.core.config import REQUANTIZED, EngineConfig
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, prepare
 from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
 from exact_law import output_law
@@ -37,7 +37,7 @@ from small_pair import DIST_PROMPT, engine_options
 from stats_helpers import fit, gof_power
 from tiny_checkpoints import derived_checkpoint
 
-QUANTIZED = [f for f in TARGET_DTYPES if f != "fp32"]
+QUANTIZED = list(REQUANTIZED)
 K = 3
 BLOCK_SIZE = 8
 NEW_TOKENS = 32
@@ -55,7 +55,7 @@ WIDE = dict(hidden_size=1536, intermediate_size=1536, num_hidden_layers=1, num_a
 
 @pytest.mark.parametrize("options,named", [
     (dict(target_dtype="int3"), "target_dtype must be one of"),
-    (dict(target_dtype="auto"), "target_dtype must be one of"),
+    (dict(target_dtype="q4_k"), "target_dtype must be one of"),
     (dict(target_dtype="int8", device="cuda"), "target_dtype=int8 is CPU-only"),
     (dict(target_dtype="int4", device="cuda:1"), "target_dtype=int4 is CPU-only"),
 ])
@@ -66,7 +66,7 @@ def test_bad_values_are_one_line_errors(options, named):
 
 
 def test_the_option_reaches_the_target_and_not_the_draft():
-    assert EngineConfig().target_dtype == "fp32" and EngineConfig().parts().model.weight_format is None
+    assert EngineConfig().target_dtype == "auto" and EngineConfig().parts().model.weight_format is None
     for fmt in QUANTIZED:
         model = EngineConfig(target_dtype=fmt).parts().model
         assert (model.weight_format, model.row_independent) == (fmt, True)
@@ -84,7 +84,7 @@ def test_bench_parses_the_option_and_hands_it_to_every_engine_of_ours():
     from suite.report import _draft_setting
     opts = options.parse(["--model", "t", "--draft", "d", "--mode", "ar,sd", "--target-dtype", "int4"])
     assert opts.target_dtype == "int4" and ours._engine_options(opts, True)["target_dtype"] == "int4"
-    assert options.parse(["--model", "t", "--mode", "ar"]).target_dtype == "fp32"
+    assert options.parse(["--model", "t", "--mode", "ar"]).target_dtype == "auto"
     with pytest.raises(SystemExit):
         options.parse(["--model", "t", "--mode", "ar", "--device", "cuda", "--target-dtype", "int8"])
     assert "target weights int4" in _draft_setting({"draft_dtype": "auto", "target_dtype": "int4"})
@@ -94,7 +94,7 @@ def test_bench_parses_the_option_and_hands_it_to_every_engine_of_ours():
 # --------------------------------------------------------------------------- row independence
 
 
-@pytest.mark.parametrize("fmt", TARGET_DTYPES)
+@pytest.mark.parametrize("fmt", ["fp32", *REQUANTIZED])
 @pytest.mark.parametrize("shape", [(4096, 1536), (256, 1536)])
 def test_a_target_format_gives_each_row_the_same_bits_at_any_row_count(fmt, shape):
     g = torch.Generator().manual_seed(0)

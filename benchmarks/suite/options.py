@@ -6,12 +6,10 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from ssd_engine.core.config import format_core_sets
+from ssd_engine.core.config import DRAFT_DTYPES, TARGET_DTYPES, format_core_sets
 
 MODES = ("ar", "ar-all", "sd", "sd-all", "ssd", "auto", "hf-ar", "hf-assisted")
 SPECULATIVE = ("sd", "sd-all", "ssd", "auto", "hf-assisted")  # need a draft checkpoint
-DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # our engine's draft_dtype
-TARGET_DTYPES = ("fp32", "bf16", "int8", "int4")  # our engine's target_dtype (all but fp32 change the model)
 SPLIT = ("ssd", "auto")  # the draft gets (ssd) or may get (auto) its own core set: the sets must be disjoint
 RESULTS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results")  # committed results
 
@@ -49,7 +47,7 @@ class BenchOptions:
     synthetic_acceptance: float | None = None  # benchmarking only: drafts accepted at this rate (sd, ssd, auto)
     synthetic_hit: float | None = None         # benchmarking only: SSD cache lookups hit at this rate
     draft_host: str | None = None              # SSD's ssd_draft_host: process or thread (unset: the engine's)
-    target_dtype: str = "fp32"                 # our target's Linear format (EngineConfig.target_dtype)
+    target_dtype: str = "auto"                 # our target's Linear format (EngineConfig.target_dtype)
     argv: list[str] = field(default_factory=list)
 
     def placement(self, with_draft: bool) -> str:
@@ -89,8 +87,9 @@ def parse(argv: list[str]) -> BenchOptions:
     p.add_argument("--k", default="4", help="comma-separated draft lengths K")
     p.add_argument("--draft-dtype", default="auto", choices=DRAFT_DTYPES,
                    help="our draft's weight format (sd, sd-all, ssd, auto); auto: the engine measures and picks")
-    p.add_argument("--target-dtype", default="fp32", choices=TARGET_DTYPES,
-                   help="our target's weight format (every mode of ours); bf16/int8/int4 re-quantize it: a different "
+    p.add_argument("--target-dtype", default="auto", choices=TARGET_DTYPES,
+                   help="our target's weight format (every mode of ours); gguf keeps the GGUF's own blocks (the "
+                        "checkpoint's values); bf16/int8/int4 re-quantize it: a different "
                         "model, which SD/SSD reproduce exactly (transformers' peers keep the checkpoint)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--model", default=None, help="target HF folder or .gguf file (converted once into the engine's "
@@ -158,7 +157,7 @@ def parse(argv: list[str]) -> BenchOptions:
         p.error(f"--tp {a.tp} needs at least {a.tp} cores in --cores")
     if a.device != "cpu" and a.draft_dtype in ("int8", "int4"):
         p.error(f"--draft-dtype {a.draft_dtype} is CPU-only; on {a.device} use auto, bf16 or fp32")
-    if a.device != "cpu" and a.target_dtype in ("int8", "int4"):
+    if a.device != "cpu" and a.target_dtype in ("gguf", "int8", "int4"):
         p.error(f"--target-dtype {a.target_dtype} is CPU-only; on {a.device} use fp32 or bf16")
     if a.device == "cpu" and any(m in SPLIT for m in modes) and cores & draft_cores:
         p.error(f"--cores and --draft-cores overlap on {sorted(cores & draft_cores)}: the draft needs its own cores")

@@ -270,7 +270,9 @@ def costs_lines(raw: dict) -> list[str]:
 
 def _draft_setting(raw: dict) -> str:
     target = raw.get("target_dtype", "fp32")  # older result files: fp32, the only target format then
-    retargeted = f", target weights {target} (--target-dtype: re-quantized)" if target != "fp32" else ""
+    # auto, fp32 and gguf keep the checkpoint's values; the others re-quantize it
+    how = {"auto": "gguf for a GGUF target on CPU, else fp32", "gguf": "the GGUF's own blocks"}.get(target, "re-quantized")
+    retargeted = f", target weights {target} (--target-dtype: {how})" if target != "fp32" else ""
     return (f", draft weights {raw['draft_dtype']} (--draft-dtype)" if raw.get("draft_dtype") else "") + retargeted
 
 

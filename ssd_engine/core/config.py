@@ -17,7 +17,9 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
 SSD_FALLBACKS = ("auto", "jit", "fast")
 DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # auto: the fastest this CPU runs (runtime/draft_format.py)
-TARGET_DTYPES = ("fp32", "gguf", "bf16", "int8", "int4")  # fp32 and gguf keep the checkpoint's values; the others change the model
+# auto, fp32 and gguf keep the checkpoint's values; the others change the model
+TARGET_DTYPES = ("auto", "fp32", "gguf", "gguf-int8", "bf16", "int8", "int4")
+REQUANTIZED = ("bf16", "int8", "int4")  # re-quantized weights (layers/weight_formats.py); gguf-int8 rounds activations
 FANOUT_RULES = ("auto", "geometric", "uniform")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
 COMPILE_MODES = ("auto", "on", "off")
@@ -39,9 +41,11 @@ class EngineConfig:
     draft_dtype: str = option("auto", "the draft's weight format (its precision never changes the output): auto "
                                       "picks the fastest this CPU runs, measured once per machine; int8/int4 are "
                                       "weight-only with bf16 activations, CPU only", DRAFT_DTYPES)
-    target_dtype: str = option("fp32", "the target's Linear weight format: fp32 keeps the weights as dtype holds "
-                                       "them; gguf keeps a GGUF checkpoint's own quantized blocks (the same values "
-                                       "as fp32, a sixth of the bytes; CPU only); bf16, int8 and int4 re-quantize them, which CHANGES the "
+    target_dtype: str = option("auto", "the target's Linear weight format: auto is gguf where the target came from "
+                                       "a GGUF file (the built-in pair does) and runs on CPU, else fp32; fp32 keeps the "
+                                       "weights as dtype holds them; gguf keeps a GGUF checkpoint's own quantized blocks (the same values "
+                                       "as fp32, a sixth of the bytes; CPU only); gguf-int8 multiplies those blocks by int8-rounded "
+                                       "activations (llama.cpp's arithmetic: faster, CHANGES the model); bf16, int8 and int4 re-quantize them, which CHANGES the "
                                        "model: AR, SD and SSD all give that model's own output (bf16 activations "
                                        "in its Linears, norms and attention stay in dtype); int8/int4 CPU only",
                                TARGET_DTYPES)
@@ -128,7 +132,7 @@ class EngineConfig:
     def target_weight_format(self) -> str | None:
         """The target's re-quantized Linear format (layers/weight_formats.py); None: fp32, the weights
         as `dtype` holds them."""
-        return None if self.target_dtype == "fp32" else self.target_dtype
+        return None if self.target_dtype in ("auto", "fp32") else self.target_dtype  # auto: until planning resolves it
 
     @property
     def compiled(self) -> bool:
@@ -210,7 +214,7 @@ class EngineConfig:
                f"draft_dtype={self.draft_dtype} is CPU-only; on {self.device} use auto, bf16 or fp32")
         _check(self.target_dtype in TARGET_DTYPES,
                f"target_dtype must be one of {TARGET_DTYPES}, got {self.target_dtype!r}")
-        _check(self.device == "cpu" or self.target_dtype not in ("gguf", "int8", "int4"),
+        _check(self.device == "cpu" or self.target_dtype not in ("gguf", "gguf-int8", "int8", "int4"),
                f"target_dtype={self.target_dtype} is CPU-only; on {self.device} use fp32 or bf16")
         _check(self.ssd_fallback in SSD_FALLBACKS,
                f"ssd_fallback must be one of {SSD_FALLBACKS}, got {self.ssd_fallback!r}")

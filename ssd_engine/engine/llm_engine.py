@@ -287,6 +287,8 @@ def _describe_format(running: str | None, asked: str | None) -> str:
     whose kernels could not be built runs the same values in fp32)."""
     if running == "gguf":
         return "gguf (the checkpoint's blocks)"
+    if running == "gguf-int8":
+        return "gguf-int8 (the checkpoint's blocks, int8 activations)"
     if running:
         return f"{running} (re-quantized)"
     return "fp32 (the GGUF kernels could not be built)" if asked == "gguf" else "fp32"

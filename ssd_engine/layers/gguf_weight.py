@@ -8,6 +8,10 @@ any row count up to FUSED_ROWS, so verification rows equal one-row decoding exac
 
 A fused Linear (qkv, gate_up) may hold tensors of different block types (Q4_K_M files store some
 v and down projections as Q6_K): each run of one type is one kernel call.
+
+target_dtype="gguf-int8" multiplies the same blocks by activations quantized to int8, a row at a
+time (kernels/gguf_int8.cpp, llama.cpp's arithmetic): another model, several times cheaper per row;
+it runs the int8 kernel at every row count (prefill too), so every row of it is computed alike.
 """
 from dataclasses import dataclass
 
@@ -53,8 +57,9 @@ def random_rows(rows: int, cols: int, kind: int, generator: torch.Generator) -> 
 class GGUFWeight:
     """The PreparedWeight (weight_formats.py) of GGUF blocks: fp32 rows in, fp32 rows out."""
 
-    def __init__(self, parts: list[QuantizedRows]) -> None:
+    def __init__(self, parts: list[QuantizedRows], int8_activations: bool = False) -> None:
         self.parts = _merge_runs(parts)
+        self.int8_activations = int8_activations
         self.nbytes = sum(part.blocks.numel() * part.blocks.element_size() for part in self.parts)
         # the row-independent fp32 kernel of a re-quantized target's (a lone row padded to two)
         self.dense = {id(part): prepare(part.blocks, "fp32", row_independent=True)
@@ -74,7 +79,9 @@ class GGUFWeight:
         ops = torch.ops.ssd_engine_gguf
         if part.kind == DENSE:
             return self.dense[id(part)](rows, None)
-        if rows.shape[0] <= FUSED_ROWS:
+        if self.int8_activations and part.kind in gguf_cpu.INT8_KINDS:
+            return ops.linear_int8(rows, part.blocks, part.kind, part.cols)
+        if rows.shape[0] <= FUSED_ROWS or self.int8_activations:  # gguf-int8: one kernel at any row count
             return ops.linear(rows, part.blocks, part.kind, part.cols)
         return torch.cat([F.linear(rows, ops.dequantize(part.blocks[start:start + TILE_ROWS], part.kind, part.cols))
                           for start in range(0, part.rows, TILE_ROWS)], dim=1)

@@ -87,7 +87,8 @@ def source_gguf(folder) -> Path:
     if info.get("path") and is_gguf_file(info["path"]):
         return Path(info["path"])
     for model_spec in (DEFAULT_TARGET, DEFAULT_DRAFT):
-        if folder.name == model_spec.name and is_complete(folder):
+        # the marker names the file converted: a folder standing in under the same name is not it
+        if folder.name == model_spec.name and is_complete(folder) and info.get("source") == model_spec.gguf_name:
             joined = folder / model_spec.gguf_name  # appears only by an atomic rename, verified
             if not joined.is_file():
                 from filelock import FileLock

@@ -11,31 +11,35 @@ import numpy as np
 import torch
 
 from ssd_engine.distributed.partition import Span
+from ssd_engine.kernels import gguf_cpu
 from ssd_engine.kernels.gguf_cpu import BLOCKS
 from ssd_engine.layers.gguf_weight import DENSE, GGUFWeight, QuantizedRows, random_rows
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.shapes import head_dim
 
+GGUF_FORMATS = ("gguf", "gguf-int8")  # the target_dtype values that keep a GGUF's blocks
 Q4_K, Q8_0 = 12, 8
 UNQUANTIZED = ("F32", "F16")  # kept as fp32 Linears
 DUMMY_SEED = 0
 
 
 class BlockSource(Protocol):
+    int8_activations: bool  # target_dtype gguf-int8: the blocks multiply int8-rounded activations
+
     def rows(self, hf_name: str, rows: Span, cols: Span | None) -> QuantizedRows: ...
 
 
 class GGUFFile:
     """Tensors of a GGUF file by Hugging Face name, memory-mapped: a slice is copied out when asked."""
 
-    def __init__(self, path: Path, config) -> None:
+    def __init__(self, path: Path, config, int8_activations: bool = False) -> None:
         from gguf import GGUFReader
 
         from ssd_engine.models.gguf_stream import plan_tensors
 
         reader = GGUFReader(str(path))
         arch = reader.fields["general.architecture"].contents()
-        self.path = path
+        self.path, self.int8_activations = path, int8_activations
         self.plans = {plan.hf_name: plan for plan in plan_tensors(reader, config, arch)}
         self.tensors = {tensor.name: tensor for tensor in reader.tensors}
         if "lm_head.weight" not in self.plans:  # a tied head multiplies by the embedding's blocks
@@ -73,8 +77,8 @@ class DummyBlocks:
     """Random blocks at the real shapes (load_format="dummy"): of the types the GGUF file holds
     when it is known, else Q4_K (Q8_0 where a row is not whole 256-value blocks)."""
 
-    def __init__(self, config, types: GGUFFile | None) -> None:
-        self.config = config
+    def __init__(self, config, types: GGUFFile | None, int8_activations: bool = False) -> None:
+        self.config, self.int8_activations = config, int8_activations
         self.types = types
         self.generator = torch.Generator().manual_seed(DUMMY_SEED)
 
@@ -93,16 +97,28 @@ class DummyBlocks:
         return self.config.hidden_size
 
 
-def block_source(path: str, config, load_format: str) -> BlockSource:
+def gguf_blocks_for(model, config) -> BlockSource | None:
+    """Where a target kept in its GGUF blocks (ModelConfig `model`) reads them; None for the other
+    formats, and, said in one line, where the kernels cannot be built here."""
     from ssd_engine.models.gguf_files import source_gguf
 
-    if load_format == "dummy":
+    if model.weight_format not in GGUF_FORMATS:
+        return None
+    try:
+        gguf_cpu.load()
+    except gguf_cpu.KernelUnavailable as error:
+        if model.weight_format != "gguf":  # gguf-int8 is another model: no silent stand-in
+            raise ValueError(f"target_dtype={model.weight_format}: {error}") from None
+        print(f"warning: target_dtype=gguf: {error}; the target runs its fp32 weights (the same values)")
+        return None
+    int8_activations = model.weight_format == "gguf-int8"
+    if model.load_format == "dummy":
         try:
-            types = GGUFFile(source_gguf(path), config)
+            types = GGUFFile(source_gguf(model.path), config)
         except ValueError:  # a config-only folder: no file to take the types from
             types = None
-        return DummyBlocks(config, types)
-    return GGUFFile(source_gguf(path), config)
+        return DummyBlocks(config, types, int8_activations)
+    return GGUFFile(source_gguf(model.path), config, int8_activations)
 
 
 def gguf_weight(source: BlockSource, module_name: str, linear: Linear, stacked_params: dict) -> GGUFWeight:
@@ -113,7 +129,7 @@ def gguf_weight(source: BlockSource, module_name: str, linear: Linear, stacked_p
     for shard, span in linear.shards.items():
         hf_name = f"{module_name}.weight" if shard is None else f"{stem}.{fused[(leaf, shard)]}.weight"
         parts.append(source.rows(hf_name, span, linear.cols))
-    return GGUFWeight(parts)
+    return GGUFWeight(parts, source.int8_activations)
 
 
 def _kind_names() -> str:

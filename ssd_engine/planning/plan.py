@@ -31,6 +31,7 @@ class Plan:
 def plan(options: EngineConfig) -> Plan:
     check_before_loading(options)
     options = convert_gguf_files(options)
+    options = resolve_target_format(options)
     choice = None
     if options.speculative_mode == "auto":
         options, choice = resolve_auto(options)
@@ -52,3 +53,23 @@ def convert_gguf_files(options: EngineConfig) -> EngineConfig:
     if options.speculative_mode != "ar" and options.draft_model is not None:
         changes["draft_model"] = resolve_model_arg(options.draft_model, "draft")
     return replace(options, **changes)
+
+
+def resolve_target_format(options: EngineConfig) -> EngineConfig:
+    """target_dtype="auto": gguf where it keeps the default contract and runs (a CPU target of one
+    process whose folder came from a GGUF file, with the kernels built here), else fp32. Both hold
+    the checkpoint's values; gguf reads a sixth of the bytes (docs/CPU.md, "Target formats")."""
+    if options.target_dtype != "auto":
+        return options
+    from ssd_engine.kernels import gguf_cpu
+    from ssd_engine.models.default_models import DefaultModelError
+    from ssd_engine.models.gguf_files import source_gguf
+
+    chosen = "fp32"
+    if options.device == "cpu" and options.tensor_parallel_size == 1 and gguf_cpu.available():
+        try:
+            source_gguf(resolve_model_path(options))
+            chosen = "gguf"
+        except (ValueError, DefaultModelError):
+            pass  # a plain checkpoint folder: no blocks to keep
+    return replace(options, target_dtype=chosen)

@@ -33,8 +33,7 @@ from ssd_engine.utils.machine import fingerprint
 from ssd_engine.utils.memory import lazy_zeros
 from ssd_engine.models.loader import build_model, load_config
 from ssd_engine.models import model_class_for
-from ssd_engine.models.gguf_weights import block_source, gguf_weight
-from ssd_engine.kernels import gguf_cpu
+from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for, gguf_weight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -111,8 +110,10 @@ class ModelRunner:
         self.weight_layout = model.weight_layout
         self.weight_format = model.weight_format  # a draft's chosen format or the target's; None: this dtype's own
         self.row_independent = model.row_independent  # a target's format: one kernel for every row count
-        self.gguf_blocks = self._gguf_blocks(model) if self.weight_format == "gguf" else None
-        if self.weight_format not in (None, "gguf") and device.type == "cpu" and model.row_independent:
+        self.gguf_blocks = gguf_blocks_for(model, self.config)  # a target kept in its GGUF blocks, else None
+        if self.weight_format in GGUF_FORMATS and self.gguf_blocks is None:  # no kernels: fp32, the same values
+            self.weight_format = None
+        if self.weight_format not in (None, *GGUF_FORMATS) and device.type == "cpu" and model.row_independent:
             check_supported(self.weight_format, "target_dtype")  # a one-line error before any weight loads
         if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
             # before any forward: whether oneDNN runs one-row steps faster padded (layers/row_padding.py)
@@ -137,17 +138,6 @@ class ModelRunner:
         self._allocate_kv_cache(cache.num_kv_blocks + (self.graphs is not None))  # + the padding rows' block
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
-
-    def _gguf_blocks(self, model: ModelConfig):
-        """Where a target kept in its GGUF blocks reads them; None where the kernels cannot be built
-        here: then the target runs the converted fp32 weights, the very same values."""
-        try:
-            gguf_cpu.load()
-        except gguf_cpu.KernelUnavailable as error:
-            print(f"warning: target_dtype=gguf: {error}; the target runs its fp32 weights (the same values)")
-            self.weight_format = None
-            return None
-        return block_source(model.path, self.config, model.load_format)
 
     def _pack(self, name: str, module) -> None:
         """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
