@@ -11,13 +11,11 @@ to the report (section_lines).
 import argparse
 import copy
 import importlib.util
-import json
 import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from pathlib import Path
 
 MODES = ("llamacpp", "llamacpp-all")
 INSTALL = 'pip install "ssd_engine[llamacpp]"'
@@ -51,34 +49,18 @@ def require_llama_cpp() -> None:
 
 
 def gguf_for(model: str | None) -> str:
-    """The GGUF file llama.cpp loads for bench.py's --model value: a GGUF file itself; None (the built-in
-    target) its joined GGUF in the engine's cache; a converted folder the GGUF its marker records."""
-    from ssd_engine.models.default_models import MARKER
-    from ssd_engine.models.gguf_files import is_gguf_file
-    if model is None:
-        return str(default_target_gguf())
-    if is_gguf_file(model):
+    """The GGUF file llama.cpp loads for bench.py's --model value: a GGUF file itself, else the one
+    the target's folder was converted from (the built-in target's joined into its folder, once: the
+    file a gguf target reads too)."""
+    from ssd_engine.models.gguf_files import is_gguf_file, source_gguf
+    from ssd_engine.models.model_paths import resolve_model_arg
+    if model is not None and is_gguf_file(model):
         return os.path.abspath(model)
     try:
-        recorded = json.loads((Path(model) / MARKER).read_text()).get("path")
-    except (OSError, ValueError, AttributeError):
-        recorded = None
-    if recorded and is_gguf_file(recorded):
-        return recorded
-    raise LlamaCppError(f"mode llamacpp needs the target as a GGUF file: {model} is not one and records none in "
-                        f"a {MARKER} marker; pass --model FILE.gguf")
-
-
-def default_target_gguf() -> Path:
-    """The built-in target's GGUF, joined from its parts once and kept: the engine's own conversion
-    deletes its joined copy, and re-joining 1 GB every run would cost more than checking it."""
-    from ssd_engine.models import default_models
-    from ssd_engine.utils.progress import progress_enabled
-    spec = default_models.DEFAULT_TARGET
-    dest = default_models.cache_dir() / spec.gguf_name
-    if dest.is_file() and default_models._sha256_file(dest) == spec.sha256:
-        return dest
-    return default_models.join_parts(spec, dest, progress=progress_enabled())
+        return str(source_gguf(resolve_model_arg(model)))
+    except ValueError:
+        raise LlamaCppError(f"mode llamacpp needs the target as a GGUF file: {model} is not one and records none in "
+                            f"its marker; pass --model FILE.gguf") from None
 
 
 def check(opts) -> None:

@@ -55,18 +55,23 @@ def test_a_folder_without_a_recorded_gguf_is_one_clear_error(tmp_path, marker):
     assert str(tmp_path) in str(error.value) and "\n" not in str(error.value)
 
 
-def test_the_default_target_reuses_an_intact_joined_gguf_and_rejoins_a_corrupt_one(tmp_path, monkeypatch):
-    from ssd_engine.models import default_models
-    monkeypatch.setenv("SSD_ENGINE_CACHE", str(tmp_path))
-    dest = tmp_path / default_models.DEFAULT_TARGET.gguf_name
-    dest.write_bytes(b"GGUF intact")
-    spec = replace(default_models.DEFAULT_TARGET, sha256=default_models._sha256_file(dest))
-    monkeypatch.setattr(default_models, "DEFAULT_TARGET", spec)
+def test_the_default_target_is_joined_once_into_its_folder(tmp_path, monkeypatch):
+    from ssd_engine.models import default_models, model_paths
+    spec = default_models.DEFAULT_TARGET
+    folder = tmp_path / spec.name
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / default_models.MARKER).write_text(json.dumps({"source": spec.gguf_name}))
+    monkeypatch.setattr(model_paths, "resolve_default_model", lambda which="target": str(folder))
     joined = []
-    monkeypatch.setattr(default_models, "join_parts", lambda s, d, progress=True: joined.append((s, d)) or d)
-    assert gguf_for(None) == str(dest) and joined == []
-    dest.write_bytes(b"GGUF corrupt")
-    assert gguf_for(None) == str(dest) and joined == [(spec, dest)]
+
+    def join(model_spec, dest, progress=True):
+        joined.append(dest)
+        dest.write_bytes(b"GGUF")
+        return dest
+    monkeypatch.setattr(default_models, "join_parts", join)
+    assert gguf_for(None) == str(folder / spec.gguf_name) == gguf_for(None)
+    assert joined == [folder / spec.gguf_name]
 
 
 def test_the_command_line_for_our_options_keeps_only_our_modes():

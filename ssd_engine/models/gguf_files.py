@@ -84,6 +84,7 @@ def source_gguf(folder) -> Path:
         info = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
         info = {}
+    info = info if isinstance(info, dict) else {}
     if info.get("path") and is_gguf_file(info["path"]):
         return Path(info["path"])
     for model_spec in (DEFAULT_TARGET, DEFAULT_DRAFT):
