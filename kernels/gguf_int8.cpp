@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -132,25 +133,26 @@ template <> struct Int8Block<Q6_K> {
     for (int r = 0; r < ROWS; ++r) isum[r] = _mm256_setzero_si256();
     for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8) {
       const __m256i l0 = load32(ql), l1 = load32(ql + 32), h = load32(qh);
-      // the four 32-value groups of this half: 6-bit codes 0..63, the -32 applied through the sums
-      const __m256i q[4] = {
-          _mm256_or_si256(_mm256_and_si256(l0, low_mask), _mm256_slli_epi16(_mm256_and_si256(h, two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(l1, low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two_bits), 4)),
-          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low_mask),
-                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two_bits), 4))};
-#pragma GCC unroll 4
-      for (int g = 0; g < 4; ++g) {
-        // 16 values a scale: the first 8 lanes of maddubs' pairs take sc[2g], the last 8 sc[2g+1]
-        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * g + 1]), _mm_set1_epi16(sc[2 * g]));
+      // the four 32-value groups of this half, one at a time (an array of all four spills once
+      // several rows share the pass): 6-bit codes 0..63, the -32 applied through the sums
+      auto group = [&](auto g) __attribute__((always_inline)) {
+        constexpr int G = decltype(g)::value;
+        const __m256i low = G % 2 ? l1 : l0;
+        const __m256i nibble = G < 2 ? _mm256_and_si256(low, low_mask)
+                                     : _mm256_and_si256(_mm256_srli_epi16(low, 4), low_mask);
+        const __m256i q = _mm256_or_si256(nibble, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * G), two_bits), 4));
+        // 16 values a scale: the first 8 lanes of maddubs' pairs take sc[2G], the last 8 sc[2G+1]
+        const __m256i s = _mm256_set_m128i(_mm_set1_epi16(sc[2 * G + 1]), _mm_set1_epi16(sc[2 * G]));
 #pragma GCC unroll 8
         for (int r = 0; r < ROWS; ++r) {
-          const int8_t* a = rows[r].q + c + 128 * half + 32 * g;
-          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q[g], load32(a)), s));
+          const int8_t* a = rows[r].q + c + 128 * half + 32 * G;
+          isum[r] = _mm256_add_epi32(isum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(q, load32(a)), s));
         }
-      }
+      };
+      group(std::integral_constant<int, 0>{});
+      group(std::integral_constant<int, 1>{});
+      group(std::integral_constant<int, 2>{});
+      group(std::integral_constant<int, 3>{});
     }
     const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
     for (int r = 0; r < ROWS; ++r) {

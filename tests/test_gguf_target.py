@@ -77,17 +77,18 @@ def test_a_fused_linear_of_mixed_types_and_the_dense_path_for_many_rows():
 
 
 def rounded_activations(x: torch.Tensor, block: int) -> torch.Tensor:
-    """x as gguf_int8.cpp multiplies it: int8 codes of amax / 127 steps per `block` values, to nearest even."""
-    grouped = x.double().reshape(x.shape[0], -1, block)
+    """x as gguf_int8.cpp multiplies it: int8 codes of amax / 127 steps per `block` values (the
+    product with 127 / amax in fp32, rounded to nearest even), in float64."""
+    grouped = x.float().reshape(x.shape[0], -1, block)
     amax = grouped.abs().amax(-1, keepdim=True)
-    inverse = torch.where(amax > 0, (127 / amax).float().double(), torch.zeros_like(amax))
-    return (torch.round(grouped * inverse) * (amax / 127).float().double()).reshape(x.shape)
+    inverse = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(grouped * inverse).double() * (amax / 127).double()).reshape(x.shape)
 
 
 @pytest.mark.parametrize("kind", gguf_cpu.INT8_KINDS, ids=lambda k: gguf.GGMLQuantizationType(k).name)
 def test_int8_activations_multiply_the_rounded_rows_and_each_row_alone(kind):
     blocks, reference, cols = blocks_of(kind, 29, 3 if gguf_cpu.BLOCKS[kind].values == 256 else 9)
-    x = torch.randn(40, cols)
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(kind))
     got = torch.ops.ssd_engine_gguf.linear_int8(x, blocks, kind, cols)
     expected = rounded_activations(x, 256 if gguf_cpu.BLOCKS[kind].values == 256 else 32) @ torch.from_numpy(reference).double().T
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)

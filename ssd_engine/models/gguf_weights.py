@@ -20,6 +20,8 @@ from ssd_engine.layers.shapes import head_dim
 GGUF_FORMATS = ("gguf", "gguf-int8")  # the target_dtype values that keep a GGUF's blocks
 Q4_K, Q8_0 = 12, 8
 UNQUANTIZED = ("F32", "F16")  # kept as fp32 Linears
+LINEAR_WEIGHTS = tuple(f"{name}.weight" for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                     "down_proj"))
 DUMMY_SEED = 0
 
 
@@ -27,6 +29,8 @@ class BlockSource(Protocol):
     int8_activations: bool  # target_dtype gguf-int8: the blocks multiply int8-rounded activations
 
     def rows(self, hf_name: str, rows: Span, cols: Span | None) -> QuantizedRows: ...
+
+    def holds(self, hf_name: str) -> bool: ...
 
 
 class GGUFFile:
@@ -44,6 +48,10 @@ class GGUFFile:
         self.tensors = {tensor.name: tensor for tensor in reader.tensors}
         if "lm_head.weight" not in self.plans:  # a tied head multiplies by the embedding's blocks
             self.plans["lm_head.weight"] = self.plans["model.embed_tokens.weight"]
+
+    def holds(self, hf_name: str) -> bool:
+        """Whether a Linear's weight `hf_name` comes from this file (the loader then skips its fp32 copy)."""
+        return hf_name in self.plans and _is_linear(hf_name)
 
     def kind(self, hf_name: str) -> int:
         return int(self.tensors[self.plans[hf_name].gguf_name].tensor_type)
@@ -81,6 +89,9 @@ class DummyBlocks:
         self.config, self.int8_activations = config, int8_activations
         self.types = types
         self.generator = torch.Generator().manual_seed(DUMMY_SEED)
+
+    def holds(self, hf_name: str) -> bool:
+        return False  # load_format dummy reads nothing anyway
 
     def rows(self, hf_name: str, rows: Span, cols: Span | None) -> QuantizedRows:
         width = cols.size if cols is not None else self._columns(hf_name)
@@ -130,6 +141,10 @@ def gguf_weight(source: BlockSource, module_name: str, linear: Linear, stacked_p
         hf_name = f"{module_name}.weight" if shard is None else f"{stem}.{fused[(leaf, shard)]}.weight"
         parts.append(source.rows(hf_name, span, linear.cols))
     return GGUFWeight(parts, source.int8_activations)
+
+
+def _is_linear(hf_name: str) -> bool:
+    return hf_name == "lm_head.weight" or hf_name.endswith(LINEAR_WEIGHTS)
 
 
 def _kind_names() -> str:

@@ -42,7 +42,7 @@ def load_config(path: str, load_format: str = "auto"):
 
 def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device, tp=None,
                 progress: bool = True, on_module_loaded: Callable[[str, nn.Module], None] | None = None,
-                load_format: str = "auto"):
+                load_format: str = "auto", skip: Callable[[str], bool] | None = None):
     """Build the model (this rank's slice when `tp` has more than one rank) and load its weights;
     `on_module_loaded(name, module)` runs once per module as soon as all its parameters are loaded.
     `load_format="dummy"`: nothing is read; every parameter is drawn uniform(-1e-3, 1e-3) on the
@@ -55,7 +55,7 @@ def build_model(path: str, config, max_position: int, dtype: torch.dtype, device
     if load_format == "dummy":
         fill_dummy_weights(model, on_module_loaded)
         return model.eval()
-    load_weights(model, path, progress=progress and progress_enabled(), on_module_loaded=on_module_loaded)
+    load_weights(model, path, progress=progress and progress_enabled(), on_module_loaded=on_module_loaded, skip=skip)
     return model.eval()
 
 
@@ -95,7 +95,8 @@ def _fill_tiled(flat: torch.Tensor, pool: torch.Tensor, offset: int) -> None:
 
 
 def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bool = False,
-                 on_module_loaded: Callable[[str, nn.Module], None] | None = None) -> None:
+                 on_module_loaded: Callable[[str, nn.Module], None] | None = None,
+                 skip: Callable[[str], bool] | None = None) -> None:
     """Copy every checkpoint tensor into the model, except what a module maps straight from the file
     (the embedding: only the rows a prompt uses ever become resident).
 
@@ -103,7 +104,8 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
     it is closed, so each file is reopened every `window_bytes` of copied tensors: otherwise loading
     a 7 GB checkpoint briefly holds twice its size in RSS. `on_module_loaded` (the CPU weight
     packing) runs while the rest is still unloaded, so a layer's transient second copy never
-    comes on top of the whole model."""
+    comes on top of the whole model. `skip(name)`: a tensor another source provides (a gguf target's
+    Linears, from their blocks), never read; its parameter counts as loaded and is never touched."""
     # names only: holding the parameters here would keep each packed layer's plain copy alive
     params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     loaded = set()
@@ -133,7 +135,9 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
                         if (model.tie_word_embeddings and name == "lm_head.weight") or "rotary_emb.inv_freq" in name:
                             continue  # tied: the embedding is the head; rotary tables are recomputed
                         module = _owner(model, params, name)
-                        if module is not None and getattr(module, "map_from", None) and module.map_from(file, name):
+                        if skip is not None and skip(name):
+                            key = _param_key(model, name)
+                        elif module is not None and getattr(module, "map_from", None) and module.map_from(file, name):
                             key = (name, None)
                         else:
                             tensor = f.get_tensor(name)
@@ -162,14 +166,21 @@ def _owner(model, params: set[str], name: str):
     return model.get_submodule(name.rsplit(".", 1)[0])
 
 
-def _load_one(model, params: set[str], name: str, tensor: torch.Tensor) -> tuple[str, str | None]:
-    """Copy one HF tensor into its parameter (or its slice of a fused one); return (param, shard)."""
+def _param_key(model, name: str) -> tuple[str, str | None]:
+    """(parameter, shard) an HF tensor loads into: a fused parameter's slice, or a whole parameter."""
     for hf_part, (fused, shard) in model.stacked_params.items():
         if f".{hf_part}." in name:
-            param_name = name.replace(hf_part, fused)
-            module = model.get_submodule(param_name.rsplit(".", 1)[0])
-            module.load(tensor, shard=shard, is_bias=name.endswith(".bias"))
-            return param_name, shard
+            return name.replace(hf_part, fused), shard
+    return name, None
+
+
+def _load_one(model, params: set[str], name: str, tensor: torch.Tensor) -> tuple[str, str | None]:
+    """Copy one HF tensor into its parameter (or its slice of a fused one); return (param, shard)."""
+    param_name, shard = _param_key(model, name)
+    if param_name != name:  # a slice of a fused parameter
+        module = model.get_submodule(param_name.rsplit(".", 1)[0])
+        module.load(tensor, shard=shard, is_bias=name.endswith(".bias"))
+        return param_name, shard
     if name not in params:
         raise ValueError(f"unexpected weight {name!r} in checkpoint")
     module = model.get_submodule(name.rsplit(".", 1)[0])

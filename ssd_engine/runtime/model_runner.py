@@ -120,7 +120,8 @@ class ModelRunner:
             row_padding.measure_once(dtype, fingerprint(sorted(os.sched_getaffinity(0)), torch.get_num_threads()),
                                      str(cache_dir()))
         self.model = build_model(model.path, self.config, runner_spec.max_position, dtype, device, self.tp,
-                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format)
+                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format,
+                                 skip=self.gguf_blocks.holds if self.gguf_blocks else None)  # read from the GGUF instead
         self.attention_backend = select_backend(model.attention_backend, device, cache.block_size)
         layer_backend = self.attention_backend
         if self.row_independent and layer_backend is torch_attention:  # a re-quantized target on CPU
