@@ -3,6 +3,7 @@
 Shared by `python -m ssd_engine.generate` and the benchmark/serve entry points.
 """
 import argparse
+import json
 import difflib
 import sys
 import types
@@ -15,7 +16,8 @@ from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS,
 
 ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"], "tensor_parallel_size": ["--tp"]}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
-                   "ignore_eos")
+                   "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
+                   "min_tokens")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -84,12 +86,25 @@ def add_sampling_args(parser: argparse.ArgumentParser, defaults: dict | None = N
         help = help_of(f) + shown
         if f.name == "ignore_eos":
             group.add_argument(_flag(f.name), action="store_true", default=default, help=help_of(f))
+        elif f.name == "logit_bias":
+            group.add_argument(_flag(f.name), type=_json_object, default=None, metavar="JSON", help=help)
         elif f.name in ("stop", "stop_token_ids"):
             group.add_argument(_flag(f.name), action="append", type=int if f.name == "stop_token_ids" else str,
                                default=None, metavar=f.name.upper(), help=help)
         else:
             group.add_argument(_flag(f.name), type=_base_type(f.type), default=default, metavar=f.name.upper(),
                                help=help)
+
+
+def _json_object(text: str) -> dict:
+    """--logit-bias '{"50256": -100}'"""
+    try:
+        value = json.loads(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"not JSON: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def _shown(default) -> str:

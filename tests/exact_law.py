@@ -2,7 +2,9 @@
 
 `output_law(model_dir, prompt, params, length)` enumerates every continuation of `length` tokens
 with non-zero probability under the target and returns {tokens: probability}, computed in float64
-with transformers' own logits warpers (temperature, top-k, top-p) on the Hugging Face model. It is
+with transformers' own logits processors (min_tokens, logit_bias, repetition penalty; frequency and
+presence penalties by OpenAI's formula) and warpers (temperature, top-k, top-p) on the Hugging Face
+model. It is
 meant for the tiny-vocabulary models of the distribution tests (16 tokens: at most 16^length
 cells). `marginal(law, index)` sums it down to one position.
 """
@@ -11,10 +13,40 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, \
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, MinNewTokensLengthLogitsProcessor, \
+    RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, \
     TopPLogitsWarper
 
 from ssd_engine import SamplingParams
+
+
+class OutputPenalties(LogitsProcessor):
+    """OpenAI's frequency and presence penalties over the generated ids (transformers has none)."""
+
+    def __init__(self, prompt_length: int, frequency: float, presence: float) -> None:
+        self.prompt_length, self.frequency, self.presence = prompt_length, frequency, presence
+
+    def __call__(self, input_ids, scores):
+        counts = torch.zeros_like(scores)
+        counts.scatter_add_(1, input_ids[:, self.prompt_length:], torch.ones_like(input_ids[:, self.prompt_length:],
+                                                                                  dtype=scores.dtype))
+        return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
+
+
+def processors(params: SamplingParams, prompt_length: int, eos_token_ids: list[int]) -> LogitsProcessorList:
+    """transformers' processors for the history-dependent parameters, in vLLM's order (min_tokens,
+    logit_bias, then the penalties); the temperature and filters come after (`warpers`)."""
+    chain = LogitsProcessorList()
+    if params.min_tokens:
+        blocked = list(params.stop_token_ids) + ([] if params.ignore_eos else eos_token_ids)
+        chain.append(MinNewTokensLengthLogitsProcessor(prompt_length, params.min_tokens, blocked))
+    if params.logit_bias:
+        chain.append(SequenceBiasLogitsProcessor([[[token], bias] for token, bias in params.logit_bias.items()]))
+    if params.repetition_penalty != 1:
+        chain.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.frequency_penalty or params.presence_penalty:
+        chain.append(OutputPenalties(prompt_length, params.frequency_penalty, params.presence_penalty))
+    return chain
 
 
 def warpers(params: SamplingParams) -> LogitsProcessorList:
@@ -31,7 +63,7 @@ def output_law(model_dir: str, prompt: list[int], params: SamplingParams, length
     if params.min_p > 0 or params.temperature <= 0:
         raise ValueError("output_law covers temperature > 0 with top-k / top-p only")
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-    chain = warpers(params)
+    chain = LogitsProcessorList([*processors(params, len(prompt), [model.config.eos_token_id]), *warpers(params)])
     law: dict[tuple, float] = {(): 1.0}
     for _ in range(length):
         prefixes = list(law)

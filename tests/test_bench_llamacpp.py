@@ -1,6 +1,6 @@
 """bench.py's llama.cpp modes (benchmarks/llamacpp_mode.py) without llama-cpp-python: the missing
 package refused before anything loads, which GGUF file a --model value means, the command line split
-off for suite/options.py, the pass order, greedy decoding from a clean KV cache, and the report's
+off for benchmarks/suite/options.py, the pass order, greedy decoding from a clean KV cache, and the report's
 agreement arithmetic. One test runs the real library on SmolLM2's GGUF where both are installed."""
 import json
 import os

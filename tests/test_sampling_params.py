@@ -95,7 +95,7 @@ def _folder_with(tmp_path, name: str, generation_config: dict | None) -> str:
 
 
 def test_model_defaults_are_the_sampling_fields_generation_config_sets(tmp_path):
-    """vLLM's rule: temperature / top_p / top_k / min_p where the file sets them; do_sample and the other
+    """vLLM's rule: temperature / top_p / top_k / min_p / repetition_penalty where the file sets them; do_sample and the other
     fields are ignored, so a file with `do_sample: false` alone, or no file, sets nothing."""
     from ssd_engine.core.sampling_params import model_sampling_defaults
     assert model_sampling_defaults(_folder_with(tmp_path, "none", None)) == {}
@@ -103,7 +103,7 @@ def test_model_defaults_are_the_sampling_fields_generation_config_sets(tmp_path)
     sampled = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1,
                "max_new_tokens": 99, "eos_token_id": 2}
     assert model_sampling_defaults(_folder_with(tmp_path, "sampled", sampled)) == dict(temperature=0.7, top_p=0.8,
-                                                                                        top_k=20)
+                                                                                        top_k=20, repetition_penalty=1.1)
     assert model_sampling_defaults(_folder_with(tmp_path, "min_p", {"min_p": 0.05})) == {"min_p": 0.05}
 
 

@@ -186,11 +186,14 @@ def _body(**fields) -> bytes:
     (_body(max_tokens=0), 400, "max_tokens must be an int > 0", "max_tokens"),
     (_body(min_p=2), 400, "min_p must be in [0, 1]", "min_p"),
     (_body(top_p=0), 400, "top_p must be in (0, 1]", "top_p"),
+    (_body(presence_penalty=3), 400, "presence_penalty must be in [-2, 2]", "presence_penalty"),
+    (_body(logit_bias={"99999": 1}), 400, "token id 99999 is outside the vocabulary", "logit_bias"),
+    (_body(logit_bias={"x": 1}), 400, "logit_bias keys must be token ids", "logit_bias"),
     (_body(stream=True, stream_options={"include_obfuscation": True}), 400,
      "unsupported field 'stream_options.include_obfuscation'", "stream_options.include_obfuscation"),
 ], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "n-2", "prompt-too-long",
         "stream-options-without-stream", "max-completion-tokens-0", "max-tokens-0", "bad-min-p", "bad-top-p",
-        "unsupported-stream-option"])
+        "bad-presence-penalty", "bias-outside-the-vocabulary", "bias-key-not-an-id", "unsupported-stream-option"])
 def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle, param):
     """One line each, naming the field at fault in the message and as OpenAI's `param`."""
     _, _, _, port = served
@@ -200,6 +203,21 @@ def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle, para
     assert "\n" not in body["error"]["message"] and body["error"]["param"] == param, body
     code, body = _post(port, "/v1/completions", json.dumps({"model": NAME, "prompt": "ok", "max_tokens": 2}).encode())
     assert code == 200  # the server still answers
+
+
+def test_penalties_bias_and_min_tokens_reach_the_engine(served):
+    """OpenAI's fields and vLLM's extra body fields give what LLM.generate gives with the same values."""
+    client, engine, _, _ = served
+    fields = dict(presence_penalty=0.5, frequency_penalty=0.3, logit_bias={"40": 3.0})
+    extra = dict(repetition_penalty=1.2, min_tokens=6)
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0, extra_body=extra,
+                                    **fields)
+    offline = engine.llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=8, presence_penalty=0.5,
+                                                               frequency_penalty=0.3, logit_bias={40: 3.0}, **extra),
+                                  use_tqdm=False)[0].text
+    assert out.choices[0].text == offline
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=4, temperature=0, logit_bias={"41": 100})
+    assert chat.choices[0].message.content == engine.llm.tokenizer.decode([41] * 4)  # a +100 bias wins every step
 
 
 def test_models_and_health(served):

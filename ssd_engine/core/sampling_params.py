@@ -1,9 +1,9 @@
 """Per-request sampling parameters, with vLLM's field names and defaults.
 
 The rule for a field a request leaves unset (vLLM's; every entry point follows it: `LLM.generate`
-without params, the CLI's sampling flags, the server's request fields): temperature, top_p, top_k and
-min_p take the model's generation_config.json value where that file sets them, else the defaults
-below (temperature 1.0: sampling). temperature=0 is greedy."""
+without params, the CLI's sampling flags, the server's request fields): temperature, top_p, top_k,
+min_p and repetition_penalty take the model's generation_config.json value where that file sets them,
+else the defaults below (temperature 1.0: sampling). temperature=0 is greedy."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ class SamplingParams:
     stop_token_ids: list[int] | None = option(None, "stop once this token id is generated (CLI: repeat for "
                                                     "several)")
     ignore_eos: bool = option(False, "keep generating past the end-of-sequence token")
+    presence_penalty: float = option(0.0, "subtract this from the logit of every token already generated, in "
+                                          "[-2, 2] (OpenAI's; 0: off)")
+    frequency_penalty: float = option(0.0, "subtract this times a token's count so far in the output, in [-2, 2] "
+                                           "(OpenAI's; 0: off)")
+    repetition_penalty: float = option(1.0, "divide a positive logit (multiply a negative one) by this for every "
+                                            "token in the prompt or output, > 0 (transformers'; 1: off)")
+    logit_bias: dict[int, float] | None = option(None, "token id -> a bias added to its logit, in [-100, 100] "
+                                                       "(OpenAI's; CLI: a JSON object)")
+    min_tokens: int = option(0, "end-of-sequence and stop_token_ids are impossible before this many tokens")
 
     def __post_init__(self) -> None:
         # `not (x >= 0)` also rejects nan, which compares false with everything.
@@ -54,10 +63,26 @@ class SamplingParams:
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = [] if self.stop_token_ids is None else list(self.stop_token_ids)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not (-2 <= getattr(self, name) <= 2):
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)!r}")
+        if not (self.repetition_penalty > 0) or math.isinf(self.repetition_penalty):
+            raise ValueError(f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty!r}")
+        if isinstance(self.min_tokens, bool) or not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise ValueError(f"min_tokens must be an int >= 0, got {self.min_tokens!r}")
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
+        self.logit_bias = _checked_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def uses_history(self) -> bool:
+        """Whether a token's law depends on the tokens before it (sampling/penalties.py), beyond the model's."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1
+                    or self.logit_bias or self.min_tokens)
 
     @classmethod
     def from_optional(cls, defaults: SamplingParams | None = None, **values) -> SamplingParams:
@@ -67,12 +92,31 @@ class SamplingParams:
         return cls(**{**base, **{name: value for name, value in values.items() if value is not None}})
 
 
+def _checked_bias(bias) -> dict[int, float]:
+    """logit_bias as {int id: float}; JSON's string keys ("50256") are taken as ids, as OpenAI's API does.
+    Ids are checked against the vocabulary when the request is added (the engine knows its size)."""
+    if bias is None:
+        return {}
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must map token ids to biases, got {bias!r}")
+    checked = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (-100 <= value <= 100):
+            raise ValueError(f"logit_bias values must be numbers in [-100, 100], got {value!r} for token {key}")
+        checked[token] = float(value)
+    return checked
+
+
 # the fields a model's generation_config.json may set for requests that leave them unset (vLLM reads these and
-# repetition_penalty, which this engine does not implement, and max_new_tokens, which it leaves to each entry point)
-MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p")
-DEFAULTS_RULE = ("temperature, top_p, top_k and min_p left unset take the model's generation_config.json value "
-                 "where it sets one, else 1.0, 1.0, -1 and 0.0 (vLLM's rule), so it samples; temperature 0 is "
-                 "greedy and reproducible")
+# max_new_tokens, which it leaves to each entry point)
+MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+DEFAULTS_RULE = ("temperature, top_p, top_k, min_p and repetition_penalty left unset take the model's "
+                 "generation_config.json value where it sets one, else 1.0, 1.0, -1, 0.0 and 1.0 (vLLM's rule), so "
+                 "it samples; temperature 0 is greedy and reproducible")
 
 
 def model_sampling_defaults(model_path: str) -> dict:

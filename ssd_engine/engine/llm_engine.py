@@ -75,7 +75,8 @@ class LLMEngine:
         self.scheduler.release_hooks.append(self.runner.release)  # tensor-parallel workers forget freed tables
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
         self.verifier = Verifier(stream_generator(parts.seed, Stream.TARGET, device=self.device),  # unseeded requests
-                                 synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed))
+                                 synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed),
+                                 self.output_processor.eos_token_ids)
         self.spec_metrics = SpecMetrics(parts.speculative.k)
         if parts.speculative.mode == "sd":
             self.speculator = build_sync_draft(self, target)
@@ -162,6 +163,9 @@ class LLMEngine:
         bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        bad = [t for t in params.logit_bias if not 0 <= t < vocab] + [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"logit_bias / stop_token_ids: token id {bad[0]} is outside the vocabulary [0, {vocab})")
         n = len(token_ids)
         if n > self.max_model_len:
             raise ValueError(f"prompt has {n} tokens, more than max_model_len={self.max_model_len}")

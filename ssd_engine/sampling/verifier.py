@@ -16,6 +16,7 @@ import torch
 
 from ssd_engine.core.structures import Proposal, Sequence
 from ssd_engine.utils.host_upload import upload
+from ssd_engine.sampling.penalties import adjusted
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
@@ -29,9 +30,11 @@ class StepResult:
 
 
 class Verifier:
-    def __init__(self, generator: torch.Generator, synthetic: BernoulliDraws | None = None) -> None:
+    def __init__(self, generator: torch.Generator, synthetic: BernoulliDraws | None = None,
+                 eos_token_ids: set[int] | frozenset = frozenset()) -> None:
         self.generator = generator  # unseeded requests' stream
         self.synthetic = synthetic  # set: acceptance drawn at a fixed rate (never by default)
+        self.eos_token_ids = eos_token_ids  # what min_tokens holds back (sampling/penalties.py)
 
     def sample_or_verify(self, seqs: list[Sequence], logit_rows: list[list[int]], logits: torch.Tensor,
                          speculated: list[bool], proposal: Proposal | None) -> list[StepResult]:
@@ -65,6 +68,8 @@ class Verifier:
             return verify_synthetic(proposal, target_logits, self.synthetic)
         k = proposal.k
         params = [s.params for s in seqs]
+        # each of the K + 1 rows after its own history: the sequence's tokens and the drafts before it
+        target_logits = adjusted(target_logits, seqs, self.eos_token_ids, proposal.tokens)
         if all(p.greedy for p in params):
             return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),
                                  proposal.num_draft)
@@ -75,6 +80,7 @@ class Verifier:
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         params = [seq.params for seq in seqs]
+        logits = adjusted(logits, seqs, self.eos_token_ids)
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         probs = SamplingTensors.from_params(params, logits.device).probs(logits)

@@ -56,6 +56,12 @@ class _Sampling(BaseModel):
     stream_options: StreamOptions | None = None
     user: str | None = None   # recorded by OpenAI for abuse tracking; no effect on generation
     ignore_eos: bool = False  # vLLM's extension: keep generating past EOS (benchmarks)
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # OpenAI's: token ids as strings
+    repetition_penalty: float | None = None  # vLLM's extensions, from here on
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
 
     def check(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -71,7 +77,10 @@ class _Sampling(BaseModel):
     def params(self, defaults: SamplingParams, max_tokens: int) -> SamplingParams:
         return SamplingParams.from_optional(defaults, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
                                             min_p=self.min_p, seed=self.seed, max_tokens=max_tokens, stop=self.stop,
-                                            ignore_eos=self.ignore_eos)
+                                            ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
+                                            frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
+                                            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
+                                            stop_token_ids=self.stop_token_ids)
 
 
 class CompletionRequest(_Sampling):

@@ -1,0 +1,101 @@
+"""How far each target format moves the model from the checkpoint (issue: a re-quantized target is
+another model; say by how much). For each format, against fp32 on the same prompts:
+
+- greedy agreement: our AR's greedy tokens in that format against fp32's (identical outputs, tokens
+  equal at the same position, mean tokens before the first difference);
+- teacher-forced on fp32's greedy path: mean KL(fp32 || format) of the next-token law per position
+  and the share of positions whose argmax agrees.
+
+    python benchmarks/fidelity.py [--formats gguf,gguf-int8,bf16,int8,int4] [--num-prompts 4] [--new-tokens 64]
+
+Writes benchmarks/results/DATE-fidelity.md (and prints it); the machine line says where it ran.
+"""
+import argparse
+import datetime
+import os
+import sys
+from dataclasses import replace
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+BLOCK = 16
+
+
+def greedy(fmt: str, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
+    from ssd_engine import LLM, SamplingParams
+
+    with LLM(speculative_mode="ar", target_dtype=fmt) as llm:
+        params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+        return [out.token_ids for out in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def path_laws(fmt: str, prompts: list[list[int]], paths: list[list[int]]) -> list[torch.Tensor]:
+    """Per prompt, the log-softmax of the target (in `fmt`) before each token of its fp32 path."""
+    from ssd_engine.core.config import EngineConfig
+    from ssd_engine.planning.plan import plan
+    from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
+
+    longest = max(len(p) + len(c) for p, c in zip(prompts, paths))
+    blocks = -(-longest // BLOCK)
+    parts = plan(EngineConfig(speculative_mode="ar", target_dtype=fmt, block_size=BLOCK)).parts
+    runner = RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=blocks), longest + 1).build()
+    laws = []
+    for prompt, path in zip(prompts, paths):
+        tokens = prompt + path
+        rows = list(range(len(prompt) - 1, len(tokens) - 1))
+        logits = runner.run(StepInputs([0], [tokens], [list(range(blocks))], [rows]))
+        laws.append(torch.log_softmax(logits.double(), dim=-1))
+    del runner
+    return laws
+
+
+def compare(reference: list[list[int]], outputs: list[list[int]]) -> tuple[int, float, float]:
+    """(identical outputs, share of equal tokens at the same position, mean tokens before the first difference)."""
+    same = sum(a == b for a, b in zip(reference, outputs))
+    pairs = [(x, y) for a, b in zip(reference, outputs) for x, y in zip(a, b)]
+    first = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a)) for a, b in zip(reference, outputs)]
+    return same, sum(x == y for x, y in pairs) / len(pairs), sum(first) / len(first)
+
+
+def main(argv: list[str] | None = None) -> str:
+    from bench import load_prompts
+    from suite.machine import machine_line
+    from ssd_engine.models.model_paths import resolve_model_arg
+    from ssd_engine.models.tokenizer_source import load_tokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--formats", default="gguf,gguf-int8,bf16,int8,int4")
+    parser.add_argument("--num-prompts", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    args = parser.parse_args(argv)
+    tokenizer = load_tokenizer(resolve_model_arg(None), None, "auto", 0)
+    prompts = [tokenizer.encode(text) for text in load_prompts("humaneval", args.num_prompts)]
+    reference = greedy("fp32", prompts, args.new_tokens)
+    reference_laws = path_laws("fp32", prompts, reference)
+    lines = [f"# Target formats against fp32, {datetime.date.today().isoformat()}", "",
+             f"- Machine: {machine_line('cpu')}",
+             f"- Built-in target, HumanEval x {args.num_prompts}, {args.new_tokens} greedy tokens; "
+             f"`python benchmarks/fidelity.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
+             "| format | identical outputs | same token at a position | tokens before the first difference "
+             "| mean KL(fp32 \\|\\| format), nats | argmax agreement on fp32's path |", "|---|---|---|---|---|---|"]
+    for fmt in args.formats.split(","):
+        same, share, first = compare(reference, greedy(fmt, prompts, args.new_tokens))
+        laws = path_laws(fmt, prompts, reference)
+        kl = torch.cat([(p.exp() * (p - q)).sum(-1) for p, q in zip(reference_laws, laws)])
+        agree = torch.cat([p.argmax(-1) == q.argmax(-1) for p, q in zip(reference_laws, laws)]).double().mean()
+        lines.append(f"| {fmt} | {same}/{len(prompts)} | {share:.1%} | {first:.1f} | {kl.mean().item():.2e} "
+                     f"| {agree.item():.1%} |")
+        print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{datetime.date.today().isoformat()}-fidelity.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()
