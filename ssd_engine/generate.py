@@ -105,6 +105,8 @@ def run(llm, prompts: list[str], params: SamplingParams, args) -> list:
         outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
         for out in outputs:
             print(out.text if len(outputs) == 1 else f"--- [{out.request_id}] finish={out.finish_reason}\n{out.text}")
+            for entry in out.logprobs or []:  # --logprobs N: a line a token, the chosen one first
+                print("logprobs " + "  ".join(f"{llm.tokenizer.decode([t])!r} {v:.4f}" for t, v in entry.items()))
         return outputs
     stream = llm.generate_stream(prompts[0], params)
     for piece in stream:

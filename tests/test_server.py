@@ -176,7 +176,8 @@ def _body(**fields) -> bytes:
     (b'{"model": "tiny", "prompt": "x"', 400, "malformed JSON", None),
     (json.dumps({"model": "other", "prompt": "x"}).encode(), 404, "'other' does not exist", "model"),
     (_body(temperature=-1), 400, "temperature", "temperature"),
-    (_body(logprobs=2), 400, "unsupported field 'logprobs'", "logprobs"),
+    (_body(best_of=2), 400, "unsupported field 'best_of'", "best_of"),
+    (_body(logprobs=21), 400, "logprobs must be an int in [0, 20]", "logprobs"),
     (_body(n=2), 400, "'n'", "n"),
     (json.dumps({"model": NAME, "prompt": "x " * 2000, "max_tokens": 4}).encode(), 400, "more than max_model_len",
      "prompt"),
@@ -191,7 +192,7 @@ def _body(**fields) -> bytes:
     (_body(logit_bias={"x": 1}), 400, "logit_bias keys must be token ids", "logit_bias"),
     (_body(stream=True, stream_options={"include_obfuscation": True}), 400,
      "unsupported field 'stream_options.include_obfuscation'", "stream_options.include_obfuscation"),
-], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "n-2", "prompt-too-long",
+], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "logprobs-21", "n-2", "prompt-too-long",
         "stream-options-without-stream", "max-completion-tokens-0", "max-tokens-0", "bad-min-p", "bad-top-p",
         "bad-presence-penalty", "bias-outside-the-vocabulary", "bias-key-not-an-id", "unsupported-stream-option"])
 def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle, param):
@@ -218,6 +219,31 @@ def test_penalties_bias_and_min_tokens_reach_the_engine(served):
     assert out.choices[0].text == offline
     chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=4, temperature=0, logit_bias={"41": 100})
     assert chat.choices[0].message.content == engine.llm.tokenizer.decode([41] * 4)  # a +100 bias wins every step
+
+
+def test_logprobs_in_both_apis_streamed_and_not(served):
+    client, engine, _, _ = served
+    offline = engine.llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=6, logprobs=2),
+                                  use_tqdm=False)[0]
+    out = client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2)
+    got = out.choices[0].logprobs
+    assert got.token_logprobs == pytest.approx([next(iter(e.values())) for e in offline.logprobs], abs=1e-5)
+    # greedy: the chosen token is the top one (two ids may decode alike: the legacy shape keys by text)
+    assert all(1 <= len(top) <= 2 and max(top.values()) == pytest.approx(lp, abs=1e-6)
+               for top, lp in zip(got.top_logprobs, got.token_logprobs))
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        model=NAME, prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2, stream=True) if c.choices]
+    assert sum((c.token_logprobs for c in streamed if c), []) == pytest.approx(got.token_logprobs, abs=1e-6)
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=5, temperature=0, logprobs=True,
+                                          top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in content)
+    assert "".join(c.token for c in content) == chat.choices[0].message.content
+    plain = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=2, temperature=0)
+    assert plain.choices[0].logprobs is None
+    code, body = _post(served[3], "/v1/chat/completions", json.dumps(
+        {"model": NAME, "messages": CHAT, "top_logprobs": 2}).encode())
+    assert code == 400 and body["error"]["param"] == "top_logprobs"
 
 
 def test_models_and_health(served):

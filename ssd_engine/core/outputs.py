@@ -30,3 +30,5 @@ class RequestOutput:
     finish_reason: str | None          # "stop" | "length"
     metrics: RequestMetrics
     spec_metrics: dict = field(default_factory=dict)  # filled by speculative modes
+    # per output token {token id: log-probability}, the chosen token first, then the top N (params.logprobs)
+    logprobs: list[dict[int, float]] | None = None

@@ -14,6 +14,9 @@ from dataclasses import dataclass, fields
 from ssd_engine.core.options import option
 
 
+MAX_LOGPROBS = 20  # OpenAI's and vLLM's default limit on top log-probabilities
+
+
 @dataclass
 class SamplingParams:
     """How one request is decoded; each field's meaning is its `option` help (also the CLI's --help).
@@ -41,6 +44,9 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = option(None, "token id -> a bias added to its logit, in [-100, 100] "
                                                        "(OpenAI's; CLI: a JSON object)")
     min_tokens: int = option(0, "end-of-sequence and stop_token_ids are impossible before this many tokens")
+    logprobs: int | None = option(None, "return each generated token's log-probability and the N most likely "
+                                        "tokens', in [0, 20] (0: the chosen token's alone), under the law it was "
+                                        "drawn from: after penalties, temperature (greedy: 1) and the filters")
 
     def __post_init__(self) -> None:
         # `not (x >= 0)` also rejects nan, which compares false with everything.
@@ -73,6 +79,9 @@ class SamplingParams:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
         self.logit_bias = _checked_bias(self.logit_bias)
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"logprobs must be an int in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")
 
     @property
     def greedy(self) -> bool:

@@ -79,6 +79,8 @@ class Sequence:
         # a seeded request owns its streams, so its tokens don't depend on batch composition;
         # the target's and the draft's are unrelated (see core/streams.py)
         self.generator: torch.Generator | None = None
+        # per output token: {token id: log-probability}, the chosen one first (params.logprobs set)
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         if params.seed is not None:
             self.generator = stream_generator(params.seed, Stream.TARGET)
 

@@ -232,7 +232,7 @@ class LLMEngine:
                 continue
             if seq.metrics.first_token_time is None:
                 seq.metrics.first_token_time = time.perf_counter()
-            self.output_processor.append(seq, result.tokens)
+            self.output_processor.append(seq, result.tokens, result.logprobs)
             # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
             seq.num_computed_tokens = len(seq) - 1
             if was_speculated:
@@ -283,7 +283,7 @@ class LLMEngine:
                                  num_output_tokens=seq.num_output_tokens, num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens))
         return RequestOutput(seq.seq_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
                              self.output_processor.final_text(seq), seq.output_token_ids, seq.finish_reason, metrics,
-                             self.spec_metrics.pop(seq.seq_id))
+                             self.spec_metrics.pop(seq.seq_id), seq.logprobs)
 
 
 def _describe_format(running: str | None, asked: str | None) -> str:

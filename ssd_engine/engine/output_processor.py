@@ -23,11 +23,14 @@ class OutputProcessor:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
 
-    def append(self, seq: Sequence, tokens: list[int]) -> int:
-        """Append tokens until one finishes `seq`; return how many were appended."""
+    def append(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> int:
+        """Append tokens (and their log-probabilities, where the request asked) until one finishes `seq`;
+        return how many were appended."""
         params = seq.params
         for count, token in enumerate(tokens, start=1):
             seq.token_ids.append(token)
+            if logprobs is not None and seq.logprobs is not None:
+                seq.logprobs.append(logprobs[count - 1])
             if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
                 seq.finish_reason = "stop"
             elif params.stop and self._hit_stop_string(seq):

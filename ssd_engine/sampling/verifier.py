@@ -16,6 +16,7 @@ import torch
 
 from ssd_engine.core.structures import Proposal, Sequence
 from ssd_engine.utils.host_upload import upload
+from ssd_engine.sampling.logprobs import emitted_logprobs
 from ssd_engine.sampling.penalties import adjusted
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.rejection import verify, verify_greedy
@@ -27,6 +28,7 @@ from ssd_engine.sampling.synthetic import BernoulliDraws, verify_synthetic
 class StepResult:
     tokens: list[int] | None     # emitted this step (None: a prefill chunk short of the end)
     accepted: int | None = None  # drafts accepted, for a verified speculation with drafts
+    logprobs: list[dict[int, float]] | None = None  # per emitted token, where the request asked (logprobs.py)
 
 
 class Verifier:
@@ -60,6 +62,11 @@ class Verifier:
             for j, i in enumerate(speculated_rows):
                 tokens = result.output_tokens[j]
                 out[i] = StepResult(tokens, len(tokens) - 1 if drafted[j] > 0 else None)
+        for i, seq in enumerate(seqs):  # only requests that asked: each costs a read of its rows
+            if seq.params.logprobs is not None and out[i].tokens:
+                drafts = proposal.tokens[speculated_rows.index(i)] if speculated[i] else None
+                rows = logits[first_row[i]:first_row[i + 1]] if speculated[i] else logits[first_row[i]:first_row[i] + 1]
+                out[i].logprobs = emitted_logprobs(seq, rows, out[i].tokens, self.eos_token_ids, drafts)
         return out
 
     def verify(self, seqs: list[Sequence], proposal: Proposal, target_logits: torch.Tensor):

@@ -30,6 +30,7 @@ class Delta:
     output: RequestOutput | None = None   # set on the last delta of a request
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0            # generated so far (the usage of a stream's chunk)
+    logprobs: list[dict[int, float]] | None = None  # of the tokens since the last delta (params.logprobs set)
 
 
 @dataclass
@@ -39,6 +40,13 @@ class _Request:
     deltas: asyncio.Queue
     text: IncrementalText | None  # None: not streamed, one Delta at the end and no decoding while it runs
     increments: TextIncrements = field(init=False)
+    sent_logprobs: int = 0  # output tokens whose log-probabilities a delta carried
+
+    def new_logprobs(self) -> list[dict[int, float]] | None:
+        if self.seq.logprobs is None:
+            return None
+        new, self.sent_logprobs = self.seq.logprobs[self.sent_logprobs:], len(self.seq.logprobs)
+        return new
 
     def __post_init__(self) -> None:
         self.increments = TextIncrements(self.seq)
@@ -160,9 +168,9 @@ class AsyncEngine:
             if seq.status == SequenceStatus.FINISHED:
                 output = self.engine.to_output(seq)
                 request.push(Delta(request.increments.rest(output.text), output, seq.num_prompt_tokens,
-                                   seq.num_output_tokens))
+                                   seq.num_output_tokens, request.new_logprobs()))
                 del self._live[seq_id]
             elif request.text is not None:
                 delta = request.increments.delta(request.text.of(seq.output_token_ids))
                 if delta:
-                    request.push(Delta(delta, None, seq.num_prompt_tokens, seq.num_output_tokens))
+                    request.push(Delta(delta, None, seq.num_prompt_tokens, seq.num_output_tokens, request.new_logprobs()))

@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ConfigDict
 
 from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.server.logprobs_format import chat_logprobs, completion_logprobs
 from ssd_engine.server.async_engine import AsyncEngine, Overloaded
 from ssd_engine.server.auth import ApiKeys, RequireApiKey
 from ssd_engine.server.metrics import ServerMetrics
@@ -63,6 +64,9 @@ class _Sampling(BaseModel):
     min_tokens: int | None = None
     stop_token_ids: list[int] | None = None
 
+    def requested_logprobs(self) -> int | None:
+        return None
+
     def check(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
@@ -80,12 +84,16 @@ class _Sampling(BaseModel):
                                             ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
                                             frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
                                             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
-                                            stop_token_ids=self.stop_token_ids)
+                                            stop_token_ids=self.stop_token_ids, logprobs=self.requested_logprobs())
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int]
     max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
+    logprobs: int | None = None  # the legacy API's: the top N (0: the chosen token's alone)
+
+    def requested_logprobs(self) -> int | None:
+        return self.logprobs
 
 
 class ChatMessage(BaseModel):
@@ -96,6 +104,13 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage]
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def requested_logprobs(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -174,20 +189,23 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
             return reject(503, str(exc), kind="server_overloaded", code="overloaded")
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         if body.stream:
-            return StreamingResponse(_sse(first, stream, rid, created, kind, body.stream_options),
+            return StreamingResponse(_sse(first, stream, rid, created, kind, body.stream_options, params.logprobs or 0),
                                      media_type="text/event-stream")
         text, output = first.text, first.output
         async for delta in stream:
             text, output = text + delta.text, delta.output
         metrics.finished(output)
-        return _response(rid, created, kind, text, output)
+        return _response(rid, created, kind, text, output, params.logprobs or 0)
 
-    def _choice(kind: str, text: str, finish: str | None, streaming: bool, first: bool = False) -> dict:
+    def _choice(kind: str, text: str, finish: str | None, streaming: bool, first: bool = False,
+                logprobs: list[dict[int, float]] | None = None, top: int = 0) -> dict:
         if kind == "chat":
             # as OpenAI does, a stream names the role once, in its first delta
             body = {"role": "assistant", "content": text} if first or not streaming else {"content": text}
-            return {"index": 0, "delta" if streaming else "message": body, "finish_reason": finish}
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "delta" if streaming else "message": body, "finish_reason": finish,
+                    "logprobs": None if logprobs is None else chat_logprobs(tokenizer, logprobs, top)}
+        return {"index": 0, "text": text, "finish_reason": finish,
+                "logprobs": None if logprobs is None else completion_logprobs(tokenizer, logprobs, top)}
 
     def _usage(output) -> dict:
         m = output.metrics
@@ -197,12 +215,13 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
-    def _response(rid, created, kind, text, output) -> dict:
+    def _response(rid, created, kind, text, output, top: int) -> dict:
         return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
-                "model": model_name, "choices": [_choice(kind, text, output.finish_reason, False)],
+                "model": model_name, "choices": [_choice(kind, text, output.finish_reason, False, False, output.logprobs,
+                                                         top)],
                 "usage": _usage(output)}
 
-    async def _sse(delta, stream, rid, created, kind, options: StreamOptions | None):
+    async def _sse(delta, stream, rid, created, kind, options: StreamOptions | None, top: int):
         """Without stream_options the last chunk carries `usage` (this server's way since before they existed);
         with include_usage every chunk has `"usage": null` (or, continuous_usage_stats, the usage so far) and a
         last chunk with empty `choices` carries the total, as OpenAI sends it; include_usage false: no usage."""
@@ -214,7 +233,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
             while True:
                 chunk = {"id": rid, "object": obj, "created": created, "model": model_name,
                          "choices": [_choice(kind, delta.text, delta.output.finish_reason if delta.output else None,
-                                             True, first)]}
+                                             True, first, delta.logprobs, top)]}
                 first = False
                 if continuous:
                     chunk["usage"] = _counts(delta.num_prompt_tokens, delta.num_output_tokens)

@@ -1,0 +1,41 @@
+"""Log-probabilities of emitted tokens (SamplingParams.logprobs), under the law each was drawn from.
+
+That law is the processed target row: the history's adjustments (penalties.py), temperature, then
+top-k / top-p / min-p (processors.py); a greedy row is taken at temperature 1 (vLLM's processed
+log-probabilities), so its numbers are those of the distribution whose argmax it emitted. A
+verification's row j is the target's law after the sequence's tokens and the first j drafts:
+the very law AR would compute at that position, so every mode gives the same numbers (up to the
+last bits of the forward). A token a filter removed has log-probability -inf.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from torch import Tensor
+
+from ssd_engine.core.structures import Sequence
+from ssd_engine.sampling.penalties import adjusted
+from ssd_engine.sampling.processors import SamplingTensors
+
+
+def emitted_logprobs(seq: Sequence, logits: Tensor, tokens: list[int], eos_token_ids: set[int],
+                     drafts: Tensor | None = None) -> list[dict[int, float]]:
+    """For each emitted token (row j of `logits` scored it, after `drafts[:j]`): {token: log-probability}
+    with the chosen token first, then the params.logprobs most likely tokens."""
+    rows = logits[:len(tokens)]
+    history = None if drafts is None else drafts.view(1, -1)[:, :max(len(tokens) - 1, 0)]
+    rows = adjusted(rows, [seq], eos_token_ids, history if len(tokens) > 1 else None)
+    params = replace(seq.params, temperature=1.0) if seq.params.greedy else seq.params
+    law = SamplingTensors.from_params([params], rows.device, times=len(tokens)).probs(rows).log()
+    chosen = law.gather(1, torch.tensor(tokens, device=law.device)[:, None])[:, 0]
+    top = law.topk(seq.params.logprobs, dim=-1) if seq.params.logprobs else None
+    values = [chosen.tolist()] + ([top.values.tolist(), top.indices.tolist()] if top is not None else [])
+    out = []
+    for j, token in enumerate(tokens):
+        entry = {token: values[0][j]}
+        if top is not None:
+            for index, value in zip(values[2][j], values[1][j]):
+                entry.setdefault(index, value)
+        out.append(entry)
+    return out
