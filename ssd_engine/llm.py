@@ -1,5 +1,6 @@
 """LLM: the offline Python API (vLLM-style `LLM(...).generate()`)."""
 import time
+from dataclasses import replace
 
 from tqdm.auto import tqdm
 
@@ -56,15 +57,16 @@ class LLM:
             params = [sampling_params or self.get_default_sampling_params()] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} sampling_params for {len(prompts)} prompts")
-        seqs = []
+        requests = []  # per prompt, its params.n samples
         for i, (prompt, p) in enumerate(zip(prompts, params)):
             try:
-                seqs.append(self.engine.make_sequence(prompt, p))
+                requests.append(self.engine.make_samples(prompt, p))
             except ValueError as error:
                 raise ValueError(f"prompt {i}: {error}" if len(prompts) > 1 else str(error)) from None
-        for seq in seqs:
+        for seq in (seq for samples in requests for seq in samples):
             self.engine.scheduler.add(seq)
-        return self._run(seqs, use_tqdm)
+        outputs = iter(self._run([seq for samples in requests for seq in samples], use_tqdm))
+        return [_one_request([next(outputs) for _ in samples]) for samples in requests]
 
     def _run(self, seqs, use_tqdm: bool) -> list[RequestOutput]:
         pending = {seq.seq_id for seq in seqs}
@@ -96,7 +98,10 @@ class LLM:
         engine, so other queued requests advance too; closing the stream early cancels the request.
         A bad request raises ValueError here, before anything is queued. Without sampling_params:
         get_default_sampling_params(), as generate()."""
-        seq = self.engine.make_sequence(prompt, sampling_params or self.get_default_sampling_params())
+        params = sampling_params or self.get_default_sampling_params()
+        if params.n > 1:
+            raise ValueError(f"n must be 1 for a stream, got {params.n}: generate() returns n samples")
+        seq = self.engine.make_sequence(prompt, params)
         self.engine.scheduler.add(seq)
         return TextStream(self.engine, seq)
 
@@ -134,3 +139,11 @@ def _as_prompt_list(prompts) -> list[Prompt]:
     if not isinstance(prompts, list):
         raise ValueError("prompts must be a string, a list of strings, or lists of token ids")
     return prompts
+
+
+def _one_request(samples: list[RequestOutput]) -> RequestOutput:
+    """A request's outputs: the first sample's, holding every sample in `outputs`."""
+    first = samples[0]
+    if len(samples) > 1:
+        first.outputs = [replace(sample.outputs[0], index=i) for i, sample in enumerate(samples)]
+    return first

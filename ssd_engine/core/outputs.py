@@ -21,6 +21,16 @@ class RequestMetrics:
 
 
 @dataclass
+class CompletionOutput:
+    """One sample of a request (vLLM's name and fields)."""
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
 class RequestOutput:
     request_id: int
     prompt: str | None
@@ -32,3 +42,10 @@ class RequestOutput:
     spec_metrics: dict = field(default_factory=dict)  # filled by speculative modes
     # per output token {token id: log-probability}, the chosen token first, then the top N (params.logprobs)
     logprobs: list[dict[int, float]] | None = None
+    # every sample of the request (params.n of them, in index order); text, token_ids and logprobs
+    # above are the first's
+    outputs: list[CompletionOutput] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.outputs:
+            self.outputs = [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]

@@ -22,6 +22,8 @@ class SamplingParams:
     """How one request is decoded; each field's meaning is its `option` help (also the CLI's --help).
     stop / stop_token_ids are normalised to (possibly empty) lists."""
 
+    n: int = option(1, "independent samples of the prompt; they share its KV pages (the prefix cache), and a "
+                       "seeded request's samples are reproducible (each its own stream)")
     temperature: float = option(1.0, "0 is greedy (argmax); otherwise the logits are divided by it")
     top_p: float = option(1.0, "keep the smallest set of most likely tokens whose probability reaches top_p, "
                                "in (0, 1] (1: off)")
@@ -58,6 +60,8 @@ class SamplingParams:
             raise ValueError(f"top_k must be an int >= 1, or -1/0 to disable, got {self.top_k!r}")
         if not (0 <= self.min_p <= 1):
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n must be an int >= 1, got {self.n!r}")
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise ValueError(f"max_tokens must be an int > 0, got {self.max_tokens!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):

@@ -63,8 +63,11 @@ _ids = itertools.count()
 
 class Sequence:
     def __init__(self, prompt_token_ids: list[int], params: SamplingParams, block_size: int,
-                 prompt: str | None = None) -> None:
+                 prompt: str | None = None, sample_index: int = 0, leader: "Sequence | None" = None) -> None:
+        """sample_index / leader: sample i of a request with params.n > 1; samples after the first wait
+        for the leader's prompt to be computed, then find its pages in the prefix cache."""
         self.seq_id = next(_ids)
+        self.sample_index, self.leader = sample_index, leader
         self.prompt = prompt
         self.params = params
         self.block_size = block_size
@@ -82,7 +85,7 @@ class Sequence:
         # per output token: {token id: log-probability}, the chosen one first (params.logprobs set)
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         if params.seed is not None:
-            self.generator = stream_generator(params.seed, Stream.TARGET)
+            self.generator = stream_generator(params.seed, Stream.TARGET, *self._salt)
 
     def __len__(self) -> int:
         return len(self.token_ids)
@@ -90,12 +93,24 @@ class Sequence:
     @functools.cached_property
     def draft_generator(self) -> torch.Generator | None:
         """The colocated (SD) draft's sampling stream of a seeded request."""
-        return None if self.params.seed is None else stream_generator(self.params.seed, Stream.DRAFT)
+        return None if self.params.seed is None else stream_generator(self.params.seed, Stream.DRAFT, *self._salt)
 
     @functools.cached_property
     def backup_generator(self) -> torch.Generator | None:
         """The coordinator's fast backup's stream of a seeded request (after a draft failure)."""
-        return None if self.params.seed is None else stream_generator(self.params.seed, Stream.BACKUP, "coordinator")
+        return None if self.params.seed is None else stream_generator(self.params.seed, Stream.BACKUP, "coordinator",
+                                                                       *self._salt)
+
+    @property
+    def _salt(self) -> tuple:
+        """A seeded request's sample i > 0 draws from streams of its own (sample 0's are n = 1's)."""
+        return (f"sample {self.sample_index}",) if self.sample_index else ()
+
+    @property
+    def waits_for_leader(self) -> bool:
+        leader = self.leader
+        return leader is not None and leader.status != SequenceStatus.FINISHED and \
+            leader.num_computed_tokens < leader.num_prompt_tokens
 
     @property
     def output_token_ids(self) -> list[int]:

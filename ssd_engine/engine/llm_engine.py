@@ -28,6 +28,7 @@ from ssd_engine.models.loader import load_config
 from ssd_engine.core.outputs import RequestMetrics, RequestOutput
 from ssd_engine.sampling.synthetic import synthetic_acceptance
 from ssd_engine.sampling.verifier import StepResult, Verifier
+from ssd_engine.engine.request_checks import check_request
 from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.speculative.metrics import SpecMetrics
@@ -157,25 +158,9 @@ class LLMEngine:
         return list(prompt)
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
-        vocab = self.hf_config.vocab_size
-        if not token_ids:
-            raise ValueError("prompt is empty")
-        bad = [t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
-        bad = [t for t in params.logit_bias if not 0 <= t < vocab] + [t for t in params.stop_token_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"logit_bias / stop_token_ids: token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        n = len(token_ids)
-        if n > self.max_model_len:
-            raise ValueError(f"prompt has {n} tokens, more than max_model_len={self.max_model_len}")
-        if n + params.max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({n} tokens) + max_tokens ({params.max_tokens}) = {n + params.max_tokens} "
-                             f"exceeds max_model_len={self.max_model_len}")
-        blocks = self.block_manager.blocks_needed(n + params.max_tokens + self.k)
-        if blocks > self.block_manager.num_blocks:
-            raise ValueError(f"request needs {blocks} KV blocks (prompt {n} + max_tokens {params.max_tokens}) but the "
-                             f"whole KV cache has {self.block_manager.num_blocks}; raise num_kv_blocks")
+        """A one-line ValueError naming what makes this request impossible here (engine/request_checks.py)."""
+        check_request(token_ids, params, self.hf_config.vocab_size, self.max_model_len, self.block_manager,
+                      self.scheduler.max_num_seqs, self.k)
 
     @property
     def k(self) -> int:
@@ -184,10 +169,16 @@ class LLMEngine:
 
     def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
         """Tokenize and validate one request without queuing it; raises ValueError if it can never run."""
+        return self.make_samples(prompt, params)[0]
+
+    def make_samples(self, prompt: str | list[int], params: SamplingParams | None = None) -> list[Sequence]:
+        """One request's params.n samples (the first leads: the others wait for its prompt's pages)."""
         params = params or SamplingParams()
         token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
-        return Sequence(token_ids, params, self.parts.cache.block_size, prompt if isinstance(prompt, str) else None)
+        text = prompt if isinstance(prompt, str) else None
+        first = Sequence(token_ids, params, self.parts.cache.block_size, text)
+        return [first] + [Sequence(token_ids, params, self.parts.cache.block_size, text, i, first) for i in range(1, params.n)]
 
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
         """Queue one request; raises ValueError (and changes nothing) if it can never run."""

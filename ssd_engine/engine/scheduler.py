@@ -48,8 +48,8 @@ class Scheduler:
             index += 1
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if not self.block_manager.can_allocate(seq):
-                break
+            if seq.waits_for_leader or not self.block_manager.can_allocate(seq):
+                break  # FIFO: a sample waits a step for its leader's pages, those behind it too
             self.block_manager.allocate(seq)
             want = min(len(seq) - seq.num_computed_tokens, budget)
             self.waiting.popleft()
