@@ -178,7 +178,8 @@ def _body(**fields) -> bytes:
     (_body(temperature=-1), 400, "temperature", "temperature"),
     (_body(best_of=2), 400, "unsupported field 'best_of'", "best_of"),
     (_body(logprobs=21), 400, "logprobs must be an int in [0, 20]", "logprobs"),
-    (_body(n=2), 400, "'n'", "n"),
+    (_body(n=0), 400, "n must be an int >= 1", "n"),
+    (_body(n=2, stream=True), 400, "n > 1 is served with stream: false only", "n"),
     (json.dumps({"model": NAME, "prompt": "x " * 2000, "max_tokens": 4}).encode(), 400, "more than max_model_len",
      "prompt"),
     (_body(stream_options={"include_usage": True}), 400, "stream_options is only allowed with stream: true",
@@ -192,7 +193,7 @@ def _body(**fields) -> bytes:
     (_body(logit_bias={"x": 1}), 400, "logit_bias keys must be token ids", "logit_bias"),
     (_body(stream=True, stream_options={"include_obfuscation": True}), 400,
      "unsupported field 'stream_options.include_obfuscation'", "stream_options.include_obfuscation"),
-], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "logprobs-21", "n-2", "prompt-too-long",
+], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "logprobs-21", "n-0", "n-2-streamed", "prompt-too-long",
         "stream-options-without-stream", "max-completion-tokens-0", "max-tokens-0", "bad-min-p", "bad-top-p",
         "bad-presence-penalty", "bias-outside-the-vocabulary", "bias-key-not-an-id", "unsupported-stream-option"])
 def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle, param):
@@ -244,6 +245,16 @@ def test_logprobs_in_both_apis_streamed_and_not(served):
     code, body = _post(served[3], "/v1/chat/completions", json.dumps(
         {"model": NAME, "messages": CHAT, "top_logprobs": 2}).encode())
     assert code == 400 and body["error"]["param"] == "top_logprobs"
+
+
+def test_n_samples_come_back_as_choices(served):
+    client, _, offline, _ = served
+    out = client.completions.create(model=NAME, prompt=PROMPTS[3], n=3, **{k: v for k, v in SAMPLED.items() if k != "top_k"},
+                                    extra_body={"top_k": SAMPLED["top_k"]})
+    assert [c.index for c in out.choices] == [0, 1, 2] and out.choices[0].text == offline["sampled"]
+    assert len({c.text for c in out.choices}) == 3  # each sample draws from a stream of its own
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, n=2, max_tokens=3, temperature=0)
+    assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
 
 
 def test_models_and_health(served):
@@ -436,11 +447,11 @@ def test_unset_sampling_fields_take_the_models_generation_config_everywhere(tiny
                               use_tqdm=False)[0].text
         assert expected != greedy  # the defaults matter for this prompt
         received = []
-        make_sequence = llm.engine.make_sequence
-        llm.engine.make_sequence = lambda p, params: received.append(params) or make_sequence(p, params)
+        make_samples = llm.engine.make_samples
+        llm.engine.make_samples = lambda p, params: received.append(params) or make_samples(p, params)
         llm.generate(prompt, use_tqdm=False)  # no params: the model's defaults, not SamplingParams()
         assert received[-1] == defaults
-        del llm.engine.make_sequence
+        del llm.engine.make_samples
         engine = AsyncEngine(llm)
         with TestClient(build_app(engine, NAME)) as http:
             answer = http.post("/v1/completions", json={"model": NAME, "prompt": prompt, **seeded}).json()

@@ -69,11 +69,11 @@ class AsyncEngine:
         self._thread.start()
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       stream: bool = True) -> AsyncIterator[Delta]:
+                       stream: bool = True, seq: Sequence | None = None) -> AsyncIterator[Delta]:
         """Text increments of one request; the last one carries the RequestOutput (stream=False: that
         one only, with the whole text). Raises ValueError for a request that can never run and
-        Overloaded when the queue is full."""
-        seq = self.engine.make_sequence(prompt, params)
+        Overloaded when the queue is full. `seq`: one of make_samples' sequences (n > 1), already checked."""
+        seq = seq or self.engine.make_sequence(prompt, params)
         with self._lock:
             if self._in_flight >= self.max_pending:
                 raise Overloaded(f"{self._in_flight} requests in flight (limit {self.max_pending}); retry later")

@@ -9,6 +9,7 @@ max_model_len, as in vLLM. Errors have OpenAI's shape {"error": {"message", "typ
 server does not implement are rejected with a 400 naming them, never ignored. With API keys (auth.py) every path but
 /health (and /metrics, unless metrics_require_key) needs `Authorization: Bearer KEY`, else a 401 (code
 "invalid_api_key", counted in ssd_rejected_requests)."""
+import asyncio
 import json
 import time
 import uuid
@@ -52,7 +53,7 @@ class _Sampling(BaseModel):
     min_p: float | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    n: Literal[1] = 1
+    n: int = 1
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None   # recorded by OpenAI for abuse tracking; no effect on generation
@@ -84,7 +85,8 @@ class _Sampling(BaseModel):
                                             ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
                                             frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
                                             repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
-                                            stop_token_ids=self.stop_token_ids, logprobs=self.requested_logprobs())
+                                            stop_token_ids=self.stop_token_ids, logprobs=self.requested_logprobs(),
+                                            n=self.n)
 
 
 class CompletionRequest(_Sampling):
@@ -176,6 +178,11 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
             body.check()
             max_tokens = body.requested_max_tokens()
             params = body.params(defaults, max_tokens if max_tokens is not None else engine.max_tokens_room(prompt))
+            if params.n > 1:
+                if body.stream:
+                    raise BadRequest("n > 1 is served with stream: false only", "n")
+                samples = engine.engine.make_samples(prompt, params)  # checked once, before any is queued
+                return await _samples(body, samples, prompt, params, kind)
             stream = engine.generate(prompt, params, stream=body.stream)
             first = await anext(stream)  # validation and overload errors surface here, before any byte is sent
         except BadRequest as exc:
@@ -196,6 +203,20 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
             text, output = text + delta.text, delta.output
         metrics.finished(output)
         return _response(rid, created, kind, text, output, params.logprobs or 0)
+
+    async def _samples(body, samples, prompt, params, kind: str) -> dict:
+        async def one(seq):
+            return [delta async for delta in engine.generate(prompt, params, stream=False, seq=seq)][-1].output
+
+        outputs = await asyncio.gather(*(one(seq) for seq in samples))
+        for output in outputs:
+            metrics.finished(output)
+        choices = [dict(_choice(kind, o.text, o.finish_reason, False, False, o.logprobs, params.logprobs or 0), index=i)
+                   for i, o in enumerate(outputs)]
+        usage = _counts(outputs[0].metrics.num_prompt_tokens, sum(o.metrics.num_output_tokens for o in outputs))
+        return {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+                "object": "chat.completion" if kind == "chat" else "text_completion", "created": int(time.time()),
+                "model": model_name, "choices": choices, "usage": usage}
 
     def _choice(kind: str, text: str, finish: str | None, streaming: bool, first: bool = False,
                 logprobs: list[dict[int, float]] | None = None, top: int = 0) -> dict:
