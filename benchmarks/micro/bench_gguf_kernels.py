@@ -1,0 +1,63 @@
+"""Micro-benchmark (not a test): the GGUF block kernels (kernels/gguf_matmul.cpp, gguf_int8.cpp) against
+oneDNN's packed fp32 weight, one decoder layer of the 1.5B target at a time, by row count.
+
+    python benchmarks/micro/bench_gguf_kernels.py            # 1 and 2 threads
+    python benchmarks/micro/bench_gguf_kernels.py --threads 2
+
+The layer's seven Linears at Qwen2.5-1.5B's shapes, fused as the engine runs them (qkv 2048 x 1536
+and gate_up 17920 x 1536 in Q4_K, o 1536 x 1536 in Q4_K, down 1536 x 8960 in Q6_K: the Q4_K_M mix of
+half the layers), random blocks with small scales. Milliseconds per layer (best of 3 means of 10
+calls) and each row count's cost against one row: what speculation's K + 1 verification rows cost.
+"""
+import argparse
+import time
+
+import torch
+
+from ssd_engine.kernels import gguf_cpu
+from ssd_engine.layers.gguf_weight import random_rows
+from ssd_engine.layers.weight_formats import prepare
+
+LAYER = [(2048, 1536, 12), (1536, 1536, 12), (17920, 1536, 12), (1536, 8960, 14)]  # (out, in, GGML type)
+ROWS = (1, 2, 5, 8)
+
+
+def timed(call, reps: int = 10) -> float:
+    call()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(reps):
+            call()
+        best = min(best, (time.perf_counter() - start) / reps)
+    return best * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", default="1,2")
+    args = parser.parse_args()
+    gguf_cpu.load()
+    ops = torch.ops.ssd_engine_gguf
+    generator = torch.Generator().manual_seed(0)
+    blocks = [random_rows(n, k, kind, generator) for n, k, kind in LAYER]
+    dense = [prepare(torch.randn(n, k, generator=generator) * 0.02, "fp32", row_independent=True) for n, k, _ in LAYER]
+    print("| threads | rows | fp32 oneDNN ms (x 1 row) | gguf ms (x 1 row) | gguf-int8 ms (x 1 row) |")
+    print("|---|---|---|---|---|")
+    for threads in map(int, args.threads.split(",")):
+        torch.set_num_threads(threads)
+        base = {}
+        for rows in ROWS:
+            xs = [torch.randn(rows, k, generator=generator) for _, k, _ in LAYER]
+            cells = {
+                "fp32": timed(lambda: [w(x, None) for w, x in zip(dense, xs)]),
+                "gguf": timed(lambda: [ops.linear(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
+                "int8": timed(lambda: [ops.linear_int8(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
+            }
+            base = base or cells
+            print(f"| {threads} | {rows} | " + " | ".join(f"{cells[c]:.2f} ({cells[c] / base[c]:.2f}x)"
+                                                       for c in ("fp32", "gguf", "int8")) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
