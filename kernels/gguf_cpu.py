@@ -1,8 +1,9 @@
 """The GGUF block kernels (gguf_matmul.cpp), compiled for this CPU on first use.
 
 Built with torch's extension builder (`-O3 -march=native`: the compiler picks AVX-512 or AVX2 for the
-machine it runs on) into torch's extension cache, under a name keyed on the CPU's flags, so a
-cache shared by two machines never loads code built for the other. Where no compiler works,
+machine it runs on) into the engine's cache (`~/.cache/ssd_engine/kernels/`), under a name keyed on
+the CPU's flags and the sources, so a cache shared by two machines never loads code built for the
+other. Where no compiler works,
 `load()` says why and the caller keeps fp32 weights (the same values, more memory).
 
     torch.ops.ssd_engine_gguf.linear(x_fp32[rows, k], blocks_uint8[n, row_bytes], kind, k) -> [rows, n]
@@ -55,21 +56,53 @@ def _cpu_key() -> str:
     return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
 
 
+def _library_key() -> str:
+    """What the built library depends on: the CPU's flags, the sources, the flags, torch's version."""
+    import torch
+
+    digest = hashlib.sha256(f"{_cpu_key()} {FLAGS} {torch.__version__}".encode())
+    for source in SOURCES:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:12]
+
+
 @functools.cache
 def load() -> None:
-    """Build (once per machine and source) and load the kernels; KernelUnavailable if that fails."""
+    """Build (once per machine and source) and load the kernels; KernelUnavailable if that fails.
+
+    A built library is loaded directly. A build runs under an OS file lock, which a killed builder
+    releases (torch's own build lock is a file that outlives it: every later start would wait on it
+    forever), and a lock file such a builder left in the build folder is removed first."""
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         raise KernelUnavailable(f"the GGUF kernels are switched off ({DISABLE_ENV}=1)")
     import torch
-    from torch.utils import cpp_extension
+    from filelock import FileLock
 
+    from ssd_engine.utils.cache import cache_dir
+
+    name = f"ssd_engine_gguf_{_library_key()}"
+    folder = cache_dir() / "kernels" / name
+    library = folder / f"{name}.so"
     try:
-        cpp_extension.load(name=f"ssd_engine_gguf_{_cpu_key()}", sources=[str(source) for source in SOURCES], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                           is_python_module=False, verbose=False)
+        if not library.is_file():
+            folder.mkdir(parents=True, exist_ok=True)
+            with FileLock(str(folder.parent / f".{name}.lock")):
+                if not library.is_file():
+                    _build(name, folder)
+        torch.ops.load_library(str(library))
+        torch.ops.ssd_engine_gguf.linear  # noqa: B018  raises now if the library registered nothing
     except Exception as error:  # no compiler, no ninja, a compile error: all mean "not here"
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise KernelUnavailable(f"cannot build the GGUF CPU kernels: {first}") from None
-    torch.ops.ssd_engine_gguf.linear  # noqa: B018  raises now if the library registered nothing
+
+
+def _build(name: str, folder: Path) -> None:
+    from torch.utils import cpp_extension
+
+    (folder / "lock").unlink(missing_ok=True)  # torch's build lock, left by a builder that was killed
+    cpp_extension.load(name=name, sources=[str(source) for source in SOURCES], extra_cflags=FLAGS,
+                       extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False,
+                       verbose=False)
 
 
 def available() -> bool:

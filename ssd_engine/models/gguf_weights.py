@@ -53,6 +53,14 @@ class GGUFFile:
         """Whether a Linear's weight `hf_name` comes from this file (the loader then skips its fp32 copy)."""
         return hf_name in self.plans and _is_linear(hf_name)
 
+    def check(self) -> None:
+        """ValueError (one line) unless the kernels read every Linear weight of the file."""
+        for hf_name, plan in self.plans.items():
+            tensor = self.tensors[plan.gguf_name]
+            if _is_linear(hf_name) and int(tensor.tensor_type) not in BLOCKS and tensor.tensor_type.name not in UNQUANTIZED:
+                raise ValueError(f"target_dtype=gguf: {hf_name} is stored as {tensor.tensor_type.name} in "
+                                 f"{self.path.name}, which the GGUF kernels do not read (they read {_kind_names()})")
+
     def kind(self, hf_name: str) -> int:
         return int(self.tensors[self.plans[hf_name].gguf_name].tensor_type)
 

@@ -64,12 +64,14 @@ def resolve_target_format(options: EngineConfig) -> EngineConfig:
     from ssd_engine.kernels import gguf_cpu
     from ssd_engine.models.default_models import DefaultModelError
     from ssd_engine.models.gguf_files import source_gguf
+    from ssd_engine.models.gguf_weights import GGUFFile
+    from ssd_engine.models.loader import load_config
 
-    chosen = "fp32"
-    if options.device == "cpu" and options.tensor_parallel_size == 1 and gguf_cpu.available():
-        try:
-            source_gguf(resolve_model_path(options))
-            chosen = "gguf"
-        except (ValueError, DefaultModelError):
-            pass  # a plain checkpoint folder: no blocks to keep
-    return replace(options, target_dtype=chosen)
+    if options.device != "cpu" or options.tensor_parallel_size != 1 or options.load_format == "dummy":
+        return replace(options, target_dtype="fp32")
+    path = resolve_model_path(options)
+    try:  # the cheap checks first: a plain folder never builds the kernels
+        GGUFFile(source_gguf(path), load_config(path)).check()
+    except (ValueError, DefaultModelError):
+        return replace(options, target_dtype="fp32")  # no GGUF, or one whose blocks the kernels do not read
+    return replace(options, target_dtype="gguf" if gguf_cpu.available() else "fp32")
