@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 SOURCES = [Path(__file__).with_name("gguf_matmul.cpp"), Path(__file__).with_name("gguf_int8.cpp")]
+HEADERS = [Path(__file__).with_name("gguf_blocks.h")]  # included by both: part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
@@ -61,7 +62,7 @@ def _library_key() -> str:
     import torch
 
     digest = hashlib.sha256(f"{_cpu_key()} {FLAGS} {torch.__version__}".encode())
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
     return digest.hexdigest()[:12]
 

@@ -11,6 +11,8 @@
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
+
+#include "gguf_blocks.h"
 #include <immintrin.h>
 
 #include <algorithm>
@@ -33,11 +35,8 @@ constexpr int ROWS_PER_PASS = 4;
 
 enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
-inline float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return c10::detail::fp16_ieee_to_fp32_value(bits);
-}
+using gguf::half_at;
+using gguf::scale_min_k4;
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
@@ -70,15 +69,6 @@ void quantize_row(const float* x, int64_t k, int block, int8_t* q, float* d, int
   }
 }
 
-inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
-  if (j < 4) {
-    scale = q[j] & 63;
-    min = q[j + 4] & 63;
-  } else {
-    scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 template <int KIND> struct Int8Block;
 

@@ -14,6 +14,8 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
+#include "gguf_blocks.h"
+
 #include <immintrin.h>
 
 #include <cstdint>
@@ -35,11 +37,8 @@ typedef float f16v __attribute__((vector_size(64)));
 typedef int32_t i16v __attribute__((vector_size(64)));
 typedef uint8_t u16v __attribute__((vector_size(16)));
 
-inline float half_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return c10::detail::fp16_ieee_to_fp32_value(bits);
-}
+using gguf::half_at;
+using gguf::scale_min_k4;
 
 inline u16v bytes_at(const uint8_t* p) {
   u16v v;
@@ -148,16 +147,6 @@ template <> struct Block<Q8_0> {
   }
 };
 
-// the 6-bit scale and minimum of sub-block j of a Q4_K / Q5_K super-block
-inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
-  if (j < 4) {
-    scale = q[j] & 63;
-    min = q[j + 4] & 63;
-  } else {
-    scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
-  }
-}
 
 template <> struct Block<Q4_K> {
   static constexpr int values = 256, bytes = 144;
