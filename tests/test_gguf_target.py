@@ -239,3 +239,19 @@ def test_auto_keeps_a_gguf_targets_blocks_and_a_plain_folders_fp32(gguf_model, t
     assert resolve_target_format(EngineConfig(model=folder, speculative_mode="ar", target_dtype="fp32")).target_dtype == "fp32"
     with LLM(folder, num_threads=1, speculative_mode="ar") as llm:  # target_dtype left to its default
         assert llm.engine.execution()["target_dtype"] == "gguf (the checkpoint's blocks)"
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_tensor_table_reads_what_ggufs_reader_reads(gguf_model, arch):
+    from gguf import GGUFReader
+
+    from ssd_engine.models.gguf_table import GGUFTable
+
+    _, path = gguf_model(arch)
+    table, reader = GGUFTable(path), GGUFReader(path)
+    assert table.field("general.architecture") == reader.fields["general.architecture"].contents() == arch
+    assert [t.name for t in table.tensors] == [t.name for t in reader.tensors]
+    for ours, theirs in zip(table.tensors, reader.tensors):
+        assert (ours.tensor_type, list(ours.shape), ours.data_offset) == \
+            (theirs.tensor_type, list(theirs.shape), theirs.data_offset), ours.name
+        assert np.array_equal(np.asarray(ours.data), np.asarray(theirs.data)), ours.name

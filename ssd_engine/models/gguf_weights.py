@@ -37,12 +37,11 @@ class GGUFFile:
     """Tensors of a GGUF file by Hugging Face name, memory-mapped: a slice is copied out when asked."""
 
     def __init__(self, path: Path, config, int8_activations: bool = False) -> None:
-        from gguf import GGUFReader
-
         from ssd_engine.models.gguf_stream import plan_tensors
+        from ssd_engine.models.gguf_table import GGUFTable
 
-        reader = GGUFReader(str(path))
-        arch = reader.fields["general.architecture"].contents()
+        reader = GGUFTable(path)  # the tensor table alone: gguf's reader parses the tokenizer too (seconds)
+        arch = reader.field("general.architecture")
         self.path, self.int8_activations = path, int8_activations
         self.plans = {plan.hf_name: plan for plan in plan_tensors(reader, config, arch)}
         self.tensors = {tensor.name: tensor for tensor in reader.tensors}
