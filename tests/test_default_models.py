@@ -122,7 +122,8 @@ def test_resolve_joins_converts_then_hits_cache(tmp_path, cache, monkeypatch):
     folder = Path(dm.resolve_default_model("draft"))
     assert folder == cache / "fake-model" and dm.is_complete(folder)
     assert calls == [b"".join(chunks)]
-    assert not (cache / "fake.gguf").exists()  # joined GGUF removed by default
+    assert not (cache / "fake.gguf").exists()  # the joined GGUF moved into the folder it was converted into
+    assert (folder / "fake.gguf").read_bytes() == b"".join(chunks)
 
     # Second call: must not join again (nor even look at the parts).
     monkeypatch.setattr(dm, "join_parts", lambda *a, **k: pytest.fail("re-joined on cache hit"))

