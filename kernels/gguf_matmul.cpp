@@ -148,6 +148,16 @@ template <> struct Block<Q8_0> {
 };
 
 
+// the scale and minimum, in floats, of the sub-block pair 2j, 2j + 1 of a Q4_K / Q5_K super-block:
+// the two 32-value runs one 32-byte stretch of codes holds (low nibbles, then high)
+inline void pair_scales(int j, float d, float dmin, const uint8_t* scales, float& d0, float& min0, float& d1,
+                        float& min1) {
+  int s0, m0, s1, m1;
+  scale_min_k4(2 * j, scales, s0, m0);
+  scale_min_k4(2 * j + 1, scales, s1, m1);
+  d0 = d * s0, min0 = dmin * m0, d1 = d * s1, min1 = dmin * m1;
+}
+
 template <> struct Block<Q4_K> {
   static constexpr int values = 256, bytes = 144;
   template <typename F> ALWAYS_INLINE static void each(const uint8_t* b, F&& use) {
@@ -155,10 +165,8 @@ template <> struct Block<Q4_K> {
     const uint8_t* scales = b + 4;
     const uint8_t* q = b + 16;
     for (int j = 0; j < 4; ++j, q += 32) {
-      int s0, m0, s1, m1;
-      scale_min_k4(2 * j, scales, s0, m0);
-      scale_min_k4(2 * j + 1, scales, s1, m1);
-      const float d0 = d * s0, min0 = dmin * m0, d1 = d * s1, min1 = dmin * m1;
+      float d0, min0, d1, min1;
+      pair_scales(j, d, dmin, scales, d0, min0, d1, min1);
       for (int l = 0; l < 32; l += 16) {
         const i16v v = widen(bytes_at(q + l));
         use(64 * j + l, d0 * to_float(v & 0xF) - min0, 64 * j + 32 + l, d1 * to_float(v >> 4) - min1);
@@ -175,10 +183,8 @@ template <> struct Block<Q5_K> {
     const uint8_t* qh = b + 16;
     const uint8_t* ql = b + 48;
     for (int j = 0; j < 4; ++j, ql += 32) {
-      int s0, m0, s1, m1;
-      scale_min_k4(2 * j, scales, s0, m0);
-      scale_min_k4(2 * j + 1, scales, s1, m1);
-      const float d0 = d * s0, min0 = dmin * m0, d1 = d * s1, min1 = dmin * m1;
+      float d0, min0, d1, min1;
+      pair_scales(j, d, dmin, scales, d0, min0, d1, min1);
       for (int l = 0; l < 32; l += 16) {
         const i16v low = widen(bytes_at(ql + l)), high = widen(bytes_at(qh + l));
         // bit 2j of qh is value j*64 + l's fifth bit, bit 2j+1 the one 32 values on

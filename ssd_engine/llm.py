@@ -34,7 +34,7 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What a request without sampling params gets, and what its unset fields take (vLLM's rule): the
-        model's generation_config.json temperature / top_p / top_k / min_p where the file sets them, else
+        model's generation_config.json temperature / top_p / top_k / min_p / repetition_penalty where set, else
         SamplingParams' defaults (temperature 1.0: it samples). Pass temperature=0 for greedy output."""
         if self._model_sampling_defaults is None:
             self._model_sampling_defaults = model_sampling_defaults(self.engine.model_path)

@@ -28,7 +28,7 @@ TILE_ROWS = 1024  # output rows dequantized at a time on the dense path (6 MB of
 DUMMY_SCALE = 0x211F  # fp16 0.01: dummy blocks' scales, so their values are small normal floats
 
 
-DENSE = 0  # GGML's F32 id: a tensor the file stores unquantized (F32 / F16 / BF16), kept as fp32
+DENSE = 0  # GGML's F32 id: a tensor the file stores unquantized (F32 / F16), kept as fp32
 
 
 @dataclass(frozen=True)

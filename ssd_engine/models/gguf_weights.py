@@ -55,10 +55,13 @@ class GGUFFile:
     def check(self) -> None:
         """ValueError (one line) unless the kernels read every Linear weight of the file."""
         for hf_name, plan in self.plans.items():
-            tensor = self.tensors[plan.gguf_name]
-            if _is_linear(hf_name) and int(tensor.tensor_type) not in BLOCKS and tensor.tensor_type.name not in UNQUANTIZED:
-                raise ValueError(f"target_dtype=gguf: {hf_name} is stored as {tensor.tensor_type.name} in "
-                                 f"{self.path.name}, which the GGUF kernels do not read (they read {_kind_names()})")
+            if _is_linear(hf_name):
+                self._check_readable(hf_name, self.tensors[plan.gguf_name])
+
+    def _check_readable(self, hf_name: str, tensor) -> None:
+        if int(tensor.tensor_type) not in BLOCKS and tensor.tensor_type.name not in UNQUANTIZED:
+            raise ValueError(f"target_dtype=gguf: {hf_name} is stored as {tensor.tensor_type.name} in "
+                             f"{self.path.name}, which the GGUF kernels do not read (they read {_kind_names()})")
 
     def kind(self, hf_name: str) -> int:
         return int(self.tensors[self.plans[hf_name].gguf_name].tensor_type)
@@ -66,6 +69,7 @@ class GGUFFile:
     def rows(self, hf_name: str, rows: Span, cols: Span | None) -> QuantizedRows:
         plan = self.plans[hf_name]
         tensor = self.tensors[plan.gguf_name]
+        self._check_readable(hf_name, tensor)
         kind = int(tensor.tensor_type)
         order = np.arange(plan.shape[0]) if plan.row_order is None else plan.row_order
         picked = order[rows.start:rows.start + rows.size]
@@ -74,9 +78,6 @@ class GGUFFile:
             dense = torch.from_numpy(np.array(data, dtype=np.float32))
             return QuantizedRows(dense if cols is None else dense[:, cols.start:cols.start + cols.size].contiguous(),
                                  DENSE, cols.size if cols else plan.shape[1])
-        if kind not in BLOCKS:
-            raise ValueError(f"target_dtype=gguf: {hf_name} is stored as {tensor.tensor_type.name} in {self.path.name}, "
-                             f"which the GGUF kernels do not read (they read {_kind_names()})")
         values, nbytes = BLOCKS[kind].values, BLOCKS[kind].bytes
         width = plan.shape[1]
         if cols is not None:

@@ -24,18 +24,18 @@ def emitted_logprobs(seq: Sequence, logits: Tensor, tokens: list[int], eos_token
     """For each emitted token (row j of `logits` scored it, after `drafts[:j]`): {token: log-probability}
     with the chosen token first, then the params.logprobs most likely tokens."""
     rows = logits[:len(tokens)]
-    history = None if drafts is None else drafts.view(1, -1)[:, :max(len(tokens) - 1, 0)]
-    rows = adjusted(rows, [seq], eos_token_ids, history if len(tokens) > 1 else None)
+    history = drafts.view(1, -1)[:, :len(tokens) - 1] if drafts is not None and len(tokens) > 1 else None
+    rows = adjusted(rows, [seq], eos_token_ids, history)
     params = replace(seq.params, temperature=1.0) if seq.params.greedy else seq.params
     law = SamplingTensors.from_params([params], rows.device, times=len(tokens)).probs(rows).log()
-    chosen = law.gather(1, torch.tensor(tokens, device=law.device)[:, None])[:, 0]
+    chosen = law.gather(1, torch.tensor(tokens, device=law.device)[:, None])[:, 0].tolist()
     top = law.topk(seq.params.logprobs, dim=-1) if seq.params.logprobs else None
-    values = [chosen.tolist()] + ([top.values.tolist(), top.indices.tolist()] if top is not None else [])
+    top_ids = top.indices.tolist() if top is not None else [[] for _ in tokens]
+    top_values = top.values.tolist() if top is not None else [[] for _ in tokens]
     out = []
-    for j, token in enumerate(tokens):
-        entry = {token: values[0][j]}
-        if top is not None:
-            for index, value in zip(values[2][j], values[1][j]):
-                entry.setdefault(index, value)
+    for token, value, ids, values in zip(tokens, chosen, top_ids, top_values):
+        entry = {token: value}
+        for index, top_value in zip(ids, values):
+            entry.setdefault(index, top_value)
         out.append(entry)
     return out

@@ -182,9 +182,10 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
                 if body.stream:
                     raise BadRequest("n > 1 is served with stream: false only", "n")
                 samples = engine.engine.make_samples(prompt, params)  # checked once, before any is queued
-                return await _samples(body, samples, prompt, params, kind)
-            stream = engine.generate(prompt, params, stream=body.stream)
-            first = await anext(stream)  # validation and overload errors surface here, before any byte is sent
+                answered = await asyncio.gather(*(_whole(prompt, params, seq) for seq in samples))
+            else:
+                stream = engine.generate(prompt, params, stream=body.stream)
+                first = await anext(stream)  # validation and overload errors surface here, before any byte is sent
         except BadRequest as exc:
             return reject(400, str(exc), param=exc.param)
         except ValueError as exc:  # SamplingParams' and the engine's messages start with the field they are about
@@ -195,28 +196,25 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
         except Overloaded as exc:
             return reject(503, str(exc), kind="server_overloaded", code="overloaded")
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        if params.n > 1:
+            return _response(rid, created, kind, answered, params.logprobs or 0)
         if body.stream:
             return StreamingResponse(_sse(first, stream, rid, created, kind, body.stream_options, params.logprobs or 0),
                                      media_type="text/event-stream")
+        return _response(rid, created, kind, [await _joined(first, stream)], params.logprobs or 0)
+
+    async def _joined(first, stream) -> tuple[str, object]:
+        """(the whole text, the RequestOutput) of a request's deltas."""
         text, output = first.text, first.output
         async for delta in stream:
             text, output = text + delta.text, delta.output
         metrics.finished(output)
-        return _response(rid, created, kind, text, output, params.logprobs or 0)
+        return text, output
 
-    async def _samples(body, samples, prompt, params, kind: str) -> dict:
-        async def one(seq):
-            return [delta async for delta in engine.generate(prompt, params, stream=False, seq=seq)][-1].output
-
-        outputs = await asyncio.gather(*(one(seq) for seq in samples))
-        for output in outputs:
-            metrics.finished(output)
-        choices = [dict(_choice(kind, o.text, o.finish_reason, False, False, o.logprobs, params.logprobs or 0), index=i)
-                   for i, o in enumerate(outputs)]
-        usage = _counts(outputs[0].metrics.num_prompt_tokens, sum(o.metrics.num_output_tokens for o in outputs))
-        return {"id": f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
-                "object": "chat.completion" if kind == "chat" else "text_completion", "created": int(time.time()),
-                "model": model_name, "choices": choices, "usage": usage}
+    async def _whole(prompt, params, seq) -> tuple[str, object]:
+        """One of n samples, not streamed."""
+        stream = engine.generate(prompt, params, stream=False, seq=seq)
+        return await _joined(await anext(stream), stream)
 
     def _choice(kind: str, text: str, finish: str | None, streaming: bool, first: bool = False,
                 logprobs: list[dict[int, float]] | None = None, top: int = 0) -> dict:
@@ -236,11 +234,13 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
         return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                 "total_tokens": prompt_tokens + completion_tokens}
 
-    def _response(rid, created, kind, text, output, top: int) -> dict:
+    def _response(rid, created, kind, answered: list[tuple[str, object]], top: int) -> dict:
+        """`answered`: (text, RequestOutput) of each of the request's n samples, in index order."""
+        choices = [{**_choice(kind, text, output.finish_reason, False, False, output.logprobs, top), "index": i}
+                   for i, (text, output) in enumerate(answered)]
+        usage = _counts(answered[0][1].metrics.num_prompt_tokens, sum(o.metrics.num_output_tokens for _, o in answered))
         return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
-                "model": model_name, "choices": [_choice(kind, text, output.finish_reason, False, False, output.logprobs,
-                                                         top)],
-                "usage": _usage(output)}
+                "model": model_name, "choices": choices, "usage": usage}
 
     async def _sse(delta, stream, rid, created, kind, options: StreamOptions | None, top: int):
         """Without stream_options the last chunk carries `usage` (this server's way since before they existed);
