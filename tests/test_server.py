@@ -23,6 +23,8 @@ NAME = "tiny"
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 SAMPLED = dict(temperature=0.8, top_p=0.9, top_k=50, seed=7, max_tokens=12)
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fruit."}]
+PENALISED = dict(presence_penalty=0.5, frequency_penalty=0.3, logit_bias={40: 3.0}, repetition_penalty=1.2,
+                 min_tokens=6)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,11 @@ def served(tiny_qwen2):
     llm.tokenizer.chat_template = CHAT_TEMPLATE  # the byte-level test tokenizer ships none
     chat_prompt = llm.tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)
     offline["chat"] = llm.generate([chat_prompt], params, use_tqdm=False)[0].text
+    # computed before the server's loop owns the engine: one thread steps an engine, never two
+    offline["penalised"] = llm.generate([PROMPTS[0]], SamplingParams(**PENALISED, temperature=0, max_tokens=8),
+                                        use_tqdm=False)[0].text
+    offline["logprobs"] = llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=6, logprobs=2),
+                                       use_tqdm=False)[0].logprobs
     engine = AsyncEngine(llm, max_pending=64)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -209,26 +216,21 @@ def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle, para
 
 def test_penalties_bias_and_min_tokens_reach_the_engine(served):
     """OpenAI's fields and vLLM's extra body fields give what LLM.generate gives with the same values."""
-    client, engine, _, _ = served
+    client, engine, offline, _ = served
     fields = dict(presence_penalty=0.5, frequency_penalty=0.3, logit_bias={"40": 3.0})
     extra = dict(repetition_penalty=1.2, min_tokens=6)
     out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0, extra_body=extra,
                                     **fields)
-    offline = engine.llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=8, presence_penalty=0.5,
-                                                               frequency_penalty=0.3, logit_bias={40: 3.0}, **extra),
-                                  use_tqdm=False)[0].text
-    assert out.choices[0].text == offline
+    assert out.choices[0].text == offline["penalised"]
     chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=4, temperature=0, logit_bias={"41": 100})
     assert chat.choices[0].message.content == engine.llm.tokenizer.decode([41] * 4)  # a +100 bias wins every step
 
 
 def test_logprobs_in_both_apis_streamed_and_not(served):
-    client, engine, _, _ = served
-    offline = engine.llm.generate([PROMPTS[1]], SamplingParams(temperature=0, max_tokens=6, logprobs=2),
-                                  use_tqdm=False)[0]
+    client, _, offline, _ = served
     out = client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=6, temperature=0, logprobs=2)
     got = out.choices[0].logprobs
-    assert got.token_logprobs == pytest.approx([next(iter(e.values())) for e in offline.logprobs], abs=1e-5)
+    assert got.token_logprobs == pytest.approx([next(iter(e.values())) for e in offline["logprobs"]], abs=1e-5)
     # greedy: the chosen token is the top one (two ids may decode alike: the legacy shape keys by text)
     assert all(1 <= len(top) <= 2 and max(top.values()) == pytest.approx(lp, abs=1e-6)
                for top, lp in zip(got.top_logprobs, got.token_logprobs))
