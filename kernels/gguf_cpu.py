@@ -1,9 +1,9 @@
 """The GGUF block kernels (gguf_matmul.cpp), compiled for this CPU on first use.
 
 Built with torch's extension builder (`-O3 -march=native`: the compiler picks AVX-512 or AVX2 for the
-machine it runs on) into the engine's cache (`~/.cache/ssd_engine/kernels/`), under a name keyed on
-the CPU's flags and the sources, so a cache shared by two machines never loads code built for the
-other. Where no compiler works,
+machine it runs on) into the engine's cache (`~/.cache/ssd_engine/kernels/`, or
+`$SSD_ENGINE_KERNEL_CACHE`), under a name keyed on the CPU's flags and the sources, so a cache
+shared by two machines never loads code built for the other. Where no compiler works,
 `load()` says why and the caller keeps fp32 weights (the same values, more memory).
 
     torch.ops.ssd_engine_gguf.linear(x_fp32[rows, k], blocks_uint8[n, row_bytes], kind, k) -> [rows, n]
@@ -79,10 +79,10 @@ def load() -> None:
     import torch
     from filelock import FileLock
 
-    from ssd_engine.utils.cache import cache_dir
+    from ssd_engine.utils.cache import kernel_cache_dir
 
     name = f"ssd_engine_gguf_{_library_key()}"
-    folder = cache_dir() / "kernels" / name
+    folder = kernel_cache_dir() / name
     library = folder / f"{name}.so"
     try:
         if not library.is_file():

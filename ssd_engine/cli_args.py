@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.options import choices_of, help_of
 from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS, SamplingParams
+from ssd_engine.core.structured_outputs import KINDS, StructuredOutputsParams
 
 ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"], "tensor_parallel_size": ["--tp"]}
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
@@ -94,6 +95,36 @@ def add_sampling_args(parser: argparse.ArgumentParser, defaults: dict | None = N
         else:
             group.add_argument(_flag(f.name), type=_base_type(f.type), default=default, metavar=f.name.upper(),
                                help=help)
+    _add_structure_args(group)
+
+
+def _add_structure_args(group) -> None:
+    """--structured-outputs-KIND, one per StructuredOutputsParams field (a file's text with @PATH)."""
+    group.add_argument("--structured-outputs-json", type=_text_or_file, metavar="SCHEMA",
+                       help="the output is JSON matching this JSON schema (its text, or @PATH)")
+    group.add_argument("--structured-outputs-json-object", action="store_true", default=None,
+                       help="the output is a JSON object")
+    group.add_argument("--structured-outputs-regex", metavar="REGEX", help="the output matches this regex")
+    group.add_argument("--structured-outputs-choice", action="append", metavar="TEXT",
+                       help="the output is one of these strings (repeat for each)")
+    group.add_argument("--structured-outputs-grammar", type=_text_or_file, metavar="EBNF",
+                       help="the output follows this EBNF grammar, rule `root` (its text, or @PATH)")
+
+
+def _text_or_file(value: str) -> str:
+    if not value.startswith("@"):
+        return value
+    try:
+        with open(value[1:]) as f:
+            return f.read()
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"cannot read {value[1:]}: {error.strerror}") from None
+
+
+def _structure(args: argparse.Namespace) -> StructuredOutputsParams | None:
+    given = {kind: getattr(args, f"structured_outputs_{kind}", None) for kind in KINDS}
+    given = {kind: value for kind, value in given.items() if value is not None}
+    return StructuredOutputsParams(**given) if given else None
 
 
 def _json_object(text: str) -> dict:
@@ -120,7 +151,8 @@ def engine_options(args: argparse.Namespace) -> dict:
 def sampling_params(args: argparse.Namespace, defaults: SamplingParams | None = None) -> SamplingParams:
     """The flags given; an unset one takes `defaults` (`LLM.get_default_sampling_params()`, the model's),
     else SamplingParams' own (what checks the flags before any model loads)."""
-    return SamplingParams.from_optional(defaults, **{k: getattr(args, k) for k in SAMPLING_FIELDS if hasattr(args, k)})
+    return SamplingParams.from_optional(defaults, **{k: getattr(args, k) for k in SAMPLING_FIELDS if hasattr(args, k)},
+                                        structured_outputs=_structure(args))
 
 
 def describe_engine(llm) -> str:

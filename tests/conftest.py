@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 
+from ssd_engine.utils.cache import KERNEL_CACHE_ENV, kernel_cache_dir
+
 # Without a GPU the Triton kernels' tests run them under Triton's interpreter, which `@triton.jit`
 # reads when a kernel module is imported: set it before any test module imports one, whatever
 # order the files are collected in (a test asking for a non-interpreted CPU run unsets it itself)
@@ -28,6 +30,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [BENCHMARKS_DIR, os.envi
 # emulated CUDA graphs fail a test where a real capture would refuse the code or replay other launches
 # (benchmarks/profiling/graph_fidelity.py)
 os.environ.setdefault("SSD_ENGINE_GRAPH_CHECKER", "profiling.graph_fidelity:emulated_graph")
+# tests that point the model cache elsewhere still share the GGUF kernels compiled for this CPU (~30 s a build)
+os.environ.setdefault(KERNEL_CACHE_ENV, str(kernel_cache_dir()))
 
 TINY_ARCHS = ("llama", "qwen2", "qwen3")
 

@@ -4,6 +4,7 @@ many concurrent streams neither lose nor duplicate tokens, a disconnecting clien
 blocks, and bad requests get OpenAI-shaped errors."""
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -257,6 +258,33 @@ def test_n_samples_come_back_as_choices(served):
     assert len({c.text for c in out.choices}) == 3  # each sample draws from a stream of its own
     chat = client.chat.completions.create(model=NAME, messages=CHAT, n=2, max_tokens=3, temperature=0)
     assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+
+
+def test_structured_outputs_in_every_field_clients_send(served):
+    """OpenAI's response_format (json_schema, json_object), vLLM's structured_outputs and guided_* fields:
+    each output matches; a spec that does not compile, or two specs at once, is a 400 naming the field."""
+    client, _, _, port = served
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=60, temperature=0, response_format={
+        "type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}})
+    assert isinstance(json.loads(chat.choices[0].message.content)["ok"], bool)
+    out = client.completions.create(model=NAME, prompt=PROMPTS[1], max_tokens=120, temperature=0.8, seed=3,
+                                    extra_body={"response_format": {"type": "json_object"}})
+    assert out.choices[0].finish_reason != "stop" or isinstance(json.loads(out.choices[0].text), dict)
+    out = client.completions.create(model=NAME, prompt=PROMPTS[0], max_tokens=12, temperature=0,
+                                    extra_body={"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2}"}})
+    assert re.fullmatch("[0-9]{3}-[a-z]{2}", out.choices[0].text)
+    out = client.completions.create(model=NAME, prompt=PROMPTS[2], max_tokens=12, temperature=1.0,
+                                    extra_body={"guided_choice": ["red", "green"]})
+    assert out.choices[0].text in ("red", "green")
+    for fields, param in ((dict(guided_regex="[a-"), "guided_regex"),
+                          (dict(response_format={"type": "json_schema", "json_schema": {
+                              "name": "x", "schema": {"type": "object", "properties": 3}}}), "response_format"),
+                          (dict(guided_regex="a", guided_choice=["b"]), "guided_regex"),
+                          (dict(structured_outputs={"regex": "a", "choice": ["b"]}), "structured_outputs")):
+        code, body = _post(port, "/v1/completions", _body(**fields))
+        assert code == 400 and body["error"]["param"] == param and "\n" not in body["error"]["message"], body
 
 
 def test_models_and_health(served):

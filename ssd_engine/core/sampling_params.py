@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, fields
 
 from ssd_engine.core.options import option
+from ssd_engine.core.structured_outputs import StructuredOutputsParams
 
 
 MAX_LOGPROBS = 20  # OpenAI's and vLLM's default limit on top log-probabilities
@@ -49,6 +50,9 @@ class SamplingParams:
     logprobs: int | None = option(None, "return each generated token's log-probability and the N most likely "
                                         "tokens', in [0, 20] (0: the chosen token's alone), under the law it was "
                                         "drawn from: after penalties, temperature (greedy: 1) and the filters")
+    structured_outputs: StructuredOutputsParams | None = option(
+        None, "the output must match a JSON schema, any JSON object, a regex, one of a list of strings or an EBNF "
+              "grammar (core/structured_outputs.py); tokens it forbids get probability 0 in every mode")
 
     def __post_init__(self) -> None:
         # `not (x >= 0)` also rejects nan, which compares false with everything.
@@ -83,6 +87,7 @@ class SamplingParams:
         if self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens!r}")
         self.logit_bias = _checked_bias(self.logit_bias)
+        self.structured_outputs = StructuredOutputsParams.of(self.structured_outputs)
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= MAX_LOGPROBS):
             raise ValueError(f"logprobs must be an int in [0, {MAX_LOGPROBS}] or None, got {self.logprobs!r}")

@@ -27,6 +27,7 @@ from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.models.loader import load_config
 from ssd_engine.core.outputs import RequestMetrics, RequestOutput
 from ssd_engine.sampling.synthetic import synthetic_acceptance
+from ssd_engine.sampling.grammar import Grammars
 from ssd_engine.sampling.verifier import StepResult, Verifier
 from ssd_engine.engine.request_checks import check_request
 from ssd_engine.core.streams import Stream, stream_generator
@@ -75,9 +76,11 @@ class LLMEngine:
                                    parts.scheduler.max_num_batched_tokens)
         self.scheduler.release_hooks.append(self.runner.release)  # tensor-parallel workers forget freed tables
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
+        eos = self.output_processor.eos_token_ids
         self.verifier = Verifier(stream_generator(parts.seed, Stream.TARGET, device=self.device),  # unseeded requests
-                                 synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed),
-                                 self.output_processor.eos_token_ids)
+                                 synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed), eos,
+                                 Grammars(self.tokenizer, self.hf_config.vocab_size, eos))
+        self.scheduler.release_hooks.append(self.verifier.grammars.release)
         self.spec_metrics = SpecMetrics(parts.speculative.k)
         if parts.speculative.mode == "sd":
             self.speculator = build_sync_draft(self, target)
@@ -161,6 +164,8 @@ class LLMEngine:
         """A one-line ValueError naming what makes this request impossible here (engine/request_checks.py)."""
         check_request(token_ids, params, self.hf_config.vocab_size, self.max_model_len, self.block_manager,
                       self.scheduler.max_num_seqs, self.k)
+        if params.structured_outputs is not None:
+            self.verifier.grammars.compile(params.structured_outputs)  # once per spec: a bad one fails here
 
     @property
     def k(self) -> int:

@@ -15,17 +15,13 @@ import torch
 from torch import Tensor
 
 from ssd_engine.core.structures import Sequence
-from ssd_engine.sampling.penalties import adjusted
 from ssd_engine.sampling.processors import SamplingTensors
 
 
-def emitted_logprobs(seq: Sequence, logits: Tensor, tokens: list[int], eos_token_ids: set[int],
-                     drafts: Tensor | None = None) -> list[dict[int, float]]:
-    """For each emitted token (row j of `logits` scored it, after `drafts[:j]`): {token: log-probability}
-    with the chosen token first, then the params.logprobs most likely tokens."""
-    rows = logits[:len(tokens)]
-    history = drafts.view(1, -1)[:, :len(tokens) - 1] if drafts is not None and len(tokens) > 1 else None
-    rows = adjusted(rows, [seq], eos_token_ids, history)
+def emitted_logprobs(seq: Sequence, rows: Tensor, tokens: list[int]) -> list[dict[int, float]]:
+    """For each emitted token (row j of `rows` scored it, already processed for its history: the
+    verifier's `processed`): {token: log-probability} with the chosen token first, then the
+    params.logprobs most likely tokens."""
     params = replace(seq.params, temperature=1.0) if seq.params.greedy else seq.params
     law = SamplingTensors.from_params([params], rows.device, times=len(tokens)).probs(rows).log()
     chosen = law.gather(1, torch.tensor(tokens, device=law.device)[:, None])[:, 0].tolist()

@@ -16,6 +16,7 @@ import torch
 
 from ssd_engine.core.structures import Proposal, Sequence
 from ssd_engine.utils.host_upload import upload
+from ssd_engine.sampling.grammar import Grammars
 from ssd_engine.sampling.logprobs import emitted_logprobs
 from ssd_engine.sampling.penalties import adjusted
 from ssd_engine.sampling.processors import SamplingTensors
@@ -33,10 +34,19 @@ class StepResult:
 
 class Verifier:
     def __init__(self, generator: torch.Generator, synthetic: BernoulliDraws | None = None,
-                 eos_token_ids: set[int] | frozenset = frozenset()) -> None:
+                 eos_token_ids: set[int] | frozenset = frozenset(), grammars: Grammars | None = None) -> None:
         self.generator = generator  # unseeded requests' stream
         self.synthetic = synthetic  # set: acceptance drawn at a fixed rate (never by default)
         self.eos_token_ids = eos_token_ids  # what min_tokens holds back (sampling/penalties.py)
+        self.grammars = grammars  # structured outputs' matchers (sampling/grammar.py); None: refused
+
+    def processed(self, logits: torch.Tensor, seqs: list[Sequence], drafts: torch.Tensor | None = None) -> torch.Tensor:
+        """Each row's history-dependent law (drafts [len(seqs), rows - 1], row j after drafts[:, :j]):
+        the penalties and bias, then the grammar's mask."""
+        logits = adjusted(logits, seqs, self.eos_token_ids, drafts)
+        if self.grammars is None or not any(seq.params.structured_outputs for seq in seqs):
+            return logits
+        return self.grammars.masked(logits, seqs, drafts.tolist() if drafts is not None else None)
 
     def sample_or_verify(self, seqs: list[Sequence], logit_rows: list[list[int]], logits: torch.Tensor,
                          speculated: list[bool], proposal: Proposal | None) -> list[StepResult]:
@@ -66,7 +76,9 @@ class Verifier:
             if seq.params.logprobs is not None and out[i].tokens:
                 drafts = proposal.tokens[speculated_rows.index(i)] if speculated[i] else None
                 rows = logits[first_row[i]:first_row[i + 1]] if speculated[i] else logits[first_row[i]:first_row[i] + 1]
-                out[i].logprobs = emitted_logprobs(seq, rows, out[i].tokens, self.eos_token_ids, drafts)
+                count = len(out[i].tokens)
+                history = drafts.view(1, -1)[:, :count - 1] if drafts is not None and count > 1 else None
+                out[i].logprobs = emitted_logprobs(seq, self.processed(rows[:count], [seq], history), out[i].tokens)
         return out
 
     def verify(self, seqs: list[Sequence], proposal: Proposal, target_logits: torch.Tensor):
@@ -76,7 +88,7 @@ class Verifier:
         k = proposal.k
         params = [s.params for s in seqs]
         # each of the K + 1 rows after its own history: the sequence's tokens and the drafts before it
-        target_logits = adjusted(target_logits, seqs, self.eos_token_ids, proposal.tokens)
+        target_logits = self.processed(target_logits, seqs, proposal.tokens)
         if all(p.greedy for p in params):
             return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),
                                  proposal.num_draft)
@@ -87,7 +99,7 @@ class Verifier:
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         params = [seq.params for seq in seqs]
-        logits = adjusted(logits, seqs, self.eos_token_ids)
+        logits = self.processed(logits, seqs)
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         probs = SamplingTensors.from_params(params, logits.device).probs(logits)

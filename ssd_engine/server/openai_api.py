@@ -13,106 +13,16 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Literal
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, ConfigDict
 
-from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.server.logprobs_format import chat_logprobs, completion_logprobs
 from ssd_engine.server.async_engine import AsyncEngine, Overloaded
 from ssd_engine.server.auth import ApiKeys, RequireApiKey
 from ssd_engine.server.metrics import ServerMetrics
-
-
-class BadRequest(ValueError):
-    """A 400 naming the request field at fault."""
-
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    include_usage: bool = True              # vLLM's default once stream_options is given
-    continuous_usage_stats: bool = False    # vLLM's extension (with include_usage): usage so far in every chunk
-
-
-class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # an unknown field is a 400 naming it
-    model: str
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None  # the chat API's newer name for max_tokens; wins when both are given
-    temperature: float | None = None  # None (unset): the model's default, LLM.get_default_sampling_params()
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    n: int = 1
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None   # recorded by OpenAI for abuse tracking; no effect on generation
-    ignore_eos: bool = False  # vLLM's extension: keep generating past EOS (benchmarks)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None  # OpenAI's: token ids as strings
-    repetition_penalty: float | None = None  # vLLM's extensions, from here on
-    min_tokens: int | None = None
-    stop_token_ids: list[int] | None = None
-
-    def requested_logprobs(self) -> int | None:
-        return None
-
-    def check(self) -> None:
-        if self.stream_options is not None and not self.stream:
-            raise BadRequest("stream_options is only allowed with stream: true", "stream_options")
-        if self.max_completion_tokens is not None and self.max_completion_tokens <= 0:
-            raise BadRequest(f"max_completion_tokens must be an int > 0, got {self.max_completion_tokens!r}",
-                             "max_completion_tokens")
-
-    def requested_max_tokens(self) -> int | None:
-        """vLLM's rule: max_completion_tokens if given, else max_tokens; None: as many as fit."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    def params(self, defaults: SamplingParams, max_tokens: int) -> SamplingParams:
-        return SamplingParams.from_optional(defaults, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                                            min_p=self.min_p, seed=self.seed, max_tokens=max_tokens, stop=self.stop,
-                                            ignore_eos=self.ignore_eos, presence_penalty=self.presence_penalty,
-                                            frequency_penalty=self.frequency_penalty, logit_bias=self.logit_bias,
-                                            repetition_penalty=self.repetition_penalty, min_tokens=self.min_tokens,
-                                            stop_token_ids=self.stop_token_ids, logprobs=self.requested_logprobs(),
-                                            n=self.n)
-
-
-class CompletionRequest(_Sampling):
-    prompt: str | list[int]
-    max_tokens: int | None = 16  # OpenAI's and vLLM's default for completions
-    logprobs: int | None = None  # the legacy API's: the top N (0: the chosen token's alone)
-
-    def requested_logprobs(self) -> int | None:
-        return self.logprobs
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    role: Literal["system", "user", "assistant"]
-    content: str
-
-
-class ChatRequest(_Sampling):
-    messages: list[ChatMessage]
-    logprobs: bool = False
-    top_logprobs: int | None = None
-
-    def requested_logprobs(self) -> int | None:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise BadRequest("top_logprobs needs logprobs: true", "top_logprobs")
-        return (self.top_logprobs or 0) if self.logprobs else None
+from ssd_engine.server.requests import BadRequest, ChatRequest, CompletionRequest, StreamOptions, SamplingRequest
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -170,7 +80,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "ssd_engine"}]}
 
-    async def _serve(body: _Sampling, prompt, kind: str):
+    async def _serve(body: SamplingRequest, prompt, kind: str):
         if body.model != model_name:
             return reject(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
                          param="model", code="model_not_found")
@@ -192,6 +102,8 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
             named = str(exc).split(" ", 1)[0]
             if named == "max_tokens" and body.max_completion_tokens is not None:
                 named = "max_completion_tokens"
+            elif named.startswith("structured_outputs"):  # the engine's compile error: name the field the spec came in
+                named = body.structure_field() or named
             return reject(400, str(exc), param=named if named in request_fields else None)
         except Overloaded as exc:
             return reject(503, str(exc), kind="server_overloaded", code="overloaded")

@@ -18,6 +18,7 @@ from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.core.structures import Outcome, BlockTable, Proposal, ScheduledBatch, Sequence, new_block_table
 from ssd_engine.utils.host_upload import upload
 from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.sampling.grammar import Grammars
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 from ssd_engine.speculative.paged_draft import PagedDraft, StepSampler
@@ -41,11 +42,12 @@ class DraftView:
 
 class SyncDraft(PagedDraft[DraftView]):
     def __init__(self, runner: ModelRunner, num_blocks: int, block_size: int, k: int,
-                 proposable_vocab: int, generator: torch.Generator) -> None:
+                 proposable_vocab: int, generator: torch.Generator, grammars: Grammars | None = None) -> None:
         super().__init__(runner, BlockManager(num_blocks, block_size, enable_prefix_caching=False), k)
         self.views: dict[int, DraftView] = {}
         self.proposable_vocab = proposable_vocab  # ids past the tokenizer are embedding padding
         self.generator = generator
+        self.grammars = grammars  # structured requests' drafts follow their grammar: higher acceptance
 
     def view(self, seq: Sequence) -> DraftView:
         if seq.seq_id not in self.views:
@@ -101,7 +103,20 @@ class SyncDraft(PagedDraft[DraftView]):
     def _draft(self, views: list[DraftView], logits: torch.Tensor, greedy: bool):
         """K autoregressive draft steps from the catch-up logits; returns tokens [n, K] and the
         exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
-        tokens, rows = self.decode(views, [len(v.seq) for v in views], logits, self._sampler(views, greedy))
+        sampler = self._sampler(views, greedy)
+        masks = self.grammars.draft_masks([v.seq for v in views]) if self.grammars is not None else None
+        if masks is not None:  # each step's q row is the masked one it was drawn from
+            unmasked = sampler
+
+            def sampler(step: int, step_logits: torch.Tensor):
+                drawn, q = unmasked(step, masks.apply(step_logits))
+                masks.took(drawn)
+                return drawn, q
+        try:
+            tokens, rows = self.decode(views, [len(v.seq) for v in views], logits, sampler)
+        finally:
+            if masks is not None:
+                masks.done()
         for view in views:
             view.num_computed_tokens = len(view.seq) + self.k - 1
         return tokens, rows

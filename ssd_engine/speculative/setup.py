@@ -88,7 +88,8 @@ def build_sync_draft(engine, target: RunnerSpec) -> SyncDraft:
     # the bonus: two tokens a row; one after a rejection)
     runner.capture_graphs([("paged", 1), ("paged", 2)])
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, engine.parts.speculative.k,
-                     proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device))
+                     proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device),
+                     engine.verifier.grammars)
 
 
 def with_draft_format(runner_spec: RunnerSpec, option: str, engine, workload: list[tuple[int, int]],

@@ -1,0 +1,172 @@
+"""Structured outputs (sampling/grammar.py): the grammar's mask, exact on every path.
+
+- Law (T = 1; pair and statistics of test_distribution.py): a grammar whose allowed tokens alternate
+  between two classes, so every position's mask depends on the token before it. SD's (t1, t2, t3)
+  with K = 2 (the SD draft masks its own rows too), SSD's t4 on the hit and just-in-time paths (its
+  draft process does not mask), against the masked and renormalised float64 law (tests/exact_law.py,
+  xgrammar's own matcher). Negative control: a mask blind to the drafts (every verification row
+  masked as after the committed tokens) is rejected.
+- Greedy: AR, SD and SSD give the same tokens, equal to transformers' greedy generate with the same
+  mask, and each output matches its regex / parses as its JSON schema.
+- Bad values are one-line errors naming the field, and a bad request leaves the others running.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from ssd_engine import LLM, SamplingParams
+from ssd_engine.core.structured_outputs import StructuredOutputsParams
+from ssd_engine.sampling.grammar import Grammars
+from exact_law import GrammarMask, marginal, output_law
+from small_pair import DIST_PROMPT, engine_options
+from stats_helpers import fit, gof_power
+
+ALPHA, DESIGN_POWER, TV = 1e-3, 0.8, 0.03
+# ids 5-8 are the bytes #$%&, ids 3, 4, 9, 10 are !"'( ; "0" (id 18) lies outside the 16-token vocabulary,
+# so the grammar never ends inside the test and end-of-sequence is never allowed
+ALTERNATING = dict(grammar='root ::= (a b)+ "0"\na ::= [#$%&]\nb ::= [!"\'(]')
+CLASS_A, CLASS_B = {5, 6, 7, 8}, {3, 4, 9, 10}
+
+
+def _sample(small_pair, mode: str, n: int, length: int, **options) -> tuple[Counter, dict]:
+    target, draft = small_pair
+    with LLM(target, **engine_options(seed=37, draft_model=draft, speculative_mode=mode, **options)) as llm:
+        engine = llm.engine
+        seqs = [engine.add_request(DIST_PROMPT, SamplingParams(max_tokens=length, temperature=1.0,
+                                                               structured_outputs=ALTERNATING))
+                for _ in range(n)]
+        while engine.has_unfinished():
+            engine.step()
+        return Counter(tuple(s.output_token_ids) for s in seqs), llm.speculation_metrics()
+
+
+def _check(label: str, sample: Counter, law: dict, metrics: dict) -> None:
+    stat, dof, p, n = fit(sample, law)
+    power = gof_power(dof, n, TV, ALPHA)
+    print(f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n}, power vs TV {TV} = {power:.3f}, "
+          f"acceptance = {metrics['acceptance_rate']:.3f}")
+    assert 0.1 < metrics["acceptance_rate"] < 0.97
+    assert dof >= 2 and power >= DESIGN_POWER, "too many cells for the sample size: raise n"
+    assert p >= ALPHA, f"{label}: the emitted law differs from the grammar-masked target's (p = {p:.2e})"
+
+
+@pytest.fixture(scope="module")
+def masked_law(small_pair):
+    target, _ = small_pair
+    cache = {}
+
+    def get(length: int) -> dict:
+        if length not in cache:
+            cache[length] = output_law(target, DIST_PROMPT, SamplingParams(max_tokens=length,
+                                                                           structured_outputs=ALTERNATING), length)
+        return cache[length]
+    return get
+
+
+def test_sd_follows_the_masked_law(small_pair, masked_law):
+    sample, metrics = _sample(small_pair, "sd", 8_000, 3, num_speculative_tokens=2)
+    assert all(t[0] in CLASS_A and t[1] in CLASS_B and t[2] in CLASS_A for t in sample)
+    _check("SD", sample, masked_law(3), metrics)
+
+
+@pytest.mark.parametrize("path", ["hit", "jit"])
+def test_ssd_follows_the_masked_law(small_pair, masked_law, path):
+    fanout = dict(ssd_fanout=16) if path == "hit" else dict(ssd_fanout=0)
+    sample, metrics = _sample(small_pair, "ssd", 6_000, 4, num_speculative_tokens=1, ssd_fallback="jit", **fanout)
+    fourth = Counter()
+    for tokens, count in sample.items():
+        fourth[(tokens[3],)] += count
+    law = {(token,): p for token, p in marginal(masked_law(4), 3).items()}
+    _check(f"SSD [{path}]", fourth, law, metrics)
+
+
+def test_negative_control_a_mask_blind_to_the_drafts_is_rejected(small_pair, masked_law, monkeypatch):
+    real = Grammars._allowed_along
+    monkeypatch.setattr(Grammars, "_allowed_along", lambda self, seq, drafts, rows: real(self, seq, [], rows))
+    sample, _ = _sample(small_pair, "sd", 2_000, 3, num_speculative_tokens=2)
+    stat, dof, p, n = fit(sample, masked_law(3))
+    print(f"\nNEGATIVE CONTROL [drafts ignored]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
+    assert p < ALPHA
+
+
+# --------------------------------------------------------------------------- greedy
+
+REGEX = r"[a-c]{3}-[0-9]{1,4}(x|yy)"
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "kind": {"enum": ["cat", "dog", "emu"]}},
+          "required": ["ok", "kind"], "additionalProperties": False}
+
+
+SPECS = {"regex": dict(regex=REGEX), "json": dict(json=SCHEMA), "choice": dict(choice=["yes", "no", "\"maybe\""])}
+PROMPTS = ["hello", "def f(x):", "1, 2, 3,"]
+
+
+def _parses(kind: str, text: str) -> bool:
+    if kind == "regex":
+        return re.fullmatch(REGEX, text) is not None
+    if kind == "choice":
+        return text in SPECS["choice"]["choice"]
+    value = json.loads(text)
+    return set(value) == {"ok", "kind"} and isinstance(value["ok"], bool) and value["kind"] in ("cat", "dog", "emu")
+
+
+def test_greedy_is_the_same_in_every_mode_matches_transformers_and_parses(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessorList
+
+    target = tiny_model_dir("qwen2")
+    draft = tiny_model_dir("qwen2", seed=1)
+    outputs = {}
+    for mode in ("ar", "sd", "ssd"):
+        extra = {} if mode == "ar" else dict(draft_model=draft, num_speculative_tokens=3)
+        with LLM(target, num_threads=1, speculative_mode=mode, **extra) as llm:
+            for kind, spec in SPECS.items():
+                params = SamplingParams(temperature=0, max_tokens=160, structured_outputs=spec)
+                outputs[mode, kind] = llm.generate(PROMPTS, params, use_tqdm=False)
+    for kind in SPECS:
+        tokens = {mode: [o.token_ids for o in outputs[mode, kind]] for mode in ("ar", "sd", "ssd")}
+        assert tokens["sd"] == tokens["ar"] == tokens["ssd"], kind
+        for out in outputs["ar", kind]:
+            # each grammar ends within 160 tokens (JSON's whitespace runs are capped)
+            assert out.finish_reason == "stop" and _parses(kind, out.text), (kind, out.text)
+    tokenizer = AutoTokenizer.from_pretrained(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    choice = "root ::= " + " | ".join(json.dumps(c) for c in SPECS["choice"]["choice"])
+    for kind, spec in (("regex", StructuredOutputsParams(regex=REGEX)), ("choice", StructuredOutputsParams(grammar=choice))):
+        for prompt, out in zip(PROMPTS, outputs["ar", kind]):  # the oracle compiles regexes and grammars
+            ids = tokenizer.encode(prompt)
+            mask = GrammarMask(spec, tokenizer, len(ids), [2])
+            theirs = model.generate(torch.tensor([ids]), max_new_tokens=160, do_sample=False, pad_token_id=0,
+                                    logits_processor=LogitsProcessorList([mask]))
+            assert out.token_ids == theirs[0, len(ids):].tolist()
+
+
+# --------------------------------------------------------------------------- bad values
+
+
+@pytest.mark.parametrize("value,message", [
+    (dict(), "structured_outputs must set exactly one of"),
+    (dict(regex="a", choice=["b"]), "structured_outputs must set exactly one of"),
+    (dict(choice="yes"), "structured_outputs.choice must be a non-empty list"),
+    (dict(schema={}), "structured_outputs has unknown field(s) schema"),
+])
+def test_bad_shapes_are_one_line_errors(value, message):
+    with pytest.raises(ValueError) as error:
+        SamplingParams(structured_outputs=value)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_grammar_that_does_not_compile_is_refused_and_others_run(tiny_qwen2):
+    with LLM(tiny_qwen2, num_threads=1, speculative_mode="ar") as llm:
+        for spec, field in ((dict(regex="[a-"), "regex"), (dict(json='{"type": "object", "properties": 3}'), "json"),
+                            (dict(grammar="root ::= missing_rule"), "grammar")):
+            with pytest.raises(ValueError) as error:
+                llm.generate(["hi"], SamplingParams(structured_outputs=spec), use_tqdm=False)
+            assert str(error.value).startswith(f"structured_outputs.{field} does not compile") and \
+                "\n" not in str(error.value)
+        out = llm.generate(["hi", "ho"], [SamplingParams(temperature=0, max_tokens=8, structured_outputs=dict(
+            choice=["left", "right"])), SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
+        assert out[0].text in ("left", "right") and out[1].finish_reason is not None
