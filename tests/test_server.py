@@ -187,7 +187,6 @@ def _body(**fields) -> bytes:
     (_body(best_of=2), 400, "unsupported field 'best_of'", "best_of"),
     (_body(logprobs=21), 400, "logprobs must be an int in [0, 20]", "logprobs"),
     (_body(n=0), 400, "n must be an int >= 1", "n"),
-    (_body(n=2, stream=True), 400, "n > 1 is served with stream: false only", "n"),
     (json.dumps({"model": NAME, "prompt": "x " * 2000, "max_tokens": 4}).encode(), 400, "more than max_model_len",
      "prompt"),
     (_body(stream_options={"include_usage": True}), 400, "stream_options is only allowed with stream: true",
@@ -201,7 +200,7 @@ def _body(**fields) -> bytes:
     (_body(logit_bias={"x": 1}), 400, "logit_bias keys must be token ids", "logit_bias"),
     (_body(stream=True, stream_options={"include_obfuscation": True}), 400,
      "unsupported field 'stream_options.include_obfuscation'", "stream_options.include_obfuscation"),
-], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "logprobs-21", "n-0", "n-2-streamed", "prompt-too-long",
+], ids=["malformed-json", "unknown-model", "bad-temperature", "unsupported-field", "logprobs-21", "n-0", "prompt-too-long",
         "stream-options-without-stream", "max-completion-tokens-0", "max-tokens-0", "bad-min-p", "bad-top-p",
         "bad-presence-penalty", "bias-outside-the-vocabulary", "bias-key-not-an-id", "unsupported-stream-option"])
 def test_bad_requests_get_openai_shaped_errors(served, raw, status, needle, param):
@@ -258,6 +257,25 @@ def test_n_samples_come_back_as_choices(served):
     assert len({c.text for c in out.choices}) == 3  # each sample draws from a stream of its own
     chat = client.chat.completions.create(model=NAME, messages=CHAT, n=2, max_tokens=3, temperature=0)
     assert len(chat.choices) == 2 and chat.choices[0].message.content == chat.choices[1].message.content
+
+
+def test_n_samples_stream_interleaved_by_index(served):
+    """Streamed, each chunk names its sample's index; joined per index they are the samples not streamed,
+    each ends once, and the usage counts them all."""
+    client, _, _, _ = served
+    sampled = dict(prompt=PROMPTS[3], n=3, **{k: v for k, v in SAMPLED.items() if k != "top_k"})
+    whole = client.completions.create(model=NAME, **sampled)
+    chunks = list(client.completions.create(model=NAME, stream=True, stream_options={"include_usage": True}, **sampled))
+    texts, ends = ["", "", ""], [0, 0, 0]
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.text
+        ends[choice.index] += choice.finish_reason is not None
+    assert texts == [c.text for c in whole.choices] and ends == [1, 1, 1]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    chat = list(client.chat.completions.create(model=NAME, messages=CHAT, n=2, max_tokens=3, temperature=0, stream=True))
+    roles = [c.choices[0].index for c in chat if c.choices and c.choices[0].delta.role == "assistant"]
+    assert sorted(roles) == [0, 1]  # each sample's first delta names the role
 
 
 def test_structured_outputs_in_every_field_clients_send(served):

@@ -57,6 +57,41 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
         app.add_middleware(RequireApiKey, keys=api_keys, open_paths=open_paths(metrics_require_key),
                            respond=unauthorized)
 
+    async def _indexed(firsts: list, streams: list):
+        """(sample index, Delta) as each of a request's samples produces them; one sample: its stream in order."""
+        if len(streams) == 1:
+            try:
+                yield 0, firsts[0]
+                async for delta in streams[0]:
+                    yield 0, delta
+            finally:
+                await streams[0].aclose()
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            try:
+                await queue.put((index, firsts[index]))
+                async for delta in streams[index]:
+                    await queue.put((index, delta))
+            except Exception as exc:  # an engine failure reaches the reader, not the event loop's log
+                await queue.put((index, exc))
+        tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
+        try:
+            ended = 0
+            while ended < len(streams):
+                index, item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                ended += item.output is not None
+                yield index, item
+        finally:  # a pump cancelled mid-read closes its stream, which aborts an unfinished sample
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream in streams:
+                await stream.aclose()
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
@@ -88,14 +123,17 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
             body.check()
             max_tokens = body.requested_max_tokens()
             params = body.params(defaults, max_tokens if max_tokens is not None else engine.max_tokens_room(prompt))
-            if params.n > 1:
-                if body.stream:
-                    raise BadRequest("n > 1 is served with stream: false only", "n")
-                samples = engine.engine.make_samples(prompt, params)  # checked once, before any is queued
+            samples = engine.engine.make_samples(prompt, params)  # checked once, before any is queued
+            if params.n > 1 and not body.stream:
                 answered = await asyncio.gather(*(_whole(prompt, params, seq) for seq in samples))
             else:
-                stream = engine.generate(prompt, params, stream=body.stream)
-                first = await anext(stream)  # validation and overload errors surface here, before any byte is sent
+                streams = [engine.generate(prompt, params, stream=body.stream, seq=seq) for seq in samples]
+                try:  # overload errors surface here, before any byte is sent
+                    firsts = [await anext(stream) for stream in streams]
+                except BaseException:
+                    for stream in streams:  # the samples already queued are aborted
+                        await stream.aclose()
+                    raise
         except BadRequest as exc:
             return reject(400, str(exc), param=exc.param)
         except ValueError as exc:  # SamplingParams' and the engine's messages start with the field they are about
@@ -108,12 +146,12 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
         except Overloaded as exc:
             return reject(503, str(exc), kind="server_overloaded", code="overloaded")
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
-        if params.n > 1:
+        if params.n > 1 and not body.stream:
             return _response(rid, created, kind, answered, params.logprobs or 0)
         if body.stream:
-            return StreamingResponse(_sse(first, stream, rid, created, kind, body.stream_options, params.logprobs or 0),
-                                     media_type="text/event-stream")
-        return _response(rid, created, kind, [await _joined(first, stream)], params.logprobs or 0)
+            return StreamingResponse(_sse(_indexed(firsts, streams), params.n, rid, created, kind, body.stream_options,
+                                          params.logprobs or 0), media_type="text/event-stream")
+        return _response(rid, created, kind, [await _joined(firsts[0], streams[0])], params.logprobs or 0)
 
     async def _joined(first, stream) -> tuple[str, object]:
         """(the whole text, the RequestOutput) of a request's deltas."""
@@ -129,13 +167,13 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
         return await _joined(await anext(stream), stream)
 
     def _choice(kind: str, text: str, finish: str | None, streaming: bool, first: bool = False,
-                logprobs: list[dict[int, float]] | None = None, top: int = 0) -> dict:
+                logprobs: list[dict[int, float]] | None = None, top: int = 0, index: int = 0) -> dict:
         if kind == "chat":
             # as OpenAI does, a stream names the role once, in its first delta
             body = {"role": "assistant", "content": text} if first or not streaming else {"content": text}
-            return {"index": 0, "delta" if streaming else "message": body, "finish_reason": finish,
+            return {"index": index, "delta" if streaming else "message": body, "finish_reason": finish,
                     "logprobs": None if logprobs is None else chat_logprobs(tokenizer, logprobs, top)}
-        return {"index": 0, "text": text, "finish_reason": finish,
+        return {"index": index, "text": text, "finish_reason": finish,
                 "logprobs": None if logprobs is None else completion_logprobs(tokenizer, logprobs, top)}
 
     def _usage(output) -> dict:
@@ -154,39 +192,38 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
         return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
                 "model": model_name, "choices": choices, "usage": usage}
 
-    async def _sse(delta, stream, rid, created, kind, options: StreamOptions | None, top: int):
-        """Without stream_options the last chunk carries `usage` (this server's way since before they existed);
-        with include_usage every chunk has `"usage": null` (or, continuous_usage_stats, the usage so far) and a
-        last chunk with empty `choices` carries the total, as OpenAI sends it; include_usage false: no usage."""
+    async def _sse(deltas, n: int, rid, created, kind, options: StreamOptions | None, top: int):
+        """`deltas`: (sample index, Delta) pairs (`_indexed`). Without stream_options the chunk that ends the
+        last sample carries `usage` (this server's way since before they existed); with include_usage every
+        chunk has `"usage": null` (or, continuous_usage_stats, the usage so far) and a last chunk with empty
+        `choices` carries the total, as OpenAI sends it; include_usage false: no usage."""
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         separate = options is not None and options.include_usage
         continuous = separate and options.continuous_usage_stats
-        first = True
+        first, generated, finished = [True] * n, [0] * n, []
         try:
-            while True:
+            async for index, delta in deltas:
                 chunk = {"id": rid, "object": obj, "created": created, "model": model_name,
                          "choices": [_choice(kind, delta.text, delta.output.finish_reason if delta.output else None,
-                                             True, first, delta.logprobs, top)]}
-                first = False
+                                             True, first[index], delta.logprobs, top, index)]}
+                first[index], generated[index] = False, delta.num_output_tokens
                 if continuous:
-                    chunk["usage"] = _counts(delta.num_prompt_tokens, delta.num_output_tokens)
+                    chunk["usage"] = _counts(delta.num_prompt_tokens, sum(generated))
                 elif separate:
                     chunk["usage"] = None
                 if delta.output is not None:
-                    if options is None:
-                        chunk["usage"] = _usage(delta.output)
+                    finished.append(delta.output)
                     metrics.finished(delta.output)
+                    if options is None and len(finished) == n:
+                        chunk["usage"] = _counts(delta.num_prompt_tokens, sum(generated))
                 yield f"data: {json.dumps(chunk)}\n\n"
-                if delta.output is not None:
-                    break
-                delta = await anext(stream)
             if separate:
                 last = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
-                        "usage": _usage(delta.output)}
+                        "usage": _counts(finished[0].metrics.num_prompt_tokens, sum(generated))}
                 yield f"data: {json.dumps(last)}\n\n"
             yield "data: [DONE]\n\n"
-        finally:  # also when the client disconnected mid-stream: the request is aborted now
-            await stream.aclose()
+        finally:  # also when the client disconnected mid-stream: the requests are aborted now
+            await deltas.aclose()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):
