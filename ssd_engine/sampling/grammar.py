@@ -5,8 +5,9 @@ forbids after them get probability 0 and the rest renormalise. Under SD and SSD 
 follows the sequence's tokens and the first j drafts, so its mask is the matcher's after those: the
 matcher advances over the drafts one by one, fills each row's mask, and rolls back. Rejection
 sampling against the masked rows then emits exactly the masked target law; a draft the grammar
-forbids has probability 0 there and is always rejected. The draft may mask its own rows too (SD
-does, `DraftMasks`): that only raises acceptance, since its q rows stay the rows it sampled from.
+forbids has probability 0 there and is always rejected. The drafts mask their own rows too (SD's
+steps, the SSD draft process's branches and just-in-time drafts: `DraftMasks`, `GrammarState.fork`):
+that only raises acceptance, since their q rows stay the rows they sampled from.
 
 Why xgrammar rather than llguidance: on the default pair's 152k-token vocabulary a JSON-schema
 token's mask plus advance took 0.02 ms against llguidance's 0.32 (measured here, 2026-11-26), and
@@ -33,11 +34,13 @@ log = logging.getLogger("ssd_engine")
 MAX_WHITESPACE = 16
 
 
-class _Matcher:
-    """One sequence's grammar state: the matcher after its first `consumed` output tokens."""
+class GrammarState:
+    """One sequence's grammar matcher after its first `consumed` output tokens (or a fork of it,
+    advanced over a draft path)."""
 
-    def __init__(self, matcher) -> None:
-        self.matcher, self.consumed, self.broken = matcher, 0, False
+    def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int]) -> None:
+        self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
+        self.consumed, self.broken = 0, False
 
     def catch_up(self, outputs: list[int]) -> None:
         for token in outputs[self.consumed:]:
@@ -50,6 +53,40 @@ class _Matcher:
         """Take one draft token; False (and no change) where the grammar forbids it."""
         return not self.broken and not self.matcher.is_terminated() and self.matcher.accept_token(token)
 
+    def rollback(self, count: int) -> None:
+        if count:
+            self.matcher.rollback(count)
+
+    def fork(self) -> GrammarState:
+        twin = GrammarState(self.matcher.fork(), self.vocab_size, self.eos_token_ids)
+        twin.consumed, twin.broken = self.consumed, self.broken
+        return twin
+
+    def allowed(self) -> Tensor:
+        """[vocab_size] bool: the tokens the grammar allows next (after its end: end-of-sequence only)."""
+        allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+        if self.broken or self.matcher.is_terminated():
+            allowed[self.eos_token_ids] = True
+            return allowed
+        import xgrammar as xgr
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        self.matcher.fill_next_token_bitmask(bitmask)
+        return unpack(bitmask[0], self.vocab_size)
+
+    def along(self, drafts: list[int], rows: int) -> tuple[Tensor, int]:
+        """([rows, V] bool, reachable): the allowed tokens after each prefix drafts[:j], and how many
+        rows a verification can reach (a forbidden draft ends the path: the rows past it are copies)."""
+        out = torch.empty(rows, self.vocab_size, dtype=torch.bool)
+        taken = 0
+        for j in range(rows):
+            out[j] = self.allowed()
+            if j == rows - 1 or j >= len(drafts) or not self.advance(drafts[j]):
+                out[j + 1:] = out[j]
+                break
+            taken += 1
+        self.rollback(taken)
+        return out, taken + 1
+
 
 class Grammars:
     """Compiled grammars (cached by spec) and each structured request's matcher, for one engine."""
@@ -58,7 +95,7 @@ class Grammars:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, sorted(eos_token_ids)
         self._compiler = None  # built on the first structured request (~1 s for a 152k vocabulary)
         self._compiled: dict[tuple, object] = {}
-        self._matchers: dict[int, _Matcher] = {}
+        self._states: dict[int, GrammarState] = {}
         self._lock = threading.Lock()  # the server compiles on its event loop while the engine steps
 
     def compile(self, spec: StructuredOutputsParams):
@@ -91,17 +128,24 @@ class Grammars:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ValueError(f"structured_outputs.{spec.kind} does not compile: {first}") from None
 
-    def _matcher(self, seq: Sequence) -> _Matcher:
-        state = self._matchers.get(seq.seq_id)
+    def state(self, key: int, spec: StructuredOutputsParams, outputs: list[int]) -> GrammarState:
+        """The grammar state of request `key` (made on first use) caught up with its `outputs`."""
+        state = self._states.get(key)
         if state is None:
             import xgrammar as xgr
-            state = _Matcher(xgr.GrammarMatcher(self.compile(seq.params.structured_outputs)))
-            self._matchers[seq.seq_id] = state
-        state.catch_up(seq.output_token_ids)
+            state = GrammarState(xgr.GrammarMatcher(self.compile(spec)), self.vocab_size, self.eos_token_ids)
+            self._states[key] = state
+        state.catch_up(outputs)
         return state
 
+    def _of(self, seq: Sequence) -> GrammarState:
+        return self.state(seq.seq_id, seq.params.structured_outputs, seq.output_token_ids)
+
     def release(self, seq: Sequence) -> None:
-        self._matchers.pop(seq.seq_id, None)
+        self.forget(seq.seq_id)
+
+    def forget(self, key: int) -> None:
+        self._states.pop(key, None)
 
     def masked(self, logits: Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> Tensor:
         """logits [len(seqs) * rows, V]: row j of sequence i is masked by its grammar after its output so
@@ -112,63 +156,37 @@ class Grammars:
         allowed = torch.ones(len(seqs), rows, logits.shape[-1], dtype=torch.bool)
         for i, seq in enumerate(seqs):
             if seq.params.structured_outputs:
-                allowed[i] = self._allowed_along(seq, drafts[i][:rows - 1] if drafts is not None else [], rows)
+                allowed[i], _ = self._of(seq).along(drafts[i][:rows - 1] if drafts is not None else [], rows)
         allowed = allowed.view(-1, logits.shape[-1]).to(logits.device)
         return logits.float().masked_fill(~allowed, float("-inf"))
-
-    def _allowed_along(self, seq: Sequence, drafts: list[int], rows: int) -> Tensor:
-        """[rows, V] bool: the grammar's allowed tokens after the output and each prefix of `drafts`."""
-        state = self._matcher(seq)
-        out = torch.empty(rows, self.vocab_size, dtype=torch.bool)
-        taken = 0
-        for j in range(rows):
-            out[j] = self._allowed_now(state)
-            if j == rows - 1 or j >= len(drafts) or not state.advance(drafts[j]):
-                out[j + 1:] = out[j]  # past a forbidden draft: rows verification never reaches
-                break
-            taken += 1
-        if taken:
-            state.matcher.rollback(taken)
-        return out
-
-    def _allowed_now(self, state: _Matcher) -> Tensor:
-        allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
-        if state.broken or state.matcher.is_terminated():
-            allowed[self.eos_token_ids] = True
-            return allowed
-        import xgrammar as xgr
-        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
-        state.matcher.fill_next_token_bitmask(bitmask)
-        return unpack(bitmask[0], self.vocab_size)
 
     def draft_masks(self, seqs: list[Sequence]) -> DraftMasks | None:
         """A draft's step-by-step masks for these sequences (None: none is structured)."""
         if not any(seq.params.structured_outputs for seq in seqs):
             return None
-        return DraftMasks(self, seqs)
+        return DraftMasks([self._of(s) if s.params.structured_outputs else None for s in seqs])
 
 
 class DraftMasks:
-    """Masks for K autoregressive draft steps: step s's row is the grammar's after the output and the
-    s tokens drafted before it; `done()` rolls every matcher back to the committed output."""
+    """Masks for K autoregressive draft steps, one state per row (None: not structured): step s's row
+    is the grammar's after the tokens drafted before it; `done()` rolls each state back."""
 
-    def __init__(self, grammars: Grammars, seqs: list[Sequence]) -> None:
-        self.grammars = grammars
-        self.states = [grammars._matcher(s) if s.params.structured_outputs else None for s in seqs]
-        self.taken = [0] * len(seqs)
-        self.alive = [True] * len(seqs)  # False once a draft left the grammar: later steps are not verified
+    def __init__(self, states: list[GrammarState | None]) -> None:
+        self.states = states
+        self.taken = [0] * len(states)
+        self.alive = [True] * len(states)  # False once a draft left the grammar: later steps are not verified
 
     def apply(self, logits: Tensor) -> Tensor:
-        """logits [len(seqs), >= V'] of this step, masked where structured (columns past V untouched)."""
+        """logits [len(states), V'] of this step, masked where structured (columns past the grammar's V kept)."""
         allowed = torch.ones(logits.shape[0], logits.shape[-1], dtype=torch.bool)
-        vocab = min(logits.shape[-1], self.grammars.vocab_size)
         for i, state in enumerate(self.states):
             if state is not None and self.alive[i]:
-                allowed[i, :vocab] = self.grammars._allowed_now(state)[:vocab]
+                vocab = min(logits.shape[-1], state.vocab_size)
+                allowed[i, :vocab] = state.allowed()[:vocab]
         return logits.float().masked_fill(~allowed.to(logits.device), float("-inf"))
 
     def took(self, tokens: Tensor) -> None:
-        """Advance each structured sequence's matcher over the token it drafted this step."""
+        """Advance each structured row's state over the token it drafted this step."""
         host = tokens.tolist()
         for i, state in enumerate(self.states):
             if state is not None and self.alive[i]:
@@ -179,8 +197,17 @@ class DraftMasks:
 
     def done(self) -> None:
         for state, taken in zip(self.states, self.taken):
-            if state is not None and taken:
-                state.matcher.rollback(taken)
+            if state is not None:
+                state.rollback(taken)
+
+    def wrap(self, sampler):
+        """A step sampler (step, logits) -> (tokens, q rows) that masks first and advances after: its q
+        rows are the masked rows it drew from."""
+        def masked(step: int, logits: Tensor):
+            drawn, q = sampler(step, self.apply(logits))
+            self.took(drawn)
+            return drawn, q
+        return masked
 
 
 _BITS = None

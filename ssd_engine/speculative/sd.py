@@ -105,13 +105,8 @@ class SyncDraft(PagedDraft[DraftView]):
         exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
         sampler = self._sampler(views, greedy)
         masks = self.grammars.draft_masks([v.seq for v in views]) if self.grammars is not None else None
-        if masks is not None:  # each step's q row is the masked one it was drawn from
-            unmasked = sampler
-
-            def sampler(step: int, step_logits: torch.Tensor):
-                drawn, q = unmasked(step, masks.apply(step_logits))
-                masks.took(drawn)
-                return drawn, q
+        if masks is not None:
+            sampler = masks.wrap(sampler)
         try:
             tokens, rows = self.decode(views, [len(v.seq) for v in views], logits, sampler)
         finally:

@@ -72,7 +72,8 @@ def start_async_draft(engine, target: RunnerSpec, cores: list[int] | None, threa
                                engine, [(1, 1), (k + 1, 1), (max(branch_rows, 1), k)], cores, threads)
     draft_spec = DraftSpec(runner, parts.speculative, tuple((t, tuple(f)) for t, f in plan.fanouts),
                            tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables),
-                           vocab, parts.scheduler.max_num_seqs, parts.seed)
+                           vocab, parts.scheduler.max_num_seqs, parts.seed,
+                           parts.model.tokenizer or engine.model_path, tuple(sorted(engine.output_processor.eos_token_ids)))
     return AsyncDraftClient(draft_spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
                             stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
                             engine.device, plan, host=parts.speculative.ssd.draft_host)

@@ -6,13 +6,15 @@ in its own type (ids and counts as int64, sampling parameters as float32, timing
 each section starts on an 8-byte boundary, so it is read in place as a typed view. Scalars go
 through numpy (a list to int64 bytes and back is cheapest there); q rows through torch.
 
-Request = [int64 ints | float32 floats]
+Request = [int64 ints | float32 floats | utf-8 text]
     header    [total_bytes, kind, backup, n_finished, n_entries, n_wanted, n_ints, n_floats]
     finished  ids
-    entries   [seq_id, is_new, k, n_tokens, (top_k, seed when new), tokens...]
+    entries   [seq_id, is_new, k, n_tokens, (top_k, seed, num_prompt_tokens, grammar bytes when new),
+              tokens...]
     wanted    [seq_id, q_width]
     floats    [window_s], then per new entry [temperature, top_p, min_p]: float32, the values the
               draft samples with
+    text      the new entries' grammars, one after another (most requests have none: 0 bytes)
 total_bytes leads, so the link reads a request's length from its first word (`request_size`).
 
 Reply = [float64 timings | int64 ints | narrow q slots | wide q slots], laid out by
@@ -48,21 +50,26 @@ def request_size(frame: torch.Tensor) -> int:
 def encode_request(req: Request) -> torch.Tensor:
     ints = [0, int(req.kind), int(req.backup), len(req.finished), len(req.entries), len(req.wanted), 0, 0]
     floats = [req.window_s]
+    text = b""
     ints += req.finished
     for e in req.entries:
         p = e.params
         ints += (e.seq_id, int(p is not None), e.accepted, len(e.tokens))
         if p is not None:
-            ints += (p.top_k, p.seed)
+            grammar = p.grammar.encode()
+            ints += (p.top_k, p.seed, p.num_prompt_tokens, len(grammar))
             floats += (p.temperature, p.top_p, p.min_p)
+            text += grammar
         ints += e.tokens
     for w in req.wanted:
         ints += (w.seq_id, w.q_width)
     ints[6], ints[7] = len(ints), len(floats)
-    ints[0] = INT * len(ints) + FLOAT * len(floats)
+    numbers = INT * len(ints) + FLOAT * len(floats)
+    ints[0] = numbers + len(text)
     out = np.empty(ints[0], dtype=np.uint8)
     out[:INT * len(ints)].view(np.int64)[:] = ints
-    out[INT * len(ints):].view(np.float32)[:] = floats
+    out[INT * len(ints):numbers].view(np.float32)[:] = floats
+    out[numbers:] = np.frombuffer(text, dtype=np.uint8)
     return torch.from_numpy(out)
 
 
@@ -73,6 +80,7 @@ def decode_request(frame: torch.Tensor) -> Request:
         raise ValueError(f"request of {total} bytes, got {raw.size}")
     w = raw[:INT * n_ints].view(np.int64).tolist()
     floats = iter(raw[INT * n_ints:INT * n_ints + FLOAT * n_floats].view(np.float32).tolist())
+    text, text_at = raw[INT * n_ints + FLOAT * n_floats:total].tobytes(), 0
     at = REQUEST_HEADER
     req = Request(Kind(kind), w[at:at + n_fin], backup=Source(backup), window_s=next(floats))
     at += n_fin
@@ -81,9 +89,10 @@ def decode_request(frame: torch.Tensor) -> Request:
         at += 4
         params = None
         if is_new:
-            top_k, seed = w[at:at + 2]
-            at += 2
-            params = DraftParams(next(floats), top_k, next(floats), next(floats), seed)
+            top_k, seed, num_prompt, n_text = w[at:at + 4]
+            at += 4
+            grammar, text_at = text[text_at:text_at + n_text].decode(), text_at + n_text
+            params = DraftParams(next(floats), top_k, next(floats), next(floats), seed, grammar, num_prompt)
         req.entries.append(Entry(seq_id, accepted, w[at:at + n], params))
         at += n
     req.wanted = [Wanted(w[i], w[i + 1]) for i in range(at, at + 2 * n_want, 2)]

@@ -8,6 +8,7 @@ or misses its deadline the client logs one warning, records the failure in its m
 the draft and from then on proposes with the local n-gram backup: every request still finishes,
 exactly, because every proposal is verified.
 """
+import json
 import logging
 import time
 from collections import deque
@@ -32,7 +33,9 @@ log = logging.getLogger("ssd_engine")
 
 def draft_params(seq: Sequence) -> DraftParams:
     p = seq.params
-    return DraftParams(p.temperature, p.top_k, p.top_p, p.min_p, -1 if p.seed is None else p.seed)
+    grammar = json.dumps(p.structured_outputs.key) if p.structured_outputs is not None else ""
+    return DraftParams(p.temperature, p.top_k, p.top_p, p.min_p, -1 if p.seed is None else p.seed, grammar,
+                       seq.num_prompt_tokens)
 
 
 class AsyncDraftClient:

@@ -38,6 +38,9 @@ class DraftSpec:
     vocab: int            # proposable ids: shared by tokenizer, draft and target
     max_num_seqs: int
     seed: int
+    # structured outputs in the draft: the target's tokenizer folder (the grammar's token ids) and end ids
+    tokenizer: str = ""
+    eos_token_ids: tuple = ()
 
     @property
     def k(self) -> int:

@@ -40,6 +40,10 @@ class DraftParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int = -1  # -1: none
+    # structured outputs: StructuredOutputsParams' key as JSON ("": none) and where the output starts, so
+    # the draft follows the grammar too (higher acceptance; verification masks the target regardless)
+    grammar: str = ""
+    num_prompt_tokens: int = 0
 
     @property
     def greedy(self) -> bool:

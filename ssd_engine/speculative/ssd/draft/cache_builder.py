@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from ssd_engine.sampling.grammar import DraftMasks
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.protocol import RANK_DEPTH, Speculation
 from ssd_engine.saguaro.source import Source
@@ -50,18 +51,24 @@ class CacheBuilder:
             seq.cache = {}
             seq.cut_trunk(len(seq) - 1)
         widest = min(max(RANK_DEPTH, max(max(s.fanout) for s in seqs) + 1), self.trunk.vocab)
-        reused = self._reuse_hit_paths(seqs, widest)  # per sequence: ranks at positions 1..K, or None
+        # structured requests: what the grammar allows at positions 1..K+1 of the speculation, and how many
+        # of them verification can reach (outcomes past a draft the grammar forbids never happen)
+        grammar = [s.grammar.along(s.sent.tokens, k + 1) if s.grammar is not None else None for s in seqs]
+        reused = self._reuse_hit_paths(seqs, widest, grammar)  # per sequence: ranks at positions 1..K, or None
         self.paths, self.step_logits = {}, []
         feeds = [(s.tokens + s.sent.tokens)[len(s.trunk):] for s in seqs]
         rows = [1 if r is not None else k + 1 for r in reused]
         logits = self.trunk.extend_each(seqs, feeds, rows)  # positions K+2-rows..K+1
         top = []
-        for seq, earlier, glued in zip(seqs, reused, logits):
-            seq.ranked = (earlier or []) + glued[:, :self.trunk.vocab].topk(widest, dim=-1).indices.tolist()
+        for seq, earlier, glued, allowed in zip(seqs, reused, logits, grammar):
+            glued = glued[:, :self.trunk.vocab]
+            if allowed is not None:  # a bonus token the grammar forbids is never emitted: rank the allowed ones
+                glued = glued.float().masked_fill(~allowed[0][k + 1 - glued.shape[0]:, :glued.shape[1]], float("-inf"))
+            seq.ranked = (earlier or []) + glued.topk(widest, dim=-1).indices.tolist()
             top.append(seq.ranked)  # [K+1][widest]
         self.glue_seconds, self.glue_rows = time.perf_counter() - started, sum(rows)
         self.step_seconds, self.step_rows = 0.0, 0
-        branch_seq, branch_k, branch_tok = self._candidates(seqs, top)
+        branch_seq, branch_k, branch_tok = self._candidates(seqs, top, grammar)
         self.branch_rows = len(branch_seq)
         for start in range(0, len(branch_seq), self.max_branches):
             part = slice(start, start + self.max_branches)
@@ -71,13 +78,13 @@ class CacheBuilder:
             self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part], keep_paths=keep)
         self.seconds = time.perf_counter() - started
 
-    def _reuse_hit_paths(self, seqs: list[DraftSeq], widest: int) -> list[list | None]:
+    def _reuse_hit_paths(self, seqs: list[DraftSeq], widest: int, grammar: list) -> list[list | None]:
         """For each sequence whose speculation is a branch of the last build (and whose trunk ends
         just before its bonus token): copy the branch's path K/V (t*, x_1..x_{K-1}) into the trunk
         and return the top ids of its steps' logits (positions 1..K); None where it must glue."""
         k, bs, vocab = self.trunk.k, self.trunk.blocks.block_size, self.trunk.vocab
         out, src, dst = [], [], []
-        for seq in seqs:
+        for seq, allowed in zip(seqs, grammar):
             row = self.paths.get((seq.seq_id, seq.hit_key)) if seq.sent.source == Source.HIT else None
             if row is None or len(seq.trunk) != len(seq) - 1:
                 out.append(None)
@@ -87,17 +94,20 @@ class CacheBuilder:
             dst += [seq.block_table[p // bs] * bs + p % bs for p in range(fork, fork + k)]
             seq.trunk.extend([seq.tokens[-1]] + seq.sent.tokens[:k - 1])
             steps = torch.stack([step[row, :vocab] for step in self.step_logits])  # [K, vocab]
+            if allowed is not None:
+                steps = steps.float().masked_fill(~allowed[0][:k, :vocab], float("-inf"))
             out.append(steps.topk(widest, dim=-1).indices.tolist())
         if src:
             self.trunk.runner.copy_kv(src, dst)
         return out
 
-    def _candidates(self, seqs: list[DraftSeq], top: list):
+    def _candidates(self, seqs: list[DraftSeq], top: list, grammar: list):
         """Per branch: its sequence index, accepted count k and bonus token t*."""
         k = self.trunk.k
         branch_seq, branch_k, branch_tok = [], [], []
         for i, seq in enumerate(seqs):
-            for accepted, fan in enumerate(seq.fanout):
+            reachable = grammar[i][1] if grammar[i] is not None else k + 1
+            for accepted, fan in enumerate(seq.fanout[:reachable]):
                 excluded = seq.sent.tokens[accepted] if accepted < k else None
                 picks = [t for t in top[i][accepted] if t != excluded][:fan]
                 branch_seq += [i] * len(picks)
@@ -122,12 +132,16 @@ class CacheBuilder:
         scratch = (self.scratch_base + torch.arange(rows * k, device=device)).view(rows, k)
         params = [seqs[i].params for i in branch_seq]
         gens = [seqs[i].generator for i in branch_seq]
+        masks = self._branch_masks(seqs, branch_seq, branch_k, branch_tok)
         drawn, rows_q = [], []
         started = time.perf_counter()
         for step in range(k):
             meta = branch_metadata(tables, seq_index, visible, max(visible_host), scratch, step, bs)
             logits = trunk.runner.run_metadata(ids, visible + step, meta)
-            ids, q = trunk.sample(logits, params, gens, [seqs[i].fanout[step] for i in branch_seq])
+            ids, q = trunk.sample(masks.apply(logits) if masks else logits, params, gens,
+                                  [seqs[i].fanout[step] for i in branch_seq])
+            if masks is not None:
+                masks.took(ids)
             if keep_paths:
                 self.step_logits.append(logits)
             drawn.append(ids)
@@ -141,6 +155,22 @@ class CacheBuilder:
             seqs[i].cache[(accepted, bonus)] = Speculation(Source.HIT, tokens[r], q)
             if keep_paths:
                 self.paths[(seqs[i].seq_id, (accepted, bonus))] = r
+
+
+    @staticmethod
+    def _branch_masks(seqs: list[DraftSeq], branch_seq: list[int], branch_k: list[int],
+                      branch_tok: list[int]) -> DraftMasks | None:
+        """Each branch's grammar: its sequence's, forked and advanced over x_1..x_k and t* (None where
+        it has none: not structured, or a path the grammar forbids, which verification never reaches)."""
+        if not any(seqs[i].grammar is not None for i in branch_seq):
+            return None
+        states = []
+        for i, accepted, bonus in zip(branch_seq, branch_k, branch_tok):
+            state = seqs[i].grammar.fork() if seqs[i].grammar is not None else None
+            if state is not None and not all(state.advance(t) for t in seqs[i].sent.tokens[:accepted] + [bonus]):
+                state = None
+            states.append(state)
+        return DraftMasks(states)
 
 
 def bonus_rank(seq: DraftSeq, k: int, bonus: int) -> int:

@@ -4,9 +4,14 @@
     -> reply at once (hit) or after the fallback (miss) -> build the next cache, which overlaps
     the target's verification of the speculation just sent.
 """
+import json
+import logging
 import time
 
+from ssd_engine.core.structured_outputs import StructuredOutputsParams
+from ssd_engine.models.tokenizer_source import load_tokenizer
 from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.sampling.grammar import GrammarState, Grammars
 from ssd_engine.sampling.synthetic import BernoulliDraws, synthetic_draws
 from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.speculative.ngram import fast_proposal
@@ -17,6 +22,7 @@ from ssd_engine.speculative.ssd.process import DraftSpec
 from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Request, Speculation
 from ssd_engine.saguaro.source import Source
 
+log = logging.getLogger("ssd_engine")
 
 class DraftServer:
     def __init__(self, trunk: Trunk, builder: CacheBuilder, fanouts: list, seed: int,
@@ -28,6 +34,8 @@ class DraftServer:
         self.budget = budget    # None: every build prepares the planned fan-out
         self.fanout_tables = fanout_tables or []  # [(temperature, [F at budget 1..planned])]
         self.seqs: dict[int, DraftSeq] = {}
+        self.grammar_source: DraftSpec | None = None  # where structured requests' grammars come from
+        self._grammars: Grammars | None = None  # built on the first structured request
         self.build_seconds = self.lookup_seconds = 0.0
         self.planned_rows = 0   # the last build's branch rows had it followed the plan
 
@@ -45,6 +53,8 @@ class DraftServer:
             seq = self.seqs.pop(seq_id, None)
             if seq is not None:
                 self.trunk.drop(seq)
+                if self._grammars is not None:
+                    self._grammars.forget(seq_id)
         for e in req.entries:
             if e.params is not None:
                 old = self.seqs.pop(e.seq_id, None)
@@ -53,17 +63,37 @@ class DraftServer:
                 draft_gen, backup_gen = self._generators(e.seq_id, e.params, len(e.tokens))
                 planned = fanout_for(self.fanouts, e.params.temperature)
                 table = fanout_for(self.fanout_tables, e.params.temperature) if self.fanout_tables else []
-                self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, draft_gen, backup_gen,
-                                               planned_fanout=planned, fanout=list(planned), fanout_table=table)
+                seq = self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, draft_gen, backup_gen,
+                                                     planned_fanout=planned, fanout=list(planned), fanout_table=table)
+                seq.grammar = self._grammar(seq)
                 continue
             seq = self.seqs[e.seq_id]
             seq.tokens.extend(e.tokens)
+            if seq.grammar is not None:
+                seq.grammar.catch_up(seq.outputs)
             key = (e.accepted, e.tokens[-1]) if e.accepted >= 0 and seq.sent is not None else None
             seq.bonus_rank = bonus_rank(seq, *key) if key and seq.ranked else -1
             seq.sent, seq.ranked = None, None
             built, seq.cache = seq.cache, self._kept(seq.cache, key)
             # the branch's computed path stands in for the glue only if it was built for this outcome
             seq.hit_key = key if key in built and seq.cache.get(key) is built[key] else None
+
+    def _grammar(self, seq: DraftSeq) -> GrammarState | None:
+        """A structured request's grammar state, so its drafts follow the grammar (None: unstructured, or
+        the grammar cannot be built here: the drafts go unmasked, verification masks them regardless)."""
+        if not seq.params.grammar:
+            return None
+        try:
+            if self._grammars is None:
+                spec = self.grammar_source
+                tokenizer = load_tokenizer(spec.tokenizer, None, "auto", self.trunk.vocab)
+                self._grammars = Grammars(tokenizer, self.trunk.runner.config.vocab_size, set(spec.eos_token_ids))
+            kind, value = json.loads(seq.params.grammar)
+            self._grammars.forget(seq.seq_id)  # a sequence learnt again starts from its whole output
+            return self._grammars.state(seq.seq_id, StructuredOutputsParams(**{kind: value}), seq.outputs)
+        except (ValueError, OSError) as error:
+            log.warning("SSD draft: no grammar for sequence %d (%s); its drafts are unmasked", seq.seq_id, error)
+            return None
 
     def _kept(self, cache: dict, key) -> dict:
         """The cache entry the next lookup may serve: the one built for the outcome (empty: a miss).
@@ -159,8 +189,10 @@ def new_server(draft_spec: DraftSpec, runner) -> DraftServer:
     trunk = Trunk(runner, blocks, draft_spec.k, draft_spec.vocab, ssd.saguaro_c)
     builder = CacheBuilder(trunk, cache.num_kv_blocks * cache.block_size, max_branches(fanouts, draft_spec.max_num_seqs))
     tables = [(t, [list(f) for f in table]) for t, table in draft_spec.fanout_tables]
-    return DraftServer(trunk, builder, fanouts, seed, BuildBudget() if ssd.fit_window else None,
-                       synthetic_draws(ssd.synthetic_hit, seed, "cache hits"), tables)
+    server = DraftServer(trunk, builder, fanouts, seed, BuildBudget() if ssd.fit_window else None,
+                         synthetic_draws(ssd.synthetic_hit, seed, "cache hits"), tables)
+    server.grammar_source = draft_spec
+    return server
 
 
 def max_branches(fanouts: list, max_num_seqs: int) -> int:

@@ -14,6 +14,7 @@ import torch
 from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.core.structures import BlockTable, new_block_table
 from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.sampling.grammar import DraftMasks, GrammarState
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.saguaro.sampling import saguaro_probs
@@ -40,6 +41,11 @@ class DraftSeq:  # a Paged (core/structures.py): its blocks are the draft's, its
     fanout_table: list = field(default_factory=list)  # the plan's fan-out at budgets 1..planned ([]: scale it)
     ranked: list | None = None                # per position 1..K+1 of `sent`: the draft's top RANK_DEPTH ids
     bonus_rank: int = -1                      # the last outcome's bonus among its candidates (protocol.py)
+    grammar: GrammarState | None = None       # structured outputs: the grammar after the committed output
+
+    @property
+    def outputs(self) -> list[int]:
+        return self.tokens[self.params.num_prompt_tokens:]
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -110,7 +116,12 @@ class Trunk(PagedDraft[DraftSeq]):
 
         def draw(step: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
             return self.sample(logits, params, gens, [s.fanout[step] for s in seqs])
-        tokens, q = self.decode(seqs, [len(s.trunk) for s in seqs], logits, draw)
+        masks = DraftMasks([s.grammar for s in seqs]) if any(s.grammar for s in seqs) else None
+        try:
+            tokens, q = self.decode(seqs, [len(s.trunk) for s in seqs], logits, masks.wrap(draw) if masks else draw)
+        finally:
+            if masks is not None:
+                masks.done()
         tokens = tokens.tolist()  # the K drafts' one read
         for seq, drafted in zip(seqs, tokens):
             seq.trunk.extend(drafted[:self.k - 1])  # their K/V went into the blocks as they were drawn
