@@ -2,9 +2,9 @@
 
 - Law (T = 1; pair and statistics of test_distribution.py): a grammar whose allowed tokens alternate
   between two classes, so every position's mask depends on the token before it. SD's (t1, t2, t3)
-  with K = 2, SSD's t4 on the hit and just-in-time paths (both drafts mask their own rows too, for
-  acceptance), against the masked and renormalised float64 law (tests/exact_law.py,
-  xgrammar's own matcher). Negative control: a mask blind to the drafts (every verification row
+  with K = 2 (the grammar combined with penalties and a bias), SSD's t4 on the hit path (unseeded)
+  and the just-in-time one (seeded); both drafts mask their own rows too, for acceptance. Against
+  the masked and renormalised float64 law (tests/exact_law.py, xgrammar's own matcher). Negative control: a mask blind to the drafts (every verification row
   masked as after the committed tokens) is rejected.
 - Greedy: AR, SD and SSD give the same tokens, equal to transformers' greedy generate with the same
   mask, and each output matches its regex / parses as its JSON schema.
@@ -31,15 +31,19 @@ ALPHA, DESIGN_POWER, TV = 1e-3, 0.8, 0.03
 # so the grammar never ends inside the test and end-of-sequence is never allowed
 ALTERNATING = dict(grammar='root ::= (a b)+ "0"\na ::= [#$%&]\nb ::= [!"\'(]')
 CLASS_A, CLASS_B = {5, 6, 7, 8}, {3, 4, 9, 10}
+GRAMMAR_ONLY = dict(temperature=1.0, structured_outputs=ALTERNATING)
+# combined with the history's other adjustments (sampling/penalties.py)
+WITH_PENALTIES = dict(GRAMMAR_ONLY, repetition_penalty=1.6, presence_penalty=1.2, logit_bias={6: 1.5, 3: -1.0})
 
 
-def _sample(small_pair, mode: str, n: int, length: int, **options) -> tuple[Counter, dict]:
+def _sample(small_pair, mode: str, n: int, length: int, seeded: bool = False, params: dict = GRAMMAR_ONLY,
+            **options) -> tuple[Counter, dict]:
     target, draft = small_pair
     with LLM(target, **engine_options(seed=37, draft_model=draft, speculative_mode=mode, **options)) as llm:
         engine = llm.engine
-        seqs = [engine.add_request(DIST_PROMPT, SamplingParams(max_tokens=length, temperature=1.0,
-                                                               structured_outputs=ALTERNATING))
-                for _ in range(n)]
+        seqs = [engine.add_request(DIST_PROMPT, SamplingParams(max_tokens=length, seed=900 + i if seeded else None,
+                                                               **params))
+                for i in range(n)]
         while engine.has_unfinished():
             engine.step()
         return Counter(tuple(s.output_token_ids) for s in seqs), llm.speculation_metrics()
@@ -60,31 +64,35 @@ def masked_law(small_pair):
     target, _ = small_pair
     cache = {}
 
-    def get(length: int) -> dict:
-        if length not in cache:
-            cache[length] = output_law(target, DIST_PROMPT, SamplingParams(max_tokens=length,
-                                                                           structured_outputs=ALTERNATING), length)
-        return cache[length]
+    def get(length: int, params: dict = GRAMMAR_ONLY) -> dict:
+        key = (length, str(params))
+        if key not in cache:
+            cache[key] = output_law(target, DIST_PROMPT, SamplingParams(max_tokens=length, **params), length)
+        return cache[key]
     return get
 
 
-def test_sd_follows_the_masked_law(small_pair, masked_law):
-    sample, metrics = _sample(small_pair, "sd", 8_000, 3, num_speculative_tokens=2)
+def test_sd_follows_the_masked_and_penalised_law(small_pair, masked_law):
+    sample, metrics = _sample(small_pair, "sd", 10_000, 3, params=WITH_PENALTIES, num_speculative_tokens=2)
     assert all(t[0] in CLASS_A and t[1] in CLASS_B and t[2] in CLASS_A for t in sample)
-    _check("SD", sample, masked_law(3), metrics)
+    _check("SD [grammar + penalties]", sample, masked_law(3, WITH_PENALTIES), metrics)
 
 
 @pytest.mark.parametrize("path", ["hit", "jit"])
 def test_ssd_follows_the_masked_law(small_pair, masked_law, path):
-    fanout = dict(ssd_fanout=16) if path == "hit" else dict(ssd_fanout=0)
-    sample, metrics = _sample(small_pair, "ssd", 6_000, 4, num_speculative_tokens=1, ssd_fallback="jit", **fanout)
+    # four tokens are allowed at each position (the draft ranks its bonus candidates among them): a fan-out of
+    # four caches every outcome
+    fanout = dict(ssd_fanout=4) if path == "hit" else dict(ssd_fanout=0)
+    sample, metrics = _sample(small_pair, "ssd", 6_000, 4, seeded=path == "jit", num_speculative_tokens=1,
+                              ssd_fallback="jit", **fanout)
     fourth = Counter()
     for tokens, count in sample.items():
         fourth[(tokens[3],)] += count
     law = {(token,): p for token, p in marginal(masked_law(4), 3).items()}
-    _check(f"SSD [{path}]", fourth, law, metrics)
+    _check(f"SSD [{path}, {'seeded' if path == 'jit' else 'unseeded'}]", fourth, law, metrics)
     # the draft process follows the grammar too (0.18 when its drafts went unmasked)
     assert metrics["acceptance_rate"] > 0.4
+    assert metrics["cache_hit_rate_warm"] == (1.0 if path == "hit" else 0.0)
 
 
 def test_negative_control_a_mask_blind_to_the_drafts_is_rejected(small_pair, masked_law, monkeypatch):
