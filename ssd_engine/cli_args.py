@@ -16,7 +16,7 @@ from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS,
 from ssd_engine.core.structured_outputs import KINDS, StructuredOutputsParams
 
 ALIASES = {"speculative_mode": ["--mode"], "num_speculative_tokens": ["--k"], "tensor_parallel_size": ["--tp"]}
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
+SAMPLING_FIELDS = ("n", "temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
                    "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias",
                    "min_tokens", "logprobs")
 

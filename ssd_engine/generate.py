@@ -94,6 +94,8 @@ def checked_request(args) -> tuple[list[str], SamplingParams]:
             raise ValueError("prompt is empty" if len(prompts) == 1 else f"prompt {i} is empty")
     if args.stream and len(prompts) != 1:
         raise ValueError(f"--stream takes one prompt, got {len(prompts)}")
+    if args.stream and (args.n or 1) > 1:
+        raise ValueError("--stream takes one sample; leave --n at 1")
     return prompts, sampling_params(args)
 
 
@@ -103,9 +105,11 @@ def run(llm, prompts: list[str], params: SamplingParams, args) -> list:
                                                      add_generation_prompt=True) for p in prompts]
     if not args.stream:
         outputs = llm.generate(prompts, params, use_tqdm=not args.no_progress)
-        for out in outputs:
-            print(out.text if len(outputs) == 1 else f"--- [{out.request_id}] finish={out.finish_reason}\n{out.text}")
-            for entry in out.logprobs or []:  # --logprobs N: a line a token, the chosen one first
+        samples = [(out.request_id, sample) for out in outputs for sample in out.outputs]
+        for request_id, sample in samples:
+            label = f"{request_id}" + (f".{sample.index}" if params.n > 1 else "")
+            print(sample.text if len(samples) == 1 else f"--- [{label}] finish={sample.finish_reason}\n{sample.text}")
+            for entry in sample.logprobs or []:  # --logprobs N: a line a token, the chosen one first
                 print("logprobs " + "  ".join(f"{llm.tokenizer.decode([t])!r} {v:.4f}" for t, v in entry.items()))
         return outputs
     stream = llm.generate_stream(prompts[0], params)

@@ -2,8 +2,9 @@
 
 - Law (T = 1; pair and statistics of test_distribution.py): a grammar whose allowed tokens alternate
   between two classes, so every position's mask depends on the token before it. SD's (t1, t2, t3)
-  with K = 2 (the grammar combined with penalties and a bias), SSD's t4 on the hit path (unseeded)
-  and the just-in-time one (seeded); both drafts mask their own rows too, for acceptance. Against
+  with K = 2 (the grammar combined with penalties and a bias), SSD's t4 on the hit path (unseeded),
+  the just-in-time one (seeded) and the fast backup's n-gram proposals; both drafts mask their own
+  rows too, for acceptance. Against
   the masked and renormalised float64 law (tests/exact_law.py, xgrammar's own matcher). Negative control: a mask blind to the drafts (every verification row
   masked as after the committed tokens) is rejected.
 - Greedy: AR, SD and SSD give the same tokens, equal to transformers' greedy generate with the same
@@ -78,21 +79,22 @@ def test_sd_follows_the_masked_and_penalised_law(small_pair, masked_law):
     _check("SD [grammar + penalties]", sample, masked_law(3, WITH_PENALTIES), metrics)
 
 
-@pytest.mark.parametrize("path", ["hit", "jit"])
+@pytest.mark.parametrize("path", ["hit", "jit", "fast"])
 def test_ssd_follows_the_masked_law(small_pair, masked_law, path):
     # four tokens are allowed at each position (the draft ranks its bonus candidates among them): a fan-out of
     # four caches every outcome
     fanout = dict(ssd_fanout=4) if path == "hit" else dict(ssd_fanout=0)
     sample, metrics = _sample(small_pair, "ssd", 6_000, 4, seeded=path == "jit", num_speculative_tokens=1,
-                              ssd_fallback="jit", **fanout)
+                              ssd_fallback="fast" if path == "fast" else "jit", **fanout)
     fourth = Counter()
     for tokens, count in sample.items():
         fourth[(tokens[3],)] += count
     law = {(token,): p for token, p in marginal(masked_law(4), 3).items()}
     _check(f"SSD [{path}, {'seeded' if path == 'jit' else 'unseeded'}]", fourth, law, metrics)
-    # the draft process follows the grammar too (0.18 when its drafts went unmasked)
-    assert metrics["acceptance_rate"] > 0.4
     assert metrics["cache_hit_rate_warm"] == (1.0 if path == "hit" else 0.0)
+    assert set(metrics["speculations_by_source"]) == {"hit": {"hit", "jit"}, "jit": {"jit"}, "fast": {"fast"}}[path]
+    if path != "fast":  # the draft process follows the grammar too (0.18 when its drafts went unmasked)
+        assert metrics["acceptance_rate"] > 0.4
 
 
 def test_negative_control_a_mask_blind_to_the_drafts_is_rejected(small_pair, masked_law, monkeypatch):
@@ -180,3 +182,20 @@ def test_a_grammar_that_does_not_compile_is_refused_and_others_run(tiny_qwen2):
         out = llm.generate(["hi", "ho"], [SamplingParams(temperature=0, max_tokens=8, structured_outputs=dict(
             choice=["left", "right"])), SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
         assert out[0].text in ("left", "right") and out[1].finish_reason is not None
+
+
+def test_the_cli_takes_the_structure_n_and_logprobs_flags(tiny_qwen2, capsys):
+    from ssd_engine.generate import main
+
+    main(["--model", tiny_qwen2, "--prompt", "hello", "--n", "2", "--max-tokens", "6", "--temperature", "0",
+          "--structured-outputs-choice", "yes", "--structured-outputs-choice", "no", "--logprobs", "1",
+          "--no-progress"])
+    printed = capsys.readouterr().out
+    samples = re.findall(r"^--- \[0\.(\d)\] finish=stop\n(.*)$", printed, re.M)
+    assert [index for index, _ in samples] == ["0", "1"] and all(text in ("yes", "no") for _, text in samples)
+    assert printed.count("\nlogprobs ") >= 2
+    with pytest.raises(SystemExit) as exit_code:
+        main(["--model", tiny_qwen2, "--prompt", "hi", "--structured-outputs-regex", "[a-", "--no-progress"])
+    error = capsys.readouterr().err.strip()
+    assert exit_code.value.code == 2 and error.startswith("error: structured_outputs.regex does not compile")
+    assert "\n" not in error
