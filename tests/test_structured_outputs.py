@@ -191,7 +191,7 @@ def test_the_cli_takes_the_structure_n_and_logprobs_flags(tiny_qwen2, capsys):
           "--structured-outputs-choice", "yes", "--structured-outputs-choice", "no", "--logprobs", "1",
           "--no-progress"])
     printed = capsys.readouterr().out
-    samples = re.findall(r"^--- \[0\.(\d)\] finish=stop\n(.*)$", printed, re.M)
+    samples = re.findall(r"^--- \[\d+\.(\d)\] finish=stop\n(.*)$", printed, re.M)  # [request id.sample index]
     assert [index for index, _ in samples] == ["0", "1"] and all(text in ("yes", "no") for _, text in samples)
     assert printed.count("\nlogprobs ") >= 2
     with pytest.raises(SystemExit) as exit_code:
