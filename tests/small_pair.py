@@ -39,3 +39,22 @@ def engine_options(**extra) -> dict:
     # bf16 logits (its precision must not change the law; the tests of an fp32 draft came first)
     return {**dict(num_threads=1, max_num_seqs=1024, max_num_batched_tokens=1 << 16, max_model_len=16,
                    draft_dtype="int4"), **extra}
+
+
+def sample_outputs(small_pair: tuple[str, str], mode: str, n: int, length: int, params: dict, seeded: bool = False,
+                   seed: int = 31, **options):
+    """(Counter of output tuples, speculation metrics) of n requests of DIST_PROMPT with `params`, all in one
+    engine; seeded requests get seeds 5000 + i."""
+    from collections import Counter
+
+    from ssd_engine import LLM, SamplingParams
+
+    target, draft = small_pair
+    with LLM(target, **engine_options(seed=seed, draft_model=draft, speculative_mode=mode, **options)) as llm:
+        engine = llm.engine
+        seqs = [engine.add_request(DIST_PROMPT, SamplingParams(max_tokens=length, seed=5000 + i if seeded else None,
+                                                               **params))
+                for i in range(n)]
+        while engine.has_unfinished():
+            engine.step()
+        return Counter(tuple(s.output_token_ids) for s in seqs), llm.speculation_metrics()

@@ -78,3 +78,16 @@ def gof_power(dof: int, n: int, tv: float, alpha: float) -> float:
     """Power of the goodness-of-fit test against the least favourable shift of total variation `tv`."""
     dof = max(dof, 1)
     return ncx2_sf(chi2_isf(alpha, dof), dof, 4 * tv ** 2 * n)
+
+
+def check_law(label: str, sample, law: dict, metrics: dict, tv: float, alpha: float, design_power: float,
+              acceptance: tuple[float, float]) -> None:
+    """`sample` fits `law` at level alpha, with power >= design_power against any shift of total variation
+    tv, and the drafts' acceptance rate lies inside `acceptance` (both branches of verification ran)."""
+    stat, dof, p, n = fit(sample, law)
+    power = gof_power(dof, n, tv, alpha)
+    print(f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n}, power vs TV {tv} = {power:.3f}, "
+          f"acceptance = {metrics['acceptance_rate']:.3f}")
+    assert acceptance[0] < metrics["acceptance_rate"] < acceptance[1]
+    assert dof >= 2 and power >= design_power, "too many cells for the sample size: raise n"
+    assert p >= alpha, f"{label}: the emitted law differs from the processed target law (p = {p:.2e})"

@@ -25,8 +25,8 @@ from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.structures import Sequence
 from ssd_engine.sampling import penalties
 from exact_law import output_law, processors
-from small_pair import DIST_PROMPT, engine_options
-from stats_helpers import fit, gof_power
+from small_pair import DIST_PROMPT, sample_outputs
+from stats_helpers import check_law, fit
 
 ALPHA, DESIGN_POWER, TV = 1e-3, 0.8, 0.03
 STRONG = dict(temperature=1.0, repetition_penalty=1.6, presence_penalty=1.2, frequency_penalty=0.8,
@@ -63,25 +63,11 @@ def test_a_request_without_them_keeps_its_logits_untouched():
 
 
 def _sample(small_pair, mode: str, n: int, length: int, seeded: bool, **options) -> tuple[Counter, dict]:
-    target, draft = small_pair
-    with LLM(target, **engine_options(seed=31, draft_model=draft, speculative_mode=mode, **options)) as llm:
-        engine = llm.engine
-        seqs = [engine.add_request(DIST_PROMPT, SamplingParams(max_tokens=length, ignore_eos=True,
-                                                               seed=5000 + i if seeded else None, **STRONG))
-                for i in range(n)]
-        while engine.has_unfinished():
-            engine.step()
-        return Counter(tuple(s.output_token_ids) for s in seqs), llm.speculation_metrics()
+    return sample_outputs(small_pair, mode, n, length, dict(ignore_eos=True, **STRONG), seeded, seed=31, **options)
 
 
 def _check(label: str, sample: Counter, law: dict, metrics: dict) -> None:
-    stat, dof, p, n = fit(sample, law)
-    power = gof_power(dof, n, TV, ALPHA)
-    print(f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n}, power vs TV {TV} = {power:.3f}, "
-          f"acceptance = {metrics['acceptance_rate']:.3f}")
-    assert 0.1 < metrics["acceptance_rate"] < 0.95
-    assert dof >= 2 and power >= DESIGN_POWER, "too many cells for the sample size: raise n"
-    assert p >= ALPHA, f"{label}: the emitted law differs from the penalised target's (p = {p:.2e})"
+    check_law(label, sample, law, metrics, TV, ALPHA, DESIGN_POWER, acceptance=(0.1, 0.95))
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,8 @@ from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.structured_outputs import StructuredOutputsParams
 from ssd_engine.sampling.grammar import GrammarState
 from exact_law import GrammarMask, marginal, output_law
-from small_pair import DIST_PROMPT, engine_options
-from stats_helpers import fit, gof_power
+from small_pair import DIST_PROMPT, sample_outputs
+from stats_helpers import check_law, fit
 
 ALPHA, DESIGN_POWER, TV = 1e-3, 0.8, 0.03
 # ids 5-8 are the bytes #$%&, ids 3, 4, 9, 10 are !"'( ; "0" (id 18) lies outside the 16-token vocabulary,
@@ -39,25 +39,11 @@ WITH_PENALTIES = dict(GRAMMAR_ONLY, repetition_penalty=1.6, presence_penalty=1.2
 
 def _sample(small_pair, mode: str, n: int, length: int, seeded: bool = False, params: dict = GRAMMAR_ONLY,
             **options) -> tuple[Counter, dict]:
-    target, draft = small_pair
-    with LLM(target, **engine_options(seed=37, draft_model=draft, speculative_mode=mode, **options)) as llm:
-        engine = llm.engine
-        seqs = [engine.add_request(DIST_PROMPT, SamplingParams(max_tokens=length, seed=900 + i if seeded else None,
-                                                               **params))
-                for i in range(n)]
-        while engine.has_unfinished():
-            engine.step()
-        return Counter(tuple(s.output_token_ids) for s in seqs), llm.speculation_metrics()
+    return sample_outputs(small_pair, mode, n, length, params, seeded, seed=37, **options)
 
 
 def _check(label: str, sample: Counter, law: dict, metrics: dict) -> None:
-    stat, dof, p, n = fit(sample, law)
-    power = gof_power(dof, n, TV, ALPHA)
-    print(f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n}, power vs TV {TV} = {power:.3f}, "
-          f"acceptance = {metrics['acceptance_rate']:.3f}")
-    assert 0.1 < metrics["acceptance_rate"] < 0.97
-    assert dof >= 2 and power >= DESIGN_POWER, "too many cells for the sample size: raise n"
-    assert p >= ALPHA, f"{label}: the emitted law differs from the grammar-masked target's (p = {p:.2e})"
+    check_law(label, sample, law, metrics, TV, ALPHA, DESIGN_POWER, acceptance=(0.1, 0.97))
 
 
 @pytest.fixture(scope="module")

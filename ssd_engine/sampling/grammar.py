@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
+from collections import OrderedDict
 
 import torch
 from torch import Tensor
@@ -32,6 +34,7 @@ log = logging.getLogger("ssd_engine")
 # JSON may put this many whitespace characters in a row, no more: a model that prefers whitespace inside a
 # JSON grammar (a known failure of unbounded whitespace) cannot pad its output to max_tokens
 MAX_WHITESPACE = 16
+COMPILED_KEPT = 256  # distinct specs kept compiled (least recently used dropped): a server's schemas vary
 
 
 class GrammarState:
@@ -66,7 +69,7 @@ class GrammarState:
         """[vocab_size] bool: the tokens the grammar allows next (after its end: end-of-sequence only)."""
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
         if self.broken or self.matcher.is_terminated():
-            allowed[self.eos_token_ids] = True
+            allowed[self.eos_token_ids or slice(None)] = True  # a model without an end token: nothing to force
             return allowed
         import xgrammar as xgr
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
@@ -94,7 +97,7 @@ class Grammars:
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]) -> None:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, sorted(eos_token_ids)
         self._compiler = None  # built on the first structured request (~1 s for a 152k vocabulary)
-        self._compiled: dict[tuple, object] = {}
+        self._compiled: OrderedDict[tuple, object] = OrderedDict()
         self._states: dict[int, GrammarState] = {}
         self._lock = threading.Lock()  # the server compiles on its event loop while the engine steps
 
@@ -103,6 +106,9 @@ class Grammars:
         with self._lock:
             if spec.key not in self._compiled:
                 self._compiled[spec.key] = self._compile(spec)
+                if len(self._compiled) > COMPILED_KEPT:
+                    self._compiled.popitem(last=False)
+            self._compiled.move_to_end(spec.key)
             return self._compiled[spec.key]
 
     def _compile(self, spec: StructuredOutputsParams):
@@ -126,6 +132,7 @@ class Grammars:
             return compiler.compile_grammar(spec.grammar)
         except Exception as error:  # xgrammar raises RuntimeError / ValueError with multi-line text
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)  # xgrammar's "[time] file.cc:line: " prefix
             raise ValueError(f"structured_outputs.{spec.kind} does not compile: {first}") from None
 
     def state(self, key: int, spec: StructuredOutputsParams, outputs: list[int]) -> GrammarState:
