@@ -132,6 +132,7 @@ def test_health_and_metrics_are_open_everything_else_closed(guarded):
     port, _ = guarded
     status, _, text = get(port, "/health")
     assert status == 200 and json.loads(text) == {"status": "ok"}
+    assert_401(*get(port, "/v1/models"), "no API key")  # this test's own 401: xdist may run it first
     status, _, metrics = get(port, "/metrics")
     assert status == 200 and 'ssd_rejected_requests_total{status="401"}' in metrics  # 401s are counted
     # closed by default: the API, and paths that are not the API (docs, unknown ones) are no way around it
