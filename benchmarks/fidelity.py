@@ -61,6 +61,7 @@ def compare(reference: list[list[int]], outputs: list[list[int]]) -> tuple[int, 
 
 def main(argv: list[str] | None = None) -> str:
     from bench import load_prompts
+    from suite.dated_report import write_dated_report
     from suite.machine import machine_line
     from ssd_engine.models.model_paths import resolve_model_arg
     from ssd_engine.models.tokenizer_source import load_tokenizer
@@ -90,9 +91,7 @@ def main(argv: list[str] | None = None) -> str:
                      f"| {agree.item():.1%} |")
         print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{datetime.date.today().isoformat()}-fidelity.md"), "w") as f:
-        f.write(text)
+    write_dated_report(args.out, "fidelity", text)
     print(text)
     return text
 

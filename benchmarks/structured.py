@@ -76,6 +76,7 @@ def run_mode(mode: str, max_tokens: int, repeat: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> str:
+    from suite.dated_report import write_dated_report
     from suite.machine import machine_line
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,9 +114,7 @@ def main(argv: list[str] | None = None) -> str:
     lines += ["", "`kept`: (speedup with schema - 1) / (speedup free - 1), the share of the unconstrained gain "
                   "over AR that survives the schema."]
     text = "\n".join(lines) + "\n"
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{datetime.date.today().isoformat()}-structured.md"), "w") as f:
-        f.write(text)
+    write_dated_report(args.out, "structured", text)
     print(text)
     return text
 

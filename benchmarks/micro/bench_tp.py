@@ -23,6 +23,7 @@ import time
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
 sys.path.insert(0, HERE)
 from bench import load_prompts  # noqa: E402
+from suite.dated_report import write_dated_report  # noqa: E402
 from suite.machine import machine_line  # noqa: E402
 
 
@@ -120,11 +121,7 @@ def main() -> None:
                      + f" | {r['load_s']:.1f} | {rss} |")
     text = "\n".join(lines) + "\n"
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, f"{datetime.date.today().isoformat()}-tp.md")
-    with open(path, "w") as f:
-        f.write(text)
-    print(f"wrote {path}", file=sys.stderr)
+    print(f"wrote {write_dated_report(args.out, 'tp', text)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

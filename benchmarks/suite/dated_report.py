@@ -1,0 +1,12 @@
+"""Where a one-off benchmark script writes its Markdown report: OUT/DATE-NAME.md."""
+import datetime
+import os
+
+
+def write_dated_report(out_dir: str, name: str, text: str) -> str:
+    """Write `text` to out_dir/DATE-name.md (the folder made if needed); its path."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, f"{datetime.date.today().isoformat()}-{name}.md")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
