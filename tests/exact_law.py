@@ -3,10 +3,10 @@
 `output_law(model_dir, prompt, params, length)` enumerates every continuation of `length` tokens
 with non-zero probability under the target and returns {tokens: probability}, computed in float64
 with transformers' own logits processors (min_tokens, logit_bias, repetition penalty; frequency and
-presence penalties by OpenAI's formula; a grammar's mask by xgrammar's own matcher) and warpers (temperature, top-k, top-p) on the Hugging Face
-model. It is
-meant for the tiny-vocabulary models of the distribution tests (16 tokens: at most 16^length
-cells). `marginal(law, index)` sums it down to one position.
+presence penalties by OpenAI's formula; a grammar's mask by xgrammar's own matcher) and warpers
+(temperature, top-k, top-p) on the Hugging Face model. It is meant for the tiny-vocabulary models of
+the distribution tests (16 tokens: at most 16^length cells). `law_table` memoizes it for a module's
+tests; `marginal(law, index)` sums it down to one position.
 """
 from __future__ import annotations
 
@@ -113,6 +113,19 @@ def output_law(model_dir: str, prompt: list[int], params: SamplingParams, length
                     grown[prefix + (token,)] = law[prefix] * p
         law = grown
     return law
+
+
+def law_table(model_dir: str, prompt: list[int], default: dict):
+    """output_law memoized by (length, params): get(length, params=default), params the SamplingParams fields."""
+    cache = {}
+
+    def get(length: int, params: dict | None = None) -> dict[tuple, float]:
+        params = default if params is None else params
+        key = (length, repr(sorted(params.items())))
+        if key not in cache:
+            cache[key] = output_law(model_dir, prompt, SamplingParams(max_tokens=length, **params), length)
+        return cache[key]
+    return get
 
 
 def marginal(law: dict[tuple, float], index: int) -> dict[int, float]:

@@ -24,7 +24,7 @@ import torch
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.structures import Sequence
 from ssd_engine.sampling import penalties
-from exact_law import output_law, processors
+from exact_law import law_table, processors
 from small_pair import DIST_PROMPT, sample_outputs
 from stats_helpers import check_law, fit
 
@@ -72,14 +72,7 @@ def _check(label: str, sample: Counter, law: dict, metrics: dict) -> None:
 
 @pytest.fixture(scope="module")
 def penalised_law(small_pair):
-    target, _ = small_pair
-    cache = {}
-
-    def get(length: int) -> dict:
-        if length not in cache:
-            cache[length] = output_law(target, DIST_PROMPT, SamplingParams(max_tokens=length, **STRONG), length)
-        return cache[length]
-    return get
+    return law_table(small_pair[0], DIST_PROMPT, STRONG)
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded"])

@@ -23,7 +23,7 @@ import torch
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.structured_outputs import StructuredOutputsParams
 from ssd_engine.sampling.grammar import GrammarState
-from exact_law import GrammarMask, marginal, output_law
+from exact_law import GrammarMask, law_table, marginal
 from small_pair import DIST_PROMPT, sample_outputs
 from stats_helpers import check_law, fit
 
@@ -48,15 +48,7 @@ def _check(label: str, sample: Counter, law: dict, metrics: dict) -> None:
 
 @pytest.fixture(scope="module")
 def masked_law(small_pair):
-    target, _ = small_pair
-    cache = {}
-
-    def get(length: int, params: dict = GRAMMAR_ONLY) -> dict:
-        key = (length, str(params))
-        if key not in cache:
-            cache[key] = output_law(target, DIST_PROMPT, SamplingParams(max_tokens=length, **params), length)
-        return cache[key]
-    return get
+    return law_table(small_pair[0], DIST_PROMPT, GRAMMAR_ONLY)
 
 
 def test_sd_follows_the_masked_and_penalised_law(small_pair, masked_law):
