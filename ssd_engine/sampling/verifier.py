@@ -57,12 +57,17 @@ class Verifier:
         plain = [i for i, rows in enumerate(logit_rows) if rows and not speculated[i]]
         speculated_rows = [i for i, s in enumerate(speculated) if s]
         picks = [[first_row[i] for i in plain], [r for i in speculated_rows for r in range(first_row[i], first_row[i + 1])]]
+        plain_seqs, spec_seqs = [seqs[i] for i in plain], [seqs[i] for i in speculated_rows]
         plain_logits, spec_logits = _rows(logits, picks)
+        # each row's law after its own history, once: sampling, verification and log-probabilities read it
+        plain_laws = self.processed(plain_logits, plain_seqs) if plain else None
+        spec_laws = self.processed(spec_logits, spec_seqs, proposal.tokens) if speculated_rows else None
         # sampling first, then verification: the order the requests' random streams are drawn in
-        sampled = self.sample([seqs[i] for i in plain], plain_logits) if plain else None
+        sampled = self._sample(plain_seqs, plain_laws) if plain else None
         result = None
         if speculated_rows:
-            result = self.verify([seqs[i] for i in speculated_rows], proposal, spec_logits)
+            result = (verify_synthetic(proposal, spec_logits, self.synthetic) if self.synthetic is not None
+                      else self._verify(spec_seqs, proposal, spec_laws))
         if sampled is not None:
             sampled_tokens = result.read_with(sampled) if result is not None else sampled.tolist()
             for i, token in zip(plain, sampled_tokens):
@@ -74,32 +79,34 @@ class Verifier:
                 out[i] = StepResult(tokens, len(tokens) - 1 if drafted[j] > 0 else None)
         for i, seq in enumerate(seqs):  # only requests that asked: each costs a read of its rows
             if seq.params.logprobs is not None and out[i].tokens:
-                drafts = proposal.tokens[speculated_rows.index(i)] if speculated[i] else None
-                rows = logits[first_row[i]:first_row[i + 1]] if speculated[i] else logits[first_row[i]:first_row[i] + 1]
-                count = len(out[i].tokens)
-                history = drafts.view(1, -1)[:, :count - 1] if drafts is not None and count > 1 else None
-                out[i].logprobs = emitted_logprobs(seq, self.processed(rows[:count], [seq], history), out[i].tokens)
+                if speculated[i]:
+                    start = speculated_rows.index(i) * (proposal.k + 1)
+                    rows = spec_laws[start:start + len(out[i].tokens)]
+                else:
+                    rows = plain_laws[plain.index(i)][None]
+                out[i].logprobs = emitted_logprobs(seq, rows, out[i].tokens)
         return out
 
-    def verify(self, seqs: list[Sequence], proposal: Proposal, target_logits: torch.Tensor):
-        """Exact verification of each sequence's K drafts against the target's K + 1 rows."""
-        if self.synthetic is not None:
-            return verify_synthetic(proposal, target_logits, self.synthetic)
+    def _verify(self, seqs: list[Sequence], proposal: Proposal, target_laws: torch.Tensor):
+        """Exact verification of each sequence's K drafts against the target's K + 1 rows, each already
+        processed after its own history (the sequence's tokens and the drafts before it: `processed`)."""
         k = proposal.k
         params = [s.params for s in seqs]
-        # each of the K + 1 rows after its own history: the sequence's tokens and the drafts before it
-        target_logits = self.processed(target_logits, seqs, proposal.tokens)
         if all(p.greedy for p in params):
-            return verify_greedy(proposal.tokens, target_logits.argmax(dim=-1).view(len(seqs), k + 1),
+            return verify_greedy(proposal.tokens, target_laws.argmax(dim=-1).view(len(seqs), k + 1),
                                  proposal.num_draft)
-        probs = SamplingTensors.from_params(params, target_logits.device, times=k + 1).probs(target_logits)
+        probs = SamplingTensors.from_params(params, target_laws.device, times=k + 1).probs(target_laws)
         return verify(proposal.tokens, proposal.probs, probs.view(len(seqs), k + 1, -1), [s.generator for s in seqs],
                       num_draft=proposal.num_draft, default_generator=self.generator, one_hot_rows=proposal.one_hot,
                       random_rows=[not p.greedy for p in params])
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """One token per sequence from its logits row."""
+        return self._sample(seqs, self.processed(logits, seqs))
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """One token per sequence from its row, already processed (`processed`)."""
         params = [seq.params for seq in seqs]
-        logits = self.processed(logits, seqs)
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1)
         probs = SamplingTensors.from_params(params, logits.device).probs(logits)
