@@ -23,6 +23,7 @@ import logging
 import re
 import threading
 from collections import OrderedDict
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor
@@ -167,11 +168,23 @@ class Grammars:
         allowed = allowed.view(-1, logits.shape[-1]).to(logits.device)
         return logits.float().masked_fill(~allowed, float("-inf"))
 
-    def draft_masks(self, seqs: list[Sequence]) -> DraftMasks | None:
-        """A draft's step-by-step masks for these sequences (None: none is structured)."""
-        if not any(seq.params.structured_outputs for seq in seqs):
-            return None
-        return DraftMasks([self._of(s) if s.params.structured_outputs else None for s in seqs])
+    def states(self, seqs: list[Sequence]) -> list[GrammarState | None]:
+        """Each sequence's grammar state caught up with its output (None: not structured)."""
+        return [self._of(s) if s.params.structured_outputs else None for s in seqs]
+
+
+@contextmanager
+def masked_steps(states: list[GrammarState | None], sampler):
+    """`sampler` (a draft's step sampler) masked row by row where a state is given, each state rolled
+    back to where it was once the steps are done; `sampler` itself where none is."""
+    if not any(state is not None for state in states):
+        yield sampler
+        return
+    masks = DraftMasks(states)
+    try:
+        yield masks.wrap(sampler)
+    finally:
+        masks.done()
 
 
 class DraftMasks:

@@ -58,15 +58,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
                            respond=unauthorized)
 
     async def _indexed(firsts: list, streams: list):
-        """(sample index, Delta) as each of a request's samples produces them; one sample: its stream in order."""
-        if len(streams) == 1:
-            try:
-                yield 0, firsts[0]
-                async for delta in streams[0]:
-                    yield 0, delta
-            finally:
-                await streams[0].aclose()
-            return
+        """(sample index, Delta) as each of a request's samples produces them, each sample's in order."""
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(index: int) -> None:

@@ -18,7 +18,7 @@ from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.core.structures import Outcome, BlockTable, Proposal, ScheduledBatch, Sequence, new_block_table
 from ssd_engine.utils.host_upload import upload
 from ssd_engine.runtime.model_runner import ModelRunner
-from ssd_engine.sampling.grammar import Grammars
+from ssd_engine.sampling.grammar import Grammars, masked_steps
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 from ssd_engine.speculative.paged_draft import PagedDraft, StepSampler
@@ -103,15 +103,9 @@ class SyncDraft(PagedDraft[DraftView]):
     def _draft(self, views: list[DraftView], logits: torch.Tensor, greedy: bool):
         """K autoregressive draft steps from the catch-up logits; returns tokens [n, K] and the
         exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
-        sampler = self._sampler(views, greedy)
-        masks = self.grammars.draft_masks([v.seq for v in views]) if self.grammars is not None else None
-        if masks is not None:
-            sampler = masks.wrap(sampler)
-        try:
+        states = self.grammars.states([v.seq for v in views]) if self.grammars is not None else []
+        with masked_steps(states, self._sampler(views, greedy)) as sampler:
             tokens, rows = self.decode(views, [len(v.seq) for v in views], logits, sampler)
-        finally:
-            if masks is not None:
-                masks.done()
         for view in views:
             view.num_computed_tokens = len(view.seq) + self.k - 1
         return tokens, rows

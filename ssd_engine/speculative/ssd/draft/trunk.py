@@ -14,7 +14,7 @@ import torch
 from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.core.structures import BlockTable, new_block_table
 from ssd_engine.runtime.model_runner import ModelRunner
-from ssd_engine.sampling.grammar import DraftMasks, GrammarState
+from ssd_engine.sampling.grammar import GrammarState, masked_steps
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.saguaro.sampling import saguaro_probs
@@ -116,12 +116,8 @@ class Trunk(PagedDraft[DraftSeq]):
 
         def draw(step: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
             return self.sample(logits, params, gens, [s.fanout[step] for s in seqs])
-        masks = DraftMasks([s.grammar for s in seqs]) if any(s.grammar for s in seqs) else None
-        try:
-            tokens, q = self.decode(seqs, [len(s.trunk) for s in seqs], logits, masks.wrap(draw) if masks else draw)
-        finally:
-            if masks is not None:
-                masks.done()
+        with masked_steps([s.grammar for s in seqs], draw) as step:
+            tokens, q = self.decode(seqs, [len(s.trunk) for s in seqs], logits, step)
         tokens = tokens.tolist()  # the K drafts' one read
         for seq, drafted in zip(seqs, tokens):
             seq.trunk.extend(drafted[:self.k - 1])  # their K/V went into the blocks as they were drawn
