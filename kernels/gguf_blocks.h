@@ -1,8 +1,11 @@
-// What both GGUF kernels read from a block: fp16 scales and Q4_K / Q5_K's packed 6-bit scales.
+// What the GGUF kernels share: a block's fp16 scales and Q4_K / Q5_K's packed 6-bit scales, and the
+// int8 rounding of an activation row (gguf-int8's model: gguf_int8.cpp and gguf_vnni.cpp both read it).
 #pragma once
 
 #include <c10/util/Half.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -22,6 +25,29 @@ inline void scale_min_k4(int j, const uint8_t* q, int& scale, int& min) {
   } else {
     scale = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
     min = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+// one row of x as int8 codes: scale d per `block` values, and the codes' sums per 16 values
+struct QuantizedRow {
+  const int8_t* q;
+  const float* d;
+  const int32_t* sum16;
+};
+
+inline void quantize_row(const float* x, int64_t k, int block, int8_t* q, float* d, int32_t* sum16) {
+  for (int64_t b = 0; b < k / block; ++b) {
+    const float* xb = x + b * block;
+    float amax = 0.f;
+    for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
+    const float scale = amax / 127.f, inverse = amax > 0.f ? 127.f / amax : 0.f;
+    d[b] = scale;
+    for (int i = 0; i < block; ++i) q[b * block + i] = static_cast<int8_t>(std::nearbyint(xb[i] * inverse));
+  }
+  for (int64_t g = 0; g < k / 16; ++g) {
+    int32_t s = 0;
+    for (int i = 0; i < 16; ++i) s += q[g * 16 + i];
+    sum16[g] = s;
   }
 }
 

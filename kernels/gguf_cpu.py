@@ -10,6 +10,9 @@ shared by two machines never loads code built for the other. Where no compiler w
     torch.ops.ssd_engine_gguf.dequantize(blocks, kind, k) -> fp32 [n, k]
     torch.ops.ssd_engine_gguf.linear_int8(x_fp32, blocks, kind, k) -> [rows, n]   (gguf_int8.cpp: x
         quantized to int8 first; the kinds in INT8_KINDS, on CPUs with AVX2)
+    torch.ops.ssd_engine_gguf.pack_int8(blocks, kind, k) -> panels; linear_int8_packed(x_fp32, panels,
+        kind, k, n) -> [rows, n]   (gguf_vnni.cpp: the same model from repacked Q4_K / Q6_K, on CPUs
+        with AVX-512 VNNI: packed_int8_available())
 """
 import functools
 import hashlib
@@ -18,7 +21,7 @@ import platform
 from pathlib import Path
 from typing import NamedTuple
 
-SOURCES = [Path(__file__).with_name("gguf_matmul.cpp"), Path(__file__).with_name("gguf_int8.cpp")]
+SOURCES = [Path(__file__).with_name(name) for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_vnni.cpp")]
 HEADERS = [Path(__file__).with_name("gguf_blocks.h")]  # included by both: part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded
@@ -39,6 +42,7 @@ BLOCKS = {2: BlockShape(32, 18, (0,)), 3: BlockShape(32, 20, (0, 2)), 6: BlockSh
           13: BlockShape(256, 176, (0, 2)), 14: BlockShape(256, 210, (208,))}
 
 INT8_KINDS = (2, 3, 8, 12, 14)  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: gguf_int8.cpp's
+PACKED_INT8_KINDS = (12, 14)  # Q4_K, Q6_K: gguf_vnni.cpp's panels (AVX-512 VNNI)
 
 
 class KernelUnavailable(RuntimeError):
@@ -112,3 +116,10 @@ def available() -> bool:
     except KernelUnavailable:
         return False
     return True
+
+
+def packed_int8_available() -> bool:
+    """Whether gguf-int8's Q4_K / Q6_K run from repacked panels here (gguf_vnni.cpp: AVX-512 VNNI)."""
+    import torch
+
+    return available() and torch.ops.ssd_engine_gguf.packed_int8_available()

@@ -36,6 +36,8 @@ constexpr int ROWS_PER_PASS = 4;
 enum Kind : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q6_K = 14 };
 
 using gguf::half_at;
+using gguf::QuantizedRow;
+using gguf::quantize_row;
 using gguf::scale_min_k4;
 
 inline __m256i load32(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
@@ -45,30 +47,6 @@ inline float hsum(__m256 v) {  // a fixed order: the same bits whatever the row 
   const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
   return _mm_cvtss_f32(_mm_add_ss(quarter, _mm_movehdup_ps(quarter)));
 }
-
-// one row of x as int8 codes: scale d per `block` values, and the codes' sums per 16 values
-struct QuantizedRow {
-  const int8_t* q;
-  const float* d;
-  const int32_t* sum16;
-};
-
-void quantize_row(const float* x, int64_t k, int block, int8_t* q, float* d, int32_t* sum16) {
-  for (int64_t b = 0; b < k / block; ++b) {
-    const float* xb = x + b * block;
-    float amax = 0.f;
-    for (int i = 0; i < block; ++i) amax = std::max(amax, std::fabs(xb[i]));
-    const float scale = amax / 127.f, inverse = amax > 0.f ? 127.f / amax : 0.f;
-    d[b] = scale;
-    for (int i = 0; i < block; ++i) q[b * block + i] = static_cast<int8_t>(std::nearbyint(xb[i] * inverse));
-  }
-  for (int64_t g = 0; g < k / 16; ++g) {
-    int32_t s = 0;
-    for (int i = 0; i < 16; ++i) s += q[g * 16 + i];
-    sum16[g] = s;
-  }
-}
-
 
 template <int KIND> struct Int8Block;
 

@@ -1,4 +1,4 @@
-"""Micro-benchmark (not a test): the GGUF block kernels (kernels/gguf_matmul.cpp, gguf_int8.cpp) against
+"""Micro-benchmark (not a test): the GGUF block kernels (kernels/gguf_matmul.cpp, gguf_int8.cpp, gguf_vnni.cpp) against
 oneDNN's packed fp32 weight, one decoder layer of the 1.5B target at a time, by row count.
 
     python benchmarks/micro/bench_gguf_kernels.py            # 1 and 2 threads
@@ -42,8 +42,11 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     blocks = [random_rows(n, k, kind, generator) for n, k, kind in LAYER]
     dense = [prepare(torch.randn(n, k, generator=generator) * 0.02, "fp32", row_independent=True) for n, k, _ in LAYER]
-    print("| threads | rows | fp32 oneDNN ms (x 1 row) | gguf ms (x 1 row) | gguf-int8 ms (x 1 row) |")
-    print("|---|---|---|---|---|")
+    packed = [ops.pack_int8(b.blocks, b.kind, b.cols) if ops.packed_int8_available() else None for b in blocks]
+    columns = ("fp32", "gguf", "int8") + (("packed",) if packed[0] is not None else ())
+    print("| threads | rows | fp32 oneDNN ms (x 1 row) | gguf ms (x 1 row) | gguf-int8 ms (x 1 row) |"
+          + (" gguf-int8 packed (VNNI) ms (x 1 row) |" if "packed" in columns else ""))
+    print("|---|---|---|---|---|" + ("---|" if "packed" in columns else ""))
     for threads in map(int, args.threads.split(",")):
         torch.set_num_threads(threads)
         base = {}
@@ -54,9 +57,12 @@ def main() -> None:
                 "gguf": timed(lambda: [ops.linear(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
                 "int8": timed(lambda: [ops.linear_int8(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
             }
+            if "packed" in columns:
+                cells["packed"] = timed(lambda: [ops.linear_int8_packed(x, p, b.kind, b.cols, b.rows)
+                                                 for b, p, x in zip(blocks, packed, xs)])
             base = base or cells
             print(f"| {threads} | {rows} | " + " | ".join(f"{cells[c]:.2f} ({cells[c] / base[c]:.2f}x)"
-                                                       for c in ("fp32", "gguf", "int8")) + " |", flush=True)
+                                                       for c in columns) + " |", flush=True)
 
 
 if __name__ == "__main__":

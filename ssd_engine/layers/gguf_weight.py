@@ -12,6 +12,9 @@ v and down projections as Q6_K): each run of one type is one kernel call.
 target_dtype="gguf-int8" multiplies the same blocks by activations quantized to int8, a row at a
 time (kernels/gguf_int8.cpp, llama.cpp's arithmetic): another model, several times cheaper per row;
 it runs the int8 kernel at every row count (prefill too), so every row of it is computed alike.
+On CPUs with AVX-512 VNNI its Q4_K and Q6_K blocks are repacked while loading into 16-output panels
+(kernels/gguf_vnni.cpp: the same values and arithmetic, several times cheaper per extra row) and
+the GGUF copy is dropped.
 """
 from dataclasses import dataclass
 
@@ -43,6 +46,20 @@ class QuantizedRows:
         return self.blocks.shape[0]
 
 
+@dataclass(frozen=True)
+class PackedRows:
+    """QuantizedRows of Q4_K / Q6_K repacked into gguf_vnni.cpp's panels (gguf-int8 on VNNI CPUs)."""
+    panels: torch.Tensor  # uint8 [ceil(rows / 16), bytes a panel]
+    kind: int
+    cols: int
+    rows: int
+
+    @staticmethod
+    def of(part: QuantizedRows) -> "PackedRows":
+        return PackedRows(torch.ops.ssd_engine_gguf.pack_int8(part.blocks, part.kind, part.cols), part.kind, part.cols,
+                          part.rows)
+
+
 def random_rows(rows: int, cols: int, kind: int, generator: torch.Generator) -> QuantizedRows:
     """Blocks of random codes with small normal scales: a dummy weight's (load_format="dummy")."""
     shape = gguf_cpu.BLOCKS[kind]
@@ -58,9 +75,11 @@ class GGUFWeight:
     """The PreparedWeight (weight_formats.py) of GGUF blocks: fp32 rows in, fp32 rows out."""
 
     def __init__(self, parts: list[QuantizedRows], int8_activations: bool = False) -> None:
-        self.parts = _merge_runs(parts)
+        self.parts: list[QuantizedRows | PackedRows] = _merge_runs(parts)
         self.int8_activations = int8_activations
-        self.nbytes = sum(part.blocks.numel() * part.blocks.element_size() for part in self.parts)
+        if int8_activations and gguf_cpu.packed_int8_available():
+            self.parts = [PackedRows.of(p) if p.kind in gguf_cpu.PACKED_INT8_KINDS else p for p in self.parts]
+        self.nbytes = sum(_storage(part).nbytes for part in self.parts)
         # the row-independent fp32 kernel of a re-quantized target's (a lone row padded to two)
         self.dense = {id(part): prepare(part.blocks, "fp32", row_independent=True)
                       for part in self.parts if part.kind == DENSE}
@@ -75,8 +94,10 @@ class GGUFWeight:
             out = out + bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], -1)
 
-    def _part(self, rows: torch.Tensor, part: QuantizedRows) -> torch.Tensor:
+    def _part(self, rows: torch.Tensor, part: QuantizedRows | PackedRows) -> torch.Tensor:
         ops = torch.ops.ssd_engine_gguf
+        if isinstance(part, PackedRows):
+            return ops.linear_int8_packed(rows, part.panels, part.kind, part.cols, part.rows)
         if part.kind == DENSE:
             return self.dense[id(part)](rows, None)
         if self.int8_activations and part.kind in gguf_cpu.INT8_KINDS:
@@ -88,8 +109,14 @@ class GGUFWeight:
 
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight these blocks hold (tests compare against the checkpoint's)."""
+        if any(isinstance(p, PackedRows) for p in self.parts):
+            raise ValueError("packed int8 panels keep no GGUF blocks to dequantize")
         return torch.cat([p.blocks if p.kind == DENSE else torch.ops.ssd_engine_gguf.dequantize(p.blocks, p.kind, p.cols)
                           for p in self.parts])
+
+
+def _storage(part: QuantizedRows | PackedRows) -> torch.Tensor:
+    return part.panels if isinstance(part, PackedRows) else part.blocks
 
 
 def _merge_runs(parts: list[QuantizedRows]) -> list[QuantizedRows]:
