@@ -10,9 +10,11 @@ shared by two machines never loads code built for the other. Where no compiler w
     torch.ops.ssd_engine_gguf.dequantize(blocks, kind, k) -> fp32 [n, k]
     torch.ops.ssd_engine_gguf.linear_int8(x_fp32, blocks, kind, k) -> [rows, n]   (gguf_int8.cpp: x
         quantized to int8 first; the kinds in INT8_KINDS, on CPUs with AVX2)
-    torch.ops.ssd_engine_gguf.pack_int8(blocks, kind, k) -> panels; linear_int8_packed(x_fp32, panels,
-        kind, k, n) -> [rows, n]   (gguf_vnni.cpp: the same model from repacked Q4_K / Q6_K, on CPUs
-        with AVX-512 VNNI: packed_int8_available())
+    torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, k) -> panels   (gguf_pack.cpp: Q4_K / Q6_K
+        repacked 16 outputs to a panel, gguf_panels.h), read by
+        linear_panels(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_panels_fp32.cpp, "gguf": AVX-512)
+        linear_int8_packed(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_vnni.cpp, "gguf-int8": the
+        same model as linear_int8, AVX-512 VNNI)
 """
 import functools
 import hashlib
@@ -21,8 +23,9 @@ import platform
 from pathlib import Path
 from typing import NamedTuple
 
-SOURCES = [Path(__file__).with_name(name) for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_vnni.cpp")]
-HEADERS = [Path(__file__).with_name("gguf_blocks.h")]  # included by both: part of the library's key
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_pack.cpp", "gguf_panels_fp32.cpp", "gguf_vnni.cpp")]
+HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h")]  # part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
@@ -42,7 +45,7 @@ BLOCKS = {2: BlockShape(32, 18, (0,)), 3: BlockShape(32, 20, (0, 2)), 6: BlockSh
           13: BlockShape(256, 176, (0, 2)), 14: BlockShape(256, 210, (208,))}
 
 INT8_KINDS = (2, 3, 8, 12, 14)  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: gguf_int8.cpp's
-PACKED_INT8_KINDS = (12, 14)  # Q4_K, Q6_K: gguf_vnni.cpp's panels (AVX-512 VNNI)
+PANEL_KINDS = (12, 14)  # Q4_K, Q6_K: the kinds pack_panels repacks
 
 
 class KernelUnavailable(RuntimeError):
@@ -118,8 +121,11 @@ def available() -> bool:
     return True
 
 
-def packed_int8_available() -> bool:
-    """Whether gguf-int8's Q4_K / Q6_K run from repacked panels here (gguf_vnni.cpp: AVX-512 VNNI)."""
+def panels_available(int8_activations: bool) -> bool:
+    """Whether this CPU runs Q4_K / Q6_K from panels: gguf (fp32 rows) needs AVX-512, gguf-int8 VNNI."""
     import torch
 
-    return available() and torch.ops.ssd_engine_gguf.packed_int8_available()
+    if not available():
+        return False
+    ops = torch.ops.ssd_engine_gguf
+    return ops.panels_int8_available() if int8_activations else ops.panels_fp32_available()

@@ -1,21 +1,60 @@
-"""gguf-int8's packed panels (kernels/gguf_vnni.cpp, CPUs with AVX-512 VNNI): Q4_K and Q6_K blocks
-repacked 16 outputs to a panel multiply the same int8-rounded rows as gguf_int8.cpp does.
+"""Q4_K and Q6_K blocks repacked 16 outputs to a panel (kernels/gguf_panels.h), and the kernels
+reading them: fp32 rows (gguf_panels_fp32.cpp, target_dtype "gguf", AVX-512) and int8-rounded rows
+(gguf_vnni.cpp, "gguf-int8", AVX-512 VNNI).
 
-- against float64 products of the rounded activations, on output counts that leave a partial
-  last panel, and on the blocks' extreme codes and scales;
-- each row's bits independent of the rows beside it, across passes of rows (6 a pass);
-- a gguf-int8 GGUFWeight on such a CPU holds the panels and no GGUF copy.
+- fp32: the panels hold gguf's own dequantized values exactly, and a product is within fp32
+  rounding of the float64 one;
+- int8: against float64 products of the rounded activations, as gguf_int8.cpp's blocks are;
+- both on output counts that leave a partial last panel and on the blocks' extreme codes and
+  scales, and each row's bits independent of the rows beside it across passes of rows (6 a pass);
+- a GGUFWeight on such a CPU holds the panels and no GGUF copy.
 """
 import pytest
 import torch
 
 from ssd_engine.kernels import gguf_cpu
-from ssd_engine.layers.gguf_weight import GGUFWeight, PackedRows, QuantizedRows
+from ssd_engine.layers.gguf_weight import GGUFWeight, PanelRows, QuantizedRows
 from test_gguf_target import blocks_of, rounded_activations
 
-pytestmark = pytest.mark.skipif(not gguf_cpu.packed_int8_available(),
-                                reason="the packed int8 kernels need AVX-512 VNNI and a C++ compiler")
 KINDS = {"Q4_K": 12, "Q6_K": 14}
+FP32 = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=False),
+                          reason="the fp32 panel kernels need AVX-512 and a C++ compiler")
+INT8 = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=True),
+                          reason="the int8 panel kernels need AVX-512 VNNI and a C++ compiler")
+
+
+def same_bits_at_every_row_count(linear, x: torch.Tensor, whole: torch.Tensor) -> None:
+    for rows in (1, 2, 5, 6, 7, 13):
+        for start in (0, x.shape[0] - rows):
+            assert torch.equal(linear(x[start:start + rows]), whole[start:start + rows]), (rows, start)
+
+
+@FP32
+@pytest.mark.parametrize("kind", KINDS.values(), ids=KINDS.keys())
+@pytest.mark.parametrize("outputs", [16, 37])
+def test_fp32_panels_hold_ggufs_values_and_multiply_within_rounding(kind, outputs):
+    blocks, reference, cols = blocks_of(kind, outputs, 3, seed=outputs)
+    weight = GGUFWeight([QuantizedRows(blocks, kind, cols)])
+    assert isinstance(weight.parts[0], PanelRows)
+    assert torch.equal(weight.dequantized(), torch.from_numpy(reference))
+    x = torch.randn(20, cols, generator=torch.Generator().manual_seed(kind))
+    got = weight(x, None)
+    w = torch.from_numpy(reference).double()
+    bound = 8 * cols * 2**-24 * (x.double().abs() @ w.abs().T)
+    assert ((got.double() - x.double() @ w.T).abs() <= bound).all()
+    same_bits_at_every_row_count(lambda rows: weight(rows, None), x, got)
+
+
+@FP32
+@pytest.mark.parametrize("kind", KINDS.values(), ids=KINDS.keys())
+def test_fp32_panels_of_extreme_codes_and_scales(kind):
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    blocks = extreme_blocks(kind, 18, 2)
+    reference = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType(kind)).reshape(18, 512))
+    weight = GGUFWeight([QuantizedRows(blocks, kind, 512)])
+    assert torch.equal(weight.dequantized(), reference)
 
 
 def extreme_blocks(kind: int, rows: int, blocks_per_row: int) -> torch.Tensor:
@@ -31,24 +70,23 @@ def extreme_blocks(kind: int, rows: int, blocks_per_row: int) -> torch.Tensor:
     return blocks.reshape(rows, -1).contiguous()
 
 
+@INT8
 @pytest.mark.parametrize("kind", KINDS.values(), ids=KINDS.keys())
 @pytest.mark.parametrize("outputs", [16, 37])
-def test_packed_panels_multiply_the_rounded_rows_and_each_row_alone(kind, outputs):
+def test_int8_panels_multiply_the_rounded_rows_and_each_row_alone(kind, outputs):
     blocks, reference, cols = blocks_of(kind, outputs, 3, seed=outputs)
     ops = torch.ops.ssd_engine_gguf
-    panels = ops.pack_int8(blocks, kind, cols)
+    panels = ops.pack_panels(blocks, kind, cols)
     x = torch.randn(20, cols, generator=torch.Generator().manual_seed(kind))
     got = ops.linear_int8_packed(x, panels, kind, cols, outputs)
     expected = rounded_activations(x, 256) @ torch.from_numpy(reference).double().T
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
-    for rows in (1, 2, 5, 6, 7, 13):
-        for start in (0, 20 - rows):
-            assert torch.equal(ops.linear_int8_packed(x[start:start + rows], panels, kind, cols, outputs),
-                               got[start:start + rows]), (rows, start)
+    same_bits_at_every_row_count(lambda rows: ops.linear_int8_packed(rows, panels, kind, cols, outputs), x, got)
 
 
+@INT8
 @pytest.mark.parametrize("kind", KINDS.values(), ids=KINDS.keys())
-def test_extreme_codes_and_scales(kind):
+def test_int8_panels_of_extreme_codes_and_scales(kind):
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
@@ -56,15 +94,16 @@ def test_extreme_codes_and_scales(kind):
     reference = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType(kind)).reshape(18, 512)).double()
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(1)) * 50
     x[0] = x[0].abs()  # every code of a 256-value block at +127 in one row
-    got = torch.ops.ssd_engine_gguf.linear_int8_packed(x, torch.ops.ssd_engine_gguf.pack_int8(blocks, kind, 512), kind, 512, 18)
+    got = torch.ops.ssd_engine_gguf.linear_int8_packed(x, torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, 512), kind, 512, 18)
     torch.testing.assert_close(got.double(), rounded_activations(x, 256) @ reference.T, rtol=1e-5, atol=1e-3)
 
 
+@INT8
 def test_a_gguf_int8_weight_holds_panels_only():
     q4k, _, cols = blocks_of(12, 24, 2, seed=1)
     q8, _, _ = blocks_of(8, 8, 16, seed=2)  # Q8_0: no panels, gguf_int8.cpp's blocks as they are
     weight = GGUFWeight([QuantizedRows(q4k, 12, cols), QuantizedRows(q8, 8, cols)], int8_activations=True)
-    assert [type(p) for p in weight.parts] == [PackedRows, QuantizedRows]
+    assert [type(p) for p in weight.parts] == [PanelRows, QuantizedRows]
     assert weight.nbytes == weight.parts[0].panels.numel() + q8.numel()
     x = torch.randn(4, cols)
     expected = torch.cat([torch.ops.ssd_engine_gguf.linear_int8_packed(x, weight.parts[0].panels, 12, cols, 24),

@@ -42,11 +42,14 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     blocks = [random_rows(n, k, kind, generator) for n, k, kind in LAYER]
     dense = [prepare(torch.randn(n, k, generator=generator) * 0.02, "fp32", row_independent=True) for n, k, _ in LAYER]
-    packed = [ops.pack_int8(b.blocks, b.kind, b.cols) if ops.packed_int8_available() else None for b in blocks]
-    columns = ("fp32", "gguf", "int8") + (("packed",) if packed[0] is not None else ())
-    print("| threads | rows | fp32 oneDNN ms (x 1 row) | gguf ms (x 1 row) | gguf-int8 ms (x 1 row) |"
-          + (" gguf-int8 packed (VNNI) ms (x 1 row) |" if "packed" in columns else ""))
-    print("|---|---|---|---|---|" + ("---|" if "packed" in columns else ""))
+    panels = [ops.pack_panels(b.blocks, b.kind, b.cols) for b in blocks]
+    columns = {"fp32": "fp32 oneDNN", "gguf": "gguf blocks", "int8": "gguf-int8 blocks"}
+    if ops.panels_fp32_available():
+        columns["panels"] = "gguf panels (AVX-512)"
+    if ops.panels_int8_available():
+        columns["int8 panels"] = "gguf-int8 panels (VNNI)"
+    print("| threads | rows | " + " | ".join(f"{name} ms (x 1 row)" for name in columns.values()) + " |")
+    print("|---|---|" + "---|" * len(columns))
     for threads in map(int, args.threads.split(",")):
         torch.set_num_threads(threads)
         base = {}
@@ -57,9 +60,9 @@ def main() -> None:
                 "gguf": timed(lambda: [ops.linear(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
                 "int8": timed(lambda: [ops.linear_int8(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
             }
-            if "packed" in columns:
-                cells["packed"] = timed(lambda: [ops.linear_int8_packed(x, p, b.kind, b.cols, b.rows)
-                                                 for b, p, x in zip(blocks, packed, xs)])
+            for column, linear in (("panels", ops.linear_panels), ("int8 panels", ops.linear_int8_packed)):
+                if column in columns:
+                    cells[column] = timed(lambda: [linear(x, p, b.kind, b.cols, b.rows) for b, p, x in zip(blocks, panels, xs)])
             base = base or cells
             print(f"| {threads} | {rows} | " + " | ".join(f"{cells[c]:.2f} ({cells[c] / base[c]:.2f}x)"
                                                        for c in columns) + " |", flush=True)

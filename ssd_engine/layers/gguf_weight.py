@@ -4,7 +4,10 @@ Unlike the re-quantized formats (weight_formats.py) this is the checkpoint itsel
 dequantizes to exactly the values the fp32 conversion of the same file holds, so the model is the
 one transformers runs on the dequantized checkpoint; only the order of the fp32 sums differs, as
 between any two fp32 kernels. The kernel (kernels/gguf_matmul.cpp) gives a row the same bits at
-any row count up to FUSED_ROWS, so verification rows equal one-row decoding exactly.
+any row count up to FUSED_ROWS, so verification rows equal one-row decoding exactly. On CPUs with
+AVX-512, Q4_K and Q6_K blocks are repacked while loading into panels of 16 outputs
+(kernels/gguf_panels.h: the same values, each row several times cheaper past the first) and the
+GGUF copy is dropped; the panel kernels give a row the same bits at every row count, prefill too.
 
 A fused Linear (qkv, gate_up) may hold tensors of different block types (Q4_K_M files store some
 v and down projections as Q6_K): each run of one type is one kernel call.
@@ -12,9 +15,7 @@ v and down projections as Q6_K): each run of one type is one kernel call.
 target_dtype="gguf-int8" multiplies the same blocks by activations quantized to int8, a row at a
 time (kernels/gguf_int8.cpp, llama.cpp's arithmetic): another model, several times cheaper per row;
 it runs the int8 kernel at every row count (prefill too), so every row of it is computed alike.
-On CPUs with AVX-512 VNNI its Q4_K and Q6_K blocks are repacked while loading into 16-output panels
-(kernels/gguf_vnni.cpp: the same values and arithmetic, several times cheaper per extra row) and
-the GGUF copy is dropped.
+Its panels (CPUs with AVX-512 VNNI) run kernels/gguf_vnni.cpp: the same model.
 """
 from dataclasses import dataclass
 
@@ -47,17 +48,17 @@ class QuantizedRows:
 
 
 @dataclass(frozen=True)
-class PackedRows:
-    """QuantizedRows of Q4_K / Q6_K repacked into gguf_vnni.cpp's panels (gguf-int8 on VNNI CPUs)."""
+class PanelRows:
+    """QuantizedRows of Q4_K / Q6_K repacked into panels of 16 outputs (kernels/gguf_panels.h)."""
     panels: torch.Tensor  # uint8 [ceil(rows / 16), bytes a panel]
     kind: int
     cols: int
     rows: int
 
     @staticmethod
-    def of(part: QuantizedRows) -> "PackedRows":
-        return PackedRows(torch.ops.ssd_engine_gguf.pack_int8(part.blocks, part.kind, part.cols), part.kind, part.cols,
-                          part.rows)
+    def of(part: QuantizedRows) -> "PanelRows":
+        return PanelRows(torch.ops.ssd_engine_gguf.pack_panels(part.blocks, part.kind, part.cols), part.kind, part.cols,
+                         part.rows)
 
 
 def random_rows(rows: int, cols: int, kind: int, generator: torch.Generator) -> QuantizedRows:
@@ -75,10 +76,11 @@ class GGUFWeight:
     """The PreparedWeight (weight_formats.py) of GGUF blocks: fp32 rows in, fp32 rows out."""
 
     def __init__(self, parts: list[QuantizedRows], int8_activations: bool = False) -> None:
-        self.parts: list[QuantizedRows | PackedRows] = _merge_runs(parts)
+        self.parts: list[QuantizedRows | PanelRows] = _merge_runs(parts)
         self.int8_activations = int8_activations
-        if int8_activations and gguf_cpu.packed_int8_available():
-            self.parts = [PackedRows.of(p) if p.kind in gguf_cpu.PACKED_INT8_KINDS else p for p in self.parts]
+        if gguf_cpu.panels_available(int8_activations):
+            self.parts = [PanelRows.of(p) if p.kind in gguf_cpu.PANEL_KINDS and p.cols % 256 == 0 else p
+                          for p in self.parts]
         self.nbytes = sum(_storage(part).nbytes for part in self.parts)
         # the row-independent fp32 kernel of a re-quantized target's (a lone row padded to two)
         self.dense = {id(part): prepare(part.blocks, "fp32", row_independent=True)
@@ -94,10 +96,11 @@ class GGUFWeight:
             out = out + bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], -1)
 
-    def _part(self, rows: torch.Tensor, part: QuantizedRows | PackedRows) -> torch.Tensor:
+    def _part(self, rows: torch.Tensor, part: QuantizedRows | PanelRows) -> torch.Tensor:
         ops = torch.ops.ssd_engine_gguf
-        if isinstance(part, PackedRows):
-            return ops.linear_int8_packed(rows, part.panels, part.kind, part.cols, part.rows)
+        if isinstance(part, PanelRows):
+            linear = ops.linear_int8_packed if self.int8_activations else ops.linear_panels
+            return linear(rows, part.panels, part.kind, part.cols, part.rows)
         if part.kind == DENSE:
             return self.dense[id(part)](rows, None)
         if self.int8_activations and part.kind in gguf_cpu.INT8_KINDS:
@@ -109,14 +112,20 @@ class GGUFWeight:
 
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight these blocks hold (tests compare against the checkpoint's)."""
-        if any(isinstance(p, PackedRows) for p in self.parts):
-            raise ValueError("packed int8 panels keep no GGUF blocks to dequantize")
-        return torch.cat([p.blocks if p.kind == DENSE else torch.ops.ssd_engine_gguf.dequantize(p.blocks, p.kind, p.cols)
-                          for p in self.parts])
+        return torch.cat([_dequantized(p) for p in self.parts])
 
 
-def _storage(part: QuantizedRows | PackedRows) -> torch.Tensor:
-    return part.panels if isinstance(part, PackedRows) else part.blocks
+def _storage(part: QuantizedRows | PanelRows) -> torch.Tensor:
+    return part.panels if isinstance(part, PanelRows) else part.blocks
+
+
+def _dequantized(part: QuantizedRows | PanelRows) -> torch.Tensor:
+    ops = torch.ops.ssd_engine_gguf
+    if isinstance(part, PanelRows):  # the identity's rows pick each value out alone (w·1 plus zeros: exact)
+        if not ops.panels_fp32_available():
+            raise ValueError("these panels dequantize only through the AVX-512 panel kernel, absent here")
+        return ops.linear_panels(torch.eye(part.cols), part.panels, part.kind, part.cols, part.rows).T.contiguous()
+    return part.blocks if part.kind == DENSE else ops.dequantize(part.blocks, part.kind, part.cols)
 
 
 def _merge_runs(parts: list[QuantizedRows]) -> list[QuantizedRows]:
