@@ -64,7 +64,7 @@ def _cpu_key() -> str:
     return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
 
 
-def _library_key() -> str:
+def library_key() -> str:
     """What the built library depends on: the CPU's flags, the sources, the flags, torch's version."""
     import torch
 
@@ -88,7 +88,7 @@ def load() -> None:
 
     from ssd_engine.utils.cache import kernel_cache_dir
 
-    name = f"ssd_engine_gguf_{_library_key()}"
+    name = f"ssd_engine_gguf_{library_key()}"
     folder = kernel_cache_dir() / name
     library = folder / f"{name}.so"
     try:
