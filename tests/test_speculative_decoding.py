@@ -23,6 +23,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ssd_engine import LLM, SamplingParams
+from ssd_engine.kernels import gguf_cpu
+from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
 from ssd_engine.speculative.sd import SyncDraft
 from tiny_checkpoints import derived_checkpoint as _derived
 
@@ -31,6 +33,9 @@ TOKENIZER_IDS = 259  # byte-level test tokenizer: 3 specials + 256 bytes (transf
                      # adds <|endoftext|> as id 259, so len() is 260 for qwen2); models have vocab 320
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 COMMON = dict(num_threads=1, block_size=8)
+
+NEEDS_Q4K = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=True),
+                               reason="the q4k draft format needs AVX-512 VNNI and a C++ compiler")
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -141,14 +146,15 @@ def test_greedy_sd_matches_transformers(target, noisy_draft, oracle, batch, k):
             assert sum(1 for c in totals["accepted_length_histogram"][1:k] if c) >= 1
 
 
-@pytest.mark.parametrize("draft_dtype", ["bf16", "int4"])
+@pytest.mark.parametrize("draft_dtype", ["bf16", "int4", pytest.param("q4k", marks=NEEDS_Q4K)])
 def test_greedy_sd_with_a_low_precision_draft_matches_transformers(target, noisy_draft, oracle, draft_dtype):
-    """The draft in bf16 or int4 (bf16 activations, bf16 KV): its q rows change, the output does not."""
+    """The draft in bf16, int4 (bf16 activations, bf16 KV) or q4k (int8-rounded activations): its q
+    rows change, the output does not."""
     with _sd(target, noisy_draft, 3, draft_dtype=draft_dtype) as llm:
         assert llm.engine.draft_format.name == draft_dtype
         assert llm.engine.execution()["draft_format"].startswith(draft_dtype)
         draft = llm.engine.speculator.runner
-        assert draft.dtype == torch.bfloat16 and llm.engine.runner.dtype == torch.float32  # the target stays fp32
+        assert draft.dtype == ACTIVATION_DTYPE[draft_dtype] and llm.engine.runner.dtype == torch.float32  # the target stays fp32
         outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
         assert 0 < llm.speculation_metrics()["acceptance_rate"] < 1
     assert [o.token_ids for o in outputs] == oracle

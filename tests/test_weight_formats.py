@@ -14,8 +14,8 @@ from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, dequanti
 
 # worst output error against x @ w.T for unit-variance x and weights of std 0.05 over 256 columns
 # (output std 0.8): bf16 rounding of x and w (~2^-8 relative each), int8's 1/254 of the row range,
-# int4's 1/30 of a 32-column group's range
-TOLERANCE = {"fp32": 1e-4, "bf16": 0.03, "int8": 0.06, "int4": 0.5}
+# int4's 1/30 of a 32-column group's range (q4k's too, its scales rounded to 6 bits)
+TOLERANCE = {"fp32": 1e-4, "bf16": 0.03, "int8": 0.06, "int4": 0.5, "q4k": 0.5}
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -30,7 +30,7 @@ def test_each_format_multiplies_by_its_dequantized_weight(fmt, rows):
     own = x.to(ACTIVATION_DTYPE[fmt]).float() @ dequantized(weight, fmt).t() + bias
     assert (out - own).abs().max() < 0.05 + (1e-4 if fmt == "fp32" else 0)
     assert (out - (x @ weight.t() + bias)).abs().max() < TOLERANCE[fmt]
-    if fmt in ("int8", "int4"):  # really quantized: the weight differs from the fp32 one
+    if fmt in ("int8", "int4", "q4k"):  # really quantized: the weight differs from the fp32 one
         assert (dequantized(weight, fmt) - weight).abs().max() > 1e-4
 
 

@@ -16,7 +16,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
 SSD_FALLBACKS = ("auto", "jit", "fast")
-DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4")  # auto: the fastest this CPU runs (runtime/draft_format.py)
+DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4", "q4k")  # auto: the fastest this CPU runs (runtime/draft_format.py)
 # auto, fp32 and gguf keep the checkpoint's values; the others change the model
 TARGET_DTYPES = ("auto", "fp32", "gguf", "gguf-int8", "bf16", "int8", "int4")
 REQUANTIZED = ("bf16", "int8", "int4")  # re-quantized weights (layers/weight_formats.py); gguf-int8 rounds activations
@@ -40,7 +40,8 @@ class EngineConfig:
     num_speculative_tokens: int = option(4, "K: draft tokens per round")
     draft_dtype: str = option("auto", "the draft's weight format (its precision never changes the output): auto "
                                       "picks the fastest this CPU runs, measured once per machine; int8/int4 are "
-                                      "weight-only with bf16 activations, CPU only", DRAFT_DTYPES)
+                                      "weight-only with bf16 activations, q4k is GGUF Q4_K blocks with int8 "
+                                      "activations (AVX-512 VNNI), all three CPU only", DRAFT_DTYPES)
     target_dtype: str = option("auto", "the target's Linear weight format: auto is gguf where the target came from "
                                        "a GGUF file (the built-in pair does) and runs on CPU, else fp32; fp32 keeps the "
                                        "weights as dtype holds them; gguf keeps a GGUF checkpoint's own quantized blocks (the same values "
@@ -210,7 +211,7 @@ class EngineConfig:
             _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
                    f"{name} must be > 0, got {value!r}")
         _check(self.draft_dtype in DRAFT_DTYPES, f"draft_dtype must be one of {DRAFT_DTYPES}, got {self.draft_dtype!r}")
-        _check(self.device == "cpu" or self.draft_dtype not in ("int8", "int4"),
+        _check(self.device == "cpu" or self.draft_dtype not in ("int8", "int4", "q4k"),
                f"draft_dtype={self.draft_dtype} is CPU-only; on {self.device} use auto, bf16 or fp32")
         _check(self.target_dtype in TARGET_DTYPES,
                f"target_dtype must be one of {TARGET_DTYPES}, got {self.target_dtype!r}")

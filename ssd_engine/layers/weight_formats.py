@@ -5,6 +5,8 @@
 - "int8": weight-only int8, one scale per output channel, bf16 activations (`torch._weight_int8pack_mm`).
 - "int4": weight-only int4 with a scale and zero point per group of input columns, bf16 activations
   (`aten._weight_int4pack_mm_for_cpu`, torchao's CPU layout).
+- "q4k": GGUF Q4_K super-blocks times int8-rounded fp32 activations through the GGUF panel kernel
+  (layers/q4k_weight.py; CPUs with AVX-512 VNNI).
 
 Only a draft takes the lossy ones: verification uses the q rows the draft's own logits give,
 whatever precision produced them, so the draft's format changes speed and acceptance, never the
@@ -25,10 +27,12 @@ from typing import Protocol
 import torch
 
 import ssd_engine.layers.compiled_ops  # noqa: F401  registers torch.ops.ssd_engine.onednn_linear
+from ssd_engine.layers.q4k_weight import Q4KWeight
 from ssd_engine.layers.row_padding import padded_rows
 
-FORMATS = ("fp32", "bf16", "int8", "int4")
-ACTIVATION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16}
+FORMATS = ("fp32", "bf16", "int8", "int4", "q4k")  # most precise first
+ACTIVATION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16,
+                    "q4k": torch.float32}
 INT4_GROUP = 32  # input columns per scale: acceptance drops with coarser groups, speed barely moves
 INT4_ROWS = 16   # the packed int4 layout tiles output rows by 16
 CHUNK_ROWS = 4096  # rows quantized at a time: bounds the fp32 / int32 temporaries
@@ -137,6 +141,8 @@ def prepare(weight: torch.Tensor, fmt: str, row_independent: bool = False) -> Pr
         if weight.shape[1] % INT4_GROUP or weight.shape[0] % INT4_ROWS:
             return Int8Weight(weight)  # the int4 layout does not tile this shape: the next-smallest format
         return Int4Weight(weight)
+    if fmt == "q4k":
+        return Q4KWeight(weight)
     raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
 
 
@@ -146,6 +152,8 @@ def dequantized(weight: torch.Tensor, fmt: str) -> torch.Tensor:
         return weight.float()
     if fmt == "bf16":
         return weight.to(torch.bfloat16).float()
+    if fmt == "q4k":
+        return Q4KWeight(weight).dequantized()
     prepared = prepare(weight, fmt)
     eye = torch.eye(weight.shape[1], dtype=torch.bfloat16)
     return prepared(eye, None).float().t()  # exact when rows of the identity pass through unrounded

@@ -31,6 +31,7 @@ from ssd_engine.models.model_paths import resolve_model_path
 from ssd_engine.core.config import format_core_sets, parse_core_sets
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.kernels import gguf_cpu
+from ssd_engine.layers.weight_formats import FORMATS
 from ssd_engine.distributed.placement import available_cores, plan_core_sets, split_evenly
 from ssd_engine.models.loader import load_config
 from ssd_engine.tensor_parallel.launch import torchrun_world
@@ -135,6 +136,7 @@ def survey(config: EngineConfig) -> Survey:
     placement, no_ssd = placement_for(config)
     key = "-".join([_placement_key(placement, tp), model_fingerprint(target_path)[:8],
                     model_fingerprint(draft_path)[:8], config.draft_dtype]
+                   + ([f"formats{len(FORMATS)}"] if config.draft_dtype == "auto" else [])  # a new candidate: measured anew
                    + ([config.target_dtype] if config.target_weight_format else [])  # fp32: the keys cached before
                    # a GGUF target's costs are its kernels': another build of them is measured anew
                    + ([gguf_cpu.library_key()] if config.target_weight_format in ("gguf", "gguf-int8") else []))

@@ -20,6 +20,7 @@ import torch
 
 from ssd_engine.core.config import DRAFT_DTYPES
 from ssd_engine.layers.shapes import head_dim
+from ssd_engine.kernels import gguf_cpu
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, check_supported, prepare
 
 log = logging.getLogger("ssd_engine")
@@ -70,7 +71,9 @@ def resolve(option: str, hf_config, device: str, workload: list[tuple[int, int]]
         return DraftFormat(option, "draft_dtype")
     from ssd_engine.utils.machine import fingerprint
     shapes = linear_shapes(hf_config)
-    key = f"draft-format-{fingerprint(cores, threads)}-{abs(hash((tuple(shapes), tuple(workload)))) % 10**8:08d}"
+    # the candidates and the q4k kernels' build are part of what was measured
+    measured = (tuple(shapes), tuple(workload), FORMATS, gguf_cpu.library_key())
+    key = f"draft-format-{fingerprint(cores, threads)}-{abs(hash(measured)) % 10**8:08d}"
     path = os.path.join(cache_dir, "probes", key + ".json")
     try:
         with open(path) as f:
