@@ -20,7 +20,10 @@ What is tested, per path:
 - Variants: T = 1, top_k = 3 and top_p = 0.9, each path with unseeded requests (the engine's
   streams) and with seeded ones (request i has seed SEED_BASE + i: distinct seeds give unrelated
   streams, so the n requests are independent samples). The seeded variants are the ones that
-  failed before the draft's and the verifier's streams were separated (core/streams.py).
+  failed before the draft's and the verifier's streams were separated (core/streams.py). One engine
+  runs a variant's unseeded batch, then its seeded one, with fresh counters: each batch is its own
+  goodness-of-fit check and its own path assertions (an engine start, a draft process's included,
+  costs as much as a few thousand samples; a second batch is also what a long-running engine sees).
 
 Test: chi-square goodness of fit of the n samples against the exact law, cells with expected
 count < 5 pooled; reject at ALPHA = 1e-3. Power (tests/stats_helpers.py, `gof_power`): for any
@@ -34,7 +37,7 @@ the bonus drawn from p instead of the residual (SD; total variation about 0.026)
 stream separation fixed: a seeded SD request whose draft samples from a generator seeded like the
 verifier's, so the draft's x = F_q^-1(u) and the acceptance test read the same uniforms.
 
-False alarms: about 30 tests at 1e-3 each (<= 3% family-wise). Seeds are fixed, so a given
+False alarms: about 30 checks at 1e-3 each (<= 3% family-wise). Seeds are fixed, so a given
 checkout passes or fails deterministically. Run with -s to see the statistics.
 """
 from __future__ import annotations
@@ -66,7 +69,7 @@ PARAMS = {
 }
 SD_K = {"T=1": 2, "top_k=3": 3, "top_p=0.9": 1}
 SD_N = {"T=1": 22_000, "top_k=3": 20_000, "top_p=0.9": 14_000}
-SD_VARIANTS = [(p, s) for p in PARAMS for s in ("unseeded", "seeded")]
+SEEDINGS = ("unseeded", "seeded")
 
 SSD_TESTED, SSD_TOKENS = 3, 4  # t4
 SSD_PATHS = {"hit": dict(ssd_fanout=16, ssd_fallback="jit"), "jit": dict(ssd_fanout=0, ssd_fallback="jit"),
@@ -86,6 +89,13 @@ NEGATIVE_CONTROL_SAMPLES = 6_000
 
 def _params(name: str, max_tokens: int, seed: int | None = None) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True, seed=seed, **PARAMS[name])
+
+
+def _reset_counters(llm: LLM) -> None:
+    """Fresh speculation counters: the next batch's acceptance and hit rates are its own."""
+    llm.engine.spec_metrics.reset()
+    if hasattr(llm.engine.speculator, "metrics"):
+        llm.engine.speculator.metrics.reset()
 
 
 def _run(llm: LLM, name: str, max_tokens: int, n: int, seeded: bool, waves: tuple[int, ...] = ()) -> list[list[int]]:
@@ -150,18 +160,22 @@ def test_exact_law_is_a_distribution_and_matches_plain_ar(small_pair, exact):
 # --------------------------------------------------------------------------- SD
 
 
-def _sd(small_pair, name: str, n: int, seeded: bool, seed: int = 12) -> tuple[Counter, dict]:
+def _sd(small_pair, name: str, n: int, seedings: tuple[str, ...], seed: int = 12) -> list[tuple[Counter, dict]]:
+    """Per seeding, in order and through one engine: (sample of (t1, t2), that batch's metrics)."""
     target, draft = small_pair
     with LLM(target, **engine_options(seed=seed, draft_model=draft, speculative_mode="sd",
                                         num_speculative_tokens=SD_K[name])) as llm:
-        sample = Counter(map(tuple, _run(llm, name, 2, n, seeded)))
-        return sample, llm.speculation_metrics()
+        batches = []
+        for seeding in seedings:
+            _reset_counters(llm)
+            batches.append((Counter(map(tuple, _run(llm, name, 2, n, seeding == "seeded"))), llm.speculation_metrics()))
+        return batches
 
 
-@pytest.mark.parametrize("name,seeding", SD_VARIANTS, ids=[f"{p}-{s}" for p, s in SD_VARIANTS])
-def test_sd_first_two_tokens_follow_the_target(small_pair, exact, name, seeding):
-    sample, metrics = _sd(small_pair, name, SD_N[name], seeding == "seeded")
-    _check(f"SD [{name}, {seeding}]", fit(sample, exact(name, 2)), SD_TV, metrics)
+@pytest.mark.parametrize("name", PARAMS)
+def test_sd_first_two_tokens_follow_the_target(small_pair, exact, name):
+    for seeding, (sample, metrics) in zip(SEEDINGS, _sd(small_pair, name, SD_N[name], SEEDINGS)):
+        _check(f"SD [{name}, {seeding}]", fit(sample, exact(name, 2)), SD_TV, metrics)
 
 
 def _accept_all(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None,
@@ -190,7 +204,7 @@ def _bonus_from_p(draft_tokens, draft_probs, target_probs, generators, num_draft
 @pytest.mark.parametrize("broken", [_accept_all, _bonus_from_p], ids=["accept_all", "bonus_from_p"])
 def test_negative_control_broken_verifier_is_rejected(small_pair, exact, monkeypatch, broken):
     monkeypatch.setattr(verifier, "verify", broken)
-    sample, _ = _sd(small_pair, "T=1", NEGATIVE_CONTROL_SAMPLES, seeded=False, seed=13)
+    [(sample, _)] = _sd(small_pair, "T=1", NEGATIVE_CONTROL_SAMPLES, ("unseeded",), seed=13)
     stat, dof, p, _ = fit(sample, exact("T=1", 2))
     print(f"\nNEGATIVE CONTROL [{broken.__name__}, SD]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
     assert p < ALPHA
@@ -203,7 +217,7 @@ def test_negative_control_draft_sharing_the_verifier_stream_is_rejected(small_pa
             self._shared = stream_generator(self.params.seed, Stream.TARGET)
         return self._shared
     monkeypatch.setattr(Sequence, "draft_generator", property(shared))
-    sample, _ = _sd(small_pair, "T=1", NEGATIVE_CONTROL_SAMPLES, seeded=True, seed=13)
+    [(sample, _)] = _sd(small_pair, "T=1", NEGATIVE_CONTROL_SAMPLES, ("seeded",), seed=13)
     stat, dof, p, _ = fit(sample, exact("T=1", 2))
     print(f"\nNEGATIVE CONTROL [draft on the verifier's stream, SD seeded]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
     assert p < ALPHA
@@ -212,14 +226,20 @@ def test_negative_control_draft_sharing_the_verifier_stream_is_rejected(small_pa
 # --------------------------------------------------------------------------- SSD
 
 
-def _ssd(small_pair, path: str, name: str, n: int, seeded: bool, seed: int = 22) -> tuple[Counter, dict]:
+def _ssd(small_pair, path: str, name: str, n: int, seedings: tuple[str, ...], seed: int = 22
+         ) -> list[tuple[Counter, dict]]:
+    """Per seeding, in order and through one engine: (sample of t4, that batch's metrics)."""
     target, draft = small_pair
     options = engine_options(seed=seed, draft_model=draft, speculative_mode="ssd", num_speculative_tokens=1,
                              **SSD_PATHS[path])
     with LLM(target, **options) as llm:
         waves = AUTO_WAVES if path == "auto" else ()
-        sample = Counter(tokens[SSD_TESTED] for tokens in _run(llm, name, SSD_TOKENS, n, seeded, waves))
-        return sample, llm.speculation_metrics()
+        batches = []
+        for seeding in seedings:
+            _reset_counters(llm)
+            outputs = _run(llm, name, SSD_TOKENS, n, seeding == "seeded", waves)
+            batches.append((Counter(tokens[SSD_TESTED] for tokens in outputs), llm.speculation_metrics()))
+        return batches
 
 
 def _check_path(path: str, metrics: dict) -> None:
@@ -235,21 +255,19 @@ def _check_path(path: str, metrics: dict) -> None:
         assert metrics["cache_hit_rate"] == 0.0 and sources == {path}
 
 
-SSD_CASES = [(path, name, seeding) for (path, name) in SSD_VARIANTS for seeding in ("unseeded", "seeded")]
-
-
-@pytest.mark.parametrize("path,name,seeding", SSD_CASES, ids=[f"{a}-{b}-{c}" for a, b, c in SSD_CASES])
-def test_ssd_fourth_token_follows_the_target(small_pair, exact, path, name, seeding):
-    sample, metrics = _ssd(small_pair, path, name, SSD_VARIANTS[path, name], seeding == "seeded")
-    print(f"\nspeculations: {metrics['speculations_by_source']}, warm hit rate {metrics['cache_hit_rate_warm']:.3f}")
-    _check_path(path, metrics)
-    _check(f"SSD [{path}, {name}, {seeding}]", fit(sample, marginal(exact(name, SSD_TOKENS), SSD_TESTED)), SSD_TV,
-           metrics)
+@pytest.mark.parametrize("path,name", SSD_VARIANTS, ids=[f"{a}-{b}" for a, b in SSD_VARIANTS])
+def test_ssd_fourth_token_follows_the_target(small_pair, exact, path, name):
+    law = marginal(exact(name, SSD_TOKENS), SSD_TESTED)
+    for seeding, (sample, metrics) in zip(SEEDINGS, _ssd(small_pair, path, name, SSD_VARIANTS[path, name], SEEDINGS)):
+        print(f"\n{seeding}: speculations {metrics['speculations_by_source']}, "
+              f"warm hit rate {metrics['cache_hit_rate_warm']:.3f}")
+        _check_path(path, metrics)
+        _check(f"SSD [{path}, {name}, {seeding}]", fit(sample, law), SSD_TV, metrics)
 
 
 def test_negative_control_broken_verifier_on_the_hit_path_is_rejected(small_pair, exact, monkeypatch):
     monkeypatch.setattr(verifier, "verify", _accept_all)
-    sample, metrics = _ssd(small_pair, "hit", "T=1", NEGATIVE_CONTROL_SAMPLES // 2, seeded=False, seed=23)
+    [(sample, metrics)] = _ssd(small_pair, "hit", "T=1", NEGATIVE_CONTROL_SAMPLES // 2, ("unseeded",), seed=23)
     stat, dof, p, _ = fit(sample, marginal(exact("T=1", SSD_TOKENS), SSD_TESTED))
     print(f"\nNEGATIVE CONTROL [accept_all, SSD hit path]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
     assert metrics["cache_hit_rate_warm"] == 1.0

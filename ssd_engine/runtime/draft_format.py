@@ -12,6 +12,7 @@ On a GPU the draft takes the engine's dtype ("bf16"); the int formats are CPU-on
 """
 import json
 import logging
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -72,8 +73,8 @@ def resolve(option: str, hf_config, device: str, workload: list[tuple[int, int]]
     from ssd_engine.utils.machine import fingerprint
     shapes = linear_shapes(hf_config)
     # the candidates and the q4k kernels' build are part of what was measured
-    measured = (tuple(shapes), tuple(workload), FORMATS, gguf_cpu.library_key())
-    key = f"draft-format-{fingerprint(cores, threads)}-{abs(hash(measured)) % 10**8:08d}"
+    measured = repr((shapes, workload, FORMATS, gguf_cpu.library_key()))  # hash() of a str differs per process
+    key = f"draft-format-{fingerprint(cores, threads)}-{hashlib.blake2b(measured.encode(), digest_size=4).hexdigest()}"
     path = os.path.join(cache_dir, "probes", key + ".json")
     try:
         with open(path) as f:
