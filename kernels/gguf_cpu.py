@@ -13,7 +13,7 @@ shared by two machines never loads code built for the other. Where no compiler w
     torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, k) -> panels   (gguf_pack.cpp: Q4_K / Q6_K
         repacked 16 outputs to a panel, gguf_panels.h), read by
         linear_panels(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_panels_fp32.cpp, "gguf": AVX-512)
-        linear_int8_packed(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_vnni.cpp, "gguf-int8": the
+        linear_int8_panels(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_vnni.cpp, "gguf-int8": the
         same model as linear_int8, AVX-512 VNNI)
 """
 import functools

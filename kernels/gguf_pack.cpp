@@ -76,16 +76,16 @@ at::Tensor pack_panels(const at::Tensor& blocks, int64_t kind, int64_t k) {
   const int64_t block_bytes = kind == Q4_K ? Q4K_BLOCK : Q6K_BLOCK, super_blocks = k / 256;
   TORCH_CHECK(blocks.dtype() == at::kByte && blocks.dim() == 2 && blocks.is_contiguous() && k % 256 == 0 &&
               blocks.size(1) == super_blocks * block_bytes, "blocks must be contiguous uint8 [n, ", super_blocks * block_bytes, "]");
-  const int64_t n = blocks.size(0), panels = (n + LANES - 1) / LANES;
-  at::Tensor packed = at::zeros({panels, super_blocks * panel_bytes(kind)}, blocks.options());
+  const int64_t n = blocks.size(0), count = (n + LANES - 1) / LANES;
+  at::Tensor panels = at::zeros({count, super_blocks * panel_bytes(kind)}, blocks.options());
   const uint8_t* src = blocks.data_ptr<uint8_t>();
-  uint8_t* dst = packed.data_ptr<uint8_t>();
-  at::parallel_for(0, panels, 1, [&](int64_t p0, int64_t p1) {
+  uint8_t* dst = panels.data_ptr<uint8_t>();
+  at::parallel_for(0, count, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       repack_panel(src + p * LANES * blocks.size(1), blocks.size(1), kind, std::min<int64_t>(LANES, n - p * LANES),
-                   super_blocks, dst + p * packed.size(1));
+                   super_blocks, dst + p * panels.size(1));
   });
-  return packed;
+  return panels;
 }
 
 bool panels_fp32_available() {

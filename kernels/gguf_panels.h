@@ -18,6 +18,7 @@
 // Outputs past n (a partial last panel) are zero blocks, never stored.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
@@ -35,6 +36,15 @@ constexpr int64_t Q4K_SCALES = 2048, Q4K_MINS = 2176, Q4K_D = 2304, Q4K_DMIN = 2
 constexpr int64_t Q6K_GROUP = 384, Q6K_HIGH = 256, Q6K_SCALES = 3072, Q6K_D = 3328;
 
 inline int64_t panel_bytes(int64_t kind) { return kind == Q4_K ? Q4K_PANEL : Q6K_PANEL; }
+
+// a panel kernel's arguments: fp32 rows x [m, k] and the panels of an [n, k] weight of `kind`
+inline void check_panels(const at::Tensor& x, const at::Tensor& panels, int64_t kind, int64_t k, int64_t n) {
+  TORCH_CHECK(kind == Q4_K || kind == Q6_K, "GGUF block type ", kind, " has no panel layout");
+  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.size(1) == k, "x must be fp32 [rows, ", k, "]");
+  TORCH_CHECK(panels.dtype() == at::kByte && panels.is_contiguous() && panels.dim() == 2 && k % 256 == 0 &&
+              panels.size(0) == (n + LANES - 1) / LANES && panels.size(1) == k / 256 * panel_bytes(kind),
+              "panels do not hold [", n, ", ", k, "]");
+}
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define ALWAYS_INLINE inline __attribute__((always_inline))

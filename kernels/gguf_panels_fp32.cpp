@@ -90,18 +90,15 @@ void q6k_rows(const uint8_t* panel, int64_t super_blocks, const float* const* x,
 }
 
 at::Tensor linear_panels(const at::Tensor& x, const at::Tensor& panels, int64_t kind, int64_t k, int64_t n) {
-  TORCH_CHECK(kind == Q4_K || kind == Q6_K, "GGUF block type ", kind, " has no panel layout");
-  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.size(1) == k, "x must be fp32 [rows, ", k, "]");
-  const int64_t super_blocks = k / 256, count = (n + LANES - 1) / LANES;
-  TORCH_CHECK(panels.dtype() == at::kByte && panels.is_contiguous() && panels.dim() == 2 && panels.size(0) == count &&
-              k % 256 == 0 && panels.size(1) == super_blocks * panel_bytes(kind), "panels do not hold [", n, ", ", k, "]");
+  check_panels(x, panels, kind, k, n);
+  const int64_t super_blocks = k / 256;
   const at::Tensor xs = x.contiguous();
   const int64_t m = xs.size(0);
   std::vector<const float*> rows(m);
   for (int64_t r = 0; r < m; ++r) rows[r] = xs.data_ptr<float>() + r * k;
   at::Tensor out = at::empty({m, n}, x.options());
   float* y = out.data_ptr<float>();
-  each_pass<ROWS_PER_PASS>(count, m, [&](auto rows_here, int64_t p, int64_t r) {
+  each_pass<ROWS_PER_PASS>(panels.size(0), m, [&](auto rows_here, int64_t p, int64_t r) {
     constexpr int ROWS = decltype(rows_here)::value;
     const uint8_t* panel = panels.data_ptr<uint8_t>() + p * panels.size(1);
     __m512 acc[ROWS][2], sum[ROWS];

@@ -109,12 +109,9 @@ void q6k_pass(const uint8_t* panel, int64_t super_blocks, const ActRow* rows, __
   }
 }
 
-at::Tensor linear_int8_packed(const at::Tensor& x, const at::Tensor& packed, int64_t kind, int64_t k, int64_t n) {
-  TORCH_CHECK(kind == Q4_K || kind == Q6_K, "GGUF block type ", kind, " has no packed int8 layout");
-  TORCH_CHECK(x.dtype() == at::kFloat && x.dim() == 2 && x.size(1) == k, "x must be fp32 [rows, ", k, "]");
-  const int64_t super_blocks = k / 256, panels = (n + LANES - 1) / LANES;
-  TORCH_CHECK(packed.dtype() == at::kByte && packed.is_contiguous() && packed.dim() == 2 && packed.size(0) == panels &&
-              packed.size(1) == super_blocks * panel_bytes(kind), "packed weights do not hold [", n, ", ", k, "]");
+at::Tensor linear_int8_panels(const at::Tensor& x, const at::Tensor& panels, int64_t kind, int64_t k, int64_t n) {
+  check_panels(x, panels, kind, k, n);
+  const int64_t super_blocks = k / 256;
   const at::Tensor xs = x.contiguous();
   const int64_t m = xs.size(0);
   std::vector<int8_t> q(m * k);
@@ -131,10 +128,9 @@ at::Tensor linear_int8_packed(const at::Tensor& x, const at::Tensor& packed, int
   }
   at::Tensor out = at::empty({m, n}, x.options());
   float* y = out.data_ptr<float>();
-  const uint8_t* weights = packed.data_ptr<uint8_t>();
-  each_pass<ROWS_PER_PASS>(panels, m, [&](auto rows_here, int64_t p, int64_t r) {
+  each_pass<ROWS_PER_PASS>(panels.size(0), m, [&](auto rows_here, int64_t p, int64_t r) {
     constexpr int ROWS = decltype(rows_here)::value;
-    const uint8_t* panel = weights + p * packed.size(1);
+    const uint8_t* panel = panels.data_ptr<uint8_t>() + p * panels.size(1);
     __m512 acc[ROWS];
     for (int i = 0; i < ROWS; ++i) acc[i] = _mm512_setzero_ps();
     if (kind == Q4_K) q4k_pass<ROWS>(panel, super_blocks, rows.data() + r, acc);
@@ -145,8 +141,8 @@ at::Tensor linear_int8_packed(const at::Tensor& x, const at::Tensor& packed, int
 }
 
 #else
-at::Tensor linear_int8_packed(const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t) {
-  TORCH_CHECK(false, "the packed int8 GGUF kernels need AVX-512 VNNI, which this CPU lacks");
+at::Tensor linear_int8_panels(const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t) {
+  TORCH_CHECK(false, "the int8 GGUF panel kernels need AVX-512 VNNI, which this CPU lacks");
 }
 
 #endif
@@ -154,9 +150,9 @@ at::Tensor linear_int8_packed(const at::Tensor&, const at::Tensor&, int64_t, int
 }  // namespace
 
 TORCH_LIBRARY_FRAGMENT(ssd_engine_gguf, m) {
-  m.def("linear_int8_packed(Tensor x, Tensor packed, int kind, int k, int n) -> Tensor");
+  m.def("linear_int8_panels(Tensor x, Tensor panels, int kind, int k, int n) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ssd_engine_gguf, CPU, m) {
-  m.impl("linear_int8_packed", &linear_int8_packed);
+  m.impl("linear_int8_panels", &linear_int8_panels);
 }

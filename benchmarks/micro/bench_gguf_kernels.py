@@ -60,7 +60,7 @@ def main() -> None:
                 "gguf": timed(lambda: [ops.linear(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
                 "int8": timed(lambda: [ops.linear_int8(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
             }
-            for column, linear in (("panels", ops.linear_panels), ("int8 panels", ops.linear_int8_packed)):
+            for column, linear in (("panels", ops.linear_panels), ("int8 panels", ops.linear_int8_panels)):
                 if column in columns:
                     cells[column] = timed(lambda: [linear(x, p, b.kind, b.cols, b.rows) for b, p, x in zip(blocks, panels, xs)])
             base = base or cells

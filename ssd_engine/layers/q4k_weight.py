@@ -84,7 +84,7 @@ class Q4KWeight:
             rows = rows.float()
         if self.padded > self.cols:
             rows = F.pad(rows, (0, self.padded - self.cols))
-        out = torch.ops.ssd_engine_gguf.linear_int8_packed(rows, self.panels, KIND, self.padded, self.rows)
+        out = torch.ops.ssd_engine_gguf.linear_int8_panels(rows, self.panels, KIND, self.padded, self.rows)
         if bias is not None:
             out = out + bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], -1)

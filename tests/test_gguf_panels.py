@@ -78,10 +78,10 @@ def test_int8_panels_multiply_the_rounded_rows_and_each_row_alone(kind, outputs)
     ops = torch.ops.ssd_engine_gguf
     panels = ops.pack_panels(blocks, kind, cols)
     x = torch.randn(20, cols, generator=torch.Generator().manual_seed(kind))
-    got = ops.linear_int8_packed(x, panels, kind, cols, outputs)
+    got = ops.linear_int8_panels(x, panels, kind, cols, outputs)
     expected = rounded_activations(x, 256) @ torch.from_numpy(reference).double().T
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
-    same_bits_at_every_row_count(lambda rows: ops.linear_int8_packed(rows, panels, kind, cols, outputs), x, got)
+    same_bits_at_every_row_count(lambda rows: ops.linear_int8_panels(rows, panels, kind, cols, outputs), x, got)
 
 
 @INT8
@@ -94,7 +94,7 @@ def test_int8_panels_of_extreme_codes_and_scales(kind):
     reference = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType(kind)).reshape(18, 512)).double()
     x = torch.randn(3, 512, generator=torch.Generator().manual_seed(1)) * 50
     x[0] = x[0].abs()  # every code of a 256-value block at +127 in one row
-    got = torch.ops.ssd_engine_gguf.linear_int8_packed(x, torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, 512), kind, 512, 18)
+    got = torch.ops.ssd_engine_gguf.linear_int8_panels(x, torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, 512), kind, 512, 18)
     torch.testing.assert_close(got.double(), rounded_activations(x, 256) @ reference.T, rtol=1e-5, atol=1e-3)
 
 
@@ -106,6 +106,6 @@ def test_a_gguf_int8_weight_holds_panels_only():
     assert [type(p) for p in weight.parts] == [PanelRows, QuantizedRows]
     assert weight.nbytes == weight.parts[0].panels.numel() + q8.numel()
     x = torch.randn(4, cols)
-    expected = torch.cat([torch.ops.ssd_engine_gguf.linear_int8_packed(x, weight.parts[0].panels, 12, cols, 24),
+    expected = torch.cat([torch.ops.ssd_engine_gguf.linear_int8_panels(x, weight.parts[0].panels, 12, cols, 24),
                           torch.ops.ssd_engine_gguf.linear_int8(x, q8, 8, cols)], dim=1)
     assert torch.equal(weight(x, None), expected)
