@@ -79,8 +79,7 @@ class GGUFWeight:
         self.parts: list[QuantizedRows | PanelRows] = _merge_runs(parts)
         self.int8_activations = int8_activations
         if gguf_cpu.panels_available(int8_activations):
-            self.parts = [PanelRows.of(p) if p.kind in gguf_cpu.PANEL_KINDS and p.cols % 256 == 0 else p
-                          for p in self.parts]
+            self.parts = [PanelRows.of(p) if p.kind in gguf_cpu.PANEL_KINDS else p for p in self.parts]
         self.nbytes = sum(_storage(part).nbytes for part in self.parts)
         # the row-independent fp32 kernel of a re-quantized target's (a lone row padded to two)
         self.dense = {id(part): prepare(part.blocks, "fp32", row_independent=True)
@@ -99,7 +98,7 @@ class GGUFWeight:
     def _part(self, rows: torch.Tensor, part: QuantizedRows | PanelRows) -> torch.Tensor:
         ops = torch.ops.ssd_engine_gguf
         if isinstance(part, PanelRows):
-            linear = ops.linear_int8_packed if self.int8_activations else ops.linear_panels
+            linear = ops.linear_int8_panels if self.int8_activations else ops.linear_panels
             return linear(rows, part.panels, part.kind, part.cols, part.rows)
         if part.kind == DENSE:
             return self.dense[id(part)](rows, None)

@@ -136,7 +136,7 @@ def survey(config: EngineConfig) -> Survey:
     placement, no_ssd = placement_for(config)
     key = "-".join([_placement_key(placement, tp), model_fingerprint(target_path)[:8],
                     model_fingerprint(draft_path)[:8], config.draft_dtype]
-                   + ([f"formats{len(FORMATS)}"] if config.draft_dtype == "auto" else [])  # a new candidate: measured anew
+                   + (["+".join(FORMATS)] if config.draft_dtype == "auto" else [])  # another candidate: measured anew
                    + ([config.target_dtype] if config.target_weight_format else [])  # fp32: the keys cached before
                    # a GGUF target's costs are its kernels': another build of them is measured anew
                    + ([gguf_cpu.library_key()] if config.target_weight_format in ("gguf", "gguf-int8") else []))
