@@ -104,6 +104,14 @@ def sweep_runs(a) -> list[dict]:
     return runs
 
 
+def _say(mode: str, cell: dict, rows: list[dict]) -> None:
+    """Each cell's figures as it ends: a sweep stopped at a time limit (a lent GPU's) keeps what it got."""
+    for row in rows:
+        print(f"{mode} {cell} batch {row['batch']} k {row['k']}: decode {row['decode_tok_s']:.1f} tok/s"
+              + (f", acceptance {row['acceptance_rate']:.2f}" if "acceptance_rate" in row else ""),
+              file=sys.stderr, flush=True)
+
+
 def run_sweep(a) -> dict:
     from suite import host_speed, isolate, options
     from suite.machine import machine_line
@@ -121,12 +129,14 @@ def run_sweep(a) -> dict:
              "num_prompts": a.num_prompts, "new_tokens": a.new_tokens, "fallback": a.fallback, "prefix": a.prefix,
              "reps": a.reps, "alpha": a.alpha, "k": a.k, "budget": a.budget, "hit": a.hit, "batch": a.batch,
              "ar": isolate.run_modes(["ar"], ar_opts, prompt_sets)["ar"], "runs": []}
+    _say("ar", {}, sweep["ar"]["rows"])
     for run in runs:
         mode, argv = run.pop("mode"), run.pop("argv")
         result = isolate.run_modes([mode], options.parse(argv), prompt_sets)[mode]
         extra = ({"draft_forward_s": result["costs"].get("draft_forward_s")} if mode == "sd"
                  else {"peaks": result["peaks"]})
         sweep["runs"].append({"mode": mode, **run, "rows": result["rows"], **extra})
+        _say(mode, run, result["rows"])
     speed_after = host_speed.measure()
     sweep["machine"] += "; " + host_speed.describe(speed_before, speed_after)
     sweep["host_speed"] = host_speed.as_dict(speed_before, speed_after)

@@ -33,8 +33,16 @@ shift || true
 stages=${*:-tests tests-compiled kernels bandwidth anchor host synthetic}
 day=$(date +%F)
 mkdir -p "$out"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET SSD_ENGINE_EMULATE_CUDA_GRAPHS
+# Packages the GPU image lacks (gguf, fastapi, uvicorn, pydantic, ...) travel as wheels in .whl/ (the device
+# tool's README says how to download them); the engine is installed, not put on PYTHONPATH, because the
+# package maps the top-level kernels/ folder to ssd_engine.kernels
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/gpu-check-site .whl/*.whl || exit 1
+    export PYTHONPATH="/tmp/gpu-check-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+python -m pip install -q --no-deps --no-build-isolation -e . || exit 1
 shapes=configs/shapes
 target=$shapes/qwen2.5-coder-1.5b-instruct
 draft=$shapes/qwen2.5-coder-0.5b-instruct
@@ -48,8 +56,10 @@ for stage in $stages; do
             tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py
             tests/test_bf16_exactness.py tests/test_fused_layer_ops.py tests/test_piecewise_graphs.py
             tests/test_proposal_rows.py tests/test_ssd_units.py tests/test_doc_examples.py"
-        # the whole log is written as it runs: a call stopped at its time limit still brings back how far it got
-        python -m pytest -q -rs --durations=15 $cuda_tests 2>&1 | tee "$out/$day-cuda-tests.txt" | tail -40
+        # -v names each test as it ends, so a call stopped at its limit still says which failed; the doc
+        # examples run the GPU page's (the others are CPU commands CI runs, some needing extras the image lacks)
+        python -m pytest -v -rfEs --tb=short --durations=15 -n 4 -p no:cacheprovider $cuda_tests \
+            -k "not test_the_block_runs or GPU.md" 2>&1 | tee "$out/$day-cuda-tests.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -40
         ;;
     tests-compiled)
         python -m pytest -q -rs --durations=15 --compile-model tests/test_cuda_path.py tests/test_cuda_graphs.py 2>&1 \

@@ -44,7 +44,12 @@ def _recorded_calls(tmp_path, *stages: str) -> list[list[str]]:
     run = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), *stages], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
-    return [json.loads(line) for line in log.read_text().splitlines()]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    # installs first: the engine itself (its kernels/ folder is mapped into the package, so PYTHONPATH alone
+    # misses ssd_engine.kernels), after any carried wheels
+    installs = [argv for argv in calls if argv[:2] == ["-m", "pip"]]
+    assert installs and installs[-1][-2:] == ["-e", "."] and calls[:len(installs)] == installs, calls
+    return calls[len(installs):]
 
 
 def _bench_module(script: str):
@@ -104,9 +109,11 @@ def test_the_sweep_runs_the_grid_it_names(calls):
 
 
 def test_pytest_runs_name_existing_files_and_known_options(calls):
-    known = _conftest_options() | {"-q", "-rs", "--durations"}  # conftest's and pytest's own
+    known = _conftest_options() | {"-q", "-v", "-rs", "-rfEs", "--tb", "--durations"}  # conftest's and pytest's own
+    with_value = {"-n", "-p", "-k"}  # pytest's (and xdist's) options that take the next argument
+    known |= with_value
     for argv in (argv for argv in calls if argv[:2] == ["-m", "pytest"]):
-        files = [a for a in argv[2:] if not a.startswith("-")]
+        files = [a for a, before in zip(argv[2:], argv[1:]) if not a.startswith("-") and before not in with_value]
         assert files and all(os.path.isfile(os.path.join(REPO, f)) for f in files), argv
         assert {a.split("=")[0] for a in argv[2:] if a.startswith("-")} <= known, argv
 

@@ -135,11 +135,16 @@ def main(argv: list[str] | None = None) -> dict:
     cores = sorted(os.sched_getaffinity(0))
     placement = f"GPU {a.device}" if a.device.startswith("cuda") else f"both on cores {cores}, {len(cores)} thread(s)"
     torch.set_num_threads(len(cores))  # transformers' torch threads = ours (the engine takes the affinity)
-    runs = {"ours": run_ours(a, prompt, compiled=False)}
+    runners = {"ours": lambda: run_ours(a, prompt, compiled=False)}
     if a.compile:
-        runs["ours-compiled"] = run_ours(a, prompt, compiled=True)
-    for cache in a.hf:
-        runs[f"hf-{cache}"] = run_hf(a, prompt, cache)
+        runners["ours-compiled"] = lambda: run_ours(a, prompt, compiled=True)
+    runners.update({f"hf-{cache}": (lambda cache=cache: run_hf(a, prompt, cache)) for cache in a.hf})
+    runs = {}
+    for name, runner in runners.items():
+        runs[name] = runner()
+        # each figure as it is measured: a run stopped at a time limit (a lent GPU's) keeps what it got
+        print(f"{name}: decode {runs[name]['decode_tok_s']:.1f} tok/s, e2e {runs[name]['e2e_tok_s']:.1f} tok/s",
+              file=sys.stderr, flush=True)
     result = {"date": datetime.date.today().isoformat(), "machine": machine_line(a.device), "cpu": describe(),
               "placement": placement,
               "model": os.path.relpath(os.path.abspath(a.model), REPO) if os.path.abspath(a.model).startswith(REPO)
