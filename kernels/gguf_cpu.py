@@ -15,6 +15,8 @@ shared by two machines never loads code built for the other. Where no compiler w
         linear_panels(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_panels_fp32.cpp, "gguf": AVX-512)
         linear_int8_panels(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_vnni.cpp, "gguf-int8": the
         same model as linear_int8, AVX-512 VNNI)
+    torch.ops.ssd_engine_gguf.row_attention(q, k_cache, v_cache, gather_slots, mask, query_cell, scale)
+        (cpu_attention.cpp: each query over its own keys in a fixed order; layers/attention.py)
 """
 import functools
 import hashlib
@@ -24,7 +26,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_pack.cpp", "gguf_panels_fp32.cpp", "gguf_vnni.cpp")]
+           for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_pack.cpp", "gguf_panels_fp32.cpp", "gguf_vnni.cpp",
+                        "cpu_attention.cpp")]
 HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h")]  # part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded

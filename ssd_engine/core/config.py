@@ -75,7 +75,7 @@ class EngineConfig:
                                         "cache write, SiLU-mul) as Triton kernels; auto: on for CUDA unless "
                                         "compile_model is on (inductor fuses those), off on CPU", FUSED_KERNEL_MODES)
     attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the blocks fit, else "
-                                            "triton, on CPU torch; torch is the reference", ATTENTION_BACKENDS)
+                                            "triton, on CPU the compiled CPU kernel if it builds, else torch; torch is the reference", ATTENTION_BACKENDS)
     cuda_graph_max_batch: int = option(64, "CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this")
     cpu_weight_layout: str = option("auto", "CPU weight layout (see layers/linear.py): auto = packed (one copy "
                                             "of each weight); dual keeps a second, plain copy", WEIGHT_LAYOUTS)

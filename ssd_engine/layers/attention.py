@@ -4,7 +4,9 @@ Every step describes its attention with compact metadata (block tables, key coun
 and for SSD tree-branch steps each branch's trunk row, fork point and own path slots); no backend
 is handed a dense mask. Backends (`layers/attention_backends.py`):
 - `torch`: the reference. Expands the metadata once per step into slot tables and a boolean mask
-  (`AttentionMetadata.dense`) and runs SDPA; the CPU path, and the oracle for the others.
+  (`AttentionMetadata.dense`) and runs SDPA; the oracle for the others.
+- on CPU, `auto`: `row_independent_attention`, the compiled kernel kernels/cpu_attention.cpp over the
+  same expanded metadata (each query alone over its own keys), where the CPU kernels build.
 - `triton`: `kernels/paged_attention.py`, masks generated in the kernel; the CUDA default.
 - `flash-attn`: flash_attn_with_kvcache for paged steps when it is importable (tree steps stay
   on Triton).
@@ -17,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ssd_engine.layers.compiled_ops  # noqa: F401  registers torch.ops.ssd_engine.paged_attention
+from ssd_engine.kernels import gguf_cpu
 
 
 @dataclass
@@ -142,10 +145,21 @@ def _fixed_blocks(gather_slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch
 
 def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """The torch reference with every query computed by SDPA blocks of one shape, so its bits never
-    depend on how many queries or keys the step holds: what a re-quantized target's exactness needs
-    (EngineConfig.target_dtype: AR scores a lone decode row, SD K + 1 verification rows). Costs
-    attention over up to 3 padding queries and up to 511 masked keys a row."""
+    """Attention whose bits for a query never depend on how many queries or keys the step holds: what
+    a target kept in one format for every row count needs (EngineConfig.target_dtype: AR scores a lone
+    decode row, SD K + 1 verification rows). On CPU with the compiled kernels, each query walks its own
+    keys in a fixed order (kernels/cpu_attention.cpp); else the torch reference runs SDPA on blocks of
+    one shape, paying for up to 3 padding queries and 511 masked keys a row. One process uses one of
+    the two throughout (`gguf_cpu.available()` is settled once)."""
+    if q.device.type == "cpu" and gguf_cpu.available():
+        dense = meta.dense()
+        cells = dense.token_to_padded
+        if cells is None:
+            cells = torch.arange(q.shape[0])
+        out = torch.ops.ssd_engine_gguf.row_attention(_as(q, torch.float32).contiguous(), k_cache, v_cache,
+                                                      dense.gather_slots.contiguous(), dense.mask.contiguous(), cells,
+                                                      scale)
+        return _as(out, q.dtype)
     return torch_attention(q, k_cache, v_cache, meta, scale, row_independent=True)
 
 

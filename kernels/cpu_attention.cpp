@@ -1,0 +1,166 @@
+// Attention over the paged KV cache for one query at a time, in an order that depends on nothing but
+// that query's own keys: what a target whose rows must keep their bits at every batch shape needs
+// (layers/attention.py `row_independent_attention`).
+//
+// torch's CPU SDPA gives a query other bits when its block of queries or keys changes shape, so the
+// torch path pads every step to fixed blocks (4 queries, 512 keys), and a one-row decode step pays
+// for 4 x 512. Here each (query, head) walks its unmasked keys in key order: scores from a dot product
+// summed in 16 fixed lanes, a softmax in key order, values accumulated in key order. Masked keys are
+// skipped, not zero-weighted, so padding and the other rows never enter a query's arithmetic.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <c10/util/BFloat16.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int LANES = 16;
+
+inline float as_float(float v) { return v; }
+inline float as_float(c10::BFloat16 v) { return static_cast<float>(v); }
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const c10::BFloat16* p) {  // bf16 is the top half of an fp32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+#endif
+
+// sum_d q[d] k[d] in LANES partial sums folded in one fixed order (the vector unit's, or the same
+// lanes written out where there is none)
+template <typename T>
+inline float dot(const float* q, const T* k, int64_t dim) {
+  int64_t d = 0;
+  float tail = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (; d + LANES <= dim; d += LANES) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), load16(k + d), acc);
+  for (; d < dim; ++d) tail += q[d] * as_float(k[d]);
+  return _mm512_reduce_add_ps(acc) + tail;
+#else
+  float lane[LANES] = {};
+  for (; d + LANES <= dim; d += LANES)
+    for (int l = 0; l < LANES; ++l) lane[l] += q[d + l] * as_float(k[d + l]);
+  for (; d < dim; ++d) tail += q[d] * as_float(k[d]);
+  for (int width = LANES / 2; width > 0; width /= 2)
+    for (int l = 0; l < width; ++l) lane[l] += lane[l + width];
+  return lane[0] + tail;
+#endif
+}
+
+// out[d] += p v[d]
+template <typename T>
+inline void add_scaled(float* out, float p, const T* v, int64_t dim) {
+  int64_t d = 0;
+#if defined(__AVX512F__)
+  const __m512 weight = _mm512_set1_ps(p);
+  for (; d + LANES <= dim; d += LANES) _mm512_storeu_ps(out + d, _mm512_fmadd_ps(weight, load16(v + d), _mm512_loadu_ps(out + d)));
+#endif
+  for (; d < dim; ++d) out[d] += p * as_float(v[d]);
+}
+
+// e^x for x <= 0 (Cephes' expf: about 1 ulp), as plain arithmetic the compiler vectorizes; the same
+// bits for an x wherever it sits in the array
+inline float exp_nonpositive(float x) {
+  x = x < -87.f ? -87.f : x;
+  const float n = (x * 1.44269504088896341f + 12582912.f) - 12582912.f;  // round to nearest: 1.5 * 2^23
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * (r * r) + r + 1.f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// one (query, head): its allowed keys gathered in key order, then scores, softmax and values over them
+template <typename T>
+void attend(const float* q, const T* k_cache, const T* v_cache, const int64_t* slots, const bool* allowed,
+            int64_t keys, int64_t kv_stride, int64_t dim, float scale, float* scores, int64_t* read, float* out) {
+  int64_t n = 0;
+  for (int64_t j = 0; j < keys; ++j)
+    if (allowed[j]) read[n++] = slots[j] * kv_stride;
+  float top = -std::numeric_limits<float>::infinity();
+  for (int64_t i = 0; i < n; ++i) {
+    scores[i] = dot(q, k_cache + read[i], dim) * scale;
+    top = std::max(top, scores[i]);
+  }
+  for (int64_t i = 0; i < n; ++i) scores[i] = exp_nonpositive(scores[i] - top);
+  float total = 0.f;
+  for (int64_t i = 0; i < n; ++i) total += scores[i];
+  std::memset(out, 0, sizeof(float) * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    add_scaled(out, scores[i], v_cache + read[i], dim);
+  }
+  const float inverse = 1.f / total;
+  for (int64_t d = 0; d < dim; ++d) out[d] *= inverse;
+}
+
+// q [T, Hq, D] fp32; k_cache, v_cache [S, Hk, D] (fp32 or bf16); gather_slots [R, L] int64 cache slot
+// of each key a row may read; mask [R, Lq, L] bool; query_cell [T] int64: the (row, query) cell r * Lq + i
+// of each query. -> [T, Hq, D] fp32. Every query must be allowed at least one key.
+at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                         const at::Tensor& gather_slots, const at::Tensor& mask, const at::Tensor& query_cell,
+                         double scale) {
+  TORCH_CHECK(q.dim() == 3 && q.scalar_type() == at::kFloat && q.is_contiguous(), "row_attention: q must be fp32 [T, Hq, D]");
+  TORCH_CHECK(k_cache.dim() == 3 && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type(),
+              "row_attention: k_cache and v_cache must be contiguous [S, Hk, D] of one dtype");
+  TORCH_CHECK(k_cache.scalar_type() == at::kFloat || k_cache.scalar_type() == at::kBFloat16,
+              "row_attention: the cache must be fp32 or bf16");
+  TORCH_CHECK(gather_slots.dim() == 2 && gather_slots.scalar_type() == at::kLong && gather_slots.is_contiguous(),
+              "row_attention: gather_slots must be int64 [R, L]");
+  TORCH_CHECK(mask.dim() == 3 && mask.scalar_type() == at::kBool && mask.is_contiguous() &&
+                  mask.size(0) == gather_slots.size(0) && mask.size(2) == gather_slots.size(1),
+              "row_attention: mask must be bool [R, Lq, L] over gather_slots");
+  TORCH_CHECK(query_cell.dim() == 1 && query_cell.scalar_type() == at::kLong && query_cell.size(0) == q.size(0),
+              "row_attention: query_cell must be int64 [T]");
+  const int64_t tokens = q.size(0), heads = q.size(1), dim = q.size(2), kv_heads = k_cache.size(1);
+  TORCH_CHECK(k_cache.size(2) == dim && heads % kv_heads == 0, "row_attention: head shapes disagree");
+  const int64_t keys = gather_slots.size(1), lq = mask.size(1), group = heads / kv_heads;
+  auto out = at::empty({tokens, heads, dim}, q.options());
+  const float* q_ptr = q.data_ptr<float>();
+  const int64_t* slot_ptr = gather_slots.data_ptr<int64_t>();
+  const bool* mask_ptr = mask.data_ptr<bool>();
+  const int64_t* cell_ptr = query_cell.data_ptr<int64_t>();
+  float* out_ptr = out.data_ptr<float>();
+  const int64_t kv_stride = kv_heads * dim;
+  auto run = [&](auto* k_base, auto* v_base) {
+    at::parallel_for(0, tokens * heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(keys);
+      std::vector<int64_t> read(keys);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t t = task / heads, h = task % heads, cell = cell_ptr[t], row = cell / lq;
+        const int64_t head_offset = (h / group) * dim;  // this head's kv head within a slot
+        attend(q_ptr + task * dim, k_base + head_offset, v_base + head_offset, slot_ptr + row * keys,
+               mask_ptr + cell * keys, keys, kv_stride, dim, static_cast<float>(scale), scores.data(),
+               read.data(), out_ptr + task * dim);
+      }
+    });
+  };
+  if (k_cache.scalar_type() == at::kFloat) run(k_cache.data_ptr<float>(), v_cache.data_ptr<float>());
+  else run(k_cache.data_ptr<c10::BFloat16>(), v_cache.data_ptr<c10::BFloat16>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(ssd_engine_gguf, m) {
+  m.def("row_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor gather_slots, Tensor mask, "
+        "Tensor query_cell, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(ssd_engine_gguf, CPU, m) { m.impl("row_attention", &row_attention); }
