@@ -59,7 +59,7 @@ for stage in $stages; do
         # -v names each test as it ends, so a call stopped at its limit still says which failed; the doc
         # examples run the GPU page's (the others are CPU commands CI runs, some needing extras the image lacks)
         python -m pytest -v -rfEs --tb=short --durations=15 -n 4 -p no:cacheprovider $cuda_tests \
-            -k "not test_the_block_runs or GPU.md" 2>&1 | tee "$out/$day-cuda-tests.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -40
+            -k "not test_the_block_runs or docs/GPU.md" 2>&1 | tee "$out/$day-cuda-tests.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -40
         ;;
     tests-compiled)
         python -m pytest -q -rs --durations=15 --compile-model tests/test_cuda_path.py tests/test_cuda_graphs.py 2>&1 \

@@ -16,7 +16,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
-from ssd_engine.layers.attention import AttentionMetadata, torch_attention  # noqa: E402
+from ssd_engine.kernels import gguf_cpu  # noqa: E402
+from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention  # noqa: E402
 from ssd_engine.layers.attention_backends import select_backend, triton_attention  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
 
@@ -94,7 +95,9 @@ def test_torch_and_triton_backends_agree_on_random_steps(seed):
 
 def test_backend_choice_errors_name_the_problem(monkeypatch):
     cpu = torch.device("cpu")
-    assert select_backend("auto", cpu, 16) is torch_attention  # CPU inference stays on the reference
+    # CPU inference runs the compiled kernel where it builds, else the reference
+    assert select_backend("auto", cpu, 16) is (row_independent_attention if gguf_cpu.available() else torch_attention)
+    assert select_backend("torch", cpu, 16) is torch_attention
     with pytest.raises(ValueError, match="needs a CUDA device"):
         select_backend("flash-attn", cpu, 256)
     with pytest.raises(ValueError, match="attention_backend must be one of"):

@@ -21,6 +21,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from ssd_engine.kernels import gguf_cpu
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.tensor_parallel.executor import TensorParallelError
 from ssd_engine.distributed.shm_collectives import supported as shm_supported
@@ -229,8 +230,9 @@ def test_torchrun_joins_instead_of_spawning(tiny_qwen2):
                              *args, "--tp", "2"], capture_output=True, text=True, timeout=180, env=env)
     assert joined.returncode == 0, joined.stderr
     assert joined.stdout == single.stdout and single.stdout.strip()
+    attention = "cpu-kernel" if gguf_cpu.available() else "torch"  # CPU auto's backend (layers/attention_backends.py)
     for run in (single, joined):  # how the target ran, read through the TP runner too
-        assert "[engine] device=cpu dtype=float32 attention=torch cuda_graphs=off" in run.stderr
+        assert f"[engine] device=cpu dtype=float32 attention={attention} cuda_graphs=off" in run.stderr
 
 
 def test_each_rank_gets_its_own_gpu_or_a_clear_error():

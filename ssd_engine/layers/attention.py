@@ -155,7 +155,7 @@ def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         dense = meta.dense()
         cells = dense.token_to_padded
         if cells is None:
-            cells = torch.arange(q.shape[0])
+            cells = torch.arange(q.shape[0], device=q.device)
         out = torch.ops.ssd_engine_gguf.row_attention(_as(q, torch.float32).contiguous(), k_cache, v_cache,
                                                       dense.gather_slots.contiguous(), dense.mask.contiguous(), cells,
                                                       scale)

@@ -116,4 +116,6 @@ def select_fused_kernels(mode: str, device: torch.device, compiled: bool) -> boo
 
 
 def backend_name(backend: Backend) -> str:
+    if backend is row_independent_attention:  # the CPU kernel, or SDPA on fixed blocks where it cannot build
+        return "cpu-kernel" if gguf_cpu.available() else "torch-fixed-blocks"
     return {torch_attention: "torch", triton_attention: "triton", flash_attention: "flash-attn"}[backend]
