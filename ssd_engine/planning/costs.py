@@ -51,15 +51,15 @@ from ssd_engine.utils.progress import progress_enabled
 
 PREFIX = 128
 BLOCK = 16
-TARGET_ROWS = (1, 5, 9)                  # AR's one row, verification of K + 1 for K up to 8
+TARGET_ROWS = (1, 2, 3, 5, 9)            # AR's one row, verification of K + 1 (cost is concave in rows)
 DRAFT_ROWS = (1, 5, 9, 16, 32)           # one-row drafting, the glue (K + 1), branch steps (B)
 SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K = 4, B ~ 8
 REPEATS = 5                              # after two warm-ups; the median counts
 TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
 BLOCKS = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
 # 2: the SSD target timed under the draft cores' memory traffic; 3: bf16 drafts attend in fp32;
-# 4: each side timed beside a matrix-vector neighbour, the SSD draft in each candidate format
-VERSION = 4
+# 4: each side timed beside a matrix-vector neighbour, the SSD draft in each candidate format; 5: 2, 3 rows
+VERSION = 5
 RANKS_TIMEOUT_S = 60.0  # the measuring ranks' collectives (distributed_timeout_s's default)
 
 
