@@ -109,8 +109,9 @@ def test_the_sweep_runs_the_grid_it_names(calls):
 
 
 def test_pytest_runs_name_existing_files_and_known_options(calls):
-    known = _conftest_options() | {"-q", "-v", "-rs", "-rfEs", "--tb", "--durations"}  # conftest's and pytest's own
-    with_value = {"-n", "-p", "-k"}  # pytest's (and xdist's) options that take the next argument
+    known = _conftest_options() | {"-q", "-v", "-rs", "-rfEs", "--tb", "--durations", "--timeout"}  # conftest's, pytest's
+    # and pytest-timeout's (in the GPU image)
+    with_value = {"-n", "-p", "-k", "--timeout"}  # options of pytest, xdist and pytest-timeout that take the next argument
     known |= with_value
     for argv in (argv for argv in calls if argv[:2] == ["-m", "pytest"]):
         files = [a for a, before in zip(argv[2:], argv[1:]) if not a.startswith("-") and before not in with_value]
