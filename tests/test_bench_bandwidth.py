@@ -75,3 +75,20 @@ def test_end_to_end_table(tiny_qwen2, tiny_llama, tmp_path):
         assert achieved == pytest.approx(total / (step_ms / 1e3) / 1e9, rel=0.06, abs=0.06)  # rounded cells
         assert re.fullmatch(r"\d+%", cells[9]) and cells[10] == "n/a"  # no datasheet peak on CPU
         assert cells[11] == "n/a"  # GPU kernels are counted on a GPU only
+
+
+def test_the_step_profile_lists_the_costliest_kernels_first():
+    """The per-kernel table a GPU run writes (here from CPU profiler events, the same event type):
+    grouped by name, the most time first, launches counted, and a sum row."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    a = torch.randn(256, 256)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            a @ a
+        torch.relu(a)
+    events = [e for e in prof.events() if e.name in ("aten::mm", "aten::relu")]
+    rows = bench_bandwidth.kernel_profile(events)
+    assert rows[0].startswith("| `aten::mm` | 3 |") and rows[1].startswith("| `aten::relu` | 1 |")
+    assert rows[-1].startswith(f"| all {len(events)} | {len(events)} |") and rows[-1].endswith("| 100% |")

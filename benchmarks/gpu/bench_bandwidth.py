@@ -120,8 +120,9 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
             if i >= args.warmup:
                 times.append(time.perf_counter() - start)
         weights, kv = step_bytes(runner, batch, args.context)
+        kernels, profile = gpu_kernels(runner, step, device)
         rows.append(dict(batch=batch, weights=weights, kv=kv, seconds=statistics.median(times), layout=layout,
-                         kernels=gpu_kernels(runner, step, device),
+                         kernels=kernels, profile=profile,
                          graphs="on" if runner.graphs is not None else "off",
                          compiled="on" if runner.compiled is not None else "off",
                          fused="on" if runner.fused_kernels else "off"))
@@ -132,20 +133,38 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
     return rows
 
 
-def gpu_kernels(runner, step, device: torch.device) -> str:
+TOP_KERNELS = 12  # kernels listed in a batch-1 step's profile
+
+
+def gpu_kernels(runner, step, device: torch.device) -> tuple[str, list[str]]:
     """Kernels one step runs on the GPU, as the profiler (CUPTI) records them ('n/a' on a CPU): the
-    goal is about 10 per decoder layer."""
+    goal is about 10 per decoder layer. Also the step's profile: the kernels taking the most GPU time,
+    as table rows (name, launches, us, share of the kernels' summed time)."""
     if device.type != "cuda":
-        return "n/a"
+        return "n/a", []
     from torch.profiler import ProfilerActivity, profile
     try:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             runner.run(step)
             torch.cuda.synchronize()
-        count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     except Exception as error:  # a profiler that cannot trace here must not cost the bandwidth figures
-        return f"failed: {type(error).__name__}"
-    return f"{count} ({count / runner.config.num_hidden_layers:.1f} per layer)"
+        return f"failed: {type(error).__name__}", []
+    return f"{len(kernels)} ({len(kernels) / runner.config.num_hidden_layers:.1f} per layer)", kernel_profile(kernels)
+
+
+def kernel_profile(events) -> list[str]:
+    """Table rows of the profiler events grouped by name, the most time first (TOP_KERNELS of them),
+    then their sum."""
+    by_name: dict[str, list] = {}
+    for event in events:
+        entry = by_name.setdefault(event.name, [0, 0.0])
+        entry[0] += 1
+        entry[1] += event.time_range.elapsed_us()
+    busy = sum(us for _, us in by_name.values()) or 1.0
+    top = sorted(by_name.items(), key=lambda item: -item[1][1])[:TOP_KERNELS]
+    rows = [f"| `{name[:80]}` | {calls} | {us:.0f} | {100 * us / busy:.0f}% |" for name, (calls, us) in top]
+    return rows + [f"| all {len(events)} | {len(events)} | {busy:.0f} | 100% |"]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -196,7 +215,7 @@ def main(argv: list[str] | None = None) -> str:
     pct = lambda part, whole: f"{100 * part / whole:.0f}%" if whole else "n/a"
     lines = ["| model | dtype | batch | context | bytes per step (MB) | of which KV (MB) | step ms | achieved GB/s "
              "| ceiling GB/s | % of ceiling | % of peak | GPU kernels per step |", "|" + "---|" * 12]
-    layouts = []
+    layouts, profiles = [], []
     for role, path in models:
         rows = time_decode(path, args, device)
         layouts.append(f"{role} {rows[0]['layout']}, CUDA graphs {rows[0]['graphs']}, compiled forward {rows[0]['compiled']}, "
@@ -207,6 +226,10 @@ def main(argv: list[str] | None = None) -> str:
             lines.append(f"| {role} ({os.path.basename(path.rstrip('/'))}) | {args.dtype} | {r['batch']} "
                          f"| {args.context} | {total / 1e6:.1f} | {r['kv'] / 1e6:.1f} | {r['seconds'] * 1e3:.2f} "
                          f"| {achieved / 1e9:.1f} | {best / 1e9:.1f} | {pct(achieved, best)} | {pct(achieved, peak)} | {r['kernels']} |")
+            if r["profile"] and r["batch"] == min(args.batch):  # where the smallest batch's step time goes
+                profiles += [f"{role}, batch {r['batch']}: one step's GPU kernels by time (CUPTI; the step took "
+                             f"{r['seconds'] * 1e6:.0f} us on the wall)", "",
+                             "| kernel | launches | us | share |", "|---|---|---|---|", *r["profile"], ""]
     table = "\n".join(lines)
     cores = sorted(os.sched_getaffinity(0))
     # the affinity was set outside (taskset): put it into the command that reproduces the run
@@ -223,7 +246,7 @@ def main(argv: list[str] | None = None) -> str:
         f"Datasheet peak: {f'{peak / 1e12:.2f} TB/s' if peak else 'unknown for this device'}.", "",
         "Bytes per step: every weight matrix once (one copy even with the dual CPU layout), norms, the whole LM "
         "head, the looked-up embedding rows, plus per sequence 2 x layers x kv_heads x head_dim x (context + 1) "
-        "x dtype bytes of KV (see the script's docstring).", "", table, ""])
+        "x dtype bytes of KV (see the script's docstring).", "", table, "", *profiles])
     print(report)
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
