@@ -14,7 +14,7 @@
 #include <c10/util/BFloat16.h>
 #include <immintrin.h>
 
-#include <cmath>
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>

@@ -56,10 +56,10 @@ for stage in $stages; do
             tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py
             tests/test_bf16_exactness.py tests/test_fused_layer_ops.py tests/test_piecewise_graphs.py
             tests/test_proposal_rows.py tests/test_ssd_units.py tests/test_doc_examples.py"
-        # -v names each test as it ends, so a call stopped at its limit still says which failed; the doc
-        # examples run the GPU page's (the others are CPU commands CI runs, some needing extras the image lacks)
-        # 8 workers: a 16-core GPU machine ran these in ~2 minutes (4 workers: ~4); --timeout (pytest-timeout,
-        # in the GPU image) fails a hung test instead of the whole call
+        # -v names each test as it ends, so a call stopped at its limit still says which failed; 8 workers:
+        # a 16-core GPU machine ran these in ~2 minutes (4 workers: ~4); --timeout (pytest-timeout, in the
+        # GPU image) fails a hung test instead of the whole call; the doc examples run the GPU page's (the
+        # others are CPU commands CI runs, some needing extras the image lacks)
         python -m pytest -v -rfEs --tb=short --durations=15 -n 8 --timeout 300 -p no:cacheprovider $cuda_tests \
             -k "not test_the_block_runs or docs/GPU.md" 2>&1 | tee "$out/$day-cuda-tests.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -40
         ;;

@@ -62,7 +62,9 @@ def _expand(meta: AttentionMetadata) -> DenseView:
     rows, width, max_q = meta.kv_lens.shape[0], meta.max_kv_len, meta.max_query_len
     tables = meta.block_tables[meta.table_rows.long()] if meta.is_tree else meta.block_tables
     pages = -(-width // bs)
-    gather = (tables[:, :pages].long()[:, :, None] * bs + torch.arange(bs, device=dev)).view(rows, -1)[:, :width]
+    # contiguous once a step: the CPU kernel reads it raw, in every layer
+    gather = (tables[:, :pages].long()[:, :, None] * bs + torch.arange(bs, device=dev)).view(rows, -1)
+    gather = gather[:, :width].contiguous()
     starts = meta.query_start.long()
     q_lens = starts[1:] - starts[:-1]
     limit = (meta.kv_lens.long() - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :] + 1
@@ -157,8 +159,7 @@ def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         if cells is None:
             cells = torch.arange(q.shape[0], device=q.device)
         out = torch.ops.ssd_engine_gguf.row_attention(_as(q, torch.float32).contiguous(), k_cache, v_cache,
-                                                      dense.gather_slots.contiguous(), dense.mask.contiguous(), cells,
-                                                      scale)
+                                                      dense.gather_slots, dense.mask, cells, scale)
         return _as(out, q.dtype)
     return torch_attention(q, k_cache, v_cache, meta, scale, row_independent=True)
 

@@ -2,8 +2,9 @@
 a layer's elementwise ops run as Triton kernels (`select_fused_kernels`).
 
 `auto` means: on CPU the compiled kernel (kernels/cpu_attention.cpp) where the CPU kernels build, else
-the torch reference (Triton compiles for GPUs; on CPU it only interprets, which is for tests), on CUDA flash-attn when it is importable and the block size suits it, else the
-Triton kernels, else (no triton) the reference. Asking for a backend that cannot run here is an
+the torch reference (Triton compiles for GPUs; on CPU it only interprets, which is for tests); on CUDA
+flash-attn when it is importable and the block size suits it, else the Triton kernels, else (no
+triton) the reference. Asking for a backend that cannot run here is an
 error naming why, never a silent switch.
 """
 import os
