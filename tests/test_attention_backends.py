@@ -20,6 +20,7 @@ from ssd_engine.kernels import gguf_cpu  # noqa: E402
 from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention  # noqa: E402
 from ssd_engine.layers.attention_backends import select_backend, triton_attention  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
+from paged_steps import random_paged_step  # noqa: E402
 
 # an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -56,25 +57,18 @@ def test_engine_with_triton_kernels_matches_transformers(tiny_model_dir, mode):
             assert not summary["draft_failures"] and summary["cache_hit_rate"] > 0
 
 
-def _random_paged(g, rows, hk, page):
+def _random_paged(g, rows, page):
     q_lens = [int(x) for x in torch.randint(1, 7, (rows,), generator=g)]
     kv_lens = [n + int(torch.randint(0, 30, (1,), generator=g)) for n in q_lens]
-    blocks_each = max(-(-n // page) for n in kv_lens)
-    tables = torch.randperm(rows * blocks_each + 2, generator=g)[:rows * blocks_each].view(rows, blocks_each)
-    slots = [tables[b, p // page] * page + p % page for b in range(rows) for p in range(kv_lens[b] - q_lens[b],
-                                                                                           kv_lens[b])]
-    starts = torch.tensor([0] + q_lens).cumsum(0)
-    # drawn on the host (one seeded generator), used on the device: a GPU's kernels take no host pointer
-    return AttentionMetadata(torch.tensor(slots).to(DEVICE), tables.to(DEVICE, torch.int32),
-                             torch.tensor(kv_lens, dtype=torch.int32).to(DEVICE), starts.to(DEVICE, torch.int32),
-                             max(q_lens), max(kv_lens), page), rows * blocks_each + 2
+    meta, slots = random_paged_step(q_lens, kv_lens, page, g, DEVICE)
+    return meta, slots // page
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_torch_and_triton_backends_agree_on_random_steps(seed):
     g = torch.Generator().manual_seed(seed)
     hq, hk, d, page = [(4, 2, 32, 4), (6, 3, 40, 8), (8, 1, 16, 16), (2, 2, 64, 4)][seed]
-    meta, pages = _random_paged(g, 1 + seed, hk, page)
+    meta, pages = _random_paged(g, 1 + seed, page)
     k_cache = torch.randn(pages * page, hk, d, generator=g).to(DEVICE)
     v_cache = torch.randn(pages * page, hk, d, generator=g).to(DEVICE)
     q = torch.randn(meta.slot_mapping.shape[0], hq, d, generator=g).to(DEVICE)

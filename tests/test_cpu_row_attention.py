@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from ssd_engine.kernels import gguf_cpu
-from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention
+from ssd_engine.layers.attention import row_independent_attention, torch_attention
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
-
+from paged_steps import paged_metadata, random_paged_step
 
 
 @pytest.fixture(autouse=True)
@@ -15,24 +15,12 @@ def kernels():
         pytest.skip("the CPU kernels cannot be built here")
 
 
-def _step(q_lens: list[int], kv_lens: list[int], page: int, g: torch.Generator) -> tuple[AttentionMetadata, int]:
-    """Metadata of one step: row b's last q_lens[b] of its kv_lens[b] keys are its queries."""
-    blocks_each = max(-(-n // page) for n in kv_lens)
-    rows = len(kv_lens)
-    tables = torch.randperm(rows * blocks_each + 2, generator=g)[:rows * blocks_each].view(rows, blocks_each)
-    slots = [tables[b, p // page] * page + p % page for b in range(rows) for p in range(kv_lens[b] - q_lens[b], kv_lens[b])]
-    starts = torch.tensor([0] + q_lens).cumsum(0)
-    meta = AttentionMetadata(torch.tensor(slots), tables.to(torch.int32), torch.tensor(kv_lens, dtype=torch.int32),
-                             starts.to(torch.int32), max(q_lens), max(kv_lens), page)
-    return meta, (rows * blocks_each + 2) * page
-
-
 @pytest.mark.parametrize("hq,hk,d,cache_dtype", [(4, 2, 32, torch.float32), (6, 3, 40, torch.float32),
                                                  (8, 1, 24, torch.bfloat16), (12, 2, 128, torch.float32)])
 def test_the_kernel_gives_the_references_values(hq, hk, d, cache_dtype):
     g = torch.Generator().manual_seed(d)
     q_lens = [int(x) for x in torch.randint(1, 7, (3,), generator=g)]
-    meta, slots = _step(q_lens, [n + int(torch.randint(0, 40, (1,), generator=g)) for n in q_lens], 4, g)
+    meta, slots = random_paged_step(q_lens, [n + int(torch.randint(0, 40, (1,), generator=g)) for n in q_lens], 4, g)
     k_cache = torch.randn(slots, hk, d, generator=g).to(cache_dtype)
     v_cache = torch.randn(slots, hk, d, generator=g).to(cache_dtype)
     q = torch.randn(meta.slot_mapping.shape[0], hq, d, generator=g)
@@ -59,14 +47,10 @@ def test_a_querys_bits_do_not_depend_on_the_rest_of_its_step():
     hq, hk, d, page = 12, 2, 128, 4
     k_cache, v_cache = torch.randn(4096, hk, d, generator=g), torch.randn(4096, hk, d, generator=g)
     q = torch.randn(1, hq, d, generator=g)
-    alone = AttentionMetadata(torch.tensor([37]), torch.arange(10, dtype=torch.int32)[None], torch.tensor([38], dtype=torch.int32),
-                              torch.tensor([0, 1], dtype=torch.int32), 1, 38, page)
+    alone = paged_metadata(torch.arange(10)[None], [1], [38], page)
     tables = torch.stack([torch.arange(100, 150), torch.cat([torch.arange(10), torch.arange(200, 240)]),
-                          torch.arange(300, 350)]).to(torch.int32)
-    q_lens, kv_lens = [5, 1, 3], [190, 38, 120]
-    slots = [int(tables[b, p // page]) * page + p % page for b in range(3) for p in range(kv_lens[b] - q_lens[b], kv_lens[b])]
-    batch = AttentionMetadata(torch.tensor(slots), tables, torch.tensor(kv_lens, dtype=torch.int32),
-                              torch.tensor([0, 5, 6, 9], dtype=torch.int32), 5, 190, page)
+                          torch.arange(300, 350)])
+    batch = paged_metadata(tables, [5, 1, 3], [190, 38, 120], page)
     others = torch.randn(8, hq, d, generator=g)
     in_batch = row_independent_attention(torch.cat([others[:5], q, others[5:8]]), k_cache, v_cache, batch, d ** -0.5)
     assert torch.equal(in_batch[5:6], row_independent_attention(q, k_cache, v_cache, alone, d ** -0.5))
