@@ -76,6 +76,17 @@ ALWAYS_INLINE __m512 halves(const uint8_t* p) {  // 16 fp16 values
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
 }
 
+// Asks for the bytes PREFETCH_AHEAD past an eighth of a super-block's panel (the eighth a kernel is
+// about to read). With the weights streaming from memory, a pass of two or more rows otherwise
+// outruns the hardware prefetcher and waits on each load: on an AMD EPYC (Zen 4) 2 rows took 2.2x
+// one row from memory and 1.3x from cache; with this, ~1.3x from memory, and one row ~1.2-1.6x faster.
+constexpr int64_t PREFETCH_AHEAD = 4096;
+template <int64_t PANEL_BYTES>
+ALWAYS_INLINE void prefetch_eighth(const uint8_t* panel, int eighth) {
+  const char* p = reinterpret_cast<const char*>(panel + PREFETCH_AHEAD + eighth * (PANEL_BYTES / 8));
+  for (int64_t line = 0; line < (PANEL_BYTES / 8 + 63) / 64; ++line) _mm_prefetch(p + 64 * line, _MM_HINT_T0);
+}
+
 // 16 byte pairs [output][2] as int32 lanes, the pair's first in the low 16 bits
 ALWAYS_INLINE __m512i byte_pairs(const uint8_t* p, bool is_signed) {
   const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));

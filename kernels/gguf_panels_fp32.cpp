@@ -69,6 +69,7 @@ void q4k_rows(const uint8_t* panel, int64_t super_blocks, const float* const* x,
   for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q4K_PANEL) {
     const __m512 d = halves(panel + Q4K_D), dmin = halves(panel + Q4K_DMIN);
     for (int j = 0; j < 8; ++j) {
+      prefetch_eighth<Q4K_PANEL>(panel, j);
       const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q4K_SCALES + 16 * j));
       const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
       const __m512i mins = byte_pairs(panel + Q4K_MINS + 32 * (j / 2), false);
@@ -100,6 +101,7 @@ void q6k_rows(const uint8_t* panel, int64_t super_blocks, const float* const* x,
   for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q6K_PANEL) {
     const __m512 d = halves(panel + Q6K_D);
     for (int g = 0; g < 8; ++g) {
+      prefetch_eighth<Q6K_PANEL>(panel, g);
       __m512i w[8];
       q6k_codes(panel + Q6K_GROUP * g, w);
       const __m512i pair = byte_pairs(panel + Q6K_SCALES + 32 * g, true);

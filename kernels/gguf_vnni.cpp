@@ -58,6 +58,7 @@ void q4k_pass(const uint8_t* panel, int64_t super_blocks, const ActRow* rows, __
     __m512i sums[ROWS];
     for (int r = 0; r < ROWS; ++r) sums[r] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
+      prefetch_eighth<Q4K_PANEL>(panel, j);
       __m512i w[8];
       nibbles(panel + 256 * j, w);
       const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q4K_SCALES + 16 * j)));
@@ -89,6 +90,7 @@ void q6k_pass(const uint8_t* panel, int64_t super_blocks, const ActRow* rows, __
     __m512i sums[ROWS], offsets[ROWS];  // Σ sc Σ q a with codes 0..63, and Σ sc Σ a for their -32
     for (int r = 0; r < ROWS; ++r) sums[r] = offsets[r] = _mm512_setzero_si512();
     for (int g = 0; g < 8; ++g) {
+      prefetch_eighth<Q6K_PANEL>(panel, g);
       __m512i w[8];
       q6k_codes(panel + Q6K_GROUP * g, w);
       const __m512i pair = byte_pairs(panel + Q6K_SCALES + 32 * g, true);
