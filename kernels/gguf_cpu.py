@@ -102,9 +102,24 @@ def load() -> None:
                     _build(name, folder)
         torch.ops.load_library(str(library))
         torch.ops.ssd_engine_gguf.linear  # noqa: B018  raises now if the library registered nothing
+        _register_output_shapes()
     except Exception as error:  # no compiler, no ninja, a compile error: all mean "not here"
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise KernelUnavailable(f"cannot build the GGUF CPU kernels: {first}") from None
+
+
+@functools.cache
+def _register_output_shapes() -> None:
+    """What the products return, for torch.compile (`compile_model`), which traces a step with
+    tensors that hold no data: without it a compiled GGUF target fails at its first Linear."""
+    import torch
+
+    def rows_by(outputs):
+        return lambda x, weight, kind, k, *n: x.new_empty(x.shape[0], outputs(weight, n))
+
+    for name, outputs in (("linear", lambda blocks, _: blocks.shape[0]), ("linear_int8", lambda blocks, _: blocks.shape[0]),
+                          ("linear_panels", lambda _, n: n[0]), ("linear_int8_panels", lambda _, n: n[0])):
+        torch.library.register_fake(f"ssd_engine_gguf::{name}")(rows_by(outputs))
 
 
 def _build(name: str, folder: Path) -> None:

@@ -7,7 +7,8 @@ reading them: fp32 rows (gguf_panels_fp32.cpp, target_dtype "gguf", AVX-512) and
 - int8: against float64 products of the rounded activations, as gguf_int8.cpp's blocks are;
 - both on output counts that leave a partial last panel and on the blocks' extreme codes and
   scales, and each row's bits independent of the rows beside it across passes of rows (6 a pass);
-- a GGUFWeight on such a CPU holds the panels and no GGUF copy.
+- a GGUFWeight on such a CPU holds the panels and no GGUF copy;
+- every product (blocks and panels) compiles under torch.compile, to the eager call's bits.
 """
 import pytest
 import torch
@@ -109,3 +110,20 @@ def test_a_gguf_int8_weight_holds_panels_only():
     expected = torch.cat([torch.ops.ssd_engine_gguf.linear_int8_panels(x, weight.parts[0].panels, 12, cols, 24),
                           torch.ops.ssd_engine_gguf.linear_int8(x, q8, 8, cols)], dim=1)
     assert torch.equal(weight(x, None), expected)
+
+
+@pytest.mark.parametrize("op", ["linear", "linear_int8", "linear_panels", "linear_int8_panels"])
+def test_each_product_declares_its_output_so_a_step_compiles(op):
+    """compile_model traces a step with data-less tensors: each product says what it returns
+    (kernels/gguf_cpu.py), and a compiled call gives the eager call's bits."""
+    if not gguf_cpu.available():
+        pytest.skip("no C++ compiler to build the GGUF kernels")
+    if op.endswith("panels") and not gguf_cpu.panels_available(int8_activations=op == "linear_int8_panels"):
+        pytest.skip("this CPU runs no panels")
+    blocks, _, cols = blocks_of(12, 37, 2, seed=3)
+    ops = torch.ops.ssd_engine_gguf
+    weight = ops.pack_panels(blocks, 12, cols) if op.endswith("panels") else blocks
+    args = (torch.randn(3, cols), weight, 12, cols) + ((37,) if op.endswith("panels") else ())
+    torch.library.opcheck(getattr(ops, op), args, test_utils=("test_schema", "test_faketensor"))
+    compiled = torch.compile(lambda *a: getattr(ops, op)(*a) + 1, fullgraph=True)
+    assert torch.equal(compiled(*args), getattr(ops, op)(*args) + 1)
