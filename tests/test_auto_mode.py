@@ -116,6 +116,7 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
     """Whatever the prediction says, the engine runs that mode with its K, format, cores and budget."""
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.0 + (mode == "sd")),
              "ssd": Prediction("ssd", 3, 1.0 + 2 * (mode == "ssd"), {"budget": 5, "t_p": 0.8, "t_jit": 0.3})}
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8, draft_dtype="int8") as llm:
         parts = llm.engine.parts
@@ -136,6 +137,7 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
 
 def test_a_near_tie_goes_to_ar(target, noisy_draft, private_cache, monkeypatch):
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.04)}
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8) as llm:
         assert llm.engine.plan.mode == "ar"
