@@ -114,12 +114,12 @@ def _register_output_shapes() -> None:
     tensors that hold no data: without it a compiled GGUF target fails at its first Linear."""
     import torch
 
-    def rows_by(outputs):
-        return lambda x, weight, kind, k, *n: x.new_empty(x.shape[0], outputs(weight, n))
-
-    for name, outputs in (("linear", lambda blocks, _: blocks.shape[0]), ("linear_int8", lambda blocks, _: blocks.shape[0]),
-                          ("linear_panels", lambda _, n: n[0]), ("linear_int8_panels", lambda _, n: n[0])):
-        torch.library.register_fake(f"ssd_engine_gguf::{name}")(rows_by(outputs))
+    for name in ("linear", "linear_int8"):  # a block row per output
+        torch.library.register_fake(f"ssd_engine_gguf::{name}")(
+            lambda x, blocks, kind, k: x.new_empty(x.shape[0], blocks.shape[0]))
+    for name in ("linear_panels", "linear_int8_panels"):  # n outputs, named
+        torch.library.register_fake(f"ssd_engine_gguf::{name}")(
+            lambda x, panels, kind, k, n: x.new_empty(x.shape[0], n))
 
 
 def _build(name: str, folder: Path) -> None:

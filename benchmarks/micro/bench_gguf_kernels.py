@@ -24,7 +24,7 @@ LAYER = [(2048, 1536, 12), (1536, 1536, 12), (17920, 1536, 12), (1536, 8960, 14)
 ROWS = (1, 2, 5, 8)
 
 
-def timed(call, reps: int = 10, layers: int = 1) -> float:
+def timed(call, reps: int = 10) -> float:
     call()
     best = float("inf")
     for _ in range(3):
@@ -32,7 +32,7 @@ def timed(call, reps: int = 10, layers: int = 1) -> float:
         for _ in range(reps):
             call()
         best = min(best, (time.perf_counter() - start) / reps)
-    return best * 1e3 / layers
+    return best * 1e3
 
 
 def main() -> None:
@@ -60,14 +60,14 @@ def main() -> None:
         for rows in ROWS:
             xs = [torch.randn(rows, k, generator=generator) for _, k, _ in shapes]
             cells = {
-                "fp32": timed(layers=args.layers, call=lambda: [w(x, None) for w, x in zip(dense, xs)]),
-                "gguf": timed(layers=args.layers, call=lambda: [ops.linear(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
-                "int8": timed(layers=args.layers, call=lambda: [ops.linear_int8(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
+                "fp32": timed(lambda: [w(x, None) for w, x in zip(dense, xs)]),
+                "gguf": timed(lambda: [ops.linear(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
+                "int8": timed(lambda: [ops.linear_int8(x, b.blocks, b.kind, b.cols) for b, x in zip(blocks, xs)]),
             }
             for column, linear in (("panels", ops.linear_panels), ("int8 panels", ops.linear_int8_panels)):
                 if column in columns:
-                    cells[column] = timed(layers=args.layers,
-                                          call=lambda: [linear(x, p, b.kind, b.cols, b.rows) for b, p, x in zip(blocks, panels, xs)])
+                    cells[column] = timed(lambda: [linear(x, p, b.kind, b.cols, b.rows) for b, p, x in zip(blocks, panels, xs)])
+            cells = {c: ms / args.layers for c, ms in cells.items()}  # a call ran every copy
             base = base or cells
             print(f"| {threads} | {rows} | " + " | ".join(f"{cells[c]:.2f} ({cells[c] / base[c]:.2f}x)"
                                                        for c in columns) + " |", flush=True)

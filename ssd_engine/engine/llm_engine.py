@@ -252,7 +252,7 @@ class LLMEngine:
         runner = self.runner.local  # rank 0's own ModelRunner under tensor parallelism
         graphs = runner.graphs
         described = {"device": str(self.device), "dtype": self.parts.model.dtype,
-                     "attention": backend_name(runner.attention_backend),
+                     "attention": backend_name(runner.attention_backend, runner.device),
                      "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
                      "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
                      "fused_kernels": "on" if runner.fused_kernels else "off"}

@@ -145,6 +145,11 @@ def _fixed_blocks(gather_slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch
     return gather_slots, mask, run_lq
 
 
+def cpu_kernel_attends(device: torch.device) -> bool:
+    """Whether row_independent_attention runs the compiled kernel on `device` (else SDPA on fixed blocks)."""
+    return device.type == "cpu" and gguf_cpu.available()
+
+
 def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               meta: AttentionMetadata, scale: float) -> torch.Tensor:
     """Attention whose bits for a query never depend on how many queries or keys the step holds: what
@@ -153,7 +158,7 @@ def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     keys in a fixed order (kernels/cpu_attention.cpp); else the torch reference runs SDPA on blocks of
     one shape, paying for up to 3 padding queries and 511 masked keys a row. One process uses one of
     the two throughout (`gguf_cpu.available()` is settled once)."""
-    if q.device.type == "cpu" and gguf_cpu.available():
+    if cpu_kernel_attends(q.device):
         dense = meta.dense()
         cells = dense.token_to_padded
         if cells is None:

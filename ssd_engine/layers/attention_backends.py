@@ -11,8 +11,8 @@ import os
 
 import torch
 
-from ssd_engine.kernels import gguf_cpu
-from ssd_engine.layers.attention import AttentionMetadata, Backend, row_independent_attention, torch_attention
+from ssd_engine.layers.attention import (AttentionMetadata, Backend, cpu_kernel_attends, row_independent_attention,
+                                         torch_attention)
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 FLASH_ATTN_BLOCK = 256  # flash_attn_with_kvcache reads paged KV only in blocks of a multiple of 256 tokens
@@ -76,7 +76,7 @@ def select_backend(name: str, device: torch.device, block_size: int) -> Backend:
     on_cuda = device.type == "cuda"
     if name == "auto":
         if not on_cuda:  # the compiled kernel where it builds: 5-10x faster than SDPA on decode rows
-            return row_independent_attention if gguf_cpu.available() else torch_attention
+            return row_independent_attention if cpu_kernel_attends(device) else torch_attention
         if flash_attn_available() and block_size % FLASH_ATTN_BLOCK == 0:
             return flash_attention
         return triton_attention if triton_available() else torch_attention
@@ -116,7 +116,7 @@ def select_fused_kernels(mode: str, device: torch.device, compiled: bool) -> boo
     return True
 
 
-def backend_name(backend: Backend) -> str:
-    if backend is row_independent_attention:  # the CPU kernel, or SDPA on fixed blocks where it cannot build
-        return "cpu-kernel" if gguf_cpu.available() else "torch-fixed-blocks"
+def backend_name(backend: Backend, device: torch.device) -> str:
+    if backend is row_independent_attention:  # the CPU kernel, or SDPA on fixed blocks where it cannot run
+        return "cpu-kernel" if cpu_kernel_attends(device) else "torch-fixed-blocks"
     return {torch_attention: "torch", triton_attention: "triton", flash_attention: "flash-attn"}[backend]
