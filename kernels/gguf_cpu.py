@@ -17,6 +17,8 @@ shared by two machines never loads code built for the other. Where no compiler w
         same model as linear_int8, AVX-512 VNNI)
     torch.ops.ssd_engine_gguf.row_attention(q, k_cache, v_cache, gather_slots, mask, query_cell, scale)
         (cpu_attention.cpp: each query over its own keys in a fixed order; layers/attention.py)
+    torch.ops.ssd_engine_gguf.add_rms_norm / rope_cache_write   (cpu_layer_ops.cpp: a layer's elementwise
+        work, cpu_layer_ops.py)
 """
 import functools
 import hashlib
@@ -27,7 +29,7 @@ from typing import NamedTuple
 
 SOURCES = [Path(__file__).with_name(name)
            for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_pack.cpp", "gguf_panels_fp32.cpp", "gguf_vnni.cpp",
-                        "cpu_attention.cpp")]
+                        "cpu_attention.cpp", "cpu_layer_ops.cpp")]
 HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h")]  # part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded

@@ -24,8 +24,9 @@ BLOCK = 4
 
 
 def _runner(path: str, compiled: bool, layout: str = "packed") -> ModelRunner:
+    # eager = torch's ops (no fused layer ops): what a compiled forward replaces
     return tiny_runner(path, num_kv_blocks=64, block_size=BLOCK, max_position=256, weight_layout=layout,
-                       compile=compiled)
+                       compile=compiled, fused_kernels="off")
 
 
 def _steps(prompts: list[list[int]]) -> list[StepInputs]:

@@ -103,7 +103,7 @@ def test_engine_with_fused_kernels_matches_transformers(tiny_model_dir, monkeypa
         options.update(draft_model=tiny_model_dir(arch, seed=1, vocab_size=259), speculative_mode="sd",
                        num_speculative_tokens=3, draft_dtype="fp32")
     with LLM(path, **options) as llm:
-        assert llm.engine.runner.local.fused_kernels and (llm.engine.runner.local.graphs is not None) == graphs
+        assert llm.engine.runner.local.layer_ops is not None and (llm.engine.runner.local.graphs is not None) == graphs
         outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True), use_tqdm=False)
         assert [o.token_ids for o in outputs] == expected
         assert llm.engine.execution()["fused_kernels"] == "on"

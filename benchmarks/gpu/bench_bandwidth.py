@@ -125,7 +125,7 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
                          kernels=kernels, profile=profile,
                          graphs="on" if runner.graphs is not None else "off",
                          compiled="on" if runner.compiled is not None else "off",
-                         fused="on" if runner.fused_kernels else "off"))
+                         fused="on" if runner.layer_ops is not None else "off"))
     del runner
     gc.collect()
     if device.type == "cuda":

@@ -72,8 +72,9 @@ class EngineConfig:
                                         "does not repay a typical run's compile time; unmeasured on CUDA)",
                                 COMPILE_MODES)
     fused_kernels: str = option("auto", "a decoder layer's elementwise work (residual add + RMSNorm, RoPE + K/V "
-                                        "cache write, SiLU-mul) as Triton kernels; auto: on for CUDA unless "
-                                        "compile_model is on (inductor fuses those), off on CPU", FUSED_KERNEL_MODES)
+                                        "cache write, SiLU-mul) as fused ops: Triton kernels on CUDA, C++ on a CPU "
+                                        "where the CPU kernels build; auto: on unless compile_model is on (inductor "
+                                        "fuses those)", FUSED_KERNEL_MODES)
     attention_backend: str = option("auto", "auto: on CUDA flash-attn if importable and the blocks fit, else "
                                             "triton, on CPU the compiled CPU kernel if it builds, else torch; torch is the reference", ATTENTION_BACKENDS)
     cuda_graph_max_batch: int = option(64, "CUDA graphs are captured for batch sizes 1, 2, 4, ... up to this")

@@ -24,7 +24,7 @@ class ModelConfig:
     row_independent: bool = False     # the target's format: a row's output never depends on the others (never a draft's)
     load_format: str = "auto"         # auto: the checkpoint; dummy: random weights at its shapes (models/loader.py)
     compile: bool = False             # the forward as one torch.compile region (runtime/compiled_model.py)
-    fused_kernels: str = "auto"       # a layer's elementwise ops as Triton kernels (kernels/fused_layer_ops.py)
+    fused_kernels: str = "auto"       # a layer's elementwise ops fused (layers/layer_ops.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -255,7 +255,7 @@ class LLMEngine:
                      "attention": backend_name(runner.attention_backend, runner.device),
                      "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
                      "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
-                     "fused_kernels": "on" if runner.fused_kernels else "off"}
+                     "fused_kernels": "on" if runner.layer_ops is not None else "off"}
         described["target_dtype"] = _describe_format(runner.weight_format, self.parts.model.weight_format)
         described["mode"] = self.plan.describe_mode()
         if self.draft_format is not None:

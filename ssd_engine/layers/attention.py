@@ -29,6 +29,7 @@ class DenseView:
     token_to_padded: torch.Tensor | None  # [T] index of each query token in the padded [R * Lq] grid;
                                           # None when every row has Lq queries (the grid is the tokens)
     mask: torch.Tensor             # [R, Lq, L] True where the query may attend the key
+    query_cells: torch.Tensor      # [T] token_to_padded, or 0..T-1 where that is None (the CPU kernel's)
 
 
 @dataclass
@@ -76,10 +77,10 @@ def _expand(meta: AttentionMetadata) -> DenseView:
         mask = torch.cat([mask, path], dim=2)
     tokens = meta.slot_mapping.shape[0]
     if tokens == rows * max_q:  # decode, uniform verification, branch steps: nothing to pad
-        return DenseView(gather, None, mask)
+        return DenseView(gather, None, mask, torch.arange(tokens, device=dev))
     seq_index = torch.repeat_interleave(torch.arange(rows, device=dev), q_lens, output_size=tokens)
     token_to_padded = seq_index * max_q + torch.arange(tokens, device=dev) - starts[seq_index]
-    return DenseView(gather, token_to_padded, mask)
+    return DenseView(gather, token_to_padded, mask, token_to_padded)
 
 
 def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
@@ -160,11 +161,8 @@ def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     the two throughout (`gguf_cpu.available()` is settled once)."""
     if cpu_kernel_attends(q.device):
         dense = meta.dense()
-        cells = dense.token_to_padded
-        if cells is None:
-            cells = torch.arange(q.shape[0], device=q.device)
         out = torch.ops.ssd_engine_gguf.row_attention(_as(q, torch.float32).contiguous(), k_cache, v_cache,
-                                                      dense.gather_slots, dense.mask, cells, scale)
+                                                      dense.gather_slots, dense.mask, dense.query_cells, scale)
         return _as(out, q.dtype)
     return torch_attention(q, k_cache, v_cache, meta, scale, row_independent=True)
 

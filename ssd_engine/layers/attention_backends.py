@@ -1,5 +1,4 @@
-"""Pick the attention backend for a device (torch reference, Triton kernels, or flash-attn), and whether
-a layer's elementwise ops run as Triton kernels (`select_fused_kernels`).
+"""Pick the attention backend for a device (torch reference, Triton kernels, or flash-attn).
 
 `auto` means: on CPU the compiled kernel (kernels/cpu_attention.cpp) where the CPU kernels build, else
 the torch reference (Triton compiles for GPUs; on CPU it only interprets, which is for tests); on CUDA
@@ -97,23 +96,6 @@ def select_backend(name: str, device: torch.device, block_size: int) -> Backend:
         raise ValueError(f"attention_backend='flash-attn' needs block_size to be a multiple of {FLASH_ATTN_BLOCK}, "
                          f"got {block_size}")
     return flash_attention
-
-
-def select_fused_kernels(mode: str, device: torch.device, compiled: bool) -> bool:
-    """Whether the layers run kernels/fused_layer_ops.py. auto: on CUDA with triton, unless the forward
-    is compiled (inductor fuses the same ops, and a compiled region keeps K/V writes opaque)."""
-    if mode == "off":
-        return False
-    if mode == "auto":
-        return device.type == "cuda" and triton_available() and not compiled
-    if not triton_available():
-        raise ValueError("fused_kernels='on' needs the triton package (pip install triton)")
-    if device.type != "cuda" and not _interpreting():
-        raise ValueError("fused_kernels='on' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, for testing "
-                         "the kernels); use 'auto' or 'off' for CPU inference")
-    if compiled:
-        raise ValueError("fused_kernels='on' and compile_model='on' are two ways to fuse a layer's ops: choose one")
-    return True
 
 
 def backend_name(backend: Backend, device: torch.device) -> str:

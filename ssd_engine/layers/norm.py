@@ -1,10 +1,10 @@
 """RMSNorm as torch's fused op: one dispatch where the reference's formula takes six (pow, mean, add,
-rsqrt, two muls) plus its casts; with the residual add before it, one Triton kernel on a GPU."""
+rsqrt, two muls) plus its casts; with the residual add before it, one op (layers/layer_ops.py: Triton on a GPU, C++ on a CPU)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ssd_engine.kernels import fused_layer_ops
+from ssd_engine.layers.layer_ops import LayerOps
 
 
 class RMSNorm(nn.Module):
@@ -12,7 +12,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.shape = eps, (dim,)
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.fused = False  # add_forward as one Triton kernel (DecoderForCausalLM.use_fused_kernels)
+        self.layer_ops: LayerOps | None = None  # add_forward as one op (DecoderForCausalLM.use_layer_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # fp32: the reference's bits (tests/test_model_equivalence.py). bf16: the op accumulates in
@@ -22,8 +22,8 @@ class RMSNorm(nn.Module):
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual); residual None: (norm(x), x)."""
-        if self.fused:
-            return fused_layer_ops.add_rms_norm(x, residual, self.weight, self.eps)
+        if self.layer_ops is not None:
+            return self.layer_ops.add_rms_norm(x, residual, self.weight, self.eps)
         if residual is not None:
             x = x + residual
         return self(x), x

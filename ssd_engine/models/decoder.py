@@ -14,9 +14,9 @@ from torch import nn
 
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
-from ssd_engine.kernels import fused_layer_ops
 from ssd_engine.layers.attention import Attention, AttentionMetadata
 from ssd_engine.layers.embedding import VocabParallelEmbedding
+from ssd_engine.layers.layer_ops import LayerOps
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.norm import RMSNorm
 from ssd_engine.layers.rotary import RotaryEmbedding, rotate
@@ -51,14 +51,14 @@ class DecoderAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = switches.qk_norm
         self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
-        self.fused = False  # RoPE, q/k norms and the K/V write as one Triton kernel (use_fused_kernels)
+        self.layer_ops: LayerOps | None = None  # RoPE, q/k norms and the K/V write as one op (use_layer_ops)
 
     def attend(self, rope: Rope, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The fused q/k/v projection's output -> attention's [T, Hq * D] (before o_proj): RoPE, the
         K/V cache write and attention, the part of a layer piecewise graphs run eagerly. The
         projections around it are the layer's (DecoderLayer.start / finish)."""
-        if self.fused:
-            q = fused_layer_ops.rope_cache_write(
+        if self.layer_ops is not None:
+            q = self.layer_ops.rope_cache_write(
                 qkv, *rope, meta.slot_mapping, self.attn.k_cache, self.attn.v_cache, self.num_heads,
                 self.num_kv_heads, self.q_norm.weight if self.qk_norm else None,
                 self.k_norm.weight if self.qk_norm else None, self.q_norm.eps if self.qk_norm else 0.0)
@@ -83,12 +83,12 @@ class DecoderMLP(nn.Module):
                                    shards={"gate": rows, "up": rows})
         self.down_proj = Linear(inter, config.hidden_size, bias=switches.mlp_bias, cols=rows, reduce=tp)
         self.inter = rows.size
-        self.fused = False  # SiLU-mul as one Triton kernel (use_fused_kernels)
+        self.layer_ops: LayerOps | None = None  # SiLU-mul as one op (use_layer_ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        if self.fused:
-            return self.down_proj(fused_layer_ops.silu_mul(gate_up))
+        if self.layer_ops is not None:
+            return self.down_proj(self.layer_ops.silu_mul(gate_up))
         gate, up = gate_up.split(self.inter, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
@@ -176,12 +176,12 @@ class DecoderForCausalLM(nn.Module):
     def forward(self, input_ids, positions, meta) -> torch.Tensor:
         return self.model(input_ids, positions, meta)
 
-    def use_fused_kernels(self, on: bool) -> None:
+    def use_layer_ops(self, ops: LayerOps | None) -> None:
         """Run each layer's elementwise work (residual adds with norms, RoPE with the K/V write,
-        SiLU-mul) as Triton kernels (kernels/fused_layer_ops.py) instead of torch ops."""
+        SiLU-mul) through `ops` (layers/layer_ops.py: Triton kernels on a GPU, C++ on a CPU); None: torch's ops."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, DecoderAttention, DecoderMLP)):
-                module.fused = on
+                module.layer_ops = ops
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Full-vocabulary logits on rank 0 (each rank computes its vocabulary span); None elsewhere."""

@@ -24,8 +24,8 @@ from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
 from ssd_engine.utils.host_upload import padded_rows, to_device, upload
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
 from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention
-from ssd_engine.layers.attention_backends import select_backend, select_fused_kernels
-from ssd_engine.layers import row_padding
+from ssd_engine.layers.attention_backends import select_backend
+from ssd_engine.layers import layer_ops, row_padding
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.weight_formats import check_supported
 from ssd_engine.layers.shapes import head_dim
@@ -128,8 +128,8 @@ class ModelRunner:
             layer_backend = row_independent_attention
         for layer in self.model.model.layers:
             layer.self_attn.attn.backend = layer_backend
-        self.fused_kernels = select_fused_kernels(model.fused_kernels, device, model.compile)
-        self.model.use_fused_kernels(self.fused_kernels)
+        self.layer_ops = layer_ops.select_layer_ops(model.fused_kernels, device, model.compile)
+        self.model.use_layer_ops(self.layer_ops)
         # the forward every step runs (and CUDA graphs capture): the model's, or it compiled
         # (runtime/compiled_model.py; tensor parallelism's all-reduces are not traced)
         self.compiled = CompiledModel(self.model.model) if model.compile and self.tp.size == 1 else None
