@@ -30,6 +30,8 @@ import torch
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.config import REQUANTIZED, EngineConfig
+from ssd_engine.layers.attention import row_independent_attention
+from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, prepare
 from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
 from exact_law import output_law
@@ -145,6 +147,15 @@ def test_a_quantized_targets_logits_do_not_depend_on_the_other_rows(tiny_model_d
     # really another model: the weights were re-quantized
     assert not torch.equal(prefill, _logits(_runner(path, "fp32", blocks, len(tokens) + 1), tokens, prompt_len,
                                             len(tokens), table))
+
+
+def test_the_engine_line_names_the_attention_its_layers_run(tiny_model_dir):
+    """attention_backend='torch' with a re-quantized CPU target: its layers run the row-independent
+    backend (the format's contract above), and the engine line names that one, not the one asked for."""
+    with LLM(tiny_model_dir("qwen2"), **dict(COMMON, target_dtype=QUANTIZED[0], attention_backend="torch")) as llm:
+        runner = llm.engine.runner.local
+        assert {layer.self_attn.attn.backend for layer in runner.model.model.layers} == {row_independent_attention}
+        assert llm.engine.execution()["attention"] == backend_name(row_independent_attention, runner.device)
 
 
 # --------------------------------------------------------------------------- greedy

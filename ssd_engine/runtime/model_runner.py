@@ -122,12 +122,11 @@ class ModelRunner:
         self.model = build_model(model.path, self.config, runner_spec.max_position, dtype, device, self.tp,
                                  progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format,
                                  skip=self.gguf_blocks.holds if self.gguf_blocks else None)  # read from the GGUF instead
-        self.attention_backend = select_backend(model.attention_backend, device, cache.block_size)
-        layer_backend = self.attention_backend
-        if self.row_independent and layer_backend is torch_attention:  # a re-quantized target on CPU
-            layer_backend = row_independent_attention
+        self.attention_backend = select_backend(model.attention_backend, device, cache.block_size)  # every layer's
+        if self.row_independent and self.attention_backend is torch_attention:  # a re-quantized target on CPU
+            self.attention_backend = row_independent_attention
         for layer in self.model.model.layers:
-            layer.self_attn.attn.backend = layer_backend
+            layer.self_attn.attn.backend = self.attention_backend
         self.layer_ops = layer_ops.select_layer_ops(model.fused_kernels, device, model.compile)
         self.model.use_layer_ops(self.layer_ops)
         # the forward every step runs (and CUDA graphs capture): the model's, or it compiled
@@ -167,8 +166,9 @@ class ModelRunner:
 
     def _graph_runner(self, cap: int, num_kv_blocks: int, max_position: int) -> GraphRunner | None:
         """CUDA graphs on a GPU with a kernel backend; SSD_ENGINE_EMULATE_CUDA_GRAPHS=1 runs their
-        static-buffer path on CPU too (tests). The torch reference's dense masks cannot be captured."""
-        if cap == 0 or self.attention_backend is torch_attention or not (self.device.type == "cuda" or emulating()):
+        static-buffer path on CPU too (tests). The dense masks of torch's (and the CPU kernel's) cannot be captured."""
+        dense = self.attention_backend in (torch_attention, row_independent_attention)
+        if cap == 0 or dense or not (self.device.type == "cuda" or emulating()):
             return None
         return GraphRunner(self.hidden, cap=cap, max_blocks=-(-max_position // self.block_size),
                            block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
