@@ -39,7 +39,7 @@ def _expected(path, prompts, n):
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
 def test_engine_with_triton_kernels_matches_transformers(tiny_model_dir, mode):
     path = tiny_model_dir("qwen2", vocab_size=259)  # 4 query heads over 2 KV heads: GQA
-    prompts, n = (PROMPTS, 20) if mode != "ssd" else (PROMPTS[:2], 12)  # the interpreter is slow: SSD less
+    prompts, n = (PROMPTS, 20) if mode != "ssd" else (PROMPTS[:2], 8)  # the interpreter is slow: SSD less
     expected = _expected(path, prompts, n)
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     # block_size 4 and a 16-token prefill budget: prompts span pages and arrive in chunks
