@@ -15,20 +15,11 @@
 #include <optional>
 #include <vector>
 
+#include "cpu_vec.h"
+
 namespace {
 
-constexpr int LANES = 16;  // partial sums the compiler keeps in one vector register
-
-float sum_of_squares(const float* v, int64_t n) {
-  float lanes[LANES] = {};
-  int64_t i = 0;
-  for (; i + LANES <= n; i += LANES)
-    for (int j = 0; j < LANES; ++j) lanes[j] += v[i + j] * v[i + j];
-  float total = 0.f;
-  for (int j = 0; j < LANES; ++j) total += lanes[j];
-  for (; i < n; ++i) total += v[i] * v[i];
-  return total;
-}
+using namespace cpu_vec;
 
 template <typename scalar_t>
 void add_rms_norm_rows(const at::Tensor& x, const at::Tensor& residual, const at::Tensor& weight,
@@ -49,7 +40,7 @@ void add_rms_norm_rows(const at::Tensor& x, const at::Tensor& residual, const at
         tp[row * st + i] = sum;
         v[i] = static_cast<float>(sum);
       }
-      const float scale = 1.f / std::sqrt(sum_of_squares(v.data(), n) / static_cast<float>(n) + static_cast<float>(eps));
+      const float scale = 1.f / std::sqrt(dot(v.data(), v.data(), n) / static_cast<float>(n) + static_cast<float>(eps));
       for (int64_t i = 0; i < n; ++i)
         op[row * so + i] = static_cast<scalar_t>(v[i] * scale * static_cast<float>(wp[i]));
     }
@@ -78,7 +69,7 @@ void rotate_head(const scalar_t* src, const scalar_t* cos, const scalar_t* sin, 
   const int64_t half = d / 2;
   for (int64_t i = 0; i < d; ++i) work[i] = static_cast<float>(src[i]);
   if (norm) {
-    const float scale = 1.f / std::sqrt(sum_of_squares(work, d) / static_cast<float>(d) + eps);
+    const float scale = 1.f / std::sqrt(dot(work, work, d) / static_cast<float>(d) + eps);
     for (int64_t i = 0; i < d; ++i)
       work[i] = static_cast<float>(static_cast<scalar_t>(work[i] * scale * static_cast<float>(norm[i])));
   }

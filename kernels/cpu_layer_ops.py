@@ -6,12 +6,12 @@ through Python and the dispatcher, a few microseconds apiece. A residual add and
 dispatches (torch's CPU rms_norm is itself pow, mean, add, rsqrt and two muls), RoPE and the K/V
 writes ~8: in a 24-layer draft step, milliseconds beside ~10 ms of weights streamed. Here each is one.
 
-SiLU-mul stays two torch ops (`F.silu` then an in-place mul): torch's vectorized exp beats a scalar
-one in C++, and the pair is already its minimum of dispatches.
+SiLU-mul stays two torch ops (`F.silu` then an in-place mul), torch's bits: fused, it would save one
+dispatch a layer and need an exp for either sign (cpu_attention.cpp's is for x <= 0 only).
 
-Results are torch's within rounding (tests/test_cpu_layer_ops.py): RMSNorm sums its squares in
-another order, so an fp32 target's logits move by an ulp, where the row's
-kernel order already moves them (docs/CPU.md).
+Results are torch's within rounding (tests/test_cpu_layer_ops.py): RMSNorm sums its squares with the
+attention kernel's dot product (cpu_vec.h), so about a fifth of fp32 outputs differ from torch's by an
+ulp; RoPE's are torch's bits by construction.
 """
 import torch
 import torch.nn.functional as F

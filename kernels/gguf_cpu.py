@@ -30,7 +30,7 @@ from typing import NamedTuple
 SOURCES = [Path(__file__).with_name(name)
            for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_pack.cpp", "gguf_panels_fp32.cpp", "gguf_vnni.cpp",
                         "cpu_attention.cpp", "cpu_layer_ops.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h")]  # part of the library's key
+HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h", "cpu_vec.h")]  # part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]

@@ -6,7 +6,6 @@ on a GPU, or the C++ ops of kernels/cpu_layer_ops.py on a CPU. Both modules offe
 (inductor fuses the same ops). `on` on a CPU under TRITON_INTERPRET=1 runs the Triton kernels in
 Triton's interpreter: how CI tests the GPU's kernels.
 """
-from types import ModuleType
 from typing import Protocol
 
 import torch
@@ -28,8 +27,8 @@ class LayerOps(Protocol):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
 
-def select_layer_ops(mode: str, device: torch.device, compiled: bool) -> ModuleType | None:
-    """The ops module the layers call (a LayerOps), or None for torch's ops."""
+def select_layer_ops(mode: str, device: torch.device, compiled: bool) -> LayerOps | None:
+    """The ops module the layers call, or None for torch's ops."""
     if mode == "off":
         return None
     if compiled:
