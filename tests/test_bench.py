@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from ssd_engine.layers.weight_formats import FORMATS
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import bench  # noqa: E402
 from suite import host_speed, isolate, options, ours  # noqa: E402
@@ -122,7 +124,7 @@ def test_every_mode_measures_every_cell_and_greedy_outputs_agree(run):
         if mode in ("sd", "sd-all", "ssd", "hf-assisted"):
             assert all(r["rounds"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in rows)
         if mode in ("sd", "sd-all", "ssd"):
-            assert {r["draft_format"] for r in rows} <= {"fp32", "bf16", "int8", "int4"}
+            assert {r["draft_format"] for r in rows} <= set(FORMATS)  # the probe's pick varies by CPU
         if mode == "auto":
             assert all(r["chosen_mode"] in ("ar", "sd", "ssd") and r["k"] == r["chosen_k"] for r in rows)
     assert all("cache_hit_rate_warm" in r["ssd"] for r in results["ssd"]["rows"])

@@ -62,7 +62,7 @@ def test_each_rows_bits_do_not_depend_on_the_row_count(kind):
                                whole[start:start + rows]), (rows, start)
 
 
-def test_a_fused_linear_of_mixed_types_and_the_dense_path_for_many_rows():
+def test_a_fused_linear_of_mixed_types_at_decode_and_prefill_row_counts():
     q4k, ref_a, cols = blocks_of(12, 24, 2, seed=1)
     q6k, ref_b, _ = blocks_of(14, 8, 2, seed=2)
     more, ref_c, _ = blocks_of(12, 16, 2, seed=3)
@@ -75,9 +75,27 @@ def test_a_fused_linear_of_mixed_types_and_the_dense_path_for_many_rows():
     reference = torch.from_numpy(np.concatenate([ref_a, ref_b, ref_c]))
     assert torch.equal(weight.dequantized(), reference)
     bias = torch.randn(48)
-    for rows in (1, 5, 100):  # 100: past FUSED_ROWS, dequantized tiles and a dense matmul
+    for rows in (1, 5, 100):
         x = torch.randn(rows, cols)
         torch.testing.assert_close(weight(x, bias), x @ reference.T + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", [12, 14, 8, 6], ids=["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+@pytest.mark.parametrize("int8_activations", [False, True], ids=["gguf", "gguf-int8"])
+def test_a_gguf_target_linear_gives_a_row_the_same_bits_at_every_engine_row_count(kind, int8_activations):
+    """What the engine multiplies (GGUFWeight: panels where this CPU has them, else the block kernels) at
+    the row counts it runs: decode, K + 1 verification rows, batches of them, prefill chunks up to
+    max_num_batched_tokens. Regression: past 64 rows the gguf target took a dense matmul on dequantized
+    tiles, whose bits differ from the block kernel's (on AVX2-only CPUs every kind ran it)."""
+    blocks, _, cols = blocks_of(kind, 24, 2 if gguf_cpu.BLOCKS[kind].values == 256 else 16)
+    weight = GGUFWeight([QuantizedRows(blocks, kind, cols)], int8_activations=int8_activations)
+    x = torch.randn(2048, cols, generator=torch.Generator().manual_seed(kind))
+    checked = (0, 3, 17, 63, 64, 65, 511, 2047)
+    alone = {i: weight(x[i:i + 1], None) for i in checked}
+    for rows in (2, 5, 40, 64, 65, 100, 512, 2048):
+        out = weight(x[:rows], None)
+        for i in (i for i in checked if i < rows):
+            assert torch.equal(out[i:i + 1], alone[i]), (rows, i)
 
 
 def rounded_activations(x: torch.Tensor, block: int) -> torch.Tensor:

@@ -32,7 +32,7 @@ from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.config import REQUANTIZED, EngineConfig
 from ssd_engine.layers.attention import row_independent_attention
 from ssd_engine.layers.attention_backends import backend_name
-from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, prepare
+from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, ROW_TILE, prepare
 from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
 from exact_law import output_law
 from small_pair import DIST_PROMPT, engine_options
@@ -96,18 +96,56 @@ def test_bench_parses_the_option_and_hands_it_to_every_engine_of_ours():
 # --------------------------------------------------------------------------- row independence
 
 
+# the row counts the engine runs: a decode row, K + 1 verification rows, batches of them (8 x 5 = 40),
+# a full ROW_TILE and one past it, and prefill chunks up to max_num_batched_tokens (2048)
+ENGINE_ROW_COUNTS = (1, 2, 3, 5, K + 1, ROW_TILE, ROW_TILE + 1, 40, 64, 512, 2048)
+
+
 @pytest.mark.parametrize("fmt", ["fp32", *REQUANTIZED])
 @pytest.mark.parametrize("shape", [(4096, 1536), (256, 1536)])
 def test_a_target_format_gives_each_row_the_same_bits_at_any_row_count(fmt, shape):
+    """Regression (an Intel Xeon with AMX): oneDNN's bf16 matmul gave row 0 other bits at 40 rows than
+    alone, as it switched to AMX tiles; every count here must give the lone row's bits on the CPU the
+    suite runs on (the wide shape stops at 512 rows: past ROW_TILE a call's rows are cut the same way)."""
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(*shape, generator=g) * 0.05
-    x = torch.randn(40, shape[1], generator=g).to(ACTIVATION_DTYPE[fmt])
+    counts = [rows for rows in ENGINE_ROW_COUNTS if rows <= (512 if shape[0] > 256 else 2048)]
+    x = torch.randn(max(counts), shape[1], generator=g).to(ACTIVATION_DTYPE[fmt])
     prepared = prepare(weight, fmt, row_independent=True)
-    alone = torch.cat([prepared(x[i:i + 1], None) for i in range(x.shape[0])])
-    for rows in (2, 3, 5, K + 1, 17, 40):
-        assert torch.equal(prepared(x[:rows], None), alone[:rows]), rows
-    shuffled = torch.randperm(x.shape[0], generator=g)  # a row's position in the batch does not matter either
-    assert torch.equal(prepared(x[shuffled], None), alone[shuffled])
+    sampled = torch.randint(0, x.shape[0], (6,), generator=g).tolist()
+    checked = sorted({i for i in (0, 1, 4, 15, 16, 17, 39, 63, 511, 2047, *sampled) if i < x.shape[0]})
+    alone = {i: prepared(x[i:i + 1], None) for i in checked}
+    for rows in counts:
+        out = prepared(x[:rows], None)
+        for i in (i for i in checked if i < rows):
+            assert torch.equal(out[i:i + 1], alone[i]), (rows, i)
+    shuffled = torch.randperm(64, generator=g)  # a row's position in the batch does not matter either
+    out = prepared(x[shuffled], None)
+    for position, i in enumerate(shuffled.tolist()):
+        if i in alone:
+            assert torch.equal(out[position:position + 1], alone[i]), ("shuffled", i)
+
+
+@pytest.mark.parametrize("fmt", ["fp32", *REQUANTIZED])
+def test_a_target_format_never_hands_its_kernel_a_row_count_outside_one_tile(fmt, monkeypatch):
+    """The contract behind the test above on any CPU, whichever kernels it has: the library op of a
+    row-independent format only ever sees 2 (1 for the int ops) to ROW_TILE rows, so it cannot switch
+    kernels by row count (AMX past 17 rows did)."""
+    seen = []
+    prepared = prepare(torch.randn(64, 128) * 0.05, fmt, row_independent=True)
+    if fmt in ("fp32", "bf16"):
+        matmul = prepared._matmul
+        prepared._matmul = lambda x, bias: seen.append(x.shape[0]) or matmul(x, bias)
+    else:
+        module, name = (torch, "_weight_int8pack_mm") if fmt == "int8" else \
+            (torch.ops.aten, "_weight_int4pack_mm_for_cpu")
+        op = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda x, *args: seen.append(x.shape[0]) or op(x, *args))
+    for rows in ENGINE_ROW_COUNTS:
+        seen.clear()
+        out = prepared(torch.randn(rows, 128).to(ACTIVATION_DTYPE[fmt]), None)
+        assert out.shape == (rows, 64) and seen and max(seen) <= ROW_TILE, (rows, seen)
+        assert min(seen) >= (2 if fmt in ("fp32", "bf16") else 1), (rows, seen)
 
 
 def _runner(path: str, fmt: str, blocks: int, positions: int):

@@ -4,7 +4,9 @@ Unlike the re-quantized formats (weight_formats.py) this is the checkpoint itsel
 dequantizes to exactly the values the fp32 conversion of the same file holds, so the model is the
 one transformers runs on the dequantized checkpoint; only the order of the fp32 sums differs, as
 between any two fp32 kernels. The kernel (kernels/gguf_matmul.cpp) gives a row the same bits at
-any row count up to FUSED_ROWS, so verification rows equal one-row decoding exactly. On CPUs with
+any row count, so verification rows, batches and prefill chunks equal one-row decoding exactly; it
+runs at every row count, prefill too (a dense matmul on dequantized tiles would sum in another
+order, and measured no faster than 1.3x it at 512 rows). On CPUs with
 AVX-512, Q4_K and Q6_K blocks are repacked while loading into panels of 16 outputs
 (kernels/gguf_panels.h: the same values, each row several times cheaper past the first) and the
 GGUF copy is dropped; the panel kernels give a row the same bits at every row count, prefill too.
@@ -20,16 +22,9 @@ Its panels (CPUs with AVX-512 VNNI) run kernels/gguf_vnni.cpp: the same model.
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ssd_engine.kernels import gguf_cpu
 from ssd_engine.layers.weight_formats import prepare
-
-# Rows above this take a dequantized tile and a dense matmul (prefill: compute-bound, where
-# dequantizing once per tile costs little next to the matmul); at or below it, the fused kernel.
-FUSED_ROWS = 64
-TILE_ROWS = 1024  # output rows dequantized at a time on the dense path (6 MB of fp32 at 1536 columns)
-DUMMY_SCALE = 0x211F  # fp16 0.01: dummy blocks' scales, so their values are small normal floats
 
 
 DENSE = 0  # GGML's F32 id: a tensor the file stores unquantized (F32 / F16), kept as fp32
@@ -81,7 +76,7 @@ class GGUFWeight:
         if gguf_cpu.panels_available(int8_activations):
             self.parts = [PanelRows.of(p) if p.kind in gguf_cpu.PANEL_KINDS else p for p in self.parts]
         self.nbytes = sum(_storage(part).nbytes for part in self.parts)
-        # the row-independent fp32 kernel of a re-quantized target's (a lone row padded to two)
+        # the row-independent fp32 kernel of a re-quantized target's (weight_formats.row_tiled)
         self.dense = {id(part): prepare(part.blocks, "fp32", row_independent=True)
                       for part in self.parts if part.kind == DENSE}
 
@@ -104,10 +99,7 @@ class GGUFWeight:
             return self.dense[id(part)](rows, None)
         if self.int8_activations and part.kind in gguf_cpu.INT8_KINDS:
             return ops.linear_int8(rows, part.blocks, part.kind, part.cols)
-        if rows.shape[0] <= FUSED_ROWS or self.int8_activations:  # gguf-int8: one kernel at any row count
-            return ops.linear(rows, part.blocks, part.kind, part.cols)
-        return torch.cat([F.linear(rows, ops.dequantize(part.blocks[start:start + TILE_ROWS], part.kind, part.cols))
-                          for start in range(0, part.rows, TILE_ROWS)], dim=1)
+        return ops.linear(rows, part.blocks, part.kind, part.cols)
 
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight these blocks hold (tests compare against the checkpoint's)."""

@@ -16,11 +16,14 @@ times slower), hence bf16 activations for all three; which format is fastest dep
 
 A target may take them too (EngineConfig.target_dtype): then it IS a different model, and SD/SSD
 must reproduce that model's own AR output, so a row's output must not depend on how many rows are
-multiplied with it (a one-row decode against K + 1 verification rows). Measured (AMD EPYC, torch
-2.13, 1 and 2 threads, up to 2048 rows, the 1.5B target's shapes): the int8 and int4 ops give every
-row the same bits at any row count and position; oneDNN's packed fp32 and bf16 kernels give one row
-other bits than two or more (all row counts from two on agree). `row_independent=True` therefore
-runs a lone row padded to two (tests/test_target_dtype.py checks all four).
+multiplied with it (a one-row decode, K + 1 verification rows, a batch of them, a prefill chunk).
+The libraries pick their kernel by row count: oneDNN's packed fp32 and bf16 matmuls give one row
+other bits than two or more, and on CPUs with AMX its bf16 matmul (and possibly torch's int8 / int4
+ops) switches to AMX tiles past some row count, which sum in another order. `row_independent=True`
+therefore never lets a call see a row count outside [2, ROW_TILE] (int8 / int4: [1, ROW_TILE]):
+a lone oneDNN row runs padded to two, more than ROW_TILE rows run ROW_TILE at a time
+(tests/test_target_dtype.py checks every format at the row counts the engine runs, on the CPU the
+suite runs on).
 """
 from typing import Protocol
 
@@ -36,6 +39,9 @@ ACTIVATION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch
 INT4_GROUP = 32  # input columns per scale: acceptance drops with coarser groups, speed barely moves
 INT4_ROWS = 16   # the packed int4 layout tiles output rows by 16
 CHUNK_ROWS = 4096  # rows quantized at a time: bounds the fp32 / int32 temporaries
+# the most rows a row-independent format multiplies in one call: every count up to here took one
+# kernel on each CPU measured (an AMX host's bf16 matmul changes kernel between 17 and 40 rows)
+ROW_TILE = 16
 
 
 class PreparedWeight(Protocol):
@@ -48,11 +54,11 @@ class OneDNNWeight:
     """fp32 or bf16, reordered once into oneDNN's blocked layout: small row counts (verification,
     branch decoding) share one pass over the weight instead of ~one pass per row."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, batch_hint: int = 8, min_rows: int = 1) -> None:
-        """min_rows: fewer rows are run padded to this many (2: every row count takes the same kernel)."""
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, batch_hint: int = 8,
+                 row_independent: bool = False) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), batch_hint)
         self.dtype = dtype
-        self.min_rows = min_rows
+        self.row_independent = row_independent
         self.nbytes = self.packed.numel() * self.packed.element_size()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -61,11 +67,12 @@ class OneDNNWeight:
             bias = bias.to(self.dtype)
         if x.dtype != self.dtype:
             x = x.to(self.dtype)
+        if self.row_independent:
+            return row_tiled(lambda rows: self._matmul(rows, bias), x, min_rows=2)
         rows = x.shape[0] if x.dim() == 2 else 0
-        run_rows = max(padded_rows(rows, self.dtype), self.min_rows) if rows else 0
+        run_rows = padded_rows(rows, self.dtype) if rows else 0
         if run_rows > rows:  # a faster kernel from this many rows on (layers/row_padding.py)
-            x = torch.cat([x, x.new_zeros(run_rows - rows, x.shape[1])])
-            return self._matmul(x, bias)[:rows]
+            return self._matmul(_padded(x, run_rows), bias)[:rows]
         return self._matmul(x, bias)
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -74,8 +81,28 @@ class OneDNNWeight:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
+def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.cat([x, x.new_zeros(rows - x.shape[0], x.shape[1])])
+
+
+def row_tiled(matmul, x: torch.Tensor, min_rows: int = 1) -> torch.Tensor:
+    """matmul(x) with every call given between min_rows and ROW_TILE rows (fewer are padded with
+    zero rows, more are cut into ROW_TILE-row pieces): the same kernel for a row at any row count."""
+    rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
+    count = rows.shape[0]
+    if count < min_rows:
+        out = matmul(_padded(rows, min_rows))[:count]
+    elif count <= ROW_TILE:
+        out = matmul(rows)
+    else:
+        out = torch.cat([row_tiled(matmul, rows[start:start + ROW_TILE], min_rows)
+                         for start in range(0, count, ROW_TILE)])
+    return out if x.dim() == 2 else out.reshape(*x.shape[:-1], -1)
+
+
 class Int8Weight:
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, row_independent: bool = False) -> None:
+        self.row_independent = row_independent
         self.q = torch.empty(weight.shape, dtype=torch.int8)
         self.scales = torch.empty(weight.shape[0], dtype=torch.bfloat16)
         for start in range(0, weight.shape[0], CHUNK_ROWS):  # fp32 temporaries for one chunk at a time
@@ -86,13 +113,15 @@ class Int8Weight:
         self.nbytes = self.q.numel() + self.scales.numel() * 2
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _rows_through(lambda rows: torch._weight_int8pack_mm(rows, self.q, self.scales), x, bias)
+        return _rows_through(lambda rows: torch._weight_int8pack_mm(rows, self.q, self.scales), x, bias,
+                             self.row_independent)
 
 
 class Int4Weight:
     """Asymmetric int4 per group: w = (q - 8) * scale + zero, with zero = min + 8 * scale."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, row_independent: bool = False) -> None:
+        self.row_independent = row_independent
         self.group = INT4_GROUP
         packed, scales_and_zeros = [], []
         # chunks of CHUNK_ROWS (a multiple of the layout's 64-row blocks, so the packed chunks
@@ -114,14 +143,15 @@ class Int4Weight:
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return _rows_through(lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows, self.packed, self.group, self.scales_and_zeros), x, bias)
+            rows, self.packed, self.group, self.scales_and_zeros), x, bias, self.row_independent)
 
 
-def _rows_through(matmul, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _rows_through(matmul, x: torch.Tensor, bias: torch.Tensor | None, row_independent: bool) -> torch.Tensor:
     """A weight-only op (bf16 rows in, bf16 out) on x's rows, then the bias. The engine's activations
     are already 2-D bf16 rows: no reshape or cast is dispatched for them (each costs one a call)."""
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
-    out = matmul(rows if rows.dtype == torch.bfloat16 else rows.to(torch.bfloat16))
+    rows = rows if rows.dtype == torch.bfloat16 else rows.to(torch.bfloat16)
+    out = row_tiled(matmul, rows) if row_independent else matmul(rows)
     if x.dim() != 2:
         out = out.reshape(*x.shape[:-1], -1)
     if bias is None:
@@ -134,13 +164,13 @@ def prepare(weight: torch.Tensor, fmt: str, row_independent: bool = False) -> Pr
     row_independent: each row's output bits never depend on the other rows multiplied with it (a
     target's format; see the module docstring)."""
     if fmt in ("fp32", "bf16"):
-        return OneDNNWeight(weight, ACTIVATION_DTYPE[fmt], min_rows=2 if row_independent else 1)
+        return OneDNNWeight(weight, ACTIVATION_DTYPE[fmt], row_independent=row_independent)
     if fmt == "int8":
-        return Int8Weight(weight)
+        return Int8Weight(weight, row_independent)
     if fmt == "int4":
         if weight.shape[1] % INT4_GROUP or weight.shape[0] % INT4_ROWS:
-            return Int8Weight(weight)  # the int4 layout does not tile this shape: the next-smallest format
-        return Int4Weight(weight)
+            return Int8Weight(weight, row_independent)  # the int4 layout does not tile this shape
+        return Int4Weight(weight, row_independent)
     if fmt == "q4k":
         return Q4KWeight(weight)
     raise ValueError(f"weight format must be one of {FORMATS}, got {fmt!r}")
