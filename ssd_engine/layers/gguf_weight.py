@@ -26,7 +26,7 @@ import torch
 from ssd_engine.kernels import gguf_cpu
 from ssd_engine.layers.weight_formats import prepare
 
-
+DUMMY_SCALE = 0x211F  # fp16 0.01: dummy blocks' scales, so their values are small normal floats
 DENSE = 0  # GGML's F32 id: a tensor the file stores unquantized (F32 / F16), kept as fp32
 
 
