@@ -77,3 +77,16 @@ def test_draw_uniforms_per_row_order():
     u = draw_uniforms([gen, None], [3, 2], 4, "cpu", default_generator=torch.Generator().manual_seed(1))
     expected = torch.rand(3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     assert torch.equal(u[0, :3], expected) and u[0, 3] == 0
+
+
+def test_rows_of_one_generator_draw_as_if_each_row_drew_alone():
+    """Consecutive rows of one generator (a draft's branches of one sequence) are drawn in one call:
+    each row still gets exactly the uniforms a draw per row, in row order, would give it."""
+    a, b = (torch.Generator().manual_seed(s) for s in (5, 6))
+    gens, counts = [a, a, a, b, None, a, b], [1, 2, 0, 3, 2, 1, 0]
+    u = draw_uniforms(gens, counts, 3, "cpu", default_generator=torch.Generator().manual_seed(1))
+    a, b = (torch.Generator().manual_seed(s) for s in (5, 6))
+    shared = torch.rand(1, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)[0]
+    for row, (gen, count) in enumerate(zip([a, a, a, b, None, a, b], counts)):
+        drawn = shared[:count] if gen is None else torch.rand(count, generator=gen, dtype=torch.float64)
+        assert torch.equal(u[row, :count], drawn) and not u[row, count:].any(), row

@@ -66,6 +66,12 @@ def inverse_cdf(probs: Tensor, u: Tensor) -> Tensor:
     return torch.searchsorted(cdf, target, right=True).squeeze(1)
 
 
+def _rows_mask(rows: list[int], n: int) -> Tensor:
+    mask = torch.zeros(n, 1, dtype=torch.bool)
+    mask[rows] = True
+    return mask
+
+
 def draw_uniforms(
     generators: Sequence[torch.Generator | None],
     counts: Sequence[int],
@@ -88,17 +94,30 @@ def draw_uniforms(
     device = torch.device(device)
     n = len(counts)
     host = torch.zeros(2, n, width, dtype=torch.float64)  # [0]: host draws; [1]: 1 where the shared block goes
-    on_device, shared = [], []
+    on_device, shared, from_host = [], [], []
+    runs: list[list] = []  # [generator, uniforms]: consecutive host rows of one generator draw in one call
     for row, (gen, count) in enumerate(zip(generators, counts)):
         if count == 0:
             continue
         if gen is None:
             shared.append(row)
-            host[1, row, :count] = 1.0
         elif gen.device.type == "cpu":
-            host[0, row, :count] = torch.rand(count, generator=gen, dtype=torch.float64)
+            from_host.append(row)
+            if runs and runs[-1][0] is gen:
+                runs[-1][1] += count
+            else:
+                runs.append([gen, count])
         else:
             on_device.append((row, gen, count))
+    if from_host or shared:
+        # the cells each row draws, row-major: a run's one draw fills its rows' cells in order, the
+        # same uniforms as a draw per row (a CPU generator yields float64 uniforms one after another)
+        drawing = torch.arange(width) < torch.tensor(counts).unsqueeze(1)
+        if from_host:
+            host[0][drawing & _rows_mask(from_host, n)] = torch.cat(
+                [torch.rand(count, generator=gen, dtype=torch.float64) for gen, count in runs])
+        if shared:
+            host[1][drawing & _rows_mask(shared, n)] = 1.0
     block_device = default_generator.device if default_generator is not None else device
     if shared and block_device.type == "cpu":  # the shared draws are host draws too
         block = torch.rand(len(shared), width, generator=default_generator, dtype=torch.float64)

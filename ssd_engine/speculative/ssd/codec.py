@@ -181,12 +181,13 @@ def encode_reply(reply: Reply, layout: ReplyLayout, out: torch.Tensor | None = N
     raw[:layout.ints_at].view(np.float64)[:] = (t.build_s, t.lookup_s, t.glue_s, t.step_s)
     ints = [t.step_rows]
     slots = q_slots(reply.speculations, layout.q_widths, vocab)
+    wide_at = layout.wide_at  # a sum over every slot: read once, not per speculation
     for speculation, width, at, (mode, support) in zip(reply.speculations, layout.q_widths, layout.slots_at, slots):
         tokens = speculation.tokens or [0] * k  # NONE: no speculation
         if len(tokens) != k:
             raise ValueError(f"a speculation of {len(tokens)} tokens, the reply carries {k}")
         ints += (int(speculation.source), int(mode), speculation.bonus_rank, *tokens)
-        slot = (head if at < layout.wide_at else buf)[at:at + FLOAT * k * width]
+        slot = (head if at < wide_at else buf)[at:at + FLOAT * k * width]
         if mode == QMode.FULL:
             slot.view(torch.float32).view(k, width).copy_(speculation.q, non_blocking=True)
         elif mode == QMode.COMPACT:

@@ -14,6 +14,7 @@ holds the K/V of t*, x_1..x_{K-1} at their positions, and its steps' logits are 
 distributions at positions 1..K. The glue then copies that path into the trunk and feeds x_K
 alone (one row instead of K+1), as long as no build has overwritten the scratch path since.
 """
+import itertools
 import time
 
 import torch
@@ -149,12 +150,13 @@ class CacheBuilder:
         if rows > self.step_rows:  # time the widest part: the one a budget is about
             self.step_seconds, self.step_rows = (time.perf_counter() - started) / k, rows
         tokens = torch.stack(drawn, dim=1).tolist()
-        q_all = None if rows_q[0] is None else torch.stack(rows_q, dim=1)  # [R, K, vocab]
-        for r, (i, accepted, bonus) in enumerate(zip(branch_seq, branch_k, branch_tok)):
-            q = None if q_all is None or seqs[i].params.greedy else q_all[r]
-            seqs[i].cache[(accepted, bonus)] = Speculation(Source.HIT, tokens[r], q)
+        # [K, vocab] per branch, as views made in one call (a branch's indexing costs a call each)
+        q_rows = itertools.repeat(None) if rows_q[0] is None else torch.stack(rows_q, dim=1).unbind(0)
+        for r, (i, accepted, bonus, path, q) in enumerate(zip(branch_seq, branch_k, branch_tok, tokens, q_rows)):
+            seq = seqs[i]
+            seq.cache[(accepted, bonus)] = Speculation(Source.HIT, path, None if seq.params.greedy else q)
             if keep_paths:
-                self.paths[(seqs[i].seq_id, (accepted, bonus))] = r
+                self.paths[(seq.seq_id, (accepted, bonus))] = r
 
 
     @staticmethod
