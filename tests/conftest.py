@@ -63,6 +63,15 @@ def tiny_model_dir(tmp_path_factory):
     return build
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _share_the_oracle(tmp_path_factory):
+    """transformers' greedy continuations (tests/hf_oracle.py), computed once for every worker."""
+    import hf_oracle
+
+    base = tmp_path_factory.getbasetemp()
+    hf_oracle.shared_dir = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "hf-oracle"
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_model_dir) -> str:
     return tiny_model_dir("llama")

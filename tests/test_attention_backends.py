@@ -9,12 +9,12 @@ import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+import hf_oracle  # noqa: E402
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.kernels import gguf_cpu  # noqa: E402
 from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention  # noqa: E402
@@ -31,9 +31,7 @@ CHECK_PLACEMENT = True
 
 
 def _expected(path, prompts, n):
-    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
-    return [oracle.generate(torch.tensor([p], device=DEVICE), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    return hf_oracle.greedy(path, prompts, n, DEVICE)
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])

@@ -4,9 +4,8 @@ Batches of 1, 3 and 8 ragged prompts, 64+ new tokens, with prefix sharing, chunk
 KV budget small enough to force preemption (recompute). EOS is ignored so every run is long.
 """
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
+import hf_oracle
 from ssd_engine import LLM, SamplingParams
 
 NEW_TOKENS = 72
@@ -22,13 +21,7 @@ def _prompts(n: int) -> list[list[int]]:
 
 
 def _oracle(path: str, prompts: list[list[int]]) -> list[list[int]]:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    outs = []
-    for p in prompts:
-        out = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-        outs.append(out[0, len(p):].tolist())
-    return outs
+    return hf_oracle.greedy(path, prompts, NEW_TOKENS)
 
 
 @pytest.fixture(scope="module")

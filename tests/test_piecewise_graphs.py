@@ -8,12 +8,12 @@ import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+import hf_oracle  # noqa: E402
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime import piecewise_graphs  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner, StepInputs  # noqa: E402
@@ -86,9 +86,7 @@ def test_engine_with_piecewise_prefill_matches_transformers(tiny_model_dir, emul
     greedy output equals transformers'."""
     model = tiny_model_dir(arch)
     prompts = [list(range(5, 12)), list(range(40, 77)), [7, 8, 9] * 7]
-    oracle = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).to(DEVICE).eval()
-    expected = [oracle.generate(torch.tensor([p], device=DEVICE), max_new_tokens=8, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    expected = hf_oracle.greedy(model, prompts, 8, DEVICE)
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     with LLM(model, device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4,
              max_num_batched_tokens=16, cuda_graph_max_batch=4) as llm:

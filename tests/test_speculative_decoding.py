@@ -20,12 +20,14 @@ import shutil
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
+import hf_oracle
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.kernels import gguf_cpu
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
 from ssd_engine.speculative.sd import SyncDraft
+from cpu_features import NEEDS_BF16
 from tiny_checkpoints import derived_checkpoint as _derived
 
 NEW_TOKENS = 48
@@ -97,13 +99,7 @@ def oracle(target) -> list[list[int]]:
 
 def greedy_oracle(path: str) -> list[list[int]]:
     """transformers' greedy continuation (EOS ignored) of _prompts(8); _prompts(n) is a prefix."""
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    outs = []
-    for p in _prompts(8):
-        out = model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None,
-                             pad_token_id=0)
-        outs.append(out[0, len(p):].tolist())
-    return outs
+    return hf_oracle.greedy(path, _prompts(8), NEW_TOKENS)
 
 
 def _sd(target: str, draft: str, k: int, **options) -> LLM:
@@ -146,7 +142,8 @@ def test_greedy_sd_matches_transformers(target, noisy_draft, oracle, batch, k):
             assert sum(1 for c in totals["accepted_length_histogram"][1:k] if c) >= 1
 
 
-@pytest.mark.parametrize("draft_dtype", ["bf16", "int4", pytest.param("q4k", marks=NEEDS_Q4K)])
+@pytest.mark.parametrize("draft_dtype", [pytest.param("bf16", marks=NEEDS_BF16), "int4",
+                                         pytest.param("q4k", marks=NEEDS_Q4K)])
 def test_greedy_sd_with_a_low_precision_draft_matches_transformers(target, noisy_draft, oracle, draft_dtype):
     """The draft in bf16, int4 (bf16 activations, bf16 KV) or q4k (int8-rounded activations): its q
     rows change, the output does not."""
