@@ -4,7 +4,6 @@ A synthetic GGUF (written with gguf's own writer, quantized with its own quantiz
 the real parts; the slow test converts the real SmolLM2 fixture and compares every tensor with
 transformers' own GGUF dequantization.
 """
-import importlib.util
 import tracemalloc
 from pathlib import Path
 
