@@ -35,7 +35,8 @@ def path_laws(fmt: str, prompts: list[list[int]], paths: list[list[int]]) -> lis
     """Per prompt, the log-softmax of the target (in `fmt`) before each token of its fp32 path."""
     from ssd_engine.core.config import EngineConfig
     from ssd_engine.planning.plan import plan
-    from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
+    from ssd_engine.runtime.model_runner import RunnerSpec
+    from ssd_engine.runtime.step_inputs import StepInputs
 
     longest = max(len(p) + len(c) for p, c in zip(prompts, paths))
     blocks = -(-longest // BLOCK)

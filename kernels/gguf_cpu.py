@@ -1,10 +1,12 @@
 """The GGUF block kernels (gguf_matmul.cpp), compiled for this CPU on first use.
 
 Built with torch's extension builder (`-O3 -march=native`: the compiler picks AVX-512 or AVX2 for the
-machine it runs on) into the engine's cache (`~/.cache/ssd_engine/kernels/`, or
-`$SSD_ENGINE_KERNEL_CACHE`), under a name keyed on the CPU's flags and the sources, so a cache
-shared by two machines never loads code built for the other. Where no compiler works,
-`load()` says why and the caller keeps fp32 weights (the same values, more memory).
+machine it runs on; `$SSD_ENGINE_KERNEL_MARCH`, read at import, names another `-march`, e.g. `haswell`
+for the AVX2-only build an AVX-512 host can then test, a cache entry of its own) into the engine's
+cache (`~/.cache/ssd_engine/kernels/`, or `$SSD_ENGINE_KERNEL_CACHE`), under a name keyed on the
+CPU's flags, the compiler flags and the sources, so a cache shared by two machines never loads code
+built for the other. Where no compiler works, `load()` says why and the caller keeps fp32 weights
+(the same values, more memory).
 
     torch.ops.ssd_engine_gguf.linear(x_fp32[rows, k], blocks_uint8[n, row_bytes], kind, k) -> [rows, n]
     torch.ops.ssd_engine_gguf.dequantize(blocks, kind, k) -> fp32 [n, k]
@@ -33,7 +35,9 @@ SOURCES = [Path(__file__).with_name(name)
 HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h", "cpu_vec.h")]  # part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded
-FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fno-math-errno", "-fopenmp"]
+MARCH_ENV = "SSD_ENGINE_KERNEL_MARCH"  # the compiler's -march (default native); part of FLAGS, so of library_key()
+FLAGS = ["-O3", f"-march={os.environ.get(MARCH_ENV) or 'native'}", "-mprefer-vector-width=512", "-fno-math-errno",
+         "-fopenmp"]
 DISABLE_ENV = "SSD_ENGINE_NO_GGUF_KERNEL"  # 1: behave as if no compiler were installed (tests, debugging)
 
 

@@ -16,7 +16,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
+from ssd_engine.runtime.model_runner import RunnerSpec
+from ssd_engine.runtime.step_inputs import StepInputs
 
 BF16_UNIT_ROUNDOFF = 2.0 ** -8  # 8 significant bits (7 stored + the implicit one), round to nearest
 

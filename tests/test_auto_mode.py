@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from ssd_engine import LLM
+from ssd_engine.distributed.placement import available_cores
 from ssd_engine.planning import choose
 from ssd_engine.planning.costs import MeasuredCosts, _curve
 from ssd_engine.planning.predict import (Acceptance, Costs, Prediction, predict_all, predict_sd, predict_ssd)
@@ -116,6 +117,11 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
     """Whatever the prediction says, the engine runs that mode with its K, format, cores and budget."""
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.0 + (mode == "sd")),
              "ssd": Prediction("ssd", 3, 1.0 + 2 * (mode == "ssd"), {"budget": 5, "t_p": 0.8, "t_jit": 0.3})}
+    # two of this process's cores, whatever the host has: the planned sets are then known (a, b)
+    first, second = (available_cores() + [None])[:2]
+    if second is None:
+        pytest.skip("needs two cores")
+    monkeypatch.setattr(choose, "available_cores", lambda: [first, second])
     monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8, draft_dtype="int8") as llm:
@@ -124,11 +130,12 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
         outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
         if mode == "ssd":
             assert llm.engine.k == parts.speculative.k == 3 and parts.speculative.ssd.budget == 5
-            assert parts.parallel.cpu_cores == "0;1" and llm.engine.draft_format.name == "int8"
+            assert parts.parallel.cpu_cores == f"{first};{second}" and llm.engine.draft_format.name == "int8"
             prior = llm.engine.speculator.policy.prior  # the fallback rule starts from this machine's timing
             assert (prior.t_p, prior.t_slow) == (0.8, 0.3)
         elif mode == "sd":
-            assert llm.engine.k == 2 and parts.parallel.cpu_cores == "0,1" and parts.model.num_threads == 2
+            assert llm.engine.k == 2 and parts.parallel.cpu_cores == f"{first},{second}"
+            assert parts.model.num_threads == 2
             assert llm.engine.draft_format.name == "int8"
         else:
             assert llm.engine.speculator is None and llm.engine.k == 0 and parts.model.num_threads == 2

@@ -30,16 +30,17 @@ The check can fail: at least a fifth of the positions have an fp64 runner-up mor
 behind (a wrong token there violates it), and two negative controls show it: the runner-up at
 those positions fails the check, and an SD verifier broken to accept every draft is caught.
 
-Devices: CPU, and the same cases on CUDA (skipped without a GPU; scripts/gpu_check.sh runs this
-file), which take the engine's GPU path (Triton kernels, CUDA graphs). That path's bf16 cannot be
-checked on CPU: Triton's interpreter multiplies the raw bit patterns of bf16 `tl.dot` operands
-(triton-lang/triton#11584; the engine's logits come out ~30 delta off there), so on a GPU is the
-only place it is checked.
+Devices: CPU (skipped where oneDNN has no bf16 matmul: AVX2-only CPUs), and the same cases on CUDA
+(skipped without a GPU; scripts/gpu_check.sh runs this file), which take the engine's GPU path
+(Triton kernels, CUDA graphs). That path's bf16 cannot be checked on CPU: Triton's interpreter
+multiplies the raw bit patterns of bf16 `tl.dot` operands (triton-lang/triton#11584; the engine's
+logits come out ~30 delta off there), so on a GPU is the only place it is checked.
 """
 import pytest
 import torch
 
 from bf16_oracle import Fp64Reference, deficits, engine_logit_error, logit_error_bound
+from cpu_features import NEEDS_BF16
 from tiny_checkpoints import derived_checkpoint
 from ssd_engine import LLM, SamplingParams
 
@@ -51,7 +52,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 DRAFT_NOISE = 0.01  # std added to every target matrix: a draft that agrees often, not always
 MIN_DECISIVE = 0.2  # fraction of positions whose runner-up trails by more than the tolerance
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
+# on a CPU the bf16 target packs its weights for oneDNN's bf16 matmul, which AVX2-only CPUs lack
+DEVICES = [pytest.param("cpu", marks=NEEDS_BF16), pytest.param("cuda", marks=CUDA)]
 # SSD spawns a draft process (seconds): one architecture; AR and SD on all three
 CASES = [("qwen3", "ar"), ("qwen3", "sd"), ("qwen3", "ssd"), ("llama", "ar"), ("llama", "sd"), ("qwen2", "ar"),
          ("qwen2", "sd")]
@@ -114,6 +116,7 @@ def test_bf16_greedy_tokens_are_the_fp64_argmax_up_to_noise(checkpoints, arch, m
         assert 0 < metrics["acceptance_rate"] < 1, metrics["acceptance_rate"]
 
 
+@NEEDS_BF16
 def test_runner_up_token_fails_the_check(checkpoints):
     """Negative control: the fp64 runner-up, put where it trails by more than the tolerance."""
     target, draft, reference = checkpoints("qwen3")
@@ -132,6 +135,7 @@ def test_runner_up_token_fails_the_check(checkpoints):
     assert flagged >= MIN_DECISIVE * len(PROMPTS) * NEW_TOKENS
 
 
+@NEEDS_BF16
 def test_broken_verifier_fails_the_check(checkpoints, monkeypatch):
     """Negative control: SD whose greedy verifier accepts every draft emits tokens the check rejects."""
     import ssd_engine.sampling.verifier as verifier

@@ -14,7 +14,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ssd_engine import LLM
 from ssd_engine.runtime.compiled_model import CompiledModel
-from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.runtime.step_inputs import StepInputs
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 from runners import tiny_runner
 from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)

@@ -16,8 +16,10 @@ pytest.importorskip("triton")
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime.cuda_graphs import bucket_sizes  # noqa: E402
-from ssd_engine.runtime.model_runner import ModelRunner, StepInputs  # noqa: E402
+from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
+from ssd_engine.runtime.step_inputs import StepInputs  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
+from cpu_features import GPU_DRAFT_DTYPE_ON_CPU
 from runners import tiny_runner
 
 # an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
@@ -59,7 +61,7 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
     options = dict(device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=32)
     if mode != "ar":
         options.update(draft_model=model, speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="1",
-                       draft_timeout_s=300, draft_dtype="bf16")
+                       draft_timeout_s=300, draft_dtype="bf16" if DEVICE.type == "cuda" else GPU_DRAFT_DTYPE_ON_CPU)
     with LLM(model, **options) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         graphs = llm.engine.runner.graphs
@@ -68,8 +70,9 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
         assert shapes == ({("paged", 1)} if mode == "ar" else {("paged", 4)})
         assert {rows for _, rows in graphs.replayed} >= {4}
         if mode == "sd":
-            # the target itself drafting in bf16 agrees with it (the interpreter's bf16 attention,
-            # wrong by ~1e8, once made every draft a miss here: layers/attention_backends.py)
+            # the target itself drafting in bf16 (fp32 on a CPU without it) agrees with it (the
+            # interpreter's bf16 attention, wrong by ~1e8, once made every draft a miss here:
+            # layers/attention_backends.py)
             assert llm.speculation_metrics()["acceptance_rate"] > 0.5
             # its draft steps and its catch-up after a fully accepted round (x_K and the bonus)
             assert {("paged", 1), ("paged", 2)} <= {key for key, _ in llm.engine.speculator.runner.graphs.replayed}

@@ -219,14 +219,17 @@ class _Work:
 
 def test_nccl_ops_are_polled_against_the_deadline():
     coordinator, draft, _ = _pair(timeout_s=1.0, backend="gloo-split")
+    # each poll timed alone; the upper bounds only say it returned (a loaded host may wake it late)
     started = time.monotonic()
     coordinator._poll(_Work(0.2), patient=False)
-    assert 0.2 <= time.monotonic() - started < 0.5
+    assert 0.2 <= time.monotonic() - started < 5  # done when the op is, inside the deadline
+    started = time.monotonic()
     with pytest.raises(DraftLinkError, match="timed out"):
         coordinator._poll(_Work(float("inf")), patient=False)
-    assert 1.0 <= time.monotonic() - started < 3
-    draft._poll(_Work(1.5), patient=True)  # the draft has no deadline
-    assert time.monotonic() - started >= 2.7
+    assert 1.0 <= time.monotonic() - started < 5  # the deadline ended it, not the op
+    started = time.monotonic()
+    draft._poll(_Work(1.5), patient=True)  # the draft has no deadline: it waits past the 1 s
+    assert time.monotonic() - started >= 1.5
 
 
 def test_a_wrong_reply_size_fails_instead_of_hanging():

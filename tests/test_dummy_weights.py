@@ -17,6 +17,7 @@ from ssd_engine.core.config import EngineConfig
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.weight_formats import Int4Weight, Int8Weight, OneDNNWeight
 from ssd_engine.models.loader import DUMMY_RANGE, build_model
+from cpu_features import NEEDS_BF16
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -70,7 +71,8 @@ def test_tokenizer_files_without_weights_load_with_dummy_and_take_text(tiny_qwen
     assert len(out.token_ids) == 6 and isinstance(out.text, str)
 
 
-@pytest.mark.parametrize("fmt, prepared", [("bf16", OneDNNWeight), ("int8", Int8Weight), ("int4", Int4Weight)])
+@pytest.mark.parametrize("fmt, prepared", [pytest.param("bf16", OneDNNWeight, marks=NEEDS_BF16),
+                                           ("int8", Int8Weight), ("int4", Int4Weight)])
 def test_draft_weight_formats_prepare_dummy_weights(tmp_path, fmt, prepared):
     folder = shape_folder(tmp_path / "shape")
     with LLM(folder, draft_model=folder, load_format="dummy", speculative_mode="sd", num_speculative_tokens=2,

@@ -16,7 +16,8 @@ pytest.importorskip("triton")
 import hf_oracle  # noqa: E402
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime import piecewise_graphs  # noqa: E402
-from ssd_engine.runtime.model_runner import ModelRunner, StepInputs  # noqa: E402
+from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
+from ssd_engine.runtime.step_inputs import StepInputs  # noqa: E402
 from ssd_engine.runtime.piecewise_graphs import SMALLEST, token_buckets  # noqa: E402
 from runners import tiny_runner
 

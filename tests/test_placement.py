@@ -15,6 +15,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+from cpu_features import GPU_DRAFT_DTYPE_ON_CPU  # noqa: E402
 from placement_harness import gpu_placement  # noqa: E402
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
@@ -99,8 +100,9 @@ def _engine_options(path: str, mode: str) -> dict:
     options = dict(device="cpu", dtype="float32", attention_backend="triton", fused_kernels="on", block_size=4,
                    cuda_graph_max_batch=4)
     if mode != "ar":
-        # bf16: a GPU's draft format (the int formats are CPU-only); the thread: checked like the target
-        options.update(draft_model=path, speculative_mode=mode, num_speculative_tokens=3, draft_dtype="bf16",
+        # a GPU's draft format (cpu_features.py); the thread: checked like the target
+        options.update(draft_model=path, speculative_mode=mode, num_speculative_tokens=3,
+                       draft_dtype=GPU_DRAFT_DTYPE_ON_CPU,
                        ssd_fanout="1", ssd_draft_host="thread", draft_timeout_s=300)
     return options
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from ssd_engine import SamplingParams
-from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.runtime.step_inputs import StepInputs
 from profiling.sync_count import SyncCounter
 from ssd_engine.sampling.processors import SamplingTensors, probs_from_logits
 from ssd_engine.sampling.rejection import verify

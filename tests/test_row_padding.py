@@ -5,6 +5,8 @@ import torch
 from ssd_engine import LLM
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.weight_formats import prepare
+from cpu_features import NEEDS_BF16
+from runners import tiny_runner
 from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
 
 
@@ -20,7 +22,7 @@ def padded(monkeypatch):
     monkeypatch.setitem(row_padding._padded, torch.bfloat16, {1: 4, 2: 4, 3: 4})
 
 
-@pytest.mark.parametrize("fmt", ["fp32", "bf16"])
+@pytest.mark.parametrize("fmt", ["fp32", pytest.param("bf16", marks=NEEDS_BF16)])
 def test_padded_rows_give_the_rows_asked_for(padded, fmt):
     g = torch.Generator().manual_seed(0)
     weight, bias = torch.randn(48, 64, generator=g), torch.randn(48, generator=g)
@@ -38,3 +40,33 @@ def test_greedy_stays_exact_with_padded_decode_steps(tiny_model_dir, oracle_outp
     with LLM(tiny_model_dir(arch), block_size=8) as llm:
         outputs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == oracle_outputs(arch, 3)
+
+
+def test_a_dtype_onednn_cannot_pack_pads_nothing_and_is_cached(tmp_path, monkeypatch):
+    # bf16 on a CPU without AVX-512: oneDNN's reorder raises, so no weight of it is packed either
+    probes = []
+
+    def refuse(dtype):
+        probes.append(dtype)
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+
+    monkeypatch.setattr(row_padding, "_probe", refuse)
+    monkeypatch.setattr(row_padding, "_padded", {})  # this process's tables: none measured yet
+    assert row_padding.measure_once(torch.bfloat16, "host", str(tmp_path)) == {}
+    del row_padding._padded[torch.bfloat16]  # another process: the cached file answers
+    assert row_padding.measure_once(torch.bfloat16, "host", str(tmp_path)) == {} and len(probes) == 1
+    assert row_padding.padded_rows(1, torch.bfloat16) == 1 and row_padding.largest_padded(torch.bfloat16) == 0
+
+
+@pytest.mark.parametrize("fields, probed", [(dict(weight_format="int8"), None), (dict(weight_format="int4"), None),
+                                            pytest.param(dict(weight_format="bf16"), torch.bfloat16, marks=NEEDS_BF16),
+                                            (dict(weight_layout="packed"), torch.float32),
+                                            (dict(weight_layout="plain"), None)])
+def test_a_runner_probes_only_the_onednn_dtype_it_packs(tiny_model_dir, monkeypatch, fields, probed):
+    # an int8 / int4 draft runs bf16 activations through aten's int ops, never oneDNN's bf16 matmul
+    measured = []
+    monkeypatch.setattr(row_padding, "measure_once", lambda dtype, key, cache_dir: measured.append(dtype) or {})
+    dtype = torch.bfloat16 if "weight_format" in fields else torch.float32
+    sizes = dict(num_kv_blocks=4, block_size=8, max_position=32, dtype=dtype)
+    tiny_runner(tiny_model_dir("qwen2"), **sizes, **fields)
+    assert measured == ([probed] if probed else [])

@@ -18,6 +18,7 @@ import time
 import pytest
 
 from ssd_engine import LLM, SamplingParams
+from cpu_features import NEEDS_BF16
 from test_speculative_decoding import (GREEDY, _derived, _prompts, _with_eos, greedy_oracle,  # noqa: F401 (fixtures)
                                        noisy_draft, target, target_nopad)
 
@@ -78,7 +79,7 @@ def test_greedy_ssd_matches_transformers(target, target_nopad, noisy_draft, orac
         assert 0 < m["cache_hit_rate"] < 1 and 0 < m["acceptance_on_hits"] and 0 < m["acceptance_on_misses"]
 
 
-@pytest.mark.parametrize("draft_dtype", ["bf16", "int4"])
+@pytest.mark.parametrize("draft_dtype", [pytest.param("bf16", marks=NEEDS_BF16), "int4"])
 def test_greedy_ssd_with_a_low_precision_draft_matches_transformers(target, noisy_draft, oracles, draft_dtype):
     with _ssd(target, noisy_draft, ssd_fanout=2, draft_dtype=draft_dtype) as llm:
         assert llm.engine.execution()["draft_format"].startswith(draft_dtype)

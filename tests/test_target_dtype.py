@@ -33,10 +33,12 @@ from ssd_engine.core.config import REQUANTIZED, EngineConfig
 from ssd_engine.layers.attention import row_independent_attention
 from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, ROW_TILE, prepare
-from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
+from ssd_engine.runtime.model_runner import RunnerSpec
+from ssd_engine.runtime.step_inputs import StepInputs
 from exact_law import output_law
 from small_pair import DIST_PROMPT, engine_options
 from stats_helpers import fit, gof_power
+from cpu_features import format_params
 from tiny_checkpoints import derived_checkpoint
 
 QUANTIZED = list(REQUANTIZED)
@@ -101,7 +103,7 @@ def test_bench_parses_the_option_and_hands_it_to_every_engine_of_ours():
 ENGINE_ROW_COUNTS = (1, 2, 3, 5, K + 1, ROW_TILE, ROW_TILE + 1, 40, 64, 512, 2048)
 
 
-@pytest.mark.parametrize("fmt", ["fp32", *REQUANTIZED])
+@pytest.mark.parametrize("fmt", format_params(["fp32", *REQUANTIZED]))
 @pytest.mark.parametrize("shape", [(4096, 1536), (256, 1536)])
 def test_a_target_format_gives_each_row_the_same_bits_at_any_row_count(fmt, shape):
     """Regression (an Intel Xeon with AMX): oneDNN's bf16 matmul gave row 0 other bits at 40 rows than
@@ -126,7 +128,7 @@ def test_a_target_format_gives_each_row_the_same_bits_at_any_row_count(fmt, shap
             assert torch.equal(out[position:position + 1], alone[i]), ("shuffled", i)
 
 
-@pytest.mark.parametrize("fmt", ["fp32", *REQUANTIZED])
+@pytest.mark.parametrize("fmt", format_params(["fp32", *REQUANTIZED]))
 def test_a_target_format_never_hands_its_kernel_a_row_count_outside_one_tile(fmt, monkeypatch):
     """The contract behind the test above on any CPU, whichever kernels it has: the library op of a
     row-independent format only ever sees 2 (1 for the int ops) to ROW_TILE rows, so it cannot switch
@@ -166,7 +168,7 @@ def _logits(runner, tokens: list[int], prompt_len: int, step: int, table: list[i
 # not fp32: the default target keeps today's kernels, where a lone decode row runs oneDNN's one-row
 # kernel unless this machine's row-padding table pads it (layers/row_padding.py): at this width its
 # logits then differ from a verification row's in the last bits (docs/CPU.md "Target formats")
-@pytest.mark.parametrize("fmt", QUANTIZED)
+@pytest.mark.parametrize("fmt", format_params(QUANTIZED))
 def test_a_quantized_targets_logits_do_not_depend_on_the_other_rows(tiny_model_dir, fmt):
     path = tiny_model_dir("qwen2", **WIDE)
     tokens, other = PROMPTS[3] + PROMPTS[2][:9], PROMPTS[1] + PROMPTS[0]
@@ -190,7 +192,7 @@ def test_a_quantized_targets_logits_do_not_depend_on_the_other_rows(tiny_model_d
 def test_the_engine_line_names_the_attention_its_layers_run(tiny_model_dir):
     """attention_backend='torch' with a re-quantized CPU target: its layers run the row-independent
     backend (the format's contract above), and the engine line names that one, not the one asked for."""
-    with LLM(tiny_model_dir("qwen2"), **dict(COMMON, target_dtype=QUANTIZED[0], attention_backend="torch")) as llm:
+    with LLM(tiny_model_dir("qwen2"), **dict(COMMON, target_dtype="int8", attention_backend="torch")) as llm:
         runner = llm.engine.runner.local
         assert {layer.self_attn.attn.backend for layer in runner.model.model.layers} == {row_independent_attention}
         assert llm.engine.execution()["attention"] == backend_name(row_independent_attention, runner.device)
@@ -222,7 +224,7 @@ def _greedy(target: str, draft: str, fmt: str, mode: str) -> tuple[list[list[int
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
-@pytest.mark.parametrize("fmt", QUANTIZED)
+@pytest.mark.parametrize("fmt", format_params(QUANTIZED))
 def test_greedy_sd_and_ssd_equal_the_quantized_targets_own_ar(pair, fmt, mode):
     target, draft = pair
     ar, _ = _greedy(target, draft, fmt, "ar")

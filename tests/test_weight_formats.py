@@ -11,6 +11,7 @@ from ssd_engine.runtime import draft_format
 from ssd_engine.runtime.draft_format import DraftFormat, choose, linear_shapes, resolve
 from ssd_engine.layers import weight_formats
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, dequantized, prepare
+from cpu_features import format_params
 
 # worst output error against x @ w.T for unit-variance x and weights of std 0.05 over 256 columns
 # (output std 0.8): bf16 rounding of x and w (~2^-8 relative each), int8's 1/254 of the row range,
@@ -18,7 +19,7 @@ from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, dequanti
 TOLERANCE = {"fp32": 1e-4, "bf16": 0.03, "int8": 0.06, "int4": 0.5, "q4k": 0.5}
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", format_params(FORMATS))
 @pytest.mark.parametrize("rows", [1, 5])
 def test_each_format_multiplies_by_its_dequantized_weight(fmt, rows):
     g = torch.Generator().manual_seed(0)
@@ -69,6 +70,21 @@ def test_auto_probes_once_then_reads_the_cache(tmp_path, monkeypatch):
     (cached,) = [f for f in os.listdir(tmp_path / "probes") if json.load(open(tmp_path / "probes" / f))["workload"]
                  == [[1, 2]]]
     assert cached.startswith("draft-format-")
+
+
+def test_the_probe_skips_a_format_this_cpu_lacks(tmp_path, monkeypatch):
+    # as bf16 does on an AVX2-only CPU: oneDNN refuses to pack it (a RuntimeError)
+    real_prepare = draft_format.prepare
+
+    def prepare_without_bf16(weight, fmt):
+        if fmt == "bf16":
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+        return real_prepare(weight, fmt)
+
+    monkeypatch.setattr(draft_format, "prepare", prepare_without_bf16)
+    chosen = resolve("auto", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path))
+    assert "bf16" not in chosen.step_ms and {"fp32", "int8", "int4"} <= set(chosen.step_ms)
+    assert chosen.name != "bf16"
 
 
 def test_an_explicit_format_is_taken_without_a_probe(tmp_path):

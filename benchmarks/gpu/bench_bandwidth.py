@@ -88,7 +88,8 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
     """Rows of the table for one model: one per batch size."""
     from ssd_engine.core.config import EngineConfig
     from ssd_engine.core.config_parts import CacheConfig
-    from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
+    from ssd_engine.runtime.model_runner import RunnerSpec
+    from ssd_engine.runtime.step_inputs import StepInputs
     config = EngineConfig(model=model_path, speculative_mode="ar", device=args.device, num_threads=args.threads,
                           load_format=args.load_format, enforce_eager=args.enforce_eager,
                           compile_model="on" if args.compile else "off", fused_kernels=args.fused_kernels)

@@ -36,7 +36,8 @@ def build(name: str, fmt: str, layers: int, context: int, rows: list[int]):
     from ssd_engine.models.default_models import cache_dir
     from ssd_engine.core.config_parts import CacheConfig, ModelConfig
     from ssd_engine.distributed.comm import TPGroup
-    from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec, StepInputs
+    from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec
+    from ssd_engine.runtime.step_inputs import StepInputs
     from ssd_engine.models.loader import load_config
 
     class RandomRunner(ModelRunner):

@@ -73,7 +73,7 @@ def layer_counts(path: str, fmt: str | None, gpu_path: bool = False) -> dict:
     """One decode step's ops by scope: each of two layers, the rest of the forward, and sampling."""
     from ssd_engine import SamplingParams
     from ssd_engine.core.structures import Sequence
-    from ssd_engine.runtime.model_runner import StepInputs
+    from ssd_engine.runtime.step_inputs import StepInputs
     from profiling.op_count import OpCounter
     from ssd_engine.sampling.verifier import Verifier
     import torch
@@ -151,7 +151,7 @@ def prefill_launches(path: str) -> dict:
     (runtime/piecewise_graphs.py, emulated; each piece's replay one launch): the launches the host
     issues (compute ops) and all its ops, per decoder layer (3 layers minus 2) and in total at the
     model's depth."""
-    from ssd_engine.runtime.model_runner import StepInputs
+    from ssd_engine.runtime.step_inputs import StepInputs
     from profiling.op_count import OpCounter
     counts = {}
     for graphs in (0, 4):

@@ -43,7 +43,9 @@ def largest_padded(dtype: torch.dtype) -> int:
 
 def measure_once(dtype: torch.dtype, key: str, cache_dir: str) -> dict[int, int]:
     """Measure (or read the cached) padding table for `dtype` in this process; `key`: the machine
-    fingerprint for this process's cores and threads."""
+    fingerprint for this process's cores and threads. Where oneDNN has no packed matmul in `dtype`
+    (bf16 on a CPU without AVX-512: the probe raises RuntimeError) nothing is padded ({}), cached
+    like any result: no weight of that dtype can be packed there either."""
     if dtype in _padded:
         return _padded[dtype]
     path = os.path.join(cache_dir, "probes", f"row-padding-{key}-{str(dtype).split('.')[-1]}.json")
@@ -51,7 +53,10 @@ def measure_once(dtype: torch.dtype, key: str, cache_dir: str) -> dict[int, int]
         with open(path) as f:
             table = {int(k): v for k, v in json.load(f)["padded"].items()}
     except (OSError, ValueError, KeyError):
-        times = _probe(dtype)
+        try:
+            times = _probe(dtype)
+        except RuntimeError:
+            times = {}
         table = choose(times)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as f:

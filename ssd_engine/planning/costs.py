@@ -42,8 +42,8 @@ from ssd_engine.core.config_parts import CacheConfig, ModelConfig, ParallelConfi
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import ScheduledBatch, Sequence, new_block_table
 from ssd_engine.distributed.placement import pin, unpin
-from ssd_engine.runtime import draft_format
-from ssd_engine.runtime.model_runner import RunnerSpec, StepInputs
+from ssd_engine.runtime import draft_format, step_inputs
+from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.tensor_parallel.launch import _spawn as spawn_ranks
 from ssd_engine.utils.memory import release_freed_heap
 from ssd_engine.models.loader import load_config
@@ -217,7 +217,7 @@ def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
     runner = RunnerSpec(replace(model, **changes), CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1).build(
         hf_config=hf_config)
     context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]  # ids every vocabulary has
-    runner.run(StepInputs([0], [context], [list(range(BLOCKS))], [[PREFIX - 1]]))
+    runner.run(step_inputs.StepInputs([0], [context], [list(range(BLOCKS))], [[PREFIX - 1]]))
     return runner, layers / hf_config.num_hidden_layers
 
 
@@ -230,7 +230,7 @@ def _time(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, floa
         result = {}
         for n in rows:
             fed = [42 % runner.config.vocab_size] * n
-            ids, positions, meta = runner.prepare(StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))]))
+            ids, positions, meta = runner.prepare(step_inputs.StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))]))
             times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][2:]
             result[n] = sorted(times)[REPEATS // 2]
             bar.update(1)

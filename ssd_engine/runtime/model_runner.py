@@ -23,11 +23,12 @@ from ssd_engine.core.structures import ScheduledBatch
 from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
 from ssd_engine.utils.host_upload import padded_rows, to_device, upload
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
+from ssd_engine.runtime.step_inputs import StepInputs
 from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention
 from ssd_engine.layers.attention_backends import select_backend
 from ssd_engine.layers import layer_ops, row_padding
 from ssd_engine.layers.linear import Linear
-from ssd_engine.layers.weight_formats import check_supported
+from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, check_supported
 from ssd_engine.layers.shapes import head_dim
 from ssd_engine.utils.machine import fingerprint
 from ssd_engine.utils.memory import lazy_zeros
@@ -36,47 +37,6 @@ from ssd_engine.models import model_class_for
 from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for, gguf_weight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-@dataclass
-class StepInputs:
-    """Everything a forward pass needs, as plain lists (what travels to tensor-parallel workers),
-    except fed tokens that are still on the device (draft tokens: reading them on the host would
-    wait for the draft's last step)."""
-    starts: list[int]               # per sequence: tokens already in the KV cache
-    token_ids: list[list[int]]      # per sequence: the tokens fed this step
-    block_tables: list[list[int]]   # per sequence: its KV blocks
-    logit_rows: list[list[int]]     # per sequence: offsets into its fed tokens that need logits
-    # (flat positions over every fed token, a device tensor of as many ids): fed there instead of
-    # the placeholders token_ids holds at those places; None: token_ids is the whole feed
-    on_device: tuple[list[int], torch.Tensor] | None = None
-
-    @classmethod
-    def from_batch(cls, batch: ScheduledBatch, logit_rows: list[list[int]],
-                   token_ids: list[list[int]] | None = None,
-                   on_device: tuple[list[int], torch.Tensor] | None = None) -> "StepInputs":
-        """`token_ids[i]` overrides the tokens fed for sequence i (draft tokens)."""
-        starts = [seq.num_computed_tokens for seq in batch.seqs]
-        if token_ids is None:
-            token_ids = [seq.token_ids[s:s + n] for seq, s, n in zip(batch.seqs, starts, batch.num_new_tokens)]
-        for fed, n in zip(token_ids, batch.num_new_tokens):
-            assert len(fed) == n
-        return cls(starts, list(token_ids), [seq.block_table for seq in batch.seqs], logit_rows, on_device)
-
-    def on_host(self) -> "StepInputs":
-        """The same step with every fed token in token_ids (one host read of the device-held ones):
-        what tensor-parallel workers are sent."""
-        if self.on_device is None:
-            return self
-        flat = [t for fed in self.token_ids for t in fed]
-        at, values = self.on_device
-        for position, token in zip(at, values.tolist()):
-            flat[position] = token
-        token_ids, start = [], 0
-        for fed in self.token_ids:
-            token_ids.append(flat[start:start + len(fed)])
-            start += len(fed)
-        return replace(self, token_ids=token_ids, on_device=None)
 
 
 @dataclass(frozen=True)
@@ -115,10 +75,12 @@ class ModelRunner:
             self.weight_format = None
         if self.weight_format not in (None, *GGUF_FORMATS) and device.type == "cpu" and model.row_independent:
             check_supported(self.weight_format, "target_dtype")  # a one-line error before any weight loads
-        if device.type == "cpu" and dtype in (torch.float32, torch.bfloat16):
-            # before any forward: whether oneDNN runs one-row steps faster padded (layers/row_padding.py)
-            row_padding.measure_once(dtype, fingerprint(sorted(os.sched_getaffinity(0)), torch.get_num_threads()),
-                                     str(cache_dir()))
+        onednn_dtype = self._onednn_dtype()
+        if onednn_dtype == torch.bfloat16 and self.weight_format is None:
+            check_supported("bf16", "dtype")  # packed bf16 needs oneDNN's bf16 matmul: one line, not a load crash
+        if onednn_dtype is not None:  # before any forward: whether one-row steps run faster padded
+            row_padding.measure_once(onednn_dtype, fingerprint(sorted(os.sched_getaffinity(0)),
+                                                               torch.get_num_threads()), str(cache_dir()))
         self.model = build_model(model.path, self.config, runner_spec.max_position, dtype, device, self.tp,
                                  progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format,
                                  skip=self.gguf_blocks.holds if self.gguf_blocks else None)  # read from the GGUF instead
@@ -138,6 +100,17 @@ class ModelRunner:
         self._allocate_kv_cache(cache.num_kv_blocks + (self.graphs is not None))  # + the padding rows' block
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
+
+    def _onednn_dtype(self) -> torch.dtype | None:
+        """The dtype of the oneDNN matmuls `_pack` gives this runner; None: it packs none (int formats,
+        q4k, a plain layout, a GPU). A GGUF target's dense parts are oneDNN fp32 (gguf_weight.py)."""
+        if self.device.type != "cpu" or (self.weight_layout == "plain" and self.weight_format is None):
+            return None
+        if self.gguf_blocks is not None:
+            return torch.float32
+        dtype = ACTIVATION_DTYPE[self.weight_format] if self.weight_format in ("fp32", "bf16") else \
+            None if self.weight_format is not None else self.dtype
+        return dtype if dtype in (torch.float32, torch.bfloat16) else None
 
     def _pack(self, name: str, module) -> None:
         """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""

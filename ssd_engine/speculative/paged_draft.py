@@ -23,7 +23,8 @@ import torch
 from ssd_engine.core.structures import Paged
 from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.runtime.decode_feed import DecodeFeed
-from ssd_engine.runtime.model_runner import ModelRunner, StepInputs
+from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.runtime.step_inputs import StepInputs
 
 
 class StepSampler(Protocol):

@@ -12,7 +12,8 @@ import torch
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.core.structures import BlockTable, new_block_table
-from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec, StepInputs
+from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec
+from ssd_engine.runtime.step_inputs import StepInputs
 
 
 def common_prefix(a: BlockTable, b: BlockTable) -> int:
