@@ -5,8 +5,8 @@ call them, greedy output stays transformers', and a decode layer dispatches a ha
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
 
+import hf_oracle
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.kernels import cpu_layer_ops, gguf_cpu
 from ssd_engine.layers.rotary import rotate
@@ -87,9 +87,7 @@ PROMPTS = [list(range(5, 16)), [7, 8, 9]]
 @pytest.mark.parametrize("arch,mode", [("qwen3", "ar"), ("llama", "sd"), ("qwen2", "sd")])
 def test_engine_runs_the_cpu_ops_by_default_and_matches_transformers(tiny_model_dir, arch, mode):
     path = tiny_model_dir(arch, vocab_size=259)
-    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    expected = [oracle.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                                pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+    expected = hf_oracle.greedy(path, PROMPTS, 10)
     options = dict(dtype="float32", block_size=4, max_num_batched_tokens=16)
     if mode == "sd":
         options.update(draft_model=tiny_model_dir(arch, seed=1, vocab_size=259), speculative_mode="sd",

@@ -8,12 +8,12 @@ import os
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
+import hf_oracle  # noqa: E402
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime.cuda_graphs import bucket_sizes  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
@@ -42,9 +42,7 @@ def model(tiny_model_dir):
 
 
 def _expected(path, n):
-    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).to(DEVICE).eval()
-    return [oracle.generate(torch.tensor([p], device=DEVICE), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                            pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+    return hf_oracle.greedy(path, PROMPTS, n, DEVICE)
 
 
 def test_bucket_sizes():
