@@ -14,14 +14,14 @@ holds the K/V of t*, x_1..x_{K-1} at their positions, and its steps' logits are 
 distributions at positions 1..K. The glue then copies that path into the trunk and feeds x_K
 alone (one row instead of K+1), as long as no build has overwritten the scratch path since.
 """
-import itertools
 import time
 
 import torch
 
 from ssd_engine.sampling.grammar import DraftMasks
+from ssd_engine.speculative.ssd.draft.branch_cache import BranchCache, DecodedBranches
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
-from ssd_engine.speculative.ssd.protocol import RANK_DEPTH, Speculation
+from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
 from ssd_engine.saguaro.source import Source
 from ssd_engine.utils.host_upload import padded_rows, upload
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
@@ -49,7 +49,7 @@ class CacheBuilder:
         k = self.trunk.k
         started = time.perf_counter()
         for seq in seqs:
-            seq.cache = {}
+            seq.cache = BranchCache(seq.params.greedy)
             seq.cut_trunk(len(seq) - 1)
         widest = min(max(RANK_DEPTH, max(max(s.fanout) for s in seqs) + 1), self.trunk.vocab)
         # structured requests: what the grammar allows at positions 1..K+1 of the speculation, and how many
@@ -149,14 +149,12 @@ class CacheBuilder:
             rows_q.append(q)
         if rows > self.step_rows:  # time the widest part: the one a budget is about
             self.step_seconds, self.step_rows = (time.perf_counter() - started) / k, rows
-        tokens = torch.stack(drawn, dim=1).tolist()
-        # [K, vocab] per branch, as views made in one call (a branch's indexing costs a call each)
-        q_rows = itertools.repeat(None) if rows_q[0] is None else torch.stack(rows_q, dim=1).unbind(0)
-        for r, (i, accepted, bonus, path, q) in enumerate(zip(branch_seq, branch_k, branch_tok, tokens, q_rows)):
-            seq = seqs[i]
-            seq.cache[(accepted, bonus)] = Speculation(Source.HIT, path, None if seq.params.greedy else q)
+        branches = DecodedBranches(torch.stack(drawn, dim=1).tolist(),
+                                   None if rows_q[0] is None else torch.stack(rows_q, dim=1))
+        for r, (i, accepted, bonus) in enumerate(zip(branch_seq, branch_k, branch_tok)):
+            seqs[i].cache.rows[(accepted, bonus)] = (branches, r)  # its Speculation is made when read
             if keep_paths:
-                self.paths[(seq.seq_id, (accepted, bonus))] = r
+                self.paths[(seqs[i].seq_id, (accepted, bonus))] = r
 
 
     @staticmethod

@@ -7,6 +7,7 @@ committed tokens, then the speculation just sent), so accepted draft tokens are 
 Reserving a trunk's blocks, extending it and decoding K tokens from it are paged_draft.py's, shared
 with SD's colocated draft; the sampling (Saguaro's down-weighting, per-row streams) is the trunk's.
 """
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -35,7 +36,7 @@ class DraftSeq:  # a Paged (core/structures.py): its blocks are the draft's, its
     trunk: list[int] = field(default_factory=list)
     sent: Speculation | None = None           # the speculation the target is verifying
     hit_key: tuple | None = None              # the outcome whose own cached branch `sent` is (a true hit)
-    cache: dict = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
+    cache: Mapping = field(default_factory=dict)  # (k, t*) -> Speculation for the next round (branch_cache.py)
     planned_fanout: list[int] = field(default_factory=list)  # F_0..F_K from the Saguaro plan
     fanout: list[int] = field(default_factory=list)  # F_0..F_K this build prepares (<= planned, build_budget.py)
     fanout_table: list = field(default_factory=list)  # the plan's fan-out at budgets 1..planned ([]: scale it)
