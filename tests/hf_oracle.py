@@ -17,6 +17,7 @@ import torch
 
 shared_dir: Path | None = None  # one folder for the session's workers (tests/conftest.py)
 _remembered: dict[str, list[list[int]]] = {}
+_digests: dict[tuple, str] = {}
 WHOLE_FILE_BYTES = 64 << 20  # larger weight files (a real checkpoint) are known by their size and head
 
 
@@ -44,16 +45,17 @@ def _shared(key: str, compute) -> list[list[int]]:
 
 
 def _checkpoint_digest(path: str) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(os.listdir(path)):
-        if not name.endswith((".json", ".safetensors")):
-            continue
-        file = Path(path, name)
-        size = file.stat().st_size
-        digest.update(f"{name} {size}".encode())
-        with open(file, "rb") as f:
-            digest.update(f.read(WHOLE_FILE_BYTES))
-    return digest.hexdigest()
+    """The checkpoint's bytes, hashed once per process while its files stay as they are."""
+    files = [Path(path, name) for name in sorted(os.listdir(path)) if name.endswith((".json", ".safetensors"))]
+    listing = (path, *((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
+    if listing not in _digests:
+        digest = hashlib.sha256()
+        for file in files:
+            digest.update(f"{file.name} {file.stat().st_size}".encode())
+            with open(file, "rb") as f:
+                digest.update(f.read(WHOLE_FILE_BYTES))
+        _digests[listing] = digest.hexdigest()
+    return _digests[listing]
 
 
 def _generate(path: str, prompts: list[list[int]], max_new_tokens: int, device) -> list[list[int]]:

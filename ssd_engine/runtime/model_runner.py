@@ -108,9 +108,9 @@ class ModelRunner:
             return None
         if self.gguf_blocks is not None:
             return torch.float32
-        dtype = ACTIVATION_DTYPE[self.weight_format] if self.weight_format in ("fp32", "bf16") else \
-            None if self.weight_format is not None else self.dtype
-        return dtype if dtype in (torch.float32, torch.bfloat16) else None
+        if self.weight_format is not None:
+            return ACTIVATION_DTYPE[self.weight_format] if self.weight_format in ("fp32", "bf16") else None
+        return self.dtype if self.dtype in (torch.float32, torch.bfloat16) else None
 
     def _pack(self, name: str, module) -> None:
         """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
