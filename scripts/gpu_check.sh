@@ -13,24 +13,27 @@
 #   tests-compiled  the engine's CUDA tests again with every runner compiled (inductor: minutes of compiling)
 #   kernels    the Triton attention kernels against the torch reference, and engine decode per backend
 #   bandwidth  one decode step at the default pair's shapes (bf16, batch 1/8/32, context 512) against the
-#              measured HBM ceiling: graphed (fused Triton layer kernels), graphed with torch's ops, graphed +
-#              compiled, and eager; GPU kernels per step (which fusion wins sets the CUDA default); the
-#              0.5B / 1.5B step ratio is the two models' batch-1 rows
-#   anchor     our AR against transformers' generate (dynamic cache; static cache + torch.compile) at the
-#              1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
+#              measured HBM ceiling, as the engine runs it (graphed, fused Triton layer kernels): GPU kernels
+#              per step and the batch-1 step's profile; the 0.5B / 1.5B step ratio is the two models' batch-1 rows
+#   bandwidth-variants  the same step graphed with torch's ops, graphed + compiled (minutes of compiling),
+#              and eager (which fusion wins sets the CUDA default)
+#   anchor     our AR against transformers' static-cache generate with its forward compiled (torch.compile,
+#              reduce-overhead) at the 1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
 #   host       host time per AR step and SD round on this machine's CPU (tiny pair, real graphs; the same steps
 #              again with every replay skipped: the host's own work, to set against a step's GPU time)
 #   synthetic  AR / SD / SSD at synthetic acceptance, the SSD draft sharing the one GPU: alpha 0.8, K 4,
 #              batch 1 with the Qwen2.5-7B-shaped target and the 0.5B-shaped draft, the draft as a process
-#              and as a thread on its own CUDA stream (which shares one GPU better sets the default); then alpha 0.5/0.7/0.9,
-#              K 2/4/8, budgets 2/4/8, batch 1/8 at the default pair's shapes
+#   synthetic-thread  the same with the SSD draft as a thread on its own CUDA stream (which shares one GPU
+#              better sets the default)
+#   synthetic-sweep  alpha 0.5/0.7/0.9, K 2/4/8, budgets 2/4/8, batch 1/8 at the default pair's shapes
 # Weights are random at real shapes (load_format="dummy", configs/shapes/): the default pair's weights
 # cannot travel to the GPU machine, and speed does not depend on the weights' values. Every result
 # file names the device; copy them into benchmarks/results/.
 set -u
 out=${1:-benchmarks/results}
 shift || true
-stages=${*:-tests tests-compiled kernels bandwidth anchor host synthetic}
+all_stages="tests tests-compiled kernels bandwidth bandwidth-variants anchor host synthetic synthetic-thread synthetic-sweep"
+stages=${*:-$all_stages}
 day=$(date +%F)
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -71,14 +74,17 @@ for stage in $stages; do
         python benchmarks/gpu/bench_cuda_kernels.py 2>/dev/null | tee "$out/$day-cuda-kernels.md"
         ;;
     bandwidth)
+        python benchmarks/gpu/bench_bandwidth.py --device cuda --load-format dummy --model $target --draft $draft \
+            --batch 1,8,32 --context 512 --steps 50 --out "$out/$day-bandwidth-cuda.md"
+        ;;
+    bandwidth-variants)
         common="--device cuda --load-format dummy --model $target --draft $draft --batch 1,8,32 --context 512 --steps 50"
-        python benchmarks/gpu/bench_bandwidth.py $common --out "$out/$day-bandwidth-cuda.md" 2>/dev/null
-        python benchmarks/gpu/bench_bandwidth.py $common --fused-kernels off --out "$out/$day-bandwidth-cuda-unfused.md" 2>/dev/null
-        python benchmarks/gpu/bench_bandwidth.py $common --compile --out "$out/$day-bandwidth-cuda-compiled.md" 2>/dev/null
-        python benchmarks/gpu/bench_bandwidth.py $common --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md" 2>/dev/null
+        python benchmarks/gpu/bench_bandwidth.py $common --fused-kernels off --out "$out/$day-bandwidth-cuda-unfused.md"
+        python benchmarks/gpu/bench_bandwidth.py $common --compile --out "$out/$day-bandwidth-cuda-compiled.md"
+        python benchmarks/gpu/bench_bandwidth.py $common --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md"
         ;;
     anchor)
-        python benchmarks/gpu/bench_anchor.py --device cuda --model $target --compile --out "$out"
+        python benchmarks/gpu/bench_anchor.py --device cuda --model $target --hf static --repeats 2 --out "$out"
         ;;
     host)
         python benchmarks/gpu/bench_host_overhead.py --device cuda --out "$out"
@@ -86,13 +92,17 @@ for stage in $stages; do
     synthetic)
         python benchmarks/bench_synthetic.py --device cuda --target $shapes/qwen2.5-7b --draft $draft \
             --alpha 0.8 --k 4 --budget 4 --hit 0.9 --batch 1 --new-tokens 128 --prompt-len 512 --tag 7b-cuda --out "$out"
+        ;;
+    synthetic-thread)
         python benchmarks/bench_synthetic.py --device cuda --target $shapes/qwen2.5-7b --draft $draft --draft-host thread \
             --alpha 0.8 --k 4 --budget 4 --hit 0.9 --batch 1 --new-tokens 128 --prompt-len 512 --tag 7b-cuda-thread --out "$out"
+        ;;
+    synthetic-sweep)
         python benchmarks/bench_synthetic.py --device cuda --target $target --draft $draft --alpha 0.5,0.7,0.9 \
             --k 2,4,8 --budget 2,4,8 --hit 0.9 --batch 1,8 --new-tokens 64 --tag sweep-cuda --out "$out"
         ;;
     *)
-        echo "unknown stage $stage (tests tests-compiled kernels bandwidth anchor host synthetic)" >&2
+        echo "unknown stage $stage ($all_stages)" >&2
         exit 2
         ;;
     esac
