@@ -82,3 +82,15 @@ def test_a_draft_thread_that_raises_loses_no_request(target, noisy_draft, monkey
     assert m["speculations_by_source"]["local"] > 0
     assert sum("local n-gram" in r.getMessage() for r in caplog.records) == 1
     assert not _draft_threads()
+
+@pytest.mark.parametrize("choice, draft, target, host", [
+    ("auto", "cuda:0", "cuda", "thread"),      # one GPU lent: the draft shares it, a stream overlaps the target
+    ("auto", "cuda", "cuda:0", "thread"),
+    ("auto", "cuda:1", "cuda:0", "process"),   # its own GPU: the production shape
+    ("auto", "cpu", "cpu", "process"),         # its own cores
+    ("process", "cuda:0", "cuda:0", "process"),
+    ("thread", "cpu", "cpu", "thread"),
+])
+def test_auto_draft_host_is_a_thread_only_on_a_shared_gpu(choice, draft, target, host):
+    from ssd_engine.speculative.setup import draft_host
+    assert draft_host(choice, draft, target) == host

@@ -9,9 +9,10 @@ generate at the 1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens).
 Weights are random at the folder's shapes (our `load_format="dummy"`, transformers' `from_config`):
 a decode step's cost does not depend on the weights' values, and a shape folder needs only its
 config.json. The prompt is random token ids; every run generates exactly --new-tokens (EOS ignored).
-transformers runs as `hf-dynamic` (its default dynamic cache, eager) and `hf-static` (a static cache
-with the forward compiled by torch.compile, mode reduce-overhead: CUDA graphs on a GPU), each timed
-after one warm-up call that also compiles. Decode tok/s counts the tokens after the first over the
+transformers runs as `hf-dynamic` (its default dynamic cache, eager) and `hf-static` (a static cache,
+with which `generate` compiles its decoding forward itself on a GPU: torch.compile, reduce-overhead,
+so CUDA graphs; compiling the forward again on top of that nests two compiles, which outran a lent
+GPU's call), each timed after one warm-up call that also compiles. Decode tok/s counts the tokens after the first over the
 time after the first (prefill excluded, our RequestMetrics' definition); e2e tok/s includes it.
 Writes benchmarks/results/DATE-anchor-DEVICE.md and .json, with the device and CPU named.
 """
@@ -91,7 +92,6 @@ def run_hf(a, prompt: list[int], cache: str) -> dict:
     extra = {}
     if cache == "static":
         extra["cache_implementation"] = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
     ids = torch.tensor([prompt], device=a.device)
     generate = dict(max_new_tokens=a.new_tokens, min_new_tokens=a.new_tokens, do_sample=False,
                     pad_token_id=0, **extra)
@@ -141,6 +141,7 @@ def main(argv: list[str] | None = None) -> dict:
     runners.update({f"hf-{cache}": (lambda cache=cache: run_hf(a, prompt, cache)) for cache in a.hf})
     runs = {}
     for name, runner in runners.items():
+        print(f"{name}: loading, warming up (and compiling)", file=sys.stderr, flush=True)
         runs[name] = runner()
         # each figure as it is measured: a run stopped at a time limit (a lent GPU's) keeps what it got
         print(f"{name}: decode {runs[name]['decode_tok_s']:.1f} tok/s, e2e {runs[name]['e2e_tok_s']:.1f} tok/s",

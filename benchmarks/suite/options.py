@@ -46,7 +46,7 @@ class BenchOptions:
     tokenizer: str | None = None               # our engine's tokenizer folder (a dummy model may lack one)
     synthetic_acceptance: float | None = None  # benchmarking only: drafts accepted at this rate (sd, ssd, auto)
     synthetic_hit: float | None = None         # benchmarking only: SSD cache lookups hit at this rate
-    draft_host: str | None = None              # SSD's ssd_draft_host: process or thread (unset: the engine's)
+    draft_host: str | None = None              # SSD's ssd_draft_host: process or thread (unset: the engine's auto)
     target_dtype: str = "auto"                 # our target's Linear format (EngineConfig.target_dtype)
     argv: list[str] = field(default_factory=list)
 
@@ -65,8 +65,11 @@ class BenchOptions:
             if self.draft_host == "thread":
                 return (f"target on GPU {gpus} (TP {self.tp}); SSD draft as a thread of the engine process on its "
                         f"own CUDA stream, on GPU {self.tp} when that GPU exists, else on the last GPU, shared")
+            if self.draft_host == "process":
+                return (f"target on GPU {gpus} (TP {self.tp}); SSD draft process on GPU {self.tp} when that GPU "
+                        f"exists, else on the last GPU, shared with the target")
             return (f"target on GPU {gpus} (TP {self.tp}); SSD draft process on GPU {self.tp} when that GPU exists, "
-                    f"else on the last GPU, shared with the target")
+                    f"else a thread of the engine process on its own CUDA stream on the last GPU, shared (auto)")
         return (f"target (and ar, sd, hf-*) on cores {sorted(self.cores)} with {self.threads} thread(s), TP {self.tp}; "
                 f"SSD draft process on cores {sorted(self.draft_cores)}; ar-all, sd-all and auto on both")
 

@@ -24,7 +24,7 @@ FANOUT_RULES = ("auto", "geometric", "uniform")
 LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
 COMPILE_MODES = ("auto", "on", "off")
 FUSED_KERNEL_MODES = ("auto", "on", "off")
-SSD_DRAFT_HOSTS = ("process", "thread")
+SSD_DRAFT_HOSTS = ("auto", "process", "thread")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,10 +104,12 @@ class EngineConfig:
     saguaro_c: float = option(1.0, "Saguaro sampling: the draft's top-F probabilities times C, in [0, 1] (1: "
                                    "plain sampling)")
     calibration_dir: str | None = option(None, "folder of Saguaro calibrations; unset: the repo's configs/")
-    ssd_draft_host: str = option("process", "where the SSD draft runs: process (its own process, on its own cores or "
-                                            "GPU; the production shape), thread (a thread of the engine process on "
-                                            "its own CUDA stream, so on one GPU its kernels can overlap the "
-                                            "target's; on CPU it shares the engine's cores)", SSD_DRAFT_HOSTS)
+    ssd_draft_host: str = option("auto", "where the SSD draft runs: process (its own process, on its own cores or "
+                                         "GPU; the production shape), thread (a thread of the engine process on "
+                                         "its own CUDA stream, so on one GPU its kernels can overlap the "
+                                         "target's; on CPU it shares the engine's cores), auto (thread when the "
+                                         "draft shares the target's one GPU, where it measured faster; else "
+                                         "process)", SSD_DRAFT_HOSTS)
     draft_timeout_s: float = option(30.0, "SSD: seconds after which a draft reply counts as a dead draft")
     synthetic_acceptance: float | None = option(None, "BENCHMARKING ONLY, outputs are then NOT the target's: "
                                                       "verification runs the real forwards but accepts each draft "

@@ -61,7 +61,7 @@ class SSDConfig:
     saguaro_c: float
     calibration_dir: str | None
     synthetic_hit: float | None = None  # benchmarking: P(a lookup hits), drawn on the draft side
-    draft_host: str = "process"   # process, or thread: in the engine process on its own CUDA stream
+    draft_host: str = "auto"      # auto, process, or thread: in the engine process on its own CUDA stream
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,17 @@ def draft_path_and_vocab(engine) -> tuple[str, int]:
     return draft_path, min(len(engine.tokenizer), draft_config.vocab_size, engine.hf_config.vocab_size)
 
 
+def draft_host(choice: str, draft_device: str, target_device: str) -> str:
+    """`ssd_draft_host` resolved: auto is a thread when the draft shares the target's GPU (two processes on
+    one GPU get two contexts, which it time-slices; a second stream of one context overlaps the target's
+    kernels, measured faster in docs/GPU.md), else a process (its own GPU, or its own cores on CPU)."""
+    if choice != "auto":
+        return choice
+    draft, target = torch.device(draft_device), torch.device(target_device)
+    shared_gpu = draft.type == target.type == "cuda" and (draft.index or 0) == (target.index or 0)
+    return "thread" if shared_gpu else "process"
+
+
 def start_async_draft(engine, target: RunnerSpec, cores: list[int] | None, threads: int) -> AsyncDraftClient:
     """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU.
     `target` is the target's runner runner_spec: the draft's KV cache and positions are sized like it."""
@@ -76,7 +87,7 @@ def start_async_draft(engine, target: RunnerSpec, cores: list[int] | None, threa
                            parts.model.tokenizer or engine.model_path, tuple(sorted(engine.output_processor.eos_token_ids)))
     return AsyncDraftClient(draft_spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
                             stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
-                            engine.device, plan, host=parts.speculative.ssd.draft_host)
+                            engine.device, plan, host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device))
 
 
 def build_sync_draft(engine, target: RunnerSpec) -> SyncDraft:
