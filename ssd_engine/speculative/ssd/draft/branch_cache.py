@@ -1,8 +1,9 @@
 """One sequence's built speculation cache: (k, t*) -> the Speculation of that branch.
 
 A build decodes every branch of every sequence at once (at a large batch, hundreds of thousands
-of rows) and a round reads one entry per sequence: the entries are made when read, from the
-build's shared tensors, and stay the same objects once made (server.py compares them by identity).
+of rows) and a round reads one entry per sequence: a sequence's cache holds only the spans of rows
+its branches took in the build's shared tensors, entries are made when read, and stay the same
+objects once made (server.py compares them by identity). Nothing is done per branch on the host.
 """
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -15,29 +16,54 @@ from ssd_engine.speculative.ssd.protocol import Speculation
 
 @dataclass(frozen=True)
 class DecodedBranches:
-    """One decode pass's branches: row r's K sampled tokens and the [K, vocab] rows they came from."""
+    """One decode pass's branches: row r's outcome (k, t*), its K sampled tokens and the [K, vocab]
+    rows they came from."""
+    keys: list[tuple[int, int]]
     tokens: list[list[int]]
     q: torch.Tensor | None  # [rows, K, vocab]; None: every branch greedy
+
+
+def find_row(keys: list[tuple[int, int]], start: int, stop: int, key) -> int | None:
+    """The row in [start, stop) whose outcome is `key` (a sequence's span: at most its fan-out's sum)."""
+    for row in range(start, stop):
+        if keys[row] == key:
+            return row
+    return None
 
 
 class BranchCache(Mapping):
     def __init__(self, greedy: bool) -> None:
         self.greedy = greedy  # a greedy sequence's drafts are verified as one-hot: no q rows kept
-        self.rows: dict[tuple[int, int], tuple[DecodedBranches, int]] = {}  # filled by the builder
+        self.spans: list[tuple[DecodedBranches, int, int]] = []  # its rows [start, stop) of each pass
         self._made: dict[tuple[int, int], Speculation] = {}
+
+    def add(self, branches: DecodedBranches, start: int, stop: int) -> None:
+        if stop > start:
+            self.spans.append((branches, start, stop))
+
+    def _row(self, key) -> tuple[DecodedBranches, int] | None:
+        for branches, start, stop in self.spans:
+            row = find_row(branches.keys, start, stop, key)
+            if row is not None:
+                return branches, row
+        return None
 
     def __getitem__(self, key: tuple[int, int]) -> Speculation:
         if key not in self._made:
-            branches, row = self.rows[key]
+            found = self._row(key)
+            if found is None:
+                raise KeyError(key)
+            branches, row = found
             q = None if self.greedy or branches.q is None else branches.q[row]
             self._made[key] = Speculation(Source.HIT, branches.tokens[row], q)
         return self._made[key]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        return iter(self.rows)
+        for branches, start, stop in self.spans:
+            yield from branches.keys[start:stop]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return sum(stop - start for _, start, stop in self.spans)
 
     def __contains__(self, key) -> bool:
-        return key in self.rows
+        return key in self._made or self._row(key) is not None

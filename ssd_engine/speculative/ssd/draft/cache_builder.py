@@ -19,7 +19,7 @@ import time
 import torch
 
 from ssd_engine.sampling.grammar import DraftMasks
-from ssd_engine.speculative.ssd.draft.branch_cache import BranchCache, DecodedBranches
+from ssd_engine.speculative.ssd.draft.branch_cache import BranchCache, DecodedBranches, find_row
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
 from ssd_engine.saguaro.source import Source
@@ -38,9 +38,10 @@ class CacheBuilder:
         self.branch_rows = 0  # the last build's branches over all parts
         self.seconds = 0.0    # the last build: glue and branches
         self.glue_rows = 0    # the last glue's logit rows (hits that reused their path feed one)
-        # the last build's branches, (seq_id, outcome) -> row, and each step's logits [rows, V]:
-        # what a hit on one of them reuses (kept only while the scratch paths are intact)
-        self.paths: dict[tuple, int] = {}
+        # the last build's branches, seq_id -> its rows [start, stop) with path_keys[row] = (k, t*), and
+        # each step's logits [rows, V]: what a hit on one of them reuses (kept while the scratch paths are intact)
+        self.paths: dict[int, tuple[int, int]] = {}
+        self.path_keys: list[tuple[int, int]] = []
         self.step_logits: list[torch.Tensor] = []
 
     def build(self, seqs: list[DraftSeq]) -> None:
@@ -56,27 +57,38 @@ class CacheBuilder:
         # of them verification can reach (outcomes past a draft the grammar forbids never happen)
         grammar = [s.grammar.along(s.sent.tokens, k + 1) if s.grammar is not None else None for s in seqs]
         reused = self._reuse_hit_paths(seqs, widest, grammar)  # per sequence: ranks at positions 1..K, or None
-        self.paths, self.step_logits = {}, []
+        self.paths, self.path_keys, self.step_logits = {}, [], []
         feeds = [(s.tokens + s.sent.tokens)[len(s.trunk):] for s in seqs]
         rows = [1 if r is not None else k + 1 for r in reused]
-        logits = self.trunk.extend_each(seqs, feeds, rows)  # positions K+2-rows..K+1
-        top = []
-        for seq, earlier, glued, allowed in zip(seqs, reused, logits, grammar):
-            glued = glued[:, :self.trunk.vocab]
-            if allowed is not None:  # a bonus token the grammar forbids is never emitted: rank the allowed ones
-                glued = glued.float().masked_fill(~allowed[0][k + 1 - glued.shape[0]:, :glued.shape[1]], float("-inf"))
-            seq.ranked = (earlier or []) + glued.topk(widest, dim=-1).indices.tolist()
+        glued = self.trunk.extend_rows(seqs, feeds, rows)[:, :self.trunk.vocab]  # positions K+2-rows..K+1
+        free = [allowed is None for allowed in grammar]
+        ranks = glued.topk(widest, dim=-1).indices.tolist() if any(free) else []  # one read for every free row
+        top, end = [], 0
+        for seq, earlier, n, allowed in zip(seqs, reused, rows, grammar):
+            if allowed is None:
+                own = ranks[end:end + n]
+            else:  # a bonus token the grammar forbids is never emitted: rank the allowed ones
+                masked = glued[end:end + n].float().masked_fill(~allowed[0][k + 1 - n:, :glued.shape[1]], float("-inf"))
+                own = masked.topk(widest, dim=-1).indices.tolist()
+            end += n
+            seq.ranked = (earlier or []) + own
             top.append(seq.ranked)  # [K+1][widest]
         self.glue_seconds, self.glue_rows = time.perf_counter() - started, sum(rows)
         self.step_seconds, self.step_rows = 0.0, 0
-        branch_seq, branch_k, branch_tok = self._candidates(seqs, top, grammar)
+        branch_seq, branch_k, branch_tok, spans = self._candidates(seqs, top, grammar)
         self.branch_rows = len(branch_seq)
         for start in range(0, len(branch_seq), self.max_branches):
             part = slice(start, start + self.max_branches)
             # one part, so its paths survive; its fp32 step logits held until the next build, within a bound
             keep = (len(branch_seq) <= self.max_branches
                     and len(branch_seq) * k * self.trunk.vocab * 4 <= KEEP_LOGITS_BYTES)
-            self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part], keep_paths=keep)
+            branches = self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part], keep_paths=keep)
+            stop = start + len(branches.keys)
+            for seq, (first, last) in zip(seqs, spans):  # each sequence's rows of this part, part-local
+                seq.cache.add(branches, max(first, start) - start, min(last, stop) - start)
+            if keep:
+                self.path_keys = branches.keys
+                self.paths = {seq.seq_id: span for seq, span in zip(seqs, spans) if span[1] > span[0]}
         self.seconds = time.perf_counter() - started
 
     def _reuse_hit_paths(self, seqs: list[DraftSeq], widest: int, grammar: list) -> list[list | None]:
@@ -84,9 +96,10 @@ class CacheBuilder:
         just before its bonus token): copy the branch's path K/V (t*, x_1..x_{K-1}) into the trunk
         and return the top ids of its steps' logits (positions 1..K); None where it must glue."""
         k, bs, vocab = self.trunk.k, self.trunk.blocks.block_size, self.trunk.vocab
-        out, src, dst = [], [], []
+        out, src, dst, hit_rows, free = [], [], [], [], []
         for seq, allowed in zip(seqs, grammar):
-            row = self.paths.get((seq.seq_id, seq.hit_key)) if seq.sent.source == Source.HIT else None
+            span = self.paths.get(seq.seq_id) if seq.sent.source == Source.HIT else None
+            row = find_row(self.path_keys, *span, seq.hit_key) if span is not None else None
             if row is None or len(seq.trunk) != len(seq) - 1:
                 out.append(None)
                 continue
@@ -94,19 +107,29 @@ class CacheBuilder:
             src += [self.scratch_base + row * k + j for j in range(k)]
             dst += [seq.block_table[p // bs] * bs + p % bs for p in range(fork, fork + k)]
             seq.trunk.extend([seq.tokens[-1]] + seq.sent.tokens[:k - 1])
+            if allowed is None:
+                out.append([])  # filled below, with every unconstrained hit's ranks in one read
+                hit_rows.append(row)
+                free.append(len(out) - 1)
+                continue
             steps = torch.stack([step[row, :vocab] for step in self.step_logits])  # [K, vocab]
-            if allowed is not None:
-                steps = steps.float().masked_fill(~allowed[0][:k, :vocab], float("-inf"))
+            steps = steps.float().masked_fill(~allowed[0][:k, :vocab], float("-inf"))
             out.append(steps.topk(widest, dim=-1).indices.tolist())
+        if hit_rows:
+            steps = torch.stack([step[hit_rows, :vocab] for step in self.step_logits], dim=1)  # [hits, K, vocab]
+            for index, ranks in zip(free, steps.topk(widest, dim=-1).indices.tolist()):
+                out[index] = ranks
         if src:
             self.trunk.runner.copy_kv(src, dst)
         return out
 
     def _candidates(self, seqs: list[DraftSeq], top: list, grammar: list):
-        """Per branch: its sequence index, accepted count k and bonus token t*."""
+        """Per branch: its sequence index, accepted count k and bonus token t*; per sequence: the
+        [start, stop) of its branches (a sequence's branches are consecutive)."""
         k = self.trunk.k
-        branch_seq, branch_k, branch_tok = [], [], []
+        branch_seq, branch_k, branch_tok, spans = [], [], [], []
         for i, seq in enumerate(seqs):
+            first = len(branch_seq)
             reachable = grammar[i][1] if grammar[i] is not None else k + 1
             for accepted, fan in enumerate(seq.fanout[:reachable]):
                 excluded = seq.sent.tokens[accepted] if accepted < k else None
@@ -114,18 +137,21 @@ class CacheBuilder:
                 branch_seq += [i] * len(picks)
                 branch_k += [accepted] * len(picks)
                 branch_tok += picks
-        return branch_seq, branch_k, branch_tok
+            spans.append((first, len(branch_seq)))
+        return branch_seq, branch_k, branch_tok, spans
 
     @torch.no_grad()
     def _decode(self, seqs: list[DraftSeq], branch_seq: list[int], branch_k: list[int], branch_tok: list[int],
-                keep_paths: bool) -> None:
+                keep_paths: bool) -> DecodedBranches:
+        """Decode these branches K steps at once: their tokens and q rows, row r = branch r."""
         trunk, k = self.trunk, self.trunk.k
         device = trunk.runner.device
         rows = len(branch_seq)
         bs = trunk.blocks.block_size
         width = max(len(s.trunk) for s in seqs)
         pages = -(-width // bs)
-        visible_host = [len(seqs[i]) + accepted for i, accepted in zip(branch_seq, branch_k)]  # fork = t*'s position
+        lengths = [len(s) for s in seqs]
+        visible_host = [lengths[i] + accepted for i, accepted in zip(branch_seq, branch_k)]  # fork = t*'s position
         tables, seq_index, visible, ids = upload(
             [padded_rows([s.block_table for s in seqs], pages), branch_seq, visible_host, branch_tok], device,
             torch.int32)  # as the attention metadata holds them: no casts on the device
@@ -149,13 +175,8 @@ class CacheBuilder:
             rows_q.append(q)
         if rows > self.step_rows:  # time the widest part: the one a budget is about
             self.step_seconds, self.step_rows = (time.perf_counter() - started) / k, rows
-        branches = DecodedBranches(torch.stack(drawn, dim=1).tolist(),
-                                   None if rows_q[0] is None else torch.stack(rows_q, dim=1))
-        for r, (i, accepted, bonus) in enumerate(zip(branch_seq, branch_k, branch_tok)):
-            seqs[i].cache.rows[(accepted, bonus)] = (branches, r)  # its Speculation is made when read
-            if keep_paths:
-                self.paths[(seqs[i].seq_id, (accepted, bonus))] = r
-
+        return DecodedBranches(list(zip(branch_k, branch_tok)), torch.stack(drawn, dim=1).tolist(),
+                               None if rows_q[0] is None else torch.stack(rows_q, dim=1))
 
     @staticmethod
     def _branch_masks(seqs: list[DraftSeq], branch_seq: list[int], branch_k: list[int],

@@ -83,9 +83,9 @@ class Trunk(PagedDraft[DraftSeq]):
         """Append feeds[i] to seqs[i]'s trunk; logits of the last `rows` fed positions, [n, rows, V]."""
         return self._extend(seqs, feeds, [rows] * len(seqs)).view(len(seqs), rows, -1)
 
-    def extend_each(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]) -> list[torch.Tensor]:
-        """extend() with rows[i] logit rows for sequence i: one [rows[i], V] tensor each."""
-        return list(self._extend(seqs, feeds, rows).split(rows))
+    def extend_rows(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
+        """extend() with rows[i] logit rows for sequence i, one sequence's after another: [sum(rows), V]."""
+        return self._extend(seqs, feeds, rows)
 
     def _extend(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
         logits = self.extend_kv(seqs, [len(s.trunk) for s in seqs], feeds, rows)
