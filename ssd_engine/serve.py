@@ -94,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     from ssd_engine import LLM
 
     try:
-        llm = LLM(**engine_options(args))
+        # built on the thread that will step it (server/async_engine.py says why)
+        engine = AsyncEngine.build(lambda: LLM(**engine_options(args)), max_pending=args.max_pending)
+        llm = engine.llm
         sampling = describe_sampling(llm)
     except ValueError as error:
         fail(str(error))
@@ -112,7 +114,6 @@ def main(argv: list[str] | None = None) -> None:
     access = access_line(args.host, api_keys, open_paths(args.metrics_require_key))
     if access:
         print(access, file=sys.stderr, flush=True)
-    engine = AsyncEngine(llm, max_pending=args.max_pending)
     app = build_app(engine, name, api_keys=api_keys, metrics_require_key=args.metrics_require_key)
     server = draining_server(uvicorn, uvicorn.Config(app, host=args.host, port=args.port, log_level="info"), engine)
     try:

@@ -512,3 +512,36 @@ def test_unset_sampling_fields_take_the_models_generation_config_everywhere(tiny
     generate_main(["--model", model, "--prompt", prompt, "--seed", "11", "--max-tokens", "10", "--ignore-eos",
                    "--no-progress"])
     assert capsys.readouterr().out == expected + "\n"
+
+
+def test_build_makes_the_engine_on_the_thread_that_steps_it_and_reports_a_failed_build(tiny_qwen2):
+    """The serve CLI's shape: every torch call of the engine on one thread (one OpenMP worker pool), and a
+    build that raises reaches the caller, with no loop left running."""
+    built_on, stepped_on = [], set()
+
+    def make_llm():
+        built_on.append(threading.get_ident())
+        llm = LLM(tiny_qwen2, max_num_seqs=2, num_kv_blocks=32)
+        step = llm.engine.step
+
+        def recorded_step():
+            stepped_on.add(threading.get_ident())
+            return step()
+        llm.engine.step = recorded_step
+        return llm
+    engine = AsyncEngine.build(make_llm)
+    try:
+        async def one():
+            return "".join([d.text async for d in engine.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=4))])
+        assert asyncio.run(one())
+        assert stepped_on == set(built_on) and built_on[0] != threading.get_ident()
+    finally:
+        engine.close()
+        engine.llm.close()
+
+    def refused():
+        raise ValueError("max_model_len must be positive")
+    loops_before = {t for t in threading.enumerate() if t.name == "ssd-engine-loop"}  # other tests' servers
+    with pytest.raises(ValueError, match="max_model_len"):
+        AsyncEngine.build(refused)
+    assert {t for t in threading.enumerate() if t.name == "ssd-engine-loop"} <= loops_before

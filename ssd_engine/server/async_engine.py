@@ -3,12 +3,17 @@ are queued, every request's final-only text increments go back to its asyncio ta
 that goes away (a client that disconnected) aborts its request, which frees its blocks.
 
 The engine is only ever touched from the loop thread; the event loop only tokenizes and
-validates (`make_sequence`), so a bad request fails in its own handler and never reaches the loop."""
+validates (`make_sequence`), so a bad request fails in its own handler and never reaches the loop.
+`AsyncEngine.build` also builds the engine on the loop thread, so all its torch work runs on one
+thread: OpenMP (libgomp) keeps a pool of worker threads for each thread that starts parallel work,
+and while more of them exist than cores it cuts every pool's spin-wait short, so each parallel
+region's workers sleep and wake: with the pool of a building main thread beside the loop thread's,
+decode on 2 cores ran at half the rate of the same engine stepped on the thread that built it."""
 import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from ssd_engine.core.structures import Sequence, SequenceStatus
@@ -57,7 +62,39 @@ class _Request:
 
 class AsyncEngine:
     def __init__(self, llm, max_pending: int = 256) -> None:
-        self.llm, self.engine, self.max_pending = llm, llm.engine, max_pending
+        """Step an engine built on another thread (build() is the faster shape: see the module's docstring)."""
+        self._prepare(max_pending)
+        self.llm, self.engine = llm, llm.engine
+        self._thread = threading.Thread(target=self._loop, name="ssd-engine-loop", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def build(cls, make_llm: Callable[[], object], max_pending: int = 256) -> "AsyncEngine":
+        """Call make_llm() on the loop thread, which then steps the engine it returns; raises what
+        make_llm raised (the loop thread then ends)."""
+        self = cls.__new__(cls)
+        self._prepare(max_pending)
+        built: queue.SimpleQueue = queue.SimpleQueue()
+
+        def build_then_loop() -> None:
+            try:
+                self.llm = make_llm()
+            except BaseException as error:  # handed to the caller, who reports it
+                built.put(error)
+                return
+            self.engine = self.llm.engine
+            built.put(None)
+            self._loop()
+        self._thread = threading.Thread(target=build_then_loop, name="ssd-engine-loop", daemon=True)
+        self._thread.start()
+        error = built.get()
+        if error is not None:
+            self._thread.join()
+            raise error
+        return self
+
+    def _prepare(self, max_pending: int) -> None:
+        self.max_pending = max_pending
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._wake = threading.Event()
         self._live: dict[int, _Request] = {}
@@ -65,8 +102,6 @@ class AsyncEngine:
         self._lock = threading.Lock()
         self._stopping = False
         self.aborted = 0  # requests whose reader went away before they finished
-        self._thread = threading.Thread(target=self._loop, name="ssd-engine-loop", daemon=True)
-        self._thread.start()
 
     async def generate(self, prompt: str | list[int], params: SamplingParams,
                        stream: bool = True, seq: Sequence | None = None) -> AsyncIterator[Delta]:
