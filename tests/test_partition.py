@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
+from ssd_engine.distributed.partition import WEIGHT_BLOCK, Span, attention_head_shards, even_spans, intermediate_spans
 from ssd_engine.core.config import parse_core_sets
 from ssd_engine.distributed.placement import plan_core_sets
 from ssd_engine.tensor_parallel.worker import BlockTableMirror
@@ -126,3 +126,12 @@ def test_nested_pins_restore_the_state_each_replaced():
     unpin(outer)  # out of order: the inner pin now stands on the original state
     unpin(inner)
     assert os.sched_getaffinity(0) == start and torch.get_num_threads() == threads
+
+
+def test_the_mlp_splits_on_whole_weight_blocks_where_it_can():
+    """Qwen2.5-1.5B's 8960 hidden units are 35 blocks of 256: 18 + 17 blocks, so a GGUF target's down_proj
+    slices are whole blocks; a size that is not whole blocks splits evenly."""
+    assert intermediate_spans(8960, 2) == [Span(0, 4608), Span(4608, 4352)]
+    assert all(s.start % WEIGHT_BLOCK == 0 and s.size % WEIGHT_BLOCK == 0 for s in intermediate_spans(8960, 4))
+    assert intermediate_spans(131, 2) == even_spans(131, 2, "intermediate_size")
+    assert intermediate_spans(256, 2) == even_spans(256, 2, "intermediate_size")  # fewer blocks than ranks

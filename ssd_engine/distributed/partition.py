@@ -9,6 +9,11 @@ ranks that split its query heads evenly.
 """
 from dataclasses import dataclass
 
+# The widest quantization block of a GGUF file (K-quants: 256 values; the others' 32 divide it). A
+# row-parallel Linear's ranks slice its input columns: on multiples of this, every rank's slice is
+# whole blocks, so a GGUF-kept target splits as it is stored.
+WEIGHT_BLOCK = 256
+
 
 @dataclass(frozen=True)
 class Span:
@@ -43,6 +48,15 @@ def even_spans(total: int, parts: int, what: str) -> list[Span]:
     return spans
 
 
+def intermediate_spans(intermediate_size: int, parts: int) -> list[Span]:
+    """The MLP's hidden units per rank: whole WEIGHT_BLOCKs each where the size is whole blocks and every
+    rank gets one (sizes then differ by at most one block: 8960 = 35 blocks -> 18 + 17), else even_spans."""
+    blocks, tail = divmod(intermediate_size, WEIGHT_BLOCK)
+    if tail or blocks < parts:
+        return even_spans(intermediate_size, parts, "intermediate_size")
+    return [span.scaled(WEIGHT_BLOCK) for span in even_spans(blocks, parts, "intermediate_size")]
+
+
 def attention_head_shards(num_heads: int, num_kv_heads: int, tp: int) -> list[HeadShard]:
     if num_heads % num_kv_heads:
         raise ValueError(f"num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
@@ -69,5 +83,5 @@ def max_kv_heads_per_rank(hf_config, tp: int) -> int:
 def check_splittable(hf_config, tp: int) -> None:
     """Raise ValueError naming the sizes if this checkpoint cannot run on `tp` ranks."""
     attention_head_shards(hf_config.num_attention_heads, hf_config.num_key_value_heads, tp)
-    even_spans(hf_config.intermediate_size, tp, "intermediate_size")
+    intermediate_spans(hf_config.intermediate_size, tp)
     even_spans(hf_config.vocab_size, tp, "vocab_size")

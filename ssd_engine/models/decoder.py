@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd_engine.distributed.comm import TPGroup
-from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans
+from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans, intermediate_spans
 from ssd_engine.layers.attention import Attention, AttentionMetadata
 from ssd_engine.layers.embedding import VocabParallelEmbedding
 from ssd_engine.layers.layer_ops import LayerOps
@@ -78,7 +78,7 @@ class DecoderMLP(nn.Module):
     def __init__(self, config, switches: ArchSwitches, tp: TPGroup) -> None:
         super().__init__()
         inter = config.intermediate_size
-        rows = even_spans(inter, tp.size, "intermediate_size")[tp.rank]
+        rows = intermediate_spans(inter, tp.size)[tp.rank]
         self.gate_up_proj = Linear(config.hidden_size, 2 * inter, bias=switches.mlp_bias,
                                    shards={"gate": rows, "up": rows})
         self.down_proj = Linear(inter, config.hidden_size, bias=switches.mlp_bias, cols=rows, reduce=tp)

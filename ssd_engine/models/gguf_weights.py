@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ssd_engine.distributed.partition import Span
+from ssd_engine.distributed.partition import Span, attention_head_shards, intermediate_spans
 from ssd_engine.kernels import gguf_cpu
 from ssd_engine.kernels.gguf_cpu import BLOCKS
 from ssd_engine.layers.gguf_weight import DENSE, GGUFWeight, QuantizedRows, random_rows
@@ -23,6 +23,13 @@ UNQUANTIZED = ("F32", "F16")  # kept as fp32 Linears
 LINEAR_WEIGHTS = tuple(f"{name}.weight" for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                                      "down_proj"))
 DUMMY_SEED = 0
+
+
+def row_parallel_cols(config, tp: int) -> dict[str, list[Span]]:
+    """Each rank's input columns of the row-parallel Linears (decoder.py's split), by module name."""
+    shards = attention_head_shards(config.num_attention_heads, config.num_key_value_heads, tp)
+    return {"o_proj": [shard.q.scaled(head_dim(config)) for shard in shards],
+            "down_proj": intermediate_spans(config.intermediate_size, tp)}
 
 
 class BlockSource(Protocol):
@@ -42,7 +49,7 @@ class GGUFFile:
 
         reader = GGUFTable(path)  # the tensor table alone: gguf's reader parses the tokenizer too (seconds)
         arch = reader.field("general.architecture")
-        self.path, self.int8_activations = path, int8_activations
+        self.path, self.int8_activations, self.config = path, int8_activations, config
         self.plans = {plan.hf_name: plan for plan in plan_tensors(reader, config, arch)}
         self.tensors = {tensor.name: tensor for tensor in reader.tensors}
         if "lm_head.weight" not in self.plans:  # a tied head multiplies by the embedding's blocks
@@ -57,6 +64,21 @@ class GGUFFile:
         for hf_name, plan in self.plans.items():
             if _is_linear(hf_name):
                 self._check_readable(hf_name, self.tensors[plan.gguf_name])
+
+    def check_split(self, tp: int) -> None:
+        """ValueError (one line) unless every rank's slice of each row-parallel Linear (o_proj, down_proj:
+        their input columns) is whole blocks of the type it is stored in."""
+        cols = row_parallel_cols(self.config, tp)
+        for hf_name, plan in self.plans.items():
+            kind = int(self.tensors[plan.gguf_name].tensor_type)
+            module = hf_name.rsplit(".", 2)[-2] if hf_name.endswith(".weight") else ""
+            if module not in cols or kind not in BLOCKS:
+                continue
+            values = BLOCKS[kind].values
+            for span in cols[module]:
+                if span.start % values or span.size % values:
+                    raise ValueError(f"target_dtype=gguf: {hf_name}'s input columns {span.start}..{span.end} (a slice of "
+                                     f"tensor_parallel_size={tp}) do not fall on its {values}-value blocks")
 
     def _check_readable(self, hf_name: str, tensor) -> None:
         if int(tensor.tensor_type) not in BLOCKS and tensor.tensor_type.name not in UNQUANTIZED:

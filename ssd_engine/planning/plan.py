@@ -56,8 +56,9 @@ def convert_gguf_files(options: EngineConfig) -> EngineConfig:
 
 
 def resolve_target_format(options: EngineConfig) -> EngineConfig:
-    """target_dtype="auto": gguf where it keeps the default contract and runs (a CPU target of one
-    process whose folder came from a GGUF file, with the kernels built here), else fp32. Both hold
+    """target_dtype="auto": gguf where it keeps the default contract and runs (a CPU target whose folder
+    came from a GGUF file, with the kernels built here, and under tensor parallelism every rank's slice
+    whole blocks), else fp32. Both hold
     the checkpoint's values; gguf reads a sixth of the bytes (docs/CPU.md, "Target formats")."""
     if options.target_dtype != "auto":
         return options
@@ -67,11 +68,14 @@ def resolve_target_format(options: EngineConfig) -> EngineConfig:
     from ssd_engine.models.gguf_weights import GGUFFile
     from ssd_engine.models.loader import load_config
 
-    if options.device != "cpu" or options.tensor_parallel_size != 1 or options.load_format == "dummy":
+    if options.device != "cpu" or options.load_format == "dummy":
         return replace(options, target_dtype="fp32")
     path = resolve_model_path(options)
     try:  # the cheap checks first: a plain folder never builds the kernels
-        GGUFFile(source_gguf(path), load_config(path)).check()
+        blocks = GGUFFile(source_gguf(path), load_config(path))
+        blocks.check()
+        if options.tensor_parallel_size > 1:  # each rank keeps its slice's blocks: they must be whole
+            blocks.check_split(options.tensor_parallel_size)
     except (ValueError, DefaultModelError):
         return replace(options, target_dtype="fp32")  # no GGUF, or one whose blocks the kernels do not read
     return replace(options, target_dtype="gguf" if gguf_cpu.available() else "fp32")
