@@ -6,7 +6,11 @@ another model; say by how much). For each format, against fp32 on the same promp
 - teacher-forced on fp32's greedy path: mean KL(fp32 || format) of the next-token law per position
   and the share of positions whose argmax agrees.
 
-    python benchmarks/fidelity.py [--formats gguf,gguf-int8,bf16,int8,int4] [--num-prompts 4] [--new-tokens 64]
+`llamacpp` is llama.cpp itself on the same GGUF file (through llama-cpp-python, `pip install
+llama-cpp-python`; its own arithmetic, threads = this process's cores), measured the same way: the
+anchor a default format's fidelity is held to.
+
+    python benchmarks/fidelity.py [--formats gguf,gguf-int8,bf16,int8,int4,llamacpp] [--num-prompts 4] [--new-tokens 64]
 
 Writes benchmarks/results/DATE-fidelity.md (and prints it); the machine line says where it ran.
 """
@@ -23,8 +27,41 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 BLOCK = 16
 
 
+def llamacpp():
+    """llama.cpp on the built-in target's GGUF file, every position's logits kept."""
+    from llama_cpp import Llama
+
+    from ssd_engine.models.default_models import resolve_default_model
+    from ssd_engine.models.gguf_files import source_gguf
+    return Llama(str(source_gguf(resolve_default_model("target"))), n_ctx=4096, n_batch=512, logits_all=True,
+                 n_threads=len(os.sched_getaffinity(0)), verbose=False)
+
+
+def llamacpp_laws(model, tokens: list[list[int]], rows: list[list[int]]) -> list[torch.Tensor]:
+    """Per sequence, llama.cpp's log-softmax at the given positions (each the law of the next token)."""
+    laws = []
+    for seq, wanted in zip(tokens, rows):
+        model.reset()
+        model.eval(seq)
+        logits = torch.from_numpy(model.scores[:len(seq)].copy())[wanted]
+        laws.append(torch.log_softmax(logits.double(), dim=-1))
+    return laws
+
+
 def greedy(fmt: str, prompts: list[list[int]], new_tokens: int) -> list[list[int]]:
     from ssd_engine import LLM, SamplingParams
+
+    if fmt == "llamacpp":
+        model, outputs = llamacpp(), []
+        for prompt in prompts:
+            model.reset()
+            model.eval(prompt)
+            out = []
+            for _ in range(new_tokens):
+                out.append(int(model.scores[model.n_tokens - 1].argmax()))
+                model.eval(out[-1:])
+            outputs.append(out)
+        return outputs
 
     with LLM(speculative_mode="ar", target_dtype=fmt) as llm:
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -33,6 +70,9 @@ def greedy(fmt: str, prompts: list[list[int]], new_tokens: int) -> list[list[int
 
 def path_laws(fmt: str, prompts: list[list[int]], paths: list[list[int]]) -> list[torch.Tensor]:
     """Per prompt, the log-softmax of the target (in `fmt`) before each token of its fp32 path."""
+    if fmt == "llamacpp":
+        return llamacpp_laws(llamacpp(), [p + c for p, c in zip(prompts, paths)],
+                             [list(range(len(p) - 1, len(p) + len(c) - 1)) for p, c in zip(prompts, paths)])
     from ssd_engine.core.config import EngineConfig
     from ssd_engine.planning.plan import plan
     from ssd_engine.runtime.model_runner import RunnerSpec
@@ -86,8 +126,11 @@ def main(argv: list[str] | None = None) -> str:
     for fmt in args.formats.split(","):
         same, share, first = compare(reference, greedy(fmt, prompts, args.new_tokens))
         laws = path_laws(fmt, prompts, reference)
-        kl = torch.cat([(p.exp() * (p - q)).sum(-1) for p, q in zip(reference_laws, laws)])
-        agree = torch.cat([p.argmax(-1) == q.argmax(-1) for p, q in zip(reference_laws, laws)]).double().mean()
+        width = min(reference_laws[0].shape[-1], laws[0].shape[-1])  # llama.cpp's vocabulary may be the tokenizer's
+        laws = [torch.log_softmax(q[:, :width], dim=-1) for q in laws]
+        reference_cut = [torch.log_softmax(p[:, :width], dim=-1) for p in reference_laws]
+        kl = torch.cat([(p.exp() * (p - q)).sum(-1) for p, q in zip(reference_cut, laws)])
+        agree = torch.cat([p.argmax(-1) == q.argmax(-1) for p, q in zip(reference_cut, laws)]).double().mean()
         lines.append(f"| {fmt} | {same}/{len(prompts)} | {share:.1%} | {first:.1f} | {kl.mean().item():.2e} "
                      f"| {agree.item():.1%} |")
         print(lines[-1], flush=True)
