@@ -221,7 +221,7 @@ def test_smollm2_gguf_is_found_when_installed():
     assert gguf_files.is_gguf_file(dm.find_smollm2_gguf())
 
 
-def test_a_tensor_parallel_slice_off_the_blocks_is_refused_and_auto_keeps_fp32(smollm2_dir):
+def test_a_tensor_parallel_slice_off_the_blocks_is_refused(smollm2_dir):
     """Each rank keeps its slice's GGUF blocks only where every row-parallel slice is whole blocks: an
     MLP of 1520 hidden units splits 760 + 760, which is not whole 32-value blocks (SmolLM2's Q4_1)."""
     from transformers import AutoConfig
@@ -237,4 +237,4 @@ def test_a_tensor_parallel_slice_off_the_blocks_is_refused_and_auto_keeps_fp32(s
         GGUFFile(gguf, config).check_split(2)
     from ssd_engine.kernels import gguf_cpu
     options = EngineConfig(model=smollm2_dir, tensor_parallel_size=2)
-    assert resolve_target_format(options).target_dtype == ("gguf" if gguf_cpu.available() else "fp32")
+    assert resolve_target_format(options).target_dtype == ("gguf-int8" if gguf_cpu.available() else "fp32")

@@ -257,10 +257,10 @@ def test_auto_keeps_a_gguf_targets_blocks_and_a_plain_folders_fp32(gguf_model, t
     (stand_in / default_models.MARKER).write_text("{}\n")
     chosen = {path: resolve_target_format(EngineConfig(model=str(path), speculative_mode="ar")).target_dtype
               for path in (folder, plain, stand_in)}
-    assert chosen == {folder: "gguf", plain: "fp32", stand_in: "fp32"}
+    assert chosen == {folder: "gguf-int8", plain: "fp32", stand_in: "fp32"}
     assert resolve_target_format(EngineConfig(model=folder, speculative_mode="ar", target_dtype="fp32")).target_dtype == "fp32"
     with LLM(folder, num_threads=1, speculative_mode="ar") as llm:  # target_dtype left to its default
-        assert llm.engine.execution()["target_dtype"] == "gguf (the checkpoint's blocks)"
+        assert llm.engine.execution()["target_dtype"] == DESCRIBED["gguf-int8"]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])

@@ -64,12 +64,15 @@ def _step_logits(runner, blocks: BlockManager, prompts: list[list[int]]) -> torc
 
 
 def _check_tp2_matches_tp1(path: str, weight_format: str | None = None) -> None:
+    """`weight_format`: the target format both engines run (None: the folder's fp32); an exact one, so the
+    logits compare with fp32's and greedy with transformers'."""
     config = load_config(path)
     single = tiny_runner(path, config, num_kv_blocks=64, block_size=16, max_position=256)
     expected = _step_logits(single, BlockManager(64, 16, enable_prefix_caching=False), PROMPTS)
-    with LLM(path, num_threads=1) as llm:
+    fmt = {} if weight_format is None else {"target_dtype": weight_format}
+    with LLM(path, num_threads=1, **fmt) as llm:
         greedy_tp1 = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    with LLM(path, tensor_parallel_size=2) as llm:
+    with LLM(path, tensor_parallel_size=2, **fmt) as llm:
         engine = llm.engine
         assert engine.parts.model.weight_format == weight_format
         logits = _step_logits(engine.runner, engine.block_manager, PROMPTS)
