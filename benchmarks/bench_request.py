@@ -7,7 +7,7 @@
 Each prompt is L token ids of real code (HumanEval prompts joined, the last L tokens of them), the same
 ids for every runner. A runner is one of our modes (`ar`, `sd`, `ssd`, `auto`: the default), optionally
 `:FORMAT` for a target_dtype, or `llamacpp` (llama-cpp-python on the same GGUF file, `pip install
-"ssd_engine[llamacpp]"`, n_batch 512). Each runs in a child process of its own on the same cores,
+"ssd_engine[llamacpp]"`, as bench.py's llamacpp mode runs it). Each runs in a child process of its own on the same cores,
 greedy, EOS ignored, one request at a time after a warm-up one, and reports time to first token (TTFT:
 the prompt's prefill and the first token), the decode rate after it, and the request's whole latency.
 Writes benchmarks/results/DATE-request[-TAG].md, .json and -latency.png (each request's latency, split
@@ -81,23 +81,20 @@ print("RESULT " + json.dumps(rows))
 """
 
 LLAMACPP = """
-import json, os, sys, time
-from llama_cpp import Llama
+import json, os, sys
 spec = json.loads(sys.argv[1])
+sys.path.insert(0, spec["benchmarks"])
+import llama_cpp
+from llamacpp_mode import generate  # bench.py's llama.cpp request: greedy, EOS ignored, timed as ours
 threads = len(os.sched_getaffinity(0))
-model = Llama(spec["gguf"], n_ctx=max(map(len, spec["prompts"])) + spec["new_tokens"] + 8, n_batch=512,
-              n_threads=threads, n_threads_batch=threads, verbose=False)
-def request(ids, new_tokens):
-    model.reset()
-    begin = time.perf_counter()
-    model.eval(ids)  # the first token is the argmax of its last row: the answer's first token is ready
-    first = time.perf_counter()
-    for _ in range(new_tokens - 1):
-        model.eval([int(model.scores[model.n_tokens - 1].argmax())])
-    end = time.perf_counter()
-    return {"ttft_s": first - begin, "latency_s": end - begin, "decode_tok_s": (new_tokens - 1) / (end - first)}
-request(spec["prompts"][0][:16], 4)  # warm-up
-print("RESULT " + json.dumps([request(ids, spec["new_tokens"]) for ids in spec["prompts"]] + [{"mode": "llama.cpp"}]))
+model = llama_cpp.Llama(model_path=spec["gguf"], n_ctx=max(map(len, spec["prompts"])) + spec["new_tokens"] + 8,
+                        n_threads=threads, n_threads_batch=threads, verbose=False)
+generate(model, spec["prompts"][0][:16], 4, 0.0)  # warm-up
+rows = []
+for ids in spec["prompts"]:
+    ttft, latency, out = generate(model, ids, spec["new_tokens"], 0.0)
+    rows.append({"ttft_s": ttft, "latency_s": latency, "decode_tok_s": (len(out) - 1) / (latency - ttft)})
+print("RESULT " + json.dumps(rows + [{"mode": "llama.cpp"}]))
 """
 
 
@@ -107,7 +104,7 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
     if mode == "llamacpp":
         from llamacpp_mode import gguf_for, require_llama_cpp
         require_llama_cpp()
-        spec["gguf"], code = gguf_for(a.model), LLAMACPP
+        spec["gguf"], spec["benchmarks"], code = gguf_for(a.model), HERE, LLAMACPP
     else:
         options = {"speculative_mode": mode, "enable_prefix_caching": False}
         if a.model:
