@@ -45,11 +45,10 @@ class EngineConfig:
     target_dtype: str = option("auto", "the target's Linear weight format: auto is gguf-int8 where the target came from "
                                        "a GGUF file (the built-in pair does) and runs on CPU, else fp32; fp32 keeps the "
                                        "weights as dtype holds them; gguf keeps a GGUF checkpoint's own quantized blocks (the same values "
-                                       "as fp32, a sixth of the bytes; CPU only; exact: greedy equals transformers on the dequantized "
-                                       "checkpoint); gguf-int8 multiplies those blocks by int8-rounded "
-                                       "activations (llama.cpp's arithmetic and fidelity: prompts read ~1.5-1.9x faster; another model, close); bf16, int8 and int4 re-quantize them, which CHANGES the "
-                                       "model: AR, SD and SSD all give that model's own output (bf16 activations "
-                                       "in its Linears, norms and attention stay in dtype); int8/int4 CPU only",
+                                       "as fp32, a sixth of the bytes; CPU only; exact); gguf-int8 multiplies those blocks by int8-rounded "
+                                       "activations (llama.cpp's arithmetic and fidelity, prompts ~1.5-1.9x faster; another model, close); "
+                                       "bf16, int8 and int4 re-quantize them, which CHANGES the model: AR, SD and SSD all give that "
+                                       "model's own output (bf16 activations in its Linears; int8/int4 CPU only)",
                                TARGET_DTYPES)
     tokenizer: str | None = option(None, "tokenizer folder; unset: the model folder (with load_format=dummy and "
                                          "no tokenizer files there: none, prompts must be token ids)")
