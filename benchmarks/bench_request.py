@@ -169,6 +169,7 @@ def plot(result: dict, path: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
+    from suite.dated_report import write_dated_result
     from suite.machine import machine_line
     ids = prompt_ids(a.lengths, a.model)
     prompts = [ids[n] for n in a.lengths]
@@ -183,12 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
               "command": "python benchmarks/bench_request.py " + " ".join(argv), "runs": runs}
     text = markdown(result)
     print(text)
-    os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"{result['date']}-request" + (f"-{a.tag}" if a.tag else ""))
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
+    base = write_dated_result(a.out, "request" + (f"-{a.tag}" if a.tag else ""), text, result)
     written = [base + ".md", base + ".json"]
     try:
         written.append(plot(result, base + "-latency.png"))

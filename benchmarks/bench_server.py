@@ -159,6 +159,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
+    from suite.dated_report import write_dated_result
     from suite.machine import machine_line
     modes = {}
     for mode in a.mode:
@@ -171,12 +172,7 @@ def main(argv: list[str] | None = None) -> dict:
               "command": "python benchmarks/bench_server.py " + " ".join(argv), "modes": modes}
     text = markdown(result)
     print(text)
-    os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"{result['date']}-server" + (f"-{a.tag}" if a.tag else ""))
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
+    base = write_dated_result(a.out, "server" + (f"-{a.tag}" if a.tag else ""), text, result)
     print(f"wrote {base}.md, {base}.json", file=sys.stderr)
     return result
 

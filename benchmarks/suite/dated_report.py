@@ -1,5 +1,6 @@
 """Where a one-off benchmark script writes its Markdown report: OUT/DATE-NAME.md."""
 import datetime
+import json
 import os
 
 
@@ -10,3 +11,11 @@ def write_dated_report(out_dir: str, name: str, text: str) -> str:
     with open(path, "w") as f:
         f.write(text)
     return path
+
+
+def write_dated_result(out_dir: str, name: str, text: str, result: dict) -> str:
+    """Write `text` to out_dir/DATE-name.md and `result` to DATE-name.json; their common path, no suffix."""
+    base = write_dated_report(out_dir, name, text)[:-len(".md")]
+    with open(base + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    return base
