@@ -79,6 +79,42 @@ void attend(const float* q, const T* k_cache, const T* v_cache, const int64_t* s
   for (int64_t d = 0; d < dim; ++d) out[d] *= inverse;
 }
 
+// The `group` query heads of one KV head for one query: each head's scores, softmax and values exactly
+// as attend() computes them alone (the same operations on the same values in the same key order), with
+// each key and value loaded once for the group rather than once a head. scores: [group, keys].
+template <typename T>
+void attend_group(const float* q, int64_t group, const T* k_cache, const T* v_cache, const int64_t* slots,
+                  const bool* allowed, int64_t keys, int64_t kv_stride, int64_t dim, float scale, float* scores,
+                  int64_t* read, float* out) {
+  int64_t n = 0;
+  for (int64_t j = 0; j < keys; ++j)
+    if (allowed[j]) read[n++] = slots[j] * kv_stride;
+  std::vector<float> top(group, -std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < n; ++i) {
+    const T* key = k_cache + read[i];
+    for (int64_t h = 0; h < group; ++h) {
+      const float score = dot(q + h * dim, key, dim) * scale;
+      scores[h * keys + i] = score;
+      top[h] = std::max(top[h], score);
+    }
+  }
+  std::vector<float> inverse(group);
+  for (int64_t h = 0; h < group; ++h) {
+    float* own = scores + h * keys;
+    for (int64_t i = 0; i < n; ++i) own[i] = exp_nonpositive(own[i] - top[h]);
+    float total = 0.f;
+    for (int64_t i = 0; i < n; ++i) total += own[i];
+    inverse[h] = 1.f / total;
+  }
+  std::memset(out, 0, sizeof(float) * group * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    const T* value = v_cache + read[i];
+    for (int64_t h = 0; h < group; ++h) add_scaled(out + h * dim, scores[h * keys + i], value, dim);
+  }
+  for (int64_t h = 0; h < group; ++h)
+    for (int64_t d = 0; d < dim; ++d) out[h * dim + d] *= inverse[h];
+}
+
 // q [T, Hq, D] fp32; k_cache, v_cache [S, Hk, D] (fp32 or bf16); gather_slots [R, L] int64 cache slot
 // of each key a row may read; mask [R, Lq, L] bool; query_cell [T] int64: the (row, query) cell r * Lq + i
 // of each query. -> [T, Hq, D] fp32. Every query must be allowed at least one key.
@@ -108,7 +144,24 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
   const int64_t* cell_ptr = query_cell.data_ptr<int64_t>();
   float* out_ptr = out.data_ptr<float>();
   const int64_t kv_stride = kv_heads * dim;
+  // Long steps (prefill chunks) walk a KV head's keys once for its query heads: the same bits, less memory
+  // traffic; short ones keep a task per head, so a decode step still spreads over the threads.
+  const bool grouped = group > 1 && tokens * kv_heads >= 4 * at::get_num_threads();
   auto run = [&](auto* k_base, auto* v_base) {
+    if (grouped) {
+      at::parallel_for(0, tokens * kv_heads, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> scores(group * keys);
+        std::vector<int64_t> read(keys);
+        for (int64_t task = begin; task < end; ++task) {
+          const int64_t t = task / kv_heads, kv = task % kv_heads, cell = cell_ptr[t], row = cell / lq;
+          const int64_t first = t * heads + kv * group;  // its group's first (query, head) in q and out
+          attend_group(q_ptr + first * dim, group, k_base + kv * dim, v_base + kv * dim, slot_ptr + row * keys,
+                       mask_ptr + cell * keys, keys, kv_stride, dim, static_cast<float>(scale), scores.data(),
+                       read.data(), out_ptr + first * dim);
+        }
+      });
+      return;
+    }
     at::parallel_for(0, tokens * heads, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> scores(keys);
       std::vector<int64_t> read(keys);

@@ -54,3 +54,20 @@ def test_a_querys_bits_do_not_depend_on_the_rest_of_its_step():
     others = torch.randn(8, hq, d, generator=g)
     in_batch = row_independent_attention(torch.cat([others[:5], q, others[5:8]]), k_cache, v_cache, batch, d ** -0.5)
     assert torch.equal(in_batch[5:6], row_independent_attention(q, k_cache, v_cache, alone, d ** -0.5))
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
+def test_a_long_steps_kv_groups_give_each_query_its_bits_alone(cache_dtype):
+    """A step of many queries walks each KV head's keys once for its query heads (the kernel's grouped path,
+    taken by the step's size); a query alone takes a task per head. Each query's bits are the same."""
+    g = torch.Generator().manual_seed(1)
+    hq, hk, d, page = 12, 2, 128, 4
+    k_cache = torch.randn(2048, hk, d, generator=g).to(cache_dtype)
+    v_cache = torch.randn(2048, hk, d, generator=g).to(cache_dtype)
+    n = 8 * torch.get_num_threads() + 3  # queries x KV heads well past 4 tasks a thread: grouped
+    q = torch.randn(n, hq, d, generator=g)
+    long_step = paged_metadata(torch.arange(n // page + 8)[None], [n], [n + 17], page)  # a prefill chunk
+    in_step = row_independent_attention(q, k_cache, v_cache, long_step, d ** -0.5)
+    for i in (0, n // 2, n - 1):
+        alone = paged_metadata(torch.arange(n // page + 8)[None], [1], [18 + i], page)
+        assert torch.equal(in_step[i:i + 1], row_independent_attention(q[i:i + 1], k_cache, v_cache, alone, d ** -0.5))
