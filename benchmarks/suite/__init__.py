@@ -7,7 +7,7 @@
 | `measure.py` | one measurement cell from per-request timings (decode tok/s without prefill, TTFT, TPOT, e2e); peak memory per process |
 | `ours.py` | our engine's runners (ar, ar-all, sd, sd-all, ssd, auto), one engine per mode (per K for sd, ssd); rows carry the draft's format and auto's choice |
 | `hf.py` | transformers' runners (hf-ar, hf-assisted) with a timing streamer |
-| `isolate.py` | every mode in its own spawned process, progress reported back to one bar |
+| `isolate.py` | every mode in its own process (forked from one server that imported torch once), progress reported back to one bar |
 | `report.py` | the Markdown: headline in the paper's columns, details, Theorem 7, per-round profile, SD's round efficiency |
 | `goals.py` | the ratio table (SD/AR, SSD/AR, SSD/SD, SSD/ar-all, auto against the fixed modes, SD/hf-assisted, SD round efficiency) and auto's choice |
 | `plots.py` | PNGs: tok/s per mode per prompt set, SSD/SD vs batch size, tok/s vs K |

@@ -49,6 +49,16 @@ def child_args(label: str) -> dict:
     return json.loads(sys.argv[2])
 
 
+def exit_done() -> None:
+    """Child side, last thing in the entry point once its work ended cleanly: exit without the
+    interpreter's teardown. Freeing torch's modules one by one takes ~0.7 s of CPU, and the parent's
+    close() waits for this exit; nothing is left to finalize (no temporary files, no atexit work:
+    the links and stores are sockets and file descriptors the kernel closes)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def die_with_parent(parent: int, label: str) -> None:
     if not _kernel_kills_orphans():
         threading.Thread(target=_watch, args=(parent, label), daemon=True, name="parent-watch").start()

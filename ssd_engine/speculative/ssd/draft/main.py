@@ -6,8 +6,9 @@ import signal
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the coordinator stops us
-    from ssd_engine.distributed.lifeline import child_args
+    from ssd_engine.distributed.lifeline import child_args, exit_done
     args = child_args("SSD draft")  # before anything slow: from here on we die with the coordinator
 
     from ssd_engine.speculative.ssd.draft.loop import draft_main
     draft_main(**args)
+    exit_done()  # the parent's close() waits for this exit: no interpreter teardown
