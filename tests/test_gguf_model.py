@@ -195,8 +195,11 @@ def test_smollm2_gguf_loads_directly_and_matches_the_folder_route(smollm2_dir, t
     source = dm.find_smollm2_gguf()
     monkeypatch.setenv(dm.CACHE_ENV, str(tmp_path / "cache"))
     converted = []
-    real_convert = dm._convert_in_child
-    monkeypatch.setattr(dm, "_convert_in_child", lambda g, o: (converted.append(g), real_convert(g, o))[1])
+
+    def convert(gguf_path, out_dir):  # the session's conversion of this very file (the same child's output), copied:
+        converted.append(gguf_path)    # what is tested here is the route to it and its caching, not a second ~14 s run
+        shutil.copytree(smollm2_dir, out_dir, ignore=shutil.ignore_patterns(dm.MARKER))
+    monkeypatch.setattr(dm, "_convert_in_child", convert)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     options = dict(speculative_mode="ar", max_model_len=128, num_threads=1)
     with LLM(smollm2_dir, **options) as llm:
