@@ -7,6 +7,7 @@ import pytest
 from ssd_engine import LLM
 from ssd_engine.distributed.placement import available_cores
 from ssd_engine.planning import choose
+from ssd_engine.planning.plan import plan
 from ssd_engine.planning.costs import MeasuredCosts, _curve
 from ssd_engine.planning.predict import (Acceptance, Costs, Prediction, predict_all, predict_sd, predict_ssd)
 from ssd_engine.saguaro.calibration import Calibration
@@ -191,17 +192,49 @@ def test_tp_auto_predicts_from_measured_ranks_and_never_runs_a_shared_draft(targ
     cpu_cores, cores = _two_cores()
     with LLM(target, draft_model=noisy_draft, tensor_parallel_size=2, cpu_cores=cpu_cores, block_size=8) as llm:
         choice, parts = llm.engine.plan.choice, llm.engine.parts
-        assert set(choice.predicted_tok_s) == {"ar", "sd"} and choice.mode != "ssd"
-        assert "2 tensor-parallel ranks (cores " in choice.how and "SSD not a candidate" in choice.how
+        assert set(choice.predicted_tok_s) <= {"ar", "sd", "ssd"} and choice.mode in choice.predicted_tok_s
         predicted = choice.predicted_tok_s
-        assert choice.mode == ("sd" if predicted["sd"] >= choose.MARGIN * predicted["ar"] else "ar")
-        assert parts.speculative.mode == choice.mode and parts.parallel.tensor_parallel_size == 2
-        assert parts.parallel.cpu_cores == cpu_cores and llm.engine.execution()["mode"] == choice.describe()
+        assert choice.mode == ("sd" if predicted["sd"] >= choose.MARGIN * predicted["ar"] else "ar") or "ssd" in predicted
+        if parts.parallel.tensor_parallel_size == 2:  # the ranks were predicted at least as fast as one process
+            assert "2 tensor-parallel ranks (cores " in choice.how and "SSD not a candidate" in choice.how
+            assert set(predicted) == {"ar", "sd"} and parts.parallel.cpu_cores == cpu_cores
+        else:  # one process was predicted faster: said in the choice, run on the same cores
+            assert choice.how.startswith("tensor parallelism predicted slower: 2 ranks ")
+        assert parts.speculative.mode == choice.mode and llm.engine.execution()["mode"] == choice.describe()
         outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outs] == greedy_oracle(target)[:3]
-    (stored,) = (private_cache / "calibrations").iterdir()
-    measured = MeasuredCosts.load(str(stored))
-    assert stored.name.startswith("mode-costs-tp2-") and measured.draft_cores == [] and measured.target_all[9] > 0
+    stored = sorted((private_cache / "calibrations").iterdir())  # the ranks' costs, and one process's
+    tp_costs = [MeasuredCosts.load(str(p)) for p in stored if p.name.startswith("mode-costs-tp2-")]
+    assert len(stored) == 2 and len(tp_costs) == 1
+    assert tp_costs[0].draft_cores == [] and tp_costs[0].target_all[9] > 0
+
+
+@pytest.mark.parametrize("faster", ["ranks", "one process"])
+def test_tp_runs_one_process_where_that_is_predicted_faster(target, noisy_draft, private_cache, monkeypatch, caplog,
+                                                             faster):
+    """auto with tp=2 predicts the ranks and one process on the same cores; the faster runs, and a
+    fallback to one process is said in one line. A mode given explicitly keeps the ranks unasked."""
+    cpu_cores, _ = _two_cores()
+    ranks_s, one_s = (0.05, 0.1) if faster == "ranks" else (0.1, 0.05)
+
+    def costs(*args):
+        forward_s = ranks_s if len(args[-1].ranks) == 2 else one_s
+        return replace(_fake_costs([]), target_all={1: forward_s}, target_one={1: forward_s}), False
+    monkeypatch.setattr(choose, "load_or_measure", costs)
+    monkeypatch.setattr(choose, "predict_all", lambda c, acc: {"ar": Prediction("ar", 0, 1 / c.target_all(1)),
+                                                               "sd": Prediction("sd", 2, 0.5 / c.target_all(1))})
+    with caplog.at_level("WARNING", logger="ssd_engine"):
+        config, choice = choose.resolve_auto(_tp_config(target, noisy_draft, cpu_cores=cpu_cores))
+    lines = [r.getMessage() for r in caplog.records if "tensor parallelism" in r.getMessage()]
+    if faster == "ranks":
+        assert config.tensor_parallel_size == 2 and config.cpu_cores == cpu_cores and not lines
+    else:
+        assert config.tensor_parallel_size == 1 and config.cpu_cores == cpu_cores.replace(";", ",")
+        assert lines == ["tensor parallelism predicted slower: 2 ranks 10.00 tok/s (ar), one process 20.00 (ar); "
+                         "running one process (a mode given with --mode keeps the ranks)"]
+        assert choice.how.startswith(lines[0]) and config.speculative_mode == choice.mode == "ar"
+    forced = _tp_config(target, noisy_draft, cpu_cores=cpu_cores, speculative_mode="ar")
+    assert plan(forced).parts.parallel.tensor_parallel_size == 2
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd"])

@@ -6,7 +6,9 @@ place of the one process: AR and SD's ranks split every core evenly (SD's draft 
 on its cores), SSD's split them into one set per rank and one for the draft, and SSD is a
 candidate only where the draft gets a set of its own (never under torchrun, where the engine
 places nothing): a draft sharing the ranks' cores overlaps nothing with them, which no prediction
-covers. Costs come from planning/costs.py (measured once per machine and placement, cached),
+covers. Tensor parallelism itself is a candidate too: where one process on the same cores is
+predicted faster, auto says so in one line and runs one process (a mode given explicitly keeps the
+ranks; under torchrun the ranks exist already). Costs come from planning/costs.py (measured once per machine and placement, cached),
 acceptance from the pair's Saguaro calibration (configs/), the prediction from
 planning/predict.py. A speculative mode must beat AR by MARGIN to be chosen, so that a prediction
 error costs little where AR is nearly as fast. The choice, its K, the draft's format, the cores
@@ -196,12 +198,30 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
         # the draft on its own device, as before "auto" measured anything
         return replace(config, speculative_mode="ssd"), ModeChoice(
             "ssd", config.num_speculative_tokens, f"not measured: {missing}; SSD, as before auto measured")
+    choice = _choose(seen)
+    if config.tensor_parallel_size > 1 and seen.placement.device == "cpu" and world is None:
+        # TP is a candidate here, not a given: one process on the same cores may decode faster
+        single = replace(config, tensor_parallel_size=1)
+        alone = survey(single)
+        one = _choose(alone)
+        ranks_s, one_s = choice.predicted_tok_s[choice.mode], one.predicted_tok_s[one.mode]
+        if one_s > ranks_s:
+            line = (f"tensor parallelism predicted slower: {config.tensor_parallel_size} ranks {ranks_s:.2f} tok/s "
+                    f"({choice.mode}), one process {one_s:.2f} ({one.mode}); running one process (a mode given "
+                    f"with --mode keeps the ranks)")
+            log.warning(line)
+            one = replace(one, how=f"{line}; {one.how}")
+            return _apply(single, one, alone.placement, alone.measured), one
+    return _apply(config, choice, seen.placement, seen.measured), choice
+
+
+def _choose(seen: Survey) -> ModeChoice:
+    """The fastest predicted mode at its best K; a speculative one only by MARGIN over AR."""
     predictions = _predict_all_formats(seen.measured, seen.acceptance)
     best = max(predictions.values(), key=lambda p: p.tokens_per_s)
     if best.mode != "ar" and best.tokens_per_s < MARGIN * predictions["ar"].tokens_per_s:
         best = predictions["ar"]
-    choice = ModeChoice(best.mode, best.k, seen.how, {m: p.tokens_per_s for m, p in predictions.items()}, best.detail)
-    return _apply(config, choice, seen.placement, seen.measured), choice
+    return ModeChoice(best.mode, best.k, seen.how, {m: p.tokens_per_s for m, p in predictions.items()}, best.detail)
 
 
 def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
