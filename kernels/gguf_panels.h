@@ -78,8 +78,8 @@ ALWAYS_INLINE __m512 halves(const uint8_t* p) {  // 16 fp16 values
 
 // Asks for the bytes PREFETCH_AHEAD past an eighth of a super-block's panel (the eighth a kernel is
 // about to read). With the weights streaming from memory, a pass of two or more rows otherwise
-// outruns the hardware prefetcher and waits on each load: on an AMD EPYC (Zen 4) 2 rows took 2.2x
-// one row from memory and 1.3x from cache; with this, ~1.3x from memory, and one row ~1.2-1.6x faster.
+// outruns the hardware prefetcher and waits on each load (2 rows cost about twice one row from
+// memory, where from cache they cost a third more); asking ahead brings both close to the cached cost.
 constexpr int64_t PREFETCH_AHEAD = 4096;
 template <int64_t PANEL_BYTES>
 ALWAYS_INLINE void prefetch_eighth(const uint8_t* panel, int eighth) {

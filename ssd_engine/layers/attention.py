@@ -120,9 +120,9 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 # the queries into blocks of 32 / 64 / 256 rows (fewer than 192 / 768 / more queries) and the keys
 # into blocks of 512 (512 or more keys; else one block of them all); a block's matmuls give a row
 # other bits when the block has 1, 2 or 3 rows than from 4 on, and a softmax over a key block
-# gives other bits when the block's (masked) length changes. Measured on an AMD EPYC: with
-# queries padded so no block has fewer than 4 rows, and keys padded (masked) to a multiple of 512,
-# a query's output is the same bits at any query count, position and dense key length.
+# gives other bits when the block's (masked) length changes. With queries padded so no block has
+# fewer than 4 rows, and keys padded (masked) to a multiple of 512, a query's output is the same bits
+# at any query count, position and dense key length.
 _MIN_QUERY_BLOCK = 4
 _KEY_BLOCK = 512
 

@@ -1,11 +1,9 @@
 """How many rows oneDNN's packed matmul should be given: a measured, per-machine choice.
 
 On some CPUs oneDNN runs a packed weight through a slow path for one or two rows and a fast one
-from three: measured on a 2-core AMD EPYC with AVX-512 (torch 2.13, one thread, 8960x1536 fp32,
-weights streamed from memory) 10.7 ms at one row, 18.5 at two, 4.8 at five. Padding a one-row
-decode step with zero rows up to a faster count then makes it ~2x faster, at no extra memory
-traffic: the weight is read once either way. Elsewhere (the Intel Xeon of the issue: 2.0 ms at
-one row) one row is fastest, so the choice is measured, once per machine and dtype, and cached.
+from three or more. Padding a one-row decode step with zero rows up to a faster count then makes it
+faster at no extra memory traffic: the weight is read once either way. On other CPUs one row is
+fastest, so the choice is measured, once per machine and dtype, and cached (docs/CPU.md).
 
 The padding rows are zeros and only row i of the output is kept for input row i; the kept rows
 are computed by the same kernel family as every multi-row step (verification, prefill), so

@@ -16,7 +16,7 @@ and (for SSD) the budget B are written into the engine's config; `ModeChoice` re
 
 On CUDA the placement is by GPU (ranks on consecutive GPUs, SSD's draft on the next one, a
 candidate only where there is one), but planning/costs.py does not time GPUs yet: there `auto`
-runs SSD, as before it measured, and says so in its `how`.
+runs SSD (the draft on a device of its own) and says so in its `how`.
 """
 import hashlib
 import logging
@@ -195,9 +195,9 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
     try:
         seen = survey(config)
     except NotMeasured as missing:
-        # the draft on its own device, as before "auto" measured anything
+        # the draft on its own device: the paper's placement, taken unmeasured
         return replace(config, speculative_mode="ssd"), ModeChoice(
-            "ssd", config.num_speculative_tokens, f"not measured: {missing}; SSD, as before auto measured")
+            "ssd", config.num_speculative_tokens, f"not measured: {missing}; SSD, the draft on a device of its own")
     choice = _choose(seen)
     if config.tensor_parallel_size > 1 and seen.placement.device == "cpu" and world is None:
         # TP is a candidate here, not a given: one process on the same cores may decode faster

@@ -4,12 +4,9 @@ Decoding is bandwidth-bound and cores share the memory bus, so the SSD target's 
 slower while the draft decodes beside it, and the draft's steps slower while the target verifies.
 The neighbour is a child process pinned to the other side's cores that multiplies one row by a
 256 MB weight matrix in a loop: the matrix-vector product that dominates a decode step, in the
-other side's weight dtype. A neighbour that only sums a buffer is far harsher than a real model:
-on the 2-core AMD EPYC (avx512_bf16) VM of 2026-11-23 a 4-layer target forward of one row took
-334-392 ms alone, 503 ms beside a bf16 matrix-vector loop, 526 ms beside an fp32 one and 768 ms
-beside a summing loop, while in SSD runs the verification ran 1.1-1.3x its time alone
-(benchmarks/results/2026-11-23-contention.md); a summing neighbour sized SSD's budget for a window
-1.5x too long. The child exits when the block ends or, should this process die first, when it
+other side's weight dtype. A neighbour that only sums a buffer is far harsher than a real model
+and sizes SSD's budget for a window too long; a matrix-vector loop slows a forward about as much as
+SSD's real verification is slowed (figures: docs/CPU.md, benchmarks/results/*-contention.md). The child exits when the block ends or, should this process die first, when it
 finds its parent gone.
 """
 import contextlib

@@ -2,9 +2,8 @@
 memory anyway (CPU, or a draft sharing the coordinator's GPU).
 
 Why: gloo carries payloads over TCP on loopback. A reply with whole q rows (T > 0 without top_k:
-K x vocab floats a sequence, 2.4 MB at batch 1 and 19 MB at batch 8 for the default pair) took
-0.9-1.1 / 7.9-8.6 ms from request to reply in hand; through this window 0.3 / 1.6-1.7 ms (AMD EPYC,
-two pinned processes, benchmarks/micro/bench_reply_window.py). The draft encodes the reply in place, the
+K x vocab floats a sequence, 2.4 MB at batch 1 and 19 MB at batch 8 for the default pair) crosses
+this window 3-5x faster than through gloo (benchmarks/micro/bench_reply_window.py measures both). The draft encodes the reply in place, the
 coordinator decodes it in place, and gloo carries only its size.
 
 Where the memory lives: one anonymous memfd the coordinator creates and the draft process inherits

@@ -26,7 +26,7 @@ from ssd_engine.saguaro.source import Source
 from ssd_engine.utils.host_upload import padded_rows, upload
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
-KEEP_LOGITS_BYTES = 256 * 2**20  # ~40 branches x K = 4 at a 150k vocabulary; wider builds glue as before
+KEEP_LOGITS_BYTES = 256 * 2**20  # ~40 branches x K = 4 at a 150k vocabulary; wider builds recompute the glue
 
 
 class CacheBuilder:
