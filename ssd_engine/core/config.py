@@ -141,10 +141,10 @@ class EngineConfig:
     @property
     def compiled(self) -> bool:
         """Whether every runner (target, SD draft, SSD draft) compiles its forward (runtime/compiled_model.py).
-        auto is off: on the AMD EPYC of benchmarks/results/2026-11-23-compiled-step.md a compiled step
-        saved 1-6% (the fp32 target) to 14% (an int4 draft) of a layer's time on one thread, while a
-        model's two graphs took ~90 s to compile on the machine's first run and ~15 s at each start-up
-        after (inductor's cache keeps all but dynamo's trace): thousands of tokens to break even."""
+        auto is off: a compiled step saves a few percent (the fp32 target) to ~15% (an int4 draft) of a
+        layer's time on one thread, while compiling a model's graphs takes minutes on a machine's first
+        run and seconds at each start-up after: thousands of tokens to break even
+        (benchmarks/results/2026-11-23-compiled-step.md)."""
         return self.compile_model == "on" and not self.enforce_eager
 
     @property

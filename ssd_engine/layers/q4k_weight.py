@@ -4,8 +4,7 @@ outputs, activations rounded to int8 per 256 values).
 
 Why: a draft step is one row, memory-bound; Q4_K reads 4.5 bits a weight, like torch's int4 op,
 but the panel kernel streams them at close to the memory's rate where the int4 op, at one row,
-does not (on the AMD EPYC Zen 4 of docs/CPU.md a 0.5B draft step took less than half the int4
-op's time). The draft's precision never changes the output (verification uses the q rows its own
+does not (docs/CPU.md compares the draft formats' steps). The draft's precision never changes the output (verification uses the q rows its own
 logits give), only acceptance.
 
 The quantizer is the plain min / max one (each sub-block of 32 spans its range in 15 steps; the
