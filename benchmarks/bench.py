@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
     import llamacpp_mode
     from suite import host_speed, options, plots
     from suite.machine import machine_line
+
     from ssd_engine.utils.machine import describe
 
     argv = sys.argv[1:] if argv is None else argv

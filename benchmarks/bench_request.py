@@ -52,6 +52,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def prompt_ids(lengths: list[int], model: str | None) -> dict[int, list[int]]:
     """L token ids of real code per length: HumanEval prompts joined, their last L tokens."""
     from prompt_sets import load_prompt_set
+
     from ssd_engine.models.model_paths import resolve_model_arg
     from ssd_engine.models.tokenizer_source import load_tokenizer
     tokenizer = load_tokenizer(resolve_model_arg(model), None, "auto", 0)
@@ -116,7 +117,7 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
         spec["options"], code = options, OURS
     argv = ["taskset", "-c", ",".join(map(str, a.cores)), sys.executable, "-c", code, json.dumps(spec)]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((out for out in done.stdout.splitlines() if out.startswith("RESULT ")), None)
     if line is None:
         raise SystemExit(f"error: runner {runner} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
     *rows, chosen = json.loads(line[len("RESULT "):])

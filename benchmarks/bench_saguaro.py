@@ -257,8 +257,8 @@ def main() -> None:
 
 
 def _calibrated_budget(args) -> int:
-    from ssd_engine.models.model_paths import resolve_model_path
     from ssd_engine.core.config import EngineConfig
+    from ssd_engine.models.model_paths import resolve_model_path
     from ssd_engine.saguaro.calibration import find_calibrations
     config = EngineConfig(model=args.model, draft_model=args.draft)
     found = find_calibrations(resolve_model_path(config), resolve_model_path(config, "draft"))

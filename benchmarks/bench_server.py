@@ -80,7 +80,7 @@ def run_in_process(a, mode: str) -> list[dict]:
     argv = ["taskset", "-c", ",".join(map(str, a.cores)), sys.executable, "-c", code, str(a.repeats),
             str(a.new_tokens), *engine_flags(a, mode)]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
-    line = next((l for l in done.stdout.splitlines() if l.startswith("RESULT ")), None)
+    line = next((out for out in done.stdout.splitlines() if out.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"in-process run failed: {done.stderr[-2000:]}")
     return json.loads(line[len("RESULT "):])

@@ -115,8 +115,9 @@ def _say(mode: str, cell: dict, rows: list[dict]) -> None:
 def run_sweep(a) -> dict:
     from suite import host_speed, isolate, options
     from suite.machine import machine_line
-    from ssd_engine.utils.machine import describe
+
     from ssd_engine.models.loader import load_config
+    from ssd_engine.utils.machine import describe
 
     vocab = min(load_config(a.target, "dummy").vocab_size, load_config(a.draft, "dummy").vocab_size)
     prompt_sets = {"random-ids": random_prompts(a.num_prompts, a.prompt_len, vocab)}

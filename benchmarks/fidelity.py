@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> str:
     from bench import load_prompts
     from suite.dated_report import write_dated_report
     from suite.machine import machine_line
+
     from ssd_engine.models.model_paths import resolve_model_arg
     from ssd_engine.models.tokenizer_source import load_tokenizer
 

@@ -43,6 +43,7 @@ TASKS = [
 
 def run_mode(mode: str, max_tokens: int, repeat: int) -> dict:
     import jsonschema
+
     from ssd_engine import LLM, SamplingParams
 
     with LLM(speculative_mode=mode) as llm:

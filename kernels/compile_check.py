@@ -26,10 +26,9 @@ VARIANTS = [  # (dtype, tree, splits, GQA group, max query len, head dim): the e
 def compile_variant(dtype: str, tree: bool, splits: int, group: int, max_query_len: int, head_dim: int,
                     arch: int = 90):
     import triton
+    from ssd_engine.kernels.paged_attention import _paged_attn_kernel, block_config
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from ssd_engine.kernels.paged_attention import _paged_attn_kernel, block_config
 
     names = list(inspect.signature(_paged_attn_kernel.fn).parameters)
     data = {"fp32": "*fp32", "bf16": "*bf16"}[dtype]
@@ -61,10 +60,9 @@ OTHER_KERNELS = [
 def compile_other(name: str, dtype: str, constexprs: dict, arch: int = 90):
     """A kernel whose pointers are all activations (`dtype`) but for these named ones."""
     import triton
+    from ssd_engine.kernels import fused_layer_ops, paged_attention
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-
-    from ssd_engine.kernels import fused_layer_ops, paged_attention
 
     kernel = {"add_rms_norm": fused_layer_ops._add_rms_norm_kernel,
               "rope_cache_write": fused_layer_ops._rope_cache_write_kernel,

@@ -9,9 +9,9 @@ _HOMES = {"LLM": "ssd_engine.llm", "SamplingParams": "ssd_engine.core.sampling_p
           "RequestOutput": "ssd_engine.core.outputs", "RequestMetrics": "ssd_engine.core.outputs"}
 
 if TYPE_CHECKING:
-    from ssd_engine.llm import LLM
     from ssd_engine.core.outputs import RequestMetrics, RequestOutput
     from ssd_engine.core.sampling_params import SamplingParams
+    from ssd_engine.llm import LLM
 
 
 def __getattr__(name: str):

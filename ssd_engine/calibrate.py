@@ -16,18 +16,25 @@ import datetime
 import logging
 import platform
 import subprocess
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-from ssd_engine.core.config import EngineConfig
-from ssd_engine.utils.machine import cpu_fingerprint
 from ssd_engine.cli_args import ArgumentParser, add_engine_args, engine_options, fail
-from ssd_engine.saguaro.calibration import (CONFIG_DIR, Calibration, best_budget, budget_from_timings, fit_power_law,
-                                            miss_curve, model_fingerprint)
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.saguaro.calibration import (
+    CONFIG_DIR,
+    Calibration,
+    best_budget,
+    budget_from_timings,
+    fit_power_law,
+    miss_curve,
+    model_fingerprint,
+)
 from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes
 from ssd_engine.saguaro.source import Source
+from ssd_engine.utils.machine import cpu_fingerprint
 
 PROMPTS = Path(__file__).resolve().parent / "saguaro" / "calibration_prompts.txt"
 ENGINE_FIELDS_SET_HERE = ("speculative_mode", "ssd_fanout", "ssd_fallback", "ssd_budget", "calibration_dir")
@@ -56,12 +63,12 @@ def _run(options: dict, prompts: list[str], temperature: float, new_tokens: int,
     with tempfile.TemporaryDirectory() as nowhere, \
             LLM(**{**options, **overrides, "speculative_mode": "ssd", "calibration_dir": nowhere}) as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=temperature, max_tokens=4, seed=0), use_tqdm=False)
-        llm.engine.speculator.metrics.reset()  # drop the warm-up's counters
+        llm.engine.reset_speculation_metrics()  # drop the warm-up's counters
         params = [SamplingParams(temperature=temperature, max_tokens=new_tokens, seed=i, ignore_eos=True)
                   for i in range(len(prompts))]
         for prompt, p in zip(prompts, params):  # batch 1: the budget is per sequence
             llm.generate([prompt], p, use_tqdm=False)
-        return llm.engine.speculator.metrics, llm.engine.model_path, resolve_model_path(llm.config, "draft")
+        return llm.engine.ssd_metrics, llm.engine.model_path, resolve_model_path(llm.config, "draft")
 
 
 def _median_step(metrics) -> tuple[int, float]:

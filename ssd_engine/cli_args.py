@@ -3,8 +3,8 @@
 Shared by `python -m ssd_engine.generate` and the benchmark/serve entry points.
 """
 import argparse
-import json
 import difflib
+import json
 import sys
 import types
 import typing

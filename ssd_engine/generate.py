@@ -11,11 +11,18 @@ import os
 import sys
 import time
 
-from ssd_engine.cli_args import (ArgumentParser, add_engine_args, add_sampling_args, describe_engine, engine_options,
-                                 fail, sampling_params)
+from ssd_engine.cli_args import (
+    ArgumentParser,
+    add_engine_args,
+    add_sampling_args,
+    describe_engine,
+    engine_options,
+    fail,
+    sampling_params,
+)
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.utils.progress import PROGRESS_ENV
 from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.utils.progress import PROGRESS_ENV
 
 DEFAULT_PROMPT = "def quicksort(arr):"
 

@@ -5,9 +5,9 @@ from dataclasses import replace
 from tqdm.auto import tqdm
 
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.engine.llm_engine import LLMEngine
 from ssd_engine.core.outputs import RequestOutput
 from ssd_engine.core.sampling_params import SamplingParams, model_sampling_defaults
+from ssd_engine.engine.llm_engine import LLMEngine
 from ssd_engine.engine.streaming import TextStream
 
 Prompt = str | list[int]
@@ -64,7 +64,7 @@ class LLM:
             except ValueError as error:
                 raise ValueError(f"prompt {i}: {error}" if len(prompts) > 1 else str(error)) from None
         for seq in (seq for samples in requests for seq in samples):
-            self.engine.scheduler.add(seq)
+            self.engine.add(seq)
         outputs = iter(self._run([seq for samples in requests for seq in samples], use_tqdm))
         return [_one_request([next(outputs) for _ in samples]) for samples in requests]
 
@@ -102,7 +102,7 @@ class LLM:
         if params.n > 1:
             raise ValueError(f"n must be 1 for a stream, got {params.n}: generate() returns n samples")
         seq = self.engine.make_sequence(prompt, params)
-        self.engine.scheduler.add(seq)
+        self.engine.add(seq)
         return TextStream(self.engine, seq)
 
     def speculation_metrics(self) -> dict:
@@ -111,9 +111,7 @@ class LLM:
         After close() (a `with` block's end): the metrics as they stood when the engine closed."""
         if self._engine is None:
             return dict(self._final_metrics)
-        summary = self._engine.spec_metrics.total.summary()
-        speculator = self._engine.speculator
-        return {**summary, **speculator.summary()} if speculator is not None else summary
+        return self._engine.speculation_metrics()
 
     def close(self) -> None:
         """Stop every child process (draft process, tensor-parallel workers); safe to call twice."""

@@ -12,7 +12,13 @@ import importlib.util
 import os
 import sys
 
-from ssd_engine.cli_args import ArgumentParser, add_engine_args, describe_engine, engine_options, fail
+from ssd_engine.cli_args import (
+    ArgumentParser,
+    add_engine_args,
+    describe_engine,
+    engine_options,
+    fail,
+)
 from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS, SamplingParams
 from ssd_engine.server.auth import ENV_VAR, KEY_FLAG, access_line, resolve_keys
 
@@ -58,13 +64,13 @@ def describe_sampling(llm) -> str:
     return f"[sampling] unset fields take {values} ({source}; temperature=0 is greedy)"
 
 
-def draining_server(uvicorn, config, engine):
+def draining_server(uvicorn, config, async_engine):
     """uvicorn's Server, which on a first Ctrl-C stops accepting and waits for the requests in flight, saying
     so in one line (a second Ctrl-C is uvicorn's force exit)."""
 
     class DrainingServer(uvicorn.Server):
         async def shutdown(self, sockets=None) -> None:
-            n = engine.in_flight
+            n = async_engine.in_flight
             if n and not self.force_exit:
                 print(f"[serve] stopping: draining {n} in-flight request{'s' if n != 1 else ''} first "
                       "(Ctrl-C again to stop now)", file=sys.stderr, flush=True)
@@ -87,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"python -m ssd_engine.serve needs {', '.join(missing)}: {SERVE_INSTALL}")
     try:
         import uvicorn
+
         from ssd_engine.server.async_engine import AsyncEngine
         from ssd_engine.server.openai_api import build_app, open_paths
     except ImportError as error:  # installed but unimportable (e.g. a dependency of theirs)
@@ -95,8 +102,8 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         # built on the thread that will step it (server/async_engine.py says why)
-        engine = AsyncEngine.build(lambda: LLM(**engine_options(args)), max_pending=args.max_pending)
-        llm = engine.llm
+        async_engine = AsyncEngine.build(lambda: LLM(**engine_options(args)), max_pending=args.max_pending)
+        llm = async_engine.llm
         sampling = describe_sampling(llm)
     except ValueError as error:
         fail(str(error))
@@ -114,14 +121,14 @@ def main(argv: list[str] | None = None) -> None:
     access = access_line(args.host, api_keys, open_paths(args.metrics_require_key))
     if access:
         print(access, file=sys.stderr, flush=True)
-    app = build_app(engine, name, api_keys=api_keys, metrics_require_key=args.metrics_require_key)
-    server = draining_server(uvicorn, uvicorn.Config(app, host=args.host, port=args.port, log_level="info"), engine)
+    app = build_app(async_engine, name, api_keys=api_keys, metrics_require_key=args.metrics_require_key)
+    server = draining_server(uvicorn, uvicorn.Config(app, host=args.host, port=args.port, log_level="info"), async_engine)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raises again the Ctrl-C it handled, once it has stopped
         pass
     finally:
-        engine.close()
+        async_engine.close()
         llm.close()
     if not server.started:
         sys.exit(3)  # uvicorn said why (the port is taken, ...); its own exit status for a failed start

@@ -13,9 +13,17 @@ from __future__ import annotations
 from collections import defaultdict
 
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList, MinNewTokensLengthLogitsProcessor, \
-    RepetitionPenaltyLogitsProcessor, SequenceBiasLogitsProcessor, TemperatureLogitsWarper, TopKLogitsWarper, \
-    TopPLogitsWarper
+from transformers import (
+    AutoModelForCausalLM,
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SequenceBiasLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from ssd_engine import SamplingParams
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from ssd_engine.kernels.gguf_cpu import BLOCKS
+
 from ssd_engine.models.default_models import MARKER
 
 # fp16 scales that give weights of mean ~0 and std ~0.02-0.08 from uniformly random codes
@@ -35,7 +35,7 @@ def gguf_checkpoint(src: str, dst: str, arch: str, kinds) -> tuple[str, str]:
     from safetensors.torch import load_file, save_file
     from transformers import AutoConfig
 
-    from ssd_engine.models.gguf_stream import _unpermute_rows, hf_name_map, PERMUTED_QK
+    from ssd_engine.models.gguf_stream import PERMUTED_QK, _unpermute_rows, hf_name_map
 
     rng = np.random.default_rng(0)
     config = AutoConfig.from_pretrained(src)

@@ -13,8 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-
-from profiling.placement import PlacementChecker, Place
+from profiling.placement import Place, PlacementChecker
 
 
 @contextmanager

@@ -9,7 +9,6 @@ mass. `small_pair` (tests/conftest.py) builds it once per session.
 import os
 
 from safetensors.torch import load_file
-
 from tiny_checkpoints import build_checkpoint, derived_checkpoint
 
 SMALL = dict(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,

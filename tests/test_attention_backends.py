@@ -15,12 +15,17 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 import hf_oracle  # noqa: E402
-from ssd_engine import LLM, SamplingParams  # noqa: E402
+from paged_steps import random_paged_step  # noqa: E402
 from ssd_engine.kernels import gguf_cpu  # noqa: E402
-from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention  # noqa: E402
+
+from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine.layers.attention import (  # noqa: E402
+    AttentionMetadata,
+    row_independent_attention,
+    torch_attention,
+)
 from ssd_engine.layers.attention_backends import select_backend, triton_attention  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
-from paged_steps import random_paged_step  # noqa: E402
 
 # an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

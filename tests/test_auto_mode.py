@@ -3,16 +3,23 @@ measurement (planning/costs.py) and the choice applied to a real engine (plannin
 from dataclasses import replace
 
 import pytest
+from test_speculative_decoding import GREEDY, _prompts, greedy_oracle, noisy_draft, target  # noqa: F401 (fixtures)
 
 from ssd_engine import LLM
 from ssd_engine.distributed.placement import available_cores
 from ssd_engine.planning import choose
-from ssd_engine.planning.plan import plan
 from ssd_engine.planning.costs import MeasuredCosts, _curve
-from ssd_engine.planning.predict import (Acceptance, Costs, Prediction, predict_all, predict_sd, predict_ssd)
+from ssd_engine.planning.plan import plan
+from ssd_engine.planning.predict import (
+    Acceptance,
+    Costs,
+    Prediction,
+    predict_all,
+    predict_sd,
+    predict_ssd,
+)
 from ssd_engine.saguaro.calibration import Calibration
 from ssd_engine.saguaro.fanout import outcome_probabilities
-from test_speculative_decoding import GREEDY, _prompts, greedy_oracle, noisy_draft, target  # noqa: F401 (fixtures)
 
 
 def _calibration(probs: list[float]) -> Calibration:
@@ -162,6 +169,7 @@ def test_a_forced_ssd_is_sized_from_this_machine(target, noisy_draft, private_ca
 
 def test_memory_traffic_streams_on_the_given_cores_and_stops_with_the_block():
     import os
+
     from ssd_engine.planning.contention import memory_traffic
     core = sorted(os.sched_getaffinity(0))[-1]
     with memory_traffic([core]) as pid:

@@ -21,8 +21,15 @@ from suite import host_speed, isolate, options, ours  # noqa: E402
 from suite.goals import goal_lines  # noqa: E402
 from suite.machine import machine_line  # noqa: E402
 from suite.measure import Request, batches, cell  # noqa: E402
-from suite.report import (detail_lines, efficiency_lines, headline, headline_lines, render,  # noqa: E402
-                          round_efficiency, rows_of)
+from suite.report import (  # noqa: E402
+    detail_lines,
+    efficiency_lines,
+    headline,
+    headline_lines,
+    render,
+    round_efficiency,
+    rows_of,
+)
 
 
 def test_decode_throughput_excludes_prefill():

@@ -9,16 +9,16 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from gpu import bench_bandwidth  # noqa: E402
+from runners import tiny_runner
 
 from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
-from runners import tiny_runner
 
 # tiny configs (tests/tiny_checkpoints.py): vocab 320, hidden 64, intermediate 128, 2 layers,
 # 4 heads, 2 KV heads, head_dim 16, fp32
 QKV = (64 + 2 * 32) * 64        # fused q, k, v rows x hidden
-O, GATE_UP, DOWN = 64 * 64, 2 * 128 * 64, 64 * 128
+O_PROJ, GATE_UP, DOWN = 64 * 64, 2 * 128 * 64, 64 * 128
 NORMS = 2 * 64                  # input and post-attention RMSNorm
-LAYER = QKV + O + GATE_UP + DOWN + NORMS
+LAYER = QKV + O_PROJ + GATE_UP + DOWN + NORMS
 TABLE = 320 * 64                # the LM head (or the tied embedding table)
 
 

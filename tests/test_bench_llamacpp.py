@@ -5,7 +5,6 @@ agreement arithmetic. One test runs the real library on SmolLM2's GGUF where bot
 import json
 import os
 import sys
-from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest

@@ -10,8 +10,13 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import bench_synthetic  # noqa: E402
 from suite import options, ours  # noqa: E402
-from suite.synthetic_report import (expected_acceptance_rate, expected_tokens, predict_sd, predict_ssd,  # noqa: E402
-                                    predict_ssd_own_verify)
+from suite.synthetic_report import (  # noqa: E402
+    expected_acceptance_rate,
+    expected_tokens,
+    predict_sd,
+    predict_ssd,
+    predict_ssd_own_verify,
+)
 from test_dummy_weights import shape_folder  # noqa: E402
 
 from ssd_engine.saguaro.speedup import ssd_speedup  # noqa: E402

@@ -38,10 +38,10 @@ logits come out ~30 delta off there), so on a GPU is the only place it is checke
 """
 import pytest
 import torch
-
 from bf16_oracle import Fp64Reference, deficits, engine_logit_error, logit_error_bound
 from cpu_features import NEEDS_BF16
 from tiny_checkpoints import derived_checkpoint
+
 from ssd_engine import LLM, SamplingParams
 
 K = 3

@@ -1,9 +1,9 @@
 """BlockManager: block allocation, ref counts, chained-hash prefix caching, commit, trim (rollback)."""
 import pytest
 
-from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.core.structures import Sequence
 from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.core.structures import Sequence
+from ssd_engine.runtime.block_manager import BlockManager
 
 BS = 4
 

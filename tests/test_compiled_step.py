@@ -9,6 +9,8 @@ files with every runner compiled (conftest.py).
 """
 import pytest
 import torch
+from runners import tiny_runner
+from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
 from torch.profiler import profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -17,8 +19,6 @@ from ssd_engine.runtime.compiled_model import CompiledModel
 from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.runtime.step_inputs import StepInputs
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
-from runners import tiny_runner
-from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
 
 REL_TOL = 1e-5
 BLOCK = 4

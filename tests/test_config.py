@@ -4,11 +4,17 @@ import dataclasses
 
 import pytest
 
-from ssd_engine.cli_args import ArgumentParser, add_engine_args, add_sampling_args, engine_options, sampling_params
+from ssd_engine.cli_args import (
+    ArgumentParser,
+    add_engine_args,
+    add_sampling_args,
+    engine_options,
+    sampling_params,
+)
 from ssd_engine.core.config import EngineConfig, field_names
-from ssd_engine.generate import build_parser
 from ssd_engine.core.options import help_of
 from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.generate import build_parser
 
 
 def test_defaults_are_valid_and_frozen():

@@ -2,15 +2,15 @@
 a CPU): each op against the torch ops it replaces, on odd shapes (head dims that are not powers of
 two, strided rows, scattered cache slots, Qwen3's q/k norms, bf16); then whole engines: the layers
 call them, greedy output stays transformers', and a decode layer dispatches a handful of ops."""
+import hf_oracle
 import pytest
 import torch
 import torch.nn.functional as F
-
-import hf_oracle
-from ssd_engine import LLM, SamplingParams
-from ssd_engine.kernels import cpu_layer_ops, gguf_cpu
-from ssd_engine.layers.rotary import rotate
 from profiling.op_count import OpCounter, without_row_padding
+from ssd_engine.kernels import cpu_layer_ops, gguf_cpu
+
+from ssd_engine import LLM, SamplingParams
+from ssd_engine.layers.rotary import rotate
 
 pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="the CPU kernels do not build here")
 

@@ -2,11 +2,11 @@
 and tree steps, and each query's bits unchanged by the other rows and keys of its step."""
 import pytest
 import torch
-
+from paged_steps import paged_metadata, random_paged_step
 from ssd_engine.kernels import gguf_cpu
+
 from ssd_engine.layers.attention import row_independent_attention, torch_attention
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
-from paged_steps import paged_metadata, random_paged_step
 
 
 @pytest.fixture(autouse=True)

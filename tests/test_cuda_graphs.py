@@ -14,13 +14,14 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 import hf_oracle  # noqa: E402
+from cpu_features import GPU_DRAFT_DTYPE_ON_CPU
+from runners import tiny_runner
+
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime.cuda_graphs import bucket_sizes  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
 from ssd_engine.runtime.step_inputs import StepInputs  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
-from cpu_features import GPU_DRAFT_DTYPE_ON_CPU
-from runners import tiny_runner
 
 # an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -113,8 +114,9 @@ def test_a_step_filling_its_bucket_goes_in_with_one_copy(model, emulated):
     """A step's ids, positions, slots and key counts leave one upload in the order the static buffer
     holds them: one copy in (one launch on a GPU, were four), the block tables a second, skipped when
     the next step feeds the same tables (an SD draft's steps after its catch-up)."""
-    from ssd_engine.runtime.decode_feed import DecodeFeed
     from profiling.op_count import OpCounter
+
+    from ssd_engine.runtime.decode_feed import DecodeFeed
     graphed, eager = _runner(model, 4), _runner(model, 0)
     tables = [[0, 1], [2, 3]]
     for runner in (graphed, eager):

@@ -47,15 +47,14 @@ from collections import Counter
 
 import pytest
 import torch
-
-from ssd_engine import LLM, SamplingParams
-from ssd_engine.sampling import verifier
-from ssd_engine.core.structures import Sequence
-from ssd_engine.sampling import rejection
-from ssd_engine.core.streams import Stream, stream_generator
 from exact_law import marginal, output_law
 from small_pair import DIST_PROMPT, engine_options
 from stats_helpers import chi2_isf, fit, gof_power, ncx2_sf
+
+from ssd_engine import LLM, SamplingParams
+from ssd_engine.core.streams import Stream, stream_generator
+from ssd_engine.core.structures import Sequence
+from ssd_engine.sampling import rejection, verifier
 
 ALPHA = 1e-3
 DESIGN_POWER = 0.8

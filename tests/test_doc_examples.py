@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from repo_files import REPO, tracked_files
 
 DOCS = ["README.md", "benchmarks/README.md"] + [str(p.relative_to(REPO)) for p in tracked_files(under="docs")
@@ -56,6 +55,7 @@ def test_every_block_says_its_language():
 def stand_in_cache(tmp_path_factory) -> Path:
     """A cache whose built-in pair is two tiny Qwen2 checkpoints sharing a byte-level tokenizer."""
     import tiny_checkpoints
+
     from ssd_engine.models import default_models
 
     cache = tmp_path_factory.mktemp("cache")

@@ -7,7 +7,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from repo_files import REPO, tracked_files
 
 PACKAGE = REPO / "ssd_engine"

@@ -4,8 +4,8 @@ exactly the reply, and a dead or stalled draft raises DraftLinkError instead of 
 plain gloo link and "gloo-split" (the NCCL protocol: doorbell on gloo, payload on a second group)
 run on CPU; NCCL itself only with two GPUs. "window" is the plain gloo link with a shared reply window
 (reply_window.py): replies that fit it are written there and only their size crosses."""
-import os
 import datetime
+import os
 import subprocess
 import sys
 import threading
@@ -15,11 +15,25 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_reply, encode_request
-from ssd_engine.speculative.ssd.link import DOORBELL, REPLY, REQUEST_CAPACITY, DraftLink, DraftLinkError
-from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Entry, Reply, Request, Speculation, Wanted
-from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 from ssd_engine.saguaro.source import Source
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_reply, encode_request
+from ssd_engine.speculative.ssd.link import (
+    DOORBELL,
+    REPLY,
+    REQUEST_CAPACITY,
+    DraftLink,
+    DraftLinkError,
+)
+from ssd_engine.speculative.ssd.protocol import (
+    DraftParams,
+    DraftTimings,
+    Entry,
+    Reply,
+    Request,
+    Speculation,
+    Wanted,
+)
+from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 BACKENDS = [None, "gloo-split", "window"]
 WINDOW = 2048  # bytes: the tests' replies of 4000 bytes overflow it and cross over gloo

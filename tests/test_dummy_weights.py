@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 import torch
+from cpu_features import NEEDS_BF16
 from transformers import Qwen2Config
 
 from ssd_engine import LLM, SamplingParams
@@ -17,7 +18,6 @@ from ssd_engine.core.config import EngineConfig
 from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.weight_formats import Int4Weight, Int8Weight, OneDNNWeight
 from ssd_engine.models.loader import DUMMY_RANGE, build_model
-from cpu_features import NEEDS_BF16
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

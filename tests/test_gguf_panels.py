@@ -12,10 +12,10 @@ reading them: fp32 rows (gguf_panels_fp32.cpp, target_dtype "gguf", AVX-512) and
 """
 import pytest
 import torch
-
 from ssd_engine.kernels import gguf_cpu
-from ssd_engine.layers.gguf_weight import GGUFWeight, PanelRows, QuantizedRows
 from test_gguf_target import blocks_of, rounded_activations
+
+from ssd_engine.layers.gguf_weight import GGUFWeight, PanelRows, QuantizedRows
 
 KINDS = {"Q4_K": 12, "Q6_K": 14}
 FP32 = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=False),

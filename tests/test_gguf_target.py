@@ -19,13 +19,13 @@ import torch
 
 gguf = pytest.importorskip("gguf", reason="reading GGUF files needs the gguf package")
 from gguf.quants import dequantize  # noqa: E402
+from gguf_checkpoints import gguf_checkpoint, random_blocks  # noqa: E402
+from ssd_engine.kernels import gguf_cpu  # noqa: E402
+from test_greedy_generation import _oracle, _prompts  # noqa: E402
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.distributed.partition import Span  # noqa: E402
-from ssd_engine.kernels import gguf_cpu  # noqa: E402
 from ssd_engine.layers.gguf_weight import GGUFWeight, QuantizedRows  # noqa: E402
-from gguf_checkpoints import gguf_checkpoint, random_blocks  # noqa: E402
-from test_greedy_generation import _oracle, _prompts  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not gguf_cpu.available(), reason="no C++ compiler to build the GGUF kernels")
 KINDS = sorted(gguf_cpu.BLOCKS)
@@ -185,9 +185,10 @@ def test_sd_and_ssd_equal_ar_with_the_target_in_its_blocks(gguf_model, tiny_mode
 def test_an_int8_activation_targets_logits_do_not_depend_on_the_other_rows(gguf_model):
     from dataclasses import replace
 
+    from test_target_dtype import BLOCK_SIZE, PROMPTS, _logits
+
     from ssd_engine.core.config import EngineConfig
     from ssd_engine.runtime.model_runner import RunnerSpec
-    from test_target_dtype import BLOCK_SIZE, PROMPTS, _logits
 
     folder, _ = gguf_model("qwen2")
     tokens, prompt_len = PROMPTS[3] + PROMPTS[2][:9], len(PROMPTS[3])

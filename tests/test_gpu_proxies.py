@@ -10,11 +10,11 @@ from collections import Counter
 
 import pytest
 import torch
-
-from ssd_engine import LLM, SamplingParams
 from profiling.op_count import OpCounter, without_row_padding
 from profiling.step_count import count_ops, count_syncs, op_summary, sync_summary
 from profiling.sync_count import SyncCounter
+
+from ssd_engine import LLM, SamplingParams
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 from profiling import bench_ops  # noqa: E402

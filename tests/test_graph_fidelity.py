@@ -8,11 +8,11 @@ tree and piecewise, under tensor parallelism too) run checked in every CI run wi
 """
 import pytest
 import torch
+from profiling import graph_fidelity
+from profiling.graph_fidelity import GraphInfidelity, emulated_graph
 
 from ssd_engine.runtime import graph_check
 from ssd_engine.runtime.cuda_graphs import GraphRunner
-from profiling import graph_fidelity
-from profiling.graph_fidelity import GraphInfidelity, emulated_graph
 from ssd_engine.utils.launches import kernel_launch
 
 

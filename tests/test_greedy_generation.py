@@ -3,9 +3,9 @@
 Batches of 1, 3 and 8 ragged prompts, 64+ new tokens, with prefix sharing, chunked prefill and a
 KV budget small enough to force preemption (recompute). EOS is ignored so every run is long.
 """
+import hf_oracle
 import pytest
 
-import hf_oracle
 from ssd_engine import LLM, SamplingParams
 
 NEW_TOKENS = 72

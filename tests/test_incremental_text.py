@@ -4,10 +4,10 @@ and a real BPE one, special tokens included; and a round's decoding no longer gr
 import random
 
 import pytest
-
-from ssd_engine.engine.incremental_text import IncrementalText
 from test_output_processor import FRAGMENTS, CountingTokenizer
 from tiny_checkpoints import byte_tokenizer
+
+from ssd_engine.engine.incremental_text import IncrementalText
 
 
 def _tokenizer(name: str, request):

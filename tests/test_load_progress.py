@@ -3,9 +3,9 @@ the CLI's --no-progress (SSD_ENGINE_PROGRESS=0) hides them."""
 import os
 
 import pytest
+from runners import tiny_runner
 
 from ssd_engine.utils.progress import PROGRESS_ENV
-from runners import tiny_runner
 
 
 @pytest.fixture(autouse=True)

@@ -11,10 +11,10 @@ drawn from (sampling/logprobs.py), the same numbers in AR, SD and SSD.
 """
 import pytest
 import torch
+from exact_law import processors, warpers
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
 from ssd_engine import LLM, SamplingParams
-from exact_law import processors, warpers
 
 PROMPTS = [[(7 * i + 3 * j) % 200 + 3 for j in range(5 + 4 * i)] for i in range(3)]
 TOP = 3

@@ -10,12 +10,12 @@ import struct
 
 import pytest
 import torch
+from runners import tiny_runner
 
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.layers.linear import Linear
+from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.utils.memory import lazy_zeros, map_rows, safetensors_header
-from runners import tiny_runner
 
 
 def runner(path: str, layout: str) -> ModelRunner:
@@ -76,7 +76,7 @@ def test_embedding_is_mapped_and_only_looked_up_rows_become_resident(tiny_model_
     with open("/proc/self/maps") as f:
         mapped = [line for line in f if line.rstrip().endswith("model.safetensors")]
     address = table.data_ptr()
-    assert any(int(l.split()[0].split("-")[0], 16) <= address < int(l.split()[0].split("-")[1], 16) for l in mapped)
+    assert any(int(m.split()[0].split("-")[0], 16) <= address < int(m.split()[0].split("-")[1], 16) for m in mapped)
     size = table.numel() * table.element_size()
     assert mapping_rss(table) < size / 8  # loading did not read the table
     ids = [5, 90000, 260000]

@@ -6,14 +6,13 @@ decode step reading K/V back through the block tables; and the real SmolLM2-135M
 """
 import pytest
 import torch
+from runners import tiny_runner
 from transformers import AutoModelForCausalLM
 
-from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.core.structures import ScheduledBatch
-from ssd_engine.core.structures import Sequence
-from ssd_engine.models.loader import load_config
 from ssd_engine.core.sampling_params import SamplingParams
-from runners import tiny_runner
+from ssd_engine.core.structures import ScheduledBatch, Sequence
+from ssd_engine.models.loader import load_config
+from ssd_engine.runtime.block_manager import BlockManager
 
 TOL = 1e-4
 

@@ -9,7 +9,6 @@ import ast
 import os
 
 import pytest
-
 from repo_files import tracked_files
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

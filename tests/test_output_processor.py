@@ -5,11 +5,11 @@ token costs no longer grows with the output."""
 import random
 
 import pytest
+from tiny_checkpoints import byte_tokenizer
 
+from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import Sequence
 from ssd_engine.engine.output_processor import OutputProcessor, _cut_at_stop
-from ssd_engine.core.sampling_params import SamplingParams
-from tiny_checkpoints import byte_tokenizer
 
 FRAGMENTS = ["def", " f", "(x)", ":", "\n", "\n\n", "    ", " return", " x", " .", " ,", "'s", "é", "漢字",
              "🙂", "ß", " the", " end", "END", "--", "\t", "ok"]

@@ -7,9 +7,9 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 
+import tomllib
 from repo_files import tracked_files
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

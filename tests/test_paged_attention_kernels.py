@@ -148,7 +148,7 @@ def test_paged_attention_never_reads_future_or_foreign_pages():
     g = torch.Generator().manual_seed(5)
     hq, hk, d, page = 4, 2, 16, 4
     tables = torch.tensor([[2, 0, 7], [5, 1, 3]], dtype=torch.int32)
-    kv_lens, q_lens = [9, 6], [3, 1]
+    kv_lens = [9, 6]
     k_cache, v_cache = random_cache(g, 8, page, hk, d, torch.float32)
     allowed = set(slots_of(tables[0].tolist(), 9, page)) | set(slots_of(tables[1].tolist(), 6, page))
     poison = torch.tensor([s not in allowed for s in range(k_cache.shape[0])])
@@ -175,7 +175,7 @@ def test_paged_attention_bf16_close_to_fp32_reference():
     hq, hk, d, page = 12, 2, 128, 16
     tables = random_tables(g, 3, 8, 30)
     k_cache, v_cache = random_cache(g, 30, page, hk, d, torch.float32)
-    kv_lens, q_lens = [100, 5, 77], [1, 5, 5]
+    kv_lens = [100, 5, 77]
     q = torch.randn(11, hq, d, generator=g)
     starts = torch.tensor([0, 1, 6, 11], dtype=torch.int32)
     args = (tables.cuda(), torch.tensor(kv_lens, dtype=torch.int32).cuda(), starts.cuda(), 5, page, d ** -0.5)
@@ -188,6 +188,7 @@ def test_kernel_compiles_to_cubin_for_a100_and_h100():
     """Lower every engine step shape through ptxas for sm_80 / sm_90 without a GPU (a subprocess,
     since this module turned the interpreter on): type, `tl.dot` shape and resource errors show here."""
     import subprocess
+
     import triton
 
     ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")

@@ -4,11 +4,17 @@ import random
 
 import pytest
 
-from ssd_engine.distributed.partition import WEIGHT_BLOCK, Span, attention_head_shards, even_spans, intermediate_spans
 from ssd_engine.core.config import parse_core_sets
+from ssd_engine.core.structures import new_block_table
+from ssd_engine.distributed.partition import (
+    WEIGHT_BLOCK,
+    Span,
+    attention_head_shards,
+    even_spans,
+    intermediate_spans,
+)
 from ssd_engine.distributed.placement import plan_core_sets
 from ssd_engine.tensor_parallel.worker import BlockTableMirror
-from ssd_engine.core.structures import new_block_table
 
 
 def test_even_spans_cover_the_total_in_order():
@@ -111,7 +117,9 @@ def test_block_table_deltas_follow_a_table_changed_in_place():
 
 def test_nested_pins_restore_the_state_each_replaced():
     import os
+
     import torch
+
     from ssd_engine.distributed.placement import available_cores, pin, unpin
     start, threads = os.sched_getaffinity(0), torch.get_num_threads()
     first, last = min(start), max(start)

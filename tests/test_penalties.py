@@ -20,13 +20,13 @@ from collections import Counter
 
 import pytest
 import torch
+from exact_law import law_table, processors
+from small_pair import DIST_PROMPT, sample_outputs
+from stats_helpers import check_law, fit
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.structures import Sequence
 from ssd_engine.sampling import penalties
-from exact_law import law_table, processors
-from small_pair import DIST_PROMPT, sample_outputs
-from stats_helpers import check_law, fit
 
 ALPHA, DESIGN_POWER, TV = 1e-3, 0.8, 0.03
 STRONG = dict(temperature=1.0, repetition_penalty=1.6, presence_penalty=1.2, frequency_penalty=0.8,

@@ -14,12 +14,13 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 import hf_oracle  # noqa: E402
+from runners import tiny_runner
+
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime import piecewise_graphs  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
-from ssd_engine.runtime.step_inputs import StepInputs  # noqa: E402
 from ssd_engine.runtime.piecewise_graphs import SMALLEST, token_buckets  # noqa: E402
-from runners import tiny_runner
+from ssd_engine.runtime.step_inputs import StepInputs  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 CHECK_PLACEMENT = True  # a GPU runs these tests: a host tensor meeting the device fails in CI too

@@ -17,11 +17,11 @@ pytest.importorskip("triton")
 
 from cpu_features import GPU_DRAFT_DTYPE_ON_CPU  # noqa: E402
 from placement_harness import gpu_placement  # noqa: E402
+from profiling.placement import Place, PlacementChecker  # noqa: E402
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime import model_runner  # noqa: E402
 from ssd_engine.utils.launches import kernel_launch  # noqa: E402
-from profiling.placement import Place, PlacementChecker  # noqa: E402
 
 DEVICE = torch.device("cpu")  # a device object: what the checker takes for the accelerator
 PROMPTS = [list(range(5, 12)), list(range(40, 52)), [7, 8, 9]]

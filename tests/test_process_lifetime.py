@@ -17,8 +17,14 @@ import threading
 import time
 
 import pytest
-
-from process_helpers import alive, children_of, gone_within, kill_session, read_line, wait_for_children
+from process_helpers import (
+    alive,
+    children_of,
+    gone_within,
+    kill_session,
+    read_line,
+    wait_for_children,
+)
 
 SCRIPT = """
 import sys

@@ -12,8 +12,8 @@ import random
 import pytest
 import torch
 
-from ssd_engine.sampling.processors import SamplingTensors, probs_from_logits
 from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.sampling.processors import SamplingTensors, probs_from_logits
 
 
 def softmax(values: list[float]) -> list[float]:

@@ -34,11 +34,11 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from stats_helpers import chi_square_pvalue
 
 from ssd_engine.sampling import rejection
 from ssd_engine.sampling.rejection import VerifyResult, result_of, verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
-from stats_helpers import chi_square_pvalue
 
 ALPHA = 1e-3
 DRAWS = 100_000

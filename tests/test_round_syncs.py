@@ -11,15 +11,15 @@ asserted in tests/test_gpu_proxies.py.
 """
 import pytest
 import torch
+from profiling.sync_count import SyncCounter
+from runners import tiny_runner
 
 from ssd_engine import SamplingParams
 from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.runtime.step_inputs import StepInputs
-from profiling.sync_count import SyncCounter
 from ssd_engine.sampling.processors import SamplingTensors, probs_from_logits
 from ssd_engine.sampling.rejection import verify
 from ssd_engine.sampling.sampler import sample
-from runners import tiny_runner
 
 DEVICE = torch.device("cpu")  # a device object: what the counter takes for the accelerator
 VOCAB = 12

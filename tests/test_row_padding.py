@@ -1,13 +1,13 @@
 """Padding oneDNN's one- and two-row matmuls to a faster row count (layers/row_padding.py)."""
 import pytest
 import torch
+from cpu_features import NEEDS_BF16
+from runners import tiny_runner
+from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
 
 from ssd_engine import LLM
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.weight_formats import prepare
-from cpu_features import NEEDS_BF16
-from runners import tiny_runner
-from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
 
 
 def test_choose_pads_only_to_a_clearly_faster_row_count():

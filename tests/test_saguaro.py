@@ -6,21 +6,22 @@ The math itself (fan-out solver, b*, q_C, Theorem 15 exactly) is in test_saguaro
 exactness at T > 0 with C < 1 is in test_distribution.py.
 """
 import logging
-from dataclasses import replace
 import math
+from dataclasses import replace
 
 import pytest
+from small_pair import DIST_PROMPT
+from small_pair import engine_options as _engine_options
+from test_speculative_decoding import _prompts, noisy_draft, target  # noqa: F401 (fixtures)
 
 from ssd_engine import LLM, SamplingParams, calibrate
-from ssd_engine.saguaro.calibration import DEFAULT_ALPHA, DEFAULT_R, Calibration, model_fingerprint
-from ssd_engine.utils.machine import cpu_fingerprint
-from ssd_engine.saguaro.fallback import critical_batch_size
 from ssd_engine.core.config import EngineConfig
+from ssd_engine.saguaro.calibration import DEFAULT_ALPHA, DEFAULT_R, Calibration, model_fingerprint
+from ssd_engine.saguaro.fallback import critical_batch_size
 from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout
 from ssd_engine.saguaro.plan import plan_saguaro
 from ssd_engine.saguaro.source import Source
-from small_pair import DIST_PROMPT, engine_options as _engine_options
-from test_speculative_decoding import _prompts, noisy_draft, target  # noqa: F401 (fixtures)
+from ssd_engine.utils.machine import cpu_fingerprint
 
 COMMON = dict(num_threads=1, block_size=8, num_speculative_tokens=3, speculative_mode="ssd")
 

@@ -23,8 +23,14 @@ import math
 
 import pytest
 import torch
+from stats_helpers import chi_square_pvalue
 
-from ssd_engine.saguaro.calibration import best_budget, budget_from_timings, fit_power_law, miss_curve
+from ssd_engine.saguaro.calibration import (
+    best_budget,
+    budget_from_timings,
+    fit_power_law,
+    miss_curve,
+)
 from ssd_engine.saguaro.fallback import (
     Estimates,
     FallbackPolicy,
@@ -32,7 +38,6 @@ from ssd_engine.saguaro.fallback import (
     speedup_fast,
     speedup_slow,
 )
-from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
 from ssd_engine.saguaro.fanout import (
     expected_hit_rate,
     fanout_for_outcomes,
@@ -43,9 +48,9 @@ from ssd_engine.saguaro.fanout import (
     uniform_fanout,
 )
 from ssd_engine.saguaro.sampling import saguaro_probs
-from ssd_engine.sampling.rejection import verify
 from ssd_engine.saguaro.source import Source
-from stats_helpers import chi_square_pvalue
+from ssd_engine.sampling.rejection import verify
+from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
 
 ALPHAS = (0.01, 0.3, 0.6, 0.9, 0.99)
 RS = (0.3, 1.0, 3.0)

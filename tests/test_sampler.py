@@ -6,9 +6,9 @@ gammaincc(dof / 2, stat / 2)); the helper lives in tests/stats_helpers.py.
 """
 
 import torch
+from stats_helpers import chi_square_pvalue
 
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf, sample
-from stats_helpers import chi_square_pvalue
 
 ALPHA = 1e-3
 

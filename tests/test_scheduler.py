@@ -4,10 +4,10 @@ No model: each "step" schedules a batch, advances every scheduled sequence's
 num_computed_tokens by its num_new_tokens and, when a sequence's computed tokens reach its end
 (the step that would sample), appends one token and finishes it at max_tokens.
 """
-from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.engine.scheduler import Scheduler
-from ssd_engine.core.structures import Sequence, SequenceStatus
 from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.core.structures import Sequence, SequenceStatus
+from ssd_engine.engine.scheduler import Scheduler
+from ssd_engine.runtime.block_manager import BlockManager
 
 BS = 4
 NEXT_TOKEN = 7

@@ -382,8 +382,8 @@ def test_past_the_pending_limit_requests_are_refused_not_queued(tiny_qwen2):
 
 
 def test_ssd_behind_the_server_gives_the_target_greedy_output(tiny_qwen2, tmp_path):
-    import sys
     import os
+    import sys
     sys.path.insert(0, os.path.dirname(__file__))
     from tiny_checkpoints import build_checkpoint
     draft = build_checkpoint(str(tmp_path / "draft"), "qwen2", seed=0, num_hidden_layers=1)
@@ -477,7 +477,9 @@ def test_unset_sampling_fields_take_the_models_generation_config_everywhere(tiny
     generation_config.json value, else SamplingParams' default; a seeded request then gives the same tokens
     through LLM.generate, the server and the CLI, and temperature=0 is still greedy."""
     import shutil
+
     from fastapi.testclient import TestClient
+
     from ssd_engine.generate import main as generate_main
     model = str(tmp_path / "model")
     shutil.copytree(tiny_qwen2, model)

@@ -19,6 +19,7 @@ import urllib.request
 import openai
 import pytest
 import uvicorn
+from test_serve_cli import REPO_ROOT, Served
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.serve import build_parser
@@ -26,7 +27,6 @@ from ssd_engine.server import auth
 from ssd_engine.server.async_engine import AsyncEngine
 from ssd_engine.server.auth import ApiKeys, access_line, bearer_token, is_loopback, resolve_keys
 from ssd_engine.server.openai_api import build_app, open_paths
-from test_serve_cli import REPO_ROOT, Served
 
 NAME = "tiny"
 KEYS = ("sk-test-alpha-4f1c9e27", "sk-test-bravo-b83d0a65")

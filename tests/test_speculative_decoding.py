@@ -18,17 +18,17 @@ import json
 import os
 import shutil
 
+import hf_oracle
 import pytest
 import torch
+from cpu_features import NEEDS_BF16
+from ssd_engine.kernels import gguf_cpu
+from tiny_checkpoints import derived_checkpoint as _derived
 from transformers import AutoTokenizer
 
-import hf_oracle
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.kernels import gguf_cpu
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
 from ssd_engine.speculative.sd import SyncDraft
-from cpu_features import NEEDS_BF16
-from tiny_checkpoints import derived_checkpoint as _derived
 
 NEW_TOKENS = 48
 TOKENIZER_IDS = 259  # byte-level test tokenizer: 3 specials + 256 bytes (transformers' Qwen2Tokenizer

@@ -16,11 +16,19 @@ import signal
 import time
 
 import pytest
+from cpu_features import NEEDS_BF16
+from test_speculative_decoding import (  # noqa: F401 (fixtures)
+    GREEDY,
+    _derived,
+    _prompts,
+    _with_eos,
+    greedy_oracle,
+    noisy_draft,
+    target,
+    target_nopad,
+)
 
 from ssd_engine import LLM, SamplingParams
-from cpu_features import NEEDS_BF16
-from test_speculative_decoding import (GREEDY, _derived, _prompts, _with_eos, greedy_oracle,  # noqa: F401 (fixtures)
-                                       noisy_draft, target, target_nopad)
 
 COMMON = dict(num_threads=1, block_size=8, speculative_mode="ssd")
 

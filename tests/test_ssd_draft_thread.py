@@ -8,12 +8,18 @@ close(), and a draft that raises mid-batch loses no request (the engine falls ba
 import threading
 
 import pytest
+from test_speculative_decoding import (  # noqa: F401 (fixtures)
+    GREEDY,
+    _prompts,
+    greedy_oracle,
+    noisy_draft,
+    target,
+    target_nopad,
+)
+from test_ssd import _children
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.speculative.ssd.draft.server import DraftServer
-from test_speculative_decoding import (GREEDY, _prompts, greedy_oracle,  # noqa: F401 (fixtures)
-                                       noisy_draft, target, target_nopad)
-from test_ssd import _children
 
 COMMON = dict(num_threads=1, block_size=8, speculative_mode="ssd", num_speculative_tokens=3, ssd_fallback="jit")
 

@@ -7,22 +7,39 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.distributed as dist
+from runners import tiny_runner
 from transformers import AutoModelForCausalLM
 
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.runtime.model_runner import RunnerSpec
+from ssd_engine.saguaro.source import Source
 from ssd_engine.sampling.rejection import verify
 from ssd_engine.speculative.ngram import fast_proposal, ngram_proposal
+from ssd_engine.speculative.ssd.codec import (
+    ReplyLayout,
+    decode_reply,
+    decode_request,
+    encode_reply,
+    encode_request,
+    q_slots,
+    request_size,
+)
 from ssd_engine.speculative.ssd.draft.server import new_server, scratch_slots
-from ssd_engine.speculative.ssd.process import DraftSpec
-from ssd_engine.speculative.ssd.codec import (ReplyLayout, decode_reply, decode_request, encode_reply, encode_request,
-                                              q_slots, request_size)
-from ssd_engine.speculative.ssd.link import REQUEST_CAPACITY, DraftLink, DraftLinkError
-from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Kind, QMode, Reply, Request,
-                                                 Speculation, Wanted, q_width)
-from ssd_engine.saguaro.source import Source
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
-from runners import tiny_runner
+from ssd_engine.speculative.ssd.link import REQUEST_CAPACITY, DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.process import DraftSpec
+from ssd_engine.speculative.ssd.protocol import (
+    DraftParams,
+    DraftTimings,
+    Entry,
+    Kind,
+    QMode,
+    Reply,
+    Request,
+    Speculation,
+    Wanted,
+    q_width,
+)
 
 # --------------------------------------------------------------------------- messages
 

@@ -87,6 +87,7 @@ def test_cli_stream_prints_the_completion(tiny_qwen2, capsys):
 
 def test_an_incomplete_character_is_held_back_until_it_completes():
     from types import SimpleNamespace
+
     from ssd_engine.engine.streaming import TextIncrements
     texts = ["ab\ufffd", "ab\ufffd\ufffd", "ab\U0001F600c"]  # a 4-byte emoji arriving byte by byte
     increments = TextIncrements(SimpleNamespace(params=SamplingParams(max_tokens=4)))

@@ -7,8 +7,8 @@ target, draft and backup generators never start alike.
 import torch
 
 from ssd_engine import SamplingParams
-from ssd_engine.core.structures import Sequence
 from ssd_engine.core.streams import Stream, stream_generator, stream_seed
+from ssd_engine.core.structures import Sequence
 
 
 def test_stream_seeds_are_deterministic_and_distinct():

@@ -19,13 +19,13 @@ from collections import Counter
 
 import pytest
 import torch
+from exact_law import GrammarMask, law_table, marginal
+from small_pair import DIST_PROMPT, sample_outputs
+from stats_helpers import check_law, fit
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.structured_outputs import StructuredOutputsParams
 from ssd_engine.sampling.grammar import GrammarState
-from exact_law import GrammarMask, law_table, marginal
-from small_pair import DIST_PROMPT, sample_outputs
-from stats_helpers import check_law, fit
 
 ALPHA, DESIGN_POWER, TV = 1e-3, 0.8, 0.03
 # ids 5-8 are the bytes #$%&, ids 3, 4, 9, 10 are !"'( ; "0" (id 18) lies outside the 16-token vocabulary,

@@ -8,15 +8,15 @@ import math
 
 import pytest
 import torch
+from test_dummy_weights import SMALL, shape_folder
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.structures import Proposal
+from ssd_engine.saguaro.source import Source
 from ssd_engine.sampling.synthetic import BernoulliDraws, verify_synthetic
 from ssd_engine.speculative.ssd.draft.server import DraftServer
 from ssd_engine.speculative.ssd.protocol import Speculation
-from ssd_engine.saguaro.source import Source
-from test_dummy_weights import SMALL, shape_folder
 
 
 def within_5_sigma(count: int, n: int, p: float) -> bool:

@@ -27,6 +27,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from cpu_features import format_params
+from exact_law import output_law
+from small_pair import DIST_PROMPT, engine_options
+from stats_helpers import fit, gof_power
+from tiny_checkpoints import derived_checkpoint
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.config import REQUANTIZED, EngineConfig
@@ -35,11 +40,6 @@ from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, ROW_TILE, prepare
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.runtime.step_inputs import StepInputs
-from exact_law import output_law
-from small_pair import DIST_PROMPT, engine_options
-from stats_helpers import fit, gof_power
-from cpu_features import format_params
-from tiny_checkpoints import derived_checkpoint
 
 QUANTIZED = list(REQUANTIZED)
 K = 3

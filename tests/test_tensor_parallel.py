@@ -17,19 +17,19 @@ import sys
 import textwrap
 import time
 
+import hf_oracle
 import pytest
 import torch
-
-import hf_oracle
-from ssd_engine.kernels import gguf_cpu
-from ssd_engine import LLM, SamplingParams
-from ssd_engine.tensor_parallel.executor import TensorParallelError
-from ssd_engine.distributed.shm_collectives import supported as shm_supported
-from ssd_engine.runtime.block_manager import BlockManager
-from runners import tiny_runner
-from ssd_engine.core.structures import ScheduledBatch, Sequence
-from ssd_engine.models.loader import load_config
 from process_helpers import children_of, gone_within, kill_session, read_line
+from runners import tiny_runner
+from ssd_engine.kernels import gguf_cpu
+
+from ssd_engine import LLM, SamplingParams
+from ssd_engine.core.structures import ScheduledBatch, Sequence
+from ssd_engine.distributed.shm_collectives import supported as shm_supported
+from ssd_engine.models.loader import load_config
+from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.tensor_parallel.executor import TensorParallelError
 
 TOL = 1e-4
 PROMPTS = [list(range(5, 12)), list(range(40, 53)), [7, 8, 9], [(7 * i) % 250 + 3 for i in range(37)]]

@@ -4,14 +4,14 @@ import os
 
 import pytest
 import torch
+from cpu_features import format_params
 from transformers import Qwen2Config
 
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.runtime import draft_format
-from ssd_engine.runtime.draft_format import DraftFormat, choose, linear_shapes, resolve
 from ssd_engine.layers import weight_formats
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, dequantized, prepare
-from cpu_features import format_params
+from ssd_engine.runtime import draft_format
+from ssd_engine.runtime.draft_format import DraftFormat, choose, linear_shapes, resolve
 
 # worst output error against x @ w.T for unit-variance x and weights of std 0.05 over 256 columns
 # (output std 0.8): bf16 rounding of x and w (~2^-8 relative each), int8's 1/254 of the row range,

@@ -2,8 +2,14 @@
 import os
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen3Config
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 # 3 specials + 256 byte tokens = 259 tokenizer ids; the embedding is padded past them (like real
 # checkpoints whose vocab_size exceeds len(tokenizer)).

@@ -82,8 +82,8 @@ def run_ours(a, prompt: list[int], compiled: bool) -> dict:
 
 def run_hf(a, prompt: list[int], cache: str) -> dict:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
     from suite.hf import FirstForward
+    from transformers import AutoConfig, AutoModelForCausalLM
     torch.manual_seed(0)
     config = AutoConfig.from_pretrained(a.model)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, a.dtype)).to(a.device).eval()
@@ -127,9 +127,10 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
-    from ssd_engine.utils.machine import describe
-    from ssd_engine.models.loader import load_config
     from suite.machine import machine_line
+
+    from ssd_engine.models.loader import load_config
+    from ssd_engine.utils.machine import describe
     prompt = _prompt(a.prompt_len, load_config(a.model, "dummy").vocab_size)
     import torch
     cores = sorted(os.sched_getaffinity(0))

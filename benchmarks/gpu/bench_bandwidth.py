@@ -79,7 +79,7 @@ def measure_ceiling(device: torch.device, gib: float = 1.0, reps: int = 5) -> di
             times.append(time.perf_counter() - start)
         return min(times)
 
-    result = {"read": nbytes / best(src.sum), "copy": 2 * nbytes / best(lambda: dst.copy_(src))}
+    result = {"read": nbytes / best(src.sum), "copy": 2 * nbytes / best(lambda: dst.copy_(src))}  # noqa: F821 (deleted after)
     del src, dst
     return result
 

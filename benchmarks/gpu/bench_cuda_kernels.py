@@ -83,8 +83,8 @@ def kernel_rows(device, dtype, shapes, reps: int) -> list[str]:
 
 
 def engine_rows(device: str, dtype: str, config, batches, prompt_len: int, new_tokens: int) -> list[str]:
-    from transformers import Qwen2ForCausalLM
     from tiny_checkpoints import byte_tokenizer
+    from transformers import Qwen2ForCausalLM
 
     from ssd_engine import LLM, SamplingParams
 

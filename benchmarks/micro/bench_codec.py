@@ -18,11 +18,25 @@ import time
 
 import torch
 
-from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, decode_request, encode_reply, encode_request
-from ssd_engine.speculative.ssd.proposal_rows import proposal_probs
-from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Reply, Request, Speculation, Wanted,
-                                                 q_width)
 from ssd_engine.saguaro.source import Source
+from ssd_engine.speculative.ssd.codec import (
+    ReplyLayout,
+    decode_reply,
+    decode_request,
+    encode_reply,
+    encode_request,
+)
+from ssd_engine.speculative.ssd.proposal_rows import proposal_probs
+from ssd_engine.speculative.ssd.protocol import (
+    DraftParams,
+    DraftTimings,
+    Entry,
+    Reply,
+    Request,
+    Speculation,
+    Wanted,
+    q_width,
+)
 
 
 def _ms(call, n: int, repeats: int = 3) -> float:

@@ -33,12 +33,13 @@ def build(name: str, fmt: str, layers: int, context: int, rows: list[int]):
     """A runner of `layers` layers of model `name` in format `fmt`, compiled (its eager model kept),
     with `context` tokens prefilled."""
     import torch
-    from ssd_engine.models.default_models import cache_dir
+
     from ssd_engine.core.config_parts import CacheConfig, ModelConfig
     from ssd_engine.distributed.comm import TPGroup
+    from ssd_engine.models.default_models import cache_dir
+    from ssd_engine.models.loader import load_config
     from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec
     from ssd_engine.runtime.step_inputs import StepInputs
-    from ssd_engine.models.loader import load_config
 
     class RandomRunner(ModelRunner):
         """Weights of a model's scale (dummy ones are uniform within 1e-3): errors then mean something."""
@@ -91,9 +92,9 @@ def eager_ops(model, ids, positions, meta) -> tuple[float, float]:
 def compiled_kernels(model, ids, positions, meta) -> tuple[float, float, float]:
     """(fused kernels, extern calls, aten ops of the eager attention) per layer of a compiled step,
     from the profiler; the fused kernels include the embedding's and the final norm's share."""
-    import torch
     import torch._inductor.config as inductor_config
     from torch.profiler import profile
+
     from ssd_engine.runtime.compiled_model import CompiledModel
 
     with inductor_config.patch({"cpp.enable_kernel_profile": True}):  # records each C++ kernel

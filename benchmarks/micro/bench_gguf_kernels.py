@@ -15,8 +15,8 @@ import argparse
 import time
 
 import torch
-
 from ssd_engine.kernels import gguf_cpu
+
 from ssd_engine.layers.gguf_weight import random_rows
 from ssd_engine.layers.weight_formats import prepare
 

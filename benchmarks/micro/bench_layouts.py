@@ -65,10 +65,11 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     args = parser.parse_args()
     os.sched_setaffinity(0, {args.core})
-    from ssd_engine import LLM, SamplingParams
-    from ssd_engine.models.default_models import resolve_default_model
     from suite.measure import own_peak_gb
     from suite.probe import ForwardProbe
+
+    from ssd_engine import LLM, SamplingParams
+    from ssd_engine.models.default_models import resolve_default_model
 
     model = args.model or resolve_default_model(args.which)
     llm = LLM(model, speculative_mode="ar", num_threads=1, max_num_seqs=1, cpu_weight_layout="dual",

@@ -50,12 +50,13 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
     work, the second is a plain layer) and dummy weights (load_format="dummy"), in format `fmt` (None: the target's
     packed fp32); `gpu_path`: with a GPU's attention backend and layer kernels, interpreted; `graphs`:
     CUDA graphs' row cap (emulated on CPU; 0: none)."""
+    import torch
+
     from ssd_engine.core.config_parts import CacheConfig, ModelConfig
-    from ssd_engine.runtime.cuda_graphs import emulated
-    from ssd_engine.runtime.model_runner import RunnerSpec
     from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
     from ssd_engine.models.loader import load_config
-    import torch
+    from ssd_engine.runtime.cuda_graphs import emulated
+    from ssd_engine.runtime.model_runner import RunnerSpec
     hf_config = load_config(path)
     real_layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = layers
@@ -71,12 +72,13 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
 
 def layer_counts(path: str, fmt: str | None, gpu_path: bool = False) -> dict:
     """One decode step's ops by scope: each of two layers, the rest of the forward, and sampling."""
+    import torch
+    from profiling.op_count import OpCounter
+
     from ssd_engine import SamplingParams
     from ssd_engine.core.structures import Sequence
     from ssd_engine.runtime.step_inputs import StepInputs
-    from profiling.op_count import OpCounter
     from ssd_engine.sampling.verifier import Verifier
-    import torch
     runner, num_layers, blocks = _runner(path, fmt, gpu_path)
     vocab = runner.config.vocab_size
     table = list(range(blocks))
@@ -151,8 +153,9 @@ def prefill_launches(path: str) -> dict:
     (runtime/piecewise_graphs.py, emulated; each piece's replay one launch): the launches the host
     issues (compute ops) and all its ops, per decoder layer (3 layers minus 2) and in total at the
     model's depth."""
-    from ssd_engine.runtime.step_inputs import StepInputs
     from profiling.op_count import OpCounter
+
+    from ssd_engine.runtime.step_inputs import StepInputs
     counts = {}
     for graphs in (0, 4):
         for layers in (2, 3):
@@ -194,8 +197,9 @@ def engine_rows(target: str, draft: str, modes: list[str], k: int, steps: int, d
     """Per mode and temperature: `steps` decode steps under the op counter and `steps` more under
     the sync counter, after the prefill and one round (an SSD sequence's first round is a certain
     cache miss)."""
-    from ssd_engine import LLM, SamplingParams
     from profiling.step_count import count_ops, count_syncs, op_summary, sync_summary
+
+    from ssd_engine import LLM, SamplingParams
     rows = []
     for mode in modes:
         options = dict(speculative_mode=mode, num_threads=1, max_model_len=256)
@@ -330,9 +334,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     opts = parse(argv)
+    from profiling.op_count import without_row_padding
+
     from ssd_engine.models.default_models import resolve_default_model
     from ssd_engine.utils.machine import describe
-    from profiling.op_count import without_row_padding
     target = opts.target or resolve_default_model("target")
     draft = opts.draft or resolve_default_model("draft")
     with without_row_padding(), tempfile.TemporaryDirectory() as root:

@@ -25,12 +25,12 @@ import threading
 from contextlib import contextmanager
 
 import torch
+from profiling.op_count import call_site, storage_address, tensors_in
+from profiling.sync_count import DATA_DEPENDENT, READS, bool_index
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ssd_engine.utils import launches
-from profiling.op_count import call_site, storage_address, tensors_in
-from profiling.sync_count import DATA_DEPENDENT, READS, bool_index
 
 SPEC = "profiling.graph_fidelity:emulated_graph"  # the value of SSD_ENGINE_GRAPH_CHECKER that turns it on
 T = torch.Tensor

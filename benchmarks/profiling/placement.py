@@ -44,11 +44,11 @@ from contextlib import contextmanager
 from enum import Enum
 
 import torch
+from profiling.op_count import CONTEXTLIB, HERE, TORCH_DIR, call_site, tensors_in
+from profiling.sync_count import READS, _moves_to_host
 from torch.overrides import TorchFunctionMode
 
 from ssd_engine.utils import launches
-from profiling.op_count import CONTEXTLIB, HERE, TORCH_DIR, call_site, tensors_in
-from profiling.sync_count import READS, _moves_to_host
 
 T = torch.Tensor
 PACKAGE = os.path.dirname(HERE) + os.sep

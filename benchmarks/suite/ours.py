@@ -6,8 +6,8 @@ target's and the draft's cores together."""
 import copy
 import time
 
-from suite.probe import best_of
 from suite.measure import Request, batches, cell, engine_peaks, merge_peaks, pin
+from suite.probe import best_of
 
 SSD_KEYS = ("cache_hit_rate", "cache_hit_rate_warm", "acceptance_on_hits", "acceptance_on_misses",
             "speculations_by_source", "draft_failures", "draft_build_s_per_round", "coordinator_wait_s_per_round",

@@ -9,9 +9,9 @@ class ForwardProbe:
 
     def __init__(self, runner, blocks, prefix: int) -> None:
         import torch
+
         from ssd_engine import SamplingParams
-        from ssd_engine.core.structures import ScheduledBatch
-        from ssd_engine.core.structures import Sequence
+        from ssd_engine.core.structures import ScheduledBatch, Sequence
 
         self.runner, self.blocks, self.prefix, self.batch_type = runner, blocks, prefix, ScheduledBatch
         self.sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)

@@ -5,7 +5,6 @@ text is each field's `option(...)` help and choices. Values that depend on the c
 (max_model_len=None, num_kv_blocks=None) are resolved by the engine.
 """
 import difflib
-
 from dataclasses import dataclass, fields
 
 from ssd_engine.core.config_parts import Config, build_config

@@ -14,7 +14,6 @@ from dataclasses import dataclass, fields
 from ssd_engine.core.options import option
 from ssd_engine.core.structured_outputs import StructuredOutputsParams
 
-
 MAX_LOGPROBS = 20  # OpenAI's and vLLM's default limit on top log-probabilities
 
 

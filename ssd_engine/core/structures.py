@@ -19,9 +19,8 @@ from typing import Protocol
 
 import torch
 
-from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.core.sampling_params import SamplingParams
-
+from ssd_engine.core.streams import Stream, stream_generator
 
 # A KV block table: int32 block ids, packed. A step flattens every row's table into its upload and
 # tensor parallelism compares each with the copy its workers hold: on packed arrays both are

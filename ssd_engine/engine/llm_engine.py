@@ -11,29 +11,29 @@ from dataclasses import replace
 import torch
 from transformers import GenerationConfig
 
-from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.config import EngineConfig, parse_core_sets
+from ssd_engine.core.outputs import RequestOutput
+from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.core.streams import Stream, stream_generator
+from ssd_engine.core.structures import Outcome, ScheduledBatch, Sequence, SequenceStatus
+from ssd_engine.distributed.partition import check_splittable
+from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
+from ssd_engine.engine.output_processor import OutputProcessor
+from ssd_engine.engine.request_checks import check_request
+from ssd_engine.engine.scheduler import Scheduler
+from ssd_engine.layers.attention_backends import backend_name
+from ssd_engine.layers.weight_formats import describe_target_format
+from ssd_engine.models.loader import load_config
+from ssd_engine.models.tokenizer_source import load_tokenizer
 from ssd_engine.planning.plan import plan
 from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.runtime.model_runner import DTYPES, ModelRunner, RunnerSpec
-from ssd_engine.engine.output_processor import OutputProcessor
-from ssd_engine.engine.scheduler import Scheduler
-from ssd_engine.models.tokenizer_source import load_tokenizer
-from ssd_engine.core.structures import Outcome, ScheduledBatch, Sequence, SequenceStatus
-from ssd_engine.tensor_parallel.launch import close_at_exit, start_tensor_parallel, torchrun_world
-from ssd_engine.core.config import parse_core_sets
-from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
-from ssd_engine.distributed.partition import check_splittable
-from ssd_engine.layers.attention_backends import backend_name
-from ssd_engine.models.loader import load_config
-from ssd_engine.core.outputs import RequestMetrics, RequestOutput
-from ssd_engine.sampling.synthetic import synthetic_acceptance
 from ssd_engine.sampling.grammar import Grammars
+from ssd_engine.sampling.synthetic import synthetic_acceptance
 from ssd_engine.sampling.verifier import StepResult, Verifier
-from ssd_engine.engine.request_checks import check_request
-from ssd_engine.core.streams import Stream, stream_generator
-from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.speculative.metrics import SpecMetrics
 from ssd_engine.speculative.setup import build_sync_draft, start_async_draft
+from ssd_engine.tensor_parallel.launch import close_at_exit, start_tensor_parallel, torchrun_world
 
 log = logging.getLogger("ssd_engine")
 
@@ -188,8 +188,31 @@ class LLMEngine:
     def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
         """Queue one request; raises ValueError (and changes nothing) if it can never run."""
         seq = self.make_sequence(prompt, params)
-        self.scheduler.add(seq)
+        self.add(seq)
         return seq
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a sequence from make_sequence / make_samples (already validated)."""
+        self.scheduler.add(seq)
+
+    def kv_capacity_tokens(self) -> int:
+        """Tokens one sequence can hold in the whole KV cache, less a speculation round's drafts."""
+        return self.block_manager.num_blocks * self.block_manager.block_size - self.k
+
+    def speculation_metrics(self) -> dict:
+        """Acceptance counters (vLLM's definitions), plus the speculator's summary (SSD: cache hits...)."""
+        summary = self.spec_metrics.total.summary()
+        return {**summary, **self.speculator.summary()} if self.speculator is not None else summary
+
+    def reset_speculation_metrics(self) -> None:
+        self.spec_metrics.reset()
+        if self.ssd_metrics is not None:
+            self.ssd_metrics.reset()
+
+    @property
+    def ssd_metrics(self):
+        """SSD's round counters (speculative/ssd/metrics.SSDMetrics); None in other modes."""
+        return getattr(self.speculator, "metrics", None)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -256,7 +279,7 @@ class LLMEngine:
                      "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
                      "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
                      "fused_kernels": "on" if runner.layer_ops is not None else "off"}
-        described["target_dtype"] = _describe_format(runner.weight_format, self.parts.model.weight_format)
+        described["target_dtype"] = describe_target_format(runner.weight_format, self.parts.model.weight_format)
         described["mode"] = self.plan.describe_mode()
         if self.draft_format is not None:
             described["draft_format"] = self.draft_format.describe()
@@ -273,22 +296,5 @@ class LLMEngine:
             self._pinned = None
 
     def to_output(self, seq: Sequence) -> RequestOutput:
-        m = seq.metrics
-        metrics = RequestMetrics(ttft_s=(m.first_token_time or m.finish_time) - m.arrival_time,
-                                 e2e_s=m.finish_time - m.arrival_time, num_prompt_tokens=seq.num_prompt_tokens,
-                                 num_output_tokens=seq.num_output_tokens, num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens))
-        return RequestOutput(seq.seq_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens],
-                             self.output_processor.final_text(seq), seq.output_token_ids, seq.finish_reason, metrics,
-                             self.spec_metrics.pop(seq.seq_id), seq.logprobs)
+        return self.output_processor.to_output(seq, self.spec_metrics.pop(seq.seq_id))
 
-
-def _describe_format(running: str | None, asked: str | None) -> str:
-    """target_dtype as the target runs it (None: fp32, the weights as dtype holds them; a gguf target
-    whose kernels could not be built runs the same values in fp32)."""
-    if running == "gguf":
-        return "gguf (the checkpoint's blocks)"
-    if running == "gguf-int8":
-        return "gguf-int8 (the checkpoint's blocks, int8 activations)"
-    if running:
-        return f"{running} (re-quantized)"
-    return "fp32 (the GGUF kernels could not be built)" if asked == "gguf" else "fp32"

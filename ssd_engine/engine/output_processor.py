@@ -9,6 +9,7 @@ O(length) a token, ~0.2 ms at 1,000 tokens (Qwen2.5's tokenizer): time the devic
 between a round's read and the next round's launch. So the search first runs on the text of the
 output's last few tokens and decodes the whole output only when that finds a stop string.
 """
+from ssd_engine.core.outputs import RequestMetrics, RequestOutput
 from ssd_engine.core.structures import Sequence
 
 # A tail's first characters may differ from the whole text's: a character whose bytes the tail cuts
@@ -67,6 +68,16 @@ class OutputProcessor:
 
     def _decode(self, seq: Sequence) -> str:
         return self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+
+    def to_output(self, seq: Sequence, spec_metrics) -> RequestOutput:
+        """The finished (or aborted) request's output, with its speculation counters."""
+        m = seq.metrics
+        metrics = RequestMetrics(ttft_s=(m.first_token_time or m.finish_time) - m.arrival_time,
+                                 e2e_s=m.finish_time - m.arrival_time, num_prompt_tokens=seq.num_prompt_tokens,
+                                 num_output_tokens=seq.num_output_tokens,
+                                 num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens))
+        return RequestOutput(seq.seq_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens], self.final_text(seq),
+                             seq.output_token_ids, seq.finish_reason, metrics, spec_metrics, seq.logprobs)
 
 
 def _cut_at_stop(text: str, stops: list[str]) -> str | None:

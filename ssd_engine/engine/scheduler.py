@@ -9,8 +9,9 @@ freed and it returns to the front of the queue to be recomputed later (FCFS fair
 """
 from collections import deque
 
-from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.core.structures import ScheduledBatch, Sequence, SequenceStatus
+from ssd_engine.runtime.block_manager import BlockManager
+
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:

@@ -5,9 +5,9 @@ last 3 replacement characters can still change), and not the last (longest stop 
 still become the start of a stop string that the final text drops."""
 from collections.abc import Iterator
 
+from ssd_engine.core.outputs import RequestOutput
 from ssd_engine.core.structures import Sequence, SequenceStatus
 from ssd_engine.engine.incremental_text import IncrementalText
-from ssd_engine.core.outputs import RequestOutput
 
 
 class TextIncrements:

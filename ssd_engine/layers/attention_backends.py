@@ -10,8 +10,13 @@ import os
 
 import torch
 
-from ssd_engine.layers.attention import (AttentionMetadata, Backend, cpu_kernel_attends, row_independent_attention,
-                                         torch_attention)
+from ssd_engine.layers.attention import (
+    AttentionMetadata,
+    Backend,
+    cpu_kernel_attends,
+    row_independent_attention,
+    torch_attention,
+)
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 FLASH_ATTN_BLOCK = 256  # flash_attn_with_kvcache reads paged KV only in blocks of a multiple of 256 tokens

@@ -196,3 +196,15 @@ def check_supported(fmt: str, option: str) -> None:
     except RuntimeError as error:
         raise ValueError(f"{option}={fmt} is not supported by this CPU or torch build: "
                          f"{str(error).splitlines()[0]}") from None
+
+
+def describe_target_format(running: str | None, asked: str | None) -> str:
+    """target_dtype as the target runs it (None: fp32, the weights as dtype holds them; a gguf target
+    whose kernels could not be built runs the same values in fp32)."""
+    if running == "gguf":
+        return "gguf (the checkpoint's blocks)"
+    if running == "gguf-int8":
+        return "gguf-int8 (the checkpoint's blocks, int8 activations)"
+    if running:
+        return f"{running} (re-quantized)"
+    return "fp32 (the GGUF kernels could not be built)" if asked == "gguf" else "fp32"

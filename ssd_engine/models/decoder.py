@@ -13,7 +13,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ssd_engine.distributed.comm import TPGroup
-from ssd_engine.distributed.partition import Span, attention_head_shards, even_spans, intermediate_spans
+from ssd_engine.distributed.partition import (
+    Span,
+    attention_head_shards,
+    even_spans,
+    intermediate_spans,
+)
 from ssd_engine.layers.attention import Attention, AttentionMetadata
 from ssd_engine.layers.embedding import VocabParallelEmbedding
 from ssd_engine.layers.layer_ops import LayerOps

@@ -12,7 +12,13 @@ import os
 import re
 from pathlib import Path
 
-from ssd_engine.models.default_models import MARKER, _resolve_cached, cache_dir, discard, is_complete
+from ssd_engine.models.default_models import (
+    MARKER,
+    _resolve_cached,
+    cache_dir,
+    discard,
+    is_complete,
+)
 from ssd_engine.utils.progress import progress_enabled
 
 GGUF_MAGIC = b"GGUF"

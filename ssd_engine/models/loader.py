@@ -4,15 +4,14 @@ from glob import glob
 from typing import Callable
 
 import torch
-from torch import nn
 from safetensors import safe_open
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import AutoConfig
 
-from ssd_engine.utils.memory import release_freed_heap, safetensors_header
 from ssd_engine.models import model_class_for
+from ssd_engine.utils.memory import release_freed_heap, safetensors_header
 from ssd_engine.utils.progress import progress_enabled
-
 
 LOAD_FORMATS = ("auto", "dummy")
 DUMMY_RANGE = 1e-3  # vLLM's dummy weights: uniform(-1e-3, 1e-3)

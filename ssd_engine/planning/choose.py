@@ -24,21 +24,20 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ssd_engine.planning.costs import MeasuredCosts, NotMeasured, Placement, load_or_measure
-from ssd_engine.planning.predict import Acceptance, Prediction, predict_all, predict_ssd
-from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.config import EngineConfig, format_core_sets, parse_core_sets
 from ssd_engine.core.config_parts import ModelConfig
-from ssd_engine.models.default_models import cache_dir
-from ssd_engine.models.model_paths import resolve_model_path
-from ssd_engine.core.config import format_core_sets, parse_core_sets
 from ssd_engine.distributed.partition import check_splittable
+from ssd_engine.distributed.placement import available_cores, plan_core_sets, split_evenly
 from ssd_engine.kernels import gguf_cpu
 from ssd_engine.layers.weight_formats import FORMATS
-from ssd_engine.distributed.placement import available_cores, plan_core_sets, split_evenly
+from ssd_engine.models.default_models import cache_dir
 from ssd_engine.models.loader import load_config
+from ssd_engine.models.model_paths import resolve_model_path
+from ssd_engine.planning.costs import MeasuredCosts, NotMeasured, Placement, load_or_measure
+from ssd_engine.planning.predict import Acceptance, Prediction, predict_all, predict_ssd
+from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_fingerprint
 from ssd_engine.tensor_parallel.launch import torchrun_world
 from ssd_engine.utils.machine import cpu_fingerprint, fingerprint
-from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_fingerprint
 
 log = logging.getLogger("ssd_engine")
 MARGIN = 1.05

@@ -35,18 +35,18 @@ from dataclasses import asdict, dataclass, replace
 import torch
 from tqdm import tqdm
 
-from ssd_engine.planning.contention import memory_traffic
-from ssd_engine.planning.predict import Costs
 from ssd_engine.core.config import format_core_sets
 from ssd_engine.core.config_parts import CacheConfig, ModelConfig, ParallelConfig
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import ScheduledBatch, Sequence, new_block_table
 from ssd_engine.distributed.placement import pin, unpin
+from ssd_engine.models.loader import load_config
+from ssd_engine.planning.contention import memory_traffic
+from ssd_engine.planning.predict import Costs
 from ssd_engine.runtime import draft_format, step_inputs
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.tensor_parallel.launch import _spawn as spawn_ranks
 from ssd_engine.utils.memory import release_freed_heap
-from ssd_engine.models.loader import load_config
 from ssd_engine.utils.progress import progress_enabled
 
 PREFIX = 128
@@ -191,7 +191,7 @@ def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[li
     one = _build(target) if len(ranks) == 1 else None
 
     def time_on(sets: list[list[int]]) -> dict[int, float]:
-        return _time(one, TARGET_ROWS, sets[0], bar) if one else _time_ranks(target, sets, bar)
+        return _time(one, TARGET_ROWS, sets[0], bar) if one else _time_ranks(target, sets, bar)  # noqa: F821 (deleted after its last call)
 
     target_all, target_one = time_on(ranks), {}
     if draft_cores:

@@ -26,7 +26,6 @@ import torch
 from ssd_engine.layers.attention import AttentionMetadata
 from ssd_engine.runtime.graph_check import emulated_graph
 
-
 EMULATE = "SSD_ENGINE_EMULATE_CUDA_GRAPHS"  # "1": the static-buffer path on CPU too (read as runners are built)
 
 

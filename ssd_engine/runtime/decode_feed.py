@@ -9,8 +9,8 @@ a step takes its row of them, and its tokens are the previous step's draws, on t
 """
 import torch
 
-from ssd_engine.utils.host_upload import padded_rows, upload
 from ssd_engine.layers.attention import AttentionMetadata
+from ssd_engine.utils.host_upload import padded_rows, upload
 
 
 class DecodeFeed:

@@ -10,9 +10,9 @@ machine fingerprint under the cache directory, so the probe runs once per machin
 
 On a GPU the draft takes the engine's dtype ("bf16"); the int formats are CPU-only here.
 """
+import hashlib
 import json
 import logging
-import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from ssd_engine.core.config import DRAFT_DTYPES
-from ssd_engine.layers.shapes import head_dim
 from ssd_engine.kernels import gguf_cpu
+from ssd_engine.layers.shapes import head_dim
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, check_supported, prepare
 
 log = logging.getLogger("ssd_engine")

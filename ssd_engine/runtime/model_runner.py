@@ -15,26 +15,30 @@ from dataclasses import dataclass, replace
 import torch
 
 from ssd_engine.core.config_parts import CacheConfig, ModelConfig
-from ssd_engine.models.default_models import cache_dir
+from ssd_engine.core.structures import ScheduledBatch
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
+from ssd_engine.layers import layer_ops, row_padding
+from ssd_engine.layers.attention import (
+    AttentionMetadata,
+    row_independent_attention,
+    torch_attention,
+)
+from ssd_engine.layers.attention_backends import select_backend
+from ssd_engine.layers.linear import Linear
+from ssd_engine.layers.shapes import head_dim
+from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, check_supported
+from ssd_engine.models import model_class_for
+from ssd_engine.models.default_models import cache_dir
+from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for, gguf_weight
+from ssd_engine.models.loader import build_model, load_config
 from ssd_engine.runtime.compiled_model import CompiledModel
-from ssd_engine.core.structures import ScheduledBatch
 from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
-from ssd_engine.utils.host_upload import padded_rows, to_device, upload
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
 from ssd_engine.runtime.step_inputs import StepInputs
-from ssd_engine.layers.attention import AttentionMetadata, row_independent_attention, torch_attention
-from ssd_engine.layers.attention_backends import select_backend
-from ssd_engine.layers import layer_ops, row_padding
-from ssd_engine.layers.linear import Linear
-from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, check_supported
-from ssd_engine.layers.shapes import head_dim
+from ssd_engine.utils.host_upload import padded_rows, to_device, upload
 from ssd_engine.utils.machine import fingerprint
 from ssd_engine.utils.memory import lazy_zeros
-from ssd_engine.models.loader import build_model, load_config
-from ssd_engine.models import model_class_for
-from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for, gguf_weight
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

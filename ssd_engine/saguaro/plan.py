@@ -9,7 +9,12 @@ from ssd_engine.core.config_parts import SpeculativeConfig, SSDConfig
 from ssd_engine.saguaro import calibration as cal_mod
 from ssd_engine.saguaro.calibration import Calibration, find_calibrations
 from ssd_engine.saguaro.fallback import Estimates, FallbackPolicy
-from ssd_engine.saguaro.fanout import fanout_for_outcomes, geometric_fanout, scale_fanout, uniform_fanout
+from ssd_engine.saguaro.fanout import (
+    fanout_for_outcomes,
+    geometric_fanout,
+    scale_fanout,
+    uniform_fanout,
+)
 
 log = logging.getLogger("ssd_engine")
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ssd_engine.utils.host_upload import upload
 from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.utils.host_upload import upload
 
 
 def probs_from_logits(

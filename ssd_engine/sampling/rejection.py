@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ssd_engine.utils.host_upload import to_device
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
+from ssd_engine.utils.host_upload import to_device
 
 
 @dataclass

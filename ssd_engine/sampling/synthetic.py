@@ -16,9 +16,9 @@ i.i.d. model of the SSD paper's Theorem 7. The output is then NOT the target's.
 """
 import torch
 
+from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.core.structures import Proposal
 from ssd_engine.sampling.rejection import VerifyResult, result_of
-from ssd_engine.core.streams import Stream, stream_generator
 
 
 class BernoulliDraws:

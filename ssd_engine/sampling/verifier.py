@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import torch
 
 from ssd_engine.core.structures import Proposal, Sequence
-from ssd_engine.utils.host_upload import upload
 from ssd_engine.sampling.grammar import Grammars
 from ssd_engine.sampling.logprobs import emitted_logprobs
 from ssd_engine.sampling.penalties import adjusted
@@ -23,6 +22,7 @@ from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.rejection import verify, verify_greedy
 from ssd_engine.sampling.sampler import sample
 from ssd_engine.sampling.synthetic import BernoulliDraws, verify_synthetic
+from ssd_engine.utils.host_upload import upload
 
 
 @dataclass

@@ -16,10 +16,10 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from ssd_engine.core.structures import Sequence, SequenceStatus
-from ssd_engine.engine.incremental_text import IncrementalText
 from ssd_engine.core.outputs import RequestOutput
 from ssd_engine.core.sampling_params import SamplingParams
+from ssd_engine.core.structures import Sequence, SequenceStatus
+from ssd_engine.engine.incremental_text import IncrementalText
 from ssd_engine.engine.streaming import TextIncrements
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ class AsyncEngine:
             if self._in_flight >= self.max_pending:
                 raise Overloaded(f"{self._in_flight} requests in flight (limit {self.max_pending}); retry later")
             self._in_flight += 1
-        text = IncrementalText(self.engine.output_processor.tokenizer) if stream else None
+        text = IncrementalText(self.engine.tokenizer) if stream else None
         request = _Request(seq, asyncio.get_running_loop(), asyncio.Queue(), text)
         self._send("add", request)
         finished = False
@@ -144,7 +144,7 @@ class AsyncEngine:
         ValueError for an empty prompt; a prompt with no room left gets 1, which validation then refuses."""
         engine = self.engine
         n = len(engine.tokenize(prompt))
-        by_cache = engine.block_manager.num_blocks * engine.block_manager.block_size - engine.k - n
+        by_cache = engine.kv_capacity_tokens() - n
         return max(1, min(engine.max_model_len - n, by_cache))
 
     async def snapshot(self) -> dict:
@@ -172,14 +172,13 @@ class AsyncEngine:
                 continue
             try:
                 self.engine.step()
-            except Exception as error:  # the engine itself failed: every live request gets the error
+                self._publish()
+            except Exception as error:  # the engine failed: every live request gets the error, no reader hangs
                 log.exception("engine step failed")
                 for request in self._live.values():
                     self.engine.abort(request.seq)
                     request.push(RuntimeError(f"engine failure: {error}"))
                 self._live.clear()
-                continue
-            self._publish()
 
     def _drain_inbox(self) -> None:
         while True:
@@ -193,7 +192,7 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(lambda f=future, v=summary: f.done() or f.set_result(v))
             elif kind == "add":
                 self._live[request.seq.seq_id] = request
-                self.engine.scheduler.add(request.seq)
+                self.engine.add(request.seq)
             elif self._live.pop(request.seq.seq_id, None) is not None:  # abort: the reader went away
                 self.engine.abort(request.seq)
 

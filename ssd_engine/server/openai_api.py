@@ -13,16 +13,23 @@ import asyncio
 import json
 import time
 import uuid
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from ssd_engine.server.logprobs_format import chat_logprobs, completion_logprobs
 from ssd_engine.server.async_engine import AsyncEngine, Overloaded
 from ssd_engine.server.auth import ApiKeys, RequireApiKey
+from ssd_engine.server.logprobs_format import chat_logprobs, completion_logprobs
 from ssd_engine.server.metrics import ServerMetrics
-from ssd_engine.server.requests import BadRequest, ChatRequest, CompletionRequest, StreamOptions, SamplingRequest
+from ssd_engine.server.requests import (
+    BadRequest,
+    ChatRequest,
+    CompletionRequest,
+    SamplingRequest,
+    StreamOptions,
+)
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -35,13 +42,13 @@ def open_paths(metrics_require_key: bool = False) -> tuple[str, ...]:
     return ("/health",) if metrics_require_key else ("/health", "/metrics")
 
 
-def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = None,
+def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = None,
               metrics_require_key: bool = False) -> FastAPI:
     if metrics_require_key and api_keys is None:
         raise ValueError("metrics_require_key needs API keys")
     app = FastAPI(title="ssd_engine")
-    tokenizer = engine.llm.tokenizer
-    defaults = engine.llm.get_default_sampling_params()  # what a request's unset sampling fields take
+    tokenizer = async_engine.llm.tokenizer
+    defaults = async_engine.llm.get_default_sampling_params()  # what a request's unset sampling fields take
     request_fields = set(CompletionRequest.model_fields) | set(ChatRequest.model_fields)
     metrics = ServerMetrics()
 
@@ -97,7 +104,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(await engine.snapshot(), engine.aborted), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.render(await async_engine.snapshot(), async_engine.aborted), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health() -> dict:
@@ -114,12 +121,12 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
         try:
             body.check()
             max_tokens = body.requested_max_tokens()
-            params = body.params(defaults, max_tokens if max_tokens is not None else engine.max_tokens_room(prompt))
-            samples = engine.engine.make_samples(prompt, params)  # checked once, before any is queued
+            params = body.params(defaults, max_tokens if max_tokens is not None else async_engine.max_tokens_room(prompt))
+            samples = async_engine.engine.make_samples(prompt, params)  # checked once, before any is queued
             if params.n > 1 and not body.stream:
                 answered = await asyncio.gather(*(_whole(prompt, params, seq) for seq in samples))
             else:
-                streams = [engine.generate(prompt, params, stream=body.stream, seq=seq) for seq in samples]
+                streams = [async_engine.generate(prompt, params, stream=body.stream, seq=seq) for seq in samples]
                 try:  # overload errors surface here, before any byte is sent
                     firsts = [await anext(stream) for stream in streams]
                 except BaseException:
@@ -155,7 +162,7 @@ def build_app(engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = N
 
     async def _whole(prompt, params, seq) -> tuple[str, object]:
         """One of n samples, not streamed."""
-        stream = engine.generate(prompt, params, stream=False, seq=seq)
+        stream = async_engine.generate(prompt, params, stream=False, seq=seq)
         return await _joined(await anext(stream), stream)
 
     def _choice(kind: str, text: str, finish: str | None, streaming: bool, first: bool = False,

@@ -14,14 +14,21 @@ parameters, so the K steps read nothing on the host. The round's one read is the
 import torch
 import torch.nn.functional as F
 
+from ssd_engine.core.structures import (
+    BlockTable,
+    Outcome,
+    Proposal,
+    ScheduledBatch,
+    Sequence,
+    new_block_table,
+)
 from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.core.structures import Outcome, BlockTable, Proposal, ScheduledBatch, Sequence, new_block_table
-from ssd_engine.utils.host_upload import upload
 from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.sampling.grammar import Grammars, masked_steps
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 from ssd_engine.speculative.paged_draft import PagedDraft, StepSampler
+from ssd_engine.utils.host_upload import upload
 
 
 class DraftView:

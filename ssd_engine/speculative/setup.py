@@ -5,16 +5,16 @@ import os
 import torch
 from transformers import AutoTokenizer
 
+from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.models.default_models import cache_dir
+from ssd_engine.models.loader import load_config
+from ssd_engine.models.tokenizer_source import has_tokenizer_files
 from ssd_engine.runtime import draft_format
 from ssd_engine.runtime.model_runner import RunnerSpec
-from ssd_engine.models.tokenizer_source import has_tokenizer_files
-from ssd_engine.models.loader import load_config
-from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.saguaro.plan import plan_saguaro
+from ssd_engine.speculative.sd import SyncDraft
 from ssd_engine.speculative.ssd.coordinator import AsyncDraftClient
 from ssd_engine.speculative.ssd.process import DraftSpec
-from ssd_engine.speculative.sd import SyncDraft
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: str) -> None:

@@ -14,9 +14,9 @@ import torch
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.placement import unpin
-from ssd_engine.tensor_parallel.worker import BlockTableMirror, step_message
 from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec
 from ssd_engine.runtime.step_inputs import StepInputs
+from ssd_engine.tensor_parallel.worker import BlockTableMirror, step_message
 
 
 class TensorParallelError(RuntimeError):

@@ -14,15 +14,15 @@ import weakref
 import torch
 import torch.distributed as dist
 
+from ssd_engine.core.config_parts import ParallelConfig
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import SHM_CAPACITY, TPGroup
+from ssd_engine.distributed.placement import describe, pin, plan_core_sets, unpin
 from ssd_engine.distributed.shm_collectives import ShmCollectives
 from ssd_engine.distributed.shm_collectives import supported as shm_supported
-from ssd_engine.tensor_parallel.executor import TensorParallelError, TensorParallelRunner
-from ssd_engine.distributed.placement import describe, pin, plan_core_sets, unpin
-from ssd_engine.tensor_parallel.worker import ready_key, serve
-from ssd_engine.core.config_parts import ParallelConfig
 from ssd_engine.runtime.model_runner import RunnerSpec
+from ssd_engine.tensor_parallel.executor import TensorParallelError, TensorParallelRunner
+from ssd_engine.tensor_parallel.worker import ready_key, serve
 
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 

@@ -9,9 +9,9 @@ import traceback
 
 import torch
 
+from ssd_engine.core.structures import BlockTable, new_block_table
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import TPGroup
-from ssd_engine.core.structures import BlockTable, new_block_table
 from ssd_engine.runtime.model_runner import ModelRunner, RunnerSpec
 from ssd_engine.runtime.step_inputs import StepInputs
 

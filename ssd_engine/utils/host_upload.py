@@ -13,7 +13,6 @@ import array
 
 import torch
 
-
 # Python values packed by the array module: ~3x faster than torch.tensor(list), which checks each one
 TYPECODES = {torch.long: "q", torch.int32: "i", torch.float32: "f", torch.float64: "d"}
 

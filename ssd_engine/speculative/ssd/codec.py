@@ -33,9 +33,20 @@ from functools import cached_property
 import numpy as np
 import torch
 
-from ssd_engine.speculative.ssd.protocol import (DraftParams, DraftTimings, Entry, Kind, QMode, Reply, Request,
-                                                 Speculation, SupportRows, Wanted, q_mode_of_width)
 from ssd_engine.saguaro.source import Source
+from ssd_engine.speculative.ssd.protocol import (
+    DraftParams,
+    DraftTimings,
+    Entry,
+    Kind,
+    QMode,
+    Reply,
+    Request,
+    Speculation,
+    SupportRows,
+    Wanted,
+    q_mode_of_width,
+)
 
 REQUEST_HEADER = 8  # int64 words
 TIMINGS = 4         # float64 words

@@ -15,18 +15,18 @@ from collections import deque
 
 import torch
 
-from ssd_engine.distributed import supervise
 from ssd_engine.core.structures import Outcome, Proposal, ScheduledBatch, Sequence
+from ssd_engine.distributed import supervise
+from ssd_engine.saguaro.plan import SaguaroPlan
+from ssd_engine.saguaro.source import Source
 from ssd_engine.speculative.ngram import fast_proposal
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_request
 from ssd_engine.speculative.ssd.draft_thread import DraftThread
 from ssd_engine.speculative.ssd.link import CoordinatorEnd, DraftLink, DraftLinkError
+from ssd_engine.speculative.ssd.metrics import SSDMetrics
 from ssd_engine.speculative.ssd.process import DraftSpec, spawn
 from ssd_engine.speculative.ssd.proposal_rows import QRows, proposal_probs
-from ssd_engine.saguaro.plan import SaguaroPlan
-from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_request
 from ssd_engine.speculative.ssd.protocol import DraftParams, Entry, Kind, Request, Wanted, q_width
-from ssd_engine.saguaro.source import Source
-from ssd_engine.speculative.ssd.metrics import SSDMetrics
 
 log = logging.getLogger("ssd_engine")
 

@@ -10,8 +10,8 @@ Every method takes a `Source`; the dictionaries are what users read, keyed by it
 from dataclasses import dataclass, field, fields
 
 from ssd_engine.saguaro.calibration import miss_curve
-from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
 from ssd_engine.saguaro.source import Source
+from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
 
 
 @dataclass

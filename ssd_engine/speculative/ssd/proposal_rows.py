@@ -9,8 +9,8 @@ scattered into the zeroed proposal on the device.
 """
 import torch
 
-from ssd_engine.utils.host_upload import to_device
 from ssd_engine.speculative.ssd.protocol import SupportRows
+from ssd_engine.utils.host_upload import to_device
 
 QRows = torch.Tensor | SupportRows | None
 

@@ -18,13 +18,13 @@ import time
 
 import torch
 
+from ssd_engine.saguaro.source import Source
 from ssd_engine.sampling.grammar import DraftMasks
 from ssd_engine.speculative.ssd.draft.branch_cache import BranchCache, DecodedBranches, find_row
+from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
-from ssd_engine.saguaro.source import Source
 from ssd_engine.utils.host_upload import padded_rows, upload
-from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 KEEP_LOGITS_BYTES = 256 * 2**20  # ~40 branches x K = 4 at a 150k vocabulary; wider builds recompute the glue
 

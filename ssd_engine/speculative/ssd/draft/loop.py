@@ -11,10 +11,10 @@ from dataclasses import replace
 import torch
 
 from ssd_engine.distributed import supervise
+from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_request, encode_reply
 from ssd_engine.speculative.ssd.draft.server import DraftServer, new_server, scratch_slots
 from ssd_engine.speculative.ssd.link import DraftEnd, DraftLink, DraftLinkError
 from ssd_engine.speculative.ssd.process import READY_KEY, DraftSpec
-from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_request, encode_reply
 from ssd_engine.speculative.ssd.protocol import Kind, Reply
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 

@@ -8,19 +8,19 @@ import json
 import logging
 import time
 
+from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.core.structured_outputs import StructuredOutputsParams
 from ssd_engine.models.tokenizer_source import load_tokenizer
 from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.sampling.grammar import GrammarState, Grammars
+from ssd_engine.saguaro.source import Source
+from ssd_engine.sampling.grammar import Grammars, GrammarState
 from ssd_engine.sampling.synthetic import BernoulliDraws, synthetic_draws
-from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.speculative.ngram import fast_proposal
 from ssd_engine.speculative.ssd.draft.build_budget import BuildBudget
 from ssd_engine.speculative.ssd.draft.cache_builder import CacheBuilder, bonus_rank
 from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.process import DraftSpec
 from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Request, Speculation
-from ssd_engine.saguaro.source import Source
 
 log = logging.getLogger("ssd_engine")
 

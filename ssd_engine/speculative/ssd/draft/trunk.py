@@ -12,16 +12,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.core.structures import BlockTable, new_block_table
+from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.runtime.model_runner import ModelRunner
+from ssd_engine.saguaro.sampling import saguaro_probs
+from ssd_engine.saguaro.source import Source
 from ssd_engine.sampling.grammar import GrammarState, masked_steps
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import sample
-from ssd_engine.saguaro.sampling import saguaro_probs
-from ssd_engine.speculative.ssd.protocol import DraftParams, Speculation
-from ssd_engine.saguaro.source import Source
 from ssd_engine.speculative.paged_draft import PagedDraft
+from ssd_engine.speculative.ssd.protocol import DraftParams, Speculation
 
 
 @dataclass
