@@ -1,9 +1,7 @@
 """Callers use the engine's front door: outside ssd_engine/engine/, code reads only the names of
 `FRONT_DOOR` on an LLMEngine (found by name: an attribute read on `engine`, `self.engine`,
 `llm.engine`, `self._engine`), never its parts (scheduler, block manager, runner, speculator...).
-
-The SD / SSD set-up (speculative/setup.py) still takes the whole engine: the one known exception,
-until it takes typed inputs."""
+"""
 import ast
 
 from repo_files import REPO, tracked_files
@@ -19,7 +17,7 @@ FRONT_DOOR = {
     "speculation_metrics", "reset_speculation_metrics", "ssd_metrics", "close",
 }
 ENGINE_NAMES = {"engine", "_engine"}
-EXCEPTIONS = {"ssd_engine/speculative/setup.py"}
+EXCEPTIONS: set[str] = set()
 
 
 def _engine_reads(tree: ast.AST) -> list[tuple[int, str]]:

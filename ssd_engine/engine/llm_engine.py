@@ -32,7 +32,7 @@ from ssd_engine.sampling.grammar import Grammars
 from ssd_engine.sampling.synthetic import synthetic_acceptance
 from ssd_engine.sampling.verifier import StepResult, Verifier
 from ssd_engine.speculative.metrics import SpecMetrics
-from ssd_engine.speculative.setup import build_sync_draft, start_async_draft
+from ssd_engine.speculative.setup import TargetSide, build_sync_draft, start_async_draft
 from ssd_engine.tensor_parallel.launch import close_at_exit, start_tensor_parallel, torchrun_world
 
 log = logging.getLogger("ssd_engine")
@@ -40,8 +40,7 @@ log = logging.getLogger("ssd_engine")
 
 class LLMEngine:
     def __init__(self, options: EngineConfig) -> None:
-        self._pinned, self.runner, self.speculator = None, None, None
-        self.draft_format = None  # runtime/draft_format.DraftFormat once a draft is built
+        self._pinned, self.runner, self.speculator, self.draft_format = None, None, None, None  # built below
         try:
             self.plan = plan(options)
             self.parts = self.plan.parts
@@ -82,13 +81,15 @@ class LLMEngine:
                                  Grammars(self.tokenizer, self.hf_config.vocab_size, eos))
         self.scheduler.release_hooks.append(self.verifier.grammars.release)
         self.spec_metrics = SpecMetrics(parts.speculative.k)
+        side = TargetSide(parts, self.plan.timing, self.model_path, self.tokenizer, self.hf_config.vocab_size,
+                          tuple(eos), self.device, self.verifier.grammars)
         if parts.speculative.mode == "sd":
-            self.speculator = build_sync_draft(self, target)
+            self.speculator, self.draft_format = build_sync_draft(side, target)
             self.scheduler.release_hooks.append(self.speculator.release)
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             threads = parts.model.num_threads or (len(cores) if cores else torch.get_num_threads())
-            self.speculator = start_async_draft(self, target, cores, threads)
+            self.speculator, self.draft_format = start_async_draft(side, target, cores, threads)
             self.scheduler.release_hooks.append(self.speculator.release)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
@@ -205,9 +206,8 @@ class LLMEngine:
         return {**summary, **self.speculator.summary()} if self.speculator is not None else summary
 
     def reset_speculation_metrics(self) -> None:
-        self.spec_metrics.reset()
-        if self.ssd_metrics is not None:
-            self.ssd_metrics.reset()
+        for metrics in filter(None, (self.spec_metrics, self.ssd_metrics)):
+            metrics.reset()
 
     @property
     def ssd_metrics(self):

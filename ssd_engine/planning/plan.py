@@ -24,6 +24,12 @@ class Plan:
     def mode(self) -> str:
         return self.parts.speculative.mode
 
+    @property
+    def timing(self) -> tuple[float, float] | None:
+        """auto's predicted SSD (T_p, T_jit), which seed its fallback rule; None where not predicted."""
+        detail = self.choice.detail if self.choice else {}
+        return (detail["t_p"], detail["t_jit"]) if "t_p" in detail else None
+
     def describe_mode(self) -> str:
         return self.choice.describe() if self.choice else self.mode
 

@@ -1,20 +1,36 @@
 """Build the SD draft (colocated) or start the SSD draft process: load it, check it shares the target's tokenizer, size its KV like the target's."""
 import filecmp
 import os
+from dataclasses import dataclass
 
 import torch
 from transformers import AutoTokenizer
 
+from ssd_engine.core.config_parts import Config
 from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.models.default_models import cache_dir
 from ssd_engine.models.loader import load_config
 from ssd_engine.models.tokenizer_source import has_tokenizer_files
 from ssd_engine.runtime import draft_format
+from ssd_engine.runtime.draft_format import DraftFormat
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.saguaro.plan import plan_saguaro
 from ssd_engine.speculative.sd import SyncDraft
 from ssd_engine.speculative.ssd.coordinator import AsyncDraftClient
 from ssd_engine.speculative.ssd.process import DraftSpec
+
+
+@dataclass(frozen=True)
+class TargetSide:
+    """What building a draft needs from the engine that will verify it."""
+    parts: Config                           # the plan's frozen options
+    timing: tuple[float, float] | None      # auto's predicted (T_p, T_jit): seeds SSD's fallback rule
+    model_path: str                         # the target's folder
+    tokenizer: object                       # the target's tokenizer (the draft's must match it)
+    vocab_size: int                         # the target model's vocabulary (its logits' width)
+    eos_token_ids: tuple[int, ...]
+    device: torch.device
+    grammars: object                        # sampling/grammar.Grammars: the drafts mask their rows too
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: str) -> None:
@@ -31,24 +47,24 @@ def same_tokenizer_files(target_path: str, draft_path: str) -> bool:
     return all(os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False) for a, b in paths)
 
 
-def draft_path_and_vocab(engine) -> tuple[str, int]:
+def draft_path_and_vocab(side: TargetSide) -> tuple[str, int]:
     """The draft's folder (checked against the target's tokenizer) and the ids it may propose:
     ids past the tokenizer (embedding padding) or past either model's vocabulary never are."""
-    parts = engine.parts
+    parts = side.parts
     draft_path, load_format = parts.speculative.draft_model, parts.model.load_format
     draft_config = load_config(draft_path, load_format)
-    tokenizer_source = parts.model.tokenizer or engine.model_path
+    tokenizer_source = parts.model.tokenizer or side.model_path
     # dummy models from shape configs may have no tokenizer on either side: nothing to compare,
     # the vocabulary sizes below still bound what the draft may propose
     tokenizer_less = load_format == "dummy" and not (has_tokenizer_files(tokenizer_source)
                                                      and has_tokenizer_files(draft_path))
     if not tokenizer_less and not same_tokenizer_files(tokenizer_source, draft_path):
-        check_same_tokenizer(engine.tokenizer, AutoTokenizer.from_pretrained(draft_path), engine.model_path, draft_path)
+        check_same_tokenizer(side.tokenizer, AutoTokenizer.from_pretrained(draft_path), side.model_path, draft_path)
     k, budget = parts.speculative.k, parts.scheduler.max_num_batched_tokens
     if budget < k + 1:
         raise ValueError(f"max_num_batched_tokens={budget} cannot fit one verification of "
                          f"num_speculative_tokens+1={k + 1} tokens")
-    return draft_path, min(len(engine.tokenizer), draft_config.vocab_size, engine.hf_config.vocab_size)
+    return draft_path, min(len(side.tokenizer), draft_config.vocab_size, side.vocab_size)
 
 
 def draft_host(choice: str, draft_device: str, target_device: str) -> str:
@@ -62,55 +78,54 @@ def draft_host(choice: str, draft_device: str, target_device: str) -> str:
     return "thread" if shared_gpu else "process"
 
 
-def start_async_draft(engine, target: RunnerSpec, cores: list[int] | None, threads: int) -> AsyncDraftClient:
+def start_async_draft(side: TargetSide, target: RunnerSpec, cores: list[int] | None,
+                      threads: int) -> tuple[AsyncDraftClient, DraftFormat]:
     """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU.
-    `target` is the target's runner runner_spec: the draft's KV cache and positions are sized like it."""
-    draft_path, vocab = draft_path_and_vocab(engine)
-    parts = engine.parts
+    `target` is the target's runner spec: the draft's KV cache and positions are sized like it."""
+    draft_path, vocab = draft_path_and_vocab(side)
+    parts = side.parts
     device = parts.model.device
     if device.startswith("cuda"):
         first = torch.device(device).index or 0
         wanted = first + parts.parallel.tensor_parallel_size
         # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
-    choice = engine.plan.choice  # auto: this machine's predicted timing seeds the fallback rule
-    timing = (choice.detail["t_p"], choice.detail["t_jit"]) if choice and "t_p" in choice.detail else None
-    plan = plan_saguaro(parts.speculative, engine.model_path, draft_path, timing)
+    plan = plan_saguaro(parts.speculative, side.model_path, draft_path, side.timing)
     k = parts.speculative.k
     branch_rows = max(sum(fanout) for _, fanout in plan.fanouts)
     # a round: the glue scores K+1 rows, then K branch steps of B rows; a miss drafts one row
-    runner = with_draft_format(target.with_model(path=draft_path, device=device), parts.speculative.draft_dtype,
-                               engine, [(1, 1), (k + 1, 1), (max(branch_rows, 1), k)], cores, threads)
+    runner, chosen = with_draft_format(target.with_model(path=draft_path, device=device), parts.speculative.draft_dtype,
+                                       [(1, 1), (k + 1, 1), (max(branch_rows, 1), k)], cores, threads)
     draft_spec = DraftSpec(runner, parts.speculative, tuple((t, tuple(f)) for t, f in plan.fanouts),
                            tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables),
                            vocab, parts.scheduler.max_num_seqs, parts.seed,
-                           parts.model.tokenizer or engine.model_path, tuple(sorted(engine.output_processor.eos_token_ids)))
-    return AsyncDraftClient(draft_spec, engine.hf_config.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
-                            stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=engine.device),
-                            engine.device, plan, host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device))
+                           parts.model.tokenizer or side.model_path, tuple(sorted(side.eos_token_ids)))
+    client = AsyncDraftClient(draft_spec, side.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
+                              stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=side.device),
+                              side.device, plan, host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device))
+    return client, chosen
 
 
-def build_sync_draft(engine, target: RunnerSpec) -> SyncDraft:
-    draft_path, proposable = draft_path_and_vocab(engine)
-    # the target's settings: the draft runs in the same process, on the same device
-    runner_spec = with_draft_format(target.with_model(path=draft_path), engine.parts.speculative.draft_dtype, engine,
-                             [(1, engine.parts.speculative.k)], None, torch.get_num_threads())
+def build_sync_draft(side: TargetSide, target: RunnerSpec) -> tuple[SyncDraft, DraftFormat]:
+    """SD's draft in this process, on the target's device and settings."""
+    draft_path, proposable = draft_path_and_vocab(side)
+    k = side.parts.speculative.k
+    runner_spec, chosen = with_draft_format(target.with_model(path=draft_path), side.parts.speculative.draft_dtype,
+                                            [(1, k)], None, torch.get_num_threads())
     runner = runner_spec.build()
     # its one-token draft steps, and the catch-up after a round that accepted every draft (x_K and
     # the bonus: two tokens a row; one after a rejection)
     runner.capture_graphs([("paged", 1), ("paged", 2)])
-    return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, engine.parts.speculative.k,
-                     proposable, stream_generator(engine.parts.seed, Stream.DRAFT, device=engine.device),
-                     engine.verifier.grammars)
+    return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, k, proposable,
+                     stream_generator(side.parts.seed, Stream.DRAFT, device=side.device), side.grammars), chosen
 
 
-def with_draft_format(runner_spec: RunnerSpec, option: str, engine, workload: list[tuple[int, int]],
-                      cores: list[int] | None, threads: int) -> RunnerSpec:
-    """The draft's runner_spec in the weight format `option` resolves to on the cores it will run on
-    (runtime/draft_format.py); the engine keeps the choice to report it."""
+def with_draft_format(runner_spec: RunnerSpec, option: str, workload: list[tuple[int, int]],
+                      cores: list[int] | None, threads: int) -> tuple[RunnerSpec, DraftFormat]:
+    """The draft's runner spec in the weight format `option` resolves to on the cores it will run on
+    (runtime/draft_format.py), and that format (the engine reports it)."""
     chosen = draft_format.resolve(option, load_config(runner_spec.model.path, runner_spec.model.load_format), runner_spec.model.device, workload, cores, threads,
                                   cache_dir())
-    engine.draft_format = chosen
     # the target's own format (target_dtype) is not the draft's: row_independent is the target's alone
     return runner_spec.with_model(dtype=chosen.dtype, weight_format=chosen.name if runner_spec.model.device == "cpu" else None,
-                                  row_independent=False)
+                                  row_independent=False), chosen
