@@ -73,24 +73,24 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, parts.scheduler.max_num_seqs,
                                    parts.scheduler.max_num_batched_tokens)
-        self.scheduler.release_hooks.append(self.runner.release)  # tensor-parallel workers forget freed tables
+        self.scheduler.tell_on_release(self.runner)  # tensor-parallel workers forget freed tables
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
         eos = self.output_processor.eos_token_ids
         self.verifier = Verifier(stream_generator(parts.seed, Stream.TARGET, device=self.device),  # unseeded requests
                                  synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed), eos,
                                  Grammars(self.tokenizer, self.hf_config.vocab_size, eos))
-        self.scheduler.release_hooks.append(self.verifier.grammars.release)
+        self.scheduler.tell_on_release(self.verifier.grammars)
         self.spec_metrics = SpecMetrics(parts.speculative.k)
         side = TargetSide(parts, self.plan.timing, self.model_path, self.tokenizer, self.hf_config.vocab_size,
                           tuple(eos), self.device, self.verifier.grammars)
         if parts.speculative.mode == "sd":
             self.speculator, self.draft_format = build_sync_draft(side, target)
-            self.scheduler.release_hooks.append(self.speculator.release)
+            self.scheduler.tell_on_release(self.speculator)
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             threads = parts.model.num_threads or (len(cores) if cores else torch.get_num_threads())
             self.speculator, self.draft_format = start_async_draft(side, target, cores, threads)
-            self.scheduler.release_hooks.append(self.speculator.release)
+            self.scheduler.tell_on_release(self.speculator)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
         self._capture_graphs()
@@ -254,12 +254,11 @@ class LLMEngine:
             self.output_processor.append(seq, result.tokens, result.logprobs)
             # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
             seq.num_computed_tokens = len(seq) - 1
+            self.scheduler.settle(seq, was_speculated)
             if was_speculated:
-                self.block_manager.trim(seq)
                 if result.accepted is not None:
                     self.spec_metrics.record(seq.seq_id, result.accepted)
                 self.speculator.on_outcome(Outcome(seq, result.accepted, seq.num_computed_tokens))
-            self.block_manager.commit(seq)
             if seq.finish_reason is not None:
                 self._finish(seq)
                 finished.append(seq)

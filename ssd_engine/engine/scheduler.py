@@ -8,9 +8,19 @@ When blocks run out, the most recently admitted running sequence is preempted: i
 freed and it returns to the front of the queue to be recomputed later (FCFS fairness).
 """
 from collections import deque
+from typing import Protocol
 
 from ssd_engine.core.structures import ScheduledBatch, Sequence, SequenceStatus
 from ssd_engine.runtime.block_manager import BlockManager
+
+
+class SequenceHolder(Protocol):
+    """A part that keeps per-sequence state beside the target's blocks (a draft's KV, tensor-parallel
+    workers' block tables, a grammar matcher)."""
+
+    def release(self, seq: Sequence) -> None:
+        """Forget `seq`: its blocks were freed (it finished, was aborted, or was preempted)."""
+        ...
 
 
 class Scheduler:
@@ -21,10 +31,14 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.release_hooks: list = []  # called with a sequence whose blocks were freed (e.g. the draft's too)
+        self._holders: list[SequenceHolder] = []
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
+
+    def tell_on_release(self, holder: SequenceHolder) -> None:
+        """`holder.release(seq)` is called whenever a sequence's blocks are freed."""
+        self._holders.append(holder)
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -82,6 +96,13 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def settle(self, seq: Sequence, verified: bool) -> None:
+        """After a step appended `seq`'s tokens: a verified sequence frees the slots of its rejected
+        drafts; blocks now full of final tokens enter the prefix cache."""
+        if verified:
+            self.block_manager.trim(seq)
+        self.block_manager.commit(seq)
+
     def finish(self, seq: Sequence) -> None:
         seq.status = SequenceStatus.FINISHED
         if seq in self.running:
@@ -99,5 +120,5 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.block_manager.deallocate(seq)
-        for hook in self.release_hooks:
-            hook(seq)
+        for holder in self._holders:
+            holder.release(seq)
