@@ -44,6 +44,12 @@ def build_parser() -> ArgumentParser:
                              "process list), as vLLM's VLLM_API_KEY")
     parser.add_argument("--metrics-require-key", action="store_true",
                         help="/metrics needs the API key too (default: open to scrapers, as /health is to probes)")
+    parser.add_argument("--data-parallel-size", "-dp", type=int, default=1, metavar="N",
+                        help="N engine replicas behind this endpoint, each on its own share of the cores, on Ray "
+                             "Serve (pip install -e '.[ray]'); requests go to the replica with the shorter queue")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help="with --data-parallel-size: join this Ray cluster (e.g. 'auto' or HOST:6379) and let it "
+                             "place the replicas on its nodes, instead of starting a local one")
     add_engine_args(parser)
     return parser
 
@@ -100,6 +106,11 @@ def main(argv: list[str] | None = None) -> None:
         fail(f"python -m ssd_engine.serve cannot import {error.name or error}: {SERVE_INSTALL}")
     from ssd_engine import LLM
 
+    if args.data_parallel_size < 1:
+        fail(f"--data-parallel-size must be >= 1, got {args.data_parallel_size}")
+    if args.data_parallel_size > 1 or args.ray_address:
+        serve_on_ray(args, api_keys)
+        return
     try:
         # built on the thread that will step it (server/async_engine.py says why)
         async_engine = AsyncEngine.build(lambda: LLM(**engine_options(args)), max_pending=args.max_pending)
@@ -132,6 +143,22 @@ def main(argv: list[str] | None = None) -> None:
         llm.close()
     if not server.started:
         sys.exit(3)  # uvicorn said why (the port is taken, ...); its own exit status for a failed start
+
+
+def serve_on_ray(args, api_keys) -> None:
+    """--data-parallel-size N: the replicas on Ray Serve (server/replicas.py)."""
+    from ssd_engine.server.replicas import serve_replicas
+    options = engine_options(args)
+    model = options.get("model")
+    name = args.served_model_name or (os.path.basename(os.path.normpath(model)) if model else None)
+    if name is None:  # the built-in pair: its target's folder name, as one engine names it
+        from ssd_engine.models.default_models import resolve_default_model
+        name = os.path.basename(os.path.normpath(resolve_default_model("target")))
+    try:
+        serve_replicas(args.data_parallel_size, options, name, args.host, args.port, api_keys,
+                       args.metrics_require_key, args.max_pending, args.ray_address)
+    except ValueError as error:
+        fail(str(error))
 
 
 if __name__ == "__main__":

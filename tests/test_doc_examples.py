@@ -6,8 +6,8 @@ blocks are diagrams and formulas. The built-in default pair is replaced by a tin
 packages. What cannot run on this machine is said by the block itself and checked as far as it
 can be: `pip install` steps are what CI's own install does (they are dropped, the rest of the
 line runs); the README's test command is the one CI runs (checked to be what `.ci/run` extracts);
-a command for CUDA or several nodes, on a machine without them, has its flags parsed by the CLI's
-own parser. A block's fixed server port is swapped for a free one; a Python block's real shape folder
+a command for CUDA, several nodes or a Ray cluster, on a machine without them, has its flags parsed by
+the CLI's own parser. A block's fixed server port is swapped for a free one; a Python block's real shape folder
 (configs/shapes/, random weights) for a two-layer copy of it.
 """
 import json
@@ -89,17 +89,22 @@ def _needs_hardware(command: str) -> str | None:
         return "CUDA"
     if re.search(r"--nnodes [2-9]", command):
         return "several nodes"
+    if command.startswith("ray start") or "--ray-address" in command:
+        return "a Ray cluster of several machines"
     return None
 
 
 def _parse_only(command: str) -> None:
-    """The command's own flags, through the CLI's own parser."""
-    from ssd_engine import generate
+    """Our CLIs' flags, through the CLI's own parser (another tool's command, e.g. `ray start`, is its own)."""
+    from ssd_engine import generate, serve
 
     argv = shlex.split(command)
+    if "-m" not in argv:
+        assert argv[0] == "ray", command
+        return
     module_args = argv[argv.index("-m") + 2:]
-    assert argv[argv.index("-m") + 1] == "ssd_engine.generate", command
-    generate.build_parser().parse_args(module_args)
+    parsers = {"ssd_engine.generate": generate.build_parser, "ssd_engine.serve": serve.build_parser}
+    parsers[argv[argv.index("-m") + 1]]().parse_args(module_args)
 
 
 def _results_elsewhere(command: str, out: Path) -> str:

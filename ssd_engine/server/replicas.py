@@ -1,0 +1,110 @@
+"""`serve --data-parallel-size N`: N engine replicas behind one OpenAI endpoint, on Ray Serve.
+
+Each replica is a Ray Serve replica (its own process) that builds its own engine on its own core
+set and serves the same FastAPI app one engine serves (server/openai_api.py): every route,
+streaming, `n`, structured outputs and API keys behave as with one engine. Ray Serve's proxy owns
+the HTTP port and routes each request to a replica with a short queue, queues past every replica's
+`max_ongoing_requests` (the engine's `max_num_seqs`) up to `--max-pending`, answers 503 beyond, and
+restarts a replica whose process dies. Core sets: the N-way split of the cores this process may
+use (or `--cpu-cores` with one set per replica), replica r on set r (its Ray Serve rank); with
+`--ray-address` the replicas go where the cluster places them, each on the cores its node gives it.
+
+Nothing here imports ray until N > 1 asks for it: one engine never needs it.
+"""
+import signal
+import sys
+
+from ssd_engine.core.config import format_core_sets, parse_core_sets
+from ssd_engine.distributed.placement import available_cores, split_evenly
+
+RAY_INSTALL = 'pip install -e ".[ray]"'
+APP_NAME = "ssd_engine"
+
+
+class EngineReplica:
+    """One replica: an engine on its core set, and the OpenAI app in front of it."""
+
+    def __init__(self, options: dict, core_sets: list[list[int]] | None, served_name: str, api_keys,
+                 metrics_require_key: bool, max_pending: int) -> None:
+        from ray import serve
+
+        from ssd_engine import LLM
+        from ssd_engine.cli_args import describe_engine
+        from ssd_engine.server.async_engine import AsyncEngine
+
+        rank = serve.get_replica_context().rank.rank
+        if core_sets is not None:
+            options = {**options, "cpu_cores": format_core_sets([core_sets[rank % len(core_sets)]])}
+        self.async_engine = AsyncEngine.build(lambda: LLM(**options), max_pending=max_pending)
+        self.app_options = (served_name, api_keys, metrics_require_key)
+        print(f"[replica {rank}] {describe_engine(self.async_engine.llm)}", file=sys.stderr, flush=True)
+
+    def __serve_build_asgi_app__(self):
+        from ssd_engine.server.openai_api import build_app
+        served_name, api_keys, metrics_require_key = self.app_options
+        return build_app(self.async_engine, served_name, api_keys=api_keys, metrics_require_key=metrics_require_key)
+
+    def __del__(self) -> None:
+        engine = getattr(self, "async_engine", None)
+        if engine is not None:
+            engine.close()
+            engine.llm.close()
+
+
+def replica_core_sets(replicas: int, cpu_cores: str | None = None) -> list[list[int]]:
+    """Replica r's cores: the r-th set of `cpu_cores` where it names one per replica, else the r-th of
+    an even split of its cores (default: this process's)."""
+    sets = parse_core_sets(cpu_cores) if cpu_cores else [available_cores()]
+    if len(sets) == replicas:
+        return sets
+    cores = sorted({c for s in sets for c in s})
+    if len(cores) < replicas:
+        raise ValueError(f"--data-parallel-size {replicas} needs a core per replica; {len(cores)} core(s) "
+                         f"{cores} are given")
+    return split_evenly(cores, replicas)
+
+
+def serve_replicas(replicas: int, options: dict, served_name: str, host: str, port: int, api_keys,
+                   metrics_require_key: bool, max_pending: int, ray_address: str | None) -> None:
+    """Start (or join, with `ray_address`) a Ray cluster, run the replicas behind host:port until
+    Ctrl-C or SIGTERM, then stop them and the cluster this call started."""
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ValueError(f"--data-parallel-size {replicas} runs on Ray Serve, which is not installed: "
+                         f"{RAY_INSTALL}") from None
+    core_sets = None if ray_address else replica_core_sets(replicas, options.get("cpu_cores"))
+    if ray_address:
+        ray.init(address=ray_address, log_to_driver=True)
+    else:
+        ray.init(num_cpus=sum(len(s) for s in core_sets), include_dashboard=False, log_to_driver=True,
+                 runtime_env={"env_vars": {"SSD_ENGINE_PROGRESS": "0"}})
+    try:
+        serve.start(http_options={"host": host, "port": port})
+        per_replica = len(core_sets[0]) if core_sets else 1
+        deployment = serve.deployment(
+            serve.ingress()(EngineReplica), name="engine", num_replicas=replicas,
+            max_ongoing_requests=options.get("max_num_seqs") or 256, max_queued_requests=max_pending,
+            ray_actor_options={"num_cpus": per_replica})
+        serve.run(deployment.bind(options, core_sets, served_name, api_keys, metrics_require_key, max_pending),
+                  name=APP_NAME, route_prefix="/", blocking=False)
+        print(f"[serve] {replicas} replicas on Ray Serve at http://{host}:{port}"
+              + (f" (cores {format_core_sets(core_sets)})" if core_sets else f" (cluster {ray_address})"),
+              file=sys.stderr, flush=True)
+        _wait_for_stop()
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _wait_for_stop() -> None:
+    """Until Ctrl-C or SIGTERM (both end as KeyboardInterrupt here, so the caller cleans up)."""
+    def interrupt(*_) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        while True:
+            signal.pause()
+    except KeyboardInterrupt:
+        print("[serve] stopping the replicas", file=sys.stderr, flush=True)

@@ -1,0 +1,101 @@
+"""`serve --data-parallel-size N`: engine replicas behind one OpenAI endpoint on Ray Serve
+(ssd_engine/server/replicas.py). Two tiny replicas on localhost, one core each, answer concurrent
+streamed and plain requests with one engine's greedy texts; Ctrl-C stops them and the Ray cluster
+the server started, leaving no process behind. Without ray, N > 1 is one line naming the extra."""
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from process_helpers import alive, children_of, gone_within
+
+from ssd_engine import LLM, SamplingParams
+from ssd_engine.server.replicas import replica_core_sets, serve_replicas
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROMPTS = [f"hello {i}" for i in range(6)]
+
+
+def test_replicas_split_the_cores_and_need_one_each():
+    assert replica_core_sets(2, "0,1,2,3") == [[0, 1], [2, 3]]
+    assert replica_core_sets(2, "0;1,2,3") == [[0], [1, 2, 3]]  # one set per replica: as given
+    with pytest.raises(ValueError, match="needs a core per replica"):
+        replica_core_sets(3, "0,1")
+
+
+def test_without_ray_more_than_one_replica_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # importing ray fails, as where it is not installed
+    with pytest.raises(ValueError, match=r"runs on Ray Serve, which is not installed: pip install -e \"\.\[ray\]\""):
+        serve_replicas(2, {}, "tiny", "127.0.0.1", 0, None, False, 8, None)
+
+
+def test_a_replica_count_below_one_is_refused():
+    done = subprocess.run([sys.executable, "-m", "ssd_engine.serve", "--model", "x", "--data-parallel-size", "0"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.strip() == "error: --data-parallel-size must be >= 1, got 0"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _descendants(pid: int) -> set[int]:
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = set().union(*(children_of(p) for p in frontier)) - found
+        found |= frontier
+    return found
+
+
+def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
+    if not os.environ.get("CI"):  # CI installs the test extra, ray with it: its absence fails there
+        pytest.importorskip("ray.serve", reason="the ray extra: pip install -e '.[ray]'")
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two replicas need a core each")
+    openai = pytest.importorskip("openai")
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    with LLM(tiny_qwen2) as llm:
+        expected = [o.text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", tiny_qwen2, "--port", str(port),
+                             "--served-model-name", "tiny", "--data-parallel-size", "2", "--cpu-cores", "0;1"],
+                            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "SSD_ENGINE_PROGRESS": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+    started: set[int] = set()
+    try:
+        said = []
+        deadline = time.monotonic() + 240
+        while not any(line.startswith("[serve] 2 replicas on Ray Serve") for line in said):
+            assert time.monotonic() < deadline and proc.poll() is None, "".join(said[-30:])
+            said.append(proc.stderr.readline())
+        started = _descendants(proc.pid)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+
+        def plain(prompt: str) -> str:
+            return client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+
+        def streamed(prompt: str) -> str:
+            chunks = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0, stream=True)
+            return "".join(chunk.choices[0].text for chunk in chunks)
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            assert list(pool.map(plain, PROMPTS)) == expected
+            assert list(pool.map(streamed, PROMPTS)) == expected
+        assert {m.id for m in client.models.list().data} == {"tiny"}
+        started |= _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+        assert gone_within(started, 30), [p for p in started if alive(p)]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
