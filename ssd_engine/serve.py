@@ -147,6 +147,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def serve_on_ray(args, api_keys) -> None:
     """--data-parallel-size N: the replicas on Ray Serve (server/replicas.py)."""
+    from ssd_engine import LLM
     from ssd_engine.server.replicas import serve_replicas
     options = engine_options(args)
     model = options.get("model")
@@ -155,7 +156,7 @@ def serve_on_ray(args, api_keys) -> None:
         from ssd_engine.models.default_models import resolve_default_model
         name = os.path.basename(os.path.normpath(resolve_default_model("target")))
     try:
-        serve_replicas(args.data_parallel_size, options, name, args.host, args.port, api_keys,
+        serve_replicas(args.data_parallel_size, LLM, describe_engine, options, name, args.host, args.port, api_keys,
                        args.metrics_require_key, args.max_pending, args.ray_address)
     except ValueError as error:
         fail(str(error))

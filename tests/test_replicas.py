@@ -30,7 +30,7 @@ def test_replicas_split_the_cores_and_need_one_each():
 def test_without_ray_more_than_one_replica_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # importing ray fails, as where it is not installed
     with pytest.raises(ValueError, match=r"runs on Ray Serve, which is not installed: pip install -e \"\.\[ray\]\""):
-        serve_replicas(2, {}, "tiny", "127.0.0.1", 0, None, False, 8, None)
+        serve_replicas(2, LLM, str, {}, "tiny", "127.0.0.1", 0, None, False, 8, None)
 
 
 def test_a_replica_count_below_one_is_refused():

@@ -13,6 +13,7 @@ Nothing here imports ray until N > 1 asks for it: one engine never needs it.
 """
 import signal
 import sys
+from collections.abc import Callable
 
 from ssd_engine.core.config import format_core_sets, parse_core_sets
 from ssd_engine.distributed.placement import available_cores, split_evenly
@@ -24,20 +25,19 @@ APP_NAME = "ssd_engine"
 class EngineReplica:
     """One replica: an engine on its core set, and the OpenAI app in front of it."""
 
-    def __init__(self, options: dict, core_sets: list[list[int]] | None, served_name: str, api_keys,
-                 metrics_require_key: bool, max_pending: int) -> None:
+    def __init__(self, make_llm: Callable[..., object], describe: Callable[[object], str], options: dict,
+                 core_sets: list[list[int]] | None, served_name: str, api_keys, metrics_require_key: bool,
+                 max_pending: int) -> None:
         from ray import serve
 
-        from ssd_engine import LLM
-        from ssd_engine.cli_args import describe_engine
         from ssd_engine.server.async_engine import AsyncEngine
 
         rank = serve.get_replica_context().rank.rank
         if core_sets is not None:
             options = {**options, "cpu_cores": format_core_sets([core_sets[rank % len(core_sets)]])}
-        self.async_engine = AsyncEngine.build(lambda: LLM(**options), max_pending=max_pending)
+        self.async_engine = AsyncEngine.build(lambda: make_llm(**options), max_pending=max_pending)
         self.app_options = (served_name, api_keys, metrics_require_key)
-        print(f"[replica {rank}] {describe_engine(self.async_engine.llm)}", file=sys.stderr, flush=True)
+        print(f"[replica {rank}] {describe(self.async_engine.llm)}", file=sys.stderr, flush=True)
 
     def __serve_build_asgi_app__(self):
         from ssd_engine.server.openai_api import build_app
@@ -45,10 +45,10 @@ class EngineReplica:
         return build_app(self.async_engine, served_name, api_keys=api_keys, metrics_require_key=metrics_require_key)
 
     def __del__(self) -> None:
-        engine = getattr(self, "async_engine", None)
-        if engine is not None:
-            engine.close()
-            engine.llm.close()
+        async_engine = getattr(self, "async_engine", None)
+        if async_engine is not None:
+            async_engine.close()
+            async_engine.llm.close()
 
 
 def replica_core_sets(replicas: int, cpu_cores: str | None = None) -> list[list[int]]:
@@ -64,10 +64,13 @@ def replica_core_sets(replicas: int, cpu_cores: str | None = None) -> list[list[
     return split_evenly(cores, replicas)
 
 
-def serve_replicas(replicas: int, options: dict, served_name: str, host: str, port: int, api_keys,
-                   metrics_require_key: bool, max_pending: int, ray_address: str | None) -> None:
+def serve_replicas(replicas: int, make_llm: Callable[..., object], describe: Callable[[object], str], options: dict,
+                   served_name: str, host: str, port: int, api_keys, metrics_require_key: bool, max_pending: int,
+                   ray_address: str | None) -> None:
     """Start (or join, with `ray_address`) a Ray cluster, run the replicas behind host:port until
-    Ctrl-C or SIGTERM, then stop them and the cluster this call started."""
+    Ctrl-C or SIGTERM, then stop them and the cluster this call started. Each replica builds its
+    engine with `make_llm(**options)` (options with its cores) and prints `describe(llm)`; both are
+    sent to the replicas by reference (module-level names)."""
     try:
         import ray
         from ray import serve
@@ -87,7 +90,8 @@ def serve_replicas(replicas: int, options: dict, served_name: str, host: str, po
             serve.ingress()(EngineReplica), name="engine", num_replicas=replicas,
             max_ongoing_requests=options.get("max_num_seqs") or 256, max_queued_requests=max_pending,
             ray_actor_options={"num_cpus": per_replica})
-        serve.run(deployment.bind(options, core_sets, served_name, api_keys, metrics_require_key, max_pending),
+        serve.run(deployment.bind(make_llm, describe, options, core_sets, served_name, api_keys, metrics_require_key,
+                                  max_pending),
                   name=APP_NAME, route_prefix="/", blocking=False)
         print(f"[serve] {replicas} replicas on Ray Serve at http://{host}:{port}"
               + (f" (cores {format_core_sets(core_sets)})" if core_sets else f" (cluster {ray_address})"),
