@@ -1,0 +1,140 @@
+"""Aggregate throughput of engine replicas (`serve --data-parallel-size N`) against one engine.
+
+    python benchmarks/bench_replicas.py                       # built-in pair, AR, 8 and 16 clients
+    python benchmarks/bench_replicas.py --model SMOLLM2.gguf --clients 8 --new-tokens 32   # a small smoke
+
+Each layout is a `python -m ssd_engine.serve` started for it, measured, and stopped: one replica on
+core 0; N replicas on cores 0..N-1, one core each (the issue's "each replica its own device");
+one replica on all N cores. At each client count, every client sends requests one after another
+(greedy, EOS ignored, `--new-tokens` each, prompts varied so no prefix cache answers) for
+`--seconds`; aggregate output tok/s is the tokens completed over the wall time, after one warm-up
+request per client. Writes benchmarks/results/DATE-replicas[-TAG].md and .json, with the CPU named.
+"""
+import argparse
+import concurrent.futures
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)  # suite/
+PROMPT = "def fibonacci_{i}(n):\n    \"\"\"Return the n-th Fibonacci number, request {i}.\"\"\"\n"
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python benchmarks/bench_replicas.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="target (default: the built-in pair's)")
+    p.add_argument("--mode", default="ar", help="the engines' speculative mode")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--clients", default="8,16", help="concurrent clients, comma-separated")
+    p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--seconds", type=float, default=40.0, help="measured time per client count")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--tag", default=None)
+    return p.parse_args(argv)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(args, port: int, cores: str, replicas: int) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "ssd_engine.serve", "--port", str(port), "--served-model-name", "m",
+            "--mode", args.mode, "--cpu-cores", cores, "--max-pending", "1024"]
+    argv += ["--model", args.model] if args.model else []
+    argv += ["--data-parallel-size", str(replicas)] if replicas > 1 else []
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "SSD_ENGINE_PROGRESS": "0"})
+
+
+def _wait_ready(client, proc: subprocess.Popen, timeout_s: float = 600) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            client.models.list()
+            return time.monotonic() - started
+        except Exception:
+            time.sleep(1)
+    raise RuntimeError("the server did not start")
+
+
+def _load(client, clients: int, args) -> dict:
+    """`clients` clients back to back for args.seconds: completed output tokens over the wall time."""
+    def one(i: int) -> int:
+        reply = client.completions.create(model="m", prompt=PROMPT.format(i=i), max_tokens=args.new_tokens,
+                                          temperature=0, extra_body={"ignore_eos": True})
+        return reply.usage.completion_tokens
+
+    with concurrent.futures.ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(10_000, 10_000 + clients)))  # warm-up
+        deadline, started = time.monotonic() + args.seconds, time.monotonic()
+
+        def client_loop(c: int) -> tuple[int, int]:
+            tokens = requests = 0
+            while time.monotonic() < deadline:
+                tokens += one(c * 1000 + requests)
+                requests += 1
+            return tokens, requests
+        done = list(pool.map(client_loop, range(clients)))
+        wall = time.monotonic() - started
+    tokens, requests = sum(t for t, _ in done), sum(r for _, r in done)
+    return {"clients": clients, "tok_s": tokens / wall, "requests": requests, "wall_s": wall,
+            "mean_latency_s": wall * clients / max(requests, 1)}
+
+
+def run_layout(args, name: str, cores: str, replicas: int) -> dict:
+    import openai
+    port = _free_port()
+    proc = _start(args, port, cores, replicas)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
+        start_s = _wait_ready(client, proc)
+        levels = [_load(client, int(c), args) for c in args.clients.split(",")]
+        return {"layout": name, "cores": cores, "replicas": replicas, "start_s": start_s, "levels": levels}
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse(argv if argv is not None else sys.argv[1:])
+    from suite.dated_report import write_dated_result
+    from suite.machine import machine_line
+    n = args.replicas
+    every = ",".join(map(str, range(n)))
+    layouts = [("1 replica x 1 core", "0", 1), (f"{n} replicas x 1 core", ";".join(map(str, range(n))), n),
+               (f"1 replica x {n} cores", every, 1)]
+    runs = [run_layout(args, *layout) for layout in layouts]
+    one = {lv["clients"]: lv["tok_s"] for lv in runs[0]["levels"]}
+    lines = [f"# Replicas against one engine, {time.strftime('%Y-%m-%d')}", "", f"- Machine: {machine_line()}",
+             f"- Model: {args.model or 'the built-in pair'}, mode {args.mode}, greedy, {args.new_tokens} tokens a "
+             f"request, EOS ignored, {args.seconds:.0f} s per client count",
+             f"- Command: `python benchmarks/bench_replicas.py {' '.join(argv or sys.argv[1:])}`", "",
+             "| layout | start s | clients | aggregate tok/s | vs 1 replica x 1 core | requests | mean latency s |",
+             "|---|---|---|---|---|---|---|"]
+    for run in runs:
+        for lv in run["levels"]:
+            lines.append(f"| {run['layout']} | {run['start_s']:.0f} | {lv['clients']} | {lv['tok_s']:.2f} | "
+                         f"{lv['tok_s'] / one[lv['clients']]:.2f}x | {lv['requests']} | {lv['mean_latency_s']:.2f} |")
+    text = "\n".join(lines) + "\n\nGoal: N replicas x 1 core >= 0.9 N x one replica x 1 core.\n"
+    result = {"runs": runs, "machine": machine_line(), "args": vars(args)}
+    base = write_dated_result(args.out, "replicas" + (f"-{args.tag}" if args.tag else ""), text, result)
+    print(text)
+    print(f"wrote {base}.md", file=sys.stderr)
+    return result
+
+
+if __name__ == "__main__":
+    main()
