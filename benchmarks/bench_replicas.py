@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict:
             lines.append(f"| {run['layout']} | {run['start_s']:.0f} | {lv['clients']} | {lv['tok_s']:.2f} | "
                          f"{lv['tok_s'] / one[lv['clients']]:.2f}x | {lv['requests']} | {lv['mean_latency_s']:.2f} |")
     text = "\n".join(lines) + "\n\nGoal: N replicas x 1 core >= 0.9 N x one replica x 1 core.\n"
-    result = {"runs": runs, "machine": machine_line(), "args": vars(args)}
+    result = {"runs": runs, "machine": machine_line(), "args": {k: v for k, v in vars(args).items() if k != "out"}}
     base = write_dated_result(args.out, "replicas" + (f"-{args.tag}" if args.tag else ""), text, result)
     print(text)
     print(f"wrote {base}.md", file=sys.stderr)
