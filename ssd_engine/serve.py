@@ -121,12 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # while loading: children started so far die with this process
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    if llm.config.model is None:  # the built-in pair
-        from ssd_engine.models.default_models import resolve_default_model
-        model_path = resolve_default_model("target")
-    else:
-        model_path = llm.config.model
-    name = args.served_model_name or os.path.basename(os.path.normpath(model_path))
+    name = served_name(args, llm.config.model)
     print(describe_engine(llm), file=sys.stderr)
     print(sampling, file=sys.stderr, flush=True)
     access = access_line(args.host, api_keys, open_paths(args.metrics_require_key))
@@ -145,19 +140,25 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(3)  # uvicorn said why (the port is taken, ...); its own exit status for a failed start
 
 
+def served_name(args, model: str | None) -> str:
+    """The model id clients send: --served-model-name, else the target folder's name (the built-in pair's
+    when no model is given)."""
+    if args.served_model_name:
+        return args.served_model_name
+    if model is None:
+        from ssd_engine.models.default_models import resolve_default_model
+        model = resolve_default_model("target")
+    return os.path.basename(os.path.normpath(model))
+
+
 def serve_on_ray(args, api_keys) -> None:
     """--data-parallel-size N: the replicas on Ray Serve (server/replicas.py)."""
     from ssd_engine import LLM
     from ssd_engine.server.replicas import serve_replicas
     options = engine_options(args)
-    model = options.get("model")
-    name = args.served_model_name or (os.path.basename(os.path.normpath(model)) if model else None)
-    if name is None:  # the built-in pair: its target's folder name, as one engine names it
-        from ssd_engine.models.default_models import resolve_default_model
-        name = os.path.basename(os.path.normpath(resolve_default_model("target")))
     try:
-        serve_replicas(args.data_parallel_size, LLM, describe_engine, options, name, args.host, args.port, api_keys,
-                       args.metrics_require_key, args.max_pending, args.ray_address)
+        serve_replicas(args.data_parallel_size, LLM, describe_engine, options, served_name(args, options.get("model")),
+                       args.host, args.port, api_keys, args.metrics_require_key, args.max_pending, args.ray_address)
     except ValueError as error:
         fail(str(error))
 
