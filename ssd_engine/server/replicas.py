@@ -15,7 +15,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from ssd_engine.core.config import format_core_sets, parse_core_sets
+from ssd_engine.core.config import EngineConfig, format_core_sets, parse_core_sets
 from ssd_engine.distributed.placement import available_cores, split_evenly
 
 RAY_INSTALL = 'pip install -e ".[ray]"'
@@ -77,6 +77,7 @@ def serve_replicas(replicas: int, make_llm: Callable[..., object], describe: Cal
     except ImportError:
         raise ValueError(f"--data-parallel-size {replicas} runs on Ray Serve, which is not installed: "
                          f"{RAY_INSTALL}") from None
+    max_num_seqs = EngineConfig.from_kwargs(**options).max_num_seqs  # bad options fail here, before Ray starts
     core_sets = None if ray_address else replica_core_sets(replicas, options.get("cpu_cores"))
     if ray_address:
         ray.init(address=ray_address, log_to_driver=True)
@@ -88,7 +89,7 @@ def serve_replicas(replicas: int, make_llm: Callable[..., object], describe: Cal
         per_replica = len(core_sets[0]) if core_sets else 1
         deployment = serve.deployment(
             serve.ingress()(EngineReplica), name="engine", num_replicas=replicas,
-            max_ongoing_requests=options.get("max_num_seqs") or 256, max_queued_requests=max_pending,
+            max_ongoing_requests=max_num_seqs, max_queued_requests=max_pending,
             ray_actor_options={"num_cpus": per_replica})
         serve.run(deployment.bind(make_llm, describe, options, core_sets, served_name, api_keys, metrics_require_key,
                                   max_pending),
