@@ -3,6 +3,7 @@ nothing running when they fail."""
 import os
 import select
 import signal
+import socket
 import subprocess
 import time
 
@@ -52,6 +53,13 @@ def gone_within(pids, seconds: float) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def free_port() -> int:
+    """A port the kernel just had free on 127.0.0.1, for a child that must be told its port up front."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def read_line(proc: subprocess.Popen, timeout_s: float) -> str:

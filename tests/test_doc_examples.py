@@ -14,7 +14,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from process_helpers import free_port
 from repo_files import REPO, tracked_files
 
 DOCS = ["README.md", "benchmarks/README.md"] + [str(p.relative_to(REPO)) for p in tracked_files(under="docs")
@@ -72,12 +72,6 @@ def _env(cache: Path) -> dict:
     return {**os.environ, "SSD_ENGINE_CACHE": str(cache), "SSD_ENGINE_PROGRESS": "0"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _commands(body: str) -> list[str]:
     """A bash block's commands: continuation lines joined, `&&` chains split, comments dropped."""
     lines = body.replace("\\\n", " ").splitlines()
@@ -123,7 +117,7 @@ def _run(command: str, cache: Path, timeout: int = 300) -> str:
 
 def _run_with_server(commands: list[str], cache: Path) -> None:
     """`python -m ssd_engine.serve --port P` started, every later command run against it."""
-    port = _free_port()
+    port = free_port()
     serve, *clients = [re.sub(r"\b8000\b", str(port), c) for c in commands]
     server = subprocess.Popen(serve, shell=True, cwd=REPO, env=_env(cache), stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True, start_new_session=True)

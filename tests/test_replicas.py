@@ -5,13 +5,12 @@ the server started, leaving no process behind. Without ray, N > 1 is one line na
 import concurrent.futures
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
-from process_helpers import alive, children_of, gone_within
+from process_helpers import alive, children_of, free_port, gone_within
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.server.replicas import replica_core_sets, serve_replicas
@@ -39,12 +38,6 @@ def test_a_replica_count_below_one_is_refused():
     assert done.returncode == 2 and done.stderr.strip() == "error: --data-parallel-size must be >= 1, got 0"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _descendants(pid: int) -> set[int]:
     found, frontier = set(), {pid}
     while frontier:
@@ -62,7 +55,7 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
     greedy = SamplingParams(temperature=0, max_tokens=8)
     with LLM(tiny_qwen2) as llm:
         expected = [o.text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", tiny_qwen2, "--port", str(port),
                              "--served-model-name", "tiny", "--data-parallel-size", "2", "--cpu-cores", "0;1"],
                             cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
