@@ -53,7 +53,7 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         pytest.skip("two replicas need a core each")
     openai = pytest.importorskip("openai")
     greedy = SamplingParams(temperature=0, max_tokens=8)
-    with LLM(tiny_qwen2) as llm:
+    with LLM(tiny_qwen2, num_threads=1) as llm:  # as each replica runs: one core, one thread
         expected = [o.text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", tiny_qwen2, "--port", str(port),
