@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import ScheduledBatch, Sequence
-from ssd_engine.models.loader import load_config
+from ssd_engine.models.loader import config_from_values, config_values, load_config
 from ssd_engine.runtime.block_manager import BlockManager
 
 TOL = 1e-4
@@ -56,6 +56,25 @@ def test_llama3_rope_scaling_is_exercised(tiny_llama):
     prompts = [[(i * 7) % 250 + 3 for i in range(150)]]
     prefill_err, decode_err = _compare(tiny_llama, prompts, pack="dual", block_size=16)
     assert prefill_err < TOL and decode_err < TOL, (prefill_err, decode_err)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_a_child_process_builds_the_same_model_from_plain_config_values(tiny_model_dir, arch):
+    """Tensor-parallel workers and the SSD draft build from `config_values` without transformers;
+    the llama checkpoint's llama3 rope rebuilds transformers' config for its frequencies."""
+    path = tiny_model_dir(arch)
+    values = config_values(load_config(path))
+    prompts = [list(range(5, 80))]
+    logits = []
+    for config in (load_config(path), config_from_values(values)):
+        runner = tiny_runner(path, config, num_kv_blocks=64, block_size=16, max_position=512)
+        blocks = BlockManager(64, 16, enable_prefix_caching=False)
+        seqs = [Sequence(p, SamplingParams(), 16) for p in prompts]
+        for seq in seqs:
+            blocks.allocate(seq)
+        logits.append(runner.forward(ScheduledBatch(seqs, [len(p) for p in prompts]), [list(range(len(p))) for p in prompts]))
+    assert torch.equal(logits[0], logits[1])
+    assert config_values(config_from_values(values)) == values
 
 
 def test_smollm2_logits_match_transformers(smollm2_dir):

@@ -7,6 +7,8 @@ an ssd_engine module), and its strongly connected components must all be single 
 """
 import ast
 import os
+import subprocess
+import sys
 
 import pytest
 from repo_files import tracked_files
@@ -172,3 +174,13 @@ def test_the_engine_reads_its_options_only_through_the_plan():
     engine_files = [p for p in tracked_files(under="ssd_engine/engine") if p.suffix == ".py"]
     readers = [str(p) for p in engine_files if ".num_speculative_tokens" in p.read_text()]
     assert readers == []
+
+
+def test_child_processes_start_without_transformers():
+    """A tensor-parallel worker and the SSD draft build from their parent's config values
+    (RunnerSpec.checkpoint_config): importing transformers would add about a second to each start."""
+    entry_modules = ("ssd_engine.tensor_parallel.worker", "ssd_engine.speculative.ssd.draft.loop")
+    code = (f"import sys; import {', '.join(entry_modules)}; "
+            "print(sorted(m for m in ('transformers', 'tokenizers') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert result.stdout.strip() == "[]"

@@ -1,14 +1,14 @@
 """Rotary position embedding.
 
-The inverse frequencies come from transformers' own ROPE_INIT_FUNCTIONS so every scaling
-variant (llama3, linear, yarn, ...) matches the reference implementation by construction.
+The inverse frequencies of a scaled variant (llama3, linear, yarn, ...) come from transformers' own
+ROPE_INIT_FUNCTIONS, so they match the reference implementation by construction; the default one is
+computed here, so a child process building a default-rope model never imports transformers.
 cos/sin are precomputed for all positions up to max_position so decode just indexes them.
 """
 import torch
 from torch import nn
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from ssd_engine.layers.shapes import head_dim
+from ssd_engine.layers.shapes import head_dim, transformers_config
 
 
 def _inv_freq(config) -> tuple[torch.Tensor, float]:
@@ -18,10 +18,11 @@ def _inv_freq(config) -> tuple[torch.Tensor, float]:
         base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
         dim = head_dim(config)
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim)), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type in ("dynamic", "longrope"):
         # dynamic/longrope change frequencies with sequence length; the static table below can't express that
         raise ValueError(f"unsupported rope_type {rope_type!r}")
-    return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+    return ROPE_INIT_FUNCTIONS[rope_type](transformers_config(config), "cpu")
 
 
 class RotaryEmbedding(nn.Module):

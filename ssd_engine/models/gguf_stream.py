@@ -22,6 +22,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from ssd_engine.layers.shapes import transformers_config
+
 # Llama's GGUF conversion interleaves the rotary halves of q and k rows; the Qwen families are
 # stored as Hugging Face has them. The engine runs only these three architectures.
 PERMUTED_QK = {"llama"}
@@ -103,7 +105,7 @@ def hf_name_map(config, arch: str) -> tuple[dict[str, str], set[str]]:
     arch_id = next(key for key, name in gguf.MODEL_ARCH_NAMES.items() if name == arch)
     names = gguf.get_tensor_name_map(arch_id, config.num_hidden_layers)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = AutoModelForCausalLM.from_config(transformers_config(config))
     mapping = {}
     for hf_name in model.state_dict():
         stem, dot, suffix = hf_name.rpartition(".")

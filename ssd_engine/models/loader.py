@@ -1,13 +1,20 @@
-"""Read a Hugging Face checkpoint folder: config, safetensors weights (single or sharded)."""
+"""Read a Hugging Face checkpoint folder: config, safetensors weights (single or sharded).
+
+The config is read with transformers' AutoConfig in the process that starts the engine; its child
+processes (tensor-parallel workers, the SSD draft) get it as plain values (`config_values`, carried by
+RunnerSpec) and build from those (`config_from_values`), so they never import transformers: ~1 s of
+each child's start.
+"""
+import json
 import os
 from glob import glob
+from types import SimpleNamespace
 from typing import Callable
 
 import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm.auto import tqdm
-from transformers import AutoConfig
 
 from ssd_engine.models import model_class_for
 from ssd_engine.utils.memory import release_freed_heap, safetensors_header
@@ -31,12 +38,26 @@ def check_model_dir(path: str, load_format: str = "auto") -> None:
 
 
 def load_config(path: str, load_format: str = "auto"):
+    from transformers import AutoConfig
     check_model_dir(path, load_format)
     config = AutoConfig.from_pretrained(path)
     if getattr(config, "use_sliding_window", False):
         raise ValueError(f"sliding-window attention (use_sliding_window=true in {path}) is not supported")
     model_class_for(config)  # unsupported architecture: ValueError now, not an AttributeError while sizing the KV cache
     return config
+
+
+def config_values(config) -> dict:
+    """A config read by `load_config` (or already plain) as JSON values: every attribute it holds."""
+    if isinstance(config, SimpleNamespace):
+        return dict(vars(config))
+    return json.loads(config.to_json_string(use_diff=False))
+
+
+def config_from_values(values: dict) -> SimpleNamespace:
+    """The config a child builds from: the attributes `config_values` listed, read as the model
+    code reads them (plain attributes; transformers' properties are not among them)."""
+    return SimpleNamespace(**values)
 
 
 def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device, tp=None,

@@ -7,8 +7,6 @@ feeds random token ids. A folder with tokenizer files, or `tokenizer=FOLDER`, gi
 """
 import os
 
-from transformers import AutoTokenizer
-
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -46,4 +44,6 @@ def load_tokenizer(model_path: str, tokenizer: str | None, load_format: str, voc
     source = tokenizer or model_path
     if tokenizer is None and load_format == "dummy" and not has_tokenizer_files(model_path):
         return TokenIdsOnly(model_path, vocab_size)
+    # imported here: a draft process without grammars never imports transformers
+    from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(source)

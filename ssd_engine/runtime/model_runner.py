@@ -31,7 +31,7 @@ from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, check_supported
 from ssd_engine.models import model_class_for
 from ssd_engine.models.default_models import cache_dir
 from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for, gguf_weight
-from ssd_engine.models.loader import build_model, load_config
+from ssd_engine.models.loader import build_model, config_from_values, config_values, load_config
 from ssd_engine.runtime.compiled_model import CompiledModel
 from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
@@ -50,10 +50,21 @@ class RunnerSpec:
     model: ModelConfig     # path resolved
     cache: CacheConfig     # num_kv_blocks resolved
     max_position: int      # positions the model must cover: max_model_len + K + 1 (drafting and verifying run past it)
+    # model.path's config already read, as plain values (models/loader.py): set for a spec another
+    # process builds from, which then never imports transformers; None: read from model.path
+    checkpoint_config: dict | None = None
 
     def with_model(self, **changes) -> "RunnerSpec":
-        """This runner spec with some ModelConfig fields changed (a draft's path, a rank's device)."""
-        return replace(self, model=replace(self.model, **changes))
+        """This runner spec with some ModelConfig fields changed (a draft's path, a rank's device);
+        a new path drops the config read from the old one."""
+        config = None if "path" in changes else self.checkpoint_config
+        return replace(self, model=replace(self.model, **changes), checkpoint_config=config)
+
+    def for_other_processes(self) -> "RunnerSpec":
+        """This spec with its checkpoint's config read here: what a child process is sent."""
+        if self.checkpoint_config is not None:
+            return self
+        return replace(self, checkpoint_config=config_values(load_config(self.model.path, self.model.load_format)))
 
     def build(self, tp: TPGroup | None = None, hf_config=None) -> "ModelRunner":
         """`hf_config`: replaces the checkpoint's (a few-layer copy of a model, to time it)."""
@@ -69,6 +80,8 @@ class ModelRunner:
             device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
         dtype = DTYPES[model.dtype]
         self.device, self.dtype, self.block_size = device, dtype, cache.block_size
+        if hf_config is None and runner_spec.checkpoint_config is not None:
+            hf_config = config_from_values(runner_spec.checkpoint_config)
         self.config = hf_config or load_config(model.path, model.load_format)
         self.tp = tp
         self.weight_layout = model.weight_layout

@@ -32,6 +32,9 @@ class TensorParallelRunner:
         self.error: TensorParallelError | None = None
         self.closed = False
         self.in_step = False
+        # every rank builds from the config read here: the workers never import transformers, and no
+        # rank reads it differently
+        runner_spec = runner_spec.for_other_processes()
         with self._guard("loading the model"):
             self.tp.send_command("init_runner", runner_spec)
             try:

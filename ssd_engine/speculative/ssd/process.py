@@ -9,7 +9,7 @@ for the largest reply a round can bring.
 """
 import os
 import subprocess
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch.distributed as dist
 
@@ -53,7 +53,8 @@ class DraftSpec:
     @classmethod
     def from_args(cls, args: dict) -> "DraftSpec":
         runner, speculative = args["runner"], args["speculative"]
-        runner_spec = RunnerSpec(ModelConfig(**runner["model"]), CacheConfig(**runner["cache"]), runner["max_position"])
+        runner_spec = RunnerSpec(ModelConfig(**runner["model"]), CacheConfig(**runner["cache"]), runner["max_position"],
+                                 runner["checkpoint_config"])
         speculative = SpeculativeConfig(**{**speculative, "ssd": SSDConfig(**speculative["ssd"])})
         return cls(**{**args, "runner": runner_spec, "speculative": speculative})
 
@@ -63,6 +64,7 @@ def spawn(draft_spec: DraftSpec, cores: list[int] | None, threads: int,
     """-> (process, store, the coordinator's view of the reply window); returns once the draft has
     loaded its model and waits on the channel."""
     store = supervise.host_store(2)
+    draft_spec = replace(draft_spec, runner=draft_spec.runner.for_other_processes())  # no transformers import there
     args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, draft_args=draft_spec.to_args())
     if not reply_window.supported():
         draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
