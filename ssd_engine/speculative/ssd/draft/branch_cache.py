@@ -19,7 +19,7 @@ class DecodedBranches:
     """One decode pass's branches: row r's outcome (k, t*), its K sampled tokens and the [K, vocab]
     rows they came from."""
     keys: list[tuple[int, int]]
-    tokens: list[list[int]]
+    tokens: torch.Tensor  # [rows, K] on the host; a row becomes a list when read (most rows never are)
     q: torch.Tensor | None  # [rows, K, vocab]; None: every branch greedy
 
 
@@ -55,7 +55,7 @@ class BranchCache(Mapping):
                 raise KeyError(key)
             branches, row = found
             q = None if self.greedy or branches.q is None else branches.q[row]
-            self._made[key] = Speculation(Source.HIT, branches.tokens[row], q)
+            self._made[key] = Speculation(Source.HIT, branches.tokens[row].tolist(), q)
         return self._made[key]
 
     def __iter__(self) -> Iterator[tuple[int, int]]:

@@ -175,7 +175,7 @@ class CacheBuilder:
             rows_q.append(q)
         if rows > self.step_rows:  # time the widest part: the one a budget is about
             self.step_seconds, self.step_rows = (time.perf_counter() - started) / k, rows
-        return DecodedBranches(list(zip(branch_k, branch_tok)), torch.stack(drawn, dim=1).tolist(),
+        return DecodedBranches(list(zip(branch_k, branch_tok)), torch.stack(drawn, dim=1).cpu(),
                                None if rows_q[0] is None else torch.stack(rows_q, dim=1))
 
     @staticmethod
