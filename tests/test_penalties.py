@@ -59,6 +59,26 @@ def test_a_request_without_them_keeps_its_logits_untouched():
     assert penalties.adjusted(logits, [seq], {2}, torch.tensor([[3, 4]])) is logits
 
 
+def test_a_batch_adjusts_each_row_as_it_would_alone():
+    """The batch is adjusted in one pass (neutral parameters as identities, one pass per distinct
+    repetition penalty): every row's bits are those of its sequence adjusted alone."""
+    mixed = [dict(), dict(repetition_penalty=1.4), dict(repetition_penalty=0.8, logit_bias={5: 2.0}),
+             dict(presence_penalty=0.7, frequency_penalty=-0.3), dict(min_tokens=5, stop_token_ids=[9]),
+             dict(STRONG, min_tokens=4, stop_token_ids=[9]), dict(logit_bias={7: -3})]
+    seqs = []
+    for i, params in enumerate(mixed):
+        seq = Sequence([1, 2, 3 + i], SamplingParams(max_tokens=10, **params), block_size=4)
+        seq.token_ids += [5, 6, 5][:i % 4]
+        seqs.append(seq)
+    rows = 3
+    logits = torch.randn(len(seqs) * rows, 40, generator=torch.Generator().manual_seed(1)) * 3
+    drafts = torch.randint(0, 40, (len(seqs), rows - 1), generator=torch.Generator().manual_seed(2))
+    batched = penalties.adjusted(logits, seqs, {2}, drafts)
+    alone = torch.cat([penalties.adjusted(logits[i * rows:(i + 1) * rows], [seq], {2}, drafts[i:i + 1])
+                       for i, seq in enumerate(seqs)])
+    assert torch.equal(batched, alone)
+
+
 # --------------------------------------------------------------------------- the law
 
 

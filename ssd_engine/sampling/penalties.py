@@ -15,6 +15,11 @@ whatever the draft sampled from, and rejection sampling corrects them (docs/sagu
   in the prompt or the output so far is divided by it where positive, multiplied where not.
 - frequency_penalty, presence_penalty (OpenAI's): minus the penalty times the token's count in the
   output so far, and minus the penalty once if it occurs there.
+
+The whole batch is adjusted at once, a fixed number of tensor ops whatever its size (the host lists
+its requests' token ids and parameters, one upload); a request whose parameter is neutral gets that
+operation's identity (x * 1, x / 1, x - 0: the same bits), so each row's values are what adjusting
+it alone gives.
 """
 from __future__ import annotations
 
@@ -24,59 +29,87 @@ import torch
 from torch import Tensor
 
 from ssd_engine.core.structures import Sequence
+from ssd_engine.utils.host_upload import upload
 
 
 def adjusted(logits: Tensor, seqs: Seq[Sequence], eos_token_ids: set[int], drafts: Tensor | None = None) -> Tensor:
     """logits [len(seqs) * rows, V]: row j of sequence i scores the position after seqs[i]'s tokens
     and drafts[i, :j] (drafts [len(seqs), rows - 1], None for one row a sequence). A new tensor
     where some request's parameters use the history, else `logits` itself."""
-    if not any(seq.params.uses_history for seq in seqs):
+    users = [i for i, seq in enumerate(seqs) if seq.params.uses_history]
+    if not users:
         return logits
     vocab = logits.shape[-1]
     rows = logits.shape[0] // len(seqs)
     out = logits.float().clone().view(len(seqs), rows, vocab)
-    for i, seq in enumerate(seqs):
-        params = seq.params
-        if not params.uses_history:
-            continue
-        drafted = drafts[i, :rows - 1] if drafts is not None and rows > 1 else None
-        out[i] = _adjust(out[i], seq, drafted, eos_token_ids)
+    every = len(users) == len(seqs)
+    [index] = upload([users], out.device) if not every else [None]
+    drafted = None
+    if drafts is not None and rows > 1:
+        drafted = drafts[:, :rows - 1] if every else drafts[index, :rows - 1]
+    part = _adjust(out if every else out[index], [seqs[i] for i in users], drafted, eos_token_ids)
+    if every:
+        return part.view(len(seqs) * rows, vocab)
+    out[index] = part
     return out.view(len(seqs) * rows, vocab)
 
 
-def _adjust(rows: Tensor, seq: Sequence, drafted: Tensor | None, eos_token_ids: set[int]) -> Tensor:
-    params, device = seq.params, rows.device
-    count, vocab = rows.shape
-    if params.min_tokens:
-        blocked = list(params.stop_token_ids) + ([] if params.ignore_eos else sorted(eos_token_ids))
-        early = [j for j in range(count) if seq.num_output_tokens + j < params.min_tokens]
-        if blocked and early:
-            ids = torch.tensor(blocked, device=device)
-            rows[torch.tensor(early, device=device)[:, None], ids[None, :]] = float("-inf")
-    if params.logit_bias:
-        ids = torch.tensor(list(params.logit_bias), device=device)
-        rows[:, ids] += torch.tensor(list(params.logit_bias.values()), device=device)
-    if params.repetition_penalty == 1 and not (params.frequency_penalty or params.presence_penalty):
+def _adjust(rows: Tensor, seqs: list[Sequence], drafted: Tensor | None, eos_token_ids: set[int]) -> Tensor:
+    """rows [n, count, V] of n sequences that all use their history, adjusted in place or anew."""
+    n, count, vocab = rows.shape
+    flat = rows.view(n * count, vocab)
+    blocked_rows, blocked_ids, bias_rows, bias_ids, bias_values = [], [], [], [], []
+    for i, seq in enumerate(seqs):
+        params = seq.params
+        if params.min_tokens:
+            blocked = list(params.stop_token_ids) + ([] if params.ignore_eos else sorted(eos_token_ids))
+            for j in range(min(count, max(params.min_tokens - seq.num_output_tokens, 0))):
+                blocked_rows += [i * count + j] * len(blocked)
+                blocked_ids += blocked
+        for token, value in params.logit_bias.items():
+            bias_rows += range(i * count, (i + 1) * count)
+            bias_ids += [token] * count
+            bias_values += [float(value)] * count
+    if blocked_rows:
+        at_rows, at_ids = upload([blocked_rows, blocked_ids], rows.device)
+        flat[at_rows, at_ids] = float("-inf")
+    if bias_rows:
+        at_rows, at_ids = upload([bias_rows, bias_ids], rows.device)
+        [values] = upload([bias_values], rows.device, torch.float32)
+        flat[at_rows, at_ids] += values  # one (row, id) pair per entry: each logit gets its bias once
+    penalised = [seq.params for seq in seqs]
+    if all(p.repetition_penalty == 1 and not (p.frequency_penalty or p.presence_penalty) for p in penalised):
         return rows
-    counts = _output_counts(seq, drafted, count, vocab, device)
-    if params.repetition_penalty != 1:
+    counts = _output_counts(seqs, drafted, count, vocab, rows.device)
+    penalties = sorted({p.repetition_penalty for p in penalised} - {1})
+    if penalties:
         seen = counts > 0
-        seen[:, torch.tensor(seq.token_ids[:seq.num_prompt_tokens], dtype=torch.long, device=device)] = True
-        penalty = params.repetition_penalty
-        rows = torch.where(seen, torch.where(rows > 0, rows / penalty, rows * penalty), rows)
-    if params.frequency_penalty or params.presence_penalty:
-        rows = rows - params.frequency_penalty * counts - params.presence_penalty * (counts > 0).float()
+        prompt_rows, prompt_ids = upload([[i for i, seq in enumerate(seqs) for _ in range(seq.num_prompt_tokens)],
+                                          [t for seq in seqs for t in seq.token_ids[:seq.num_prompt_tokens]]], rows.device)
+        seen[prompt_rows, :, prompt_ids] = True
+        # one pass per distinct penalty, with the penalty as a Python number: a GPU divides by a
+        # scalar as the reference (transformers' processor) does, which need not be a tensor's division
+        for penalty in penalties:
+            [chosen] = upload([[p.repetition_penalty == penalty for p in penalised]], rows.device, torch.int32)
+            hit = seen & chosen.view(n, 1, 1).bool()
+            rows = torch.where(hit, torch.where(rows > 0, rows / penalty, rows * penalty), rows)
+    if any(p.frequency_penalty or p.presence_penalty for p in penalised):
+        frequency, presence = (t.view(n, 1, 1) for t in upload(
+            [[p.frequency_penalty for p in penalised], [p.presence_penalty for p in penalised]], rows.device, torch.float32))
+        rows = rows - frequency * counts - presence * (counts > 0).float()
     return rows
 
 
-def _output_counts(seq: Sequence, drafted: Tensor | None, count: int, vocab: int, device) -> Tensor:
-    """[count, vocab] float32: how often each token occurs in the output before each row."""
-    base = torch.zeros(vocab, device=device)
-    outputs = seq.output_token_ids
+def _output_counts(seqs: list[Sequence], drafted: Tensor | None, count: int, vocab: int, device) -> Tensor:
+    """[n, count, vocab] float32: how often each token occurs in each sequence's output before each row."""
+    n = len(seqs)
+    base = torch.zeros(n * vocab, device=device)
+    outputs = [i * vocab + t for i, seq in enumerate(seqs) for t in seq.output_token_ids]
     if outputs:
-        base.index_add_(0, torch.tensor(outputs, dtype=torch.long, device=device), torch.ones(len(outputs), device=device))
-    counts = base.expand(count, vocab).clone()
+        [at] = upload([outputs], device)
+        base.index_add_(0, at, torch.ones(len(outputs), device=device))
+    counts = base.view(n, 1, vocab).expand(n, count, vocab).clone()
     if drafted is not None and count > 1:
-        one_hot = torch.zeros(count - 1, vocab, device=device).scatter_(1, drafted[:count - 1, None].long(), 1.0)
-        counts[1:] += one_hot.cumsum(dim=0)
+        one_hot = torch.zeros(n, count - 1, vocab, device=device).scatter_(2, drafted[:, :count - 1, None].long(), 1.0)
+        counts[:, 1:] += one_hot.cumsum(dim=1)
     return counts
