@@ -1,9 +1,11 @@
 """`serve --data-parallel-size N`: engine replicas behind one OpenAI endpoint on Ray Serve
 (ssd_engine/server/replicas.py). Two tiny replicas on localhost, one core each, answer concurrent
-streamed and plain requests with one engine's greedy texts; Ctrl-C stops them and the Ray cluster
+streamed and plain requests with one engine's greedy texts, also when one of them is killed while
+requests run on it (server/relay.py retries them on the other); Ctrl-C stops them and the Ray cluster
 the server started, leaving no process behind. Without ray, N > 1 is one line naming the extra."""
 import concurrent.futures
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ from ssd_engine.server.replicas import replica_core_sets, serve_replicas
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = [f"hello {i}" for i in range(6)]
+LONG_PROMPTS, LONG_TOKENS = [f"tell me {i}" for i in range(8)], 300  # about a second on two tiny replicas
 
 
 def test_replicas_split_the_cores_and_need_one_each():
@@ -46,6 +49,16 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
+def _replica_pid(proc: subprocess.Popen, said: list[str], deadline: float) -> int:
+    """A replica's process id, from the line its engine prints through Ray's log ("(... pid=N) [replica r]")."""
+    while True:
+        for line in said:
+            if (found := re.search(r"pid=(\d+)\).*\[replica \d+\]", line)):
+                return int(found.group(1))
+        assert time.monotonic() < deadline and proc.poll() is None, "".join(said[-30:])
+        said.append(proc.stderr.readline())
+
+
 def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
     if not os.environ.get("CI"):  # CI installs the test extra, ray with it: its absence fails there
         pytest.importorskip("ray.serve", reason="the ray extra: pip install -e '.[ray]'")
@@ -53,8 +66,10 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         pytest.skip("two replicas need a core each")
     openai = pytest.importorskip("openai")
     greedy = SamplingParams(temperature=0, max_tokens=8)
+    long = SamplingParams(temperature=0, max_tokens=LONG_TOKENS, ignore_eos=True)
     with LLM(tiny_qwen2, num_threads=1) as llm:  # as each replica runs: one core, one thread
         expected = [o.text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+        expected_long = [o.text for o in llm.generate(LONG_PROMPTS, long, use_tqdm=False)]
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", tiny_qwen2, "--port", str(port),
                              "--served-model-name", "tiny", "--data-parallel-size", "2", "--cpu-cores", "0;1"],
@@ -81,6 +96,20 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
             assert list(pool.map(plain, PROMPTS)) == expected
             assert list(pool.map(streamed, PROMPTS)) == expected
         assert {m.id for m in client.models.list().data} == {"tiny"}
+
+        # a replica killed while requests run on it: the ones it had not begun to answer are retried
+        # on the other (where the kill lands before any reached it, they simply run there)
+        victim = _replica_pid(proc, said, deadline)
+
+        def long_plain(prompt: str) -> str:
+            return client.completions.create(model="tiny", prompt=prompt, max_tokens=LONG_TOKENS, temperature=0,
+                                             extra_body={"ignore_eos": True}).choices[0].text
+
+        with concurrent.futures.ThreadPoolExecutor(len(LONG_PROMPTS)) as pool:
+            answers = [pool.submit(long_plain, prompt) for prompt in LONG_PROMPTS]
+            time.sleep(0.5)
+            os.kill(victim, signal.SIGKILL)
+            assert [answer.result() for answer in answers] == expected_long
         started |= _descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 0

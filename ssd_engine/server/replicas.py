@@ -1,13 +1,17 @@
 """`serve --data-parallel-size N`: N engine replicas behind one OpenAI endpoint, on Ray Serve.
 
 Each replica is a Ray Serve replica (its own process) that builds its own engine on its own core
-set and serves the same FastAPI app one engine serves (server/openai_api.py): every route,
-streaming, `n`, structured outputs and API keys behave as with one engine. Ray Serve's proxy owns
-the HTTP port and routes each request to a replica with a short queue, queues past every replica's
-`max_ongoing_requests` (the engine's `max_num_seqs`) up to `--max-pending`, answers 503 beyond, and
-restarts a replica whose process dies. Core sets: the N-way split of the cores this process may
-use (or `--cpu-cores` with one set per replica), replica r on set r (its Ray Serve rank); with
-`--ray-address` the replicas go where the cluster places them, each on the cores its node gives it.
+set and runs the same FastAPI app one engine serves (server/openai_api.py): every route, streaming,
+`n`, structured outputs and API keys behave as with one engine. In front of them one light ingress
+deployment owns nothing but the relay (server/relay.py): Ray Serve's proxy owns the HTTP port and
+hands each request to the ingress, which sends it through a deployment handle to a replica with a
+short queue and carries the response back in pieces. A replica that dies before a request's first
+body bytes (a killed process, an out-of-memory kill) costs that request a retry on another replica,
+not an error; Ray Serve restarts the replica. Requests queue past every replica's
+`max_ongoing_requests` (the engine's `max_num_seqs`) up to `--max-pending`, 503 beyond. Core sets:
+the N-way split of the cores this process may use (or `--cpu-cores` with one set per replica),
+replica r on set r (its Ray Serve rank); with `--ray-address` the replicas go where the cluster
+places them, each on the cores its node gives it.
 
 Nothing here imports ray until N > 1 asks for it: one engine never needs it.
 """
@@ -17,6 +21,7 @@ from collections.abc import Callable
 
 from ssd_engine.core.config import EngineConfig, format_core_sets, parse_core_sets
 from ssd_engine.distributed.placement import available_cores, split_evenly
+from ssd_engine.server.relay import HttpRequest, relay, run_app
 
 RAY_INSTALL = 'pip install -e ".[ray]"'
 APP_NAME = "ssd_engine"
@@ -31,24 +36,51 @@ class EngineReplica:
         from ray import serve
 
         from ssd_engine.server.async_engine import AsyncEngine
+        from ssd_engine.server.openai_api import build_app
 
         rank = serve.get_replica_context().rank.rank
         if core_sets is not None:
             options = {**options, "cpu_cores": format_core_sets([core_sets[rank % len(core_sets)]])}
         self.async_engine = AsyncEngine.build(lambda: make_llm(**options), max_pending=max_pending)
-        self.app_options = (served_name, api_keys, metrics_require_key)
+        self.app = build_app(self.async_engine, served_name, api_keys=api_keys, metrics_require_key=metrics_require_key)
         print(f"[replica {rank}] {describe(self.async_engine.llm)}", file=sys.stderr, flush=True)
 
-    def __serve_build_asgi_app__(self):
-        from ssd_engine.server.openai_api import build_app
-        served_name, api_keys, metrics_require_key = self.app_options
-        return build_app(self.async_engine, served_name, api_keys=api_keys, metrics_require_key=metrics_require_key)
+    async def forward(self, request: HttpRequest):
+        """The app's response to `request`: its head, then its body in the pieces the app sends."""
+        async for piece in run_app(self.app, request):
+            yield piece
 
     def __del__(self) -> None:
         async_engine = getattr(self, "async_engine", None)
         if async_engine is not None:
             async_engine.close()
             async_engine.llm.close()
+
+
+class Ingress:
+    """The endpoint's one deployment before the replicas: every request relayed to one of them."""
+
+    def __init__(self, engines) -> None:
+        self.engines = engines  # the replicas' deployment handle
+
+    async def __call__(self, request):
+        from ray.exceptions import RayActorError
+        from ray.serve.exceptions import BackPressureError
+        from starlette.responses import StreamingResponse
+
+        from ssd_engine.server.openai_api import error
+
+        http = HttpRequest(request.method, request.url.path, request.url.query.encode(), list(request.headers.raw),
+                           await request.body())
+        try:
+            head, body = await relay(lambda: self.engines.options(stream=True).forward.remote(http),
+                                     lambda failure: isinstance(failure, RayActorError))
+        except BackPressureError:
+            return error(503, "every replica is busy and the queue is full (--max-pending)", kind="server_overloaded",
+                         code="overloaded")
+        response = StreamingResponse(body, status_code=head.status)
+        response.raw_headers = head.headers  # the replica's, content-length and content-type included
+        return response
 
 
 def replica_core_sets(replicas: int, cpu_cores: str | None = None) -> list[list[int]]:
@@ -87,12 +119,14 @@ def serve_replicas(replicas: int, make_llm: Callable[..., object], describe: Cal
     try:
         serve.start(http_options={"host": host, "port": port})
         per_replica = len(core_sets[0]) if core_sets else 1
-        deployment = serve.deployment(
-            serve.ingress()(EngineReplica), name="engine", num_replicas=replicas,
-            max_ongoing_requests=max_num_seqs, max_queued_requests=max_pending,
-            ray_actor_options={"num_cpus": per_replica})
-        serve.run(deployment.bind(make_llm, describe, options, core_sets, served_name, api_keys, metrics_require_key,
-                                  max_pending),
+        engines = serve.deployment(
+            EngineReplica, name="engine", num_replicas=replicas, max_ongoing_requests=max_num_seqs,
+            max_queued_requests=max_pending, ray_actor_options={"num_cpus": per_replica})
+        # the ingress holds every request the replicas run or queue; it computes nothing (no CPU of its own)
+        ingress = serve.deployment(Ingress, name="ingress", max_ongoing_requests=replicas * max_num_seqs + max_pending,
+                                   ray_actor_options={"num_cpus": 0})
+        serve.run(ingress.bind(engines.bind(make_llm, describe, options, core_sets, served_name, api_keys,
+                                            metrics_require_key, max_pending)),
                   name=APP_NAME, route_prefix="/", blocking=False)
         print(f"[serve] {replicas} replicas on Ray Serve at http://{host}:{port}"
               + (f" (cores {format_core_sets(core_sets)})" if core_sets else f" (cluster {ray_address})"),
