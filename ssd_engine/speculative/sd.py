@@ -67,17 +67,21 @@ class SyncDraft(PagedDraft[DraftView]):
             self.drop(view)
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
-        """Catch the draft up with every scheduled sequence's target progress; then draft K
-        tokens for each decoding one (in batch order). A sequence whose draft blocks cannot be
+        """Catch the draft up with every scheduled sequence: a decoding one to its last token, a
+        prefilling one to what the target had computed before this step; then draft K tokens for
+        each decoding one (in batch order). A sequence whose draft blocks cannot be
         reserved (paged_draft.py) gets no drafts this round (num_draft = 0, i.e. one plain target
         step)."""
         extend, ends, drafting = [], [], []
         dec_views = []
-        for seq, n, dec in zip(batch.seqs, batch.num_new_tokens, decoding):
+        for seq, dec in zip(batch.seqs, decoding):
             view = self.view(seq)
             if dec:
                 dec_views.append(view)
-            end = len(seq) if dec else seq.num_computed_tokens + n
+            # a prompt is read one chunk behind the target: its first token never waits for the
+            # draft, and no step holds more than one chunk of draft work (the rest is caught up
+            # with the first decode round)
+            end = len(seq) if dec else seq.num_computed_tokens
             if view.num_computed_tokens > end:  # target was preempted and recomputes: so must we
                 self.drop(view)
             if not self.reserve(view, end + (self.k - 1 if dec else 0)):
