@@ -8,7 +8,7 @@ import difflib
 from dataclasses import dataclass, fields
 
 from ssd_engine.core.config_parts import Config, build_config
-from ssd_engine.core.options import option
+from ssd_engine.core.options import choices_of, option
 
 SPECULATIVE_MODES = ("auto", "ar", "sd", "ssd")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -178,27 +178,17 @@ class EngineConfig:
         if self.speculative_mode is None:  # the default pair, or a user-given draft, means auto
             drafted = self.model is None or self.draft_model is not None
             object.__setattr__(self, "speculative_mode", "auto" if drafted else "ar")
-        _check(self.speculative_mode in SPECULATIVE_MODES,
-               f"speculative_mode must be one of {SPECULATIVE_MODES}, got {self.speculative_mode!r}")
-        _check(self.cpu_weight_layout in WEIGHT_LAYOUTS,
-               f"cpu_weight_layout must be one of {WEIGHT_LAYOUTS}, got {self.cpu_weight_layout!r}")
-        _check(self.dtype in DTYPES, f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        for f in fields(self):  # every closed set of values, as each option declares it
+            value, choices = getattr(self, f.name), choices_of(f)
+            _check(choices is None or value in choices, f"{f.name} must be one of {choices}, got {value!r}")
         _check(self.device == "cpu" or self.device.startswith("cuda"),
                f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "float32" if self.device == "cpu" else "bfloat16")
-        _check(self.compile_model in COMPILE_MODES,
-               f"compile_model must be one of {COMPILE_MODES}, got {self.compile_model!r}")
         _check(not (self.compile_model == "on" and self.tensor_parallel_size > 1),
                "compile_model='on' needs tensor_parallel_size=1: tensor parallelism's all-reduces are not compiled")
-        _check(self.fused_kernels in FUSED_KERNEL_MODES,
-               f"fused_kernels must be one of {FUSED_KERNEL_MODES}, got {self.fused_kernels!r}")
         _check(not (self.fused_kernels == "on" and self.compiled),
                "fused_kernels='on' and compile_model='on' are two ways to fuse a layer's ops: choose one")
-        _check(self.ssd_draft_host in SSD_DRAFT_HOSTS,
-               f"ssd_draft_host must be one of {SSD_DRAFT_HOSTS}, got {self.ssd_draft_host!r}")
-        _check(self.attention_backend in ATTENTION_BACKENDS,
-               f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",
                      "tensor_parallel_size", "cuda_graph_max_batch"):
             value = getattr(self, name)
@@ -212,15 +202,10 @@ class EngineConfig:
             value = getattr(self, name)
             _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
                    f"{name} must be > 0, got {value!r}")
-        _check(self.draft_dtype in DRAFT_DTYPES, f"draft_dtype must be one of {DRAFT_DTYPES}, got {self.draft_dtype!r}")
         _check(self.device == "cpu" or self.draft_dtype not in ("int8", "int4", "q4k"),
                f"draft_dtype={self.draft_dtype} is CPU-only; on {self.device} use auto, bf16 or fp32")
-        _check(self.target_dtype in TARGET_DTYPES,
-               f"target_dtype must be one of {TARGET_DTYPES}, got {self.target_dtype!r}")
         _check(self.device == "cpu" or self.target_dtype not in ("gguf", "gguf-int8", "int8", "int4"),
                f"target_dtype={self.target_dtype} is CPU-only; on {self.device} use fp32 or bf16")
-        _check(self.ssd_fallback in SSD_FALLBACKS,
-               f"ssd_fallback must be one of {SSD_FALLBACKS}, got {self.ssd_fallback!r}")
         self.fanout()  # validates
         _check(self.ssd_budget is None or (_is_int(self.ssd_budget) and self.ssd_budget >= 0),
                f"ssd_budget must be an integer >= 0, got {self.ssd_budget!r}")
@@ -230,8 +215,6 @@ class EngineConfig:
                f"ssd_critical_batch must be a number >= 0, got {self.ssd_critical_batch!r}")
         _check(isinstance(self.saguaro_c, (int, float)) and not isinstance(self.saguaro_c, bool)
                and 0 <= self.saguaro_c <= 1, f"saguaro_c must be in [0, 1], got {self.saguaro_c!r}")
-        _check(self.load_format in LOAD_FORMATS,
-               f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
         for name in ("synthetic_acceptance", "synthetic_hit"):
             value = getattr(self, name)
             _check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
