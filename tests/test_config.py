@@ -123,7 +123,8 @@ def test_generate_parser_has_engine_and_sampling_flags():
 STRING_VALUES = {"speculative_mode": "ssd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed",
                  "cpu_cores": "0-1;2", "ssd_fanout": "2", "ssd_fallback": "fast",
                  "attention_backend": "torch", "draft_dtype": "bf16", "target_dtype": "bf16", "load_format": "dummy",
-                 "compile_model": "off", "fused_kernels": "off", "ssd_draft_host": "thread"}
+                 "compile_model": "off", "fused_kernels": "off", "ssd_draft_host": "thread",
+                 "speculation_per_step": "goodput"}
 PROBABILITIES = ("synthetic_acceptance", "synthetic_hit")  # unset by default; valid in [0, 1]
 
 

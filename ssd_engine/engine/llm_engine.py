@@ -18,11 +18,11 @@ from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.core.structures import Outcome, ScheduledBatch, Sequence, SequenceStatus
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
+from ssd_engine.engine.execution import describe_execution
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.request_checks import check_request
 from ssd_engine.engine.scheduler import Scheduler
-from ssd_engine.layers.attention_backends import backend_name
-from ssd_engine.layers.weight_formats import describe_target_format
+from ssd_engine.engine.step_choice import StepChoice
 from ssd_engine.models.loader import load_config
 from ssd_engine.models.tokenizer_source import load_tokenizer
 from ssd_engine.planning.plan import plan
@@ -41,6 +41,7 @@ log = logging.getLogger("ssd_engine")
 class LLMEngine:
     def __init__(self, options: EngineConfig) -> None:
         self._pinned, self.runner, self.speculator, self.draft_format = None, None, None, None  # built below
+        self.step_choice: StepChoice | None = None  # SD's K chosen every step (engine/step_choice.py)
         try:
             self.plan = plan(options)
             self.parts = self.plan.parts
@@ -86,6 +87,7 @@ class LLMEngine:
         if parts.speculative.mode == "sd":
             self.speculator, self.draft_format = build_sync_draft(side, target)
             self.scheduler.tell_on_release(self.speculator)
+            self.step_choice = StepChoice(parts.speculative.k) if parts.speculative.per_step == "goodput" else None
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             threads = parts.model.num_threads or (len(cores) if cores else torch.get_num_threads())
@@ -203,6 +205,8 @@ class LLMEngine:
     def speculation_metrics(self) -> dict:
         """Acceptance counters (vLLM's definitions), plus the speculator's summary (SSD: cache hits...)."""
         summary = self.spec_metrics.total.summary()
+        if self.step_choice is not None:
+            summary.update(self.step_choice.summary())
         return {**summary, **self.speculator.summary()} if self.speculator is not None else summary
 
     def reset_speculation_metrics(self) -> None:
@@ -229,18 +233,24 @@ class LLMEngine:
         """One round: schedule -> propose -> forward -> sample or verify -> postprocess.
 
         Returns the sequences that finished in it."""
-        batch = self.scheduler.schedule(self.k)
+        started = time.perf_counter()
+        k = self.step_choice.choose(self.scheduler.running) if self.step_choice else self.k
+        batch = self.scheduler.schedule(k)
         if not batch.seqs:
             if self.scheduler.has_unfinished():
                 raise RuntimeError("scheduler made no progress")  # admission checks should make this impossible
             return []
-        decoding = batch.decoding(self.k)
-        proposal = self.speculator.propose(batch, decoding) if self.speculator else None
+        decoding = batch.decoding(k)
+        proposal = self.speculator.propose(batch, decoding) if self.speculator and k else None
         speculated = [dec and proposal is not None for dec in decoding]
         feed, logit_rows, drafts = batch.feed(speculated, proposal)
         logits = self.runner.forward(batch, logit_rows, token_ids=feed, on_device=drafts)
         results = self.verifier.sample_or_verify(batch.seqs, logit_rows, logits, speculated, proposal)
-        return self._postprocess(batch, speculated, results)
+        finished = self._postprocess(batch, speculated, results)
+        if self.step_choice and all(decoding):  # a step with a prefill chunk says nothing of decode rates
+            emitted = sum(len(result.tokens) for result in results)
+            self.step_choice.record(k, len(decoding), emitted, time.perf_counter() - started)
+        return finished
 
     def _postprocess(self, batch: ScheduledBatch, speculated: list[bool], results: list[StepResult]) -> list[Sequence]:
         finished = []
@@ -269,20 +279,8 @@ class LLMEngine:
         self.scheduler.finish(seq)
 
     def execution(self) -> dict:
-        """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets, whether
-        its forward is compiled (and the start-up seconds that took), its weight format (target_dtype)."""
-        runner = self.runner.local  # rank 0's own ModelRunner under tensor parallelism
-        graphs = runner.graphs
-        described = {"device": str(self.device), "dtype": self.parts.model.dtype,
-                     "attention": backend_name(runner.attention_backend, runner.device),
-                     "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
-                     "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
-                     "fused_kernels": "on" if runner.layer_ops is not None else "off"}
-        described["target_dtype"] = describe_target_format(runner.weight_format, self.parts.model.weight_format)
-        described["mode"] = self.plan.describe_mode()
-        if self.draft_format is not None:
-            described["draft_format"] = self.draft_format.describe()
-        return described
+        """How this engine runs its target (engine/execution.py)."""
+        return describe_execution(self)
 
     def close(self) -> None:
         """Stop the draft process and tensor-parallel workers (if any); the engine is unusable afterwards."""

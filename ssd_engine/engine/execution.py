@@ -1,0 +1,22 @@
+"""What the `[engine]` line says of how an engine runs its target."""
+from ssd_engine.layers.attention_backends import backend_name
+from ssd_engine.layers.weight_formats import describe_target_format
+
+
+def describe_execution(engine) -> dict:
+    """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets, whether
+    its forward is compiled (and the start-up seconds that took), its weight format (target_dtype)."""
+    runner = engine.runner.local  # rank 0's own ModelRunner under tensor parallelism
+    graphs = runner.graphs
+    described = {"device": str(engine.device), "dtype": engine.parts.model.dtype,
+                 "attention": backend_name(runner.attention_backend, runner.device),
+                 "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
+                 "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
+                 "fused_kernels": "on" if runner.layer_ops is not None else "off"}
+    described["target_dtype"] = describe_target_format(runner.weight_format, engine.parts.model.weight_format)
+    described["mode"] = engine.plan.describe_mode()
+    if engine.step_choice is not None:
+        described["mode"] += " (K or 0 each step, by measured tokens/s)"
+    if engine.draft_format is not None:
+        described["draft_format"] = engine.draft_format.describe()
+    return described

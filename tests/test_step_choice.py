@@ -1,0 +1,122 @@
+"""SD's K chosen every step (`speculation_per_step="goodput"`, ssd_engine/engine/step_choice.py).
+
+- The rule: both arms tried at a batch size, then the faster; the other re-tried every EXPLORE_EVERY
+  steps; a batch holding a seeded request runs K.
+- Exactness across switches: with the choice forced to a random K or 0 every step, greedy SD gives
+  AR's tokens, and at T = 1 with every penalty (history-dependent rows) SD's (t1, t2, t3) follow the
+  target's law (pair, law and statistics of test_penalties.py; requests in waves, so each wave's steps
+  switch in their own pattern).
+- Negative control: a broken switch, whose first speculated step after a plain one reports q rows
+  that are not the ones its drafts were drawn from (uniform), is rejected.
+"""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+import torch
+from exact_law import law_table
+from small_pair import DIST_PROMPT, engine_options
+from stats_helpers import check_law, fit
+
+from ssd_engine import LLM, SamplingParams
+from ssd_engine.core.structures import Sequence
+from ssd_engine.engine import step_choice
+from ssd_engine.engine.step_choice import StepChoice
+from ssd_engine.speculative.sd import SyncDraft
+
+STRONG = dict(temperature=1.0, repetition_penalty=1.6, presence_penalty=1.2, frequency_penalty=0.8,
+              logit_bias={4: 1.5, 8: -1.0})
+ALPHA, DESIGN_POWER, TV = 1e-3, 0.8, 0.03
+K, N, WAVE = 2, 15_000, 1_500
+
+
+def _seqs(n: int, seeded: bool = False) -> list[Sequence]:
+    return [Sequence([1, 2], SamplingParams(seed=7 if seeded else None), 4) for _ in range(n)]
+
+
+def test_both_arms_are_tried_then_the_faster_runs_and_the_other_is_retried():
+    choice = StepChoice(k=3)
+    batch = _seqs(5)
+    first = choice.choose(batch)
+    choice.record(first, 5, 10, 1.0)
+    second = choice.choose(batch)
+    assert {first, second} == {3, 0}
+    choice.record(second, 5, 20 if second == 0 else 5, 1.0)  # plain decoding emits more per second here
+    runs = [choice.choose(batch) for _ in range(step_choice.EXPLORE_EVERY)]
+    assert runs[:-1] == [0] * (step_choice.EXPLORE_EVERY - 1) and runs[-1] == 3  # K re-tried once
+    assert choice.choose(_seqs(5) + _seqs(1, seeded=True)) == 3  # a seeded request's batch runs K
+    assert choice.choose(_seqs(40)) == 3  # a batch size of its own starts by trying K
+
+
+@pytest.fixture
+def random_switches(monkeypatch):
+    """Every step's K drawn at random (seeded), whatever the batch; the draws made, in order."""
+    rng, drawn = random.Random(5), []
+
+    def choose(self, running):
+        drawn.append(rng.choice((self.k, 0)))
+        return drawn[-1]
+    monkeypatch.setattr(StepChoice, "_choose", choose)
+    return drawn
+
+
+def test_greedy_sd_switching_at_random_steps_gives_ars_tokens(tiny_model_dir, random_switches):
+    target, draft = tiny_model_dir("qwen2"), tiny_model_dir("qwen2", seed=1)
+    prompts = [list(range(5, 12)), list(range(40, 75)), [7, 8, 9]]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3)
+    with LLM(target, num_threads=1) as llm:
+        expected = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+    with LLM(target, draft_model=draft, speculative_mode="sd", num_speculative_tokens=3, num_threads=1,
+             speculation_per_step="goodput") as llm:
+        assert [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == expected
+        steps = llm.engine.speculation_metrics()["steps_by_k"]
+    assert steps.get(0, 0) > 0 and steps.get(3, 0) > 0 and set(random_switches) == {0, 3}
+
+
+def _sample_in_waves(small_pair) -> tuple[Counter, dict]:
+    target, draft = small_pair
+    params = SamplingParams(max_tokens=3, ignore_eos=True, **STRONG)
+    options = engine_options(seed=41, draft_model=draft, speculative_mode="sd", num_speculative_tokens=K,
+                             speculation_per_step="goodput")
+    outputs = []
+    with LLM(target, **options) as llm:
+        engine = llm.engine
+        for _ in range(N // WAVE):
+            seqs = [engine.add_request(DIST_PROMPT, params) for _ in range(WAVE)]
+            while engine.has_unfinished():
+                engine.step()
+            outputs += [tuple(s.output_token_ids) for s in seqs]
+        return Counter(outputs), llm.speculation_metrics()
+
+
+@pytest.fixture(scope="module")
+def penalised_law(small_pair):
+    return law_table(small_pair[0], DIST_PROMPT, STRONG)
+
+
+def test_sd_switching_at_random_steps_follows_the_penalised_law(small_pair, penalised_law, random_switches):
+    sample, metrics = _sample_in_waves(small_pair)
+    assert set(metrics["steps_by_k"]) == {0, K}
+    check_law("SD, K or 0 at random steps", sample, penalised_law(3), metrics, TV, ALPHA, DESIGN_POWER,
+              acceptance=(0.1, 0.95))
+
+
+def test_negative_control_a_switch_reporting_other_q_rows_is_rejected(small_pair, penalised_law, random_switches,
+                                                                       monkeypatch):
+    real = SyncDraft.propose
+
+    def propose(self, batch, decoding):
+        proposal = real(self, batch, decoding)
+        after_plain = len(random_switches) >= 2 and random_switches[-2] == 0
+        if proposal is not None and proposal.probs is not None and after_plain:
+            uniform = torch.full_like(proposal.probs, 0.0)
+            uniform[..., :self.proposable_vocab] = 1.0 / self.proposable_vocab
+            proposal = type(proposal)(proposal.tokens, uniform, proposal.num_draft)
+        return proposal
+    monkeypatch.setattr(SyncDraft, "propose", propose)
+    sample, _ = _sample_in_waves(small_pair)
+    stat, dof, p, _ = fit(sample, penalised_law(3))
+    print(f"\nNEGATIVE CONTROL [q rows not the drafts' after a switch]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
+    assert p < ALPHA
