@@ -1,7 +1,7 @@
 """SD's K chosen every step (`speculation_per_step="goodput"`, ssd_engine/engine/step_choice.py).
 
-- The rule: both arms tried at a batch size, then the faster; the other re-tried every EXPLORE_EVERY
-  steps; a batch holding a seeded request runs K.
+- The rule: both arms tried, then the faster; the other re-tried every EXPLORE_EVERY steps of a batch
+  size; a new batch size reads the nearest one's rates; a batch holding a seeded request runs K.
 - Exactness across switches: with the choice forced to a random K or 0 every step, greedy SD gives
   AR's tokens, and at T = 1 with every penalty (history-dependent rows) SD's (t1, t2, t3) follow the
   target's law (pair, law and statistics of test_penalties.py; requests in waves, so each wave's steps
@@ -44,10 +44,11 @@ def test_both_arms_are_tried_then_the_faster_runs_and_the_other_is_retried():
     second = choice.choose(batch)
     assert {first, second} == {3, 0}
     choice.record(second, 5, 20 if second == 0 else 5, 1.0)  # plain decoding emits more per second here
-    runs = [choice.choose(batch) for _ in range(step_choice.EXPLORE_EVERY)]
-    assert runs[:-1] == [0] * (step_choice.EXPLORE_EVERY - 1) and runs[-1] == 3  # K re-tried once
+    every = step_choice.EXPLORE_EVERY["speculate"]
+    runs = [choice.choose(batch) for _ in range(every)]
+    assert runs[:-1] == [0] * (every - 1) and runs[-1] == 3  # K re-tried once
     assert choice.choose(_seqs(5) + _seqs(1, seeded=True)) == 3  # a seeded request's batch runs K
-    assert choice.choose(_seqs(40)) == 3  # a batch size of its own starts by trying K
+    assert choice.choose(_seqs(40)) == 0  # a new batch size reads the nearest one's rates
 
 
 @pytest.fixture

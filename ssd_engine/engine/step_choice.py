@@ -5,8 +5,12 @@ and can lose at a large one, where the target's step grows with its rows and rej
 paid for. Which side of that line a batch is on depends on the machine, the pair and the prompts'
 acceptance, so it is measured here, on the engine's own steps: per batch size (in powers of two),
 the emitted tokens per second of the steps that ran K and of those that ran plain decoding, each a
-running average. A step runs the arm with the higher rate; an arm not run for EXPLORE_EVERY steps
-of its batch size (or never) is run once, so the estimates follow the load and the acceptance.
+running average. A step runs the arm with the higher rate at its batch size, or, until both arms
+have run there, at the nearest batch size where both have (a draining batch passes through every
+smaller size: trying both arms at once at each costs more than it tells). An arm never run anywhere
+is run at once; one never run at this batch size is tried after FIRST_LOOK steps there, and one not
+run there for EXPLORE_EVERY steps (more for K, whose try costs the draft's catch-up) once more, so
+the estimates follow the load and the acceptance.
 
 Exactness is the verifier's: a plain step samples the target's law, a speculated one verifies, and
 the draft catches up with whatever tokens it missed (speculative/sd.py). Seeded requests promise the
@@ -18,7 +22,10 @@ from dataclasses import dataclass
 
 from ssd_engine.core.structures import Sequence
 
-EXPLORE_EVERY = 64  # steps of one batch size between tries of the arm not chosen
+# steps of one batch size between tries of the arm not chosen: plain decoding is cheap to try, K
+# after a run of plain steps is not (the draft first catches up over every token it missed)
+EXPLORE_EVERY = {"plain": 64, "speculate": 256}
+FIRST_LOOK = 4      # steps at a batch size before an arm never run at it is tried there
 WEIGHT = 0.25       # of the newest step in an arm's running average
 
 
@@ -46,11 +53,25 @@ class StepChoice:
         if not running or any(seq.params.seed is not None for seq in running):
             return self.k
         bucket = len(running).bit_length()
-        arms = [(k, self.arms.setdefault((bucket, k), Arm())) for k in (self.k, 0)]
-        for k, arm in arms:
-            if arm.rate is None or self.steps - arm.last_step > EXPLORE_EVERY:
+        for k in (self.k, 0):
+            arm = self.arms.setdefault((bucket, k), Arm(last_step=self.steps))  # new here: its wait starts now
+            if not any(a.rate is not None for (_, arm_k), a in self.arms.items() if arm_k == k):
+                return k  # never measured at any batch size
+            every = EXPLORE_EVERY["speculate" if k else "plain"] if arm.rate is not None else FIRST_LOOK
+            if self.steps - arm.last_step > every:
                 return k
-        return max(arms, key=lambda pair: pair[1].rate)[0]
+        rates = self._nearest_pair(bucket)
+        return max(rates, key=rates.get) if rates else self.k
+
+    def _nearest_pair(self, bucket: int) -> dict[int, float] | None:
+        """Both arms' rates at this batch size, else at the nearest one that measured both (rates at
+        different batch sizes are not comparable: only their order within one is read)."""
+        both = sorted((abs(b - bucket), b) for b in {b for b, _ in self.arms}
+                      if all(self.arms.get((b, k), Arm()).rate is not None for k in (self.k, 0)))
+        if not both:
+            return None
+        b = both[0][1]
+        return {k: self.arms[b, k].rate for k in (self.k, 0)}
 
     def record(self, k: int, decoding: int, emitted: int, seconds: float) -> None:
         """A step that decoded `decoding` sequences (and prefilled none) and emitted `emitted` tokens."""
