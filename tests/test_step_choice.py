@@ -73,6 +73,8 @@ def test_greedy_sd_switching_at_random_steps_gives_ars_tokens(tiny_model_dir, ra
              speculation_per_step="goodput") as llm:
         assert [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == expected
         steps = llm.engine.speculation_metrics()["steps_by_k"]
+        llm.engine.reset_speculation_metrics()
+        assert llm.engine.speculation_metrics()["steps_by_k"] == {}
     assert steps.get(0, 0) > 0 and steps.get(3, 0) > 0 and set(random_switches) == {0, 3}
 
 

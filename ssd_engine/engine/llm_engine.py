@@ -210,7 +210,7 @@ class LLMEngine:
         return {**summary, **self.speculator.summary()} if self.speculator is not None else summary
 
     def reset_speculation_metrics(self) -> None:
-        for metrics in filter(None, (self.spec_metrics, self.ssd_metrics)):
+        for metrics in filter(None, (self.spec_metrics, self.ssd_metrics, self.step_choice)):
             metrics.reset()
 
     @property

@@ -84,3 +84,7 @@ class StepChoice:
 
     def summary(self) -> dict:
         return {"steps_by_k": dict(sorted(self.steps_by_k.items()))}
+
+    def reset(self) -> None:
+        """Fresh step counts (the measured rates stay: they are what the choice has learned)."""
+        self.steps_by_k.clear()
