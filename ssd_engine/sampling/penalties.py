@@ -16,10 +16,10 @@ whatever the draft sampled from, and rejection sampling corrects them (docs/sagu
 - frequency_penalty, presence_penalty (OpenAI's): minus the penalty times the token's count in the
   output so far, and minus the penalty once if it occurs there.
 
-The whole batch is adjusted at once, a fixed number of tensor ops whatever its size (the host lists
-its requests' token ids and parameters, one upload); a request whose parameter is neutral gets that
-operation's identity (x * 1, x / 1, x - 0: the same bits), so each row's values are what adjusting
-it alone gives.
+The whole batch is adjusted at once: the host lists its requests' token ids and parameters (a few
+uploads, one per kind), then a fixed number of tensor ops runs whatever the batch size, plus one pass
+per distinct repetition penalty. A request whose parameter is neutral gets that operation's identity
+(x * 1, x / 1, x - 0: the same bits), so each row's values are what adjusting it alone gives.
 """
 from __future__ import annotations
 
