@@ -19,6 +19,8 @@
 #              and eager (which fusion wins sets the CUDA default)
 #   anchor     our AR against transformers' static-cache generate with its forward compiled (torch.compile,
 #              reduce-overhead) at the 1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
+#   auto       speculative_mode="auto" on the GPU: the mode it chooses from the forwards it timed there, against
+#              AR and SD measured in the same call (7B- and 1.5B-shaped targets, 0.5B-shaped draft, alpha 0.8)
 #   host       host time per AR step and SD round on this machine's CPU (tiny pair, real graphs; the same steps
 #              again with every replay skipped: the host's own work, to set against a step's GPU time)
 #   synthetic  AR / SD / SSD at synthetic acceptance, the SSD draft sharing the one GPU: alpha 0.8, K 4,
@@ -32,7 +34,7 @@
 set -u
 out=${1:-benchmarks/results}
 shift || true
-all_stages="tests tests-compiled kernels bandwidth bandwidth-variants anchor host synthetic synthetic-thread synthetic-sweep"
+all_stages="tests tests-compiled kernels bandwidth bandwidth-variants anchor auto host synthetic synthetic-thread synthetic-sweep"
 stages=${*:-$all_stages}
 day=$(date +%F)
 mkdir -p "$out"
@@ -85,6 +87,12 @@ for stage in $stages; do
         ;;
     anchor)
         python benchmarks/gpu/bench_anchor.py --device cuda --model $target --hf static --repeats 2 --out "$out"
+        ;;
+    auto)
+        for pair_target in $shapes/qwen2.5-7b $target; do
+            python benchmarks/gpu/bench_auto.py --device cuda --target $pair_target --draft $draft --alpha 0.8 \
+                --tag "$(basename $pair_target)-cuda" --out "$out"
+        done
         ;;
     host)
         python benchmarks/gpu/bench_host_overhead.py --device cuda --out "$out"

@@ -311,15 +311,21 @@ def test_torchrun_ranks_do_not_place_a_draft_and_only_rank_0_measures(target, no
     assert "under torchrun the SSD draft gets no cores of its own" in choice.how
 
 
-def test_cuda_is_placed_by_gpu_and_keeps_ssd_until_it_is_measured(target, noisy_draft, private_cache, monkeypatch):
-    """No GPU here: the GPUs are faked. Without a CUDA measurement auto keeps SSD and says why; given
-    measured costs (faked) it predicts and chooses as on CPU, SSD a candidate only with a GPU of its own."""
+def test_cuda_is_placed_by_gpu_and_measured_where_one_gpu_holds_the_target(target, noisy_draft, private_cache,
+                                                                             monkeypatch):
+    """No GPU here: the GPUs are faked. A tensor-parallel target on GPUs is not timed: auto runs SSD
+    where its draft gets a GPU of its own, else SD, and says why; given measured costs (faked, as
+    planning/gpu_costs.py measures them on a GPU) it predicts and chooses as on CPU, SSD a candidate
+    only with a GPU of its own."""
     from ssd_engine.core.config import EngineConfig
     from ssd_engine.planning import costs
-    monkeypatch.setattr(choose, "_gpus", lambda: ["fake GPU", "fake GPU"])
+    gpus = ["fake GPU"] * 3
+    monkeypatch.setattr(choose, "_gpus", lambda: gpus)
     config = EngineConfig(model=target, draft_model=noisy_draft, device="cuda", block_size=8)
-    chosen, choice = choose.resolve_auto(config)
-    assert chosen.speculative_mode == "ssd" and choice.how.startswith("not measured: planning/costs.py times")
+    for count, mode in ((3, "ssd"), (2, "sd")):
+        del gpus[count:]
+        chosen, choice = choose.resolve_auto(replace(config, tensor_parallel_size=2))
+        assert chosen.speculative_mode == mode and choice.how.startswith("not measured: planning/gpu_costs.py")
     placements = []
     monkeypatch.setattr(costs, "measure", lambda *args: placements.append(args[-1]) or _fake_costs(args[-1].ssd_draft))
     chosen, choice = choose.resolve_auto(config)

@@ -52,8 +52,7 @@ def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout, host):
     greedy = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
     # draft_dtype fp32: the draft is the target, bit for bit, so a fan-out of 1 always hits
     with LLM(path, device="cuda", dtype="float32", draft_model=path, num_speculative_tokens=3,
-             ssd_fanout=fanout, draft_dtype="fp32", ssd_draft_host=host) as llm:
-        assert llm.engine.plan.mode == "ssd"  # auto runs SSD off CPU
+             speculative_mode="ssd", ssd_fanout=fanout, draft_dtype="fp32", ssd_draft_host=host) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         metrics = llm.speculation_metrics()
     assert metrics["draft_failures"] == []
@@ -89,3 +88,25 @@ def test_a_steady_cuda_round_waits_for_the_device_once(tiny_model_dir, mode, tem
                     torch.cuda.set_sync_debug_mode("default")
             waits.append(sum("synchronizing CUDA operation" in str(w.message) for w in caught))
     assert waits == [1, 1, 1]
+
+
+def test_cuda_auto_times_the_gpu_and_chooses_from_what_it_measured(tiny_model_dir, tmp_path, monkeypatch):
+    """auto on one GPU: the forwards are timed there, graphed (planning/gpu_costs.py), AR and SD
+    predicted from those costs (SSD's draft would share the one GPU: no candidate), and the chosen
+    mode's greedy output is still transformers'."""
+    monkeypatch.setenv("SSD_ENGINE_CACHE", str(tmp_path))
+    path = tiny_model_dir("qwen2", vocab_size=259)
+    oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    expected = [oracle.generate(torch.tensor([p], device="cuda"), max_new_tokens=32, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)[0, len(p):].tolist() for p in PROMPTS]
+    draft = tiny_model_dir("qwen2", seed=1, num_hidden_layers=1, vocab_size=259)
+    with LLM(path, device="cuda", dtype="float32", draft_model=draft, cuda_graph_max_batch=4) as llm:
+        choice = llm.engine.plan.choice
+        outputs = [o.token_ids for o in llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32,
+                                                                             ignore_eos=True), use_tqdm=False)]
+    print(choice.describe())
+    assert choice.how.startswith("costs measured on 1 GPU(s)") and "SSD not a candidate" in choice.how
+    assert set(choice.predicted_tok_s) == {"ar", "sd"} and all(v > 0 for v in choice.predicted_tok_s.values())
+    assert llm.engine.plan.mode == choice.mode in ("ar", "sd") and outputs == expected
+    cached = list((tmp_path / "calibrations").glob("mode-costs-*.json"))
+    assert len(cached) == 1  # the next start reads it

@@ -15,8 +15,9 @@ error costs little where AR is nearly as fast. The choice, its K, the draft's fo
 and (for SSD) the budget B are written into the engine's config; `ModeChoice` reports them.
 
 On CUDA the placement is by GPU (ranks on consecutive GPUs, SSD's draft on the next one, a
-candidate only where there is one), but planning/costs.py does not time GPUs yet: there `auto`
-runs SSD (the draft on a device of its own) and says so in its `how`.
+candidate only where there is one) and planning/gpu_costs.py times the forwards, graphed as the
+engine runs them. What nothing times (a tensor-parallel target on GPUs) runs unmeasured: SSD where
+its draft has a device of its own, else SD, and `how` says so.
 """
 import hashlib
 import logging
@@ -143,7 +144,8 @@ def survey(config: EngineConfig) -> Survey:
                    + ([gguf_cpu.library_key()] if config.target_weight_format in ("gguf", "gguf-int8") else []))
     # the target timed in its own format (target_dtype); the draft's is resolved in measure()
     model = ModelConfig(target_path, None, config.dtype, config.device, config.weight_layout,
-                        weight_format=config.target_weight_format,
+                        config.attention_backend, config.graph_max_batch if placement.device != "cpu" else 0,
+                        weight_format=config.target_weight_format, fused_kernels=config.fused_kernels,
                         row_independent=config.target_weight_format is not None)
     measured, cached = load_or_measure(key, str(cache_dir()), model, replace(model, path=draft_path),
                                        config.draft_dtype, placement)
@@ -166,9 +168,7 @@ def survey(config: EngineConfig) -> Survey:
 
 
 def _where(sets: list[list[int]], device: str) -> str:
-    if device == "cpu":
-        return "cores " + format_core_sets(sets)
-    return ", ".join(f"cuda:{g}" for s in sets for g in s)
+    return "cores " + format_core_sets(sets) if device == "cpu" else ", ".join(f"cuda:{g}" for s in sets for g in s)
 
 
 def with_synthetic(acceptance: Acceptance, config: EngineConfig) -> Acceptance:
@@ -193,10 +193,11 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
                                                                             "0, which chooses the mode")
     try:
         seen = survey(config)
-    except NotMeasured as missing:
-        # the draft on its own device: the paper's placement, taken unmeasured
-        return replace(config, speculative_mode="ssd"), ModeChoice(
-            "ssd", config.num_speculative_tokens, f"not measured: {missing}; SSD, the draft on a device of its own")
+    except NotMeasured as missing:  # the draft on a device of its own: the paper's placement, taken unmeasured
+        mode, where = ("ssd", "the draft on a device of its own") if placement_for(config)[0].ssd_draft else \
+            ("sd", "no device for an SSD draft of its own")
+        return replace(config, speculative_mode=mode), ModeChoice(mode, config.num_speculative_tokens,
+                                                                  f"not measured: {missing}; {mode.upper()}, {where}")
     choice = _choose(seen)
     if config.tensor_parallel_size > 1 and seen.placement.device == "cpu" and world is None:
         # TP is a candidate here, not a given: one process on the same cores may decode faster

@@ -21,7 +21,7 @@ progress bar. A tensor-parallel target is timed the same way on real ranks (work
 started as the engine starts them, building the same few layers from a copy of the config): its
 all-reduces and logits gather are in the time. The result is cached under the cache directory,
 keyed by the machine fingerprint (CPU, flags, torch, cores, threads), the placement and the pair, so
-later runs decide at once. Only CPUs are timed: on another device `measure` raises `NotMeasured`.
+later runs decide at once. On CUDA planning/gpu_costs.py times the forwards instead.
 """
 import contextlib
 import gc
@@ -64,7 +64,7 @@ RANKS_TIMEOUT_S = 60.0  # the measuring ranks' collectives (distributed_timeout_
 
 
 class NotMeasured(Exception):
-    """The placement's device is one this module does not time (planning/choose.py keeps SSD)."""
+    """A placement nothing here times (planning/choose.py then chooses unmeasured)."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def _curve(measured: dict[int, float]):
 
 def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
                     placement: Placement) -> tuple[MeasuredCosts, bool]:
-    """-> (costs, whether they came from the cache). Raises NotMeasured off CPU (nothing cached)."""
+    """-> (costs, whether they came from the cache). Raises NotMeasured where nothing times the placement."""
     path = os.path.join(cache_dir, "calibrations", f"mode-costs-{key}.json")
     try:
         cached = MeasuredCosts.load(path)
@@ -152,9 +152,9 @@ def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelC
 
 def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
             placement: Placement) -> MeasuredCosts:
-    if placement.device != "cpu":
-        raise NotMeasured(f"planning/costs.py times forwards on CPU cores only; on {placement.device} (forwards "
-                          f"timed with device synchronisation, each rank on its GPU) it is not implemented")
+    if placement.device != "cpu":  # imported here: gpu_costs builds on this module
+        from ssd_engine.planning import gpu_costs
+        return gpu_costs.measure(key, target, draft, draft_dtype, placement)
     started = time.perf_counter()
     ranks, ssd_ranks, draft_cores = placement.ranks, placement.ssd_ranks, placement.ssd_draft
     sd_cores = ranks[0]  # the colocated draft runs in rank 0's process (one process: every core)
@@ -167,18 +167,18 @@ def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, d
     steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) + 1 + len(DRAFT_ROWS) * len(ssd_formats)
     with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
         target_all, target_one = _time_target(target, ranks, ssd_ranks, draft_cores, bar)
-        runner = _build(draft, sd_format)
+        runner = build_timed(draft, sd_format)
         draft_all = _time(runner, (1,), sd_cores, bar)
         draft_one = {}
         for fmt in ssd_formats:  # SD's format first: it is the one built
             if fmt.name != sd_format.name:
                 del runner
-                _release()
-                runner = _build(draft, fmt)
+                release_memory()
+                runner = build_timed(draft, fmt)
             with memory_traffic(ssd_target, "float32"):  # the fp32 target verifying beside it
                 draft_one[fmt.name] = _time(runner, DRAFT_ROWS, draft_cores, bar)
         del runner
-        _release()
+        release_memory()
     return MeasuredCosts(key, ssd_target, draft_cores, target_all, target_one or target_all, draft_all,
                          draft_one or {sd_format.name: draft_all}, sd_format.name, ssd_format.name,
                          time.perf_counter() - started)
@@ -188,7 +188,7 @@ def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[li
                  bar) -> tuple[dict[int, float], dict[int, float]]:
     """The target on AR and SD's ranks, and on SSD's beside the draft cores' memory traffic when SSD
     is a candidate. One process is built once and timed on both; ranks start on each's cores."""
-    one = _build(target) if len(ranks) == 1 else None
+    one = build_timed(target) if len(ranks) == 1 else None
 
     def time_on(sets: list[list[int]]) -> dict[int, float]:
         return _time(one, TARGET_ROWS, sets[0], bar) if one else _time_ranks(target, sets, bar)  # noqa: F821 (deleted after its last call)
@@ -198,11 +198,11 @@ def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[li
         with memory_traffic(draft_cores, "bfloat16"):  # what the SSD target meets: the draft beside it
             target_one = time_on(ssd_ranks)
     del one, time_on
-    _release()  # the target's weights go before a draft loads
+    release_memory()  # the target's weights go before a draft loads
     return target_all, target_one
 
 
-def _build(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
+def build_timed(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
     """The model in its real format and shapes, with TIMED_LAYERS of its decoder layers and dummy
     weights (models/loader.py: random normal floats): a forward's cost does not depend on the
     values, every layer costs the same, and nothing is read from disk (seconds, where building the
@@ -295,6 +295,6 @@ def _forward_s(runner, ids, positions, meta, scale: float) -> float:
     return (layers_done - start) * scale + time.perf_counter() - layers_done
 
 
-def _release() -> None:
+def release_memory() -> None:
     gc.collect()
     release_freed_heap()

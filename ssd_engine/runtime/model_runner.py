@@ -173,7 +173,8 @@ class ModelRunner:
         return PiecewiseGraphs(self.model.model, device=self.device,
                                capture="cuda" if self.device.type == "cuda" else "emulate")
 
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The last hidden states of a prepared step: a graph replay where one holds its shape."""
         tokens = input_ids.shape[0]
         key = self.graphs and self.graphs.family_key(meta, tokens)
         if key:
@@ -187,7 +188,7 @@ class ModelRunner:
         """A forward of `tokens` tokens into the first blocks, to compile at start-up: no sequence
         holds a block yet, and each writes its K/V before it reads them."""
         blocks = list(range(-(-tokens // self.block_size)))
-        self._forward(*self.prepare(StepInputs([0], [[0] * tokens], [blocks], [[]])))
+        self.forward_hidden(*self.prepare(StepInputs([0], [[0] * tokens], [blocks], [[]])))
 
     @torch.inference_mode()
     def capture_graphs(self, keys: list[tuple]) -> None:
@@ -277,13 +278,13 @@ class ModelRunner:
     @torch.inference_mode()
     def run_metadata(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
         """Forward with attention metadata built by the caller (tree attention); logits of every row."""
-        return self.model.compute_logits(self._forward(input_ids, positions, meta)).float()
+        return self.model.compute_logits(self.forward_hidden(input_ids, positions, meta)).float()
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
         """Forward one step; logits on rank 0, None on other tensor-parallel ranks."""
         input_ids, positions, meta, logit_index = self._prepared(inputs)
-        hidden = self._forward(input_ids, positions, meta)
+        hidden = self.forward_hidden(input_ids, positions, meta)
         if not logit_index.shape[0]:  # every rank agrees on this (same inputs): no collective is skipped unevenly
             return hidden.new_zeros(0, self.config.vocab_size, dtype=torch.float32) if self.tp.rank == 0 else None
         logits = self.model.compute_logits(hidden[logit_index])

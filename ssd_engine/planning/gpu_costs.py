@@ -1,0 +1,83 @@
+"""planning/costs.py's curves on CUDA GPUs, for the mode choice there.
+
+Each forward is timed as the engine runs it on a GPU: CUDA graphs replayed (captured for one
+sequence of each row count timed; piecewise graphs otherwise), the device synchronised before and
+after, the layers' time scaled from TIMED_LAYERS to the model's layer count and the LM head's added
+(costs.py's scheme). Where the engine runs eagerly (enforce_eager) the model is timed eagerly.
+
+- the target on its GPU (one process; a tensor-parallel target is not timed here: NotMeasured);
+- SD's draft on the target's GPU, in the dtype the engine gives it (runtime/draft_format.py);
+- SSD's draft on its own GPU when the placement gives it one. Two GPUs share no memory bus, so no
+  contention is modelled: SSD's target costs what AR's does. A draft sharing the target's GPU is no
+  SSD candidate (planning/choose.py): nothing here predicts two models time-slicing one GPU.
+"""
+import time
+from dataclasses import replace
+
+import torch
+from tqdm import tqdm
+
+from ssd_engine.core.config_parts import ModelConfig
+from ssd_engine.models.loader import load_config
+from ssd_engine.planning import costs
+from ssd_engine.runtime import draft_format, step_inputs
+from ssd_engine.utils.progress import progress_enabled
+
+REPEATS = 15  # after three warm-ups; the median counts (a step is milliseconds: more samples than on CPU)
+
+
+def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
+            placement: costs.Placement) -> costs.MeasuredCosts:
+    if len(placement.ranks) > 1:
+        raise costs.NotMeasured(f"planning/gpu_costs.py times one GPU's target; {len(placement.ranks)} "
+                                f"tensor-parallel ranks are not timed")
+    started = time.perf_counter()
+    gpu = placement.ranks[0][0]
+    fmt = draft_format.resolve(draft_dtype, load_config(draft.path, "dummy"), "cuda", [], None, 1, None)
+    draft = replace(draft, dtype=fmt.dtype, weight_format=None, row_independent=False)
+    steps = len(costs.TARGET_ROWS) + 1 + (len(costs.DRAFT_ROWS) if placement.ssd_draft else 0)
+    with tqdm(total=steps, desc="calibrating modes (once per GPU)", disable=not progress_enabled()) as bar:
+        target_all = _time(target, f"cuda:{gpu}", costs.TARGET_ROWS, bar)
+        draft_all = _time(draft, f"cuda:{gpu}", (1,), bar)
+        draft_one = (_time(draft, f"cuda:{placement.ssd_draft[0]}", costs.DRAFT_ROWS, bar) if placement.ssd_draft
+                     else draft_all)
+    return costs.MeasuredCosts(key, [gpu], list(placement.ssd_draft), target_all, target_all, draft_all,
+                               {fmt.name: draft_one}, fmt.name, fmt.name, time.perf_counter() - started)
+
+
+def _time(model: ModelConfig, device: str, rows: tuple[int, ...], bar) -> dict[int, float]:
+    """Median seconds of a whole model's forward of n new rows of one sequence (logits for every
+    row) on `device`, for each n in `rows`."""
+    graphed = model.cuda_graph_max_batch > 0
+    one_row_bucket = replace(model, device=device, cuda_graph_max_batch=min(model.cuda_graph_max_batch, 1))
+    runner, scale = costs.build_timed(one_row_bucket)
+    try:
+        if graphed:
+            runner.capture_graphs([("paged", n) for n in rows])
+        result = {}
+        for n in rows:
+            fed = [42 % runner.config.vocab_size] * n
+            inputs = step_inputs.StepInputs([costs.PREFIX], [fed], [list(range(costs.BLOCKS))], [list(range(n))])
+            prepared = runner.prepare(inputs)
+            times = [_forward_s(runner, *prepared, scale, device) for _ in range(3 + REPEATS)][3:]
+            result[n] = sorted(times)[REPEATS // 2]
+            bar.update(1)
+        return result
+    finally:
+        del runner
+        costs.release_memory()
+        torch.cuda.empty_cache()
+
+
+@torch.inference_mode()
+def _forward_s(runner, ids, positions, meta, scale: float, device: str) -> float:
+    """One forward as the engine's step runs it (`runner.forward_hidden`: a graph replay where one is
+    captured), its layers' time scaled to the whole model, plus the LM head's."""
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    hidden = runner.forward_hidden(ids, positions, meta)
+    torch.cuda.synchronize(device)
+    layers_done = time.perf_counter()
+    runner.model.compute_logits(hidden)
+    torch.cuda.synchronize(device)
+    return (layers_done - start) * scale + time.perf_counter() - layers_done
