@@ -8,7 +8,7 @@
 
 Random weights at real shapes (load_format="dummy"), acceptance drawn at --alpha
 (synthetic_acceptance): a step's cost does not depend on the weights' values. Every mode runs the
-same random-id prompts at batch 1, greedy, EOS ignored, after one warm-up call; tok/s counts every
+same random-id prompts at batch 1, greedy, EOS ignored, after one warm-up request as long; tok/s counts every
 generated token over the timed call's wall time. auto picked right when its mode is the fastest
 measured (or within its 5% margin of AR). Writes DATE-auto-TAG.md and .json under --out.
 """
@@ -51,7 +51,9 @@ def run_mode(a, mode: str, k: int | None, prompts: list[list[int]]) -> dict:
     with LLM(a.target, **options) as llm:
         start_s = time.perf_counter() - started
         plan = llm.engine.plan
-        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True), use_tqdm=False)
+        # a whole warm-up request: every kernel the timed ones launch is compiled (the first engine
+        # in a process compiles Triton's kernels for each shape it meets; later ones find them)
+        llm.generate([[t + 1 for t in prompts[0]]], params, use_tqdm=False)
         tok_s = []
         for prompt in prompts:  # batch 1: one request at a time
             began = time.perf_counter()
