@@ -142,8 +142,8 @@ def _compile_every_runner(request):
 
     init = ModelRunner.__init__
 
-    def compiled_init(self, *args, **kwargs):
-        init(self, *args, **{**kwargs, "compile_model": True})
+    def compiled_init(self, runner_spec, *args, **kwargs):
+        init(self, runner_spec.with_model(compile=True), *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ModelRunner, "__init__", compiled_init)  # runners built in this process
