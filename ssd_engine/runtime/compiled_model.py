@@ -23,8 +23,9 @@ each model gets its own copy of the function's code object: dynamo keeps compile
 object, and with those guards gone a graph must never be offered to another model of the class.
 
 Device: nothing here is CPU-specific. On CUDA inductor emits Triton where it emits C++ on a CPU, and
-the compiled forward is what the CUDA graphs capture (runtime/cuda_graphs.py) - untested on a GPU so
-far. Tensor parallelism stays eager: its all-reduces are not traced.
+the compiled forward is what the CUDA graphs capture (runtime/cuda_graphs.py). A step wider than the
+32-bit indexing bound (`_max_tokens`, ~10^5 tokens at real shapes) runs eagerly. Tensor parallelism
+stays eager: its all-reduces are not traced.
 """
 import itertools
 import time
@@ -34,9 +35,11 @@ import torch
 
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.compiled_ops import attention_step
+from ssd_engine.layers.embedding import VocabParallelEmbedding
 from ssd_engine.layers.weight_formats import OneDNNWeight
 
 MAX_TOKENS = 1 << 30  # the dynamic graph's bound on T (torch 2.13 needs one with a lower bound)
+INDEX_LIMIT = 2**31 - 1  # inductor's Triton kernels index with 32 bits: T x a row's width must stay below
 _copies = itertools.count()
 
 
@@ -54,9 +57,10 @@ class CompiledModel:
             options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
         self.compiled = torch.compile(_own_copy(type(model).forward), fullgraph=True, options=options)
         self.compile_seconds = 0.0
+        self.max_tokens = _max_tokens(model)
 
     def compiles(self, tokens: int) -> bool:
-        return tokens == 1 or tokens > self.padded
+        return tokens == 1 or self.padded < tokens <= self.max_tokens
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
         tokens = input_ids.shape[0]
@@ -64,7 +68,7 @@ class CompiledModel:
             return self.model(input_ids, positions, meta)
         if tokens > 1:  # one graph for every larger step, instead of one per token count
             for tensor in (input_ids, positions):
-                torch._dynamo.mark_dynamic(tensor, 0, min=max(2, self.padded + 1), max=MAX_TOKENS)
+                torch._dynamo.mark_dynamic(tensor, 0, min=max(2, self.padded + 1), max=self.max_tokens)
         with attention_step(self.attentions, meta):
             return self.compiled(self.model, input_ids, positions, None)
 
@@ -74,6 +78,15 @@ class CompiledModel:
         for tokens in (1, self.padded + 1 if self.padded else 2):
             step(tokens)
         self.compile_seconds = time.perf_counter() - started
+
+
+def _max_tokens(model) -> int:
+    """The dynamic T's upper bound: every value in range must satisfy the guards inductor adds for
+    32-bit indexing (T x the widest per-token row, a projection's output, below INDEX_LIMIT), or
+    dynamo refuses the graph. The embedding's vocabulary dimension is a table's, not a row's."""
+    tables = {id(m.weight) for m in model.modules() if isinstance(m, VocabParallelEmbedding)}
+    widest = max((max(p.shape) for p in model.parameters() if p.dim() == 2 and id(p) not in tables), default=1)
+    return min(MAX_TOKENS, INDEX_LIMIT // widest)
 
 
 def _own_copy(function: types.FunctionType) -> types.FunctionType:
