@@ -69,8 +69,10 @@ for stage in $stages; do
             -k "not test_the_block_runs or docs/GPU.md" 2>&1 | tee "$out/$day-cuda-tests.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -40
         ;;
     tests-compiled)
-        python -m pytest -q -rs --durations=15 --compile-model tests/test_cuda_path.py tests/test_cuda_graphs.py 2>&1 \
-            | tee "$out/$day-cuda-tests-compiled.txt" | tail -40
+        # 8 workers: ~2 minutes on a 16-core H200 machine, compiling included
+        python -m pytest -v -rfEs --durations=15 -n 8 --timeout 300 -p no:cacheprovider --compile-model \
+            tests/test_cuda_path.py tests/test_cuda_graphs.py 2>&1 \
+            | tee "$out/$day-cuda-tests-compiled.txt" | grep -E "FAILED|ERROR|passed|failed" | tail -40
         ;;
     kernels)
         python benchmarks/gpu/bench_cuda_kernels.py 2>/dev/null | tee "$out/$day-cuda-kernels.md"

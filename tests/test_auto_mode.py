@@ -130,7 +130,7 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
     if second is None:
         pytest.skip("needs two cores")
     monkeypatch.setattr(choose, "available_cores", lambda: [first, second])
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs(args[-1].ssd_draft), False))
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8, draft_dtype="int8") as llm:
         parts = llm.engine.parts
@@ -152,7 +152,7 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
 
 def test_a_near_tie_goes_to_ar(target, noisy_draft, private_cache, monkeypatch):
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.04)}
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs(args[-1].ssd_draft), False))
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8) as llm:
         assert llm.engine.plan.mode == "ar"
@@ -225,7 +225,7 @@ def test_tp_runs_one_process_where_that_is_predicted_faster(target, noisy_draft,
     cpu_cores, _ = _two_cores()
     ranks_s, one_s = (0.05, 0.1) if faster == "ranks" else (0.1, 0.05)
 
-    def costs(*args):
+    def costs(*args, **_):
         forward_s = ranks_s if len(args[-1].ranks) == 2 else one_s
         return replace(_fake_costs([]), target_all={1: forward_s}, target_one={1: forward_s}), False
     monkeypatch.setattr(choose, "load_or_measure", costs)
@@ -250,7 +250,7 @@ def test_a_fixed_prediction_is_applied_whole_under_tp(target, noisy_draft, priva
     """Mode, K, the draft's format and the ranks' cores, as predicted, with the target on two ranks."""
     cpu_cores, _ = _two_cores()
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.0 + (mode == "sd"))}
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs([]), False))
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: (_fake_costs([]), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, tensor_parallel_size=2, cpu_cores=cpu_cores, block_size=8) as llm:
         parts = llm.engine.parts
@@ -278,7 +278,7 @@ def test_tp_with_a_core_set_for_the_draft_predicts_ssd_too(target, noisy_draft, 
              "ssd": Prediction("ssd", 3, 3.0 if fastest == "ssd" else 1.0, {"budget": 5, "t_p": 0.8, "t_jit": 0.3})}
     seen = {}
     monkeypatch.setattr(choose, "available_cores", lambda: [0, 1, 2, 3])
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args: seen.setdefault("placement", args[-1]) and (
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: seen.setdefault("placement", args[-1]) and (
         _fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
@@ -298,12 +298,12 @@ def test_torchrun_ranks_do_not_place_a_draft_and_only_rank_0_measures(target, no
     monkeypatch.setenv("MASTER_PORT", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args: pytest.fail("rank 1 measured"))
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: pytest.fail("rank 1 measured"))
     config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
     assert config.speculative_mode == "ar" and "torchrun rank 1" in choice.how
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(choose, "available_cores", lambda: [0, 1, 2, 3])
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args: (_fake_costs(args[-1].ssd_draft), False))
+    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 2.0)}
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
@@ -318,7 +318,7 @@ def test_cuda_is_placed_by_gpu_and_measured_where_one_gpu_holds_the_target(targe
     planning/gpu_costs.py measures them on a GPU) it predicts and chooses as on CPU, SSD a candidate
     only with a GPU of its own."""
     from ssd_engine.core.config import EngineConfig
-    from ssd_engine.planning import costs
+    from ssd_engine.planning import gpu_costs
     gpus = ["fake GPU"] * 3
     monkeypatch.setattr(choose, "_gpus", lambda: gpus)
     config = EngineConfig(model=target, draft_model=noisy_draft, device="cuda", block_size=8)
@@ -327,7 +327,7 @@ def test_cuda_is_placed_by_gpu_and_measured_where_one_gpu_holds_the_target(targe
         chosen, choice = choose.resolve_auto(replace(config, tensor_parallel_size=2))
         assert chosen.speculative_mode == mode and choice.how.startswith("not measured: planning/gpu_costs.py")
     placements = []
-    monkeypatch.setattr(costs, "measure", lambda *args: placements.append(args[-1]) or _fake_costs(args[-1].ssd_draft))
+    monkeypatch.setattr(gpu_costs, "measure", lambda *args: placements.append(args[-1]) or _fake_costs(args[-1].ssd_draft))
     chosen, choice = choose.resolve_auto(config)
     assert placements[0].ranks == [[0]] and placements[0].ssd_draft == [1] and placements[0].device == "cuda"
     assert set(choice.predicted_tok_s) == {"ar", "sd", "ssd"} and "GPU(s)" in choice.how

@@ -34,6 +34,7 @@ from ssd_engine.layers.weight_formats import FORMATS
 from ssd_engine.models.default_models import cache_dir
 from ssd_engine.models.loader import load_config
 from ssd_engine.models.model_paths import resolve_model_path
+from ssd_engine.planning import gpu_costs
 from ssd_engine.planning.costs import MeasuredCosts, NotMeasured, Placement, load_or_measure
 from ssd_engine.planning.predict import Acceptance, Prediction, predict_all, predict_ssd
 from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_fingerprint
@@ -112,8 +113,7 @@ def _gpu_placement(config: EngineConfig) -> tuple[Placement, str]:
     return Placement(ranks, ranks, [], config.device), why
 
 
-def _gpus() -> list[str]:
-    """The visible GPUs' names (tests replace this to plan for GPUs this machine lacks)."""
+def _gpus() -> list[str]:  # the visible GPUs' names (tests replace this to plan for GPUs this machine lacks)
     return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
 
 
@@ -148,10 +148,10 @@ def survey(config: EngineConfig) -> Survey:
                         weight_format=config.target_weight_format, fused_kernels=config.fused_kernels,
                         row_independent=config.target_weight_format is not None)
     measured, cached = load_or_measure(key, str(cache_dir()), model, replace(model, path=draft_path),
-                                       config.draft_dtype, placement)
+                                       config.draft_dtype, placement, measure_gpu=gpu_costs.measure)
     calibrations = find_calibrations(target_path, draft_path, config.calibration_dir or CONFIG_DIR)
-    unit = "core(s)" if placement.device == "cpu" else "GPU(s)"
-    how = f"{'cached ' if cached else ''}costs measured on {len(placement.every)} {unit} in {measured.seconds:.0f} s"
+    how = (f"{'cached ' if cached else ''}costs measured on {len(placement.every)} "
+           f"{'core(s)' if placement.device == 'cpu' else 'GPU(s)'} in {measured.seconds:.0f} s")
     if tp > 1:
         how += (f", the target on {tp} tensor-parallel ranks ({_where(placement.ranks, placement.device)}), "
                 f"SD's draft in rank 0")

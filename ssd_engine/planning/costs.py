@@ -136,8 +136,8 @@ def _curve(measured: dict[int, float]):
 
 
 def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
-                    placement: Placement) -> tuple[MeasuredCosts, bool]:
-    """-> (costs, whether they came from the cache). Raises NotMeasured where nothing times the placement."""
+                    placement: Placement, measure_gpu=None) -> tuple[MeasuredCosts, bool]:
+    """-> (costs, whether cached). A GPU's are timed by `measure_gpu` (planning/gpu_costs.py's measure)."""
     path = os.path.join(cache_dir, "calibrations", f"mode-costs-{key}.json")
     try:
         cached = MeasuredCosts.load(path)
@@ -145,16 +145,16 @@ def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelC
             return cached, True
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    measured = measure(key, cache_dir, target, draft, draft_dtype, placement)
+    measured = (measure_gpu(key, target, draft, draft_dtype, placement) if placement.device != "cpu" and measure_gpu
+                else measure(key, cache_dir, target, draft, draft_dtype, placement))
     measured.save(path)
     return measured, False
 
 
 def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
             placement: Placement) -> MeasuredCosts:
-    if placement.device != "cpu":  # imported here: gpu_costs builds on this module
-        from ssd_engine.planning import gpu_costs
-        return gpu_costs.measure(key, target, draft, draft_dtype, placement)
+    if placement.device != "cpu":
+        raise NotMeasured(f"planning/costs.py times CPU cores; {placement.device} is planning/gpu_costs.py's")
     started = time.perf_counter()
     ranks, ssd_ranks, draft_cores = placement.ranks, placement.ssd_ranks, placement.ssd_draft
     sd_cores = ranks[0]  # the colocated draft runs in rank 0's process (one process: every core)
