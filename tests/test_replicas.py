@@ -1,8 +1,10 @@
 """`serve --data-parallel-size N`: engine replicas behind one OpenAI endpoint on Ray Serve
 (ssd_engine/server/replicas.py). Two tiny replicas on localhost, one core each, answer concurrent
 streamed and plain requests with one engine's greedy texts, also when one of them is killed while
-requests run on it (server/relay.py retries them on the other); Ctrl-C stops them and the Ray cluster
+requests run on it (server/relay.py retries them on the other); /metrics holds both replicas' samples,
+labelled, and counts the restart; Ctrl-C stops them and the Ray cluster
 the server started, leaving no process behind. Without ray, N > 1 is one line naming the extra."""
+import collections
 import concurrent.futures
 import os
 import re
@@ -10,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 from process_helpers import alive, children_of, free_port, gone_within
@@ -57,6 +60,18 @@ def _replica_pid(proc: subprocess.Popen, said: list[str], deadline: float) -> in
                 return int(found.group(1))
         assert time.monotonic() < deadline and proc.poll() is None, "".join(said[-30:])
         said.append(proc.stderr.readline())
+
+
+def _scrape(port: int) -> collections.Counter:
+    """(sample name, replica) -> value summed over the sample's other labels, from the endpoint's /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
+        text = response.read().decode()
+    found = collections.Counter()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, sample.labels.get("replica"))] += sample.value
+    return found
 
 
 def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
@@ -110,6 +125,16 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
             time.sleep(0.5)
             os.kill(victim, signal.SIGKILL)
             assert [answer.result() for answer in answers] == expected_long
+        # /metrics, whichever replica answers it: both replicas' samples, each labelled, both up again
+        # once Ray Serve has restarted the killed one, which counts one restart
+        def total(name: str, scraped: collections.Counter) -> float:
+            return sum(scraped[(name, replica)] for replica in ("0", "1"))
+
+        while total("ssd_replica_restarts_total", scraped := _scrape(port)) < 1 or \
+                total("ssd_replica_up", scraped) < 2:
+            assert time.monotonic() < deadline + 60, scraped
+            time.sleep(0.5)
+        assert total("ssd_requests_total", scraped) >= 1 and scraped[("ssd_requests_total", None)] == 0
         started |= _descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 0

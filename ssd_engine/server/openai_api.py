@@ -43,7 +43,10 @@ def open_paths(metrics_require_key: bool = False) -> tuple[str, ...]:
 
 
 def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = None,
-              metrics_require_key: bool = False) -> FastAPI:
+              metrics_require_key: bool = False, every_replicas_metrics=None) -> FastAPI:
+    """The OpenAI app in front of one engine. `every_replicas_metrics`: an async callable whose bytes
+    /metrics answers instead of this engine's own (server/replica_metrics.py); `app.state.own_metrics`
+    renders this engine's."""
     if metrics_require_key and api_keys is None:
         raise ValueError("metrics_require_key needs API keys")
     app = FastAPI(title="ssd_engine")
@@ -102,9 +105,13 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
                          code="unsupported_field")
         return reject(400, f"invalid {where!r}: {first.get('msg')}", param=where or None)
 
+    async def own_metrics() -> bytes:
+        return metrics.render(await async_engine.snapshot(), async_engine.aborted)
+    app.state.own_metrics = own_metrics
+
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(metrics.render(await async_engine.snapshot(), async_engine.aborted), media_type=CONTENT_TYPE_LATEST)
+        return Response(await (every_replicas_metrics or own_metrics)(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/health")
     async def health() -> dict:

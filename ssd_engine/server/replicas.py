@@ -11,16 +11,19 @@ not an error; Ray Serve restarts the replica. Requests queue past every replica'
 `max_ongoing_requests` (the engine's `max_num_seqs`) up to `--max-pending`, 503 beyond. Core sets:
 the N-way split of the cores this process may use (or `--cpu-cores` with one set per replica),
 replica r on set r (its Ray Serve rank); with `--ray-address` the replicas go where the cluster
-places them, each on the cores its node gives it.
+places them, each on the cores its node gives it. `/metrics`, whichever replica answers it, is every
+replica's, each sample labelled with its replica (server/replica_metrics.py).
 
 Nothing here imports ray until N > 1 asks for it: one engine never needs it.
 """
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from ssd_engine.core.config import EngineConfig, format_core_sets, parse_core_sets
 from ssd_engine.distributed.placement import available_cores, split_evenly
+from ssd_engine.server import replica_metrics
 from ssd_engine.server.relay import HttpRequest, relay, run_app
 
 RAY_INSTALL = 'pip install -e ".[ray]"'
@@ -32,7 +35,7 @@ class EngineReplica:
 
     def __init__(self, make_llm: Callable[..., object], describe: Callable[[object], str], options: dict,
                  core_sets: list[list[int]] | None, served_name: str, api_keys, metrics_require_key: bool,
-                 max_pending: int) -> None:
+                 max_pending: int, board) -> None:
         from ray import serve
 
         from ssd_engine.server.async_engine import AsyncEngine
@@ -42,7 +45,13 @@ class EngineReplica:
         if core_sets is not None:
             options = {**options, "cpu_cores": format_core_sets([core_sets[rank % len(core_sets)]])}
         self.async_engine = AsyncEngine.build(lambda: make_llm(**options), max_pending=max_pending)
-        self.app = build_app(self.async_engine, served_name, api_keys=api_keys, metrics_require_key=metrics_require_key)
+
+        async def every_replicas_metrics() -> bytes:  # /metrics, wherever the scrape lands: the board's merge
+            return await board.render.remote()
+        self.app = build_app(self.async_engine, served_name, api_keys=api_keys, metrics_require_key=metrics_require_key,
+                             every_replicas_metrics=every_replicas_metrics)
+        self.stop_pushing = threading.Event()
+        replica_metrics.push_forever(board, rank, self.app.state.own_metrics, self.stop_pushing)
         print(f"[replica {rank}] {describe(self.async_engine.llm)}", file=sys.stderr, flush=True)
 
     async def forward(self, request: HttpRequest):
@@ -51,6 +60,8 @@ class EngineReplica:
             yield piece
 
     def __del__(self) -> None:
+        if hasattr(self, "stop_pushing"):
+            self.stop_pushing.set()
         async_engine = getattr(self, "async_engine", None)
         if async_engine is not None:
             async_engine.close()
@@ -125,8 +136,10 @@ def serve_replicas(replicas: int, make_llm: Callable[..., object], describe: Cal
         # the ingress holds every request the replicas run or queue; it computes nothing (no CPU of its own)
         ingress = serve.deployment(Ingress, name="ingress", max_ongoing_requests=replicas * max_num_seqs + max_pending,
                                    ray_actor_options={"num_cpus": 0})
+        # every replica's metrics meet here for /metrics (server/replica_metrics.py); no CPU of its own
+        board = ray.remote(replica_metrics.MetricsBoard).options(num_cpus=0).remote()
         serve.run(ingress.bind(engines.bind(make_llm, describe, options, core_sets, served_name, api_keys,
-                                            metrics_require_key, max_pending)),
+                                            metrics_require_key, max_pending, board)),
                   name=APP_NAME, route_prefix="/", blocking=False)
         print(f"[serve] {replicas} replicas on Ray Serve at http://{host}:{port}"
               + (f" (cores {format_core_sets(core_sets)})" if core_sets else f" (cluster {ray_address})"),
