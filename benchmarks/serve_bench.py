@@ -153,7 +153,9 @@ def summarize(benchmark: dict) -> dict:
     totals = metrics["request_totals"]
     row = {"output_tok_s": metrics["output_tokens_per_second"]["successful"]["mean"],
            "requests_s": metrics["requests_per_second"]["successful"]["mean"],
-           "successful": totals["successful"], "errored": totals["errored"]}
+           "successful": totals["successful"], "errored": totals["errored"],
+           "prompt_tokens": metrics["prompt_token_count"]["successful"]["mean"],
+           "output_tokens": metrics["output_token_count"]["successful"]["mean"]}
     for short, key in METRICS.items():
         percentiles = metrics[key]["successful"]["percentiles"]
         row[short] = {"p50": percentiles["p50"], "p99": percentiles["p99"]}

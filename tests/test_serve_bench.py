@@ -15,6 +15,8 @@ def _report(tok_s: float) -> dict:
     return {"metrics": {"output_tokens_per_second": {"successful": {"mean": tok_s}},
                         "requests_per_second": {"successful": {"mean": 0.5}},
                         "request_totals": {"successful": 8, "errored": 0},
+                        "prompt_token_count": {"successful": {"mean": 450.0}},
+                        "output_token_count": {"successful": {"mean": 64.0}},
                         **{key: stat for key in serve_bench.METRICS.values()}}}
 
 
