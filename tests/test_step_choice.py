@@ -36,19 +36,54 @@ def _seqs(n: int, seeded: bool = False) -> list[Sequence]:
     return [Sequence([1, 2], SamplingParams(seed=7 if seeded else None), 4) for _ in range(n)]
 
 
+class _Draft:
+    """SD's draft as the choice reads it: how far behind it is, what a token of catch-up costs."""
+
+    def __init__(self, lag: int = 0, s_per_token: float | None = None) -> None:
+        self.behind, self.catch_up_s_per_token = lag, s_per_token
+
+    def lag(self, seqs) -> int:
+        return self.behind
+
+
 def test_both_arms_are_tried_then_the_faster_runs_and_the_other_is_retried():
-    choice = StepChoice(k=3)
+    choice, steady = StepChoice(k=3), _Draft()
     batch = _seqs(5)
-    first = choice.choose(batch)
+    first = choice.choose(batch, steady)
     choice.record(first, 5, 10, 1.0)
-    second = choice.choose(batch)
+    second = choice.choose(batch, steady)
     assert {first, second} == {3, 0}
     choice.record(second, 5, 20 if second == 0 else 5, 1.0)  # plain decoding emits more per second here
     every = step_choice.EXPLORE_EVERY["speculate"]
-    runs = [choice.choose(batch) for _ in range(every)]
+    runs = [choice.choose(batch, steady) for _ in range(every)]
     assert runs[:-1] == [0] * (every - 1) and runs[-1] == 3  # K re-tried once
-    assert choice.choose(_seqs(5) + _seqs(1, seeded=True)) == 3  # a seeded request's batch runs K
-    assert choice.choose(_seqs(40)) == 0  # a new batch size reads the nearest one's rates
+    assert choice.choose(_seqs(5) + _seqs(1, seeded=True), steady) == 3  # a seeded request's batch runs K
+    assert choice.choose(_seqs(40), steady) == 0  # a new batch size reads the nearest one's rates
+
+
+def test_a_catch_up_runs_only_where_the_tokens_left_pay_for_it():
+    """K measured faster (30 against 20 tokens/s) but the draft 1,000 tokens behind at 10 ms a token:
+    10 s of catch-up. Five sequences with 16 tokens left save 80/20 - 80/30 = 1.3 s: plain. With 1,000
+    left each they save 83 s: K. A step that caught up never feeds K's steady rate; unmeasured, K runs;
+    and K is re-measured once its catch-up is a small share of the time since it last ran."""
+    choice = StepChoice(k=3)
+    for k, rate in ((3, 30.0), (0, 20.0)):
+        choice.choose(_seqs(5), _Draft())
+        choice.record(k, 5, rate, 1.0)
+    behind = _Draft(lag=1000, s_per_token=0.01)
+    short = [Sequence([1, 2], SamplingParams(max_tokens=16), 4) for _ in range(5)]
+    long = [Sequence([1, 2], SamplingParams(max_tokens=1000), 4) for _ in range(5)]
+    assert choice.choose(short, behind) == 0
+    assert choice.choose(long, behind) == 3 and choice.caught_up
+    choice.record(3, 5, 1.0, 10.0)  # the catch-up step's own rate: 0.1 tokens/s, not K's
+    assert choice.arms[(5).bit_length(), 3].rate == 30.0
+    assert choice.choose(long + long, behind) == 0  # ten sequences: five's rates promise nothing there
+    assert choice.choose(short, _Draft(lag=1000)) == 3  # the catch-up's cost not measured yet: K measures it
+    later = step_choice.time.monotonic() + 10.0 / step_choice.EXPLORE_SHARE + 1  # 10 s of catch-up: a share
+    with pytest.MonkeyPatch.context() as patch:  # of the time since K last ran at this batch size
+        patch.setattr(step_choice.time, "monotonic", lambda: later)
+        assert choice.choose(short, behind) == 3  # re-measured, although its rates say plain
+    assert choice.choose(short, _Draft(lag=2 * 5, s_per_token=0.01)) == 3  # steady: no catch-up to pay for
 
 
 @pytest.fixture
@@ -60,6 +95,7 @@ def random_switches(monkeypatch):
         drawn.append(rng.choice((self.k, 0)))
         return drawn[-1]
     monkeypatch.setattr(StepChoice, "_choose", choose)
+    monkeypatch.setattr(StepChoice, "_catch_up_pays", lambda *_: True)  # every drawn K runs
     return drawn
 
 

@@ -88,6 +88,7 @@ class LLMEngine:
             self.speculator, self.draft_format = build_sync_draft(side, target)
             self.scheduler.tell_on_release(self.speculator)
             self.step_choice = StepChoice(parts.speculative.k) if parts.speculative.per_step == "goodput" else None
+            self.speculator.reads_prompts_ahead = self.step_choice is None
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             threads = parts.model.num_threads or (len(cores) if cores else torch.get_num_threads())
@@ -234,7 +235,7 @@ class LLMEngine:
 
         Returns the sequences that finished in it."""
         started = time.perf_counter()
-        k = self.step_choice.choose(self.scheduler.running) if self.step_choice else self.k
+        k = self.step_choice.choose(self.scheduler.running, self.speculator) if self.step_choice else self.k
         batch = self.scheduler.schedule(k)
         if not batch.seqs:
             if self.scheduler.has_unfinished():

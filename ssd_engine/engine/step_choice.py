@@ -12,13 +12,23 @@ is run at once; one never run at this batch size is tried after FIRST_LOOK steps
 run there for EXPLORE_EVERY steps (more for K, whose try costs the draft's catch-up) once more, so
 the estimates follow the load and the acceptance.
 
+Plain steps leave the draft behind (it reads nothing), and so do prompts: before a speculated step
+the draft reads every token it missed, a prefill of its own. Only steady steps (the draft at most
+STEADY_LAG tokens a sequence behind) feed an arm's rate. A step that would first catch the draft up
+runs K where the time it saves over the batch's remaining tokens at the two rates measured at its
+batch size exceeds the catch-up's measured cost, or, to measure or re-measure K there, where the
+catch-up costs at most EXPLORE_SHARE of the time since K last ran at this batch size; until both
+rates and the cost are measured anywhere, it runs K, so they get measured.
+
 Exactness is the verifier's: a plain step samples the target's law, a speculated one verifies, and
 the draft catches up with whatever tokens it missed (speculative/sd.py). Seeded requests promise the
 same tokens alone or in any batch, and a step's K would make theirs depend on the batch: a step
 whose batch holds one runs K.
 """
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from ssd_engine.core.structures import Sequence
 
@@ -27,12 +37,22 @@ from ssd_engine.core.structures import Sequence
 EXPLORE_EVERY = {"plain": 64, "speculate": 256}
 FIRST_LOOK = 4      # steps at a batch size before an arm never run at it is tried there
 WEIGHT = 0.25       # of the newest step in an arm's running average
+STEADY_LAG = 2      # draft tokens a sequence behind in a steady speculated round (the bonus, the last draft)
+EXPLORE_SHARE = 0.1  # of the time since K last ran at a batch size, spent on a catch-up to re-measure it
+
+
+class Draft(Protocol):
+    """What the choice reads of SD's draft (speculative/sd.py)."""
+    catch_up_s_per_token: float | None
+
+    def lag(self, seqs: list[Sequence]) -> int: ...
 
 
 @dataclass
 class Arm:
     rate: float | None = None  # emitted tokens per second
     last_step: int = -1        # the step count when it last ran
+    last_time: float = field(default_factory=time.monotonic)  # when it last ran (or was first wanted)
 
 
 class StepChoice:
@@ -41,13 +61,39 @@ class StepChoice:
         self.arms: dict[tuple[int, int], Arm] = {}  # (batch-size bucket, K) -> its measurements
         self.steps = 0
         self.steps_by_k: Counter = Counter()
+        self.caught_up = False  # whether the step last chosen started with a catch-up (its rate is not steady)
 
-    def choose(self, running: list[Sequence]) -> int:
+    def choose(self, running: list[Sequence], draft: Draft) -> int:
         """K for the step about to run over (at most) `running`."""
         self.steps += 1
         k = self._choose(running)
+        lag = draft.lag(running) if k else 0
+        self.caught_up = lag > STEADY_LAG * len(running)
+        if self.caught_up and not self._catch_up_pays(running, lag, draft.catch_up_s_per_token):
+            k, self.caught_up = 0, False
+        if k:
+            self.arms.setdefault((len(running).bit_length(), k), Arm()).last_time = time.monotonic()
         self.steps_by_k[k] += 1
         return k
+
+    def _catch_up_pays(self, running: list[Sequence], lag: int, s_per_token: float | None) -> bool:
+        """Whether reading `lag` tokens into the draft first is paid back by speculating over what
+        the batch has left to generate, at the measured rates."""
+        if any(seq.params.seed is not None for seq in running):
+            return True  # a seeded request's batch always drafts K (the module docstring)
+        bucket = len(running).bit_length()
+        if self._nearest_pair(bucket) is None or s_per_token is None:
+            return True  # nothing measured yet: this step measures it
+        cost = lag * s_per_token
+        since = time.monotonic() - self.arms.setdefault((bucket, self.k), Arm()).last_time
+        if cost <= EXPLORE_SHARE * since:
+            return True
+        # another batch size's rates are no promise here (a larger batch's verification costs more)
+        rates = {k: self.arms.get((bucket, k), Arm()).rate for k in (self.k, 0)}
+        if not (rates[self.k] and rates[0]):
+            return False
+        left = sum(max(seq.params.max_tokens - seq.num_output_tokens, 0) for seq in running)
+        return left / rates[0] - left / rates[self.k] > cost
 
     def _choose(self, running: list[Sequence]) -> int:
         if not running or any(seq.params.seed is not None for seq in running):
@@ -75,7 +121,7 @@ class StepChoice:
 
     def record(self, k: int, decoding: int, emitted: int, seconds: float) -> None:
         """A step that decoded `decoding` sequences (and prefilled none) and emitted `emitted` tokens."""
-        if decoding == 0 or seconds <= 0:
+        if decoding == 0 or seconds <= 0 or (k and self.caught_up):  # a catch-up is not a steady round
             return
         arm = self.arms.setdefault((decoding.bit_length(), k), Arm())
         rate = emitted / seconds

@@ -11,6 +11,8 @@ paged_draft.py's, shared with the SSD draft process. SD's own is its sampling: a
 in one draw from each request's draft stream, and which rows draw one decided from the sampling
 parameters, so the K steps read nothing on the host. The round's one read is the verifier's.
 """
+import time
+
 import torch
 import torch.nn.functional as F
 
@@ -29,6 +31,8 @@ from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 from ssd_engine.speculative.paged_draft import PagedDraft, StepSampler
 from ssd_engine.utils.host_upload import upload
+
+CATCH_UP_SAMPLE = 32  # tokens read in one propose before its time says what catching up costs
 
 
 class DraftView:
@@ -55,11 +59,21 @@ class SyncDraft(PagedDraft[DraftView]):
         self.proposable_vocab = proposable_vocab  # ids past the tokenizer are embedding padding
         self.generator = generator
         self.grammars = grammars  # structured requests' drafts follow their grammar: higher acceptance
+        self.catch_up_s_per_token: float | None = None  # running average over catch-ups of CATCH_UP_SAMPLE+ tokens
+        # read a prompt one chunk behind the target (every step drafts K), or only once it drafts for the
+        # sequence (engine/step_choice.py, whose plain steps may never need the draft's read)
+        self.reads_prompts_ahead = True
 
     def view(self, seq: Sequence) -> DraftView:
         if seq.seq_id not in self.views:
             self.views[seq.seq_id] = DraftView(seq)
         return self.views[seq.seq_id]
+
+    def lag(self, seqs: list[Sequence]) -> int:
+        """Tokens the draft must read before it can draft for every one of `seqs` (engine/step_choice.py
+        weighs them: a plain step leaves the draft behind, and catching up costs a prefill)."""
+        return sum(len(seq) - (self.views[seq.seq_id].num_computed_tokens if seq.seq_id in self.views else 0)
+                   for seq in seqs)
 
     def release(self, seq: Sequence) -> None:
         view = self.views.pop(seq.seq_id, None)
@@ -75,6 +89,8 @@ class SyncDraft(PagedDraft[DraftView]):
         extend, ends, drafting = [], [], []
         dec_views = []
         for seq, dec in zip(batch.seqs, decoding):
+            if not dec and not self.reads_prompts_ahead:
+                continue
             view = self.view(seq)
             if dec:
                 dec_views.append(view)
@@ -91,7 +107,12 @@ class SyncDraft(PagedDraft[DraftView]):
                 ends.append(end)
             if dec:
                 drafting.append(view)
+        started, read = time.perf_counter(), sum(end - v.num_computed_tokens for v, end in zip(extend, ends))
         logits = self._extend(extend, ends, drafting)
+        if read >= CATCH_UP_SAMPLE:  # a prompt's or a plain run's worth: what a token of catch-up costs
+            per_token = (time.perf_counter() - started) / read
+            self.catch_up_s_per_token = per_token if self.catch_up_s_per_token is None else \
+                0.5 * (self.catch_up_s_per_token + per_token)
         if not dec_views:
             return None
         device, vocab = self.runner.device, self.runner.config.vocab_size
