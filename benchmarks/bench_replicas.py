@@ -13,8 +13,6 @@ request per client. Writes benchmarks/results/DATE-replicas[-TAG].md and .json, 
 import argparse
 import concurrent.futures
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +20,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # suite/
+from suite.server_process import free_port, interrupt  # noqa: E402
+
 PROMPT = "def fibonacci_{i}(n):\n    \"\"\"Return the n-th Fibonacci number, request {i}.\"\"\"\n"
 
 
@@ -36,12 +36,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--tag", default=None)
     return p.parse_args(argv)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(args, port: int, cores: str, replicas: int) -> subprocess.Popen:
@@ -92,7 +86,7 @@ def _load(client, clients: int, args) -> dict:
 
 def run_layout(args, name: str, cores: str, replicas: int) -> dict:
     import openai
-    port = _free_port()
+    port = free_port()
     proc = _start(args, port, cores, replicas)
     try:
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
@@ -100,12 +94,7 @@ def run_layout(args, name: str, cores: str, replicas: int) -> dict:
         levels = [_load(client, int(c), args) for c in args.clients.split(",")]
         return {"layout": name, "cores": cores, "replicas": replicas, "start_s": start_s, "levels": levels}
     finally:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        interrupt(proc, timeout_s=120, group=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -19,7 +19,6 @@ import http.client
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -27,6 +26,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # suite/
+from suite.server_process import interrupt  # noqa: E402
+
 PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
 
 
@@ -129,12 +130,7 @@ def run_server(a, mode: str) -> list[dict]:
         os.sched_setaffinity(0, a.cores)  # the client on the engine's cores, as one machine's user
         return [stream_once(port, a) for _ in range(1 + a.repeats)][1:]
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        interrupt(proc)
 
 
 def best(rates: list[dict]) -> dict:

@@ -22,7 +22,6 @@ import datetime
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # suite/
+from suite.server_process import free_port, interrupt  # noqa: E402
+
 NAME = "m"  # the model name every server answers to
 METRICS = {"ttft_ms": "time_to_first_token_ms", "tpot_ms": "time_per_output_token_ms",
            "itl_ms": "inter_token_latency_ms", "latency_s": "request_latency"}
@@ -92,16 +93,9 @@ def server_argv(a, server: str, port: int) -> list[str]:
     return argv + (["--speculation-per-step", policy] if policy else [])
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start(a, server: str) -> tuple[subprocess.Popen, int]:
     """The server running and answering /health (a model loads first: minutes at most)."""
-    port = _free_port()
+    port = free_port()
     log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(server_argv(a, server, port), stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
                             env={k: v for k, v in os.environ.items() if k != "SSD_ENGINE_API_KEY"})
@@ -117,17 +111,8 @@ def start(a, server: str) -> tuple[subprocess.Popen, int]:
         except OSError:
             pass
         time.sleep(1)
-    stop(proc)
+    interrupt(proc)
     raise RuntimeError(f"{server} did not answer /health in 600 s")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def measure(a, port: int, tokenizer: str, prompt_tokens: int, profile: str, requests: int, seed: int) -> dict:
@@ -223,7 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
                     print(f"{server} {length} tokens {label}: {row['output_tok_s']:.2f} tok/s, TTFT p50 "
                           f"{row['ttft_ms']['p50'] / 1e3:.1f} s, errors {row['errored']}", file=sys.stderr, flush=True)
         finally:
-            stop(proc)
+            interrupt(proc)
     result = {"date": datetime.date.today().isoformat(), "machine": machine_line("cpu"), "cores": a.cores,
               "model": a.model or "the built-in pair", "servers": a.servers, "output_tokens": a.output_tokens,
               "command": "python benchmarks/serve_bench.py " + " ".join(argv), "cells": cells}
