@@ -88,7 +88,6 @@ class LLMEngine:
             self.speculator, self.draft_format = build_sync_draft(side, target)
             self.scheduler.tell_on_release(self.speculator)
             self.step_choice = StepChoice(parts.speculative.k) if parts.speculative.per_step == "goodput" else None
-            self.speculator.reads_prompts_ahead = self.step_choice is None
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             threads = parts.model.num_threads or (len(cores) if cores else torch.get_num_threads())

@@ -53,7 +53,8 @@ class DraftView:
 
 class SyncDraft(PagedDraft[DraftView]):
     def __init__(self, runner: ModelRunner, num_blocks: int, block_size: int, k: int,
-                 proposable_vocab: int, generator: torch.Generator, grammars: Grammars | None = None) -> None:
+                 proposable_vocab: int, generator: torch.Generator, grammars: Grammars | None = None,
+                 reads_prompts_ahead: bool = True) -> None:
         super().__init__(runner, BlockManager(num_blocks, block_size, enable_prefix_caching=False), k)
         self.views: dict[int, DraftView] = {}
         self.proposable_vocab = proposable_vocab  # ids past the tokenizer are embedding padding
@@ -62,7 +63,7 @@ class SyncDraft(PagedDraft[DraftView]):
         self.catch_up_s_per_token: float | None = None  # running average over catch-ups of CATCH_UP_SAMPLE+ tokens
         # read a prompt one chunk behind the target (every step drafts K), or only once it drafts for the
         # sequence (engine/step_choice.py, whose plain steps may never need the draft's read)
-        self.reads_prompts_ahead = True
+        self.reads_prompts_ahead = reads_prompts_ahead
 
     def view(self, seq: Sequence) -> DraftView:
         if seq.seq_id not in self.views:

@@ -117,7 +117,8 @@ def build_sync_draft(side: TargetSide, target: RunnerSpec) -> tuple[SyncDraft, D
     # the bonus: two tokens a row; one after a rejection)
     runner.capture_graphs([("paged", 1), ("paged", 2)])
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, k, proposable,
-                     stream_generator(side.parts.seed, Stream.DRAFT, device=side.device), side.grammars), chosen
+                     stream_generator(side.parts.seed, Stream.DRAFT, device=side.device), side.grammars,
+                     reads_prompts_ahead=side.parts.speculative.per_step == "off"), chosen
 
 
 def with_draft_format(runner_spec: RunnerSpec, option: str, workload: list[tuple[int, int]],
