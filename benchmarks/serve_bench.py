@@ -79,12 +79,13 @@ def server_argv(a, server: str, port: int) -> list[str]:
     pin = ["taskset", "-c", ",".join(map(str, a.cores))]
     if server == "llamacpp":
         from llamacpp_mode import gguf_for
+
+        from ssd_engine.utils.machine import cpu_flags
         slots = max(a.concurrency + [a.poisson_requests if a.rates else 1])
         context = slots * (max(a.prompt_tokens) + a.output_tokens + 64)
-        amx = "amx_tile" in open("/proc/cpuinfo").read()
         return pin + [a.llama_server, "-m", gguf_for(a.model), "--port", str(port), "--host", "127.0.0.1",
                       "-t", str(len(a.cores)), "-np", str(slots), "-c", str(context), "--alias", NAME] \
-            + (["--no-repack"] if amx else [])
+            + (["--no-repack"] if "amx_tile" in cpu_flags() else [])  # AMX: its repacked path dies there
     mode, _, policy = server.partition("+")
     argv = pin + [sys.executable, "-m", "ssd_engine.serve", "--port", str(port), "--served-model-name", NAME,
                   "--speculative-mode", mode, "--max-num-seqs", str(max(a.concurrency + [16]))]
