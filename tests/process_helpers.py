@@ -36,13 +36,46 @@ def children_of(parent: int) -> set[int]:
     return found
 
 
-def wait_for_children(parent: int, count: int, timeout_s: float) -> set[int]:
-    """Poll until `parent` has at least `count` live children; returns them (fewer on timeout)."""
+def descendants_of(parent: int) -> set[int]:
+    """Live processes below `parent`: its children, theirs, and so on."""
+    found, frontier = set(), {parent}
+    while frontier:
+        frontier = set().union(*(children_of(p) for p in frontier)) - found
+        found |= frontier
+    return found
+
+
+def is_fork_server(pid: int) -> bool:
+    """The engine process's fork server (ssd_engine/distributed/forkserver_main.py): it is an engine
+    process's direct child; the children it forks carry its command line too, one level down."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"ssd_engine.distributed.forkserver_main" in f.read()
+    except OSError:
+        return False
+
+
+def engine_children(parent: int) -> set[int]:
+    """The engine process's live child processes (SSD draft, tensor-parallel workers), whether
+    forked by its fork server or started as its own children; the idle server is not one."""
+    found = set()
+    for child in children_of(parent):
+        found |= children_of(child) if is_fork_server(child) else {child}
+    return found
+
+
+def wait_for_children(parent: int, count: int, timeout_s: float, every_process: bool = False) -> set[int]:
+    """Poll until `parent` has at least `count` live engine children (every_process: count its fork
+    server too); returns them (fewer on timeout)."""
+    def found_now() -> set[int]:
+        children = engine_children(parent)
+        return children | children_of(parent) if every_process else children
+
     deadline = time.monotonic() + timeout_s
-    found = children_of(parent)
+    found = found_now()
     while len(found) < count and time.monotonic() < deadline and alive(parent):
         time.sleep(0.005)  # the first moments of a child's life are the ones under test
-        found = children_of(parent)
+        found = found_now()
     return found
 
 

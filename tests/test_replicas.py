@@ -15,7 +15,7 @@ import time
 import urllib.request
 
 import pytest
-from process_helpers import alive, children_of, free_port, gone_within
+from process_helpers import alive, descendants_of, free_port, gone_within
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.server.replicas import replica_core_sets, serve_replicas
@@ -42,14 +42,6 @@ def test_a_replica_count_below_one_is_refused():
     done = subprocess.run([sys.executable, "-m", "ssd_engine.serve", "--model", "x", "--data-parallel-size", "0"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.strip() == "error: --data-parallel-size must be >= 1, got 0"
-
-
-def _descendants(pid: int) -> set[int]:
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = set().union(*(children_of(p) for p in frontier)) - found
-        found |= frontier
-    return found
 
 
 def _replica_pid(proc: subprocess.Popen, said: list[str], deadline: float) -> int:
@@ -97,7 +89,7 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         while not any(line.startswith("[serve] 2 replicas on Ray Serve") for line in said):
             assert time.monotonic() < deadline and proc.poll() is None, "".join(said[-30:])
             said.append(proc.stderr.readline())
-        started = _descendants(proc.pid)
+        started = descendants_of(proc.pid)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
 
         def plain(prompt: str) -> str:
@@ -135,7 +127,7 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
             assert time.monotonic() < deadline + 60, scraped
             time.sleep(0.5)
         assert total("ssd_requests_total", scraped) >= 1 and scraped[("ssd_requests_total", None)] == 0
-        started |= _descendants(proc.pid)
+        started |= descendants_of(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 0
         assert gone_within(started, 30), [p for p in started if alive(p)]

@@ -17,6 +17,7 @@ import time
 
 import pytest
 from cpu_features import NEEDS_BF16
+from process_helpers import engine_children
 from test_speculative_decoding import (  # noqa: F401 (fixtures)
     GREEDY,
     _derived,
@@ -43,17 +44,7 @@ def _ssd(target: str, draft: str, **options) -> LLM:
 
 
 def _children() -> set[int]:
-    me = str(os.getpid())
-    kids = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z":
-            kids.add(int(pid))
-    return kids
+    return engine_children(os.getpid())
 
 
 REGIMES = {

@@ -20,7 +20,7 @@ import time
 import hf_oracle
 import pytest
 import torch
-from process_helpers import children_of, gone_within, kill_session, read_line
+from process_helpers import engine_children, gone_within, kill_session, read_line
 from runners import tiny_runner
 from ssd_engine.kernels import gguf_cpu
 
@@ -43,7 +43,7 @@ SPLITS = {
 
 def child_pids() -> set[int]:
     """Live children of this process, read from the process table."""
-    return children_of(os.getpid())
+    return engine_children(os.getpid())
 
 
 def _step_logits(runner, blocks: BlockManager, prompts: list[list[int]]) -> torch.Tensor:

@@ -25,6 +25,7 @@ sys.path.insert(0, HERE)
 from bench import load_prompts  # noqa: E402
 from suite.dated_report import write_dated_report  # noqa: E402
 from suite.machine import machine_line  # noqa: E402
+from suite.measure import vm_hwm_gb  # noqa: E402
 
 
 def child(spec: dict) -> dict:
@@ -51,10 +52,10 @@ def child(spec: dict) -> dict:
             outputs += [list(o.token_ids) for o in outs]
         result["decode"][batch] = tokens / (time.perf_counter() - start)
         result["outputs"] = result["outputs"] or outputs
+    workers = getattr(llm.engine.runner, "processes", {})  # read while they live: their parent may be a fork server
+    result["peak_rss_gb"] = {f"rank {rank}": vm_hwm_gb(process.pid) for rank, process in workers.items()}
     llm.close()
-    result["peak_rss_gb"] = {"rank 0": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
-    if spec["tp"] > 1:
-        result["peak_rss_gb"]["rank 1"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20
+    result["peak_rss_gb"]["rank 0"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     return result
 
 

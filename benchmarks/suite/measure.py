@@ -46,7 +46,7 @@ def cell(requests_by_batch: list[list[Request]], wall_s: float) -> dict:
     }
 
 
-def _vm_hwm_gb(pid: int) -> float | None:
+def vm_hwm_gb(pid: int) -> float | None:
     """Peak resident memory of a live process (VmHWM), in GB; None when it is gone or unreadable."""
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -65,10 +65,10 @@ def engine_peaks(llm) -> dict[str, float]:
     tensor-parallel workers (read while they live), and on CUDA the GPU memory this process allocated."""
     peaks = {"engine": own_peak_gb()}
     draft_pid = getattr(llm.engine.speculator, "pid", None)
-    if draft_pid is not None and (gb := _vm_hwm_gb(draft_pid)) is not None:
+    if draft_pid is not None and (gb := vm_hwm_gb(draft_pid)) is not None:
         peaks["draft process"] = gb
     for rank, process in getattr(llm.engine.runner, "processes", {}).items():
-        if (gb := _vm_hwm_gb(process.pid)) is not None:
+        if (gb := vm_hwm_gb(process.pid)) is not None:
             peaks[f"TP rank {rank}"] = gb
     if llm.config.device.startswith("cuda"):
         import torch

@@ -11,7 +11,11 @@ process, so `start` forks from a thread that lives as long as the process: the m
 called from any other thread (an engine built inside a worker thread), one spawner thread kept for
 the purpose.
 
-Only this module imports nothing heavy: the child runs it before torch is imported.
+On Linux a child is forked by this process's fork server (forkserver.py), itself started here as a
+fresh interpreter: the server dies with this process and each child with the server, the same
+rule one level down.
+
+Only this module (and forkserver.py) imports nothing heavy: the child runs it before torch is imported.
 """
 import json
 import os
@@ -23,6 +27,11 @@ import threading
 import time
 from concurrent.futures import Future
 
+from ssd_engine.distributed import forkserver
+from ssd_engine.distributed.forkserver import ForkedChild
+
+ChildProcess = subprocess.Popen | ForkedChild  # what `start` returns: both poll, wait, terminate, kill
+
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 0.5
 
@@ -30,11 +39,21 @@ _spawn_requests: "queue.SimpleQueue | None" = None
 _spawn_lock = threading.Lock()
 
 
-def start(module: str, args: dict, **popen_kwargs) -> subprocess.Popen:
-    """Parent side: run `python -m module` in a fresh interpreter that dies with this process.
+def start(module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> ChildProcess:
+    """Parent side: run `python -m module PARENT_PID ARGS_JSON` as a process that dies with this
+    one, its stdin closed and `pass_fds` open at the same numbers. Forked from this process's fork
+    server where there is one (forkserver.py: torch already imported), else a fresh interpreter.
 
     The module's entry point must call `child_args` first."""
+    if forkserver.usable():
+        return forkserver.shared(start_interpreter).start(module, args, pass_fds)
+    return start_interpreter(module, args, pass_fds)
+
+
+def start_interpreter(module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen:
+    """`start` in a fresh interpreter, this process its parent."""
     argv = [sys.executable, "-m", module, str(os.getpid()), json.dumps(args)]
+    popen_kwargs = dict(stdin=subprocess.DEVNULL, pass_fds=pass_fds)
     if threading.current_thread() is threading.main_thread():
         return subprocess.Popen(argv, **popen_kwargs)
     done: Future = Future()

@@ -1,7 +1,7 @@
 """Start, await and stop the engine's child processes (tensor-parallel workers, the SSD draft).
 
-A child is a fresh interpreter started through lifeline.py (so it dies with this process) that
-finds this process through a TCPStore hosted here on a kernel-picked port, and announces that it
+A child is started through lifeline.py (so it dies with this process: forked by the engine
+process's fork server, or a fresh interpreter), finds this process through a TCPStore hosted here on a kernel-picked port, and announces that it
 is up by setting its readiness key there. Waiting for it polls that key and the child's exit code
 against one deadline: a child that dies while starting fails the wait at once with its exit code
 (its traceback is on stderr above), one that hangs fails it at the deadline, and either way every
@@ -29,7 +29,7 @@ class ReadinessStore(Protocol):
 @dataclass
 class Child:
     name: str                  # how errors name it: "SSD draft process", "tensor-parallel worker rank 1"
-    process: subprocess.Popen
+    process: lifeline.ChildProcess
     ready_key: str             # set in the store by the child once it is up
 
 
@@ -39,9 +39,9 @@ def host_store(world_size: int) -> dist.TCPStore:
                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
 
 
-def start(name: str, module: str, args: dict, ready_key: str, **popen_kwargs) -> Child:
-    """Parent side: run `python -m module` (see lifeline.start); stdin is never the child's."""
-    return Child(name, lifeline.start(module, args, stdin=subprocess.DEVNULL, **popen_kwargs), ready_key)
+def start(name: str, module: str, args: dict, ready_key: str, pass_fds: tuple[int, ...] = ()) -> Child:
+    """Parent side: run `python -m module` (see lifeline.start)."""
+    return Child(name, lifeline.start(module, args, pass_fds), ready_key)
 
 
 def wait_ready(store: ReadinessStore, children: list[Child], error: type[Exception] = RuntimeError,
@@ -63,7 +63,7 @@ def wait_ready(store: ReadinessStore, children: list[Child], error: type[Excepti
         raise
 
 
-def stop(process: subprocess.Popen, exit_s: float = 0.0, term_s: float | None = None) -> None:
+def stop(process: lifeline.ChildProcess, exit_s: float = 0.0, term_s: float | None = None) -> None:
     """Parent side: end and reap `process`. It gets `exit_s` to exit by itself (it was asked to),
     then, when `term_s` is given, SIGTERM and `term_s` more, then SIGKILL."""
     steps = [(None, exit_s)]

@@ -110,7 +110,7 @@ def ready_key(rank: int) -> str:
 def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
                    timeout_s: float, shm_fd: int | None = None) -> None:
     """A spawned worker (ranks 1..N-1 on this machine): join rank 0's store, then serve."""
-    parent = os.getppid()  # checked by the entry point (lifeline.child_args): still the rank 0 that started us
+    parent = os.getppid()  # rank 0, or its fork server, which dies with it (lifeline.py): checked by the entry point
     if cores is not None:
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)
