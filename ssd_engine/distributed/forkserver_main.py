@@ -94,6 +94,7 @@ def _become_child(request: dict, fds: list[int], server_fds: list[int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         os.chdir(request["cwd"])
+        _set_import_path(request["cwd"], request["env"].get("PYTHONPATH", ""))
         os.sched_setaffinity(0, request["affinity"])
         sys.argv = [request["module"], str(os.getppid()), json.dumps(request["args"])]
         import runpy
@@ -112,6 +113,12 @@ def _become_child(request: dict, fds: list[int], server_fds: list[int]) -> None:
             except (OSError, ValueError):
                 pass
         os._exit(code)
+
+
+def _set_import_path(cwd: str, pythonpath: str) -> None:
+    """sys.path as `python -m` started in `cwd` with this PYTHONPATH would begin it."""
+    entries = [cwd, *filter(None, pythonpath.split(os.pathsep))]
+    sys.path[:] = entries + [entry for entry in sys.path[1:] if entry not in entries]
 
 
 def _place_fds(received: list[int], targets: list[int]) -> None:
