@@ -3,14 +3,18 @@
 streamed and plain requests with one engine's greedy texts, also when one of them is killed while
 requests run on it (server/relay.py retries them on the other); /metrics holds both replicas' samples,
 labelled, and counts the restart; Ctrl-C stops them and the Ray cluster
-the server started, leaving no process behind. Without ray, N > 1 is one line naming the extra."""
+the server started, leaving no process behind. With `--ray-address` on a two-node cluster (two
+`ray start` on this host, one CPU each), each node runs one replica. Without ray, N > 1 is one line
+naming the extra."""
 import collections
 import concurrent.futures
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -138,3 +142,99 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         for pid in started:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------- a two-node cluster on one host
+
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "SSD_ENGINE_PROGRESS": "0"}
+
+
+def _ray_node(args: list[str], ready: str, deadline: float) -> subprocess.Popen:
+    """`ray start ... --block` as a child in its own session; returns once it printed `ready`."""
+    node = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1",
+                             "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env={**os.environ, **RAY_ENV})
+    said: list[str] = []
+    if not _read_until(node, node.stdout, lambda: ready in "".join(said[-3:]), said, deadline):
+        os.killpg(node.pid, signal.SIGKILL)
+        node.wait()
+        raise AssertionError("a Ray node did not start:\n" + "".join(said[-30:]))
+    return node
+
+
+def _read_until(proc: subprocess.Popen, stream, done, said: list[str], deadline: float) -> bool:
+    """Append `stream`'s lines to `said` until done() (True), the deadline or the process's exit (False)."""
+    while not done():
+        if time.monotonic() > deadline or proc.poll() is not None:
+            return False
+        if select.select([stream], [], [], 1.0)[0]:
+            said.append(stream.readline())
+    return True
+
+
+def _is_engine_replica(pid: int) -> bool:
+    """A Ray worker process running an engine replica (Ray names it after the deployment)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().startswith(b"ray::ServeReplica:ssd_engine:engine")
+    except OSError:
+        return False
+
+
+def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
+    """`--ray-address` joins a cluster of two nodes (each `ray start`, one CPU) and Ray Serve places
+    one replica on each; both answer with one engine's texts."""
+    if not os.environ.get("CI"):
+        pytest.importorskip("ray.serve", reason="the ray extra: pip install -e '.[ray]'")
+    openai = pytest.importorskip("openai")
+    greedy = SamplingParams(temperature=0, max_tokens=8)
+    with LLM(tiny_qwen2, num_threads=1) as llm:
+        expected = [o.text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+    deadline = time.monotonic() + 240
+    gcs, port = free_port(), free_port()
+    address = f"127.0.0.1:{gcs}"
+    processes: list[subprocess.Popen] = []
+    started: set[int] = set()
+    # Ray's session folder holds unix sockets, whose paths must stay under 108 bytes: a short folder
+    ray_dir = tempfile.TemporaryDirectory(prefix="ray-", ignore_cleanup_errors=True)
+    try:
+        processes.append(_ray_node(["--head", "--port", str(gcs), "--include-dashboard", "false",
+                                    "--temp-dir", ray_dir.name], "Ray runtime started", deadline))
+        processes.append(_ray_node(["--address", address], "Ray runtime started", deadline))
+        nodes = {"head": processes[0].pid, "second": processes[1].pid}
+        server = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", tiny_qwen2, "--port", str(port),
+                                   "--served-model-name", "tiny", "--data-parallel-size", "2", "--num-threads", "1",
+                                   "--ray-address", address],
+                                  cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                  start_new_session=True, env={**os.environ, **RAY_ENV})
+        processes.append(server)
+        said: list[str] = []
+        assert _read_until(server, server.stderr, lambda: any(line.startswith("[serve] 2 replicas on Ray Serve")
+                                                              for line in said), said, deadline), "".join(said[-30:])
+        # each node's raylet starts its workers: a replica's process is below the `ray start` of its node
+        replicas = {node: [pid for pid in descendants_of(node_pid) if _is_engine_replica(pid)]
+                    for node, node_pid in nodes.items()}
+        assert [len(pids) for pids in replicas.values()] == [1, 1], replicas
+
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            texts = pool.map(lambda p: client.completions.create(model="tiny", prompt=p, max_tokens=8,
+                                                                   temperature=0).choices[0].text, PROMPTS)
+            assert list(texts) == expected
+        started = set().union(*(descendants_of(p.pid) for p in processes))
+        os.killpg(server.pid, signal.SIGINT)
+        assert server.wait(timeout=120) == 0
+        for node in reversed(processes[:2]):  # the second node, then the head: Ctrl-C stops what each started
+            os.killpg(node.pid, signal.SIGINT)
+            node.wait(timeout=60)
+        assert gone_within(started, 30), [p for p in started if alive(p)]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        for pid in started:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        ray_dir.cleanup()
