@@ -10,11 +10,11 @@ import collections
 import concurrent.futures
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -154,9 +154,9 @@ def _ray_node(args: list[str], ready: str, deadline: float) -> subprocess.Popen:
     node = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1",
                              "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, **RAY_ENV})
+                            env={**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"})  # its lines as it prints them
     said: list[str] = []
-    if not _read_until(node, node.stdout, lambda: ready in "".join(said[-3:]), said, deadline):
+    if not _read_until(node, node.stdout, lambda: any(ready in line for line in said), said, deadline):
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
         raise AssertionError("a Ray node did not start:\n" + "".join(said[-30:]))
@@ -164,12 +164,15 @@ def _ray_node(args: list[str], ready: str, deadline: float) -> subprocess.Popen:
 
 
 def _read_until(proc: subprocess.Popen, stream, done, said: list[str], deadline: float) -> bool:
-    """Append `stream`'s lines to `said` until done() (True), the deadline or the process's exit (False)."""
+    """Collect `stream`'s lines into `said` (a reader thread, started once per list) until done()
+    (True), the deadline or the process's exit (False)."""
+    if not said:
+        said.append("")
+        threading.Thread(target=lambda: said.extend(stream), daemon=True).start()
     while not done():
         if time.monotonic() > deadline or proc.poll() is not None:
             return False
-        if select.select([stream], [], [], 1.0)[0]:
-            said.append(stream.readline())
+        time.sleep(0.1)
     return True
 
 
