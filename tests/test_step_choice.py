@@ -1,7 +1,8 @@
 """SD's K chosen every step (`speculation_per_step="goodput"`, ssd_engine/engine/step_choice.py).
 
 - The rule: both arms tried, then the faster; the other re-tried every EXPLORE_EVERY steps of a batch
-  size; a new batch size reads the nearest one's rates; a batch holding a seeded request runs K.
+  size; a new batch size reads the nearest one's rates; K not first tried above a batch size where it
+  lost; a batch holding a seeded request runs K.
 - Exactness across switches: with the choice forced to a random K or 0 every step, greedy SD gives
   AR's tokens, and at T = 1 with every penalty (history-dependent rows) SD's (t1, t2, t3) follow the
   target's law (pair, law and statistics of test_penalties.py; requests in waves, so each wave's steps
@@ -84,6 +85,22 @@ def test_a_catch_up_runs_only_where_the_tokens_left_pay_for_it():
         patch.setattr(step_choice.time, "monotonic", lambda: later)
         assert choice.choose(short, behind) == 3  # re-measured, although its rates say plain
     assert choice.choose(short, _Draft(lag=2 * 5, s_per_token=0.01)) == 3  # steady: no catch-up to pay for
+
+
+def test_k_is_not_first_tried_at_a_larger_batch_than_one_where_it_lost():
+    """K lost at 5 sequences (10 against 20 tokens/s): at 12 it is never first tried (its first try
+    would catch the draft up over all 12); at 2, below, it is; where K won at 5, it is tried at 12."""
+    def measured(k_rate: float) -> StepChoice:
+        choice = StepChoice(k=3)
+        for k, rate in ((3, k_rate), (0, 20.0)):
+            choice.choose(_seqs(5), _Draft())
+            choice.record(k, 5, rate, 1.0)
+        return choice
+
+    lost, won = measured(10.0), measured(30.0)
+    assert 3 not in [lost.choose(_seqs(12), _Draft()) for _ in range(3 * step_choice.FIRST_LOOK)]
+    assert 3 in [lost.choose(_seqs(2), _Draft()) for _ in range(3 * step_choice.FIRST_LOOK)]
+    assert 3 in [won.choose(_seqs(12), _Draft()) for _ in range(3 * step_choice.FIRST_LOOK)]
 
 
 @pytest.fixture

@@ -8,9 +8,10 @@ the emitted tokens per second of the steps that ran K and of those that ran plai
 running average. A step runs the arm with the higher rate at its batch size, or, until both arms
 have run there, at the nearest batch size where both have (a draining batch passes through every
 smaller size: trying both arms at once at each costs more than it tells). An arm never run anywhere
-is run at once; one never run at this batch size is tried after FIRST_LOOK steps there, and one not
-run there for EXPLORE_EVERY steps (more for K, whose try costs the draft's catch-up) once more, so
-the estimates follow the load and the acceptance.
+is run at once; one never run at this batch size is tried after FIRST_LOOK steps there (K not where
+it lost at a smaller batch size: its verification only grows with the batch), and one not run there
+for EXPLORE_EVERY steps (more for K, whose try costs the draft's catch-up) once more, so the
+estimates follow the load and the acceptance.
 
 Plain steps leave the draft behind (it reads nothing), and so do prompts: before a speculated step
 the draft reads every token it missed, a prefill of its own. Only steady steps (the draft at most
@@ -104,10 +105,18 @@ class StepChoice:
             if not any(a.rate is not None for (_, arm_k), a in self.arms.items() if arm_k == k):
                 return k  # never measured at any batch size
             every = EXPLORE_EVERY["speculate" if k else "plain"] if arm.rate is not None else FIRST_LOOK
-            if self.steps - arm.last_step > every:
+            if self.steps - arm.last_step > every and not (k and arm.rate is None and self._lost_below(bucket)):
                 return k
         rates = self._nearest_pair(bucket)
         return max(rates, key=rates.get) if rates else self.k
+
+    def _lost_below(self, bucket: int) -> bool:
+        """Whether K lost to plain decoding at the largest smaller batch size that measured both: a
+        larger batch verifies more rows a step for the same share of steps saved, so K is not first
+        tried there (each first try of K pays the draft's catch-up over the whole batch)."""
+        below = [b for b in {b for b, _ in self.arms} if b < bucket
+                 and all(self.arms.get((b, k), Arm()).rate is not None for k in (self.k, 0))]
+        return bool(below) and self.arms[max(below), self.k].rate < self.arms[max(below), 0].rate
 
     def _nearest_pair(self, bucket: int) -> dict[int, float] | None:
         """Both arms' rates at this batch size, else at the nearest one that measured both (rates at
