@@ -1,6 +1,6 @@
 """SD's K chosen every step (`speculation_per_step="goodput"`, ssd_engine/engine/step_choice.py).
 
-- The rule: both arms tried, then the faster; the other re-tried every EXPLORE_EVERY steps of a batch
+- The rule: both arms tried (a few steady steps each), then the faster; the other re-tried every EXPLORE_EVERY steps of a batch
   size; a new batch size reads the nearest one's rates; K not first tried above a batch size where it
   lost; a batch holding a seeded request runs K.
 - Exactness across switches: with the choice forced to a random K or 0 every step, greedy SD gives
@@ -50,14 +50,19 @@ class _Draft:
 def test_both_arms_are_tried_then_the_faster_runs_and_the_other_is_retried():
     choice, steady = StepChoice(k=3), _Draft()
     batch = _seqs(5)
-    first = choice.choose(batch, steady)
-    choice.record(first, 5, 10, 1.0)
-    second = choice.choose(batch, steady)
-    assert {first, second} == {3, 0}
-    choice.record(second, 5, 20 if second == 0 else 5, 1.0)  # plain decoding emits more per second here
+    tried = []
+    for _ in range(2 * step_choice.MIN_SAMPLES):  # each arm runs a few steady steps before it is compared
+        tried.append(choice.choose(batch, steady))
+        choice.record(tried[-1], 5, 20 if tried[-1] == 0 else 5, 1.0)  # plain decoding emits more per second here
+    assert sorted(Counter(tried).items()) == [(0, step_choice.MIN_SAMPLES), (3, step_choice.MIN_SAMPLES)]
+    assert tried[:step_choice.MIN_SAMPLES] == [tried[0]] * step_choice.MIN_SAMPLES  # one arm's run, then the other's
     every = step_choice.EXPLORE_EVERY["speculate"]
-    runs = [choice.choose(batch, steady) for _ in range(every)]
-    assert runs[:-1] == [0] * (every - 1) and runs[-1] == 3  # K re-tried once
+    runs = []
+    for _ in range(every):
+        runs.append(choice.choose(batch, steady))
+        choice.record(runs[-1], 5, 20 if runs[-1] == 0 else 5, 1.0)
+    assert tried[0] == 3 and runs.count(3) == 1  # K ran first; re-tried once, EXPLORE_EVERY steps after its last
+    assert runs.index(3) == every - step_choice.MIN_SAMPLES
     assert choice.choose(_seqs(5) + _seqs(1, seeded=True), steady) == 3  # a seeded request's batch runs K
     assert choice.choose(_seqs(40), steady) == 0  # a new batch size reads the nearest one's rates
 
@@ -69,8 +74,9 @@ def test_a_catch_up_runs_only_where_the_tokens_left_pay_for_it():
     and K is re-measured once its catch-up is a small share of the time since it last ran."""
     choice = StepChoice(k=3)
     for k, rate in ((3, 30.0), (0, 20.0)):
-        choice.choose(_seqs(5), _Draft())
-        choice.record(k, 5, rate, 1.0)
+        for _ in range(step_choice.MIN_SAMPLES):
+            choice.choose(_seqs(5), _Draft())
+            choice.record(k, 5, rate, 1.0)
     behind = _Draft(lag=1000, s_per_token=0.01)
     short = [Sequence([1, 2], SamplingParams(max_tokens=16), 4) for _ in range(5)]
     long = [Sequence([1, 2], SamplingParams(max_tokens=1000), 4) for _ in range(5)]
@@ -93,8 +99,9 @@ def test_k_is_not_first_tried_at_a_larger_batch_than_one_where_it_lost():
     def measured(k_rate: float) -> StepChoice:
         choice = StepChoice(k=3)
         for k, rate in ((3, k_rate), (0, 20.0)):
-            choice.choose(_seqs(5), _Draft())
-            choice.record(k, 5, rate, 1.0)
+            for _ in range(step_choice.MIN_SAMPLES):
+                choice.choose(_seqs(5), _Draft())
+                choice.record(k, 5, rate, 1.0)
         return choice
 
     lost, won = measured(10.0), measured(30.0)

@@ -7,9 +7,11 @@ acceptance, so it is measured here, on the engine's own steps: per batch size (i
 the emitted tokens per second of the steps that ran K and of those that ran plain decoding, each a
 running average. A step runs the arm with the higher rate at its batch size, or, until both arms
 have run there, at the nearest batch size where both have (a draining batch passes through every
-smaller size: trying both arms at once at each costs more than it tells). An arm never run anywhere
-is run at once; one never run at this batch size is tried after FIRST_LOOK steps there (K not where
-it lost at a smaller batch size: its verification only grows with the batch), and one not run there
+smaller size: trying both arms at once at each costs more than it tells). An arm tried at a batch size
+runs there for MIN_SAMPLES steady steps before its rate is compared (one step's rate is noise). An arm
+never run anywhere is run at once; one never run at this batch size is tried after FIRST_LOOK steps
+there (K not where it lost at a smaller batch size: its verification only grows with the batch), and
+one not run there
 for EXPLORE_EVERY steps (more for K, whose try costs the draft's catch-up) once more, so the
 estimates follow the load and the acceptance.
 
@@ -37,6 +39,7 @@ from ssd_engine.core.structures import Sequence
 # after a run of plain steps is not (the draft first catches up over every token it missed)
 EXPLORE_EVERY = {"plain": 64, "speculate": 256}
 FIRST_LOOK = 4      # steps at a batch size before an arm never run at it is tried there
+MIN_SAMPLES = 4     # steady steps an arm tried at a batch size runs for there before its rate is compared
 WEIGHT = 0.25       # of the newest step in an arm's running average
 STEADY_LAG = 2      # draft tokens a sequence behind in a steady speculated round (the bonus, the last draft)
 EXPLORE_SHARE = 0.1  # of the time since K last ran at a batch size, spent on a catch-up to re-measure it
@@ -52,6 +55,7 @@ class Draft(Protocol):
 @dataclass
 class Arm:
     rate: float | None = None  # emitted tokens per second
+    samples: int = 0           # steady steps averaged into it
     last_step: int = -1        # the step count when it last ran
     last_time: float = field(default_factory=time.monotonic)  # when it last ran (or was first wanted)
 
@@ -104,6 +108,8 @@ class StepChoice:
             arm = self.arms.setdefault((bucket, k), Arm(last_step=self.steps))  # new here: its wait starts now
             if not any(a.rate is not None for (_, arm_k), a in self.arms.items() if arm_k == k):
                 return k  # never measured at any batch size
+            if arm.rate is not None and arm.samples < MIN_SAMPLES:
+                return k  # one step's rate is noise: an arm tried here runs until it has a few
             every = EXPLORE_EVERY["speculate" if k else "plain"] if arm.rate is not None else FIRST_LOOK
             if self.steps - arm.last_step > every and not (k and arm.rate is None and self._lost_below(bucket)):
                 return k
@@ -135,6 +141,7 @@ class StepChoice:
         arm = self.arms.setdefault((decoding.bit_length(), k), Arm())
         rate = emitted / seconds
         arm.rate = rate if arm.rate is None else (1 - WEIGHT) * arm.rate + WEIGHT * rate
+        arm.samples += 1
         arm.last_step = self.steps
 
     def summary(self) -> dict:
