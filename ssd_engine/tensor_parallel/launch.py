@@ -68,7 +68,7 @@ def _spawn(parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[li
     shm_fd = ShmCollectives.create_fd(size, SHM_CAPACITY) if use_shm else None
     workers = {}
     for rank in range(1, size):
-        # a fresh interpreter (not multiprocessing): no re-import of the user's __main__, no helper processes
+        # lifeline.start, not multiprocessing: the user's __main__ is never re-imported
         device = runner_spec.model.device if on_cpu else gpus[rank]
         args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
                     device=device, timeout_s=parallel.distributed_timeout_s, shm_fd=shm_fd)

@@ -1,6 +1,6 @@
 """Start the SSD draft process (coordinator side); its main loop is speculative/ssd/draft/loop.py.
 
-Like tensor-parallel workers it is a fresh interpreter (`python -m ssd_engine.speculative.ssd.draft.main`),
+Like tensor-parallel workers it runs `python -m ssd_engine.speculative.ssd.draft.main` (distributed/lifeline.py),
 pinned to its own cores on CPU or on its own GPU, started and awaited by distributed/supervise.py:
 it dies with the coordinator in every phase and finds it through a TCPStore on a kernel-picked
 port. It loads its model before announcing itself, so a draft that fails to load is reported at
