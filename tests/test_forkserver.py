@@ -75,3 +75,14 @@ def test_without_the_server_a_child_is_a_fresh_interpreter_of_this_process(probe
     assert child.wait(timeout=60) == 0
     with os.fdopen(read_end) as seen_file:
         assert json.loads(seen_file.read())["parent"] == os.getpid()
+
+
+def test_a_fork_server_that_cannot_start_a_child_hands_it_to_a_fresh_interpreter(probe, monkeypatch, capfd):
+    def refuse(self, module, args, pass_fds=()):
+        raise ChildProcessError("the fork server has exited")
+    monkeypatch.setattr(forkserver.ForkServer, "start", refuse)
+    child, read_end = _start(probe, torch_before=False)
+    assert child.wait(timeout=60) == 0
+    with os.fdopen(read_end) as seen_file:
+        assert json.loads(seen_file.read())["parent"] == os.getpid()
+    assert "starting a fresh interpreter" in capfd.readouterr().err

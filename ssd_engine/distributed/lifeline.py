@@ -46,7 +46,11 @@ def start(module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> ChildProce
 
     The module's entry point must call `child_args` first."""
     if forkserver.usable():
-        return forkserver.shared(start_interpreter).start(module, args, pass_fds)
+        try:
+            return forkserver.shared(start_interpreter).start(module, args, pass_fds)
+        except (OSError, ChildProcessError) as error:  # e.g. a request larger than the socket takes
+            print(f"the fork server could not start {module} ({error}); starting a fresh interpreter",
+                  file=sys.stderr, flush=True)
     return start_interpreter(module, args, pass_fds)
 
 
