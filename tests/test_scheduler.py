@@ -17,9 +17,10 @@ def make_seq(num_prompt_tokens, max_tokens=4, start=10):
     return Sequence(list(range(start, start + num_prompt_tokens)), SamplingParams(max_tokens=max_tokens), BS)
 
 
-def make_scheduler(num_blocks=64, max_num_seqs=16, max_num_batched_tokens=256, prefix_caching=False):
+def make_scheduler(num_blocks=64, max_num_seqs=16, max_num_batched_tokens=256, prefix_caching=False,
+                   prefill_tokens_while_decoding=None):
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=prefix_caching)
-    return Scheduler(bm, max_num_seqs, max_num_batched_tokens)
+    return Scheduler(bm, max_num_seqs, max_num_batched_tokens, prefill_tokens_while_decoding)
 
 
 def check_batch(sched, batch):
@@ -103,6 +104,26 @@ def test_waiting_prefill_fills_leftover_budget():
     batch, _ = step(sched)
     assert batch.seqs == [a, b] and batch.num_new_tokens == [1, 2]  # decode + rest of b's prefill
     assert b.num_output_tokens == 1
+
+
+def test_a_prompt_read_beside_decodes_takes_at_most_its_share_a_step():
+    """prefill_tokens_while_decoding=3: while a decodes, b's 10-token prompt comes 3 tokens a step
+    (running decodes wait for no more than that); alone, a prompt takes the whole budget."""
+    sched = make_scheduler(max_num_batched_tokens=64, prefill_tokens_while_decoding=3)
+    a = make_seq(20, max_tokens=20)
+    sched.add(a)
+    batch, _ = step(sched)
+    assert batch.num_new_tokens == [20]  # nothing decodes yet: the whole prompt
+    b, c = make_seq(10, start=50), make_seq(2, start=90)
+    sched.add(b)
+    sched.add(c)
+    chunks = []
+    while b.num_output_tokens == 0:
+        batch, _ = step(sched)
+        assert batch.seqs[0] is a and batch.num_new_tokens[0] == 1  # a's decode every step
+        chunks.append(sum(n for seq, n in zip(batch.seqs, batch.num_new_tokens) if seq is not a))
+    assert chunks == [3, 3, 3, 3]  # b: 3 + 3 + 3 + 1, then c's first 2 tokens beside b's last
+    assert c.num_computed_tokens == 2
 
 
 def test_decodes_are_scheduled_before_new_prefills():

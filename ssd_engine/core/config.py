@@ -62,6 +62,10 @@ class EngineConfig:
     max_model_len: int | None = option(None, "prompt + output token limit; unset: min(the checkpoint's, 4096)")
     max_num_seqs: int = option(16, "most requests in one batch")
     max_num_batched_tokens: int = option(2048, "tokens computed per step (a longer prefill is chunked to fit)")
+    prefill_tokens_while_decoding: int | None = option(
+        None, "most prompt tokens computed in a step that also decodes running requests; unset: up to "
+              "max_num_batched_tokens. A small value keeps their inter-token latency under a long arriving "
+              "prompt, at that prompt's time to first token")
     block_size: int = option(16, "tokens per KV-cache block")
     num_kv_blocks: int | None = option(None, "KV-cache blocks; unset: derived from kv_cache_memory_gb")
     kv_cache_memory_gb: float = option(1.0, "memory for the KV cache in GiB, per rank")
@@ -198,7 +202,7 @@ class EngineConfig:
                      "tensor_parallel_size", "cuda_graph_max_batch"):
             value = getattr(self, name)
             _check(_is_int(value) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("max_model_len", "num_kv_blocks", "num_threads"):
+        for name in ("max_model_len", "num_kv_blocks", "num_threads", "prefill_tokens_while_decoding"):
             value = getattr(self, name)
             _check(value is None or (_is_int(value) and value >= 1),
                    f"{name} must be an integer >= 1, got {value!r}")

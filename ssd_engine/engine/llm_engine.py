@@ -73,7 +73,7 @@ class LLMEngine:
             self.runner = target.build()
         self.block_manager = BlockManager(num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, parts.scheduler.max_num_seqs,
-                                   parts.scheduler.max_num_batched_tokens)
+                                   parts.scheduler.max_num_batched_tokens, parts.scheduler.prefill_tokens_while_decoding)
         self.scheduler.tell_on_release(self.runner)  # tensor-parallel workers forget freed tables
         self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
         eos = self.output_processor.eos_token_ids

@@ -3,7 +3,8 @@
 Every step each scheduled sequence computes a run of new tokens starting at its
 `num_computed_tokens`: a decode computes 1 (plus `k` draft slots when speculating),
 a prefill computes a chunk of its prompt. Running sequences go first (oldest first), then
-waiting ones join while the token budget (`max_num_batched_tokens`) and `max_num_seqs` allow.
+waiting ones join while the token budget (`max_num_batched_tokens`) and `max_num_seqs` allow;
+in a step that also decodes, prompts get at most `prefill_tokens_while_decoding` tokens of it.
 When blocks run out, the most recently admitted running sequence is preempted: its blocks are
 freed and it returns to the front of the queue to be recomputed later (FCFS fairness).
 """
@@ -24,10 +25,12 @@ class SequenceHolder(Protocol):
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 prefill_tokens_while_decoding: int | None = None) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.prefill_tokens_while_decoding = prefill_tokens_while_decoding
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -46,33 +49,40 @@ class Scheduler:
     def schedule(self, k: int = 0) -> ScheduledBatch:
         """`k`: draft tokens a decoding sequence is verified with this step (its extra slots)."""
         batch = ScheduledBatch([], [])
-        budget = self.max_num_batched_tokens
+        budget = prefill_budget = self.max_num_batched_tokens
+        if self.prefill_tokens_while_decoding and any(len(s) - s.num_computed_tokens == 1 for s in self.running):
+            prefill_budget = self.prefill_tokens_while_decoding  # the running requests' next token waits for it
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
             remaining = len(seq) - seq.num_computed_tokens
             decoding = remaining == 1
-            want = 1 + k if decoding else min(remaining, budget)
+            want = 1 + k if decoding else min(remaining, budget, prefill_budget)
             if decoding and want > budget:
                 break
+            if want == 0:  # a prompt with no prefill budget left this step: it goes on next step
+                index += 1
+                continue
             if not self._make_room(seq, seq.num_computed_tokens + want, batch):
                 break  # it preempted itself: it was the newest, nothing after it runs
             batch.seqs.append(seq)
             batch.num_new_tokens.append(want)
             budget -= want
+            prefill_budget -= 0 if decoding else want
             index += 1
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.waiting and min(budget, prefill_budget) > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             if seq.waits_for_leader or not self.block_manager.can_allocate(seq):
                 break  # FIFO: a sample waits a step for its leader's pages, those behind it too
             self.block_manager.allocate(seq)
-            want = min(len(seq) - seq.num_computed_tokens, budget)
+            want = min(len(seq) - seq.num_computed_tokens, budget, prefill_budget)
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(want)
             budget -= want
+            prefill_budget -= want
         return batch
 
     def _make_room(self, seq: Sequence, num_tokens: int, batch: ScheduledBatch) -> bool:
