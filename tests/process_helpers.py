@@ -45,14 +45,31 @@ def descendants_of(parent: int) -> set[int]:
     return found
 
 
+def command_line(pid: int) -> bytes:
+    """/proc command line of `pid` (NUL-separated), b"" once it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
 def is_fork_server(pid: int) -> bool:
     """The engine process's fork server (ssd_engine/distributed/forkserver_main.py): it is an engine
     process's direct child; the children it forks carry its command line too, one level down."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"ssd_engine.distributed.forkserver_main" in f.read()
-    except OSError:
-        return False
+    return b"ssd_engine.distributed.forkserver_main" in command_line(pid)
+
+
+def kill_left(processes, pids) -> None:
+    """After a test: SIGKILL the session of each of `processes` (started with start_new_session=True)
+    still running, and reap it, then any of `pids` still alive."""
+    for process in processes:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    for pid in pids:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
 
 
 def engine_children(parent: int) -> set[int]:

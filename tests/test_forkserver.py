@@ -47,11 +47,16 @@ def _start(module: str, **args):
     return child, read_end
 
 
+def _seen(read_end: int) -> dict:
+    """What the probe wrote about itself (closes the pipe)."""
+    with os.fdopen(read_end) as seen_file:
+        return json.loads(seen_file.read())
+
+
 def test_a_forked_child_gets_the_engines_environment_path_directory_and_fds(probe, tmp_path, capfd):
     child, read_end = _start(probe, code=3)
     assert child.wait(timeout=60) == 3 and child.poll() == 3
-    with os.fdopen(read_end) as seen_file:
-        seen = json.loads(seen_file.read())
+    seen = _seen(read_end)
     assert seen["env"] == "set-after-the-server-started"
     assert seen["cwd"] == str(tmp_path) and seen["affinity"] == sorted(os.sched_getaffinity(0))
     assert seen["parent"] != os.getpid() and seen["torch_before"]  # forked by the server, torch already there
@@ -73,8 +78,7 @@ def test_without_the_server_a_child_is_a_fresh_interpreter_of_this_process(probe
     monkeypatch.setenv(forkserver.ENV, "0")
     child, read_end = _start(probe, torch_before=False)
     assert child.wait(timeout=60) == 0
-    with os.fdopen(read_end) as seen_file:
-        assert json.loads(seen_file.read())["parent"] == os.getpid()
+    assert _seen(read_end)["parent"] == os.getpid()
 
 
 def test_a_fork_server_that_cannot_start_a_child_hands_it_to_a_fresh_interpreter(probe, monkeypatch, capfd):
@@ -83,6 +87,5 @@ def test_a_fork_server_that_cannot_start_a_child_hands_it_to_a_fresh_interpreter
     monkeypatch.setattr(forkserver.ForkServer, "start", refuse)
     child, read_end = _start(probe, torch_before=False)
     assert child.wait(timeout=60) == 0
-    with os.fdopen(read_end) as seen_file:
-        assert json.loads(seen_file.read())["parent"] == os.getpid()
+    assert _seen(read_end)["parent"] == os.getpid()
     assert "starting a fresh interpreter" in capfd.readouterr().err

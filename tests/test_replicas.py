@@ -19,7 +19,7 @@ import time
 import urllib.request
 
 import pytest
-from process_helpers import alive, descendants_of, free_port, gone_within
+from process_helpers import alive, command_line, descendants_of, free_port, gone_within, kill_left
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.server.replicas import replica_core_sets, serve_replicas
@@ -136,12 +136,7 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         assert proc.wait(timeout=120) == 0
         assert gone_within(started, 30), [p for p in started if alive(p)]
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        for pid in started:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_left([proc], started)
 
 
 # ---------------------------------------------------------------- a two-node cluster on one host
@@ -178,11 +173,7 @@ def _read_until(proc: subprocess.Popen, stream, done, said: list[str], deadline:
 
 def _is_engine_replica(pid: int) -> bool:
     """A Ray worker process running an engine replica (Ray names it after the deployment)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().startswith(b"ray::ServeReplica:ssd_engine:engine")
-    except OSError:
-        return False
+    return command_line(pid).startswith(b"ray::ServeReplica:ssd_engine:engine")
 
 
 def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
@@ -233,11 +224,5 @@ def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
             node.wait(timeout=60)
         assert gone_within(started, 30), [p for p in started if alive(p)]
     finally:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-        for pid in started:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_left(processes, started)
         ray_dir.cleanup()

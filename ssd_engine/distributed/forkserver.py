@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 
-MAX_PACKET = 1 << 20
+MAX_PACKET = 1 << 20  # the largest message either side sends (a child's request with its environment)
 ENV = "SSD_ENGINE_FORKSERVER"
 
 

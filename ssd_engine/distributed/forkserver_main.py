@@ -21,7 +21,8 @@ import socket
 import sys
 import traceback
 
-MAX_PACKET = 1 << 20
+from ssd_engine.distributed.forkserver import MAX_PACKET
+
 MAX_FDS = 16
 
 
@@ -100,9 +101,10 @@ def _become_child(request: dict, fds: list[int], server_fds: list[int]) -> None:
         import runpy
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
-    except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
-        if not isinstance(stop.code, (int, type(None))):
+    except SystemExit as stop:  # as the interpreter ends it: None is 0, an int itself, else printed and 1
+        if stop.code is None or isinstance(stop.code, int):
+            code = stop.code or 0
+        else:
             print(stop.code, file=sys.stderr)
     except BaseException:
         traceback.print_exc()

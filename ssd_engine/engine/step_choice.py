@@ -11,9 +11,8 @@ smaller size: trying both arms at once at each costs more than it tells). An arm
 runs there for MIN_SAMPLES steady steps before its rate is compared (one step's rate is noise). An arm
 never run anywhere is run at once; one never run at this batch size is tried after FIRST_LOOK steps
 there (K not where it lost at a smaller batch size: its verification only grows with the batch), and
-one not run there
-for EXPLORE_EVERY steps (more for K, whose try costs the draft's catch-up) once more, so the
-estimates follow the load and the acceptance.
+one not run there for EXPLORE_EVERY steps (more for K, whose try costs the draft's catch-up) once
+more, so the estimates follow the load and the acceptance.
 
 Plain steps leave the draft behind (it reads nothing), and so do prompts: before a speculated step
 the draft reads every token it missed, a prefill of its own. Only steady steps (the draft at most
@@ -120,15 +119,17 @@ class StepChoice:
         """Whether K lost to plain decoding at the largest smaller batch size that measured both: a
         larger batch verifies more rows a step for the same share of steps saved, so K is not first
         tried there (each first try of K pays the draft's catch-up over the whole batch)."""
-        below = [b for b in {b for b, _ in self.arms} if b < bucket
-                 and all(self.arms.get((b, k), Arm()).rate is not None for k in (self.k, 0))]
+        below = [b for b in self._measured_buckets() if b < bucket]
         return bool(below) and self.arms[max(below), self.k].rate < self.arms[max(below), 0].rate
+
+    def _measured_buckets(self) -> set[int]:
+        """Batch-size buckets where both arms have a rate."""
+        return {b for b, _ in self.arms if all(self.arms.get((b, k), Arm()).rate is not None for k in (self.k, 0))}
 
     def _nearest_pair(self, bucket: int) -> dict[int, float] | None:
         """Both arms' rates at this batch size, else at the nearest one that measured both (rates at
         different batch sizes are not comparable: only their order within one is read)."""
-        both = sorted((abs(b - bucket), b) for b in {b for b, _ in self.arms}
-                      if all(self.arms.get((b, k), Arm()).rate is not None for k in (self.k, 0)))
+        both = sorted((abs(b - bucket), b) for b in self._measured_buckets())
         if not both:
             return None
         b = both[0][1]
