@@ -3,10 +3,11 @@
     python benchmarks/bench_request.py                                   # built-in pair, L = 128, 512, 2048, N = 128
     python benchmarks/bench_request.py --runners ar,auto,llamacpp --lengths 512 --new-tokens 64
     python benchmarks/bench_request.py --runners ar:gguf-int8,llamacpp   # a runner in another target format
+    python benchmarks/bench_request.py --runners auto,auto/draft_vocab_size=32768   # a runner with an engine option
 
 Each prompt is L token ids of real code (HumanEval prompts joined, the last L tokens of them), the same
 ids for every runner. A runner is one of our modes (`ar`, `sd`, `ssd`, `auto`: the default), optionally
-`:FORMAT` for a target_dtype, or `llamacpp` (llama-cpp-python on the same GGUF file, `pip install
+`:FORMAT` for a target_dtype and `/OPTION=VALUE` for any other engine option, or `llamacpp` (llama-cpp-python on the same GGUF file, `pip install
 "ssd_engine[llamacpp]"`, as bench.py's llamacpp mode runs it). Each runs in a child process of its own on the same cores,
 greedy, EOS ignored, one request at a time after a warm-up one, and reports time to first token (TTFT:
 the prompt's prefill and the first token), the decode rate after it, and the request's whole latency.
@@ -28,7 +29,7 @@ sys.path.insert(0, HERE)  # suite/, prompt_sets
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python benchmarks/bench_request.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--runners", default="ar,auto,llamacpp",
-                   help="ours: ar, sd, ssd, auto (optionally MODE:TARGET_DTYPE); and llamacpp")
+                   help="ours: ar, sd, ssd, auto (optionally MODE:TARGET_DTYPE, then /OPTION=VALUE ...); and llamacpp")
     p.add_argument("--lengths", default="128,512,2048", help="prompt lengths in tokens")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--model", default=None, help="target folder or GGUF file (default: the built-in pair's)")
@@ -41,8 +42,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a.lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
     a.cores = sorted(int(c) for c in a.cores.split(",")) if a.cores else sorted(os.sched_getaffinity(0))
     for runner in a.runners:
-        mode = runner.split(":")[0]
-        if mode not in ("ar", "sd", "ssd", "auto", "llamacpp") or (mode == "llamacpp" and ":" in runner):
+        mode = runner.split("/")[0].split(":")[0]
+        if mode not in ("ar", "sd", "ssd", "auto", "llamacpp") or (mode == "llamacpp" and runner != mode) or \
+                any("=" not in extra for extra in runner.split("/")[1:]):
             p.error(f"unknown runner {runner!r}: ar, sd, ssd, auto (each optionally :TARGET_DTYPE) or llamacpp")
     if a.new_tokens < 2 or not a.lengths or min(a.lengths) < 1:
         p.error("--new-tokens >= 2 and positive --lengths are needed")
@@ -100,7 +102,8 @@ print("RESULT " + json.dumps(rows + [{"mode": "llama.cpp"}]))
 
 
 def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dict]:
-    mode, _, fmt = runner.partition(":")
+    head, *extras = runner.split("/")
+    mode, _, fmt = head.partition(":")
     spec = {"prompts": prompts, "new_tokens": a.new_tokens}
     if mode == "llamacpp":
         from llamacpp_mode import gguf_for, require_llama_cpp
@@ -114,6 +117,9 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
             options["draft_model"] = a.draft
         if fmt:
             options["target_dtype"] = fmt
+        for extra in extras:  # an engine option, its value read as JSON where it parses (numbers, true, null)
+            key, _, value = extra.partition("=")
+            options[key] = _json_or_text(value)
         spec["options"], code = options, OURS
     argv = ["taskset", "-c", ",".join(map(str, a.cores)), sys.executable, "-c", code, json.dumps(spec)]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
@@ -122,6 +128,13 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
         raise SystemExit(f"error: runner {runner} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
     *rows, chosen = json.loads(line[len("RESULT "):])
     return rows, chosen
+
+
+def _json_or_text(value: str):
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
 
 
 def markdown(result: dict) -> str:

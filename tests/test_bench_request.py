@@ -11,7 +11,10 @@ import bench_request  # noqa: E402
 def test_flags_name_the_runners_and_refuse_unknown_ones():
     a = bench_request.parse(["--runners", "ar, auto:gguf-int8,llamacpp", "--lengths", "128,512"])
     assert a.runners == ["ar", "auto:gguf-int8", "llamacpp"] and a.lengths == [128, 512]
-    for bad in (["--runners", "fast"], ["--runners", "llamacpp:gguf"], ["--new-tokens", "1"]):
+    a = bench_request.parse(["--runners", "sd/num_speculative_tokens=2/draft_vocab_size=32768"])
+    assert a.runners == ["sd/num_speculative_tokens=2/draft_vocab_size=32768"]
+    for bad in (["--runners", "fast"], ["--runners", "llamacpp:gguf"], ["--runners", "auto/k"],
+                ["--runners", "llamacpp/n_threads=2"], ["--new-tokens", "1"]):
         with pytest.raises(SystemExit):
             bench_request.parse(bad)
 

@@ -3,7 +3,7 @@ and as the fused C++ ops (`auto`, kernels/cpu_layer_ops.py), side by side. (Not 
 
     python benchmarks/micro/bench_layer_ops.py --rounds 5 --tag DATE-or-name
 
-Per case, both engines are loaded at once and decode in turn, --rounds times (alternating, so a
+Per case, both engines are loaded at once (after a throwaway one) and decode in turn, --rounds times (alternating, so a
 neighbour's load on a shared machine hits both alike): --new-tokens greedy tokens after a fixed
 150-token prompt, decode tok/s timed after the first token. Medians count. Writes
 results/DATE-layer-ops[-TAG].md.
@@ -38,6 +38,10 @@ def run_case(options: dict, threads: int, rounds: int, new_tokens: int) -> dict[
     from ssd_engine import LLM
 
     common = dict(num_threads=threads, cpu_cores=",".join(map(str, range(threads))), **options)
+    # the first engine a process builds decodes a few percent slower than an identical one built
+    # after it (AR on the default pair: 20.35 against 21.86 tok/s; 21.11 against 21.61 behind a
+    # throwaway build): one is built and closed first, so neither compared engine is that one
+    LLM(None, **common).close()
     engines = {fused: LLM(None, fused_kernels=fused, **common) for fused in ("off", "auto")}
     try:
         rates = {fused: [] for fused in engines}

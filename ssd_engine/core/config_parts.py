@@ -75,6 +75,7 @@ class SpeculativeConfig:
     ssd: SSDConfig
     synthetic_acceptance: float | None = None  # benchmarking: P(a draft token is accepted), not the target's law
     per_step: str = "off"         # SD: "goodput" chooses K or 0 every step (engine/step_choice.py)
+    prompt_window: int | None = None  # SD: a long prompt's last tokens its draft reads (speculative/sd.py); None: all
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +109,7 @@ def build_config(options) -> Config:
             SSDConfig(rule, fanout, options.ssd_budget, options.ssd_fit_window and fanout is None,
                       options.ssd_fallback, options.ssd_critical_batch, float(options.saguaro_c),
                       options.calibration_dir, _float_or_none(options.synthetic_hit), options.ssd_draft_host),
-            _float_or_none(options.synthetic_acceptance), options.speculation_per_step),
+            _float_or_none(options.synthetic_acceptance), options.speculation_per_step, options.draft_prompt_window),
         seed=options.seed)
 
 

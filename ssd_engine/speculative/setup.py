@@ -15,7 +15,7 @@ from ssd_engine.runtime import draft_format
 from ssd_engine.runtime.draft_format import DraftFormat
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.saguaro.plan import plan_saguaro
-from ssd_engine.speculative.sd import SyncDraft
+from ssd_engine.speculative.sd import CPU_PROMPT_WINDOW, SyncDraft
 from ssd_engine.speculative.ssd.coordinator import AsyncDraftClient
 from ssd_engine.speculative.ssd.process import DraftSpec
 
@@ -118,7 +118,14 @@ def build_sync_draft(side: TargetSide, target: RunnerSpec) -> tuple[SyncDraft, D
     runner.capture_graphs([("paged", 1), ("paged", 2)])
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, k, proposable,
                      stream_generator(side.parts.seed, Stream.DRAFT, device=side.device), side.grammars,
-                     reads_prompts_ahead=side.parts.speculative.per_step == "off"), chosen
+                     reads_prompts_ahead=side.parts.speculative.per_step == "off",
+                     prompt_window=prompt_window(side.parts.speculative.prompt_window, target.model.device)), chosen
+
+
+def prompt_window(option: int | None, device: str) -> int | None:
+    """`draft_prompt_window` resolved: unset is CPU_PROMPT_WINDOW on CPU, where the draft's prompt read
+    costs a third of the target's prefill, and the whole prompt on a GPU."""
+    return option if option is not None else CPU_PROMPT_WINDOW if device == "cpu" else None
 
 
 def with_draft_format(runner_spec: RunnerSpec, option: str, workload: list[tuple[int, int]],
