@@ -29,6 +29,7 @@ def test_greedy_sd_with_a_short_prompt_window_matches_transformers(target, noisy
              block_size=4, max_num_batched_tokens=16, draft_prompt_window=6) as llm:
         outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
         acceptance = llm.speculation_metrics()["acceptance_rate"]
+        assert llm.engine.execution()["draft_reads"] == f"a prompt's first {SINK} and last 6 tokens"
     assert [o.token_ids for o in outputs] == greedy_oracle(target)
     assert 0 < acceptance < 1
 
