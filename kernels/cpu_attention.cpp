@@ -147,13 +147,17 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
   // Long steps (prefill chunks) walk a KV head's keys once for its query heads: the same bits, less memory
   // traffic; short ones keep a task per head, so a decode step still spreads over the threads.
   const bool grouped = group > 1 && tokens * kv_heads >= 4 * at::get_num_threads();
+  // Each thread takes a contiguous share of the tasks, and in a causal chunk a later query reads more
+  // keys: tasks visit the queries first, last, second, second to last, ... so every share holds about
+  // as much work (in query order, a 2048-token prefill's second half is three quarters of its work)
+  auto query_of = [tokens](int64_t x) { return x % 2 == 0 ? x / 2 : tokens - 1 - x / 2; };
   auto run = [&](auto* k_base, auto* v_base) {
     if (grouped) {
       at::parallel_for(0, tokens * kv_heads, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> scores(group * keys);
         std::vector<int64_t> read(keys);
         for (int64_t task = begin; task < end; ++task) {
-          const int64_t t = task / kv_heads, kv = task % kv_heads, cell = cell_ptr[t], row = cell / lq;
+          const int64_t t = query_of(task / kv_heads), kv = task % kv_heads, cell = cell_ptr[t], row = cell / lq;
           const int64_t first = t * heads + kv * group;  // its group's first (query, head) in q and out
           attend_group(q_ptr + first * dim, group, k_base + kv * dim, v_base + kv * dim, slot_ptr + row * keys,
                        mask_ptr + cell * keys, keys, kv_stride, dim, static_cast<float>(scale), scores.data(),
@@ -166,11 +170,11 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
       std::vector<float> scores(keys);
       std::vector<int64_t> read(keys);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t t = task / heads, h = task % heads, cell = cell_ptr[t], row = cell / lq;
+        const int64_t t = query_of(task / heads), h = task % heads, cell = cell_ptr[t], row = cell / lq;
         const int64_t head_offset = (h / group) * dim;  // this head's kv head within a slot
-        attend(q_ptr + task * dim, k_base + head_offset, v_base + head_offset, slot_ptr + row * keys,
+        attend(q_ptr + (t * heads + h) * dim, k_base + head_offset, v_base + head_offset, slot_ptr + row * keys,
                mask_ptr + cell * keys, keys, kv_stride, dim, static_cast<float>(scale), scores.data(),
-               read.data(), out_ptr + task * dim);
+               read.data(), out_ptr + (t * heads + h) * dim);
       }
     });
   };
