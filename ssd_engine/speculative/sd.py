@@ -34,8 +34,8 @@ from ssd_engine.utils.host_upload import upload
 
 CATCH_UP_SAMPLE = 32  # tokens read in one propose before its time says what catching up costs
 SINK = 4  # a windowed prompt's first tokens the draft keeps reading (attention sinks)
-# a prompt's last tokens SD's draft reads on CPU by default: on the default pair, 512-token prompts and
-# 128-token answers, a request's latency fell 15% (10.52 -> 8.97 s; acceptance 0.904 -> 0.876) against reading it whole
+# a prompt's last tokens SD's draft reads on CPU by default: most of what a shorter read saves, for a
+# little acceptance (the sizes compared: benchmarks/results/2026-11-27-request-draft-prompt-window.md)
 CPU_PROMPT_WINDOW = 128
 
 
