@@ -42,10 +42,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     a.lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
     a.cores = sorted(int(c) for c in a.cores.split(",")) if a.cores else sorted(os.sched_getaffinity(0))
     for runner in a.runners:
-        mode = runner.split("/")[0].split(":")[0]
-        if mode not in ("ar", "sd", "ssd", "auto", "llamacpp") or (mode == "llamacpp" and runner != mode) or \
-                any("=" not in extra for extra in runner.split("/")[1:]):
-            p.error(f"unknown runner {runner!r}: ar, sd, ssd, auto (each optionally :TARGET_DTYPE) or llamacpp")
+        try:
+            split_runner(runner)
+        except ValueError:
+            p.error(f"unknown runner {runner!r}: ar, sd, ssd, auto (each optionally :TARGET_DTYPE, then "
+                    "/OPTION=VALUE ...) or llamacpp")
     if a.new_tokens < 2 or not a.lengths or min(a.lengths) < 1:
         p.error("--new-tokens >= 2 and positive --lengths are needed")
     return a
@@ -101,9 +102,19 @@ print("RESULT " + json.dumps(rows + [{"mode": "llama.cpp"}]))
 """
 
 
-def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dict]:
+def split_runner(runner: str) -> tuple[str, str, dict]:
+    """`MODE[:TARGET_DTYPE][/OPTION=VALUE ...]` -> (mode, target dtype or "", engine options, each
+    value read as JSON where it parses: numbers, true, null); ValueError where it is none of these."""
     head, *extras = runner.split("/")
     mode, _, fmt = head.partition(":")
+    if mode not in ("ar", "sd", "ssd", "auto", "llamacpp") or (mode == "llamacpp" and runner != mode) or \
+            any("=" not in extra for extra in extras):
+        raise ValueError(runner)
+    return mode, fmt, {key: _json_or_text(value) for key, _, value in (extra.partition("=") for extra in extras)}
+
+
+def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dict]:
+    mode, fmt, extras = split_runner(runner)
     spec = {"prompts": prompts, "new_tokens": a.new_tokens}
     if mode == "llamacpp":
         from llamacpp_mode import gguf_for, require_llama_cpp
@@ -117,9 +128,7 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
             options["draft_model"] = a.draft
         if fmt:
             options["target_dtype"] = fmt
-        for extra in extras:  # an engine option, its value read as JSON where it parses (numbers, true, null)
-            key, _, value = extra.partition("=")
-            options[key] = _json_or_text(value)
+        options.update(extras)
         spec["options"], code = options, OURS
     argv = ["taskset", "-c", ",".join(map(str, a.cores)), sys.executable, "-c", code, json.dumps(spec)]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)

@@ -38,10 +38,6 @@ def run_case(options: dict, threads: int, rounds: int, new_tokens: int) -> dict[
     from ssd_engine import LLM
 
     common = dict(num_threads=threads, cpu_cores=",".join(map(str, range(threads))), **options)
-    # the first engine a process builds decodes a few percent slower than an identical one built
-    # after it (AR on the default pair: 20.35 against 21.86 tok/s; 21.11 against 21.61 behind a
-    # throwaway build): one is built and closed first, so neither compared engine is that one
-    LLM(None, **common).close()
     engines = {fused: LLM(None, fused_kernels=fused, **common) for fused in ("off", "auto")}
     try:
         rates = {fused: [] for fused in engines}
@@ -72,6 +68,12 @@ def main(argv: list[str] | None = None) -> str:
              f"batch 1, {a.new_tokens} tokens after a {len(PROMPT)}-token prompt; both engines loaded, decoding in "
              f"turn, median of {a.rounds} rounds.", "",
              "| case | off tok/s | auto (C++ ops) tok/s | auto / off |", "|---|---|---|---|"]
+    from ssd_engine import LLM
+
+    # the first engine a process builds decodes a few percent slower than an identical one built after
+    # it (AR on the default pair: 20.35 against 21.86 tok/s; 21.11 against 21.61 behind a throwaway
+    # build): one is built and closed first, so no compared engine is that one
+    LLM(None, num_threads=a.threads, cpu_cores=",".join(map(str, range(a.threads))), speculative_mode="ar").close()
     for case in a.cases.split(","):
         rates = run_case(CASES[case], a.threads, a.rounds, a.new_tokens)
         lines.append(f"| {case} | {rates['off']:.2f} | {rates['auto']:.2f} | {rates['auto'] / rates['off']:.3f}x |")

@@ -91,7 +91,8 @@ class SyncDraft(PagedDraft[DraftView]):
     def lag(self, seqs: list[Sequence]) -> int:
         """Tokens the draft must read before it can draft for every one of `seqs` (engine/step_choice.py
         weighs them: a plain step leaves the draft behind, and catching up costs a prefill)."""
-        views = [self.views.get(seq.seq_id) or DraftView(seq, self.prompt_window) for seq in seqs]
+        views = [self.views[seq.seq_id] if seq.seq_id in self.views else DraftView(seq, self.prompt_window)
+                 for seq in seqs]
         return sum(len(view) - view.num_computed_tokens for view in views)
 
     def release(self, seq: Sequence) -> None:
