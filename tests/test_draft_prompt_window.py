@@ -1,7 +1,8 @@
-"""draft_prompt_window: SD's draft reads a long prompt's first SINK tokens and its last N only. Its
-context never changes the output: greedy SD equals transformers' tokens with a window far shorter
-than the prompts (read in chunks, so the draft follows the target across the skipped span), and at
-T = 1 SD's (t1, t2) fit the target's exact law (tests/test_distribution.py's method and bound)."""
+"""draft_prompt_window: a draft reads a long prompt's first SINK tokens and its last N only. Its
+context never changes the output: greedy SD and SSD equal transformers' tokens with a window far
+shorter than the prompts (SD's read in chunks, so the draft follows the target across the skipped
+span; SSD's sent windowed to its draft process, also after preemption), and at T = 1 SD's (t1, t2)
+fit the target's exact law (tests/test_distribution.py's method and bound)."""
 from exact_law import output_law
 from small_pair import DIST_PROMPT, sample_outputs
 from stats_helpers import check_law
@@ -9,7 +10,9 @@ from test_speculative_decoding import GREEDY, _prompts, greedy_oracle, noisy_dra
 
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.core.structures import Sequence
-from ssd_engine.speculative.sd import SINK, DraftView
+from ssd_engine.speculative.prompt_window import SINK
+from ssd_engine.speculative.sd import DraftView
+from ssd_engine.speculative.ssd.coordinator import AsyncDraftClient
 
 
 def test_a_view_maps_draft_positions_past_the_skipped_span():
@@ -22,6 +25,31 @@ def test_a_view_maps_draft_positions_past_the_skipped_span():
     seq.token_ids.append(7)  # an output token: one more draft position
     assert len(view) == SINK + 11 and view.feed(len(view) - 1, len(view)) == [7]
     assert DraftView(seq, window=None).skipped == 0 and DraftView(seq, window=40).skipped == 0
+
+
+def test_ssd_sends_its_draft_a_windowed_prompt_and_whole_outputs():
+    client = AsyncDraftClient.__new__(AsyncDraftClient)  # the entry-making part only: no draft process
+    client.prompt_window, client.known, client.last_accepted, client.finished, client.source = 10, {}, {}, [], {}
+    seq = Sequence(list(range(100, 130)), SamplingParams(), block_size=8)  # a 30-token prompt
+    first = client._news(seq)
+    assert first.tokens == list(range(100, 100 + SINK)) + list(range(120, 130))
+    assert first.params.num_prompt_tokens == SINK + 10
+    seq.token_ids.extend([7, 8])
+    assert client._news(seq).tokens == [7, 8]
+    client.release(seq)  # preempted: relearnt with its outputs, the prompt windowed again
+    assert client._news(seq).tokens == first.tokens + [7, 8]
+
+
+def test_greedy_ssd_with_a_short_prompt_window_matches_transformers(target, noisy_draft):
+    """Few KV blocks: sequences are preempted and the draft process learns them again."""
+    with LLM(target, draft_model=noisy_draft, speculative_mode="ssd", num_speculative_tokens=3, num_threads=1,
+             block_size=8, num_kv_blocks=14, ssd_fanout=1, draft_prompt_window=6) as llm:
+        outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
+        metrics = llm.speculation_metrics()
+        assert llm.engine.execution()["draft_reads"] == f"a prompt's first {SINK} and last 6 tokens"
+        assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outputs] == greedy_oracle(target)
+    assert metrics["draft_failures"] == [] and 0 < metrics["acceptance_rate"] < 1
 
 
 def test_greedy_sd_with_a_short_prompt_window_matches_transformers(target, noisy_draft):

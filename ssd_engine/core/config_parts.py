@@ -75,7 +75,7 @@ class SpeculativeConfig:
     ssd: SSDConfig
     synthetic_acceptance: float | None = None  # benchmarking: P(a draft token is accepted), not the target's law
     per_step: str = "off"         # SD: "goodput" chooses K or 0 every step (engine/step_choice.py)
-    prompt_window: int | None = None  # SD: a long prompt's last tokens its draft reads (speculative/sd.py); None: all
+    prompt_window: int | None = None  # a long prompt's last tokens the draft reads (speculative/prompt_window.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -212,7 +212,10 @@ class Runner(Protocol):
 
 class Speculator(Protocol):
     """Built with the plan's K (`parts.speculative.k`), which the engine also reserves slots and
-    captures graphs for: the engine never asks a speculator for its K."""
+    captures graphs for: the engine never asks a speculator for its K. `prompt_window`: a long
+    prompt's last tokens its draft model reads (speculative/prompt_window.py; None: the whole prompt)."""
+
+    prompt_window: int | None
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None: ...
     def on_outcome(self, outcome: Outcome) -> None: ...

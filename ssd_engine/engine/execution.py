@@ -1,7 +1,7 @@
 """What the `[engine]` line says of how an engine runs its target."""
 from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.layers.weight_formats import describe_target_format
-from ssd_engine.speculative.sd import SINK
+from ssd_engine.speculative import prompt_window
 
 
 def describe_execution(engine) -> dict:
@@ -20,7 +20,6 @@ def describe_execution(engine) -> dict:
         described["mode"] += " (K or 0 each step, by measured tokens/s)"
     if engine.draft_format is not None:
         described["draft_format"] = engine.draft_format.describe()
-    window = getattr(engine.speculator, "prompt_window", None)  # SD's (draft_prompt_window)
-    if window is not None:
-        described["draft_reads"] = f"a prompt's first {SINK} and last {window} tokens"
+    if engine.speculator is not None:
+        described["draft_reads"] = prompt_window.describe(engine.speculator.prompt_window)
     return described

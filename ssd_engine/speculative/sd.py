@@ -30,28 +30,23 @@ from ssd_engine.sampling.grammar import Grammars, masked_steps
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
 from ssd_engine.speculative.paged_draft import PagedDraft, StepSampler
+from ssd_engine.speculative.prompt_window import SINK, skipped_span
 from ssd_engine.utils.host_upload import upload
 
 CATCH_UP_SAMPLE = 32  # tokens read in one propose before its time says what catching up costs
-SINK = 4  # a windowed prompt's first tokens the draft keeps reading (attention sinks)
-# a prompt's last tokens SD's draft reads on CPU by default: most of what a shorter read saves, for a
-# little acceptance (the sizes compared: benchmarks/results/2026-11-27-request-draft-prompt-window.md)
-CPU_PROMPT_WINDOW = 128
 
 
 class DraftView:
     """The draft's side of a sequence: its own block table and how many tokens have draft K/V.
 
-    With a prompt window the draft reads a long prompt's first SINK tokens and its last `window`, never
-    the `skipped` ones between (a draft's context never changes the output, only acceptance): draft
-    position i holds the sequence's token i below SINK, else token i + skipped. RoPE scores depend on
-    positions' differences only, so the draft attends as if the text between were not there."""
+    With a prompt window (prompt_window.py) the draft never reads the `skipped` prompt tokens after the
+    first SINK: draft position i holds the sequence's token i below SINK, else token i + skipped."""
 
     def __init__(self, seq: Sequence, window: int | None = None) -> None:
         self.seq = seq
         self.block_table: BlockTable = new_block_table()
         self.num_computed_tokens = 0
-        self.skipped = max(0, seq.num_prompt_tokens - SINK - window) if window is not None else 0
+        self.skipped = skipped_span(seq.num_prompt_tokens, window)
 
     def draft_length(self, n: int) -> int:
         """Draft positions covering the sequence's first n tokens."""

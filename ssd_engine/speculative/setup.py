@@ -15,7 +15,8 @@ from ssd_engine.runtime import draft_format
 from ssd_engine.runtime.draft_format import DraftFormat
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.saguaro.plan import plan_saguaro
-from ssd_engine.speculative.sd import CPU_PROMPT_WINDOW, SyncDraft
+from ssd_engine.speculative import prompt_window
+from ssd_engine.speculative.sd import SyncDraft
 from ssd_engine.speculative.ssd.coordinator import AsyncDraftClient
 from ssd_engine.speculative.ssd.process import DraftSpec
 
@@ -102,7 +103,8 @@ def start_async_draft(side: TargetSide, target: RunnerSpec, cores: list[int] | N
                            parts.model.tokenizer or side.model_path, tuple(sorted(side.eos_token_ids)))
     client = AsyncDraftClient(draft_spec, side.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
                               stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=side.device),
-                              side.device, plan, host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device))
+                              side.device, plan, host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device),
+                              prompt_window=prompt_window.resolve(parts.speculative.prompt_window, device))
     return client, chosen
 
 
@@ -119,13 +121,7 @@ def build_sync_draft(side: TargetSide, target: RunnerSpec) -> tuple[SyncDraft, D
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, k, proposable,
                      stream_generator(side.parts.seed, Stream.DRAFT, device=side.device), side.grammars,
                      reads_prompts_ahead=side.parts.speculative.per_step == "off",
-                     prompt_window=prompt_window(side.parts.speculative.prompt_window, target.model.device)), chosen
-
-
-def prompt_window(option: int | None, device: str) -> int | None:
-    """`draft_prompt_window` resolved: unset is CPU_PROMPT_WINDOW on CPU, where the draft's prompt read
-    costs a third of the target's prefill, and the whole prompt on a GPU."""
-    return option if option is not None else CPU_PROMPT_WINDOW if device == "cpu" else None
+                     prompt_window=prompt_window.resolve(side.parts.speculative.prompt_window, target.model.device)), chosen
 
 
 def with_draft_format(runner_spec: RunnerSpec, option: str, workload: list[tuple[int, int]],

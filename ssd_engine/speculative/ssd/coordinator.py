@@ -20,6 +20,7 @@ from ssd_engine.distributed import supervise
 from ssd_engine.saguaro.plan import SaguaroPlan
 from ssd_engine.saguaro.source import Source
 from ssd_engine.speculative.ngram import fast_proposal
+from ssd_engine.speculative.prompt_window import skipped_span, windowed
 from ssd_engine.speculative.ssd.codec import ReplyLayout, decode_reply, encode_request
 from ssd_engine.speculative.ssd.draft_thread import DraftThread
 from ssd_engine.speculative.ssd.link import CoordinatorEnd, DraftLink, DraftLinkError
@@ -31,18 +32,20 @@ from ssd_engine.speculative.ssd.protocol import DraftParams, Entry, Kind, Reques
 log = logging.getLogger("ssd_engine")
 
 
-def draft_params(seq: Sequence) -> DraftParams:
+def draft_params(seq: Sequence, skipped: int = 0) -> DraftParams:
+    """`skipped`: prompt tokens the draft never reads (prompt_window.py), not counted in its prompt."""
     p = seq.params
     grammar = json.dumps(p.structured_outputs.key) if p.structured_outputs is not None else ""
     return DraftParams(p.temperature, p.top_k, p.top_p, p.min_p, -1 if p.seed is None else p.seed, grammar,
-                       seq.num_prompt_tokens)
+                       seq.num_prompt_tokens - skipped)
 
 
 class AsyncDraftClient:
     def __init__(self, draft_spec: DraftSpec, target_vocab: int, cores: list[int] | None, threads: int,
                  timeout_s: float, generator: torch.Generator, device: torch.device, plan: SaguaroPlan,
-                 host: str = "process") -> None:
+                 host: str = "process", prompt_window: int | None = None) -> None:
         self.k, self.vocab, self.target_vocab = draft_spec.k, draft_spec.vocab, target_vocab
+        self.prompt_window = prompt_window  # a long prompt's last tokens the draft is sent (prompt_window.py)
         self.device = device  # the target's: proposals are verified there
         self.timeout_s = timeout_s
         self.generator = generator
@@ -128,8 +131,9 @@ class AsyncDraftClient:
     def _news(self, seq: Sequence) -> Entry | None:
         have = self.known.get(seq.seq_id)
         self.known[seq.seq_id] = len(seq)
-        if have is None:
-            return Entry(seq.seq_id, -1, list(seq.token_ids), draft_params(seq))
+        if have is None:  # new, or back after preemption: its prompt windowed, its outputs whole
+            skipped = skipped_span(seq.num_prompt_tokens, self.prompt_window)
+            return Entry(seq.seq_id, -1, windowed(seq.token_ids, skipped), draft_params(seq, skipped))
         if len(seq) == have:
             return None
         return Entry(seq.seq_id, self.last_accepted.get(seq.seq_id, -1), seq.token_ids[have:])
