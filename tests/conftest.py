@@ -7,7 +7,6 @@ the model's vocab_size is 320.
 """
 import json
 import os
-import sys
 
 import pytest
 import torch
@@ -21,15 +20,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS_DIR = os.path.join(os.path.dirname(TESTS_DIR), "benchmarks")
-for _folder in (TESTS_DIR, BENCHMARKS_DIR):  # `import tiny_checkpoints`, `import profiling.op_count`, `import bench`
-    if _folder not in sys.path:
-        sys.path.insert(0, _folder)
-# the instrumentation is not part of the installed package: spawned draft processes and TP workers
-# find it on the path they inherit
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [BENCHMARKS_DIR, os.environ.get("PYTHONPATH")]))
+# pytest puts both on this process's path (pyproject's `pythonpath`); the instrumentation is not part of
+# the installed package, so spawned draft processes and TP workers find it on the path they inherit
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, BENCHMARKS_DIR, os.environ.get("PYTHONPATH")]))
 # emulated CUDA graphs fail a test where a real capture would refuse the code or replay other launches
-# (benchmarks/profiling/graph_fidelity.py)
-os.environ.setdefault("SSD_ENGINE_GRAPH_CHECKER", "profiling.graph_fidelity:emulated_graph")
+# (tests/instrumentation/graph_fidelity.py)
+os.environ.setdefault("SSD_ENGINE_GRAPH_CHECKER", "instrumentation.graph_fidelity:emulated_graph")
 # tests that point the model cache elsewhere still share the GGUF kernels compiled for this CPU (~30 s a build)
 os.environ.setdefault(KERNEL_CACHE_ENV, str(kernel_cache_dir()))
 
@@ -112,7 +108,7 @@ def pytest_addoption(parser):
                      help="run every model runner compiled (compile_model='on', runtime/compiled_model.py), "
                           "whatever the test asks: e.g. the greedy and model-equivalence files")
     parser.addoption("--check-placement", action="store_true",
-                     help="run each test under a PlacementChecker (benchmarks/profiling/placement.py) and fail it where a "
+                     help="run each test under a PlacementChecker (tests/instrumentation/placement.py) and fail it where a "
                           "host tensor meets the device: what would break on a GPU, found on CPU")
 
 

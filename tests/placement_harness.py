@@ -1,4 +1,4 @@
-"""Run code under a `PlacementChecker` (benchmarks/profiling/placement.py) the way a GPU would run it.
+"""Run code under a `PlacementChecker` (tests/instrumentation/placement.py) the way a GPU would run it.
 
 On CPU four branches a GPU never takes hold host memory where a GPU's is on the device: the KV cache
 is an anonymous mapping (`memory.lazy_zeros`), the embedding is mapped from the checkpoint file
@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 import torch
-from profiling.placement import Place, PlacementChecker
+from instrumentation.placement import Place, PlacementChecker
 
 
 @contextmanager

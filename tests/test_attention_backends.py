@@ -27,7 +27,7 @@ from ssd_engine.layers.attention import (  # noqa: E402
 from ssd_engine.layers.attention_backends import select_backend, triton_attention  # noqa: E402
 from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata  # noqa: E402
 
-# an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
+# an object, as the engine names its device: what tests/instrumentation/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROMPTS = [list(range(5, 12)), list(range(40, 75)), [7, 8, 9]]
 
@@ -51,6 +51,7 @@ def test_engine_with_triton_kernels_matches_transformers(tiny_model_dir, mode):
     if mode != "ar":
         options.update(draft_model=path if mode == "ssd" else tiny_model_dir("qwen2", seed=1, vocab_size=259),
                        speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="2", draft_timeout_s=300,
+                       ssd_budget=8,  # fixed: no timing of this machine (under the interpreter) sizes it
                        draft_dtype="fp32")  # SSD drafts with the target itself: hits need its exact argmax
     with LLM(path, **options) as llm:
         assert llm.engine.runner.attention_backend is triton_attention

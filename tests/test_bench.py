@@ -10,18 +10,14 @@ import sys
 from dataclasses import asdict
 from types import SimpleNamespace
 
+import bench
 import pytest
 import torch
-
-from ssd_engine.layers.weight_formats import FORMATS
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import bench  # noqa: E402
-from suite import host_speed, isolate, options, ours  # noqa: E402
-from suite.goals import goal_lines  # noqa: E402
-from suite.machine import machine_line  # noqa: E402
-from suite.measure import Request, batches, cell  # noqa: E402
-from suite.report import (  # noqa: E402
+from suite import host_speed, isolate, options, ours
+from suite.goals import goal_lines
+from suite.machine import machine_line
+from suite.measure import Request, batches, cell
+from suite.report import (
     detail_lines,
     efficiency_lines,
     headline,
@@ -30,6 +26,8 @@ from suite.report import (  # noqa: E402
     round_efficiency,
     rows_of,
 )
+
+from ssd_engine.layers.weight_formats import FORMATS
 
 
 def test_decode_throughput_excludes_prefill():
@@ -99,7 +97,6 @@ def run(tmp_path_factory):
 
 
 def _run_every_mode(root) -> dict:
-    sys.path.insert(0, os.path.dirname(__file__))
     from tiny_checkpoints import build_checkpoint
     target = build_checkpoint(str(root / "target"), "qwen2", seed=0)
     draft = build_checkpoint(str(root / "draft"), "qwen2", seed=0, num_hidden_layers=1)

@@ -1,11 +1,8 @@
 """benchmarks/gpu/bench_anchor.py on CPU: our AR and transformers' generate on one random-weight model,
 each producing exactly the asked tokens, reported side by side with the ratio the GPU goal reads."""
 import json
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from gpu import bench_anchor  # noqa: E402
+from gpu import bench_anchor
 
 
 def test_anchor_table(tiny_qwen2, tmp_path):

@@ -1,17 +1,13 @@
 """benchmarks/gpu/bench_bandwidth.py: its byte model equals a hand count from the tiny configs (weights
 read once per step whatever the CPU layout, a tied table once, only the looked-up embedding rows,
 KV per sequence), the datasheet table, and an end-to-end run writing a table of positive numbers."""
-import os
 import re
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from gpu import bench_bandwidth  # noqa: E402
+from gpu import bench_bandwidth
 from runners import tiny_runner
 
-from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
+from ssd_engine.runtime.model_runner import ModelRunner
 
 # tiny configs (tests/tiny_checkpoints.py): vocab 320, hidden 64, intermediate 128, 2 layers,
 # 4 heads, 2 KV heads, head_dim 16, fp32

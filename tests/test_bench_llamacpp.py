@@ -7,13 +7,11 @@ import os
 import sys
 from types import SimpleNamespace
 
+import bench
+import llamacpp_mode
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import bench  # noqa: E402
-import llamacpp_mode  # noqa: E402
-from llamacpp_mode import LlamaCppError, agreement, gguf_for, split_argv  # noqa: E402
-from suite import isolate, options  # noqa: E402
+from llamacpp_mode import LlamaCppError, agreement, gguf_for, split_argv
+from suite import isolate, options
 
 
 def test_missing_package_is_one_line_before_anything_loads(monkeypatch):

@@ -1,11 +1,7 @@
 """benchmarks/bench_request.py without running the models: flags, prompts of exact lengths, the report."""
-import os
-import sys
 
+import bench_request
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import bench_request  # noqa: E402
 
 
 def test_flags_name_the_runners_and_refuse_unknown_ones():

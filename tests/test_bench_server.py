@@ -1,11 +1,7 @@
 """benchmarks/bench_server.py without running it: flags, and the report's ratio column."""
-import os
-import sys
 
+import bench_server
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import bench_server  # noqa: E402
 
 
 def test_flags_and_the_report():

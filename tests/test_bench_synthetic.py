@@ -3,23 +3,20 @@ folder (config.json only, random weights, random-id prompts), its predictions' a
 hand-made numbers, and bench.py's synthetic flags."""
 import json
 import os
-import sys
 
+import bench_synthetic
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import bench_synthetic  # noqa: E402
-from suite import options, ours  # noqa: E402
-from suite.synthetic_report import (  # noqa: E402
+from suite import options, ours
+from suite.synthetic_report import (
     expected_acceptance_rate,
     expected_tokens,
     predict_sd,
     predict_ssd,
     predict_ssd_own_verify,
 )
-from test_dummy_weights import shape_folder  # noqa: E402
+from test_dummy_weights import shape_folder
 
-from ssd_engine.saguaro.speedup import ssd_speedup  # noqa: E402
+from ssd_engine.saguaro.speedup import ssd_speedup
 
 
 def test_expected_tokens_and_predictions():

@@ -6,7 +6,7 @@ import hf_oracle
 import pytest
 import torch
 import torch.nn.functional as F
-from profiling.op_count import OpCounter, without_row_padding
+from instrumentation.op_count import OpCounter, without_row_padding
 from ssd_engine.kernels import cpu_layer_ops, gguf_cpu
 
 from ssd_engine import LLM, SamplingParams

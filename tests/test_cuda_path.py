@@ -64,7 +64,7 @@ def test_cuda_ssd_matches_transformers(tiny_model_dir, fanout, host):
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
 def test_a_steady_cuda_round_waits_for_the_device_once(tiny_model_dir, mode, temperature):
     """torch's sync debug mode on the real GPU: a round's host waits for the device once, to read the
-    emitted tokens. What benchmarks/profiling/sync_count.py counts on CPU (host reads, and copies from pageable
+    emitted tokens. What tests/instrumentation/sync_count.py counts on CPU (host reads, and copies from pageable
     memory to the device), checked where it matters; SSD counts the coordinator (its draft is a
     process)."""
     import warnings

@@ -17,13 +17,13 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 import hf_oracle  # noqa: E402
-from profiling.op_count import OpCounter, without_row_padding  # noqa: E402
+from instrumentation.op_count import OpCounter, without_row_padding  # noqa: E402
 from ssd_engine.kernels import fused_layer_ops, paged_attention  # noqa: E402
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.layers.rotary import rotate  # noqa: E402
 
-# an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
+# an object, as the engine names its device: what tests/instrumentation/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 # a GPU runs these tests (scripts/gpu_check.sh): each also fails in CI where a host tensor meets the device

@@ -53,8 +53,6 @@ def _recorded_calls(tmp_path, *stages: str) -> list[list[str]]:
 
 
 def _bench_module(script: str):
-    if BENCHMARKS not in sys.path:
-        sys.path.insert(0, BENCHMARKS)
     return importlib.import_module(os.path.splitext(os.path.relpath(script, "benchmarks"))[0].replace(os.sep, "."))
 
 

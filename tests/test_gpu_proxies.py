@@ -1,23 +1,19 @@
-"""The GPU-cost proxies count what they say (benchmarks/profiling/): the op counter counts a known
+"""The GPU-cost proxies count what they say (tests/instrumentation/, benchmarks/profiling/bench_ops.py): the op counter counts a known
 function op by op, kind by kind and line by line, and a tiny model's ops per decoder layer are
 stable, > 0, and exactly 3 more per Linear when row padding is on; the sync counter sees host
 reads of would-be device tensors and nothing else; one engine step's ops are finite measured
 numbers for AR, SD and SSD, and each step reads the device exactly once (the emitted tokens), greedy
 and at T = 0.7, for AR, SD and the SSD coordinator."""
-import os
-import sys
 from collections import Counter
 
 import pytest
 import torch
-from profiling.op_count import OpCounter, without_row_padding
-from profiling.step_count import count_ops, count_syncs, op_summary, sync_summary
-from profiling.sync_count import SyncCounter
+from instrumentation.op_count import OpCounter, without_row_padding
+from instrumentation.step_count import count_ops, count_syncs, op_summary, sync_summary
+from instrumentation.sync_count import SyncCounter
+from profiling import bench_ops
 
 from ssd_engine import LLM, SamplingParams
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from profiling import bench_ops  # noqa: E402
 
 HERE = "tests/test_gpu_proxies.py"
 

@@ -1,4 +1,4 @@
-"""Emulated CUDA graphs replay what real ones would (benchmarks/profiling/graph_fidelity.py).
+"""Emulated CUDA graphs replay what real ones would (tests/instrumentation/graph_fidelity.py).
 
 The emulation calls the Python forward again at every replay; a real graph replays its capture's
 launches. Each class of code that passes the first and breaks the second must raise here, a
@@ -8,8 +8,8 @@ tree and piecewise, under tensor parallelism too) run checked in every CI run wi
 """
 import pytest
 import torch
-from profiling import graph_fidelity
-from profiling.graph_fidelity import GraphInfidelity, emulated_graph
+from instrumentation import graph_fidelity
+from instrumentation.graph_fidelity import GraphInfidelity, emulated_graph
 
 from ssd_engine.runtime import graph_check
 from ssd_engine.runtime.cuda_graphs import GraphRunner

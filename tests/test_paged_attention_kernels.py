@@ -20,7 +20,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from ssd_engine.kernels.paged_attention import paged_attention, tree_attention  # noqa: E402
 
-# an object, as the engine names its device: what benchmarks/profiling/placement.py takes for the accelerator
+# an object, as the engine names its device: what tests/instrumentation/placement.py takes for the accelerator
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 HEADS = [(4, 4), (6, 2), (8, 1), (12, 2)]
 

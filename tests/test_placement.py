@@ -1,4 +1,4 @@
-"""Device placement checked on CPU (benchmarks/profiling/placement.py): what a GPU run would reject.
+"""Device placement checked on CPU (tests/instrumentation/placement.py): what a GPU run would reject.
 
 The first GPU run failed on host tensors handed to Triton kernels by paths only ever run on CPU. The
 checker reports each rule's violation here, the engine's GPU paths (Triton attention, the fused layer
@@ -16,8 +16,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from cpu_features import GPU_DRAFT_DTYPE_ON_CPU  # noqa: E402
+from instrumentation.placement import Place, PlacementChecker  # noqa: E402
 from placement_harness import gpu_placement  # noqa: E402
-from profiling.placement import Place, PlacementChecker  # noqa: E402
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
 from ssd_engine.runtime import model_runner  # noqa: E402
@@ -103,7 +103,7 @@ def _engine_options(path: str, mode: str) -> dict:
         # a GPU's draft format (cpu_features.py); the thread: checked like the target
         options.update(draft_model=path, speculative_mode=mode, num_speculative_tokens=3,
                        draft_dtype=GPU_DRAFT_DTYPE_ON_CPU,
-                       ssd_fanout="1", ssd_draft_host="thread", draft_timeout_s=300)
+                       ssd_fanout="1", ssd_budget=4, ssd_draft_host="thread", draft_timeout_s=300)
     return options
 
 

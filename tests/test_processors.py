@@ -183,8 +183,8 @@ def test_repeated_rows_are_laid_out_per_position():
 
 def test_flags_known_on_the_host_skip_the_launches_no_row_needs():
     """Plain temperature sampling with no greedy row is a division and a softmax: two kernels on a
-    GPU (benchmarks/profiling/op_count.py), with the same rows as when the flags are read from the tensors."""
-    from profiling.op_count import OpCounter
+    GPU (tests/instrumentation/op_count.py), with the same rows as when the flags are read from the tensors."""
+    from instrumentation.op_count import OpCounter
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
     params = (torch.tensor([0.7, 1.0, 1.3]), torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))

@@ -1,10 +1,7 @@
 """benchmarks/profiling/profile_cpu_step.py on a tiny pair: both tables, their ops sorted by time."""
-import os
 import re
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-from profiling import profile_cpu_step  # noqa: E402
+from profiling import profile_cpu_step
 
 
 def test_the_profile_has_an_ar_and_an_sd_table_sorted_by_time(tiny_model_dir):

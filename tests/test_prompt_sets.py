@@ -1,13 +1,9 @@
 """Benchmark prompt sets: real datasets read from installed packages, never a silent substitute."""
 import importlib.util
-import os
-import sys
 
+import prompt_sets
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import prompt_sets  # noqa: E402
-from prompt_sets import PromptSetError, load_prompt_set  # noqa: E402
+from prompt_sets import PromptSetError, load_prompt_set
 
 
 def test_humaneval_comes_from_the_installed_package():

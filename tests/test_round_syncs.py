@@ -1,6 +1,6 @@
 """The pieces of a round read nothing back from the device but the emitted tokens (issue 22).
 
-Counted with the sync counter (benchmarks/profiling/sync_count.py): tensors made with an explicit
+Counted with the sync counter (tests/instrumentation/sync_count.py): tensors made with an explicit
 `torch.device` stand for device tensors. Each piece is also checked to compute what it computed
 when it decided things by reading its tensors: probability rows with the host's flags equal those
 read from the parameter tensors; sampling and verification told which rows are random by the host
@@ -11,7 +11,7 @@ asserted in tests/test_gpu_proxies.py.
 """
 import pytest
 import torch
-from profiling.sync_count import SyncCounter
+from instrumentation.sync_count import SyncCounter
 from runners import tiny_runner
 
 from ssd_engine import SamplingParams

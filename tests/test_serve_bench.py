@@ -1,12 +1,8 @@
 """benchmarks/serve_bench.py without a load generator or a server: flags, the servers' command lines,
 the levels, guidellm's report read into a row, and the table."""
-import os
-import sys
 
 import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
-import serve_bench  # noqa: E402
+import serve_bench
 
 
 def _report(tok_s: float) -> dict:

@@ -382,9 +382,6 @@ def test_past_the_pending_limit_requests_are_refused_not_queued(tiny_qwen2):
 
 
 def test_ssd_behind_the_server_gives_the_target_greedy_output(tiny_qwen2, tmp_path):
-    import os
-    import sys
-    sys.path.insert(0, os.path.dirname(__file__))
     from tiny_checkpoints import build_checkpoint
     draft = build_checkpoint(str(tmp_path / "draft"), "qwen2", seed=0, num_hidden_layers=1)
     params = SamplingParams(temperature=0, max_tokens=10)

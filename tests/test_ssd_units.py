@@ -237,7 +237,7 @@ def test_a_hit_replies_with_the_cached_branch(nopad):
 def test_a_just_in_time_draft_reads_the_device_once(nopad, temperature):
     """Each draft token is fed to the next step from the device; the K drafts come back in one read,
     and the trunk then holds them: what drafting the same tokens one by one from lists would hold."""
-    from profiling.sync_count import SyncCounter
+    from instrumentation.sync_count import SyncCounter
     k = 3
     server = _server(nopad, [1, 1, 1, 1], k)
     server.apply(Request(entries=[Entry(0, -1, [5, 6, 7, 8], DraftParams(temperature=temperature))]))

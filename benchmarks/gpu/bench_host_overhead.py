@@ -156,7 +156,7 @@ def _read_to_launch(engine, steps: int) -> list[float]:
 def _launches(engine) -> int:
     """Compute ops one step dispatches outside the (skipped) replays, row padding off as on a GPU: each
     a kernel launch there. Counted, so it does not drift with the machine as the times do."""
-    from profiling.op_count import OpCounter, without_row_padding
+    from instrumentation.op_count import OpCounter, without_row_padding
     ops = OpCounter()
     with without_row_padding(), ops:
         engine.step()

@@ -4,7 +4,7 @@ forward, the sampler or the round's bookkeeping.
     python benchmarks/profiling/bench_ops.py                        # default pair, every draft format
     python benchmarks/profiling/bench_ops.py --formats int4 --modes sd --steps 2
 
-1. Ops per decoder layer in a one-token decode step (benchmarks/profiling/op_count.py): every aten
+1. Ops per decoder layer in a one-token decode step (tests/instrumentation/op_count.py): every aten
    op the dispatcher routes inside one layer's forward, by name and call site, for the target and
    the draft in each weight format, at the real shapes (the pair's configs, two layers, synthetic
    weights, as planning/costs.py builds them); plus the rest of the step (inputs, LM head) and
@@ -14,7 +14,7 @@ forward, the sampler or the round's bookkeeping.
    H100 runs a batch-1 decode (`--gpu-path`, on by default).
 2. Host launches of a prefill chunk on the GPU path, eager and with piecewise graphs
    (runtime/piecewise_graphs.py), at the real shapes.
-3. Ops and device-to-host syncs per engine step (benchmarks/profiling/step_count.py): an AR step,
+3. Ops and device-to-host syncs per engine step (tests/instrumentation/step_count.py): an AR step,
    an SD round, an SSD round (the coordinator's side), greedy and sampled, on a tiny pair (syncs
    do not depend on the model's size). Goal: 1 sync per round (the accepted tokens).
 
@@ -32,7 +32,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
 REPO = os.path.dirname(HERE)
-sys.path[:0] = [REPO, os.path.join(REPO, "tests"), HERE]  # tests/tiny_checkpoints.py builds the tiny pair; profiling/
+sys.path[:0] = [REPO, os.path.join(REPO, "tests"), HERE]  # tests/: the tiny pair, the counters; benchmarks/: suite
 
 FORMATS = ("fp32", "bf16", "int8", "int4")
 MODES = ("ar", "sd", "ssd")
@@ -73,7 +73,7 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
 def layer_counts(path: str, fmt: str | None, gpu_path: bool = False) -> dict:
     """One decode step's ops by scope: each of two layers, the rest of the forward, and sampling."""
     import torch
-    from profiling.op_count import OpCounter
+    from instrumentation.op_count import OpCounter
 
     from ssd_engine import SamplingParams
     from ssd_engine.core.structures import Sequence
@@ -153,7 +153,7 @@ def prefill_launches(path: str) -> dict:
     (runtime/piecewise_graphs.py, emulated; each piece's replay one launch): the launches the host
     issues (compute ops) and all its ops, per decoder layer (3 layers minus 2) and in total at the
     model's depth."""
-    from profiling.op_count import OpCounter
+    from instrumentation.op_count import OpCounter
 
     from ssd_engine.runtime.step_inputs import StepInputs
     counts = {}
@@ -197,7 +197,7 @@ def engine_rows(target: str, draft: str, modes: list[str], k: int, steps: int, d
     """Per mode and temperature: `steps` decode steps under the op counter and `steps` more under
     the sync counter, after the prefill and one round (an SSD sequence's first round is a certain
     cache miss)."""
-    from profiling.step_count import count_ops, count_syncs, op_summary, sync_summary
+    from instrumentation.step_count import count_ops, count_syncs, op_summary, sync_summary
 
     from ssd_engine import LLM, SamplingParams
     rows = []
@@ -238,7 +238,7 @@ def render(raw: dict) -> str:
 
 def layer_lines(layers: list[dict]) -> list[str]:
     lines = [f"## Ops per decoder layer, one 1-token decode step (goal <= {GOAL_OPS_PER_LAYER})", "",
-             "An op is one aten op the dispatcher routes (benchmarks/profiling/op_count.py); compute ops write "
+             "An op is one aten op the dispatcher routes (tests/instrumentation/op_count.py); compute ops write "
              "memory (on a GPU at least one kernel launch each), the rest are views. The first layer also "
              "expands the step's attention metadata for the torch backend (once per step). Step total = "
              "layers x per layer + first-layer extra + outside the layers (inputs, final norm, LM head) + "
@@ -285,7 +285,7 @@ def engine_lines(rows: list[dict]) -> list[str]:
     lines = [f"## Per engine step on a tiny pair (goal: {GOAL_SYNCS_PER_ROUND} sync per round)", "",
              "A step is one token for AR and one round (K drafts, one verification) for SD and SSD; SSD counts "
              "the coordinator's side (the draft is another process). Syncs are host reads of would-be device "
-             "tensors (benchmarks/profiling/sync_count.py). Medians over the counted steps.", "",
+             "tensors (tests/instrumentation/sync_count.py). Medians over the counted steps.", "",
              "| mode | T | K | ops per step | compute | in decoder layers (target / draft layer calls) "
              "| other ops | syncs per step |", "|---" * 8 + "|"]
     for r in rows:
@@ -334,7 +334,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     opts = parse(argv)
-    from profiling.op_count import without_row_padding
+    from instrumentation.op_count import without_row_padding
 
     from ssd_engine.models.default_models import resolve_default_model
     from ssd_engine.utils.machine import describe

@@ -101,7 +101,7 @@ class GraphRunner:
     def __init__(self, forward, *, cap: int, max_blocks: int, block_size: int, pad_slot: int,
                  device: torch.device, capture: str, recorded: bool = True) -> None:
         self.forward = forward  # (input_ids, positions, meta) -> hidden [T, H]
-        # emulated replays checked against their capture (benchmarks/profiling/graph_fidelity.py) unless the
+        # emulated replays checked against their capture (tests/instrumentation/graph_fidelity.py) unless the
         # forward is compiled: Dynamo runs no compiled code under the checker's Python modes
         self.recorded = recorded
         self.sizes = bucket_sizes(cap)

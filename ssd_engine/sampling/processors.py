@@ -21,7 +21,7 @@ exactly these rows (docs/saguaro.md "Exact verification").
 
 Which branches run (any filter on? any greedy row?) is decided on the host from the sampling
 parameters (`SamplingTensors.from_params`), never by reading the parameter tensors back: on a GPU
-such a read waits for every queued kernel (benchmarks/profiling/sync_count.py).
+such a read waits for every queued kernel (tests/instrumentation/sync_count.py).
 """
 
 from __future__ import annotations

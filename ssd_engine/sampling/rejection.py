@@ -168,7 +168,7 @@ def _num_draft(num_draft: Tensor | None, n: int, k_max: int, device: torch.devic
 
 def _on(device: torch.device, tensor: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     """`tensor` on `device`: a host one (a proposer's counts, an SSD draft's tokens from the link) in a
-    non-blocking copy, since a blocking one would wait for the stream (benchmarks/profiling/sync_count.py)."""
+    non-blocking copy, since a blocking one would wait for the stream (tests/instrumentation/sync_count.py)."""
     tensor = tensor.to(dtype) if dtype is not None else tensor
     return tensor.to(device) if tensor.device.type != "cpu" else to_device(tensor, device)
 

@@ -87,7 +87,7 @@ def draw_uniforms(
 
     Where the draws happen: a host generator's (a seeded request's) on the host, all of them
     crossing to the device in one non-blocking copy; a device generator's on the device. Writing a
-    host tensor into a device tensor would make the host wait for the stream (benchmarks/profiling/sync_count.py).
+    host tensor into a device tensor would make the host wait for the stream (tests/instrumentation/sync_count.py).
     """
     if len(generators) != len(counts):
         raise ValueError(f"got {len(generators)} generators for {len(counts)} rows")

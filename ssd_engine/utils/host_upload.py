@@ -28,7 +28,7 @@ def upload(columns: list, device: torch.device, dtype: torch.dtype = torch.long)
     flat = torch.frombuffer(packed, dtype=dtype) if packed else torch.empty(0, dtype=dtype)
     if device.type == "cuda":
         flat = flat.pin_memory()
-    flat = flat.to(device, non_blocking=True)  # on a CPU the same tensor (benchmarks/profiling/sync_count.py marks it)
+    flat = flat.to(device, non_blocking=True)  # on a CPU the same tensor (tests/instrumentation/sync_count.py marks it)
     return list(flat.split_with_sizes([len(column) for column in columns]))  # not Tensor.split's Python wrapper
 
 

@@ -25,14 +25,14 @@ import threading
 from contextlib import contextmanager
 
 import torch
-from profiling.op_count import call_site, storage_address, tensors_in
-from profiling.sync_count import DATA_DEPENDENT, READS, bool_index
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from instrumentation.op_count import call_site, storage_address, tensors_in
+from instrumentation.sync_count import DATA_DEPENDENT, READS, bool_index
 from ssd_engine.utils import launches
 
-SPEC = "profiling.graph_fidelity:emulated_graph"  # the value of SSD_ENGINE_GRAPH_CHECKER that turns it on
+SPEC = "instrumentation.graph_fidelity:emulated_graph"  # the value of SSD_ENGINE_GRAPH_CHECKER that turns it on
 T = torch.Tensor
 UPLOADS = {torch.tensor: "tensor", torch.as_tensor: "as_tensor"}
 

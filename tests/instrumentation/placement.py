@@ -44,10 +44,10 @@ from contextlib import contextmanager
 from enum import Enum
 
 import torch
-from profiling.op_count import CONTEXTLIB, HERE, TORCH_DIR, call_site, tensors_in
-from profiling.sync_count import READS, _moves_to_host
 from torch.overrides import TorchFunctionMode
 
+from instrumentation.op_count import CONTEXTLIB, HERE, TORCH_DIR, call_site, tensors_in
+from instrumentation.sync_count import READS, _moves_to_host
 from ssd_engine.utils import launches
 
 T = torch.Tensor

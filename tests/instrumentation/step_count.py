@@ -7,8 +7,8 @@ split into decoder-layer ops and the rest (input preparation, LM head, sampling,
 sync counter's bookkeeping would show up among the ops. An SSD draft runs in its own process:
 only the coordinator's side is counted.
 """
-from profiling.op_count import OpCounter
-from profiling.sync_count import SyncCounter
+from instrumentation.op_count import OpCounter
+from instrumentation.sync_count import SyncCounter
 
 TARGET_LAYER, DRAFT_LAYER = "target layer", "draft layer"
 

@@ -29,8 +29,9 @@ from such tensors only): a tensor from before counting may live anywhere and is 
 from collections import Counter
 
 import torch
-from profiling.op_count import call_site, tensors_in
 from torch.overrides import TorchFunctionMode
+
+from instrumentation.op_count import call_site, tensors_in
 
 MARK = "_ssd_would_be_on_device"
 HOST_MARK = "_ssd_made_on_the_host"

@@ -83,7 +83,7 @@ class DraftLink:
         self.group = _gloo(dist.PrefixStore("ssd-draft", store), rank)  # control (and payload unless split)
         theirs = store.get(f"ssd-draft/device/{self.peer}").decode()
         # where payloads are staged: host memory ("cpu", the string: a device object names the
-        # accelerator, as profiling/ reads it) unless both ends hold distinct GPUs
+        # accelerator, as tests/instrumentation/placement.py reads it) unless both ends hold distinct GPUs
         self.device: torch.device | str = "cpu"
         if mine.startswith("cuda") and theirs.startswith("cuda") and mine != theirs:
             self.transport, self.device = "nccl", torch.device(mine)
