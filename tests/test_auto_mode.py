@@ -165,6 +165,10 @@ def test_a_forced_ssd_is_sized_from_this_machine(target, noisy_draft, private_ca
         assert sum(llm.engine.speculator.plan.fanouts[0][1]) == budget
     with LLM(target, draft_model=noisy_draft, speculative_mode="ssd", ssd_budget=2, block_size=8) as pinned:
         assert pinned.engine.plan.choice is None and pinned.engine.parts.speculative.ssd.budget == 2
+    # nothing left to size (a fan-out, a draft format, a fallback needing no timing): nothing measured
+    with LLM(target, draft_model=noisy_draft, speculative_mode="ssd", ssd_fanout=1, draft_dtype="fp32",
+             ssd_fallback="jit", block_size=8) as given:
+        assert given.engine.plan.choice is None
 
 
 def test_memory_traffic_streams_on_the_given_cores_and_stops_with_the_block():

@@ -8,11 +8,10 @@ candidate only where the draft gets a set of its own (never under torchrun, wher
 places nothing): a draft sharing the ranks' cores overlaps nothing with them, which no prediction
 covers. Tensor parallelism itself is a candidate too: where one process on the same cores is
 predicted faster, auto says so in one line and runs one process (a mode given explicitly keeps the
-ranks; under torchrun the ranks exist already). Costs come from planning/costs.py (measured once per machine and placement, cached),
-acceptance from the pair's Saguaro calibration (configs/), the prediction from
-planning/predict.py. A speculative mode must beat AR by MARGIN to be chosen, so that a prediction
-error costs little where AR is nearly as fast. The choice, its K, the draft's format, the cores
-and (for SSD) the budget B are written into the engine's config; `ModeChoice` reports them.
+ranks; under torchrun the ranks exist already). Costs: planning/costs.py (once per machine and
+placement, cached); acceptance: the pair's Saguaro calibration; prediction: planning/predict.py. A
+speculative mode must beat AR by MARGIN, so a prediction error costs little where AR is nearly as
+fast. The choice, K, draft format, cores and SSD's budget B go into the config (`ModeChoice`).
 
 On CUDA the placement is by GPU (ranks on consecutive GPUs, SSD's draft on the next one, a
 candidate only where there is one) and planning/gpu_costs.py times the forwards, graphed as the
@@ -225,10 +224,12 @@ def _choose(seen: Survey) -> ModeChoice:
 
 
 def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
-    """A forced SSD on CPU without tensor parallelism: its budget B and the fallback rule's starting
-    timing from this machine's costs at the config's K, unless ssd_budget is given or the pair's
-    calibration was measured on this kind of CPU (its budget then stands)."""
-    if config.device != "cpu" or config.tensor_parallel_size > 1 or config.ssd_budget is not None:
+    """A forced SSD on CPU without tensor parallelism: its budget B, draft format and fallback timing from
+    this machine's costs at the config's K, unless ssd_budget is given, the fan-out, draft format and a
+    timing-free fallback all are, or the pair was calibrated on this kind of CPU (its budget stands)."""
+    pinned = config.fanout() and config.draft_dtype != "auto" and (config.ssd_fallback != "auto" or
+                                                                    config.ssd_critical_batch is not None)
+    if config.device != "cpu" or config.tensor_parallel_size > 1 or config.ssd_budget is not None or pinned:
         return config, None
     calibrations = find_calibrations(resolve_model_path(config), resolve_model_path(config, "draft"),
                                      config.calibration_dir or CONFIG_DIR)
@@ -251,9 +252,8 @@ def _formats(measured: MeasuredCosts) -> list[str]:
 
 
 def _best_format(candidates: list[tuple[str, Prediction]]) -> Prediction:
-    """The fastest; among those within FORMAT_TIE of it, the one whose one-row build takes the
-    smallest share of the window: where the real window is shorter than measured, the run-time
-    budget can still fit that build by cutting B, never the other's."""
+    """The fastest; among those within FORMAT_TIE of it, the one whose one-row build takes the smallest
+    share of the window: a shorter real window can still fit that build by cutting B, not the others'."""
     top = max(p.tokens_per_s for _, p in candidates)
     near = [(fmt, p) for fmt, p in candidates if p.tokens_per_s >= FORMAT_TIE * top]
     fmt, best = min(near, key=lambda pair: pair[1].detail.get("floor_t_p", 0.0))  # the first of equals
