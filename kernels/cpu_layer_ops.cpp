@@ -8,8 +8,9 @@
 // Each computes in fp32 and rounds to the activations' dtype where the torch ops round (the residual
 // sum, a normed head). RoPE's two products are rounded before their sum, as torch's x * cos + r * sin
 // rounds them: fp32 results are torch's bits, hence `fp-contract=off` (no fused multiply-add there).
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include <cmath>
 #include <optional>
