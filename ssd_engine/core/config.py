@@ -47,9 +47,9 @@ class EngineConfig:
                                       "weight-only with bf16 activations, q4k is GGUF Q4_K blocks with int8 "
                                       "activations (AVX-512 VNNI), all three CPU only", DRAFT_DTYPES)
     draft_prompt_window: int | None = option(
-        None, "SD and SSD: the draft reads a long prompt's first 4 tokens and its last N only (its context never "
-              "changes the output, only acceptance), so less of a prompt is read twice; unset: 128 for a draft on "
-              "CPU (docs/CPU.md), the whole prompt on a GPU")
+        None, "the draft reads a long prompt's first 4 tokens and its last N only (its context never changes the "
+              "output, only acceptance), so less of a prompt is read twice; unset: 128 for SD on CPU (docs/CPU.md), "
+              "the whole prompt on a GPU and for SSD, whose draft reads it beside the target's prefill")
     target_dtype: str = option("auto", "the target's Linear weight format: auto is gguf-int8 where the target came from "
                                        "a GGUF file (the built-in pair does) and runs on CPU, else fp32; fp32 keeps the "
                                        "weights as dtype holds them; gguf keeps a GGUF checkpoint's own quantized blocks (the same values "

@@ -10,10 +10,14 @@ SINK = 4
 CPU_PROMPT_WINDOW = 128
 
 
-def resolve(option: int | None, draft_device: str) -> int | None:
-    """The option resolved for a draft on `draft_device`: unset is CPU_PROMPT_WINDOW on CPU, where the
-    draft's prompt read costs a third of the target's prefill, and the whole prompt (None) on a GPU."""
-    return option if option is not None else CPU_PROMPT_WINDOW if draft_device == "cpu" else None
+def resolve(option: int | None, draft_device: str, overlaps_target: bool) -> int | None:
+    """The option resolved. Unset: CPU_PROMPT_WINDOW for a CPU draft whose prompt read the target
+    waits for (SD's, a third of the target's prefill); the whole prompt (None) on a GPU, or where the
+    read overlaps the target's prefill (SSD's draft on its own cores reads a prompt faster than the
+    larger target does, so a window would only lower acceptance)."""
+    if option is not None:
+        return option
+    return CPU_PROMPT_WINDOW if draft_device == "cpu" and not overlaps_target else None
 
 
 def skipped_span(num_prompt_tokens: int, window: int | None) -> int:

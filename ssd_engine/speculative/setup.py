@@ -104,7 +104,7 @@ def start_async_draft(side: TargetSide, target: RunnerSpec, cores: list[int] | N
     client = AsyncDraftClient(draft_spec, side.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
                               stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=side.device),
                               side.device, plan, host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device),
-                              prompt_window=prompt_window.resolve(parts.speculative.prompt_window, device))
+                              prompt_window=prompt_window.resolve(parts.speculative.prompt_window, device, overlaps_target=True))
     return client, chosen
 
 
@@ -118,10 +118,10 @@ def build_sync_draft(side: TargetSide, target: RunnerSpec) -> tuple[SyncDraft, D
     # its one-token draft steps, and the catch-up after a round that accepted every draft (x_K and
     # the bonus: two tokens a row; one after a rejection)
     runner.capture_graphs([("paged", 1), ("paged", 2)])
+    window = prompt_window.resolve(side.parts.speculative.prompt_window, target.model.device, overlaps_target=False)
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, k, proposable,
                      stream_generator(side.parts.seed, Stream.DRAFT, device=side.device), side.grammars,
-                     reads_prompts_ahead=side.parts.speculative.per_step == "off",
-                     prompt_window=prompt_window.resolve(side.parts.speculative.prompt_window, target.model.device)), chosen
+                     reads_prompts_ahead=side.parts.speculative.per_step == "off", prompt_window=window), chosen
 
 
 def with_draft_format(runner_spec: RunnerSpec, option: str, workload: list[tuple[int, int]],
