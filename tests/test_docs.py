@@ -172,3 +172,14 @@ def test_runners_are_built_only_through_runner_spec():
 def test_docs_name_no_removed_api(doc):
     text = (REPO / doc).read_text()
     assert "`truncate`" not in text and "next issue" not in text
+
+
+def test_every_result_file_is_in_the_results_index():
+    """benchmarks/results/README.md's patterns cover every run kept there, and each pattern a run."""
+    import fnmatch
+    results = REPO / "benchmarks" / "results"
+    index = (results / "README.md").read_text()
+    patterns = [p for row in re.findall(r"^\| (`.+?) \|", index, re.M) for p in re.findall(r"`([^`]+)`", row)]
+    files = [path.name for path in results.iterdir() if path.name != "README.md"]
+    assert [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)] == []
+    assert [p for p in patterns if not any(fnmatch.fnmatch(f, p) for f in files)] == []
