@@ -1,2 +1,1 @@
-"""Triton kernels, installed as `ssd_engine.kernels` (pyproject.toml maps this folder there): import
-them by that name, never as a top-level `kernels`."""
+"""Triton kernels, installed as `ssd_engine.kernels`: import them by that name, not as `kernels`."""

@@ -1,25 +1,20 @@
-"""Compile the Triton kernels for NVIDIA GPUs ahead of time, on a machine without one.
-
-Triton ships ptxas, so the kernel can be lowered all the way to a cubin for a named architecture
-(sm_80 A100, sm_90 H100/H200) from its signature alone. This catches what the interpreter cannot:
-type errors in loop-carried values, `tl.dot` shape limits, register or shared-memory overflow.
-
-    python -m ssd_engine.kernels.compile_check          # one line per variant; exit status 1 if any failed
-
-Must run without TRITON_INTERPRET (under it `@triton.jit` builds an interpreter function instead).
-"""
+"""Compile the Triton kernels to cubins for sm_80 / sm_90 ahead of time, on a machine without a GPU,
+catching what the interpreter cannot: loop-carried types, `tl.dot` shapes, register or shared-memory
+overflow. Exits 1 if any variant fails; run it without TRITON_INTERPRET."""
 import inspect
 import os
 import sys
 
-VARIANTS = [  # (dtype, tree, splits, GQA group, max query len, head dim): the engine's step shapes
-    ("bf16", False, 1, 6, 1, 128),   # Qwen2.5-1.5B decode
-    ("bf16", False, 8, 6, 1, 128),   # decode, split-KV
-    ("bf16", False, 1, 6, 5, 128),   # verification, K + 1 = 5
-    ("bf16", False, 1, 7, 512, 64),  # prefill chunk, Qwen2.5-0.5B heads (14 over 2)
-    ("bf16", True, 4, 7, 1, 64),     # SSD tree-branch step, split-KV
-    ("fp32", False, 1, 2, 16, 40),   # fp32 (exactness runs), head dim not a power of two
-    ("fp32", True, 3, 3, 1, 64),     # fp32 tree step, split-KV
+# (dtype, tree, splits, GQA group, max query len, head dim): the engine's decode, split-KV,
+# verification, prefill-chunk and tree steps; fp32 for exactness runs; a head dim not a power of 2
+VARIANTS = [
+    ("bf16", False, 1, 6, 1, 128),
+    ("bf16", False, 8, 6, 1, 128),
+    ("bf16", False, 1, 6, 5, 128),
+    ("bf16", False, 1, 7, 512, 64),
+    ("bf16", True, 4, 7, 1, 64),
+    ("fp32", False, 1, 2, 16, 40),
+    ("fp32", True, 3, 3, 1, 64),
 ]
 
 
@@ -43,14 +38,14 @@ def compile_variant(dtype: str, tree: bool, splits: int, group: int, max_query_l
     return triton.compile(source, target=GPUTarget("cuda", arch, 32))
 
 
-# the other kernels at the default pair's and the 7B target's shapes: (kernel, pointer dtype, constexprs)
+# the other kernels at the engine's model shapes: (kernel, pointer dtype, constexprs)
 OTHER_KERNELS = [
-    ("add_rms_norm", "bf16", dict(HAS_RESIDUAL=True, BLOCK=2048)),     # 1.5B hidden 1536
-    ("add_rms_norm", "bf16", dict(HAS_RESIDUAL=False, BLOCK=4096)),    # 7B hidden 3584, the first layer
-    ("add_rms_norm", "fp32", dict(HAS_RESIDUAL=True, BLOCK=1024)),     # 0.5B hidden 896
-    ("rope_cache_write", "bf16", dict(QK_NORM=False, HALF=64)),        # head dim 128
-    ("rope_cache_write", "bf16", dict(QK_NORM=True, HALF=64)),         # Qwen3's q/k norms
-    ("rope_cache_write", "fp32", dict(QK_NORM=False, HALF=32)),        # head dim 64
+    ("add_rms_norm", "bf16", dict(HAS_RESIDUAL=True, BLOCK=2048)),
+    ("add_rms_norm", "bf16", dict(HAS_RESIDUAL=False, BLOCK=4096)),
+    ("add_rms_norm", "fp32", dict(HAS_RESIDUAL=True, BLOCK=1024)),
+    ("rope_cache_write", "bf16", dict(QK_NORM=False, HALF=64)),
+    ("rope_cache_write", "bf16", dict(QK_NORM=True, HALF=64)),
+    ("rope_cache_write", "fp32", dict(QK_NORM=False, HALF=32)),
     ("silu_mul", "bf16", dict(BLOCK=1024)),
     ("merge_splits", "bf16", dict(SPLITS=16, BLOCK_S=16, BLOCK_D=128)),
     ("merge_splits", "fp32", dict(SPLITS=3, BLOCK_S=4, BLOCK_D=64)),

@@ -1,18 +1,6 @@
-"""A decoder layer's elementwise work on CPU as compiled C++ (cpu_layer_ops.cpp, built into the library
-gguf_cpu.py compiles): the same three calls as fused_layer_ops.py's Triton kernels, for a CPU.
-
-Why: a one-token step is short of arithmetic outside its matmuls, but eager torch dispatches each op
-through Python and the dispatcher, a few microseconds apiece. A residual add and RMSNorm were ~10
-dispatches (torch's CPU rms_norm is itself pow, mean, add, rsqrt and two muls), RoPE and the K/V
-writes ~8: in a 24-layer draft step, milliseconds beside ~10 ms of weights streamed. Here each is one.
-
-SiLU-mul stays two torch ops (`F.silu` then an in-place mul), torch's bits: fused, it would save one
-dispatch a layer and need an exp for either sign (cpu_attention.cpp's is for x <= 0 only).
-
-Results are torch's within rounding (tests/test_cpu_layer_ops.py): RMSNorm sums its squares with the
-attention kernel's dot product (cpu_vec.h), so about a fifth of fp32 outputs differ from torch's by an
-ulp; RoPE's are torch's bits by construction.
-"""
+"""fused_layer_ops.py's calls on CPU as compiled C++ (cpu_layer_ops.cpp, built by gguf_cpu.py): one
+dispatch each where eager torch dispatches several. SiLU-mul stays torch's two ops and RoPE gives
+torch's bits; RMSNorm sums squares as cpu_vec.h's dot product, so it may differ by an ulp."""
 import torch
 import torch.nn.functional as F
 

@@ -1,20 +1,7 @@
-"""Triton kernels for a decoder layer's elementwise work: one launch where eager torch runs several.
-
-A decode step on a GPU is launch-bound: each aten op is at least one kernel of a few microseconds,
-more than a small layer's arithmetic. Around its four matmuls and attention a layer ran 13 such ops
-(two residual adds, two RMSNorms, RoPE's roll / mul / mul / add, two K/V cache writes, SiLU, mul);
-these three kernels do the same work in four launches:
-
-- `add_rms_norm`: residual add and RMSNorm (vLLM's fused_add_rms_norm); the sum is rounded to the
-  activations' dtype before it is normalised, as the unfused ops round it.
-- `rope_cache_write`: from the fused qkv projection, q and k rotated by their positions' tables
-  (optionally after Qwen3's per-head RMSNorm), q written out, k and v written into the paged cache.
-- `silu_mul`: SiLU(gate) * up from the fused gate_up projection.
-
-Each computes in fp32 and rounds where the torch ops round (the residual sum, a normed head, SiLU's
-output), so results stay within rounding of the torch path (tests/test_fused_layer_ops.py). Runs
-compiled on CUDA tensors and under TRITON_INTERPRET=1 on CPU tensors (how CI tests it).
-"""
+"""Triton kernels for a decoder layer's elementwise work (add_rms_norm, rope_cache_write, silu_mul):
+one launch where eager torch runs several. Each computes in fp32 and rounds where the torch ops
+round, so results stay within rounding of the torch path. Runs on CUDA, or on CPU under
+TRITON_INTERPRET=1."""
 import torch
 
 from ssd_engine.utils.launches import kernel_launch

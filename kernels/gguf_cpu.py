@@ -1,27 +1,7 @@
-"""The GGUF block kernels (gguf_matmul.cpp), compiled for this CPU on first use.
-
-Built with torch's extension builder (`-O3 -march=native`: the compiler picks AVX-512 or AVX2 for the
-machine it runs on; `$SSD_ENGINE_KERNEL_MARCH`, read at import, names another `-march`, e.g. `haswell`
-for the AVX2-only build an AVX-512 host can then test, a cache entry of its own) into the engine's
-cache (`~/.cache/ssd_engine/kernels/`, or `$SSD_ENGINE_KERNEL_CACHE`), under a name keyed on the
-CPU's flags, the compiler flags and the sources, so a cache shared by two machines never loads code
-built for the other. Where no compiler works, `load()` says why and the caller keeps fp32 weights
-(the same values, more memory).
-
-    torch.ops.ssd_engine_gguf.linear(x_fp32[rows, k], blocks_uint8[n, row_bytes], kind, k) -> [rows, n]
-    torch.ops.ssd_engine_gguf.dequantize(blocks, kind, k) -> fp32 [n, k]
-    torch.ops.ssd_engine_gguf.linear_int8(x_fp32, blocks, kind, k) -> [rows, n]   (gguf_int8.cpp: x
-        quantized to int8 first; the kinds in INT8_KINDS, on CPUs with AVX2)
-    torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, k) -> panels   (gguf_pack.cpp: Q4_K / Q6_K
-        repacked 16 outputs to a panel, gguf_panels.h), read by
-        linear_panels(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_panels_fp32.cpp, "gguf": AVX-512)
-        linear_int8_panels(x_fp32, panels, kind, k, n) -> [rows, n]   (gguf_vnni.cpp, "gguf-int8": the
-        same model as linear_int8, AVX-512 VNNI)
-    torch.ops.ssd_engine_gguf.row_attention(q, k_cache, v_cache, gather_slots, mask, query_cell, scale)
-        (cpu_attention.cpp: each query over its own keys in a fixed order; layers/attention.py)
-    torch.ops.ssd_engine_gguf.add_rms_norm / rope_cache_write   (cpu_layer_ops.cpp: a layer's elementwise
-        work, cpu_layer_ops.py)
-"""
+"""The GGUF block kernels (SOURCES), compiled for this CPU on first use into the kernel cache under
+a name keyed on the CPU's flags, the compiler flags and the sources, and registered as
+torch.ops.ssd_engine_gguf: linear(x_fp32[rows, k], blocks_uint8[n, row_bytes], kind, k) -> [rows, n]
+and friends. Where no compiler works, `load()` says why and the caller keeps fp32 weights."""
 import functools
 import hashlib
 import os
@@ -86,10 +66,7 @@ def library_key() -> str:
 @functools.cache
 def load() -> None:
     """Build (once per machine and source) and load the kernels; KernelUnavailable if that fails.
-
-    A built library is loaded directly. A build runs under an OS file lock, which a killed builder
-    releases (torch's own build lock is a file that outlives it: every later start would wait on it
-    forever), and a lock file such a builder left in the build folder is removed first."""
+    Builds hold an OS file lock, which a killed builder releases (torch's lock file outlives it)."""
     if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
         raise KernelUnavailable(f"the GGUF kernels are switched off ({DISABLE_ENV}=1)")
     import torch

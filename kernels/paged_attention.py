@@ -1,21 +1,7 @@
-"""Triton paged attention: prefill / decode / verification and SSD tree-branch decoding, one kernel.
-
-K/V live in a paged cache flattened to slots `[num_pages * page_size, Hk, D]` and are reached through
-block tables; no mask is ever materialised, it is generated in the kernel from compact metadata:
-
-- paged (`paged_attention`): row b owns queries `query_start[b]:query_start[b+1]` (its last `qlen`
-  positions) over its first `kv_lens[b]` paged keys; query i sees keys `j < kv_len - qlen + i + 1`
-  (causal over cached prefix + new tokens). Decode is qlen = 1, verification qlen = K + 1.
-- tree (`tree_attention`): row r is one branch (one query). It reads block-table row
-  `table_rows[r]` (its sequence's trunk) up to `kv_lens[r]` (its fork point) and then its own path:
-  the first `path_lens[r]` slots of `path_slots[r]`. Siblings share the trunk pages but never see each
-  other's paths, and nothing past the fork point is read.
-
-One program handles one row, one KV head and BLOCK_Q queries: the GROUP query heads that share the
-KV head are stacked into the M dimension, so every K/V tile is read once for all of them (GQA) and
-for all K + 1 verification queries. `tl.dot` needs M, N, D >= 16 on GPUs, hence the padding.
-Runs compiled on CUDA tensors, and on CPU tensors under TRITON_INTERPRET=1 (how CI tests it).
-"""
+"""Triton paged attention, one kernel for prefill / decode / verification and SSD tree branches. K/V
+live in a paged cache flattened to slots [num_pages * page_size, Hk, D]; the mask is generated in
+the kernel. A program takes one row, one KV head and BLOCK_Q queries, the GROUP query heads stacked
+into M so each K/V tile is read once for all (`tl.dot` needs M, N, D >= 16, hence the padding)."""
 import torch
 
 from ssd_engine.utils.launches import kernel_launch
@@ -51,8 +37,8 @@ if triton is not None:
             table_row = row.to(tl.int64)
 
         offs_m = tl.arange(0, BLOCK_M)
-        q_idx = q_block * BLOCK_Q + offs_m // GROUP             # query within the row
-        head = kvh * GROUP + offs_m % GROUP                     # query head
+        q_idx = q_block * BLOCK_Q + offs_m // GROUP
+        head = kvh * GROUP + offs_m % GROUP
         row_ok = (offs_m < BLOCK_Q * GROUP) & (q_idx < q_len)
         offs_d = tl.arange(0, BLOCK_D)
         d_ok = offs_d < D
@@ -140,8 +126,8 @@ MAX_SPLITS = 16
 
 
 def _num_splits(programs: int, device: torch.device) -> int:
-    """Enough key splits for about two programs per SM: decode of a few sequences over 2 KV heads
-    would otherwise leave most of a GPU idle. Depends on shapes only (CUDA graphs fix the grid)."""
+    """Enough key splits for about two programs per SM, so a small decode fills the GPU. Depends
+    on shapes only (CUDA graphs fix the grid)."""
     if device.type != "cuda":
         return 1
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -202,18 +188,19 @@ def paged_attention(q, k_cache, v_cache, block_tables, kv_lens, query_start, max
                     page_size: int, scale: float, splits: int | None = None):
     """q [T, Hq, D] (rows' queries concatenated); k_cache, v_cache [S, Hk, D] (pages flattened to
     slots, page p = slots p * page_size ...); block_tables [B, P] int32 pages per row; kv_lens [B] int32
-    keys of row b (its new tokens' K/V already written); query_start [B + 1] int32. -> [T, Hq, D]."""
+    keys of row b (its new tokens' K/V already written); query_start [B + 1] int32. -> [T, Hq, D].
+    Causal: query i of a row with qlen queries sees keys j < kv_len - qlen + i + 1."""
     return _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, max_query_len, page_size, scale,
                    splits=splits)
 
 
 def tree_attention(q, k_cache, v_cache, block_tables, table_rows, kv_lens, path_slots, path_lens,
                    page_size: int, scale: float, query_start=None, splits: int | None = None):
-    """One query per branch row r: q [R, Hq, D]; block_tables [S, P] trunk pages per sequence;
-    table_rows [R] int32 the sequence of each branch; kv_lens [R] int32 trunk keys it sees (its fork
-    point); path_slots [R, K] its own path's slots, of which the first `path_lens[r]` (int32) are
-    visible; query_start: arange(R + 1) int32, passed in when it must be a static buffer (CUDA graphs).
-    -> [R, Hq, D]."""
+    """One query per branch row r (never seeing a sibling's path): q [R, Hq, D]; block_tables [S, P]
+    trunk pages per sequence; table_rows [R] int32 the sequence of each branch; kv_lens [R] int32
+    trunk keys it sees (its fork point); path_slots [R, K] its own path's slots, of which the first
+    `path_lens[r]` (int32) are visible; query_start: arange(R + 1) int32, passed in when it must be
+    a static buffer (CUDA graphs). -> [R, Hq, D]."""
     if query_start is None:
         query_start = torch.arange(q.shape[0] + 1, dtype=torch.int32, device=q.device)
     return _launch(q, k_cache, v_cache, block_tables, kv_lens, query_start, 1, page_size, scale,

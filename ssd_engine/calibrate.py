@@ -1,17 +1,7 @@
 """CLI: python -m ssd_engine.calibrate [--model M --draft-model D] --temperature T
 
-Measures what Saguaro needs for one model pair at one temperature and writes it as JSON under
-configs/ (ssd_engine/saguaro/calibration.py; the math: docs/saguaro.md), which the engine then loads for requests at that
-temperature. Three short SSD runs over the bundled calibration prompts:
-  1. fan-out 1 per k, just-in-time backup: acceptance alpha, the rank of every bonus token among
-     the draft's candidates (-> miss rate at every fan-out F, and r from a log-log fit), the
-     verification time, the glue forward, and one branch-step cost;
-  2. fan-out 3 per k: a second branch-step cost (-> cost per branch row, a linear fit);
-  3. no cache, fast backup only: tokens per round of the n-gram / random backup.
-Budget B: the most branches whose K steps fit, after the glue, inside one verification
-(`budget_fits`), extended by `best_budget` when the draft cannot keep up even with one branch: then
-the B that minimises the expected round time (build time vs the just-in-time drafting a hit saves).
-"""
+Measures what Saguaro needs for one model pair at one temperature (three short SSD runs: fan-out
+1 and 3 with just-in-time backup, then fast backup only) and writes it as JSON under configs/."""
 import datetime
 import logging
 import platform

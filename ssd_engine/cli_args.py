@@ -1,7 +1,4 @@
-"""Flags generated from EngineConfig and SamplingParams fields, so the CLI maps 1:1 onto them.
-
-Shared by `python -m ssd_engine.generate` and the benchmark/serve entry points.
-"""
+"""Flags generated from EngineConfig and SamplingParams fields, so the CLI maps 1:1 onto them."""
 import argparse
 import difflib
 import json
@@ -53,9 +50,7 @@ def _base_type(annotation):
 
 def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("seed",)) -> None:
     """EngineConfig.seed is left out: on the command line --seed is the request's sampling seed.
-
-    Every flag defaults to None (unset), so EngineConfig's defaults stay in one place; the help
-    shows them."""
+    Every flag defaults to None (unset), so EngineConfig's defaults stay in one place."""
     group = parser.add_argument_group("engine", "options of the engine (ssd_engine/core/config.py, EngineConfig)")
     for f in fields(EngineConfig):
         if f.name in skip:

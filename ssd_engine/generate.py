@@ -1,11 +1,7 @@
 """CLI: python -m ssd_engine.generate --prompt "def quicksort(arr):"
 
-Runs the built-in default pair's target unless --model is given; prints each completion and one
-closing stats line. Sampling flags left unset take the model's generation_config.json values, else
-temperature 1.0 (it samples, as LLM.generate and the server do); --temperature 0 is greedy. Bad
-input prints one `error: ...` line and exits with status 2 (what needs no model is refused before
-anything loads); Ctrl-C prints `interrupted` and exits with status 130.
-"""
+Prints each completion, then stats on stderr. Bad input prints one `error: ...` line and exits 2
+(refused before loading where no model is needed); Ctrl-C exits 130."""
 import contextlib
 import os
 import sys

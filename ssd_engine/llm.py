@@ -14,10 +14,8 @@ Prompt = str | list[int]
 
 
 class LLM:
-    """`LLM(model=None, **options)`; model=None runs the built-in default pair's target.
-
-    Options are EngineConfig fields; an unknown one raises ValueError naming the closest.
-    """
+    """`LLM(model=None, **options)`; model=None runs the built-in default pair's target. Options
+    are EngineConfig fields; an unknown one raises ValueError naming the closest."""
 
     def __init__(self, model: str | None = None, **options) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **options)
@@ -33,9 +31,8 @@ class LLM:
         return self._engine
 
     def get_default_sampling_params(self) -> SamplingParams:
-        """What a request without sampling params gets, and what its unset fields take (vLLM's rule): the
-        model's generation_config.json temperature / top_p / top_k / min_p / repetition_penalty where set, else
-        SamplingParams' defaults (temperature 1.0: it samples). Pass temperature=0 for greedy output."""
+        """What a request without params gets, and what unset fields take (DEFAULTS_RULE): the
+        model's generation_config.json values where set, else SamplingParams' (it samples)."""
         if self._model_sampling_defaults is None:
             self._model_sampling_defaults = model_sampling_defaults(self.engine.model_path)
         return SamplingParams(**self._model_sampling_defaults)
@@ -43,13 +40,9 @@ class LLM:
     def generate(self, prompts: Prompt | list[Prompt],
                  sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:
-        """Generate for each prompt; outputs come back in input order.
-
-        Without sampling_params: get_default_sampling_params() (it samples unless the model's
-        generation_config.json says otherwise; SamplingParams(temperature=0) is greedy).
-        Every prompt is validated before any is queued, so a bad one raises ValueError without
-        disturbing requests already in flight.
-        """
+        """Generate for each prompt; outputs come back in input order. Without sampling_params:
+        get_default_sampling_params(). Every prompt is validated before any is queued, so a bad one
+        raises ValueError without disturbing requests already in flight."""
         prompts = _as_prompt_list(prompts)
         if isinstance(sampling_params, list):
             params = sampling_params
@@ -96,8 +89,7 @@ class LLM:
         """Queue one request and return a TextStream: iterate it for text increments (they join to
         the final text; `.output` holds the RequestOutput afterwards). Iterating steps the whole
         engine, so other queued requests advance too; closing the stream early cancels the request.
-        A bad request raises ValueError here, before anything is queued. Without sampling_params:
-        get_default_sampling_params(), as generate()."""
+        A bad request raises ValueError here, before anything is queued."""
         params = sampling_params or self.get_default_sampling_params()
         if params.n > 1:
             raise ValueError(f"n must be 1 for a stream, got {params.n}: generate() returns n samples")

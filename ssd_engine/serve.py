@@ -1,13 +1,7 @@
 """CLI: python -m ssd_engine.serve [--port 8000] [engine options]
 
 An OpenAI-compatible server (FastAPI + uvicorn) on the built-in pair in SSD mode unless --model /
---speculative-mode say otherwise. Every engine option of `python -m ssd_engine.generate` applies.
-At start it prints the `[engine]` line (how the engine runs) and the `[sampling]` defaults that
-requests' unset fields take. Ctrl-C stops accepting requests and lets those in flight finish (it
-says how many); a second Ctrl-C stops at once. `--api-key KEY` (or SSD_ENGINE_API_KEY, out of the process list)
-makes every request but /health and /metrics carry `Authorization: Bearer KEY`; a server bound beyond loopback with
-no key says so in one warning line at start.
-"""
+--speculative-mode say otherwise; every engine option of `python -m ssd_engine.generate` applies."""
 import importlib.util
 import os
 import sys

@@ -1,9 +1,5 @@
-"""EngineConfig: every engine option in one validated, frozen dataclass.
-
-The CLI maps its flags 1:1 onto these fields (`--max-model-len` -> max_model_len), and its help
-text is each field's `option(...)` help and choices. Values that depend on the checkpoint
-(max_model_len=None, num_kv_blocks=None) are resolved by the engine.
-"""
+"""EngineConfig: every engine option in one validated, frozen dataclass; the CLI maps its flags 1:1
+onto these fields. Checkpoint-dependent values (max_model_len, num_kv_blocks) are resolved later."""
 import difflib
 from dataclasses import dataclass, fields
 
@@ -15,7 +11,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
 SSD_FALLBACKS = ("auto", "jit", "fast")
-DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4", "q4k")  # auto: the fastest this CPU runs (runtime/draft_format.py)
+DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4", "q4k")  # auto: the fastest this CPU runs
 # auto, fp32 and gguf keep the checkpoint's values; the others change the model
 TARGET_DTYPES = ("auto", "fp32", "gguf", "gguf-int8", "bf16", "int8", "int4")
 REQUANTIZED = ("bf16", "int8", "int4")  # re-quantized weights (layers/weight_formats.py); gguf-int8 rounds activations
@@ -139,9 +135,8 @@ class EngineConfig:
             return "plain"
         if self.cpu_weight_layout != "auto":
             return self.cpu_weight_layout
-        # one copy of every weight: with two or more threads the packed kernel wins at every row
-        # count; with one it loses ~8% on single-row decode but scores K+1 rows ~3x faster than
-        # plain (benchmarks/results/2026-11-23-layouts.md); "dual" buys the 8% with a second copy
+        # one copy of every weight; packed loses only on one thread's single-row decode, which
+        # "dual" wins back with a second, plain copy
         return "packed"
 
     @property
@@ -152,11 +147,8 @@ class EngineConfig:
 
     @property
     def compiled(self) -> bool:
-        """Whether every runner (target, SD draft, SSD draft) compiles its forward (runtime/compiled_model.py).
-        auto is off: a compiled step saves a few percent (the fp32 target) to ~15% (an int4 draft) of a
-        layer's time on one thread, while compiling a model's graphs takes minutes on a machine's first
-        run and seconds at each start-up after: thousands of tokens to break even
-        (benchmarks/results/2026-11-23-compiled-step.md)."""
+        """Whether every runner (target, SD draft, SSD draft) compiles its forward
+        (runtime/compiled_model.py). auto is off: compile time outweighs a typical run's gain."""
         return self.compile_model == "on" and not self.enforce_eager
 
     @property

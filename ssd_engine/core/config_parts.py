@@ -1,10 +1,5 @@
-"""The engine's options grouped by the part of the engine that reads them.
-
-EngineConfig (config.py) stays the flat, validated option set users and the CLI fill in;
-`build_config` cuts it once into these frozen parts, and each part travels whole to what needs
-it (RunnerSpec holds a ModelConfig and a CacheConfig) instead of being re-listed field by field.
-Inside the engine K is `speculative.k`; `num_speculative_tokens` is only the user's option name.
-"""
+"""The engine's options grouped by the part of the engine that reads them: `build_config` cuts the
+validated EngineConfig once into these frozen parts. Inside the engine K is `speculative.k`."""
 from dataclasses import dataclass
 
 

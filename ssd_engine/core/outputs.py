@@ -42,8 +42,7 @@ class RequestOutput:
     spec_metrics: dict = field(default_factory=dict)  # filled by speculative modes
     # per output token {token id: log-probability}, the chosen token first, then the top N (params.logprobs)
     logprobs: list[dict[int, float]] | None = None
-    # every sample of the request (params.n of them, in index order); text, token_ids and logprobs
-    # above are the first's
+    # every sample (params.n, in index order); text, token_ids and logprobs above are the first's
     outputs: list[CompletionOutput] = field(default_factory=list)
 
     def __post_init__(self) -> None:

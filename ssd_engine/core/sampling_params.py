@@ -1,9 +1,5 @@
-"""Per-request sampling parameters, with vLLM's field names and defaults.
-
-The rule for a field a request leaves unset (vLLM's; every entry point follows it: `LLM.generate`
-without params, the CLI's sampling flags, the server's request fields): temperature, top_p, top_k,
-min_p and repetition_penalty take the model's generation_config.json value where that file sets them,
-else the defaults below (temperature 1.0: sampling). temperature=0 is greedy."""
+"""Per-request sampling parameters, with vLLM's field names and defaults. Every entry point fills
+a field a request leaves unset by DEFAULTS_RULE. temperature=0 is greedy."""
 
 from __future__ import annotations
 
@@ -128,8 +124,7 @@ def _checked_bias(bias) -> dict[int, float]:
     return checked
 
 
-# the fields a model's generation_config.json may set for requests that leave them unset (vLLM reads these and
-# max_new_tokens, which it leaves to each entry point)
+# the fields a model's generation_config.json may set for requests that leave them unset (vLLM's)
 MODEL_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 DEFAULTS_RULE = ("temperature, top_p, top_k, min_p and repetition_penalty left unset take the model's "
                  "generation_config.json value where it sets one, else 1.0, 1.0, -1, 0.0 and 1.0 (vLLM's rule), so "
@@ -137,10 +132,9 @@ DEFAULTS_RULE = ("temperature, top_p, top_k, min_p and repetition_penalty left u
 
 
 def model_sampling_defaults(model_path: str) -> dict:
-    """The MODEL_DEFAULT_FIELDS that the folder's generation_config.json sets, read by transformers'
-    GenerationConfig as vLLM reads them: `do_sample` and every other field are ignored, so a file with
-    `do_sample: false` alone, or without the file, gives {}. A value no request could take is a ValueError
-    naming the file."""
+    """The MODEL_DEFAULT_FIELDS that the folder's generation_config.json sets, as vLLM reads them
+    (`do_sample` and every other field ignored), else {}. A value no request could take is a
+    ValueError naming the file."""
     path = os.path.join(model_path, "generation_config.json")
     if not os.path.isfile(path):
         return {}

@@ -1,27 +1,7 @@
-"""Independent random streams, one per use, derived from one seed.
-
-Exactness of speculative verification needs the draft's tokens to be independent of the
-verifier's uniforms (given the tokens emitted so far). If the draft and the target seeded their
-generators with the same number, the draft's sample x = F_q^-1(u) and the acceptance test
-u' < p(x) / q(x) would read the same u and the output law would be wrong. So nothing seeds a
-generator with a user's number directly: every generator is seeded with a hash of
-(seed, stream, salt...), which gives unrelated Mersenne-Twister states for different streams.
-
-Streams:
-- TARGET: the target's sampling, the verifier's acceptance uniforms and its residual / bonus
-  draws (drawn from one generator in a fixed order, see sampling/rejection.py);
-- DRAFT: the draft's token sampling (SD's colocated draft; the SSD draft process's cached
-  branches and just-in-time drafts);
-- BACKUP: the fast backup's random proposals (SSD draft process, or the coordinator's local
-  speculator after a draft failure);
-- SYNTHETIC: benchmarking only, the draws that stand in for acceptance and cache hits
-  (sampling/synthetic.py), so those options never shift a request's streams.
-
-The salt separates generators of one stream that must not repeat each other: the SSD draft
-process salts with the sequence's token count when it (re)learns a sequence, so a sequence
-that comes back after preemption does not replay draft randomness that already shaped its
-emitted tokens, and the two processes salt their BACKUP streams differently.
-"""
+"""Independent random streams, one per use, derived from one seed. Exact verification needs the
+draft's tokens independent of the verifier's uniforms, so every generator is seeded with a hash of
+(seed, stream, salt...), never with the user's number. The salt separates generators of one stream
+that must not repeat each other (a re-learned sequence, each process's BACKUP)."""
 from __future__ import annotations
 
 import enum
@@ -31,6 +11,9 @@ import torch
 
 
 class Stream(enum.Enum):
+    """TARGET: target sampling, acceptance uniforms and residual / bonus draws (one generator,
+    fixed order); DRAFT: draft token sampling; BACKUP: the fast backup's proposals; SYNTHETIC:
+    benchmarking draws, kept apart so those options never shift a request's streams."""
     TARGET = "target"
     DRAFT = "draft"
     BACKUP = "backup"

@@ -1,14 +1,7 @@
-"""The engine's core structures and the two interfaces its loop drives.
-
-- `Paged`: anything that owns KV blocks (a sequence, or a draft's record of one);
-- `Sequence`: one request's state (tokens, how many have KV computed, blocks, RNG streams, metrics);
-- `ScheduledBatch`: the sequences of one step and the tokens each computes; it builds the step's
-  feed and logit rows, with a proposal's drafts for the speculated sequences;
-- `Proposal`: what a speculator proposes for the decoding sequences (K tokens and their q rows);
-- `Outcome`: what verification tells the speculator about one sequence;
-- `Runner`: what runs the target (ModelRunner, or TensorParallelRunner on rank 0);
-- `Speculator`: SD's colocated draft, SSD's coordinator, or the n-gram speculator.
-"""
+"""The engine's core structures and the two interfaces its loop drives: `Paged` (owns KV blocks),
+`Sequence` (one request's state), `ScheduledBatch` (a step's sequences and tokens; builds its feed),
+`Proposal` (a speculator's K tokens and q rows), `Outcome` (verification's result for a sequence),
+`Runner` (what runs the target) and `Speculator` (SD's draft, SSD's coordinator, or n-gram)."""
 import array
 import enum
 import functools
@@ -22,9 +15,8 @@ import torch
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.streams import Stream, stream_generator
 
-# A KV block table: int32 block ids, packed. A step flattens every row's table into its upload and
-# tensor parallelism compares each with the copy its workers hold: on packed arrays both are
-# memory copies and compares, some 20-70x cheaper than flattening and comparing Python lists.
+# A KV block table: int32 block ids, packed, so a step's upload and tensor parallelism's compare
+# with the workers' copies are memory copies, not walks over Python lists.
 BlockTable = array.array
 assert array.array("i").itemsize == 4, "block tables are uploaded as int32"
 
@@ -163,14 +155,11 @@ class ScheduledBatch:
     def feed(self, speculated: list[bool], proposal: Proposal | None
              ) -> tuple[list[list[int]], list[list[int]], tuple[list[int], torch.Tensor] | None]:
         """(tokens fed, logit rows) per sequence, and the fed tokens that stay on the device: a
-        speculated one feeds its last committed token and its K drafts (K + 1 rows to verify); a
-        prefill chunk or plain decode feeds its own tokens and wants the last row only when it
-        reaches the end of the sequence.
-
-        The drafts are not read on the host (on a GPU that would wait for the draft's last step):
-        their places in the fed lists hold 0, and the third value (flat positions over the step's
-        fed tokens, the proposal's tokens) puts them there on the device (`StepInputs.on_device`).
-        None when nothing is speculated."""
+        speculated one feeds its last committed token and its K drafts (K + 1 rows to verify);
+        others feed their own tokens and want the last row only at the end of the sequence.
+        Drafts are never read on the host (on a GPU that would wait for the draft): they are fed
+        as 0, and the third value (flat positions over the step's fed tokens, the proposal's
+        tokens) puts them in place on the device; None when nothing is speculated."""
         feed, logit_rows, draft_at, base = [], [], [], 0
         for seq, n, was_speculated in zip(self.seqs, self.num_new_tokens, speculated):
             start = seq.num_computed_tokens

@@ -1,14 +1,7 @@
-"""Process groups of one tensor-parallel model and the collectives its layers and driver use.
-
-Each engine builds its own groups straight from its own store (no `init_process_group`), so two
-engines in one process never share a default group. Two groups per engine:
-- `data`: the forward pass's all-reduce and the logits gather (NCCL on CUDA, gloo on CPU), with a
-  deadline (`timeout_s`) so a dead or stuck rank raises instead of hanging;
-- `control`: gloo, rank 0 broadcasting pickled commands to workers. Workers wait on it between
-  requests, possibly for hours, so its deadline is long; rank 0 only ever sends on it.
-Ranks spawned on one x86 CPU machine also share a memory segment (shm_collectives.py) that carries
-the all-reduces and the logits gather in microseconds; tensors larger than it still go through gloo.
-"""
+"""Process groups of one tensor-parallel model and its collectives, built from the engine's own
+store (never a default group): `data` (forward all-reduce, logits gather; NCCL or gloo, with a
+deadline so a stuck rank raises) and `control` (gloo; rank 0's pickled commands, awaited between
+requests, so its deadline is long). CPU ranks on one x86 machine add shm_collectives.py."""
 import datetime
 import pickle
 

@@ -1,15 +1,7 @@
 """Engine side of the fork server (forkserver_main.py): children forked from a process that has
-already imported torch, behind the same handle a `subprocess.Popen` gives.
-
-One server per engine process, started with its first child (through lifeline.start, so it dies
-with this process) and reused by every later one: an SSD engine, its tensor-parallel workers and
-every engine built after them in this process start their children in a fraction of a second.
-The server lives as long as this process (an idle one holds only torch's imported modules, shared
-with its children); it exits when this process does.
-
-Linux only (the chain of PR_SET_PDEATHSIG is what makes a forked child die with the engine);
-`SSD_ENGINE_FORKSERVER=0` starts every child as a fresh interpreter instead.
-"""
+already imported torch, behind a `subprocess.Popen`-like handle. One server per engine process,
+started through lifeline.start (so it dies with this process) and reused; Linux only.
+`SSD_ENGINE_FORKSERVER=0` starts fresh interpreters instead."""
 from __future__ import annotations
 
 import atexit

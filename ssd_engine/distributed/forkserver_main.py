@@ -1,18 +1,7 @@
 """`python -m ssd_engine.distributed.forkserver_main PARENT_PID ARGS_JSON`: the engine process's fork server.
-
-It imports torch once, then forks each child the engine asks for (distributed/forkserver.py), so a
-child skips the ~1.5-2 s interpreter and torch start of a fresh process. It dies with the engine
-process (lifeline.py); every child it forks dies with it in turn, so the chain holds in every phase.
-
-Protocol, over one SOCK_SEQPACKET socket: the engine sends one packet per child, JSON
-{module, args, env, cwd, affinity, pass_fds} with the engine's stdout and stderr, then the
-`pass_fds`, attached as SCM_RIGHTS; the server answers {"started": pid} or {"failed": why}, in order,
-and later {"exited": pid, "code": Popen-style returncode} for each child it reaps. EOF: the engine
-is gone or done; the server exits.
-
-Only modules whose import reads no engine setting are imported before a fork (torch, numpy): a
-child reads its environment (the engine's, sent with the request) when it imports the engine.
-"""
+It imports torch once and forks each child the engine asks for; it dies with the engine
+(lifeline.py), each child with it. Only modules whose import reads no engine setting load before a
+fork: a child reads its environment (sent with the request) when it imports the engine."""
 import json
 import os
 import select
@@ -27,6 +16,10 @@ MAX_FDS = 16
 
 
 def serve(sock: socket.socket) -> None:
+    """One SOCK_SEQPACKET packet per child: JSON {module, args, env, cwd, affinity, pass_fds},
+    with the engine's stdout, stderr and pass_fds as SCM_RIGHTS. Answers {"started": pid} or
+    {"failed": why} in order, later {"exited": pid, "code": Popen-style returncode} per reaped
+    child. Returns at EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine stops us
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)

@@ -1,22 +1,7 @@
-"""Child processes (SSD draft, tensor-parallel workers) die with the engine process that started them.
-
-Even a SIGKILL of the engine (an out-of-memory kill, `kill -9`) must not leave a child running under
-PID 1, in any phase: interpreter start-up, imports, model loading, serving. On Linux the child asks
-the kernel for SIGKILL when its parent dies (PR_SET_PDEATHSIG) as the first thing its entry point
-does, then checks that the parent is still the one that started it: a parent that died before the
-request took effect is caught there. Elsewhere a thread polls the parent pid instead.
-
-The kernel sends that signal when the parent *thread* that forked the child exits, not only the
-process, so `start` forks from a thread that lives as long as the process: the main thread, or, when
-called from any other thread (an engine built inside a worker thread), one spawner thread kept for
-the purpose.
-
-On Linux a child is forked by this process's fork server (forkserver.py), itself started here as a
-fresh interpreter: the server dies with this process and each child with the server, the same
-rule one level down.
-
-Only this module (and forkserver.py) imports nothing heavy: the child runs it before torch is imported.
-"""
+"""Child processes (SSD draft, tensor-parallel workers) die with the engine process that started
+them, even on SIGKILL, in any phase: a child's entry point asks for PR_SET_PDEATHSIG on Linux (else
+a thread polls). The kernel signals when the forking *thread* exits, so `start` forks from one that
+lives as long as the process. Imports nothing heavy: children run it before importing torch."""
 import json
 import os
 import queue
@@ -43,7 +28,6 @@ def start(module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> ChildProce
     """Parent side: run `python -m module PARENT_PID ARGS_JSON` as a process that dies with this
     one, its stdin closed and `pass_fds` open at the same numbers. Forked from this process's fork
     server where there is one (forkserver.py: torch already imported), else a fresh interpreter.
-
     The module's entry point must call `child_args` first."""
     if forkserver.usable():
         try:
@@ -73,10 +57,9 @@ def child_args(label: str) -> dict:
 
 
 def exit_done() -> None:
-    """Child side, last thing in the entry point once its work ended cleanly: exit without the
-    interpreter's teardown. Freeing torch's modules one by one takes ~0.7 s of CPU, and the parent's
-    close() waits for this exit; nothing is left to finalize (no temporary files, no atexit work:
-    the links and stores are sockets and file descriptors the kernel closes)."""
+    """Child side, last thing once its work ended cleanly: exit without the interpreter's slow
+    teardown, which the parent's close() waits for; nothing is left to finalize (no temporary
+    files or atexit work: the links are sockets and file descriptors the kernel closes)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

@@ -1,17 +1,11 @@
 """How one model is split across tensor-parallel ranks: pure functions, testable without processes.
-
-Column-parallel layers (q/k/v, gate/up, the LM head, the embedding's vocabulary) keep a span of
-rows; row-parallel layers (o, down) keep the matching span of input columns and all-reduce.
-Uneven splits are allowed where the arithmetic allows them, so SmolLM2's 3 KV heads run on 2
-ranks (2 KV groups + 1): attention heads are split by whole KV groups, never inside one, except
-when there are more ranks than KV heads, where each KV head is replicated on tp / num_kv_heads
-ranks that split its query heads evenly.
-"""
+Column-parallel layers keep a span of rows, row-parallel ones (o, down) the matching input columns,
+then all-reduce. Attention splits by whole KV groups; with more ranks than KV heads, each KV head is
+replicated on tp / num_kv_heads ranks that split its query heads evenly."""
 from dataclasses import dataclass
 
-# The widest quantization block of a GGUF file (K-quants: 256 values; the others' 32 divide it). A
-# row-parallel Linear's ranks slice its input columns: on multiples of this, every rank's slice is
-# whole blocks, so a GGUF-kept target splits as it is stored.
+# The widest GGUF quantization block (K-quants: 256; the others' 32 divide it): row-parallel slices
+# on multiples of it are whole blocks, so a GGUF-kept target splits as it is stored.
 WEIGHT_BLOCK = 256
 
 

@@ -35,10 +35,9 @@ def plan_core_sets(num_ranks: int, cpu_cores: str | None) -> list[list[int]]:
     return sets
 
 
-# Rank 0 is the user's own process, which several engines may share, and pins nest (a probe pins
-# the process to the draft's cores for a moment inside the engine's own pin). Each pin saves the
-# state it replaced: unpinning the newest restores that state; unpinning an older one hands its
-# saved state to the pin above it. Plans use the process's state before its first pin.
+# Pins nest (rank 0 is the user's process, which engines may share; a probe pins inside an engine's
+# pin). Each saves the state it replaced: unpinning the newest restores it; unpinning an older one
+# hands that state to the pin above. Plans use the process's state before its first pin.
 _pins: list[tuple[object, set[int], int]] = []  # (token, cores before it, threads before it)
 
 

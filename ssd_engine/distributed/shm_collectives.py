@@ -1,22 +1,7 @@
-"""All-reduce and gather through shared memory, for ranks on one x86-64 machine (CPU).
-
-Why: with each rank pinned to its own core, gloo's transport thread shares that core with the
-compute thread and one small all-reduce costs ~1.8 ms (measured on this 2-core machine); a 1.5B
-model does 56 of them per step. Shared memory plus spinning on a flag costs microseconds.
-
-Where the memory lives: one anonymous memfd created by rank 0 and inherited by the workers it
-spawns (`pass_fds`); it has no name anywhere, and the kernel frees it when the last process
-holding it exits, even after SIGKILL. Layout: a flags row (int64 per rank: last round finished
-writing), then two data buffers (round parity), each [world, capacity] float32.
-
-One round n on rank r: copy the input into buffer[n % 2][r], fence, flags[r] = n, spin until every
-flag >= n, then read. All-reduce sums the slots in rank order, so every rank holds the identical
-result. Two buffers suffice: a rank rewrites buffer[n % 2] only in round n + 2, which it enters after
-every rank finished round n + 1, hence finished reading round n.
-Memory order: x86 keeps stores in order and loads in order (TSO); the fence (a locked instruction,
-via an uncontended lock) also orders any non-temporal stores a large memcpy may have used. Weakly
-ordered CPUs do not use this path (`supported()`); they stay on gloo.
-"""
+"""All-reduce and gather through shared memory for CPU ranks on one x86-64 machine (pinned ranks
+make gloo's transport thread compete with compute). One anonymous memfd from rank 0, inherited by
+its workers, freed with its last holder: a flags row (int64 per rank, a cache line each), then two
+[world, capacity] float32 buffers (round parity). Weakly ordered CPUs stay on gloo."""
 import mmap
 import os
 import platform
@@ -59,6 +44,7 @@ class ShmCollectives:
         return tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.numel() <= self.capacity
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sums the slots in rank order, so every rank holds the identical result."""
         slots = self._exchange(tensor)
         flat = tensor.view(-1)
         torch.add(slots[0], slots[1], out=flat)
@@ -75,7 +61,10 @@ class ShmCollectives:
         return [slots[r].view(local.shape[0], width) for r in range(self.world)]
 
     def _exchange(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Publish this rank's tensor for the next round; return every rank's [world, numel] slots."""
+        """Publish this rank's tensor for the next round; return every rank's [world, numel] slots.
+        Round n: copy into buffer[n % 2][r], fence, flags[r] = n, wait for every flag >= n. A rank
+        rewrites buffer[n % 2] only in round n + 2, after every rank finished reading round n. x86
+        keeps stores in order (TSO); the fence also orders a large memcpy's non-temporal stores."""
         self._round += 1
         n = tensor.numel()
         buffer = self._data[self._round % 2]

@@ -1,12 +1,6 @@
-"""Start, await and stop the engine's child processes (tensor-parallel workers, the SSD draft).
-
-A child is started through lifeline.py (so it dies with this process: forked by the engine
-process's fork server, or a fresh interpreter), finds this process through a TCPStore hosted here on a kernel-picked port, and announces that it
-is up by setting its readiness key there. Waiting for it polls that key and the child's exit code
-against one deadline: a child that dies while starting fails the wait at once with its exit code
-(its traceback is on stderr above), one that hangs fails it at the deadline, and either way every
-child of the wait is killed and reaped before the error propagates.
-"""
+"""Start, await and stop the engine's child processes (tensor-parallel workers, the SSD draft): each
+starts through lifeline.py, finds this process through a TCPStore hosted here and sets its
+readiness key there; a child that exits or hangs while starting fails the wait, reaping all."""
 import datetime
 import os
 import subprocess

@@ -5,8 +5,7 @@ from ssd_engine.speculative import prompt_window
 
 
 def describe_execution(engine) -> dict:
-    """How this engine runs its target: device, dtype, attention backend, CUDA graph buckets, whether
-    its forward is compiled (and the start-up seconds that took), its weight format (target_dtype)."""
+    """How this engine runs its target: device, dtype, attention, graphs, compiling, weights."""
     runner = engine.runner.local  # rank 0's own ModelRunner under tensor parallelism
     graphs = runner.graphs
     described = {"device": str(engine.device), "dtype": engine.parts.model.dtype,

@@ -1,17 +1,8 @@
-"""One sequence's output text as it grows, for streaming: each call decodes the last few dozen tokens,
-not the whole output (~0.2 ms at 1,000 tokens with Qwen2.5's tokenizer, a streamed request, a step:
-time the device waits through between two steps).
+"""One sequence's output text as it grows, for streaming, decoding only a tail of tokens per call.
 
-Decoding is local: appending tokens changes only the last few characters of the text (a character
-whose bytes were cut completes, cleanup joins a space to a new punctuation mark), and the text of a
-run of tokens taken out of the middle differs from that part of the whole text only in its first few
-characters (a cut character's bytes become replacement characters, a leading space may be stripped).
-UNTRUSTED_CHARS bounds both. So the new text is the old text without its last UNTRUSTED_CHARS
-characters, then what the decode of a tail of tokens (starting before the old end) holds past the
-same point. Where the tail's overlap with the old text does not read as it should, the whole output is
-decoded instead: the text returned is always the whole output's decode as far as the overlap can tell
-(`tests/test_incremental_text.py` checks it against the whole decode after every token).
-"""
+Appending tokens changes only the text's last few characters, and a tail's decode differs from the
+whole text's only in its first few; UNTRUSTED_CHARS bounds both. Where the tail's overlap with the
+old text does not match, the whole output is decoded, so the result is the whole output's decode."""
 from ssd_engine.engine.output_processor import UNTRUSTED_CHARS
 
 
@@ -22,8 +13,7 @@ class IncrementalText:
         self.text = ""
 
     def of(self, ids: list[int]) -> str:
-        """The text of `ids`, the sequence's output tokens (a longer list than the last call's, which
-        it extends)."""
+        """The text of `ids`, the sequence's output tokens (extending the last call's list)."""
         if len(ids) != self.tokens:
             text = self._extended(ids)
             self.tokens, self.text = len(ids), text if text is not None else self._decode(ids)
@@ -45,8 +35,6 @@ class IncrementalText:
             width *= 2
         new_tail = self._decode(ids[start - width:])
         keep = len(old_tail) - untrusted  # old_tail[:keep] lies before the characters the new tokens may change
-        # the overlap past the tail's untrusted start: the end of the old text's kept part, and (with
-        # the untrusted start) the new tail's beginning, unchanged by the new tokens
         if not (old.endswith(old_tail[untrusted:keep], 0, len(old) - untrusted) and new_tail.startswith(old_tail[:keep])):
             return None
         return old[:len(old) - untrusted] + new_tail[keep:]

@@ -1,8 +1,5 @@
-"""The step loop: schedule -> speculate -> verify -> postprocess.
-
-AR is the degenerate case with no speculation: every scheduled sequence whose computed tokens
-reach its end gets one sampled token. Requests join and leave between steps (continuous batching).
-"""
+"""The step loop: schedule -> speculate -> verify -> postprocess (AR: no speculation).
+Requests join and leave between steps (continuous batching)."""
 import logging
 import os
 import time
@@ -97,17 +94,14 @@ class LLMEngine:
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
         self._capture_graphs()
 
-    # ---- set-up helpers -------------------------------------------------------------------
     def _capture_graphs(self) -> None:
-        """CUDA graphs for the steps this engine repeats: decode, verification of K + 1 tokens, and
-        (the SD draft captures its one-token steps when built, the SSD draft process its own)."""
+        """CUDA graphs for the target's repeated steps: decode and verification of K + 1 tokens."""
         shapes = [("paged", 1)] if self.parts.speculative.mode == "ar" else [("paged", 1), ("paged", self.k + 1)]
         self.runner.capture_graphs(shapes)
 
     def _place(self) -> list[list[int]] | None:
-        """On CPU, SSD gives the draft process cores of its own: one core set per target rank, then
-        the draft's. This process (rank 0) is pinned to the first set until close(). Without a
-        draft process, one given core set pins this process (auto's AR and SD take every core)."""
+        """On CPU, SSD's core sets: one per target rank, then the draft's; this process (rank 0) is
+        pinned to the first until close(). Without SSD, one given core set pins this process."""
         model, parallel = self.parts.model, self.parts.parallel
         if model.device != "cpu" or torchrun_world() is not None:
             return None
@@ -155,7 +149,6 @@ class LLMEngine:
             eos = getattr(self.hf_config, "eos_token_id", None) or self.tokenizer.eos_token_id
         return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
-    # ---- requests -------------------------------------------------------------------------
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
             if not prompt:
@@ -228,11 +221,8 @@ class LLMEngine:
             self.scheduler.abort(seq)
             self.spec_metrics.pop(seq.seq_id)
 
-    # ---- the loop -------------------------------------------------------------------------
     def step(self) -> list[Sequence]:
-        """One round: schedule -> propose -> forward -> sample or verify -> postprocess.
-
-        Returns the sequences that finished in it."""
+        """One round: schedule, propose, forward, sample or verify; -> the sequences it finished."""
         started = time.perf_counter()
         k = self.step_choice.choose(self.scheduler.running, self.speculator) if self.step_choice else self.k
         batch = self.scheduler.schedule(k)

@@ -1,20 +1,13 @@
 """Appending sampled tokens to a sequence and deciding when it stops.
 
-Several tokens may arrive at once (speculative rounds); they are appended one by one and the
-first stop condition wins, so no token beyond a stop, EOS or max_tokens is ever emitted.
-
-A stop string is looked for after every token, in the text of the whole output (what the request
-returns is that text, cut at the first stop string). Decoding the whole output each time costs
-O(length) a token, ~0.2 ms at 1,000 tokens (Qwen2.5's tokenizer): time the device waits through
-between a round's read and the next round's launch. So the search first runs on the text of the
-output's last few tokens and decodes the whole output only when that finds a stop string.
-"""
+Tokens are appended one by one and the first stop condition wins, so no token beyond a stop, EOS or
+max_tokens is ever emitted. Stop strings are searched in a tail's text; the whole output is decoded
+only to confirm a hit, as decoding it every token costs O(length)."""
 from ssd_engine.core.outputs import RequestMetrics, RequestOutput
 from ssd_engine.core.structures import Sequence
 
-# A tail's first characters may differ from the whole text's: a character whose bytes the tail cuts
-# decodes to replacement characters (at most 3), a leading space may be stripped, cleanup may join a
-# space to the next character. This many characters of the tail are not trusted.
+# a tail's first characters may differ from the whole text's (a cut character's bytes, a stripped
+# leading space): this many characters of a tail are not trusted
 UNTRUSTED_CHARS = 16
 
 
@@ -25,8 +18,7 @@ class OutputProcessor:
         self.max_model_len = max_model_len
 
     def append(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> int:
-        """Append tokens (and their log-probabilities, where the request asked) until one finishes `seq`;
-        return how many were appended."""
+        """Append tokens (and logprobs, where asked) until one finishes `seq`; -> how many were."""
         params = seq.params
         for count, token in enumerate(tokens, start=1):
             seq.token_ids.append(token)
@@ -43,11 +35,9 @@ class OutputProcessor:
         return len(tokens)
 
     def _hit_stop_string(self, seq: Sequence) -> bool:
-        """Whether the output's text now holds a stop string (it did not before the last token). One
-        that the last token completed ends within the characters that token added or changed (at most
-        its own text plus a character its bytes completed), so it lies within the last (longest stop
-        + that) characters: a tail of tokens whose text covers those past the untrusted start decides
-        "no"; "yes" is confirmed on the whole text, so the answer is the whole text's either way."""
+        """Whether the output's text now holds a stop string (it did not before the last token). A
+        tail covering the longest stop plus the last token's text decides "no"; "yes" is confirmed
+        on the whole text, so the answer is the whole text's either way."""
         stops, ids = seq.params.stop, seq.output_token_ids
         needed = max(map(len, stops)) + len(self.tokenizer.decode(ids[-1:], skip_special_tokens=True)) + 4 \
             + UNTRUSTED_CHARS

@@ -1,5 +1,4 @@
-"""What makes a request impossible on this engine, said in one line before anything is queued: a
-bad one never disturbs requests already running."""
+"""What makes a request impossible on this engine, said in one line before anything is queued."""
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.runtime.block_manager import BlockManager
 

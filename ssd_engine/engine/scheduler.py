@@ -1,13 +1,8 @@
 """Continuous batching with chunked prefill and preemption by recompute.
 
-Every step each scheduled sequence computes a run of new tokens starting at its
-`num_computed_tokens`: a decode computes 1 (plus `k` draft slots when speculating),
-a prefill computes a chunk of its prompt. Running sequences go first (oldest first), then
-waiting ones join while the token budget (`max_num_batched_tokens`) and `max_num_seqs` allow;
-in a step that also decodes, prompts get at most `prefill_tokens_while_decoding` tokens of it.
-When blocks run out, the most recently admitted running sequence is preempted: its blocks are
-freed and it returns to the front of the queue to be recomputed later (FCFS fairness).
-"""
+Running sequences go first (oldest first), then waiting ones while the token budget and
+`max_num_seqs` allow. When blocks run out, the newest running sequence is preempted: its blocks are
+freed and it returns to the front of the queue (FCFS fairness)."""
 from collections import deque
 from typing import Protocol
 
@@ -16,8 +11,7 @@ from ssd_engine.runtime.block_manager import BlockManager
 
 
 class SequenceHolder(Protocol):
-    """A part that keeps per-sequence state beside the target's blocks (a draft's KV, tensor-parallel
-    workers' block tables, a grammar matcher)."""
+    """A part keeping per-sequence state beside the target's blocks (draft KV, grammars...)."""
 
     def release(self, seq: Sequence) -> None:
         """Forget `seq`: its blocks were freed (it finished, was aborted, or was preempted)."""

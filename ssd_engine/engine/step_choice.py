@@ -1,32 +1,8 @@
 """SD's K chosen every step (`speculation_per_step="goodput"`): the plan's K or 0 (plain decoding).
 
-Speculation pays at a small batch, where a verification of K + 1 rows costs about what one row does,
-and can lose at a large one, where the target's step grows with its rows and rejected drafts are
-paid for. Which side of that line a batch is on depends on the machine, the pair and the prompts'
-acceptance, so it is measured here, on the engine's own steps: per batch size (in powers of two),
-the emitted tokens per second of the steps that ran K and of those that ran plain decoding, each a
-running average. A step runs the arm with the higher rate at its batch size, or, until both arms
-have run there, at the nearest batch size where both have (a draining batch passes through every
-smaller size: trying both arms at once at each costs more than it tells). An arm tried at a batch size
-runs there for MIN_SAMPLES steady steps before its rate is compared (one step's rate is noise). An arm
-never run anywhere is run at once; one never run at this batch size is tried after FIRST_LOOK steps
-there (K not where it lost at a smaller batch size: its verification only grows with the batch), and
-one not run there for EXPLORE_EVERY steps (more for K, whose try costs the draft's catch-up) once
-more, so the estimates follow the load and the acceptance.
-
-Plain steps leave the draft behind (it reads nothing), and so do prompts: before a speculated step
-the draft reads every token it missed, a prefill of its own. Only steady steps (the draft at most
-STEADY_LAG tokens a sequence behind) feed an arm's rate. A step that would first catch the draft up
-runs K where the time it saves over the batch's remaining tokens at the two rates measured at its
-batch size exceeds the catch-up's measured cost, or, to measure or re-measure K there, where the
-catch-up costs at most EXPLORE_SHARE of the time since K last ran at this batch size; until both
-rates and the cost are measured anywhere, it runs K, so they get measured.
-
-Exactness is the verifier's: a plain step samples the target's law, a speculated one verifies, and
-the draft catches up with whatever tokens it missed (speculative/sd.py). Seeded requests promise the
-same tokens alone or in any batch, and a step's K would make theirs depend on the batch: a step
-whose batch holds one runs K.
-"""
+Per batch-size bucket, each arm's tokens/s over steady steps is a running average; a step runs the
+faster arm and re-tries the other now and then. Exactness is the verifier's; a batch holding a
+seeded request always runs K, so its tokens do not depend on the batch."""
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -34,8 +10,7 @@ from typing import Protocol
 
 from ssd_engine.core.structures import Sequence
 
-# steps of one batch size between tries of the arm not chosen: plain decoding is cheap to try, K
-# after a run of plain steps is not (the draft first catches up over every token it missed)
+# steps of one batch size between tries of the arm not chosen; K's try pays the draft's catch-up
 EXPLORE_EVERY = {"plain": 64, "speculate": 256}
 FIRST_LOOK = 4      # steps at a batch size before an arm never run at it is tried there
 MIN_SAMPLES = 4     # steady steps an arm tried at a batch size runs for there before its rate is compared
@@ -82,7 +57,7 @@ class StepChoice:
 
     def _catch_up_pays(self, running: list[Sequence], lag: int, s_per_token: float | None) -> bool:
         """Whether reading `lag` tokens into the draft first is paid back by speculating over what
-        the batch has left to generate, at the measured rates."""
+        the batch has left to generate at the measured rates, or re-measures K (EXPLORE_SHARE)."""
         if any(seq.params.seed is not None for seq in running):
             return True  # a seeded request's batch always drafts K (the module docstring)
         bucket = len(running).bit_length()
@@ -116,9 +91,8 @@ class StepChoice:
         return max(rates, key=rates.get) if rates else self.k
 
     def _lost_below(self, bucket: int) -> bool:
-        """Whether K lost to plain decoding at the largest smaller batch size that measured both: a
-        larger batch verifies more rows a step for the same share of steps saved, so K is not first
-        tried there (each first try of K pays the draft's catch-up over the whole batch)."""
+        """Whether K lost to plain decoding at the largest smaller batch size that measured both:
+        then K is not first tried at a larger one, whose verification only costs more."""
         below = [b for b in self._measured_buckets() if b < bucket]
         return bool(below) and self.arms[max(below), self.k].rate < self.arms[max(below), 0].rate
 
@@ -127,8 +101,7 @@ class StepChoice:
         return {b for b, _ in self.arms if all(self.arms.get((b, k), Arm()).rate is not None for k in (self.k, 0))}
 
     def _nearest_pair(self, bucket: int) -> dict[int, float] | None:
-        """Both arms' rates at this batch size, else at the nearest one that measured both (rates at
-        different batch sizes are not comparable: only their order within one is read)."""
+        """Both arms' rates at this batch size, else at the nearest one that measured both."""
         both = sorted((abs(b - bucket), b) for b in self._measured_buckets())
         if not both:
             return None

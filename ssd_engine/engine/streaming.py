@@ -1,8 +1,4 @@
-"""Streaming one request's text while the engine steps (`LLM.generate_stream`, the CLI's
-`--stream`). Text is released only once it is final: not while the decoded text ends in an
-incomplete UTF-8 character (UTF-8 resynchronises, so only the
-last 3 replacement characters can still change), and not the last (longest stop string - 1) characters, which could
-still become the start of a stop string that the final text drops."""
+"""Streaming one request's text while the engine steps, releasing text only once it is final."""
 from collections.abc import Iterator
 
 from ssd_engine.core.outputs import RequestOutput
@@ -18,10 +14,10 @@ class TextIncrements:
         self.hold = max((len(stop) for stop in seq.params.stop), default=1) - 1
 
     def delta(self, text: str) -> str:
-        """New final text of an unfinished request whose decoded output is now `text`."""
+        """New final text of an unfinished request now decoding to `text`; held back: the last
+        (longest stop - 1) characters, which could start a stop string, and a partial character."""
         end = len(text) - self.hold
-        # an incomplete character at the end (at most 3 of its 4 UTF-8 bytes, so at most 3
-        # replacement characters) may still change; earlier replacement characters never will
+        # at most 3 trailing replacement characters may still change (UTF-8 resynchronises)
         for _ in range(3):
             if end > self.sent and text[end - 1] == "\ufffd":
                 end -= 1

@@ -1,16 +1,6 @@
-"""Paged attention through one backend interface.
-
-Every step describes its attention with compact metadata (block tables, key counts, query offsets,
-and for SSD tree-branch steps each branch's trunk row, fork point and own path slots); no backend
-is handed a dense mask. Backends (`layers/attention_backends.py`):
-- `torch`: the reference. Expands the metadata once per step into slot tables and a boolean mask
-  (`AttentionMetadata.dense`) and runs SDPA; the oracle for the others.
-- on CPU, `auto`: `row_independent_attention`, the compiled kernel kernels/cpu_attention.cpp over the
-  same expanded metadata (each query alone over its own keys), where the CPU kernels build.
-- `triton`: `kernels/paged_attention.py`, masks generated in the kernel; the CUDA default.
-- `flash-attn`: flash_attn_with_kvcache for paged steps when it is importable (tree steps stay
-  on Triton).
-"""
+"""Paged attention through one backend interface (`layers/attention_backends.py`).
+Each step is described by compact metadata (block tables, key counts, query offsets, tree-branch
+paths); only the torch reference expands it into a dense mask."""
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -26,10 +16,9 @@ from ssd_engine.kernels import gguf_cpu
 class DenseView:
     """The metadata expanded for the torch reference: padded [R, Lq] query grid over [R, L] keys."""
     gather_slots: torch.Tensor     # [R, L] cache slot of each key each row may read (padded)
-    token_to_padded: torch.Tensor | None  # [T] index of each query token in the padded [R * Lq] grid;
-                                          # None when every row has Lq queries (the grid is the tokens)
+    token_to_padded: torch.Tensor | None  # [T] token's cell in the [R * Lq] grid; None: no padding
     mask: torch.Tensor             # [R, Lq, L] True where the query may attend the key
-    query_cells: torch.Tensor      # [T] token_to_padded, or 0..T-1 where that is None (the CPU kernel's)
+    query_cells: torch.Tensor
 
 
 @dataclass
@@ -38,9 +27,8 @@ class AttentionMetadata:
     block_tables: torch.Tensor     # [R, P] int32 KV pages of each row (tree steps: of each sequence)
     kv_lens: torch.Tensor          # [R] int32 paged keys of each row (tree steps: the trunk keys a branch sees)
     query_start: torch.Tensor      # [R + 1] int32 offsets of each row's queries among the T tokens
-                                   # (a padded graph batch may hold fewer: rows past them are empty)
     max_query_len: int
-    max_kv_len: int                # host copy of kv_lens.max(), so the reference needs no device sync
+    max_kv_len: int                # host copy of kv_lens.max(): no device sync
     block_size: int
     table_rows: torch.Tensor | None = None  # tree steps: [R] block-table row (sequence) of each branch
     path_slots: torch.Tensor | None = None  # tree steps: [R, K] cache slots of each branch's own path
@@ -52,7 +40,6 @@ class AttentionMetadata:
         return self.table_rows is not None
 
     def dense(self) -> DenseView:
-        """Expanded once per step (every layer shares it)."""
         if self._dense is None:
             self._dense = _expand(self)
         return self._dense
@@ -63,20 +50,19 @@ def _expand(meta: AttentionMetadata) -> DenseView:
     rows, width, max_q = meta.kv_lens.shape[0], meta.max_kv_len, meta.max_query_len
     tables = meta.block_tables[meta.table_rows.long()] if meta.is_tree else meta.block_tables
     pages = -(-width // bs)
-    # contiguous once a step: the CPU kernel reads it raw, in every layer
     gather = (tables[:, :pages].long()[:, :, None] * bs + torch.arange(bs, device=dev)).view(rows, -1)
     gather = gather[:, :width].contiguous()
     starts = meta.query_start.long()
     q_lens = starts[1:] - starts[:-1]
     limit = (meta.kv_lens.long() - q_lens)[:, None] + torch.arange(max_q, device=dev)[None, :] + 1
-    mask = torch.arange(width, device=dev)[None, None, :] < limit[:, :, None]   # causal, [R, Lq, L]
-    if meta.is_tree:  # then the branch's own path, its first path_lens[r] slots
+    mask = torch.arange(width, device=dev)[None, None, :] < limit[:, :, None]
+    if meta.is_tree:
         k = meta.path_slots.shape[1]
         path = (torch.arange(k, device=dev)[None, :] < meta.path_lens[:, None]).unsqueeze(1).expand(rows, max_q, k)
         gather = torch.cat([gather, meta.path_slots.long()], dim=1)
         mask = torch.cat([mask, path], dim=2)
     tokens = meta.slot_mapping.shape[0]
-    if tokens == rows * max_q:  # decode, uniform verification, branch steps: nothing to pad
+    if tokens == rows * max_q:
         return DenseView(gather, None, mask, torch.arange(tokens, device=dev))
     seq_index = torch.repeat_interleave(torch.arange(rows, device=dev), q_lens, output_size=tokens)
     token_to_padded = seq_index * max_q + torch.arange(tokens, device=dev) - starts[seq_index]
@@ -85,19 +71,16 @@ def _expand(meta: AttentionMetadata) -> DenseView:
 
 def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
                     scale: float, row_independent: bool = False) -> torch.Tensor:
-    """The reference backend: gather each row's keys, SDPA with the explicit mask. -> [T, Hq, D].
-    row_independent: each query's bits never depend on the step's other queries or keys (see
-    `row_independent_attention`)."""
+    """The reference backend: SDPA over gathered keys with the explicit mask -> [T, Hq, D]."""
     dense = meta.dense()
     rows, lq = dense.mask.shape[0], meta.max_query_len
     heads, dim = q.shape[1], q.shape[2]
-    # CPU SDPA on bf16 (a draft's activations) takes a path 3-10x slower than fp32's for decode
-    # rows, so the gathered keys are attended in fp32 there (a copy of what is read anyway)
+    # CPU SDPA on bf16 takes a much slower path than fp32, so CPU attends in fp32
     compute = torch.float32 if q.device.type == "cpu" else q.dtype
     gather_slots, mask, run_lq = dense.gather_slots, dense.mask, lq
     if row_independent:
         gather_slots, mask, run_lq = _fixed_blocks(gather_slots, mask)
-    keys = _as(k_cache[gather_slots], compute).transpose(1, 2)    # [R, Hk, L, D]
+    keys = _as(k_cache[gather_slots], compute).transpose(1, 2)
     values = _as(v_cache[gather_slots], compute).transpose(1, 2)
     if dense.token_to_padded is None:
         queries = _as(q, compute).view(rows, lq, heads, dim)
@@ -105,7 +88,7 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         queries = q.new_zeros(rows * lq, heads, dim, dtype=compute)
         queries[dense.token_to_padded] = _as(q, compute)
         queries = queries.view(rows, lq, heads, dim)
-    if run_lq > lq:  # padding queries (zeros, attending every key: no empty softmax), dropped below
+    if run_lq > lq:  # zero padding queries attend every key (no empty softmax), dropped below
         queries = torch.cat([queries, queries.new_zeros(rows, run_lq - lq, heads, dim)], dim=1)
     out = F.scaled_dot_product_attention(queries.transpose(1, 2), keys, values, attn_mask=mask.unsqueeze(1),
                                          scale=scale, enable_gqa=heads != k_cache.shape[1])
@@ -116,13 +99,9 @@ def torch_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     return _as(out if dense.token_to_padded is None else out[dense.token_to_padded], q.dtype)
 
 
-# torch's CPU flash attention (aten/src/ATen/native/cpu/FlashAttentionKernel.cpp, torch 2.13) splits
-# the queries into blocks of 32 / 64 / 256 rows (fewer than 192 / 768 / more queries) and the keys
-# into blocks of 512 (512 or more keys; else one block of them all); a block's matmuls give a row
-# other bits when the block has 1, 2 or 3 rows than from 4 on, and a softmax over a key block
-# gives other bits when the block's (masked) length changes. With queries padded so no block has
-# fewer than 4 rows, and keys padded (masked) to a multiple of 512, a query's output is the same bits
-# at any query count, position and dense key length.
+# torch's CPU flash attention splits queries into blocks of 32/64/256 rows and keys into blocks of
+# 512; a row's bits change when its query block has under 4 rows or its key block's length changes.
+# Padding queries so no block has under 4 rows, and keys to a multiple of 512, fixes the bits.
 _MIN_QUERY_BLOCK = 4
 _KEY_BLOCK = 512
 
@@ -138,7 +117,7 @@ def _fixed_blocks(gather_slots: torch.Tensor, mask: torch.Tensor) -> tuple[torch
     while 0 < run_lq % _query_split(run_lq) < _MIN_QUERY_BLOCK:
         run_lq += 1
     run_width = -(-width // _KEY_BLOCK) * _KEY_BLOCK
-    if run_width > width:  # slot 0 read for the padding keys, masked out
+    if run_width > width:  # padding keys read slot 0, masked out
         gather_slots = torch.cat([gather_slots, gather_slots.new_zeros(rows, run_width - width)], dim=1)
         mask = torch.cat([mask, mask.new_zeros(rows, lq, run_width - width)], dim=2)
     if run_lq > lq:
@@ -153,12 +132,8 @@ def cpu_kernel_attends(device: torch.device) -> bool:
 
 def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                               meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Attention whose bits for a query never depend on how many queries or keys the step holds: what
-    a target kept in one format for every row count needs (EngineConfig.target_dtype: AR scores a lone
-    decode row, SD K + 1 verification rows). On CPU with the compiled kernels, each query walks its own
-    keys in a fixed order (kernels/cpu_attention.cpp); else the torch reference runs SDPA on blocks of
-    one shape, paying for up to 3 padding queries and 511 masked keys a row. One process uses one of
-    the two throughout (`gguf_cpu.available()` is settled once)."""
+    """Attention whose bits for a query never depend on how many queries or keys the step holds:
+    the compiled CPU kernel where available, else SDPA on fixed-shape blocks (one per process)."""
     if cpu_kernel_attends(q.device):
         dense = meta.dense()
         out = torch.ops.ssd_engine_gguf.row_attention(_as(q, torch.float32).contiguous(), k_cache, v_cache,
@@ -168,7 +143,6 @@ def row_independent_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
 
 
 def _as(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """x in dtype; x itself when it already is (a no-op `to` still costs a dispatch)."""
     return x if x.dtype == dtype else x.to(dtype)
 
 
@@ -182,12 +156,12 @@ class Attention(nn.Module):
         # bound by the model runner to this layer's slice of the paged cache: [num_slots, Hk, D]
         self.k_cache: torch.Tensor | None = None
         self.v_cache: torch.Tensor | None = None
-        self.backend: Backend = torch_attention  # the model runner picks the step's backend
-        self.layer_index = 0  # its place in the model: how a compiled step's attention op finds it
+        self.backend: Backend = torch_attention
+        self.layer_index = 0  # how a compiled step's attention op finds this layer
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
-        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq * D]. Inside a compiled step (runtime/compiled_model.py)
-        `meta` is None: the opaque op runs `run` on the step's metadata, eagerly (layers/compiled_ops.py)."""
+        """q: [T, Hq, D]; k, v: [T, Hk, D] -> [T, Hq * D]. Inside a compiled step `meta` is None and
+        an opaque op runs `run` eagerly on the step's metadata (layers/compiled_ops.py)."""
         if torch.compiler.is_compiling():
             return torch.ops.ssd_engine.paged_attention(q, k, v, self.layer_index)
         return self.run(q, k, v, meta)

@@ -1,11 +1,5 @@
-"""Pick the attention backend for a device (torch reference, Triton kernels, or flash-attn).
-
-`auto` means: on CPU the compiled kernel (kernels/cpu_attention.cpp) where the CPU kernels build, else
-the torch reference (Triton compiles for GPUs; on CPU it only interprets, which is for tests); on CUDA
-flash-attn when it is importable and the block size suits it, else the Triton kernels, else (no
-triton) the reference. Asking for a backend that cannot run here is an
-error naming why, never a silent switch.
-"""
+"""Pick the attention backend for a device (torch reference, CPU kernel, Triton, or flash-attn);
+one that cannot run here is an error naming why, never a silent switch."""
 import os
 
 import torch
@@ -19,7 +13,7 @@ from ssd_engine.layers.attention import (
 )
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
-FLASH_ATTN_BLOCK = 256  # flash_attn_with_kvcache reads paged KV only in blocks of a multiple of 256 tokens
+FLASH_ATTN_BLOCK = 256  # flash_attn_with_kvcache needs paged KV blocks of a multiple of 256 tokens
 
 
 def _interpreting() -> bool:
@@ -47,8 +41,7 @@ def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     from ssd_engine.kernels.paged_attention import paged_attention, tree_attention
 
     if q.device.type == "cpu" and q.dtype != torch.float32:
-        # Triton's CPU interpreter (tests only) computes bf16 wrongly (values ~1e8 off): it runs the
-        # same kernel in fp32 there; on a GPU bf16 runs natively (tests/test_paged_attention_kernels.py)
+        # Triton's CPU interpreter (tests only) computes bf16 wrongly, so it runs in fp32 there
         return triton_attention(q.float(), k_cache.float(), v_cache.float(), meta, scale).to(q.dtype)
     if meta.is_tree:
         return tree_attention(q, k_cache, v_cache, meta.block_tables, meta.table_rows, meta.kv_lens,
@@ -79,7 +72,7 @@ def select_backend(name: str, device: torch.device, block_size: int) -> Backend:
         raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {name!r}")
     on_cuda = device.type == "cuda"
     if name == "auto":
-        if not on_cuda:  # the compiled kernel where it builds: 5-10x faster than SDPA on decode rows
+        if not on_cuda:
             return row_independent_attention if cpu_kernel_attends(device) else torch_attention
         if flash_attn_available() and block_size % FLASH_ATTN_BLOCK == 0:
             return flash_attention
@@ -104,6 +97,6 @@ def select_backend(name: str, device: torch.device, block_size: int) -> Backend:
 
 
 def backend_name(backend: Backend, device: torch.device) -> str:
-    if backend is row_independent_attention:  # the CPU kernel, or SDPA on fixed blocks where it cannot run
+    if backend is row_independent_attention:
         return "cpu-kernel" if cpu_kernel_attends(device) else "torch-fixed-blocks"
     return {torch_attention: "torch", triton_attention: "triton", flash_attention: "flash-attn"}[backend]

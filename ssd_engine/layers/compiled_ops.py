@@ -1,24 +1,14 @@
-"""The two calls a compiled step (runtime/compiled_model.py) must leave as they are, as opaque ops.
-
-- `onednn_linear`: the matmul of a oneDNN-packed weight (layers/weight_formats.py). Inductor lowers
-  `mkldnn._linear_pointwise` only for weights it packed itself while freezing a graph (an assertion
-  fails for any other), and ours are packed while loading, so the call goes through as it is. The
-  int8 and int4 ops need no wrapper: inductor lowers both to the same extern calls.
-- `paged_attention`: a layer's K/V write and its attention backend, which stay eager. They read the
-  step's compact metadata (host ints, the reference's masks expanded once per step) and write the
-  paged KV cache: neither may become an input of the graph, where writing into a view of the one
-  cache tensor would be functionalized into copies of it. The op takes only q, k, v and the layer's
-  index; the running model's attention modules and the step's metadata are set around the compiled
-  call by `attention_step`. It is declared pure: no op in the graph reads the cache, so the write
-  needs no ordering beyond the data flow that already feeds the op its q, k and v.
-"""
+"""Opaque ops a compiled step (runtime/compiled_model.py) must leave as they are.
+- `onednn_linear`: inductor lowers `mkldnn._linear_pointwise` only for weights it packed itself.
+- `paged_attention`: K/V write and attention stay eager, so the paged cache never becomes a graph
+  input (its writes would become copies). Pure: no graph op reads the cache; q, k, v order it."""
 import threading
 from contextlib import contextmanager
 from typing import Optional
 
 import torch
 
-_step = threading.local()  # one model runs at a time per thread; an engine runs its models on one
+_step = threading.local()  # one model runs at a time per thread
 
 
 @contextmanager

@@ -1,12 +1,6 @@
-"""Vocabulary-parallel token embedding: each rank holds a span of the vocabulary's rows.
-
-A rank looks up the ids in its span, writes zeros for the rest, and the all-reduce sums the
-ranks' partial results into the full embedding. The tied LM head shares this same span.
-
-On CPU the table is mapped from the checkpoint file instead of copied (`map_from`): a lookup reads
-a few hundred of its ~150k rows, so a copy would hold ~1 GB (the 1.5B default) of which a
-request touches a few MB. A tied head reads every row, which then become resident like a copy.
-"""
+"""Vocabulary-parallel token embedding: each rank holds a span of the vocabulary's rows (shared
+by a tied LM head); ids outside it give zeros and the all-reduce sums the ranks' parts.
+On CPU the table is mapped from the checkpoint rather than copied: a lookup touches few rows."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -26,8 +20,7 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.copy_(loaded.narrow(0, self.rows.start, self.rows.size))
 
     def map_from(self, path: str, name: str) -> bool:
-        """Point the weight at this rank's rows of the checkpoint file; False: copy it instead
-        (another device or dtype than the file's)."""
+        """Point the weight at this rank's rows of the checkpoint file; False: copy it instead."""
         if self.weight.device.type != "cpu":
             return False
         mapped = map_rows(path, name, self.rows.start, self.rows.size)

@@ -1,24 +1,7 @@
 """A Linear whose weight stays in its GGUF checkpoint's quantized blocks (target_dtype="gguf").
-
-Unlike the re-quantized formats (weight_formats.py) this is the checkpoint itself: each block
-dequantizes to exactly the values the fp32 conversion of the same file holds, so the model is the
-one transformers runs on the dequantized checkpoint; only the order of the fp32 sums differs, as
-between any two fp32 kernels. The kernel (kernels/gguf_matmul.cpp) gives a row the same bits at
-any row count, so verification rows, batches and prefill chunks equal one-row decoding exactly; it
-runs at every row count, prefill too (a dense matmul on dequantized tiles would sum in another
-order, and measured no faster than 1.3x it at 512 rows). On CPUs with
-AVX-512, Q4_K and Q6_K blocks are repacked while loading into panels of 16 outputs
-(kernels/gguf_panels.h: the same values, each row several times cheaper past the first) and the
-GGUF copy is dropped; the panel kernels give a row the same bits at every row count, prefill too.
-
-A fused Linear (qkv, gate_up) may hold tensors of different block types (Q4_K_M files store some
-v and down projections as Q6_K): each run of one type is one kernel call.
-
-target_dtype="gguf-int8" multiplies the same blocks by activations quantized to int8, a row at a
-time (kernels/gguf_int8.cpp, llama.cpp's arithmetic): another model, several times cheaper per row;
-it runs the int8 kernel at every row count (prefill too), so every row of it is computed alike.
-Its panels (CPUs with AVX-512 VNNI) run kernels/gguf_vnni.cpp: the same model.
-"""
+Blocks dequantize to exactly the checkpoint's fp32 values, and every kernel (plain or AVX-512
+panels) gives a row the same bits at any row count, so batches, verification and prefill equal
+one-row decoding. "gguf-int8" quantizes activations to int8 per row (llama.cpp's arithmetic)."""
 from dataclasses import dataclass
 
 import torch
@@ -44,7 +27,7 @@ class QuantizedRows:
 
 @dataclass(frozen=True)
 class PanelRows:
-    """QuantizedRows of Q4_K / Q6_K repacked into panels of 16 outputs (kernels/gguf_panels.h)."""
+    """QuantizedRows of Q4_K / Q6_K repacked into panels of 16 outputs: the same values."""
     panels: torch.Tensor  # uint8 [ceil(rows / 16), bytes a panel]
     kind: int
     cols: int
@@ -76,7 +59,6 @@ class GGUFWeight:
         if gguf_cpu.panels_available(int8_activations):
             self.parts = [PanelRows.of(p) if p.kind in gguf_cpu.PANEL_KINDS else p for p in self.parts]
         self.nbytes = sum(_storage(part).nbytes for part in self.parts)
-        # the row-independent fp32 kernel of a re-quantized target's (weight_formats.row_tiled)
         self.dense = {id(part): prepare(part.blocks, "fp32", row_independent=True)
                       for part in self.parts if part.kind == DENSE}
 
@@ -112,7 +94,7 @@ def _storage(part: QuantizedRows | PanelRows) -> torch.Tensor:
 
 def _dequantized(part: QuantizedRows | PanelRows) -> torch.Tensor:
     ops = torch.ops.ssd_engine_gguf
-    if isinstance(part, PanelRows):  # the identity's rows pick each value out alone (w·1 plus zeros: exact)
+    if isinstance(part, PanelRows):  # times the identity: w·1 plus zeros, exact
         if not ops.panels_fp32_available():
             raise ValueError("these panels dequantize only through the AVX-512 panel kernel, absent here")
         return ops.linear_panels(torch.eye(part.cols), part.panels, part.kind, part.cols, part.rows).T.contiguous()

@@ -1,11 +1,6 @@
-"""Which implementation runs a decoder layer's elementwise work (residual add + RMSNorm, RoPE + the
-K/V cache write, SiLU-mul): eager torch ops (None), the Triton kernels of kernels/fused_layer_ops.py
-on a GPU, or the C++ ops of kernels/cpu_layer_ops.py on a CPU. Both modules offer the same three calls.
-
-`auto`: Triton on CUDA, C++ on a CPU where the CPU kernels build, unless the forward is compiled
-(inductor fuses the same ops). `on` on a CPU under TRITON_INTERPRET=1 runs the Triton kernels in
-Triton's interpreter: how CI tests the GPU's kernels.
-"""
+"""Which implementation runs a decoder layer's elementwise work (add + RMSNorm, RoPE + K/V write,
+SiLU-mul): torch ops (None), Triton kernels on a GPU, or C++ ops on a CPU. None when the forward
+is compiled, since inductor fuses the same ops."""
 from typing import Protocol
 
 import torch

@@ -1,21 +1,7 @@
-"""Linear layers with an optional prepared CPU weight (oneDNN prepacking, or a draft's or target's
-bf16/int8/int4 format: layers/weight_formats.py; the output keeps the input's dtype).
-
-Why prepack: on CPU, eager `F.linear` runs small-M matmuls (M = 2..16 rows, exactly the
-verification / branch-decoding shapes) through MKL's generic path, which costs nearly M times
-one row. oneDNN's packed-weight kernel shares the weight streaming across rows, so scoring 5
-tokens costs ~0.9x one plain row instead of ~2.5x. For a single row with one thread, plain
-`F.linear` is ~8% faster (benchmarks/results/2026-11-23-layouts.md), so:
-- layout "packed": packed only, one copy (EngineConfig cpu_weight_layout "auto" at any thread count)
-- layout "dual": both, plain for M = 1 and packed for M >= 2: ~8% faster one-thread decode for a
-  second copy of every weight (+5.8 GB for the default target, +1.8 GB for its draft)
-- layout "plain": F.linear only (what --enforce-eager gives)
-
-Fused layers (qkv, gate_up) load each Hugging Face tensor into its slice via `shard_offsets`.
-Under tensor parallelism one Linear is this rank's slice: `shards` says which rows of each HF
-tensor it keeps (column-parallel), `cols` which input columns (row-parallel: the partial
-products are all-reduced, then the bias is added once).
-"""
+"""Linear layers with an optional prepared CPU weight (layers/weight_formats.py); the output keeps
+the input's dtype. Prepacking exists because eager `F.linear` costs nearly M times one row for the
+small M of verification; layout "dual" keeps the plain weight too, for M = 1.
+Under tensor parallelism a Linear holds this rank's rows (`shards`) or input columns (`cols`)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -60,8 +46,7 @@ class Linear(nn.Module):
         target.copy_(loaded)
 
     def pack_for_cpu(self, keep_plain: bool, fmt: str = "fp32", row_independent: bool = False) -> None:
-        """Prepare the weight in format `fmt`; drop the plain one unless `keep_plain` (layout "dual").
-        row_independent: a target's format (layers/weight_formats.py `prepare`)."""
+        """Prepare the weight in format `fmt`; drop the plain one unless `keep_plain` ("dual")."""
         if self.weight.device.type != "cpu":
             return
         self.prepared = prepare(self.weight.data, fmt, row_independent)
@@ -69,7 +54,7 @@ class Linear(nn.Module):
             self.weight = None
 
     def use_prepared(self, prepared: PreparedWeight) -> None:
-        """Multiply by `prepared` from now on (a weight kept in its checkpoint's blocks) and drop the plain weight."""
+        """Multiply by `prepared` from now on and drop the plain weight."""
         self.prepared = prepared
         self.weight = None
 
@@ -77,7 +62,7 @@ class Linear(nn.Module):
         bias = None if self.reduce else self.bias  # row-parallel: add the bias once, after the sum
         if self.prepared is not None and (x.shape[0] > 1 or self.weight is None):
             out = self.prepared(x, bias)
-            if out.dtype != x.dtype:  # a target's bf16 / int format in an fp32 model: its activations stay fp32
+            if out.dtype != x.dtype:
                 out = out.to(x.dtype)
         else:
             out = F.linear(x, self.weight, bias)

@@ -1,5 +1,4 @@
-"""RMSNorm as torch's fused op: one dispatch where the reference's formula takes six (pow, mean, add,
-rsqrt, two muls) plus its casts; with the residual add before it, one op (layers/layer_ops.py: Triton on a GPU, C++ on a CPU)."""
+"""RMSNorm as torch's fused op; with the residual add, one layer op (layers/layer_ops.py)."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,12 +11,10 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps, self.shape = eps, (dim,)
         self.weight = nn.Parameter(torch.ones(dim), requires_grad=False)
-        self.layer_ops: LayerOps | None = None  # add_forward as one op (DecoderForCausalLM.use_layer_ops)
+        self.layer_ops: LayerOps | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # fp32: the reference's bits (tests/test_model_equivalence.py). bf16: the op accumulates in
-        # fp32 and rounds once, after the weight, where the reference rounds before it too: no less
-        # exact, and within tests/test_bf16_exactness.py's fp64 tolerance
+        # fp32: the reference's bits. bf16: accumulates in fp32 and rounds once, after the weight
         return F.rms_norm(x, self.shape, self.weight, self.eps)
 
     def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

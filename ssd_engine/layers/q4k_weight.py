@@ -1,17 +1,6 @@
-"""Weight format "q4k" (a draft's, on CPUs with AVX-512 VNNI): the weight quantized into GGUF Q4_K
-super-blocks and run as gguf-int8 runs a GGUF target's (kernels/gguf_vnni.cpp: panels of 16
-outputs, activations rounded to int8 per 256 values).
-
-Why: a draft step is one row, memory-bound; Q4_K reads 4.5 bits a weight, like torch's int4 op,
-but the panel kernel streams them at close to the memory's rate where the int4 op, at one row,
-does not (docs/CPU.md compares the draft formats' steps). The draft's precision never changes the output (verification uses the q rows its own
-logits give), only acceptance.
-
-The quantizer is the plain min / max one (each sub-block of 32 spans its range in 15 steps; the
-scales and minimums rounded to 6 bits of the super-block's fp16 d and dmin), not llama.cpp's
-search for the error-minimising scale. Input columns are padded with zeros to whole super-blocks
-(the 0.5B draft's 896 to 1024).
-"""
+"""Weight format "q4k" (a draft's, needs AVX-512 VNNI): the weight quantized into GGUF Q4_K
+super-blocks by a plain min / max quantizer, input columns zero-padded to whole super-blocks, and
+run through the gguf-int8 panel kernel. A draft's precision affects acceptance, never output."""
 import torch
 import torch.nn.functional as F
 
@@ -89,6 +78,6 @@ class Q4KWeight:
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], -1)
 
     def dequantized(self) -> torch.Tensor:
-        """The fp32 weight it multiplies by (the identity's rows through the exact fp32 panel kernel)."""
+        """The fp32 weight it multiplies by."""
         eye = torch.eye(self.padded)
         return torch.ops.ssd_engine_gguf.linear_panels(eye, self.panels, KIND, self.padded, self.rows).T[:, :self.cols]

@@ -1,10 +1,5 @@
-"""Rotary position embedding.
-
-The inverse frequencies of a scaled variant (llama3, linear, yarn, ...) come from transformers' own
-ROPE_INIT_FUNCTIONS, so they match the reference implementation by construction; the default one is
-computed here, so a child process building a default-rope model never imports transformers.
-cos/sin are precomputed for all positions up to max_position so decode just indexes them.
-"""
+"""Rotary position embedding. Scaled variants take transformers' ROPE_INIT_FUNCTIONS (matching the
+reference by construction); the default is computed here so child processes skip transformers."""
 import torch
 from torch import nn
 
@@ -20,7 +15,7 @@ def _inv_freq(config) -> tuple[torch.Tensor, float]:
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim)), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type in ("dynamic", "longrope"):
-        # dynamic/longrope change frequencies with sequence length; the static table below can't express that
+        # dynamic/longrope change frequencies with sequence length: a static table can't hold that
         raise ValueError(f"unsupported rope_type {rope_type!r}")
     return ROPE_INIT_FUNCTIONS[rope_type](transformers_config(config), "cpu")
 
@@ -29,23 +24,19 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config, max_position: int) -> None:
         super().__init__()
         inv_freq, scaling = _inv_freq(config)
-        # tables are computed on CPU so every device gets bit-identical values, then moved to the
-        # device the model is being built on
+        # computed on CPU so every device gets bit-identical tables
         inv_freq = inv_freq.cpu()
         freqs = torch.arange(max_position, dtype=torch.float, device="cpu")[:, None] * inv_freq[None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         half = emb.shape[-1] // 2
         sin = emb.sin() * scaling
-        # the rotate-half sign folded into the table: x * sin_signed over x's halves swapped equals
-        # the reference's cat(-x2, x1) * sin bit for bit (a sign flip is exact), without neg and cat
+        # the rotate-half sign folded into the table: bit-exact, as a sign flip is exact
         sin[:, :half] = -sin[:, :half]
         device = torch.empty(0).device
-        # [max_position, 2, D]: cos and sin_signed side by side, so a forward gathers both in one op
         self.register_buffer("cos_sin", torch.stack([emb.cos() * scaling, sin], dim=1).to(device), persistent=False)
 
     def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """(cos, sin_signed) rows of `positions` as [T, 1, D] views in `dtype`: gathered once per
-        forward, every layer shares them."""
+        """(cos, sin_signed) rows of `positions` as [T, 1, D] views in `dtype`."""
         rows = self.cos_sin[positions]
         if rows.dtype != dtype:
             rows = rows.to(dtype)
@@ -53,7 +44,6 @@ class RotaryEmbedding(nn.Module):
 
 
 def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x: [T, H, D] rotated by its positions' tables (RotaryEmbedding.tables): the halves swapped by
-    one roll where the reference slices, negates and concatenates."""
+    """x: [T, H, D] rotated by its positions' tables (RotaryEmbedding.tables)."""
     cos, sin_signed = tables
     return x * cos + x.roll(x.shape[-1] // 2, -1) * sin_signed

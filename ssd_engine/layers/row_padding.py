@@ -1,23 +1,15 @@
-"""How many rows oneDNN's packed matmul should be given: a measured, per-machine choice.
-
-On some CPUs oneDNN runs a packed weight through a slow path for one or two rows and a fast one
-from three or more. Padding a one-row decode step with zero rows up to a faster count then makes it
-faster at no extra memory traffic: the weight is read once either way. On other CPUs one row is
-fastest, so the choice is measured, once per machine and dtype, and cached (docs/CPU.md).
-
-The padding rows are zeros and only row i of the output is kept for input row i; the kept rows
-are computed by the same kernel family as every multi-row step (verification, prefill), so
-greedy output stays token-identical to transformers as with any other fp32 kernel choice.
-"""
+"""How many rows oneDNN's packed matmul should be given, measured once per machine and dtype.
+Some CPUs run one or two rows through a slower path than three or more, so a decode step is padded
+with zero rows (the weight is read once either way); only the real rows' outputs are kept."""
 import json
 import os
 import time
 
 import torch
 
-PROBE_SHAPE = (8960, 1536)   # a 1.5B model's MLP: large enough to stream from memory
+PROBE_SHAPE = (8960, 1536)   # large enough to stream from memory
 PROBE_BYTES = 256 * 2**20    # cycle through copies totalling this much, past any cache
-REPEATS = 7                  # rounds over every row count in turn: a neighbour's traffic hits them all alike
+REPEATS = 7                  # rounds over every row count in turn, so noise hits them all alike
 CANDIDATE_ROWS = (1, 2, 3, 4)
 GAIN = 0.85                  # pad only where it saves at least 15%: noise must not decide
 
@@ -25,9 +17,8 @@ _padded: dict[torch.dtype, dict[int, int]] = {}
 
 
 def padded_rows(rows: int, dtype: torch.dtype) -> int:
-    """The row count to run `rows` rows at (>= rows); rows itself when no measurement says otherwise.
-    In a compiled step `rows` may be symbolic, known only to exceed `largest_padded`: one comparison
-    then settles it, where a dictionary lookup would pin the graph to one row count."""
+    """The row count to run `rows` rows at (>= rows). The comparison comes first so a symbolic
+    `rows` in a compiled step is not pinned to one count by the dictionary lookup."""
     table = _padded.get(dtype)
     if not table or rows > max(table):
         return rows
@@ -40,10 +31,8 @@ def largest_padded(dtype: torch.dtype) -> int:
 
 
 def measure_once(dtype: torch.dtype, key: str, cache_dir: str) -> dict[int, int]:
-    """Measure (or read the cached) padding table for `dtype` in this process; `key`: the machine
-    fingerprint for this process's cores and threads. Where oneDNN has no packed matmul in `dtype`
-    (bf16 on a CPU without AVX-512: the probe raises RuntimeError) nothing is padded ({}), cached
-    like any result: no weight of that dtype can be packed there either."""
+    """Measure (or read the cached) padding table for `dtype`; `key` fingerprints the machine's
+    cores and threads. Where oneDNN has no packed matmul in `dtype` the table is {}."""
     if dtype in _padded:
         return _padded[dtype]
     path = os.path.join(cache_dir, "probes", f"row-padding-{key}-{str(dtype).split('.')[-1]}.json")
@@ -85,6 +74,6 @@ def _probe(dtype: torch.dtype) -> dict[int, float]:
             start = time.perf_counter()
             for p in packed:
                 torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
-            if repeat:  # the first round warms every shape up
+            if repeat:
                 times[rows].append((time.perf_counter() - start) * 1e3 / copies)
     return {rows: sorted(t)[REPEATS // 2] for rows, t in times.items()}

@@ -1,30 +1,9 @@
-"""CPU weight formats for a Linear: one prepared copy of the weight and the torch op that multiplies by it.
-
-- "fp32": oneDNN's packed fp32 weight (the target's format: exact against transformers in fp32).
-- "bf16": oneDNN's packed bf16 weight, bf16 activations.
-- "int8": weight-only int8, one scale per output channel, bf16 activations (`torch._weight_int8pack_mm`).
-- "int4": weight-only int4 with a scale and zero point per group of input columns, bf16 activations
-  (`aten._weight_int4pack_mm_for_cpu`, torchao's CPU layout).
-- "q4k": GGUF Q4_K super-blocks times int8-rounded fp32 activations through the GGUF panel kernel
-  (layers/q4k_weight.py; CPUs with AVX-512 VNNI).
-
-Only a draft takes the lossy ones: verification uses the q rows the draft's own logits give,
-whatever precision produced them, so the draft's format changes speed and acceptance, never the
-output. The int ops are vectorised for bf16 activations only (fp32 ones take a scalar loop many
-times slower), hence bf16 activations for all three; which format is fastest depends on the CPU
-(bf16 units, AMX, AVX2 only) and the row count, so the engine measures (runtime/draft_format.py).
-
-A target may take them too (EngineConfig.target_dtype): then it IS a different model, and SD/SSD
-must reproduce that model's own AR output, so a row's output must not depend on how many rows are
-multiplied with it (a one-row decode, K + 1 verification rows, a batch of them, a prefill chunk).
-The libraries pick their kernel by row count: oneDNN's packed fp32 and bf16 matmuls give one row
-other bits than two or more, and on CPUs with AMX its bf16 matmul (and possibly torch's int8 / int4
-ops) switches to AMX tiles past some row count, which sum in another order. `row_independent=True`
-therefore never lets a call see a row count outside [2, ROW_TILE] (int8 / int4: [1, ROW_TILE]):
-a lone oneDNN row runs padded to two, more than ROW_TILE rows run ROW_TILE at a time
-(tests/test_target_dtype.py checks every format at the row counts the engine runs, on the CPU the
-suite runs on).
-"""
+"""CPU weight formats for a Linear: one prepared copy of the weight and the op multiplying by it.
+"fp32" / "bf16": oneDNN-packed; "int8" / "int4": weight-only, bf16 activations (the int ops are
+vectorised only for bf16); "q4k": layers/q4k_weight.py. A draft's format changes only speed and
+acceptance, never output. A target in a lossy format is a different model whose AR output SD must
+reproduce, so `row_independent=True` keeps every call within [2, ROW_TILE] rows (int8 / int4:
+[1, ROW_TILE]): the libraries pick kernels, and so summation order, by row count."""
 from typing import Protocol
 
 import torch
@@ -36,11 +15,10 @@ from ssd_engine.layers.row_padding import padded_rows
 FORMATS = ("fp32", "bf16", "int8", "int4", "q4k")  # most precise first
 ACTIVATION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16,
                     "q4k": torch.float32}
-INT4_GROUP = 32  # input columns per scale: acceptance drops with coarser groups, speed barely moves
+INT4_GROUP = 32  # input columns per scale
 INT4_ROWS = 16   # the packed int4 layout tiles output rows by 16
 CHUNK_ROWS = 4096  # rows quantized at a time: bounds the fp32 / int32 temporaries
-# the most rows a row-independent format multiplies in one call: every count up to here took one
-# kernel on each CPU measured (an AMX host's bf16 matmul changes kernel between 17 and 40 rows)
+# the most rows a row-independent format multiplies in one call: one kernel for every count up to it
 ROW_TILE = 16
 
 
@@ -51,8 +29,7 @@ class PreparedWeight(Protocol):
 
 
 class OneDNNWeight:
-    """fp32 or bf16, reordered once into oneDNN's blocked layout: small row counts (verification,
-    branch decoding) share one pass over the weight instead of ~one pass per row."""
+    """fp32 or bf16 in oneDNN's blocked layout: small row counts share one pass over the weight."""
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype, batch_hint: int = 8,
                  row_independent: bool = False) -> None:
@@ -62,7 +39,6 @@ class OneDNNWeight:
         self.nbytes = self.packed.numel() * self.packed.element_size()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        # a no-op `to` still costs a dispatch a call, four times a layer
         if bias is not None and bias.dtype != self.dtype:
             bias = bias.to(self.dtype)
         if x.dtype != self.dtype:
@@ -71,12 +47,12 @@ class OneDNNWeight:
             return row_tiled(lambda rows: self._matmul(rows, bias), x, min_rows=2)
         rows = x.shape[0] if x.dim() == 2 else 0
         run_rows = padded_rows(rows, self.dtype) if rows else 0
-        if run_rows > rows:  # a faster kernel from this many rows on (layers/row_padding.py)
+        if run_rows > rows:
             return self._matmul(_padded(x, run_rows), bias)[:rows]
         return self._matmul(x, bias)
 
     def _matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # inductor cannot lower a weight it did not pack (compiled_ops.py)
+        if torch.compiler.is_compiling():  # inductor cannot lower a weight it did not pack
             return torch.ops.ssd_engine.onednn_linear(x, self.packed, bias)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
@@ -86,8 +62,7 @@ def _padded(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def row_tiled(matmul, x: torch.Tensor, min_rows: int = 1) -> torch.Tensor:
-    """matmul(x) with every call given between min_rows and ROW_TILE rows (fewer are padded with
-    zero rows, more are cut into ROW_TILE-row pieces): the same kernel for a row at any row count."""
+    """matmul(x) with every call given min_rows..ROW_TILE rows (zero-padded or cut into pieces)."""
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     count = rows.shape[0]
     if count < min_rows:
@@ -105,7 +80,7 @@ class Int8Weight:
         self.row_independent = row_independent
         self.q = torch.empty(weight.shape, dtype=torch.int8)
         self.scales = torch.empty(weight.shape[0], dtype=torch.bfloat16)
-        for start in range(0, weight.shape[0], CHUNK_ROWS):  # fp32 temporaries for one chunk at a time
+        for start in range(0, weight.shape[0], CHUNK_ROWS):
             chunk = weight[start:start + CHUNK_ROWS].float()
             scales = (chunk.abs().amax(dim=1) / 127).clamp_min(1e-12)
             self.q[start:start + CHUNK_ROWS] = (chunk / scales[:, None]).round().clamp(-128, 127)
@@ -124,9 +99,7 @@ class Int4Weight:
         self.row_independent = row_independent
         self.group = INT4_GROUP
         packed, scales_and_zeros = [], []
-        # chunks of CHUNK_ROWS (a multiple of the layout's 64-row blocks, so the packed chunks
-        # concatenate into the whole matrix's layout): the int32 codes the op takes cost 4 bytes a
-        # weight, ~0.5 GB at once for a 150k-row LM head
+        # CHUNK_ROWS is a multiple of the layout's 64-row blocks, so packed chunks concatenate
         for start in range(0, weight.shape[0], CHUNK_ROWS):
             chunk = weight[start:start + CHUNK_ROWS].float()
             rows, cols = chunk.shape
@@ -147,8 +120,7 @@ class Int4Weight:
 
 
 def _rows_through(matmul, x: torch.Tensor, bias: torch.Tensor | None, row_independent: bool) -> torch.Tensor:
-    """A weight-only op (bf16 rows in, bf16 out) on x's rows, then the bias. The engine's activations
-    are already 2-D bf16 rows: no reshape or cast is dispatched for them (each costs one a call)."""
+    """A weight-only op (bf16 rows in, bf16 out) on x's rows, then the bias."""
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     rows = rows if rows.dtype == torch.bfloat16 else rows.to(torch.bfloat16)
     out = row_tiled(matmul, rows) if row_independent else matmul(rows)
@@ -161,8 +133,7 @@ def _rows_through(matmul, x: torch.Tensor, bias: torch.Tensor | None, row_indepe
 
 def prepare(weight: torch.Tensor, fmt: str, row_independent: bool = False) -> PreparedWeight:
     """`weight` ([out, in], any float dtype) in format `fmt`; a new tensor, the caller may drop the original.
-    row_independent: each row's output bits never depend on the other rows multiplied with it (a
-    target's format; see the module docstring)."""
+    row_independent: each row's output bits never depend on the other rows multiplied with it."""
     if fmt in ("fp32", "bf16"):
         return OneDNNWeight(weight, ACTIVATION_DTYPE[fmt], row_independent=row_independent)
     if fmt == "int8":
@@ -199,8 +170,7 @@ def check_supported(fmt: str, option: str) -> None:
 
 
 def describe_target_format(running: str | None, asked: str | None) -> str:
-    """target_dtype as the target runs it (None: fp32, the weights as dtype holds them; a gguf target
-    whose kernels could not be built runs the same values in fp32)."""
+    """target_dtype as the target runs it (None: fp32)."""
     if running == "gguf":
         return "gguf (the checkpoint's blocks)"
     if running == "gguf-int8":

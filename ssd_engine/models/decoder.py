@@ -1,11 +1,7 @@
-"""One decoder-only transformer covering Llama, Qwen2 and Qwen3.
+"""One decoder-only transformer for Llama, Qwen2 and Qwen3, which differ only in `ArchSwitches`.
 
-The three differ only in switches read from the Hugging Face config: bias on q/k/v (Qwen2,
-Llama's `attention_bias`), per-head RMSNorm on q and k (Qwen3), MLP bias (Llama's `mlp_bias`),
-rope scaling (handled by transformers' rope init) and tied embeddings. Parameter names follow
-the Hugging Face checkpoints; fused projections map their HF tensors through `stacked_params`.
-Under tensor parallelism (`tp`) each layer is built as this rank's slice (distributed/partition.py).
-"""
+Parameter names follow the HF checkpoints (fused projections via `stacked_params`); under tensor
+parallelism (`tp`) each layer is built as this rank's slice."""
 from dataclasses import dataclass
 
 import torch
@@ -60,8 +56,7 @@ class DecoderAttention(nn.Module):
 
     def attend(self, rope: Rope, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The fused q/k/v projection's output -> attention's [T, Hq * D] (before o_proj): RoPE, the
-        K/V cache write and attention, the part of a layer piecewise graphs run eagerly. The
-        projections around it are the layer's (DecoderLayer.start / finish)."""
+        K/V cache write and attention, the part of a layer piecewise graphs run eagerly."""
         if self.layer_ops is not None:
             q = self.layer_ops.rope_cache_write(
                 qkv, *rope, meta.slot_mapping, self.attn.k_cache, self.attn.v_cache, self.num_heads,
@@ -144,10 +139,9 @@ class DecoderModel(nn.Module):
         return self.norm.add_forward(x, residual)[0]
 
     def piece(self, index: int, x: torch.Tensor, residual: torch.Tensor | None):
-        """The work between two attentions, what a piecewise graph holds (runtime/piecewise_graphs.py).
-        index 0: x = input ids -> layer 0's (q/k/v projection, residual stream); 0 < index < layers:
-        x = layer index - 1's attention output -> layer index's (projection, residual); index = layers:
-        -> (the final hidden states, None)."""
+        """The work between two attentions, what a piecewise graph holds. index 0: x = input ids;
+        else x = layer index - 1's attention output. -> layer index's (q/k/v projection, residual),
+        or (the final hidden states, None) at index = layers."""
         if index == 0:
             x = self.embed_tokens(x)
         else:
@@ -183,7 +177,7 @@ class DecoderForCausalLM(nn.Module):
 
     def use_layer_ops(self, ops: LayerOps | None) -> None:
         """Run each layer's elementwise work (residual adds with norms, RoPE with the K/V write,
-        SiLU-mul) through `ops` (layers/layer_ops.py: Triton kernels on a GPU, C++ on a CPU); None: torch's ops."""
+        SiLU-mul) through `ops`; None: torch's ops."""
         for module in self.modules():
             if isinstance(module, (RMSNorm, DecoderAttention, DecoderMLP)):
                 module.layer_ops = ops

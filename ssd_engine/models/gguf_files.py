@@ -1,9 +1,5 @@
-"""A GGUF file given as `model=` / `draft_model=` (`--model x.gguf`): converted once, like the
-built-in pair (default_models.py: a child process, the same progress bar, before any weights
-load), into the same cache, in a folder keyed by the file's path, size and mtime.
-
-Standard library only at module level: a cache hit costs a stat and a 4-byte read.
-"""
+"""A GGUF file given as `model=` / `draft_model=`: converted once, like the built-in pair, into a
+cache folder keyed by the file's path, size and mtime. Standard library only at module level."""
 from __future__ import annotations
 
 import hashlib
@@ -36,9 +32,8 @@ def is_gguf_file(path) -> bool:
 
 
 def gguf_cache_name(path) -> str:
-    """The cache folder of a user's GGUF file: its name, plus a key of (absolute path, size, mtime),
-    so a file replaced or re-downloaded in place converts again (hashing the content would cost
-    seconds per start for a GB file; the stat costs nothing)."""
+    """The cache folder of a user's GGUF file: its name plus a key of (absolute path, size, mtime),
+    so a file replaced in place converts again without hashing its content."""
     source = Path(path).resolve()
     stat = source.stat()
     key = hashlib.sha256(f"{source}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:KEY_CHARS]
@@ -52,8 +47,7 @@ def gguf_cache_folder(path) -> Path:
 
 
 def resolve_gguf(path) -> str:
-    """Path of the converted HF folder for a user's GGUF file: converted once into cache_dir() (in a
-    child process, with the default pair's progress bar), then a cache hit costs one stat."""
+    """Path of the converted HF folder for a user's GGUF file, converted once into cache_dir()."""
     source = Path(path).resolve()
     name = gguf_cache_name(source)
 
@@ -65,8 +59,7 @@ def resolve_gguf(path) -> str:
 
 
 def _drop_superseded(root: Path, source: Path, keep: str) -> None:
-    """Remove earlier conversions of the same path (its size or mtime has changed since): each is
-    an fp32 checkpoint several times the GGUF's size that nothing will look up again."""
+    """Remove earlier conversions of the same path (since changed): nothing will look them up."""
     stem = keep[:-KEY_CHARS - 1]  # the name less "-<key>"
     for folder in root.glob(f"{stem}-*"):
         if folder.name == keep or len(folder.name) != len(keep) or not is_complete(folder):
@@ -80,8 +73,7 @@ def _drop_superseded(root: Path, source: Path, keep: str) -> None:
 
 
 def source_gguf(folder) -> Path:
-    """The GGUF file a converted folder came from, for a target kept in its quantized blocks
-    (target_dtype="gguf"): a user's file where it lies (the marker's "path"), the built-in pair's
+    """The GGUF file a converted folder came from: a user's file where it lies, the built-in pair's
     joined again from its installed parts into the folder, once. ValueError (one line) otherwise."""
     from ssd_engine.models.default_models import DEFAULT_DRAFT, DEFAULT_TARGET, join_parts
 

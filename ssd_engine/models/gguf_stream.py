@@ -1,16 +1,7 @@
 """Dequantize a GGUF checkpoint into fp32 safetensors one slice of rows at a time.
 
-Why not transformers' GGUF loading: it dequantizes every tensor into memory, builds the model and
-then saves it, which peaks at ~2.5x the fp32 checkpoint (18 GB for the default pair's first run).
-Here the safetensors header is computed from the GGUF's tensor table before any data is touched,
-then each tensor is read (pread, no mapping that would stay resident), dequantized and written
-`chunk_bytes` of output at a time, so the peak is a few chunks whatever the model's size.
-
-The file written is the one `save_pretrained` writes for the same weights (tensors sorted by name,
-compact JSON header padded to 8 bytes, `{"format": "pt"}` metadata): a folder converted before this
-module existed and one converted now are byte-identical, so the model fingerprints the Saguaro
-calibrations are keyed on do not change.
-"""
+Peak memory is a few `chunk_bytes` chunks whatever the model's size. The file is byte-identical to
+what `save_pretrained` writes, so model fingerprints (calibration keys) hold."""
 from __future__ import annotations
 
 import json
@@ -24,8 +15,7 @@ import numpy as np
 
 from ssd_engine.layers.shapes import transformers_config
 
-# Llama's GGUF conversion interleaves the rotary halves of q and k rows; the Qwen families are
-# stored as Hugging Face has them. The engine runs only these three architectures.
+# Llama's GGUF conversion interleaves the rotary halves of q and k rows; Qwen's keep HF's order
 PERMUTED_QK = {"llama"}
 SUPPORTED = ("llama", "qwen2", "qwen3")
 CHUNK_BYTES = 64 * 2**20  # fp32 output per dequantization call; numpy temporaries are a few times this
@@ -44,10 +34,8 @@ class TensorPlan:
 
 
 def check_gguf(path) -> str:
-    """Raise ValueError (one line) for a GGUF this module cannot turn into a checkpoint the engine
-    runs: an architecture other than SUPPORTED, a tensor type gguf cannot dequantize, no tokenizer.
-    Reads the header and tensor table only (no tensor data), so it costs milliseconds whatever the
-    file's size; -> the architecture."""
+    """-> the architecture; ValueError (one line) for an architecture other than SUPPORTED, a tensor
+    type gguf cannot dequantize, or no tokenizer. Reads no tensor data."""
     import importlib.util
 
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
@@ -96,8 +84,7 @@ def _gguf_version() -> str:
 
 def hf_name_map(config, arch: str) -> tuple[dict[str, str], set[str]]:
     """(GGUF tensor name -> Hugging Face parameter name, the HF names a checkpoint must hold), from
-    gguf's own naming table applied to the parameter names of the architecture's transformers class
-    (instantiated on the meta device, so nothing is allocated)."""
+    gguf's naming table and the transformers class built on the meta device."""
     import gguf
     import torch
     from transformers import AutoModelForCausalLM
@@ -207,7 +194,6 @@ def convert(gguf_path: Path, out_dir: Path, chunk_bytes: int = CHUNK_BYTES, show
 
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    # config parsing reads only the GGUF's metadata (tie_word_embeddings: no output.weight tensor)
     config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     if not getattr(config, "architectures", None):
         config.architectures = [causal_lm_class_name(config)]
@@ -234,10 +220,8 @@ def causal_lm_class_name(config) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m ssd_engine.models.gguf_stream GGUF OUT_DIR`: the default models' first run (and a
-    GGUF file's given as model=) converts in a child process like this one, so that everything conversion imports and allocates (gguf,
-    transformers' model classes, the tokenizer's parse) is returned when it exits instead of
-    staying in the engine's RSS (~0.3 GB measured)."""
+    """`python -m ssd_engine.models.gguf_stream GGUF OUT_DIR`: conversion runs in a child process so
+    that what it imports and allocates is returned when it exits, not kept in the engine's RSS."""
     import sys
 
     from ssd_engine.utils.progress import progress_enabled

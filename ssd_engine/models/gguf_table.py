@@ -1,10 +1,5 @@
-"""A GGUF file's tensor table, read without its metadata values.
-
-gguf's GGUFReader parses every metadata field into numpy views, the tokenizer's 151k strings and
-merges included: ~8 s for the built-in target, twice a start (planning, then loading). A gguf
-target needs only the tensors' names, shapes, types and where their bytes lie, so this walks past
-the fields with `struct` (each string skipped by its length) and maps the data lazily.
-"""
+"""A GGUF file's tensor table, read without parsing its metadata arrays (gguf's GGUFReader parses
+the tokenizer's too, which is slow); tensor data is mapped lazily."""
 from __future__ import annotations
 
 import mmap

@@ -1,9 +1,5 @@
-"""The quantized blocks a target's Linears keep in target_dtype="gguf" (layers/gguf_weight.py),
-read from the GGUF file its folder was converted from (or made up, for load_format="dummy").
-
-Only the Linears come from here; norms, biases and the embedding table still load from the
-converted fp32 folder, whose values are those very blocks dequantized.
-"""
+"""The quantized blocks a target's Linears keep in target_dtype="gguf", read from the GGUF file its
+folder was converted from. Everything else loads from the fp32 folder (the same values)."""
 from pathlib import Path
 from typing import Protocol
 
@@ -47,7 +43,7 @@ class GGUFFile:
         from ssd_engine.models.gguf_stream import plan_tensors
         from ssd_engine.models.gguf_table import GGUFTable
 
-        reader = GGUFTable(path)  # the tensor table alone: gguf's reader parses the tokenizer too (seconds)
+        reader = GGUFTable(path)  # the tensor table alone: gguf's reader parses the tokenizer too
         arch = reader.field("general.architecture")
         self.path, self.int8_activations, self.config = path, int8_activations, config
         self.plans = {plan.hf_name: plan for plan in plan_tensors(reader, config, arch)}
@@ -66,8 +62,7 @@ class GGUFFile:
                 self._check_readable(hf_name, self.tensors[plan.gguf_name])
 
     def check_split(self, tp: int) -> None:
-        """ValueError (one line) unless every rank's slice of each row-parallel Linear (o_proj, down_proj:
-        their input columns) is whole blocks of the type it is stored in."""
+        """ValueError (one line) unless each rank's row-parallel input columns are whole blocks."""
         cols = row_parallel_cols(self.config, tp)
         for hf_name, plan in self.plans.items():
             kind = int(self.tensors[plan.gguf_name].tensor_type)

@@ -1,10 +1,7 @@
 """Read a Hugging Face checkpoint folder: config, safetensors weights (single or sharded).
 
-The config is read with transformers' AutoConfig in the process that starts the engine; its child
-processes (tensor-parallel workers, the SSD draft) get it as plain values (`config_values`, carried by
-RunnerSpec) and build from those (`config_from_values`), so they never import transformers: ~1 s of
-each child's start.
-"""
+Child processes get the config as plain values (`config_values`, `config_from_values`), so they
+never import transformers."""
 import json
 import os
 from glob import glob
@@ -43,7 +40,7 @@ def load_config(path: str, load_format: str = "auto"):
     config = AutoConfig.from_pretrained(path)
     if getattr(config, "use_sliding_window", False):
         raise ValueError(f"sliding-window attention (use_sliding_window=true in {path}) is not supported")
-    model_class_for(config)  # unsupported architecture: ValueError now, not an AttributeError while sizing the KV cache
+    model_class_for(config)  # unsupported architecture: ValueError now, not later
     return config
 
 
@@ -55,8 +52,7 @@ def config_values(config) -> dict:
 
 
 def config_from_values(values: dict) -> SimpleNamespace:
-    """The config a child builds from: the attributes `config_values` listed, read as the model
-    code reads them (plain attributes; transformers' properties are not among them)."""
+    """The config a child builds from `config_values`' output, as plain attributes."""
     return SimpleNamespace(**values)
 
 
@@ -65,8 +61,7 @@ def build_model(path: str, config, max_position: int, dtype: torch.dtype, device
                 load_format: str = "auto", skip: Callable[[str], bool] | None = None):
     """Build the model (this rank's slice when `tp` has more than one rank) and load its weights;
     `on_module_loaded(name, module)` runs once per module as soon as all its parameters are loaded.
-    `load_format="dummy"`: nothing is read; every parameter is drawn uniform(-1e-3, 1e-3) on the
-    device (vLLM's dummy weights): real shapes and formats, meaningless values, for speed."""
+    `load_format="dummy"`: nothing is read (fill_dummy_weights)."""
     if load_format not in LOAD_FORMATS:
         raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {load_format!r}")
     cls = model_class_for(config)
@@ -82,13 +77,8 @@ def build_model(path: str, config, max_position: int, dtype: torch.dtype, device
 @torch.no_grad()
 def fill_dummy_weights(model: nn.Module, on_module_loaded: Callable[[str, nn.Module], None] | None = None) -> None:
     """Uniform(-1e-3, 1e-3) in every parameter, module by module (each module's hook runs as soon
-    as it is filled, as when loading). The values are normal floats in fp32 and bf16 alike
-    (uninitialised memory may hold denormals, which run far slower on x86), and random rather than
-    constant so the matmuls read varied data; seeded, so every build of a shape is the same model.
-
-    Drawing every value costs ~10 ns on a CPU core (a minute for a 1.5B model), so the values
-    are copied from one seeded pool of DUMMY_POOL draws, each parameter starting at its own
-    offset: a matmul's speed depends on the shapes and the values' kind, not on which draws."""
+    as it is filled). Normal floats (denormals run far slower), seeded: every build of a shape is
+    the same model. Copied from one seeded pool, as drawing every value is slow."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(DUMMY_SEED)
     pool = torch.empty(DUMMY_POOL, device=device).uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=generator)
@@ -117,15 +107,10 @@ def _fill_tiled(flat: torch.Tensor, pool: torch.Tensor, offset: int) -> None:
 def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bool = False,
                  on_module_loaded: Callable[[str, nn.Module], None] | None = None,
                  skip: Callable[[str], bool] | None = None) -> None:
-    """Copy every checkpoint tensor into the model, except what a module maps straight from the file
-    (the embedding: only the rows a prompt uses ever become resident).
-
-    safetensors maps each file whole, and pages touched through a mapping count as resident until
-    it is closed, so each file is reopened every `window_bytes` of copied tensors: otherwise loading
-    a 7 GB checkpoint briefly holds twice its size in RSS. `on_module_loaded` (the CPU weight
-    packing) runs while the rest is still unloaded, so a layer's transient second copy never
-    comes on top of the whole model. `skip(name)`: a tensor another source provides (a gguf target's
-    Linears, from their blocks), never read; its parameter counts as loaded and is never touched."""
+    """Copy every checkpoint tensor into the model, except what a module maps from the file.
+    Pages touched through a mapping stay resident until it closes, so each file is reopened every
+    `window_bytes` of copied tensors. `skip(name)`: a tensor another source provides, never read;
+    its parameter counts as loaded and is never touched."""
     # names only: holding the parameters here would keep each packed layer's plain copy alive
     params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
     loaded = set()

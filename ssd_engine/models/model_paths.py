@@ -1,5 +1,4 @@
-"""The folder a `model` / `draft_model` option names: a folder as given, a GGUF file converted once
-into the cache (gguf_files.py), or None: the built-in pair's (default_models.py)."""
+"""Resolve `model` / `draft_model` options to model folders."""
 from ssd_engine.models.default_models import resolve_default_model
 from ssd_engine.models.gguf_files import is_gguf_file, resolve_gguf
 
@@ -13,6 +12,5 @@ def resolve_model_arg(value: str | None, which: str = "target") -> str:
 
 
 def resolve_model_path(config, which: str = "target") -> str:
-    """The folder of the engine's target or draft: the configured one (a GGUF file converted once
-    into the cache), else the built-in pair's."""
+    """The folder of the engine's target or draft (`which`), as resolve_model_arg resolves it."""
     return resolve_model_arg(config.model if which == "target" else config.draft_model, which)

@@ -1,10 +1,5 @@
-"""The engine's tokenizer: the `tokenizer` option's folder, else the model folder's files.
-
-A model loaded with `load_format="dummy"` may come from a folder holding config.json alone (the
-shape configs under configs/shapes/): then there is no tokenizer, and the engine takes prompts as
-token ids only (`TokenIdsOnly`). Speed measurements need no text: benchmarks/bench_synthetic.py
-feeds random token ids. A folder with tokenizer files, or `tokenizer=FOLDER`, gives text prompts back.
-"""
+"""The engine's tokenizer: the `tokenizer` option's folder, else the model folder's files; a dummy
+model from config.json alone takes token ids only (`TokenIdsOnly`)."""
 import os
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -39,8 +34,7 @@ class TokenIdsOnly:
 
 
 def load_tokenizer(model_path: str, tokenizer: str | None, load_format: str, vocab_size: int):
-    """The tokenizer for `model_path`: the `tokenizer` folder if given, else the model folder's; a
-    dummy model whose folder has no tokenizer files gets `TokenIdsOnly`."""
+    """The tokenizer for `model_path` (see the module docstring)."""
     source = tokenizer or model_path
     if tokenizer is None and load_format == "dummy" and not has_tokenizer_files(model_path):
         return TokenIdsOnly(model_path, vocab_size)

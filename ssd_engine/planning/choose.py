@@ -1,23 +1,8 @@
 """speculative_mode="auto": run the mode (AR, SD or SSD) and K predicted fastest on this machine.
 
-The engine's cores are the baseline's too: AR and SD get every core the engine was given, SSD
-splits them into a target set and a draft set. Under tensor parallelism the target's ranks take the
-place of the one process: AR and SD's ranks split every core evenly (SD's draft runs in rank 0,
-on its cores), SSD's split them into one set per rank and one for the draft, and SSD is a
-candidate only where the draft gets a set of its own (never under torchrun, where the engine
-places nothing): a draft sharing the ranks' cores overlaps nothing with them, which no prediction
-covers. Tensor parallelism itself is a candidate too: where one process on the same cores is
-predicted faster, auto says so in one line and runs one process (a mode given explicitly keeps the
-ranks; under torchrun the ranks exist already). Costs: planning/costs.py (once per machine and
-placement, cached); acceptance: the pair's Saguaro calibration; prediction: planning/predict.py. A
-speculative mode must beat AR by MARGIN, so a prediction error costs little where AR is nearly as
-fast. The choice, K, draft format, cores and SSD's budget B go into the config (`ModeChoice`).
-
-On CUDA the placement is by GPU (ranks on consecutive GPUs, SSD's draft on the next one, a
-candidate only where there is one) and planning/gpu_costs.py times the forwards, graphed as the
-engine runs them. What nothing times (a tensor-parallel target on GPUs) runs unmeasured: SSD where
-its draft has a device of its own, else SD, and `how` says so.
-"""
+SSD is a candidate only where its draft gets cores (or a GPU) of its own: no prediction covers a
+draft sharing the target's. A speculative mode must beat AR by MARGIN, so a prediction error costs
+little where AR is nearly as fast. What nothing times runs unmeasured, and `how` says so."""
 import hashlib
 import logging
 from dataclasses import dataclass, field, replace
@@ -73,8 +58,7 @@ class Survey:
 
 
 def placement_for(config: EngineConfig) -> tuple[Placement, str]:
-    """Where AR, SD and SSD would run, as the engine places them, and why SSD is no candidate
-    (empty when it is one)."""
+    """Where AR, SD and SSD would run, as the engine places them; why SSD is no candidate ("")."""
     if config.device != "cpu":
         return _gpu_placement(config)
     tp = config.tensor_parallel_size
@@ -91,7 +75,7 @@ def placement_for(config: EngineConfig) -> tuple[Placement, str]:
     if len(every) < tp:
         raise ValueError(f"{tp} ranks need {tp} disjoint core sets but only {len(every)} cores {every} are given "
                          f"or available; pass cpu_cores to place them explicitly")
-    ranks = sets if len(sets) == tp else split_evenly(every, tp)  # as the engine splits its cores among ranks
+    ranks = sets if len(sets) == tp else split_evenly(every, tp)
     ssd = sets if len(sets) == tp + 1 else split_evenly(every, tp + 1) if len(every) > tp else None
     if torchrun_world() is not None:
         return Placement(ranks, ranks, []), "under torchrun the SSD draft gets no cores of its own"
@@ -102,8 +86,7 @@ def placement_for(config: EngineConfig) -> tuple[Placement, str]:
 
 
 def _gpu_placement(config: EngineConfig) -> tuple[Placement, str]:
-    """Rank r on the r-th GPU from the config's; SSD's draft on the next (tensor_parallel/launch.py,
-    speculative/setup.py): a candidate only where that GPU exists, never sharing the last one."""
+    """Rank r on the config's GPU + r; SSD's draft on the next, a candidate only where it exists."""
     first, tp, count = torch.device(config.device).index or 0, config.tensor_parallel_size, len(_gpus())
     ranks = [[first + r] for r in range(tp)]
     if first + tp < count:
@@ -117,8 +100,7 @@ def _gpus() -> list[str]:  # the visible GPUs' names (tests replace this to plan
 
 
 def _placement_key(placement: Placement, tp: int) -> str:
-    """The cached costs' machine part: one process keeps the key it always had; ranks and GPUs add
-    the placement itself (given cpu_cores may split the same cores differently)."""
+    """The cached costs' machine part, plus the placement for ranks and GPUs (cpu_cores vary)."""
     every = placement.every
     if placement.device == "cpu" and tp == 1:
         return fingerprint(every, len(every))
@@ -138,10 +120,9 @@ def survey(config: EngineConfig) -> Survey:
     key = "-".join([_placement_key(placement, tp), model_fingerprint(target_path)[:8],
                     model_fingerprint(draft_path)[:8], config.draft_dtype]
                    + (["+".join(FORMATS)] if config.draft_dtype == "auto" else [])  # another candidate: measured anew
-                   + ([config.target_dtype] if config.target_weight_format else [])  # fp32: the keys cached before
+                   + ([config.target_dtype] if config.target_weight_format else [])
                    # a GGUF target's costs are its kernels': another build of them is measured anew
                    + ([gguf_cpu.library_key()] if config.target_weight_format in ("gguf", "gguf-int8") else []))
-    # the target timed in its own format (target_dtype); the draft's is resolved in measure()
     model = ModelConfig(target_path, None, config.dtype, config.device, config.weight_layout,
                         config.attention_backend, config.graph_max_batch if placement.device != "cpu" else 0,
                         weight_format=config.target_weight_format, fused_kernels=config.fused_kernels,
@@ -186,20 +167,18 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
         return replace(config, speculative_mode="ar"), ModeChoice("ar", 0, "no draft model")
     world = torchrun_world()
     if world is not None and world[0] != 0:
-        # this rank only serves rank 0's forwards, built from rank 0's plan: measuring here would
-        # only slow rank 0's measurement down
+        # this rank serves rank 0's plan: measuring here would only slow rank 0's measurement
         return replace(config, speculative_mode="ar"), ModeChoice("ar", 0, f"torchrun rank {world[0]}: serves rank "
                                                                             "0, which chooses the mode")
     try:
         seen = survey(config)
-    except NotMeasured as missing:  # the draft on a device of its own: the paper's placement, taken unmeasured
+    except NotMeasured as missing:
         mode, where = ("ssd", "the draft on a device of its own") if placement_for(config)[0].ssd_draft else \
             ("sd", "no device for an SSD draft of its own")
         return replace(config, speculative_mode=mode), ModeChoice(mode, config.num_speculative_tokens,
                                                                   f"not measured: {missing}; {mode.upper()}, {where}")
     choice = _choose(seen)
     if config.tensor_parallel_size > 1 and seen.placement.device == "cpu" and world is None:
-        # TP is a candidate here, not a given: one process on the same cores may decode faster
         single = replace(config, tensor_parallel_size=1)
         alone = survey(single)
         one = _choose(alone)
@@ -224,9 +203,8 @@ def _choose(seen: Survey) -> ModeChoice:
 
 
 def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
-    """A forced SSD on CPU without tensor parallelism: its budget B, draft format and fallback timing from
-    this machine's costs at the config's K, unless ssd_budget is given, the fan-out, draft format and a
-    timing-free fallback all are, or the pair was calibrated on this kind of CPU (its budget stands)."""
+    """A forced SSD on CPU without tensor parallelism: budget B, draft format and fallback timing
+    from this machine's costs at K, unless given or the pair was calibrated on this kind of CPU."""
     pinned = config.fanout() and config.draft_dtype != "auto" and (config.ssd_fallback != "auto" or
                                                                     config.ssd_critical_batch is not None)
     if config.device != "cpu" or config.tensor_parallel_size > 1 or config.ssd_budget is not None or pinned:
@@ -252,18 +230,17 @@ def _formats(measured: MeasuredCosts) -> list[str]:
 
 
 def _best_format(candidates: list[tuple[str, Prediction]]) -> Prediction:
-    """The fastest; among those within FORMAT_TIE of it, the one whose one-row build takes the smallest
-    share of the window: a shorter real window can still fit that build by cutting B, not the others'."""
+    """Among those within FORMAT_TIE of the fastest, the one whose one-row build takes the smallest
+    share of the window: a shorter real window can still fit it by cutting B."""
     top = max(p.tokens_per_s for _, p in candidates)
     near = [(fmt, p) for fmt, p in candidates if p.tokens_per_s >= FORMAT_TIE * top]
-    fmt, best = min(near, key=lambda pair: pair[1].detail.get("floor_t_p", 0.0))  # the first of equals
+    fmt, best = min(near, key=lambda pair: pair[1].detail.get("floor_t_p", 0.0))
     return replace(best, detail={**best.detail, "draft_format": fmt})
 
 
 def _predict_all_formats(measured: MeasuredCosts, acceptance: Acceptance) -> dict[str, Prediction]:
-    """AR, SD and SSD at their best K, SSD in whichever measured format predicts faster: the build
-    fits the verification at a budget the formats' curves set, and the fastest format at B rows
-    need not be the fastest at the B that fits."""
+    """AR, SD and SSD at their best K, SSD in whichever measured format predicts faster: the fastest
+    format at B rows need not be the fastest at the B that fits the verification."""
     by_format = [(fmt, predict_all(measured.costs(fmt), acceptance)) for fmt in _formats(measured)]
     predictions = dict(by_format[0][1])  # AR and SD do not depend on SSD's draft format
     if "ssd" in predictions:
@@ -272,10 +249,8 @@ def _predict_all_formats(measured: MeasuredCosts, acceptance: Acceptance) -> dic
 
 
 def _apply(config: EngineConfig, choice: ModeChoice, placement: Placement, measured: MeasuredCosts) -> EngineConfig:
-    """The choice written into the config. On CPU the cores too, as the prediction placed them (one
-    set: this process; several: one per rank, then SSD's draft), except under torchrun, whose ranks
-    the engine does not place; one process runs on every core's thread. On a GPU the draft keeps the
-    given draft_dtype (the int formats are CPU-only)."""
+    """The choice written into the config; on CPU the cores too, as the prediction placed them
+    (except under torchrun, whose ranks the engine does not place)."""
     on_cpu = placement.device == "cpu"
     if choice.mode == "ssd":
         budget = config.ssd_budget if config.ssd_budget is not None else choice.detail["budget"]
@@ -285,7 +260,6 @@ def _apply(config: EngineConfig, choice: ModeChoice, placement: Placement, measu
             if torchrun_world() is None:
                 changes["cpu_cores"] = format_core_sets(placement.ssd_ranks + [placement.ssd_draft])
         return replace(config, **changes)
-    # the benchmarking-only options of modes not chosen are dropped: they would not apply
     changes = dict(speculative_mode=choice.mode, synthetic_hit=None)
     if choice.mode == "sd":
         changes["num_speculative_tokens"] = choice.k

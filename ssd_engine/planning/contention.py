@@ -1,14 +1,7 @@
-"""Time one SSD side while a neighbour on the other side's cores works as that side does.
+"""Time one SSD side while a neighbour on the other side's cores decodes as that side does.
 
-Decoding is bandwidth-bound and cores share the memory bus, so the SSD target's verification is
-slower while the draft decodes beside it, and the draft's steps slower while the target verifies.
-The neighbour is a child process pinned to the other side's cores that multiplies one row by a
-256 MB weight matrix in a loop: the matrix-vector product that dominates a decode step, in the
-other side's weight dtype. A neighbour that only sums a buffer is far harsher than a real model
-and sizes SSD's budget for a window too long; a matrix-vector loop slows a forward about as much as
-SSD's real verification is slowed (figures: docs/CPU.md, benchmarks/results/*-contention.md). The child exits when the block ends or, should this process die first, when it
-finds its parent gone.
-"""
+Decoding is bandwidth-bound and cores share the memory bus. The neighbour is a child process looping
+the matrix-vector product that dominates a decode step; it exits with the block or its parent."""
 import contextlib
 import subprocess
 import sys

@@ -1,28 +1,8 @@
-"""Measure what one forward costs on this machine, once per machine, for the mode choice.
+"""Time one forward per row count on CPU cores where the engine will run it, cached per machine.
 
-Four curves, seconds per forward by rows after a PREFIX-token context, each where the engine will
-run it (a `Placement`, from planning/choose.py):
-- the target on AR and SD's cores: every core the engine was given in one process, or under
-  tensor parallelism its ranks, each pinned to its own core set as the engine spawns them;
-- the target on SSD's target cores (or ranks) while the draft's cores decode beside it, as SSD runs
-  its verification (planning/contention.py);
-- the SD draft on AR and SD's cores (its one-row steps): under tensor parallelism rank 0's, where the
-  colocated draft runs;
-- the SSD draft on its own cores (glue and branch steps) while the target's cores decode as the
-  verification does (planning/contention.py), in each candidate format: the probe's pick for one-row
-  steps (SD's) and for SSD's branch workload. The run-time build budget shrinks B until the build
-  fits the verification, and at a small B the one-row format can be the faster one, so the
-  prediction, not the probe alone, picks SSD's format (planning/choose.py).
-Each draft runs in the weight format it would use (runtime/draft_format.py). The models are built
-at their real shapes and formats with TIMED_LAYERS layers of dummy weights (a forward's cost does not
-depend on the values, every layer costs the same, nothing is read from disk), timed, scaled to
-the whole model and dropped before the engine loads its own: ~20 s on the default pair, with a
-progress bar. A tensor-parallel target is timed the same way on real ranks (worker processes
-started as the engine starts them, building the same few layers from a copy of the config): its
-all-reduces and logits gather are in the time. The result is cached under the cache directory,
-keyed by the machine fingerprint (CPU, flags, torch, cores, threads), the placement and the pair, so
-later runs decide at once. On CUDA planning/gpu_costs.py times the forwards instead.
-"""
+Curves are timed on TIMED_LAYERS layers of dummy weights and scaled to the whole model: a forward's
+cost does not depend on weight values and every layer costs the same. Each SSD side is timed beside
+the other side's memory traffic (planning/contention.py). CUDA: planning/gpu_costs.py."""
 import contextlib
 import gc
 import io
@@ -57,9 +37,7 @@ SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K 
 REPEATS = 5                              # after two warm-ups; the median counts
 TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
 BLOCKS = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
-# 2: the SSD target timed under the draft cores' memory traffic; 3: bf16 drafts attend in fp32;
-# 4: each side timed beside a matrix-vector neighbour, the SSD draft in each candidate format; 5: 2, 3 rows
-VERSION = 5
+VERSION = 5  # bump when what is timed changes: older cached costs are then measured anew
 RANKS_TIMEOUT_S = 60.0  # the measuring ranks' collectives (distributed_timeout_s's default)
 
 
@@ -120,8 +98,7 @@ class MeasuredCosts:
 
 def _curve(measured: dict[int, float]):
     """Piecewise-linear in rows through the measured points, extended linearly past the last two.
-    A forward of fewer rows never costs more than one of more: a point above a later one is
-    noise (a neighbour's memory traffic, a first call's allocations) and takes the later value."""
+    Non-decreasing: a point above a later one is noise and takes the later value."""
     rows = sorted(measured)
     points = {n: min(measured[m] for m in rows if m >= n) for n in rows}
 
@@ -137,7 +114,7 @@ def _curve(measured: dict[int, float]):
 
 def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
                     placement: Placement, measure_gpu=None) -> tuple[MeasuredCosts, bool]:
-    """-> (costs, whether cached). A GPU's are timed by `measure_gpu` (planning/gpu_costs.py's measure)."""
+    """-> (costs, whether cached). A GPU's are timed by `measure_gpu`."""
     path = os.path.join(cache_dir, "calibrations", f"mode-costs-{key}.json")
     try:
         cached = MeasuredCosts.load(path)
@@ -203,12 +180,8 @@ def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[li
 
 
 def build_timed(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
-    """The model in its real format and shapes, with TIMED_LAYERS of its decoder layers and dummy
-    weights (models/loader.py: random normal floats): a forward's cost does not depend on the
-    values, every layer costs the same, and nothing is read from disk (seconds, where building the
-    whole model takes tens)."""
-    # eager even when the engine compiles: compiling these throwaway models would cost more than the
-    # few percent it changes a forward's time (runtime/compiled_model.py)
+    """-> (runner, scale to the whole model): real format and shapes, TIMED_LAYERS dummy layers."""
+    # eager: compiling throwaway models costs more than it changes a forward's time
     changes = {"load_format": "dummy", "compile": False} | ({"dtype": fmt.dtype, "weight_format": fmt.name,
                                                             "row_independent": False} if fmt else {})
     hf_config = load_config(model.path, "dummy")
@@ -240,12 +213,8 @@ def _time(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, floa
 
 
 def _time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, float]:
-    """As _time, for the target split over len(ranks) tensor-parallel ranks, rank 0 this process and
-    the others started as the engine starts them (tensor_parallel/launch.py), each pinned to its core
-    set with one thread a core. Every rank builds TIMED_LAYERS layers of dummy weights from a copy of
-    the config written to a temporary folder. Each rows' forward is timed with and without logits:
-    the difference (the LM head and the logits gather) counts once, the rest (embedding, layers and
-    their all-reduces) is scaled to the model's layer count, as _forward_s splits it."""
+    """As _time, on len(ranks) tensor-parallel ranks started as the engine starts them. Timed with
+    and without logits: the difference (LM head, logits gather) counts once, the rest is scaled."""
     hf_config = load_config(model.path, "dummy")
     layers = hf_config.num_hidden_layers
     timed = min(layers, TIMED_LAYERS)
@@ -269,7 +238,7 @@ def _time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, fl
             for n in TARGET_ROWS:
                 fed = [42 % hf_config.vocab_size] * n
                 timed_s = {}
-                for rows in (list(range(n)), []):  # with logits, then the forward without them
+                for rows in (list(range(n)), []):
                     times = [_ranks_forward_s(runner, seq, fed, rows) for _ in range(2 + REPEATS)][2:]
                     timed_s[bool(rows)] = sorted(times)[REPEATS // 2]
                 result[n] = timed_s[False] * layers / timed + max(timed_s[True] - timed_s[False], 0.0)

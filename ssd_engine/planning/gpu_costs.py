@@ -1,16 +1,7 @@
-"""planning/costs.py's curves on CUDA GPUs, for the mode choice there.
+"""planning/costs.py's curves on CUDA GPUs, each forward timed as the engine runs it.
 
-Each forward is timed as the engine runs it on a GPU: CUDA graphs replayed (captured for one
-sequence of each row count timed; piecewise graphs otherwise), the device synchronised before and
-after, the layers' time scaled from TIMED_LAYERS to the model's layer count and the LM head's added
-(costs.py's scheme). Where the engine runs eagerly (enforce_eager) the model is timed eagerly.
-
-- the target on its GPU (one process; a tensor-parallel target is not timed here: NotMeasured);
-- SD's draft on the target's GPU, in the dtype the engine gives it (runtime/draft_format.py);
-- SSD's draft on its own GPU when the placement gives it one. Two GPUs share no memory bus, so no
-  contention is modelled: SSD's target costs what AR's does. A draft sharing the target's GPU is no
-  SSD candidate (planning/choose.py): nothing here predicts two models time-slicing one GPU.
-"""
+Two GPUs share no memory bus, so no contention is modelled: SSD's target costs what AR's does.
+A tensor-parallel target is not timed here (NotMeasured)."""
 import time
 from dataclasses import replace
 
@@ -23,7 +14,7 @@ from ssd_engine.planning import costs
 from ssd_engine.runtime import draft_format, step_inputs
 from ssd_engine.utils.progress import progress_enabled
 
-REPEATS = 15  # after three warm-ups; the median counts (a step is milliseconds: more samples than on CPU)
+REPEATS = 15  # after three warm-ups; the median counts
 
 
 def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
@@ -46,8 +37,7 @@ def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
 
 
 def _time(model: ModelConfig, device: str, rows: tuple[int, ...], bar) -> dict[int, float]:
-    """Median seconds of a whole model's forward of n new rows of one sequence (logits for every
-    row) on `device`, for each n in `rows`."""
+    """Median seconds of a forward of n new rows (logits for each) on `device`, per n in `rows`."""
     graphed = model.cuda_graph_max_batch > 0
     one_row_bucket = replace(model, device=device, cuda_graph_max_batch=min(model.cuda_graph_max_batch, 1))
     runner, scale = costs.build_timed(one_row_bucket)
@@ -71,8 +61,7 @@ def _time(model: ModelConfig, device: str, rows: tuple[int, ...], bar) -> dict[i
 
 @torch.inference_mode()
 def _forward_s(runner, ids, positions, meta, scale: float, device: str) -> float:
-    """One forward as the engine's step runs it (`runner.forward_hidden`: a graph replay where one is
-    captured), its layers' time scaled to the whole model, plus the LM head's."""
+    """One forward as the engine runs it, layers' time scaled to the whole model + the head's."""
     torch.cuda.synchronize(device)
     start = time.perf_counter()
     hidden = runner.forward_hidden(ids, positions, meta)

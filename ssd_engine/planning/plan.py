@@ -1,11 +1,8 @@
 """Everything decided before an engine is built, in one frozen `Plan`.
 
-`plan(options)` checks what needs no weights, lets `auto` measure and choose the mode and K (or
-sizes a forced SSD), resolves the model folders (the built-in pair and GGUF files are converted here,
-once, before any weights load, so their working memory never adds to a loaded target's) and cuts the options
-into their frozen parts. The engine reads only the plan: K lives in `parts.speculative.k` alone,
-and the flat options are never read again.
-"""
+The engine reads only the plan: K lives in `parts.speculative.k` alone, and the flat options are
+never read again. GGUF files are converted here, before any weights load, so a conversion's working
+memory never adds to a loaded target's."""
 from dataclasses import dataclass, replace
 
 from ssd_engine.core.config import EngineConfig
@@ -50,9 +47,7 @@ def plan(options: EngineConfig) -> Plan:
 
 
 def convert_gguf_files(options: EngineConfig) -> EngineConfig:
-    """A GGUF file given as model / draft_model (a draft only where one runs) replaced by its
-    converted folder: converted here, once, in a child process, before auto measures anything and
-    before any weights load; later starts find it in the cache."""
+    """A GGUF file given as model / draft_model replaced by its converted (cached) folder."""
     changes = {}
     if options.model is not None:
         changes["model"] = resolve_model_arg(options.model)  # a folder comes back as given
@@ -62,12 +57,9 @@ def convert_gguf_files(options: EngineConfig) -> EngineConfig:
 
 
 def resolve_target_format(options: EngineConfig) -> EngineConfig:
-    """target_dtype="auto": gguf-int8 where the GGUF kernels run (a CPU target whose folder came from a
-    GGUF file, with the kernels built here, and under tensor parallelism every rank's slice whole
-    blocks), else fp32. gguf-int8 is the checkpoint's blocks times activations rounded to int8, as
-    llama.cpp multiplies them: the default contract allows an arithmetic whose fidelity to the
-    checkpoint is at least llama.cpp's own, measured so (docs/CPU.md, "Target formats"), and it reads
-    prompts 1.5-1.9x faster than the exact gguf; fp32 keeps the checkpoint's values exactly."""
+    """target_dtype="auto": gguf-int8 where the GGUF kernels run (a CPU target converted from a GGUF
+    file whose blocks, per rank under tensor parallelism, are whole), else fp32. gguf-int8 rounds
+    activations to int8 like llama.cpp (docs/CPU.md); fp32 keeps the checkpoint's values exactly."""
     if options.target_dtype != "auto":
         return options
     from ssd_engine.kernels import gguf_cpu

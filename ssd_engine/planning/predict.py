@@ -1,19 +1,6 @@
-"""Predict AR, SD and SSD throughput on this machine from measured costs (planning/costs.py) and
-the pair's acceptance (its Saguaro calibration), with the paper's formulas (docs/saguaro.md):
-
-- AR: one token per target step on every core the engine was given.
-- SD with K drafts: E(K) tokens per round of one verification of K+1 rows plus K one-row draft
-  steps, target and draft sharing all cores.
-- SSD with K drafts: the target on one core set, the draft on another. A round lasts
-  max(verification, the draft's cache build) on a hit (Theorem 7's max(1, T_p)); the build is the
-  glue forward (K+1 rows) plus K branch steps of B rows, and B is the largest budget that fits in
-  one verification with the run-time budget's headroom (at least 1). A miss costs the just-in-time primary's K one-row steps on top.
-  The hit rate is Theorem 12's fan-out over the measured outcome law and miss curve at that B.
-
-E(K) comes from the measured outcome law at the calibration's K: P(at least i accepted) as a
-product of per-position acceptance rates, extended past the calibrated K with their geometric
-mean (real pairs accept whole runs far more often than an i.i.d. rate predicts).
-"""
+"""Predict AR, SD and SSD tokens/s from measured costs and the pair's acceptance, with the paper's
+formulas (docs/saguaro.md). SSD's budget B is the largest whose cache build (glue + K branch steps
+of B rows) fits one verification with HEADROOM."""
 import math
 from dataclasses import dataclass, field
 
@@ -23,8 +10,7 @@ from ssd_engine.saguaro.speedup import ssd_speedup
 from ssd_engine.speculative.ssd.draft.build_budget import HEADROOM
 
 K_RANGE = range(1, 9)
-# the smallest K predicted within this of the best K wins: past the calibrated K the outcome law is
-# extrapolated, and a longer round costs more when a prediction errs
+# the smallest K within this of the best wins: past the calibrated K the outcome law is extrapolated
 K_TIE = 0.97
 MAX_BUDGET = 64
 
@@ -46,7 +32,8 @@ class Acceptance:
         return cls(rates or (cal.alpha,), tuple(cal.miss_by_fanout), cal.r, cal.e_fast)
 
     def rate(self, position: int) -> float:
-        """Acceptance of draft `position` (1-based) given the ones before it were accepted."""
+        """Acceptance of draft `position` (1-based) given the ones before it were accepted; past the
+        calibrated K, the rates' geometric mean (pairs accept whole runs more than i.i.d.)."""
         if position <= len(self.position_rates):
             return self.position_rates[position - 1]
         tail = [max(r, 1e-6) for r in self.position_rates[1:] or self.position_rates]
@@ -105,15 +92,13 @@ def predict_ssd(costs: Costs, acc: Acceptance, k: int) -> Prediction:
     verify = costs.target_one(k + 1)  # measured while the draft's cores stream memory
     glue = costs.draft_one(k + 1)
     build = lambda b: glue + k * costs.draft_one(b)
-    # the run-time build budget aims under the window by HEADROOM, as it jitters round to round
     budget = max([b for b in range(1, MAX_BUDGET + 1) if build(b) <= HEADROOM * verify] or [1])
     probs = acc.outcome_probs(k)
     fanout = fanout_for_outcomes(probs, acc.r, budget)
     p_hit = expected_hit_rate(fanout, probs, acc.miss)
     e = acc.tokens_per_round(k)
     t_p, t_jit = build(budget) / verify, k * costs.draft_one(1) / verify
-    # a miss takes the just-in-time primary (E tokens, T_b = its drafting) or the fast backup
-    # (e_fast tokens, T_b ~ 0), whichever Theorem 7 rates higher: the fallback rule's choice
+    # a miss takes the just-in-time primary or the fast backup, whichever Theorem 7 rates higher
     jit, fast = ssd_speedup(p_hit, e, e, t_p, t_jit), ssd_speedup(p_hit, e, acc.e_fast, t_p, 0.0)
     speedup = max(jit, fast)
     return Prediction("ssd", k, speedup / verify,

@@ -1,5 +1,4 @@
-"""Checks that need no weights: run before anything loads or any process starts, so a typo in a
-path costs no loading time and leaves nothing to shut down."""
+"""Checks that need no weights, run before anything loads or any process starts."""
 import os
 import re
 
@@ -16,13 +15,12 @@ WHAT_TO_PASS = "a local folder with config.json and *.safetensors, or a .gguf fi
 
 def check_model_source(path: str, option: str = "model", load_format: str = "auto") -> None:
     """Raise a one-line ValueError unless `path` is a model folder that can load or a GGUF file the
-    engine can convert (checked from its header, unless its conversion is already cached). `option`
-    names the setting in the message (model, draft_model)."""
+    engine can convert. `option` names the setting in the message (model, draft_model)."""
     if os.path.isdir(path):
         load_config(path, load_format)
     elif is_gguf_file(path):
         if not is_complete(gguf_cache_folder(path)):
-            check_gguf(path)  # ~2 s of header parsing: worth it only before a conversion
+            check_gguf(path)  # header parsing is slow: worth it only before a conversion
     elif os.path.isfile(path):
         raise ValueError(f"{option} {path} is a file but not a GGUF file (no GGUF magic bytes): pass {WHAT_TO_PASS}")
     elif (HUB_ID.match(path) and not path.lower().endswith(".gguf")
@@ -34,10 +32,7 @@ def check_model_source(path: str, option: str = "model", load_format: str = "aut
 
 
 def check_before_loading(config: EngineConfig) -> None:
-    """Raise ValueError for a model that cannot load: a folder missing, without config.json, without
-    weights unless load_format is dummy, or of an unsupported architecture; a GGUF file the
-    converter refuses; a Hub id (nothing is downloaded); or a missing calibration_dir. The built-in
-    default pair (None) and GGUF files are converted later, in planning/plan.py."""
+    """ValueError for a model source check_model_source refuses or a missing calibration_dir."""
     sources = [("model", config.model)] + ([("draft_model", config.draft_model)]
                                            if config.speculative_mode != "ar" else [])
     for option, path in sources:

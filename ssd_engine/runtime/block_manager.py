@@ -1,14 +1,6 @@
 """Paged KV blocks: allocation, reference counts, prefix caching with chained hashes, rollback.
-
-A block (block) holds `block_size` token slots of every layer's K/V. A full block whose tokens
-are committed gets a hash chained from its predecessor's, so equal prefixes map to equal blocks;
-a later request with that prefix takes the block (ref_count + 1) instead of recomputing it.
-Freed blocks keep their hash on the free list (oldest freed is reused first), so a cached
-prefix survives until its block is actually needed for something else.
-
-Allocation and commit read a `Sequence`'s tokens to hash its blocks; growing, trimming and freeing
-take any `Paged`, so the drafts' private caches (SD's DraftView, SSD's DraftSeq) use the same code.
-"""
+A full committed block's hash chains from its predecessor's, so equal prefixes share blocks. Freed
+blocks keep their hash (oldest freed reused first), so a cached prefix survives until needed."""
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -48,17 +40,13 @@ class BlockManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return (num_tokens + self.block_size - 1) // self.block_size
 
-    # ---- whole-sequence allocation (admission / prefill) -------------------------------
     def can_allocate(self, seq: Sequence) -> bool:
         return self.blocks_needed(len(seq)) <= self.num_free_blocks
 
     def allocate(self, seq: Sequence) -> None:
         """Give `seq` blocks for all its tokens, reusing cached prefix blocks where they match.
-
-        Only blocks that end before the last token can be hits: the last token must be computed
-        so its logits exist, and recomputing it into a shared block would mutate another
-        sequence's cache.
-        """
+        Only blocks ending before the last token can hit: the last token must be computed for its
+        logits, and writing it into a shared block would mutate another sequence's cache."""
         assert not seq.block_table
         prev_hash, hitting = None, self.enable_prefix_caching
         seq.num_cached_tokens = 0
@@ -94,12 +82,12 @@ class BlockManager:
         block_id, _ = self.free.popitem(last=False)
         block = self.blocks[block_id]
         if block.hash is not NO_HASH and self.hash_to_block.get(block.hash) == block_id:
-            del self.hash_to_block[block.hash]  # its cached prefix is being overwritten
+            del self.hash_to_block[block.hash]
         block.hash, block.token_ids, block.ref_count = NO_HASH, [], 1
         return block_id
 
     def deallocate(self, seq: Paged) -> None:
-        for block_id in reversed(seq.block_table):  # tail blocks freed first, so the shared head survives longest
+        for block_id in reversed(seq.block_table):  # tail first: the shared head survives longest
             self._release(block_id)
         seq.block_table = new_block_table()
         seq.num_computed_tokens = 0
@@ -111,9 +99,7 @@ class BlockManager:
         if block.ref_count == 0:
             self.free[block_id] = None
 
-    # ---- growth, commit, rollback ---------------------------------------------------------
     def slots_needed(self, seq: Paged, num_tokens: int) -> int:
-        """Blocks that must be added so `seq` can hold `num_tokens` tokens."""
         return max(0, self.blocks_needed(num_tokens) - len(seq.block_table))
 
     def grow(self, seq: Paged, num_tokens: int) -> None:
@@ -125,9 +111,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         full_blocks = min(seq.num_computed_tokens, len(seq)) // self.block_size
-        # a sequence's hashed blocks are a prefix of its table (commit hashes in order; a cached block
-        # keeps its hash while a sequence holds it): find where it ends from the back, so a step
-        # costs the blocks it filled, not the whole table's length
+        # hashed blocks are a table prefix: scan back only over the blocks this step filled
         start = full_blocks
         while start > 0 and self.blocks[seq.block_table[start - 1]].hash is NO_HASH:
             start -= 1
@@ -140,9 +124,8 @@ class BlockManager:
             prev_hash = block.hash
 
     def trim(self, seq: Paged) -> None:
-        """Rollback after verification: free blocks past the sequence's current tokens (the slots
-        `grow` reserved for speculative tokens that were rejected). Rejected tokens never enter
-        `seq`, and `commit` hashes only blocks of committed tokens, so a freed block holds no hash."""
+        """Rollback after verification: free blocks past the sequence's current tokens. They hold
+        only rejected tokens, which `commit` never hashed."""
         keep = self.blocks_needed(len(seq))
         for block_id in seq.block_table[keep:]:
             self._release(block_id)

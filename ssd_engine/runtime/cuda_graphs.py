@@ -1,20 +1,7 @@
-"""CUDA graphs for the fixed-shape steps: decode (1 query per row), verification (K + 1 per row) and
-the SSD draft's tree-branch steps (1 query per branch).
-
-Why: an eager decode step of a small model on a GPU is bound by kernel launches, not by the GPU.
-A step whose rows all feed the same number of tokens is replayed from a graph captured for the
-smallest captured row count (1, 2, 4, ... up to a cap) that holds it. Its inputs are copied into
-static buffers; the padding rows are empty (no keys, no path; their K/V goes to a reserved
-padding slot) and their outputs are dropped. Only the shapes the engine names are graphed (a
-uniform prefill of equal chunks must not become a graph): on a GPU each is captured for every row
-bucket at start-up, largest first so smaller graphs reuse the pool's memory; all share one pool. Prefill chunks and steps wider than the cap
-replay piecewise graphs instead (runtime/piecewise_graphs.py); the torch reference attention (its
-dense masks depend on the data) is never captured whole.
-
-`capture="emulate"` runs the same static-buffer path without CUDA (each replay calls the forward
-again on the static buffers; graphs are made when first needed): CPU tests check padding and
-buffer reuse with it.
-"""
+"""CUDA graphs for the fixed-shape steps: decode, verification (K + 1 per row) and SSD tree-branch
+steps, since eager small-model steps are launch-bound. A step replays the graph of the smallest row
+bucket holding it; padding rows are empty (no keys, K/V to a reserved slot), outputs dropped.
+`capture="emulate"` runs the same static-buffer path without CUDA, for CPU tests."""
 import os
 import time
 from collections import Counter
@@ -35,8 +22,7 @@ def emulating() -> bool:
 
 @contextmanager
 def emulated(on: bool = True):
-    """Runners built inside emulate CUDA graphs (on) or build none on CPU (off); the variable is
-    restored after (benchmarks)."""
+    """Runners built inside emulate CUDA graphs (on) or build none on CPU (off)."""
     saved = os.environ.get(EMULATE)
     os.environ[EMULATE] = "1" if on else "0"
     try:
@@ -57,17 +43,11 @@ def bucket_sizes(cap: int) -> list[int]:
 
 @dataclass
 class _Family:
-    """Static buffers shared by every captured row count of one step shape (kind, tokens per row).
-
-    The per-row columns (fed ids, positions, slots, key counts) share one int32 buffer laid out per
-    row bucket: a graph of `size` rows reads [ids | positions | slots], size * per_row each, then
-    size key counts, from the buffer's start. A step that fills its bucket and brings its columns in
-    that order from one upload (runtime/model_runner.py, runtime/decode_feed.py) is copied in with one
-    copy instead of four."""
+    """Static buffers of every row count of one step shape (kind, tokens per row): a `size`-row
+    graph reads [ids | positions | slots] (size * per_row each), then size key counts."""
     columns: torch.Tensor     # int32 [3 * cap * per_row + cap]
-    meta: AttentionMetadata   # block tables, query offsets (and the tree fields) at full capacity
-    # the block tables copied in last (held, so the object stays that one): a step feeding the same
-    # tensor again (an SD draft's steps after its catch-up) skips the copy
+    meta: AttentionMetadata
+    # the block tables copied in last (held, so the identity check is sound): same tensor, no copy
     tables_from: torch.Tensor | None = None
 
 
@@ -83,7 +63,7 @@ def _adjacent(first: tuple, second: tuple) -> bool:
 
 def copy_runs(pairs: list[tuple]) -> None:
     """dst.copy_(src) for each (dst, src), equal sizes, 1-D; a run of pairs adjacent on both sides
-    (destinations views of one buffer) in one copy: on a GPU one launch, not one a column."""
+    goes in one copy (one launch)."""
     i = 0
     while i < len(pairs):
         j, size = i + 1, pairs[i][1].numel()
@@ -101,8 +81,7 @@ class GraphRunner:
     def __init__(self, forward, *, cap: int, max_blocks: int, block_size: int, pad_slot: int,
                  device: torch.device, capture: str, recorded: bool = True) -> None:
         self.forward = forward  # (input_ids, positions, meta) -> hidden [T, H]
-        # emulated replays checked against their capture (tests/instrumentation/graph_fidelity.py) unless the
-        # forward is compiled: Dynamo runs no compiled code under the checker's Python modes
+        # emulated replays are checked (graph_check) unless the forward is compiled
         self.recorded = recorded
         self.sizes = bucket_sizes(cap)
         self.max_blocks, self.block_size, self.pad_slot, self.device = max_blocks, block_size, pad_slot, device
@@ -110,11 +89,7 @@ class GraphRunner:
         self.shapes: set[tuple] = set()  # the (kind, width) keys the engine named
         self.families: dict[tuple, _Family] = {}
         self.graphs: dict[tuple, tuple] = {}  # (family key, rows) -> (replay, static output)
-        # (family key, rows) -> replays: which graphs the steps ran, alike on a GPU (every named shape
-        # captured at start-up) and emulated (captured when first needed)
-        self.replayed: Counter = Counter()
-        # host seconds inside replay calls: launching on a GPU, the whole forward when emulated
-        # (benchmarks/gpu/bench_host_overhead.py takes it from a step's wall time)
+        self.replayed: Counter = Counter()  # (family key, rows) -> replays
         self.replay_seconds = 0.0
         self.pool = None
 
@@ -122,7 +97,7 @@ class GraphRunner:
         """Which static family a step belongs to, or None when it must run eagerly."""
         rows = meta.kv_lens.shape[0]
         if rows > self.sizes[-1] or tokens != rows * meta.max_query_len:
-            return None  # too wide, or rows feeding different token counts (prefill chunks)
+            return None
         if meta.block_tables.shape[1] > self.max_blocks:
             return None
         if meta.is_tree:
@@ -134,10 +109,10 @@ class GraphRunner:
     def add_shapes(self, keys: list[tuple]) -> None:
         self.shapes.update(keys)
 
-    @torch.inference_mode()  # the mode the steps replay in (the ops dispatched are the same)
+    @torch.inference_mode()
     def capture_all(self, keys: list[tuple]) -> None:
-        """Capture every row bucket of each (kind, width) key now, on the empty static buffers (rows
-        without keys, K/V written to the padding slot), instead of during the first requests."""
+        """Capture every row bucket of each (kind, width) key now, on empty static buffers; largest
+        first, so smaller graphs reuse the shared pool's memory."""
         self.add_shapes(keys)
         for key in keys:
             family = self._family(key)
@@ -161,7 +136,6 @@ class GraphRunner:
         self.replayed[(key, size)] += 1
         return out[:input_ids.shape[0]]
 
-    # ---- static buffers -------------------------------------------------------------------
     def _family(self, key: tuple) -> _Family:
         if key not in self.families:
             self.families[key] = self._new_family(key)
@@ -195,7 +169,6 @@ class GraphRunner:
         copy_runs([(ids[:tokens], input_ids), (pos[:tokens], positions), (slots[:tokens], meta.slot_mapping),
                    (kv_lens[:rows], meta.kv_lens)])
         if rows < size:  # padding rows: no keys, K/V to the padding slot; ids and positions in range
-            # (the buffer's other buckets lay other columns over theirs)
             ids[tokens:].zero_()
             pos[tokens:].zero_()
             slots[tokens:].fill_(self.pad_slot)
@@ -212,8 +185,7 @@ class GraphRunner:
             static.path_lens[rows:size].zero_()
 
     def _empty(self, family: _Family, size: int) -> None:
-        """Every row of a `size`-row graph empty (no keys, K/V to the padding slot): what start-up
-        captures run on."""
+        """Every row of a `size`-row graph empty (no keys, K/V to the padding slot)."""
         ids, pos, slots, kv_lens = self._columns(family, size)
         ids.zero_(), pos.zero_(), slots.fill_(self.pad_slot), kv_lens.zero_()
         family.meta.block_tables.zero_()
@@ -223,7 +195,6 @@ class GraphRunner:
             family.meta.path_slots.fill_(self.pad_slot)
 
     def _view(self, family: _Family, size: int):
-        """The inputs a graph of `size` rows is captured on: views into the family's buffers."""
         static = family.meta
         ids, pos, slots, kv_lens = self._columns(family, size)
         meta = replace(static, slot_mapping=slots, kv_lens=kv_lens, query_start=static.query_start[:size + 1],
@@ -235,7 +206,6 @@ class GraphRunner:
             meta = replace(meta, block_tables=static.block_tables[:size])
         return ids, pos, meta
 
-    # ---- capture --------------------------------------------------------------------------
     def _capture(self, family: _Family, size: int):
         input_ids, positions, meta = self._view(family, size)
         run = lambda: self.forward(input_ids, positions, meta)
@@ -245,7 +215,7 @@ class GraphRunner:
                 run = emulated_graph(run, f"{family.meta.max_query_len}-token {kind} step x {size} rows")
             out = run()
             return (lambda: out.copy_(run())), out
-        side = torch.cuda.Stream(self.device)  # warm-up off the capture stream (allocator, cuBLAS handles)
+        side = torch.cuda.Stream(self.device)  # warm-up off the capture stream
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             run()

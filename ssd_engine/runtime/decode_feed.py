@@ -1,12 +1,5 @@
-"""One-token decode steps of the same rows, their inputs uploaded once: the SD draft's K - 1 steps
-after its catch-up.
-
-Why: a step built from host lists (`ModelRunner.run`) pays its Python loops and an upload each
-time, host work a GPU's draft step (a fraction of a millisecond of graphed kernels) must not wait
-on. The draft's steps differ only by one position per row, and the row's blocks are reserved for
-all of them before the first, so every step's positions, slots and key counts go up in one copy;
-a step takes its row of them, and its tokens are the previous step's draws, on the device.
-"""
+"""One-token decode steps of the same rows (the SD draft's steps after catch-up), with every step's
+positions, slots and key counts uploaded in one copy so no step waits on host work."""
 import torch
 
 from ssd_engine.layers.attention import AttentionMetadata
@@ -21,8 +14,7 @@ class DecodeFeed:
         positions = [[start + s for start in starts] for s in range(steps)]
         slots = [[table[p // bs] * bs + p % bs for p, table in zip(step, block_tables)] for step in positions]
         blocks = -(-(max(starts) + steps) // bs)
-        # step by step, [positions | slots | key counts]: the order the graphs' static buffers take
-        # them in, so a step's three go in with one copy (runtime/cuda_graphs.py)
+        # per step [positions | slots | key counts]: the CUDA graphs' static buffer order, one copy
         columns = [column for s in range(steps) for column in (positions[s], slots[s], [p + 1 for p in positions[s]])]
         *per_step, tables_t, query_start_t = upload(columns + [padded_rows(block_tables, blocks), list(range(rows + 1))],
                                                     runner.device, torch.int32)

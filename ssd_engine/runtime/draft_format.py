@@ -1,15 +1,6 @@
-"""Pick the draft's weight format (layers/weight_formats.py) for this CPU by measuring it.
-
-Which format is fastest depends on the CPU (bf16 units, AMX, AVX2 only) and on the rows the draft
-multiplies at once: one row for just-in-time drafting and SD, K+1 for the SSD glue, B (the
-fan-out's budget) for SSD branch steps. The probe times every format on the draft's own Linear
-shapes (the LM head on a slice of its rows: its cost grows with its rows), on the cores and
-threads the draft will run with, and keeps the fastest; a format within TIE of the fastest but
-more precise wins the tie (acceptance is a little higher with more bits). Results are cached per
-machine fingerprint under the cache directory, so the probe runs once per machine.
-
-On a GPU the draft takes the engine's dtype ("bf16"); the int formats are CPU-only here.
-"""
+"""Pick the draft's weight format (layers/weight_formats.py) for this CPU by timing every format on
+the draft's Linear shapes and row counts, on its cores; cached per machine fingerprint. A more
+precise format within TIE of the fastest wins. On a GPU the draft takes "bf16" (or "fp32")."""
 import hashlib
 import json
 import logging
@@ -27,15 +18,13 @@ from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, check_su
 log = logging.getLogger("ssd_engine")
 TIE = 1.10
 HEAD_SLICE = 16384  # LM-head rows the probe times; the full head costs vocab / HEAD_SLICE times that
-# A model's weights stream from memory, not from cache: the probe cycles through copies of each
-# shape totalling at least this much fp32 (up to the model's own count), or compact formats whose
-# one copy fits in the last-level cache would look faster than they run
+# the probe cycles through copies totalling this much so weights stream from memory, not cache
 WORKING_SET_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
 class DraftFormat:
-    name: str                      # one of FORMATS
+    name: str
     how: str                       # "probe", "cached probe", "draft_dtype", "gpu"
     step_ms: dict | None = None    # format -> one weighted draft workload, ms (when probed)
 
@@ -64,7 +53,7 @@ def resolve(option: str, hf_config, device: str, workload: list[tuple[int, int]]
             threads: int, cache_dir) -> DraftFormat:
     """The draft's format. `workload`: (rows, forwards per round) the draft runs, e.g. SD's
     [(1, K)]; `cores`/`threads`: where it will run (the probe runs there)."""
-    assert option in DRAFT_DTYPES  # EngineConfig checked it
+    assert option in DRAFT_DTYPES
     if device != "cpu":
         return DraftFormat("fp32" if option == "fp32" else "bf16", "draft_dtype" if option != "auto" else "gpu")
     if option != "auto":
@@ -72,7 +61,6 @@ def resolve(option: str, hf_config, device: str, workload: list[tuple[int, int]]
         return DraftFormat(option, "draft_dtype")
     from ssd_engine.utils.machine import fingerprint
     shapes = linear_shapes(hf_config)
-    # the candidates and the q4k kernels' build are part of what was measured
     measured = repr((shapes, workload, FORMATS, gguf_cpu.library_key()))  # hash() of a str differs per process
     key = f"draft-format-{fingerprint(cores, threads)}-{hashlib.blake2b(measured.encode(), digest_size=4).hexdigest()}"
     path = os.path.join(cache_dir, "probes", key + ".json")
@@ -108,7 +96,7 @@ def probe(shapes, workload, cores: list[int] | None, threads: int) -> dict[str, 
         for fmt in FORMATS:
             try:
                 result[fmt] = sum(_time_shape(out, inp, count, fmt, workload, generator) for out, inp, count in shapes)
-            except RuntimeError as error:  # an op this CPU / torch build lacks
+            except RuntimeError as error:
                 log.info("draft format %s unavailable here: %s", fmt, str(error).splitlines()[0])
         log.info("draft format probe took %.1f s: %s", time.perf_counter() - started, result)
         return result
@@ -122,7 +110,7 @@ def _time_shape(out: int, inp: int, count: int, fmt: str, workload, generator) -
     rows_timed = min(out, HEAD_SLICE)
     weight = torch.randn(rows_timed, inp, generator=generator) * 0.02
     copies = max(1, min(count, -(-WORKING_SET_BYTES // weight.nbytes)))
-    prepared = [prepare(weight, fmt) for _ in range(copies)]  # distinct buffers, same values
+    prepared = [prepare(weight, fmt) for _ in range(copies)]
     total = 0.0
     for rows, per_round in workload:
         x = torch.randn(rows, inp, generator=generator).to(ACTIVATION_DTYPE[fmt])

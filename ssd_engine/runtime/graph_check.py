@@ -1,10 +1,5 @@
-"""A checker from outside the package, wrapped around each emulated CUDA graph's forward.
-
-The emulation (`capture="emulate"`) calls the Python forward again at every replay, so it can pass
-code a real graph breaks. The tests name a checker in SSD_ENGINE_GRAPH_CHECKER ("module:function",
-read when a graph is made, inherited by spawned draft and tensor-parallel processes); the function
-takes (forward, graph name) and returns the forward to replay. Unset: the forward runs as it is.
-"""
+"""An optional checker wrapped around each emulated CUDA graph's forward, named by
+SSD_ENGINE_GRAPH_CHECKER ("module:function" taking (forward, graph name), returning the forward)."""
 import importlib
 import os
 

@@ -1,5 +1,4 @@
-"""`StepInputs`: one forward step as plain lists, what a model runner turns into tensors and what
-travels to tensor-parallel workers."""
+"""`StepInputs`: one forward step as plain lists, as sent to tensor-parallel workers."""
 from dataclasses import dataclass, replace
 
 import torch
@@ -9,15 +8,13 @@ from ssd_engine.core.structures import ScheduledBatch
 
 @dataclass
 class StepInputs:
-    """Everything a forward pass needs, as plain lists (what travels to tensor-parallel workers),
-    except fed tokens that are still on the device (draft tokens: reading them on the host would
-    wait for the draft's last step)."""
+    """Everything a forward pass needs as plain lists, except fed tokens still on the device (draft
+    tokens: reading them on the host would wait for the draft's last step)."""
     starts: list[int]               # per sequence: tokens already in the KV cache
     token_ids: list[list[int]]      # per sequence: the tokens fed this step
     block_tables: list[list[int]]   # per sequence: its KV blocks
     logit_rows: list[list[int]]     # per sequence: offsets into its fed tokens that need logits
-    # (flat positions over every fed token, a device tensor of as many ids): fed there instead of
-    # the placeholders token_ids holds at those places; None: token_ids is the whole feed
+    # (flat positions among fed tokens, device ids) replacing token_ids' placeholders there
     on_device: tuple[list[int], torch.Tensor] | None = None
 
     @classmethod
@@ -33,8 +30,7 @@ class StepInputs:
         return cls(starts, list(token_ids), [seq.block_table for seq in batch.seqs], logit_rows, on_device)
 
     def on_host(self) -> "StepInputs":
-        """The same step with every fed token in token_ids (one host read of the device-held ones):
-        what tensor-parallel workers are sent."""
+        """The same step with every fed token in token_ids (one host read of device-held ones)."""
         if self.on_device is None:
             return self
         flat = [t for fed in self.token_ids for t in fed]

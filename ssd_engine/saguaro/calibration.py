@@ -1,11 +1,5 @@
-"""Calibrated Saguaro parameters for one (target, draft, temperature), stored as JSON in configs/.
-
-A calibration holds what Theorems 12 and 17 need: acceptance alpha, the miss rate as a function
-of fan-out and its power-law fit (miss(F) ≈ c F^(-r)), the measured time budget B (branches whose
-K decode steps fit inside one verification), T_p, and the expected tokens per round of the
-primary and the fast backup. `python -m ssd_engine.calibrate` writes them; the engine finds the
-one matching its model pair (by fingerprint, not path) and each request's temperature.
-"""
+"""Calibrated Saguaro parameters for one (target, draft, temperature), stored as JSON in configs/
+and matched by the model pair's fingerprints (not paths) and each request's temperature."""
 import hashlib
 import json
 import logging
@@ -18,8 +12,7 @@ from ssd_engine.saguaro.fanout import expected_hit_rate, fanout_for_outcomes, ge
 log = logging.getLogger("ssd_engine")
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-# documented defaults for an uncalibrated pair (docs/saguaro.md "Saguaro options"): uniform fan-out 1 per k,
-# alpha 0.7, r 1, T_p 1, the fast backup committing one token per round
+# documented defaults for an uncalibrated pair (docs/saguaro.md "Saguaro options")
 DEFAULT_ALPHA, DEFAULT_R, DEFAULT_T_P, DEFAULT_E_FAST, DEFAULT_P_HIT = 0.7, 1.0, 1.0, 1.0, 0.7
 
 
@@ -30,19 +23,19 @@ class Calibration:
     temperature: float
     k: int
     alpha: float                     # per-token acceptance of the primary
-    outcome_probs: list[float]       # measured P(k accepted), k = 0..K (fan-out "auto" uses it)
+    outcome_probs: list[float]       # measured P(k accepted), k = 0..K
     r: float                         # miss(F) ≈ miss_coeff * F^(-r)
     miss_coeff: float
     miss_by_fanout: list[float]      # measured miss rate at F = 1, 2, ...
-    budget: int                      # B: branches per sequence (best_budget: the expected round time's minimum)
+    budget: int                      # B: branches per sequence (best_budget)
     budget_fits: int                 # the most branches whose build fits inside one verification (>= 1)
     t_p: float                       # draft cache build (at B) / verification
     e_primary: float                 # tokens committed per round, primary speculation
     e_fast: float                    # tokens committed per round, fast backup speculation
     p_hit: float                     # hit rate expected at the geometric fan-out with budget B
     t_slow: float | None = None      # just-in-time drafting on a miss / verification (None: assume T_p)
-    timings: dict = field(default_factory=dict)   # verify_s, glue_s, step_s_per_row fit, ...
-    measured: dict = field(default_factory=dict)  # names, machine, date, prompts, commit
+    timings: dict = field(default_factory=dict)
+    measured: dict = field(default_factory=dict)
 
     def save(self, directory: Path = CONFIG_DIR) -> Path:
         directory.mkdir(parents=True, exist_ok=True)
@@ -61,9 +54,8 @@ UNIDENTIFYING_KEYS = ("transformers_version", "_name_or_path", "torch_dtype", "d
 
 
 def model_fingerprint(model_path: str) -> str:
-    """Identifies a checkpoint wherever it is stored and whichever transformers wrote it: its
-    config.json (less the writer's bookkeeping), its weight files' names and sizes, and 64 KiB
-    from the middle of each (so a fine-tune of the same architecture is a different model)."""
+    """A checkpoint's identity wherever stored: config.json (less bookkeeping), weight files' names,
+    sizes and 64 KiB from the middle of each (so fine-tunes of one architecture differ)."""
     folder = Path(model_path)
     config = json.loads((folder / "config.json").read_text())
     identity = {key: value for key, value in config.items() if key not in UNIDENTIFYING_KEYS}
@@ -93,8 +85,7 @@ def find_calibrations(target_path: str, draft_path: str, directory: Path = CONFI
 
 
 def miss_curve(rank_counts: list[int]) -> list[float]:
-    """rank_counts[j] = outcomes whose bonus was the draft's (j+1)-th candidate (last entry:
-    beyond the tracked depth). -> miss rate at F = 1 .. depth: P(rank >= F)."""
+    """rank_counts[j]: bonuses at the draft's (j+1)-th candidate (last: deeper) -> P(rank >= F)."""
     total = sum(rank_counts)
     if total == 0:
         return []
@@ -121,10 +112,7 @@ def fit_power_law(miss_by_fanout: list[float]) -> tuple[float, float]:
 def best_budget(verify_s: float, glue_s: float, step_s, k: int, alpha, r: float, miss_at,
                 miss_cost_s: float, limit: int = 64) -> int:
     """B minimising the expected round time max(verify, glue + K step(B)) + (1 - hit(B)) * miss cost,
-    with hit(B) the geometric fan-out's expected hit rate. While the draft keeps up this is at least
-    budget_from_timings' B (more branches cost nothing until the build outlasts verification); when
-    even one branch does not fit (the draft is the bottleneck) it weighs a branch's extra step time
-    against the just-in-time drafting it saves."""
+    with hit(B) the geometric fan-out's expected hit rate."""
     def round_time(b: int) -> float:  # alpha: a rate (Theorem 12's fan-out) or a measured P(k)
         fan = geometric_fanout(alpha, r, b, k) if isinstance(alpha, float) else fanout_for_outcomes(alpha, r, b)
         hit = expected_hit_rate(fan, alpha, miss_at)
@@ -133,8 +121,7 @@ def best_budget(verify_s: float, glue_s: float, step_s, k: int, alpha, r: float,
 
 
 def budget_from_timings(verify_s: float, glue_s: float, step_s, k: int, limit: int = 64) -> int:
-    """B = the most branches whose K decode steps, after the glue forward, end within one
-    verification; at least 1 (a draft slower than that still prepares its likeliest outcome)."""
+    """B = the most branches whose glue + K decode steps end within one verification; at least 1."""
     best = 1
     for b in range(1, limit + 1):
         if glue_s + k * step_s(b) <= verify_s:

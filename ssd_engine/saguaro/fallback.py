@@ -1,14 +1,7 @@
 """Saguaro fallback: on a cache miss, draft just in time with the primary (slow, exact-quality)
 below the critical batch size b*, use the fast backup (n-gram, else random) at or above it.
-
-Corollary 16: at batch size b the whole batch waits when any sequence misses, so with
-x = p^b (no sequence misses), M = max(1, T_p):
-    slow backup: S_slow(b) = E_p / [M x + (1 - x)(1 + T_p)]
-    fast backup: S_fast(b) = E_h / [M x + (1 - x)],  E_h = p E_p + (1 - p) E_f
-Equating (Theorem 17, solved in docs/saguaro.md):
-    x* = [E_h (1 + T_p) - E_p] / [E_p (M - 1) + E_h (1 + T_p - M)],   b* = ln x* / ln p
-Slow wins for b < b* (x > x*); x* <= 0: slow always wins; x* >= 1: fast always wins.
-"""
+Theorem 17: b* = ln x* / ln p, x* = [E_h (1 + T_p) - E_p] / [E_p (M - 1) + E_h (1 + T_p - M)],
+with M = max(1, T_p), E_h = p E_p + (1 - p) E_f; slow wins where x = p^b > x*."""
 import math
 from dataclasses import dataclass
 
@@ -29,8 +22,7 @@ def speedup_fast(b: float, p: float, e_p: float, e_f: float, t_p: float) -> floa
 
 def critical_batch_size(p: float, e_p: float, e_f: float, t_p: float, t_slow: float | None = None) -> float:
     """b*: the slow backup is the better one for batch sizes b < b* (inf: always; 0: never).
-    t_slow: the slow backup's own cost when measured (a miss then costs 1 + t_slow instead of
-    1 + T_p; Theorem 17's derivation is unchanged with T_b = t_slow in the miss term)."""
+    t_slow: the slow backup's measured cost (a miss costs 1 + t_slow instead of 1 + T_p)."""
     if not 0 <= p <= 1 or e_p <= 0 or e_f <= 0 or t_p < 0:
         raise ValueError(f"need 0 <= p <= 1, E_p > 0, E_f > 0, T_p >= 0; got p={p}, E_p={e_p}, E_f={e_f}, T_p={t_p}")
     m = max(1.0, t_p)
@@ -56,7 +48,7 @@ class Estimates:
     e_primary: float
     e_fast: float
     t_p: float
-    t_slow: float | None = None  # the just-in-time backup's cost / verification; None: the paper's T_b ≈ T_p
+    t_slow: float | None = None  # the just-in-time backup's cost / verification; None: T_p
 
     @property
     def slow_cost(self) -> float:
@@ -64,11 +56,8 @@ class Estimates:
 
 
 class FallbackPolicy:
-    """Picks the backup for each round from its batch size: Source.JIT or Source.FAST.
-
-    mode: the user's setting, "auto" (b* from running estimates, recomputed every `period` rounds),
-    "jit" or "fast" (fixed). `pinned` fixes b* instead of computing it. Estimates start at `prior` and move to the
-    engine's measurements once each has `min_samples` behind it (a prior is worth that many)."""
+    """Picks each round's backup (Source.JIT or FAST); mode "auto" (b* recomputed every `period`
+    rounds; `prior`, worth `min_samples` samples, blended with measurements), "jit" or "fast"."""
 
     def __init__(self, mode: str, prior: Estimates, pinned: float | None = None, period: int = 16,
                  min_samples: int = 8) -> None:
@@ -80,9 +69,7 @@ class FallbackPolicy:
 
     def choose(self, batch_size: int, cold: int = 0) -> Source:
         """`cold`: sequences in their first decode round, which no cache can serve. Without them the
-        rule is b < b*. With them no round can be all hits (x = 0 in Corollary 16), so the two
-        backups are compared for this round directly: E_p / (1 + T_slow) against the batch's mean
-        tokens with the fast backup (warm ones hit with p_hit, cold ones get E_fast)."""
+        rule is b < b*; with them no round is all hits (x = 0): compare the backups directly."""
         self.rounds += 1
         if self.mode != "auto":
             return Source[self.mode.upper()]

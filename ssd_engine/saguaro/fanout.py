@@ -1,9 +1,5 @@
 """Which verification outcomes the draft prepares: fan-out F_0..F_K per accepted count k.
-
-Theorem 12 (docs/saguaro.md): with per-token acceptance alpha, P(k accepted) = alpha^k (1 - alpha) for
-k < K and alpha^K for k = K; with a power-law miss rate P(miss | F) ∝ F^(-r), the hit rate
-sum_k P(k) (1 - c F_k^(-r)) under sum_k F_k = B is maximised by F_k ∝ P(k)^(1/(1+r)).
-"""
+Theorem 12: with P(miss | F) ∝ F^(-r) and sum_k F_k = B, hits peak at F_k ∝ P(k)^(1/(1+r))."""
 import math
 
 
@@ -13,8 +9,7 @@ def outcome_probabilities(alpha: float, k: int) -> list[float]:
 
 
 def geometric_weights(alpha: float, r: float, k: int) -> list[float]:
-    """F_k / F_0 before normalisation: alpha^(j/(1+r)), and for j = K the extra (1-alpha)^(-1/(1+r)).
-    Computed in log space so alpha near 0 or 1 and large r stay finite."""
+    """Unnormalised F_j: alpha^(j/(1+r)), times (1-alpha)^(-1/(1+r)) at j = K; in log space."""
     _check_model(alpha, r)
     if alpha in (0, 1):  # only one outcome is possible: every branch goes to it
         return [0.0] * k + [1.0] if alpha == 1 else [1.0] + [0.0] * k
@@ -32,8 +27,7 @@ def geometric_fanout_real(alpha: float, r: float, budget: float, k: int) -> list
 
 
 def round_to_budget(real: list[float], budget: int) -> list[int]:
-    """Largest-remainder rounding: non-negative integers summing to exactly `budget`. Ties go to
-    the smaller k, so a non-increasing real sequence stays non-increasing."""
+    """Largest-remainder rounding to `budget` (ties to the smaller k: non-increasing stays so)."""
     floors = [math.floor(x + 1e-9) for x in real]
     short = budget - sum(floors)
     order = sorted(range(len(real)), key=lambda j: (-(real[j] - floors[j]), j))
@@ -55,9 +49,7 @@ def uniform_fanout(budget: int, k: int) -> list[int]:
 
 
 def fanout_for_outcomes(probs: list[float], r: float, budget: int) -> list[int]:
-    """Theorem 12's optimum for any outcome distribution P(k) (e.g. the measured one, which on
-    real pairs is far from i.i.d.: fully accepted rounds are much likelier than alpha^K):
-    F_k ∝ P(k)^(1/(1+r)), rounded to sum to `budget`."""
+    """Theorem 12's F_k ∝ P(k)^(1/(1+r)) for any outcome distribution, summing to `budget`."""
     _check_budget(budget)
     if not r > 0 or any(p < 0 for p in probs) or sum(probs) <= 0:
         raise ValueError(f"need r > 0 and a non-negative, non-zero outcome distribution; got r={r}, P={probs}")
@@ -86,9 +78,7 @@ def _check_budget(budget: int) -> None:
 
 
 def scale_fanout(planned: list[int], budget: int) -> list[int]:
-    """`planned` shrunk to sum to `budget` (<= its own sum), keeping its shape: Theorem 12's
-    optimum is F_k ∝ P(k)^(1/(1+r)) whatever B is, so the planned fan-out's proportions stay
-    optimal at the smaller budget (up to rounding; the likeliest outcomes keep their branches)."""
+    """`planned` scaled down to sum to `budget`, keeping its (B-independent) proportions."""
     _check_budget(budget)
     total = sum(planned)
     if budget >= total:

@@ -1,6 +1,4 @@
-"""Turn the engine config plus the pair's calibrations into what the SSD round runs with: a fan-out
-per calibrated temperature (the draft picks the nearest for each request) and the fallback policy.
-"""
+"""Engine config + calibrations -> the SSD round's fan-outs (per temperature) and fallback."""
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -22,8 +20,7 @@ log = logging.getLogger("ssd_engine")
 @dataclass
 class SaguaroPlan:
     fanouts: list                  # [(temperature, [F_0..F_K])]
-    # [(temperature, [F at budget 1, F at budget 2, ..., F at the planned budget])]: what a build
-    # that the run-time budget cuts to b rows prepares (speculative/ssd/draft/build_budget.py)
+    # [(temperature, [F at budget 1, ..., F at the planned budget])]: for builds cut to b rows
     fanout_tables: list
     policy: FallbackPolicy
     calibrations: list[Calibration]
@@ -36,8 +33,7 @@ class SaguaroPlan:
 
 def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: str,
                  timing: tuple[float, float] | None = None) -> SaguaroPlan:
-    """`timing`: (T_p, T_slow) predicted for this machine (planning/), preferred to the calibration's,
-    which were measured on whichever machine wrote it."""
+    """`timing`: predicted (T_p, T_slow), preferred to the calibration's."""
     k, ssd = speculative.k, speculative.ssd
     directory = Path(ssd.calibration_dir) if ssd.calibration_dir else cal_mod.CONFIG_DIR
     calibrations = find_calibrations(target_path, draft_path, directory)
@@ -61,9 +57,8 @@ def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: s
 
 
 def _fanout(ssd: SSDConfig, cal: Calibration | None, k: int, budget: int | None = None) -> list[int]:
-    """The fan-out at the planned budget, or at `budget`: each rule's own optimum there (Theorem 12's
-    on the measured P(k) keeps the likeliest outcomes' branches; shrinking the planned integers
-    cannot tell which of two single branches is likelier), a user's fan-out scaled down."""
+    """The fan-out at the planned budget, or at `budget`: each rule's own optimum there (scaling the
+    planned integers cannot tell which of two single branches is likelier); a user's, scaled."""
     planned = ssd.budget if ssd.budget is not None else (cal.budget if cal else k + 1)
     if ssd.fanout is not None:
         return list(ssd.fanout) if budget is None else scale_fanout(list(ssd.fanout), budget)
@@ -73,7 +68,7 @@ def _fanout(ssd: SSDConfig, cal: Calibration | None, k: int, budget: int | None 
     if cal is None:
         return geometric_fanout(cal_mod.DEFAULT_ALPHA, cal_mod.DEFAULT_R, budget, k)
     if ssd.fanout_rule == "auto" and len(cal.outcome_probs) == k + 1:
-        return fanout_for_outcomes(cal.outcome_probs, cal.r, budget)  # Theorem 12 on the measured P(k)
+        return fanout_for_outcomes(cal.outcome_probs, cal.r, budget)
     return geometric_fanout(cal.alpha, cal.r, budget, k)
 
 

@@ -1,17 +1,11 @@
-"""Saguaro sampling (Definition 14): the draft samples from q_C, its distribution with the top-F
-tokens' probabilities multiplied by C and renormalised. The residual max(0, p - q_C) then leans
-towards those F tokens, which are the cached bonus candidates, so a rejection's bonus token lands
-in the cache more often (Theorem 15), at some cost in acceptance. q_C is the row verification
-must use. C = 1 or F = 0 is plain sampling.
-"""
+"""Saguaro sampling (Definition 14): the draft samples from q_C, its row with the top-F tokens'
+probabilities times C, renormalised; verification must use q_C (C = 1 or F = 0: plain sampling)."""
 import torch
 
 
 def saguaro_probs(probs: torch.Tensor, fanout: torch.Tensor | list[int] | int, c: float) -> torch.Tensor:
-    """probs [n, V] (temperature / top-k / top-p already applied), fanout F per row -> q_C [n, V].
-
-    A row whose mass lies entirely inside its top-F tokens (so C would only rescale it) is left
-    as it is; with C = 0 there would be nothing left to sample otherwise."""
+    """probs [n, V] (already processed), fanout F per row -> q_C [n, V]. A row whose mass lies
+    entirely in its top-F tokens is left as it is (with C = 0 nothing would be left to sample)."""
     if c >= 1:
         return probs
     n, vocab = probs.shape
@@ -19,7 +13,7 @@ def saguaro_probs(probs: torch.Tensor, fanout: torch.Tensor | list[int] | int, c
     widest = int(fan.max()) if n else 0
     if widest == 0:
         return probs
-    top = probs.topk(widest, dim=-1).indices                       # [n, widest]
+    top = probs.topk(widest, dim=-1).indices
     in_top = torch.arange(widest, device=probs.device) < fan[:, None]
     weights = torch.full(in_top.shape, 1.0, dtype=probs.dtype, device=probs.device).masked_fill_(in_top, c)
     scale = torch.ones_like(probs).scatter_(1, top, weights)

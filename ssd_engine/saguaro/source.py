@@ -1,9 +1,4 @@
-"""Where a speculation came from, which is also the name of the backup a round's misses take.
-
-One enum for every place that names it: the wire (its integer value), the draft server, the
-coordinator, the fallback rule's choice and the metrics, whose dictionaries users read keyed by
-`label` ("hit", "jit", ...). Users' `ssd_fallback` setting stays a string ("auto" | "jit" | "fast").
-"""
+"""Where a speculation came from, which is also the name of the backup a round's misses take."""
 import enum
 
 

@@ -1,13 +1,7 @@
-"""Theorem 7: SSD's expected speedup over autoregressive decoding, to set next to measurements.
-
-A round's speculation comes from the primary (the cache hit) or the backup (the miss); which one
-serves the next round depends on this one, a two-state Markov chain whose stationary hit rate is
-p_hit = p_b / (1 - p_p + p_b). Then
-
+"""Theorem 7: SSD's expected speedup over autoregressive decoding. With the hit/miss chain's
+stationary hit rate p_hit = p_b / (1 - p_p + p_b):
     speedup_vs_AR = [p_hit E_p + (1 - p_hit) E_b] / [p_hit max(1, T_p) + (1 - p_hit)(1 + T_b)]
-
-and SD with a draft costing T_SD per round: E_SD / (1 + T_SD).
-"""
+and SD with a draft costing T_SD per round: E_SD / (1 + T_SD)."""
 
 
 def stationary_hit_rate(p_after_primary: float, p_after_backup: float) -> float:

@@ -1,21 +1,5 @@
-"""Structured outputs: the grammar's mask on the target's law, exact under SD and SSD (xgrammar).
-
-A grammar makes a position's law depend on the tokens before it, like a penalty: tokens the grammar
-forbids after them get probability 0 and the rest renormalise. Under SD and SSD verification row j
-follows the sequence's tokens and the first j drafts, so its mask is the matcher's after those: the
-matcher advances over the drafts one by one, fills each row's mask, and rolls back. Rejection
-sampling against the masked rows then emits exactly the masked target law; a draft the grammar
-forbids has probability 0 there and is always rejected. The drafts mask their own rows too (SD's
-steps, the SSD draft process's branches and just-in-time drafts: `DraftMasks`, `GrammarState.fork`):
-that only raises acceptance, since their q rows stay the rows they sampled from.
-
-Why xgrammar rather than llguidance: on the default pair's 152k-token vocabulary a JSON-schema
-token's mask plus advance is an order of magnitude cheaper than llguidance's,
-and SD fills K + 1 masks a round. Grammars are compiled once per distinct spec and cached.
-
-A sequence's matcher is caught up lazily with its output tokens before each use, so the engine
-loop never tells it what was emitted. Once the grammar has ended, end-of-sequence is the only token.
-"""
+"""Structured outputs (xgrammar): verification row j is masked by the matcher after the first j
+drafts, so rejection sampling emits exactly the masked target law under SD and SSD."""
 from __future__ import annotations
 
 import json
@@ -32,15 +16,13 @@ from ssd_engine.core.structured_outputs import StructuredOutputsParams
 from ssd_engine.core.structures import Sequence
 
 log = logging.getLogger("ssd_engine")
-# JSON may put this many whitespace characters in a row, no more: a model that prefers whitespace inside a
-# JSON grammar (a known failure of unbounded whitespace) cannot pad its output to max_tokens
+# most whitespace characters in a row in JSON: a model cannot pad its output to max_tokens
 MAX_WHITESPACE = 16
-COMPILED_KEPT = 256  # distinct specs kept compiled (least recently used dropped): a server's schemas vary
+COMPILED_KEPT = 256
 
 
 class GrammarState:
-    """One sequence's grammar matcher after its first `consumed` output tokens (or a fork of it,
-    advanced over a draft path)."""
+    """One sequence's grammar matcher after its first `consumed` output tokens (or a fork of it)."""
 
     def __init__(self, matcher, vocab_size: int, eos_token_ids: list[int]) -> None:
         self.matcher, self.vocab_size, self.eos_token_ids = matcher, vocab_size, eos_token_ids
@@ -78,8 +60,7 @@ class GrammarState:
         return unpack(bitmask[0], self.vocab_size)
 
     def along(self, drafts: list[int], rows: int) -> tuple[Tensor, int]:
-        """([rows, V] bool, reachable): the allowed tokens after each prefix drafts[:j], and how many
-        rows a verification can reach (a forbidden draft ends the path: the rows past it are copies)."""
+        """([rows, V] allowed after each drafts[:j], rows reachable: a forbidden draft ends it)."""
         out = torch.empty(rows, self.vocab_size, dtype=torch.bool)
         taken = 0
         for j in range(rows):
@@ -97,7 +78,7 @@ class Grammars:
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]) -> None:
         self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, sorted(eos_token_ids)
-        self._compiler = None  # built on the first structured request (~1 s for a 152k vocabulary)
+        self._compiler = None
         self._compiled: OrderedDict[tuple, object] = OrderedDict()
         self._states: dict[int, GrammarState] = {}
         self._lock = threading.Lock()  # the server compiles on its event loop while the engine steps
@@ -156,8 +137,7 @@ class Grammars:
         self._states.pop(key, None)
 
     def masked(self, logits: Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> Tensor:
-        """logits [len(seqs) * rows, V]: row j of sequence i is masked by its grammar after its output so
-        far and drafts[i][:j]. `logits` itself when no sequence is structured."""
+        """logits [len(seqs) * rows, V]: row j of seqs[i] masked after drafts[i][:j], or as is."""
         if not any(seq.params.structured_outputs for seq in seqs):
             return logits
         rows = logits.shape[0] // len(seqs)
@@ -175,8 +155,7 @@ class Grammars:
 
 @contextmanager
 def masked_steps(states: list[GrammarState | None], sampler):
-    """`sampler` (a draft's step sampler) masked row by row where a state is given, each state rolled
-    back to where it was once the steps are done; `sampler` itself where none is."""
+    """`sampler` masked where a state is given (states rolled back after); else `sampler` itself."""
     if not any(state is not None for state in states):
         yield sampler
         return
@@ -188,8 +167,7 @@ def masked_steps(states: list[GrammarState | None], sampler):
 
 
 class DraftMasks:
-    """Masks for K autoregressive draft steps, one state per row (None: not structured): step s's row
-    is the grammar's after the tokens drafted before it; `done()` rolls each state back."""
+    """Masks for K draft steps, one state per row (None: unstructured); `done()` rolls them back."""
 
     def __init__(self, states: list[GrammarState | None]) -> None:
         self.states = states
@@ -206,7 +184,6 @@ class DraftMasks:
         return logits.float().masked_fill(~allowed.to(logits.device), float("-inf"))
 
     def took(self, tokens: Tensor) -> None:
-        """Advance each structured row's state over the token it drafted this step."""
         host = tokens.tolist()
         for i, state in enumerate(self.states):
             if state is not None and self.alive[i]:
@@ -221,8 +198,7 @@ class DraftMasks:
                 state.rollback(taken)
 
     def wrap(self, sampler):
-        """A step sampler (step, logits) -> (tokens, q rows) that masks first and advances after: its q
-        rows are the masked rows it drew from."""
+        """Step sampler (step, logits) -> (tokens, q rows) that masks first; q rows are masked."""
         def masked(step: int, logits: Tensor):
             drawn, q = sampler(step, self.apply(logits))
             self.took(drawn)

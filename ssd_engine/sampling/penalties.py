@@ -1,26 +1,6 @@
-"""The sampling parameters whose effect depends on the tokens before a position: min_tokens,
-logit_bias, repetition / frequency / presence penalties (vLLM's order: the first two, then the
-penalties, all before temperature and the filters of processors.py).
-
-Under SD and SSD a verification scores K + 1 positions at once, and position j follows the
-sequence's tokens AND the first j drafts. The target's law there is the law after those tokens, so
-each row is adjusted with its own history: the counts of the drafts before it are added to the
-sequence's (a running sum of the drafts' one-hot rows). The q rows need no such care: they are
-whatever the draft sampled from, and rejection sampling corrects them (docs/saguaro.md).
-
-- min_tokens: end-of-sequence (unless ignore_eos) and stop_token_ids are -inf while fewer than
-  min_tokens tokens precede the position in the output.
-- logit_bias: added to the named tokens' logits.
-- repetition_penalty (transformers' RepetitionPenaltyLogitsProcessor, vLLM's): a logit of a token
-  in the prompt or the output so far is divided by it where positive, multiplied where not.
-- frequency_penalty, presence_penalty (OpenAI's): minus the penalty times the token's count in the
-  output so far, and minus the penalty once if it occurs there.
-
-The whole batch is adjusted at once: the host lists its requests' token ids and parameters (a few
-uploads, one per kind), then a fixed number of tensor ops runs whatever the batch size, plus one pass
-per distinct repetition penalty. A request whose parameter is neutral gets that operation's identity
-(x * 1, x / 1, x - 0: the same bits), so each row's values are what adjusting it alone gives.
-"""
+"""History-dependent sampling parameters, in vLLM's order before temperature and the filters:
+min_tokens, logit_bias, repetition / frequency / presence penalties. Row j is adjusted after the
+history plus drafts[:j]; neutral parameters apply their identity (same bits): batching is exact."""
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
@@ -33,9 +13,8 @@ from ssd_engine.utils.host_upload import upload
 
 
 def adjusted(logits: Tensor, seqs: Seq[Sequence], eos_token_ids: set[int], drafts: Tensor | None = None) -> Tensor:
-    """logits [len(seqs) * rows, V]: row j of sequence i scores the position after seqs[i]'s tokens
-    and drafts[i, :j] (drafts [len(seqs), rows - 1], None for one row a sequence). A new tensor
-    where some request's parameters use the history, else `logits` itself."""
+    """logits [len(seqs) * rows, V]: row j of sequence i after seqs[i]'s tokens and drafts[i, :j]
+    (drafts [len(seqs), rows - 1]). A new tensor where a request uses its history, else `logits`."""
     users = [i for i, seq in enumerate(seqs) if seq.params.uses_history]
     if not users:
         return logits
@@ -87,8 +66,7 @@ def _adjust(rows: Tensor, seqs: list[Sequence], drafted: Tensor | None, eos_toke
         prompt_rows, prompt_ids = upload([[i for i, seq in enumerate(seqs) for _ in range(seq.num_prompt_tokens)],
                                           [t for seq in seqs for t in seq.token_ids[:seq.num_prompt_tokens]]], rows.device)
         seen[prompt_rows, :, prompt_ids] = True
-        # one pass per distinct penalty, with the penalty as a Python number: a GPU divides by a
-        # scalar as the reference (transformers' processor) does, which need not be a tensor's division
+        # a Python scalar penalty: a GPU divides by it as transformers does, unlike by a tensor
         for penalty in penalties:
             [chosen] = upload([[p.repetition_penalty == penalty for p in penalised]], rows.device, torch.int32)
             hit = seen & chosen.view(n, 1, 1).bool()

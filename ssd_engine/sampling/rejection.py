@@ -1,29 +1,6 @@
-"""Exact speculative-sampling verification (Leviathan et al. 2023, Chen et al. 2023).
-
-For draft positions j = 1..K: accept x_j with probability min(1, p_j(x_j) / q_j(x_j)). At the
-first rejection the bonus token is drawn from the residual max(0, p_j - q_j), renormalised; if
-all K are accepted it is drawn from p_{K+1}. The emitted tokens are then distributed exactly as
-sampling from p one token at a time.
-
-- q must be the exact row the draft sampled each token from (after temperature, top-k/top-p,
-  Saguaro's C). ``draft_probs=None`` means deterministic proposals (n-gram, random backup,
-  greedy draft at T > 0): q = one-hot(x), i.e. accept with probability p(x) and on rejection
-  draw from p with x removed. The one-hot rows are never materialised.
-- Greedy (one-hot p) is the same rule: accept iff x = argmax p, bonus = argmax. ``verify_greedy``
-  is the fast path when every row is greedy; rows of ``verify`` whose target rows are all
-  one-hot draw no randomness, so their outcome never depends on RNG state.
-
-Randomness: row i uses num_draft[i] + 1 uniforms, u[0..nd-1] for the acceptance tests and
-u[nd] for the bonus draw, taken from that row's generator in that order (see
-``sampler.draw_uniforms`` for rows without one). A seeded row therefore gives the same outcome
-alone or in any batch, and whatever the padding width K of the batch. With ``random_rows`` (the
-engine's way) the host says which rows draw (those whose sampling parameters are not greedy), so
-the target rows are not read on the host to find the one-hot ones.
-
-Device-to-host: a verification reads its result once (drafts, accepted counts and bonus tokens in
-one tensor), the round's one sync; a step that also samples other rows reads their tokens in the
-same transfer (``VerifyResult.read_with``).
-"""
+"""Exact speculative-sampling verification (Leviathan et al. 2023, Chen et al. 2023); q must be the
+exact row each draft was sampled from. Row i draws num_draft[i] + 1 uniforms from its own generator,
+so a seeded row's outcome is the same alone or in any batch, whatever the padding width K."""
 
 from __future__ import annotations
 
@@ -52,8 +29,7 @@ class VerifyResult:
         return self._tokens
 
     def read_with(self, other: Tensor) -> list[int]:
-        """Reads the packed rows and `other` ([m] int64, the same device) in one transfer: a second
-        read would wait for the device again. -> other's values."""
+        """Reads the packed rows and `other` ([m] int64) in one transfer -> other's values."""
         n, width = self.packed.shape
         values = torch.cat([self.packed.flatten(), other.to(torch.int64)]).tolist()
         self._tokens = _emitted([values[i * width:(i + 1) * width] for i in range(n)])
@@ -74,19 +50,11 @@ def verify(
     one_hot_rows: Tensor | None = None,
     random_rows: Sequence[bool] | None = None,
 ) -> VerifyResult:
-    """Stochastic verification of a batch.
-
-    draft_tokens [n, K] int64; draft_probs [n, K, V] (the rows the draft sampled from) or None for
-    deterministic proposals; target_probs [n, K+1, V]; num_draft [n] real draft tokens per row
-    (the rest is padding and is never read as a token). p and q rows must be normalised, as
-    ``probs_from_logits`` makes them: the acceptance ratio p(x)/q(x) assumes it. one_hot_rows [n]
-    bool marks rows verified as deterministic proposals even though draft_probs is given (a batch
-    mixing sampled drafts with n-gram / random / greedy ones); their draft_probs rows are ignored.
-    random_rows [n] (host): row i may be random and draws num_draft[i] + 1 uniforms; the others
-    must have one-hot target rows and draw none. Then num_draft, if given, should be a host
-    tensor (it is read). None: a row draws unless its used target rows are all one-hot, which
-    reads the target rows on the host.
-    """
+    """draft_tokens [n, K] int64; draft_probs [n, K, V] (the draft's normalised sampling rows)
+    or None: q = one-hot(x); target_probs [n, K+1, V] normalised; num_draft [n] real drafts per row.
+    one_hot_rows [n] bool: rows verified as q = one-hot(x) although draft_probs is given.
+    random_rows [n] (host): the rows that draw (the others must have one-hot target rows; num_draft
+    should then be a host tensor); None finds them by reading the target rows on the host."""
     n, k_max = draft_tokens.shape
     device = target_probs.device
     draft_tokens = _on(device, draft_tokens, torch.int64)
@@ -104,13 +72,10 @@ def verify(
     else:
         drafts = [k_max] * n if num_draft is None else num_draft.tolist()
         counts = [d + 1 if r else 0 for d, r in zip(drafts, random_rows)]
-    # rows that draw nothing keep u = 0: every test accepts iff p(x) > 0 and the bonus is the
-    # first token with positive probability, the outcome of a one-hot target row whatever u is
+    # rows drawing nothing keep u = 0, which gives a one-hot target row's outcome
     u = draw_uniforms(generators, counts, k_max + 1, device, default_generator)
 
     p_x = target_probs[:, :k_max].gather(2, x.unsqueeze(2)).squeeze(2).double()
-    # which rows are one-hot proposals: all (no q rows), none (q rows and no mask), or some (a mask):
-    # the first two skip the other kind's arithmetic
     one_hot_q = None if draft_probs is None or one_hot_rows is None else _on(device, one_hot_rows).unsqueeze(1)
     if draft_probs is None:
         q_x = torch.ones(n, k_max, dtype=torch.float64, device=device)
@@ -121,8 +86,6 @@ def verify(
     accepted = (u[:, :k_max] * q_x < p_x) & valid
     num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)
 
-    # The bonus comes from position num_accepted: the residual after a rejection, p there if
-    # every real draft token was accepted.
     p_bonus = target_probs[rows, num_accepted].float()
     dist = p_bonus
     if k_max > 0:
@@ -133,8 +96,7 @@ def verify(
             sampled = (p_bonus - draft_probs[rows, at].float()).clamp_min(0.0)
         residual = without_x if draft_probs is None else (
             sampled if one_hot_q is None else torch.where(one_hot_q, without_x, sampled))
-        # p == q up to round-off can leave nothing; the rejection was itself a round-off event,
-        # and p is the right distribution to fall back to.
+        # an empty residual (p == q up to round-off) means a round-off rejection: fall back to p
         use_p = (num_accepted == nd) | (residual.sum(dim=-1) <= 0)
         dist = torch.where(use_p.unsqueeze(1), p_bonus, residual)
     bonus = inverse_cdf(dist, u.gather(1, nd.unsqueeze(1)).squeeze(1))
@@ -144,10 +106,7 @@ def verify(
 def verify_greedy(
     draft_tokens: Tensor, target_argmax: Tensor, num_draft: Tensor | None = None
 ) -> VerifyResult:
-    """All rows greedy: accept while x_j == argmax p_j; bonus = target argmax where that stops.
-
-    draft_tokens [n, K]; target_argmax [n, K+1]; num_draft as in ``verify``.
-    """
+    """All greedy: accept while x_j == argmax p_j ([n, K] vs [n, K+1]); bonus = argmax there."""
     n, k_max = draft_tokens.shape
     device = target_argmax.device
     draft_tokens = _on(device, draft_tokens, torch.int64)
@@ -167,14 +126,12 @@ def _num_draft(num_draft: Tensor | None, n: int, k_max: int, device: torch.devic
 
 
 def _on(device: torch.device, tensor: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-    """`tensor` on `device`: a host one (a proposer's counts, an SSD draft's tokens from the link) in a
-    non-blocking copy, since a blocking one would wait for the stream (tests/instrumentation/sync_count.py)."""
+    """`tensor` on `device`; a host one by a non-blocking copy (blocking waits for the stream)."""
     tensor = tensor.to(dtype) if dtype is not None else tensor
     return tensor.to(device) if tensor.device.type != "cpu" else to_device(tensor, device)
 
 
 def result_of(draft_tokens: Tensor, num_accepted: Tensor, bonus: Tensor) -> VerifyResult:
-    """[n, K] drafts, [n] accepted counts, [n] bonus tokens (int64, one device) -> the result, whose
-    emitted tokens are read on the host once, in one tensor: three reads would each wait for the device."""
+    """[n, K] drafts, [n] accepted, [n] bonus (int64, one device) -> result packed for one read."""
     packed = torch.cat([draft_tokens, num_accepted.unsqueeze(1), bonus.unsqueeze(1)], dim=1)
     return VerifyResult(num_accepted=num_accepted, bonus_tokens=bonus, packed=packed)

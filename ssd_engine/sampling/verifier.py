@@ -1,15 +1,5 @@
 """One step's logits -> each scheduled sequence's new tokens: sample, or verify a speculation.
-
-A speculated sequence's K + 1 logit rows verify its K drafts exactly (rejection.py, against the
-q rows the drafts were sampled from); a sequence that reached its end without a speculation
-samples one token; a prefill chunk short of the end gets nothing. Seeded requests draw from their
-own streams, the others from the engine's (`generator`). With `synthetic` (benchmarking only,
-sampling/synthetic.py) drafts are accepted by its draws instead, and the output is not the target's.
-
-Device-to-host: which rows draw randomness is decided from the sampling parameters on the host,
-so the only read is the emitted tokens, once a step: a step that both samples (a prefill ending
-beside speculating sequences) and verifies reads the two in one transfer.
-"""
+The only device-to-host read is the emitted tokens, once a step."""
 from dataclasses import dataclass
 
 import torch
@@ -29,20 +19,19 @@ from ssd_engine.utils.host_upload import upload
 class StepResult:
     tokens: list[int] | None     # emitted this step (None: a prefill chunk short of the end)
     accepted: int | None = None  # drafts accepted, for a verified speculation with drafts
-    logprobs: list[dict[int, float]] | None = None  # per emitted token, where the request asked (logprobs.py)
+    logprobs: list[dict[int, float]] | None = None  # per emitted token, where the request asked
 
 
 class Verifier:
     def __init__(self, generator: torch.Generator, synthetic: BernoulliDraws | None = None,
                  eos_token_ids: set[int] | frozenset = frozenset(), grammars: Grammars | None = None) -> None:
         self.generator = generator  # unseeded requests' stream
-        self.synthetic = synthetic  # set: acceptance drawn at a fixed rate (never by default)
-        self.eos_token_ids = eos_token_ids  # what min_tokens holds back (sampling/penalties.py)
-        self.grammars = grammars  # structured outputs' matchers (sampling/grammar.py); None: refused
+        self.synthetic = synthetic
+        self.eos_token_ids = eos_token_ids  # what min_tokens holds back
+        self.grammars = grammars  # None: structured outputs refused
 
     def processed(self, logits: torch.Tensor, seqs: list[Sequence], drafts: torch.Tensor | None = None) -> torch.Tensor:
-        """Each row's history-dependent law (drafts [len(seqs), rows - 1], row j after drafts[:, :j]):
-        the penalties and bias, then the grammar's mask."""
+        """Each row's history-dependent law (row j after drafts[:, :j]): penalties, then grammar."""
         logits = adjusted(logits, seqs, self.eos_token_ids, drafts)
         if self.grammars is None or not any(seq.params.structured_outputs for seq in seqs):
             return logits
@@ -59,7 +48,7 @@ class Verifier:
         picks = [[first_row[i] for i in plain], [r for i in speculated_rows for r in range(first_row[i], first_row[i + 1])]]
         plain_seqs, spec_seqs = [seqs[i] for i in plain], [seqs[i] for i in speculated_rows]
         plain_logits, spec_logits = _rows(logits, picks)
-        # each row's law after its own history, once: sampling, verification and log-probabilities read it
+        # each row's law after its own history, once, for sampling, verification and logprobs
         plain_laws = self.processed(plain_logits, plain_seqs) if plain else None
         spec_laws = self.processed(spec_logits, spec_seqs, proposal.tokens) if speculated_rows else None
         # sampling first, then verification: the order the requests' random streams are drawn in
@@ -88,8 +77,7 @@ class Verifier:
         return out
 
     def _verify(self, seqs: list[Sequence], proposal: Proposal, target_laws: torch.Tensor):
-        """Exact verification of each sequence's K drafts against the target's K + 1 rows, each already
-        processed after its own history (the sequence's tokens and the drafts before it: `processed`)."""
+        """Exact verification of each sequence's K drafts against its K + 1 `processed` rows."""
         k = proposal.k
         params = [s.params for s in seqs]
         if all(p.greedy for p in params):
@@ -101,7 +89,6 @@ class Verifier:
                       random_rows=[not p.greedy for p in params])
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """One token per sequence from its logits row."""
         return self._sample(seqs, self.processed(logits, seqs))
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
@@ -114,9 +101,7 @@ class Verifier:
 
 
 def _rows(logits: torch.Tensor, picks: list[list[int]]) -> list[torch.Tensor]:
-    """logits[rows] for each list of rows: a list taking every row in order is the logits themselves
-    (a plain decode or verification step); the others' indices go up in one copy (a list index
-    would cross blocking)."""
+    """logits[rows] per list (every row in order: logits itself); indices go up in one copy."""
     whole = list(range(logits.shape[0]))
     if any(rows == whole for rows in picks):
         return [logits if rows == whole else logits[:0] for rows in picks]  # the other list is empty

@@ -1,14 +1,7 @@
-"""One engine loop shared by every connection: the engine steps on its own thread while requests
-are queued, every request's final-only text increments go back to its asyncio task, and a task
-that goes away (a client that disconnected) aborts its request, which frees its blocks.
-
-The engine is only ever touched from the loop thread; the event loop only tokenizes and
-validates (`make_sequence`), so a bad request fails in its own handler and never reaches the loop.
-`AsyncEngine.build` also builds the engine on the loop thread, so all its torch work runs on one
-thread: OpenMP (libgomp) keeps a pool of worker threads for each thread that starts parallel work,
-and while more of them exist than cores it cuts every pool's spin-wait short, so each parallel
-region's workers sleep and wake: with the pool of a building main thread beside the loop thread's,
-decode on 2 cores ran at half the rate of the same engine stepped on the thread that built it."""
+"""One engine loop shared by every connection: the engine steps on its own thread, each request's
+text increments go back to its asyncio task, and a task that goes away aborts its request. Only the
+loop thread touches the engine, and `build` builds it there too: libgomp keeps a worker pool per
+thread, and more workers than cores cut every pool's spin-wait short, slowing all."""
 import asyncio
 import logging
 import queue

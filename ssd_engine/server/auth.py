@@ -1,9 +1,7 @@
-"""API keys for the server (`--api-key`, `SSD_ENGINE_API_KEY`), as vLLM takes them: the flag holds one key or
-more and wins over the environment variable, which holds one key. With keys set, every request but the open paths
-(`/health`, and `/metrics` unless --metrics-require-key) must carry `Authorization: Bearer KEY`, else a 401; routes
-are closed by default, so one added later is never open by accident. Keys are kept only as SHA-256 digests and
-compared in constant time against every key, without stopping at a match; no message here ever contains a key.
-Standard library only: the CLI resolves the keys before it imports the server packages."""
+"""API keys for the server (`--api-key`, `SSD_ENGINE_API_KEY`), as vLLM takes them. With keys set,
+every path but the open ones needs `Authorization: Bearer KEY`, else a 401; routes are closed by
+default, so one added later is never open by accident. Keys are kept only as SHA-256 digests, never
+in a message. Standard library only: the CLI resolves keys before importing the server packages."""
 import hashlib
 import hmac
 import ipaddress
@@ -29,9 +27,8 @@ class ApiKeys:
         return f"ApiKeys({len(self)} key{'s' if len(self) != 1 else ''} from {self.source})"
 
     def accepts(self, presented: str | None) -> bool:
-        """Whether `presented` is one of the keys. Digests of equal length go through hmac.compare_digest, and
-        every key is compared whatever the outcome, so the time taken says neither which key matched nor how much
-        of one did."""
+        """Whether `presented` is one of the keys. Every key's digest is compared in constant
+        time, so the time taken says neither which key matched nor how much of one did."""
         candidate = _digest(presented if presented is not None else "")
         matched = False
         for digest in self._digests:
@@ -92,9 +89,9 @@ def is_loopback(host: str) -> bool:
 
 
 def access_line(host: str, keys: ApiKeys | None, open_paths: Iterable[str]) -> str | None:
-    """The line the CLI prints at start about who may call the server, naming no key: the keys' count and source,
-    or a warning when no key guards a server reachable beyond this machine; None for an open server on loopback
-    (today's default, said nothing about)."""
+    """The line the CLI prints at start about who may call the server, naming no key: the keys'
+    count and source, or a warning when no key guards a server reachable beyond this machine; None
+    for an open one on loopback."""
     if keys is not None:
         n = len(keys)
         return (f"[serve] API key required (Authorization: Bearer) on every request but {', '.join(open_paths)} "

@@ -1,14 +1,7 @@
-"""The OpenAI-compatible HTTP API over one AsyncEngine: /v1/completions, /v1/chat/completions
-(the model's chat template), /v1/models, /health, /metrics (Prometheus). Streaming answers are Server-Sent Events in
-OpenAI's chunk format ending with `data: [DONE]`; the last chunk carries `usage`, or with `stream_options:
-{"include_usage": true}` a chunk of its own with empty `choices` before [DONE], as OpenAI and vLLM send it
-(`continuous_usage_stats`, vLLM's: every chunk carries the usage so far). Sampling fields a request leaves unset
-take the model's defaults (LLM.get_default_sampling_params: generation_config.json, else temperature 1.0); no
-max_tokens (or max_completion_tokens, which wins when both are given) on the chat endpoint means up to the end of
-max_model_len, as in vLLM. Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}; fields this
-server does not implement are rejected with a 400 naming them, never ignored. With API keys (auth.py) every path but
-/health (and /metrics, unless metrics_require_key) needs `Authorization: Bearer KEY`, else a 401 (code
-"invalid_api_key", counted in ssd_rejected_requests)."""
+"""The OpenAI-compatible HTTP API over one AsyncEngine: /v1/completions, /v1/chat/completions,
+/v1/models, /health, /metrics (Prometheus); streams are Server-Sent Events ending with [DONE].
+Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}; unimplemented fields are
+a 400 naming them, never ignored. API keys: auth.py."""
 import asyncio
 import json
 import time
@@ -199,9 +192,9 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
                 "model": model_name, "choices": choices, "usage": usage}
 
     async def _sse(deltas, n: int, rid, created, kind, options: StreamOptions | None, top: int):
-        """`deltas`: (sample index, Delta) pairs (`_indexed`). Without stream_options the chunk that ends the
-        last sample carries `usage` (this server's way since before they existed); with include_usage every
-        chunk has `"usage": null` (or, continuous_usage_stats, the usage so far) and a last chunk with empty
+        """`deltas`: (sample index, Delta) pairs (`_indexed`). Without stream_options the chunk
+        that ends the last sample carries `usage`; with include_usage every chunk has `"usage":
+        null` (or, with continuous_usage_stats, the usage so far) and a last chunk with empty
         `choices` carries the total, as OpenAI sends it; include_usage false: no usage."""
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         separate = options is not None and options.include_usage

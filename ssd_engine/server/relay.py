@@ -1,12 +1,6 @@
-"""One HTTP request carried to an engine replica's app and its response carried back, in pieces.
-
-The replicas of `serve --data-parallel-size N` (server/replicas.py) sit behind one ingress. The
-ingress sends each request to a replica as plain values (`HttpRequest`); the replica runs its own
-ASGI app on them (`run_app`) and yields the response's head, then its body as the app sends it, so a
-stream stays a stream. `relay` is the ingress's side: while no byte of the response has reached the
-client, a replica that dies (its process killed, out of memory) costs only a retry on another one;
-once the first body bytes are out, the response is that replica's, to its end or its failure.
-"""
+"""One HTTP request carried to an engine replica's app as plain values (`HttpRequest`, `run_app`)
+and its response carried back in pieces, so a stream stays a stream. `relay` (the ingress's side)
+retries a replica that dies before any body byte reached the client on another."""
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable

@@ -1,13 +1,7 @@
-"""`/metrics` of `serve --data-parallel-size N`: every replica's own metrics in one scrape, each
-sample labelled with its `replica` (its Ray Serve rank), plus `ssd_replica_up` and
-`ssd_replica_restarts` per replica.
-
-Each replica renders its own app's `/metrics` (server/openai_api.py: the text one engine serves)
-every PUSH_S and sends it to one `MetricsBoard` actor; the ingress answers `/metrics` from the
-board. A replica is up while its last push is younger than STALE_S; Ray Serve gives a restarted
-replica its rank back, so a rank's pushes from a new process count one restart. The counters are
-each replica's since its process started (a restart resets them, as Prometheus' rate() expects).
-"""
+"""`/metrics` of `serve --data-parallel-size N`: every replica's metrics in one scrape, each sample
+labelled with its `replica` (Ray Serve rank), plus `ssd_replica_up` and `ssd_replica_restarts`.
+Replicas push every PUSH_S to one `MetricsBoard`; up while the last push is younger than STALE_S; a
+rank pushing from a new pid counts one restart. Counters are per process, as rate() expects."""
 import asyncio
 import os
 import threading

@@ -1,21 +1,7 @@
-"""`serve --data-parallel-size N`: N engine replicas behind one OpenAI endpoint, on Ray Serve.
-
-Each replica is a Ray Serve replica (its own process) that builds its own engine on its own core
-set and runs the same FastAPI app one engine serves (server/openai_api.py): every route, streaming,
-`n`, structured outputs and API keys behave as with one engine. In front of them one light ingress
-deployment owns nothing but the relay (server/relay.py): Ray Serve's proxy owns the HTTP port and
-hands each request to the ingress, which sends it through a deployment handle to a replica with a
-short queue and carries the response back in pieces. A replica that dies before a request's first
-body bytes (a killed process, an out-of-memory kill) costs that request a retry on another replica,
-not an error; Ray Serve restarts the replica. Requests queue past every replica's
-`max_ongoing_requests` (the engine's `max_num_seqs`) up to `--max-pending`, 503 beyond. Core sets:
-the N-way split of the cores this process may use (or `--cpu-cores` with one set per replica),
-replica r on set r (its Ray Serve rank); with `--ray-address` the replicas go where the cluster
-places them, each on the cores its node gives it. `/metrics`, whichever replica answers it, is every
-replica's, each sample labelled with its replica (server/replica_metrics.py).
-
-Nothing here imports ray until N > 1 asks for it: one engine never needs it.
-"""
+"""`serve --data-parallel-size N`: N engine replicas behind one OpenAI endpoint, on Ray Serve. Each
+replica builds its engine on core set r (its rank) and runs the one-engine app; an ingress relays
+each request (relay.py) to a replica with a short queue, queueing up to `--max-pending` past every
+replica's `max_num_seqs`, 503 beyond. Nothing here imports ray until N > 1 asks for it."""
 import signal
 import sys
 import threading

@@ -1,9 +1,6 @@
 """The request bodies of the OpenAI-compatible API (pydantic models) and how each becomes SamplingParams.
-
-Unknown fields are refused (a 400 naming them), never ignored. Structured outputs arrive as OpenAI's
-`response_format` (json_object, json_schema), vLLM's `structured_outputs` extra body field, or vLLM's
-older `guided_json` / `guided_regex` / `guided_choice` / `guided_grammar`; at most one of them a request.
-"""
+Unknown fields are a 400 naming them. Structured outputs arrive as OpenAI's `response_format`,
+vLLM's `structured_outputs`, or vLLM's older `guided_*` fields; at most one of them a request."""
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,7 +41,7 @@ GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choi
 
 
 class SamplingRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")  # an unknown field is a 400 naming it
+    model_config = ConfigDict(extra="forbid")
     model: str
     max_tokens: int | None = None
     max_completion_tokens: int | None = None  # the chat API's newer name for max_tokens; wins when both are given

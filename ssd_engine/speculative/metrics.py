@@ -1,9 +1,6 @@
-"""Speculation metrics with vLLM's definitions.
-
-acceptance rate = accepted / drafted; mean acceptance length = 1 + accepted / rounds (tokens a
-round emits, bonus included); per-position acceptance rate = P(draft i accepted) over rounds;
-histogram[a] = rounds that accepted exactly a drafts.
-"""
+"""Speculation metrics with vLLM's definitions: acceptance rate = accepted / drafted; mean
+acceptance length = 1 + accepted / rounds (bonus included); per-position rate = P(draft i accepted)
+over rounds; histogram[a] = rounds that accepted exactly a drafts."""
 from dataclasses import dataclass, field
 
 
@@ -48,7 +45,7 @@ class SpecMetrics:
         self.per_request: dict[int, SpecCounters] = {}
 
     def reset(self) -> None:
-        """Drop every count (a warm-up's, a previous cell's); K stays."""
+        """Drop every count; K stays."""
         self.total = SpecCounters(self.k)
         self.per_request = {}
 

@@ -1,10 +1,5 @@
-"""Fast backup speculators: K tokens in microseconds, no model.
-
-n-gram (prompt lookup): find the latest earlier occurrence of the context's last n tokens
-(n = max_n down to 1) and propose the K tokens that followed it; code and quoted text repeat a
-lot. With no match, random tokens. These proposals were not sampled from a distribution, so they
-are verified as q = one-hot (docs/saguaro.md "Exact verification").
-"""
+"""Fast backup speculators without a model: n-gram prompt lookup, else random tokens. Their
+proposals were not sampled from a distribution, so they are verified as q = one-hot."""
 import torch
 
 
@@ -13,7 +8,6 @@ def ngram_proposal(tokens: list[int], k: int, max_n: int = 3) -> list[int] | Non
     length = len(tokens)
     for n in range(min(max_n, length - 1), 0, -1):
         suffix = tokens[length - n:]
-        # latest start first; the match must end before the suffix itself starts repeating it
         for start in range(length - n - 1, -1, -1):
             if tokens[start:start + n] == suffix:
                 follow = tokens[start + n:start + n + k]

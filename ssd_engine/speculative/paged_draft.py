@@ -1,21 +1,7 @@
-"""A draft model over its own paged KV cache: what SD's colocated draft (sd.py) and the SSD draft
-process's trunks (ssd/draft/trunk.py) share.
-
-- blocks: a draft's blocks are private copies (the target may share prefix blocks), so under memory
-  pressure the draft can run short where the target fits. A sequence whose blocks cannot be
-  reserved drops its draft K/V rather than fail the round; it is prefilled again once blocks free up;
-- extend: one forward over each sequence's newly fed tokens (a prefill, or the catch-up with what
-  the target committed), keeping the logits of its last rows;
-- decode: K autoregressive steps from the extend's logits. Each step's draws stay on the device and
-  are fed to the next from there, with every step's positions and slots uploaded once before the
-  first (runtime/decode_feed.py): a host read or a host-built step would make the host wait on the
-  device K times a round.
-
-How a step samples is the caller's (`StepSampler`), because the two must each consume their random
-streams exactly as they always have (seeded requests reproduce their outputs): SD draws a round's
-uniforms in one block from each request's draft stream; SSD down-weights Saguaro's fan-out and
-draws per step from each row's own generator.
-"""
+"""A draft model over its own paged KV cache, shared by SD's draft and SSD's trunks. A sequence
+whose blocks cannot be reserved drops its draft K/V rather than fail the round. Decode steps feed
+draws from the device, never reading them on the host; sampling is the caller's (`StepSampler`),
+so each keeps its own random-stream order and seeded requests reproduce their outputs."""
 from typing import Generic, Protocol, TypeVar
 
 import torch
@@ -29,8 +15,8 @@ from ssd_engine.runtime.step_inputs import StepInputs
 
 class StepSampler(Protocol):
     def __call__(self, step: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Draft step `step` (0..K-1): fp32 logits [n, V] -> drawn tokens [n], left on the device,
-        and the exact rows they were drawn from [n, V'] (None: greedy, verified as one-hot)."""
+        """Step `step` (0..K-1): fp32 logits [n, V] -> drawn tokens [n] on the device, and the exact
+        rows they were drawn from [n, V'] (None: greedy, verified as one-hot)."""
         ...
 
 
@@ -60,9 +46,8 @@ class PagedDraft(Generic[S]):
 
     def decode(self, seqs: list[S], starts: list[int], logits: torch.Tensor,
                sample: StepSampler) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """K draft tokens per sequence from `logits` [n, V] (each one's next-token logits). The
-        first K - 1 drawn are fed at positions starts[i] .. starts[i] + K - 2, whose blocks must be
-        reserved. -> tokens [n, K] and their q rows [n, K, V'] (None when greedy), on the device."""
+        """K draft tokens per sequence from next-token `logits` [n, V]; the first K - 1 are fed at
+        starts[i] .. starts[i] + K - 2 (blocks reserved). -> tokens [n, K], q [n, K, V'] or None."""
         feed = DecodeFeed(self.runner, starts, [s.block_table for s in seqs], self.k - 1) if self.k > 1 else None
         tokens, rows = [], []
         for step in range(self.k):

@@ -1,20 +1,15 @@
-"""A draft's prompt window (`draft_prompt_window`): the draft reads a long prompt's first SINK tokens
-(attention sinks) and its last `window`, never the span between. A draft's context never changes the
-output, only acceptance. Draft positions run on past the skipped span: RoPE scores depend on
-positions' differences only, so the draft attends as if the text between were not there. SD's draft
-(sd.py `DraftView`) and SSD's (its coordinator sends the draft process the windowed prompt) share it."""
+"""A draft's prompt window: the draft reads a long prompt's first SINK tokens and its last `window`,
+never the span between; positions run on past it (RoPE depends on position differences only).
+It changes acceptance only, never the output. Shared by SD (sd.py `DraftView`) and SSD."""
 
 SINK = 4
-# a prompt's last tokens a CPU draft reads by default: most of what a shorter read saves, for a little
-# acceptance (the sizes compared: benchmarks/results/2026-11-27-request-draft-prompt-window.md)
+# a CPU draft's default window: most of what a shorter read saves, for a little acceptance
 CPU_PROMPT_WINDOW = 128
 
 
 def resolve(option: int | None, draft_device: str, overlaps_target: bool) -> int | None:
     """The option resolved. Unset: CPU_PROMPT_WINDOW for a CPU draft whose prompt read the target
-    waits for (SD's, a third of the target's prefill); the whole prompt (None) on a GPU, or where the
-    read overlaps the target's prefill (SSD's draft on its own cores reads a prompt faster than the
-    larger target does, so a window would only lower acceptance)."""
+    waits for; else the whole prompt (None): an overlapped read's window only lowers acceptance."""
     if option is not None:
         return option
     return CPU_PROMPT_WINDOW if draft_device == "cpu" and not overlaps_target else None

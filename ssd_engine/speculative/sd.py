@@ -1,16 +1,7 @@
 """SD: a colocated draft model proposes K tokens per decoding sequence, autoregressively.
-
-The draft has its own ModelRunner and paged KV cache managed by the same BlockManager code.
-Each sequence has a `DraftView`: the target sequence's tokens with the draft's own block table and
-computed count. The draft's KV is valid for a prefix of the sequence; each round it first
-catches up (the bonus token, plus the last draft token after a fully accepted round), then
-decodes K tokens, keeping for each the exact probability row it was sampled from.
-
-Reserving the draft's blocks, the catch-up forward and the K steps fed from the device are
-paged_draft.py's, shared with the SSD draft process. SD's own is its sampling: a round's uniforms
-in one draw from each request's draft stream, and which rows draw one decided from the sampling
-parameters, so the K steps read nothing on the host. The round's one read is the verifier's.
-"""
+Each round the draft catches up (the bonus token, plus x_K after a fully accepted round), then
+decodes K tokens keeping each one's exact probability row. A round's uniforms come in one draw per
+request, so the K steps read nothing on the host: the round's one read is the verifier's."""
 import time
 
 import torch
@@ -38,9 +29,7 @@ CATCH_UP_SAMPLE = 32  # tokens read in one propose before its time says what cat
 
 class DraftView:
     """The draft's side of a sequence: its own block table and how many tokens have draft K/V.
-
-    With a prompt window (prompt_window.py) the draft never reads the `skipped` prompt tokens after the
-    first SINK: draft position i holds the sequence's token i below SINK, else token i + skipped."""
+    Draft position i holds the sequence's token i below SINK, else token i + skipped."""
 
     def __init__(self, seq: Sequence, window: int | None = None) -> None:
         self.seq = seq
@@ -69,14 +58,13 @@ class SyncDraft(PagedDraft[DraftView]):
                  reads_prompts_ahead: bool = True, prompt_window: int | None = None) -> None:
         super().__init__(runner, BlockManager(num_blocks, block_size, enable_prefix_caching=False), k)
         self.views: dict[int, DraftView] = {}
-        self.proposable_vocab = proposable_vocab  # ids past the tokenizer are embedding padding
+        self.proposable_vocab = proposable_vocab
         self.generator = generator
-        self.grammars = grammars  # structured requests' drafts follow their grammar: higher acceptance
+        self.grammars = grammars
         self.catch_up_s_per_token: float | None = None  # running average over catch-ups of CATCH_UP_SAMPLE+ tokens
-        # read a prompt one chunk behind the target (every step drafts K), or only once it drafts for the
-        # sequence (engine/step_choice.py, whose plain steps may never need the draft's read)
+        # False: read a prompt only once the draft drafts for it (engine/step_choice.py)
         self.reads_prompts_ahead = reads_prompts_ahead
-        self.prompt_window = prompt_window  # a long prompt's last tokens the draft reads (DraftView); None: all
+        self.prompt_window = prompt_window
 
     def view(self, seq: Sequence) -> DraftView:
         if seq.seq_id not in self.views:
@@ -84,8 +72,7 @@ class SyncDraft(PagedDraft[DraftView]):
         return self.views[seq.seq_id]
 
     def lag(self, seqs: list[Sequence]) -> int:
-        """Tokens the draft must read before it can draft for every one of `seqs` (engine/step_choice.py
-        weighs them: a plain step leaves the draft behind, and catching up costs a prefill)."""
+        """Tokens the draft must read before it can draft for every one of `seqs`."""
         views = [self.views[seq.seq_id] if seq.seq_id in self.views else DraftView(seq, self.prompt_window)
                  for seq in seqs]
         return sum(len(view) - view.num_computed_tokens for view in views)
@@ -96,11 +83,8 @@ class SyncDraft(PagedDraft[DraftView]):
             self.drop(view)
 
     def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
-        """Catch the draft up with every scheduled sequence: a decoding one to its last token, a
-        prefilling one to what the target had computed before this step; then draft K tokens for
-        each decoding one (in batch order). A sequence whose draft blocks cannot be
-        reserved (paged_draft.py) gets no drafts this round (num_draft = 0, i.e. one plain target
-        step)."""
+        """Catch the draft up, then draft K tokens per decoding sequence in batch order; one whose
+        draft blocks cannot be reserved gets num_draft = 0 this round."""
         extend, ends, drafting = [], [], []
         dec_views = []
         for seq, dec in zip(batch.seqs, decoding):
@@ -109,9 +93,7 @@ class SyncDraft(PagedDraft[DraftView]):
             view = self.view(seq)
             if dec:
                 dec_views.append(view)
-            # a prompt is read one chunk behind the target: its first token never waits for the
-            # draft, and no step holds more than one chunk of draft work (the rest is caught up
-            # with the first decode round)
+            # one chunk behind the target: its first token never waits for the draft
             end = len(view) if dec else view.draft_length(seq.num_computed_tokens)
             if view.num_computed_tokens > end:  # target was preempted and recomputes: so must we
                 self.drop(view)
@@ -124,7 +106,7 @@ class SyncDraft(PagedDraft[DraftView]):
                 drafting.append(view)
         started, read = time.perf_counter(), sum(end - v.num_computed_tokens for v, end in zip(extend, ends))
         logits = self._extend(extend, ends, drafting)
-        if read >= CATCH_UP_SAMPLE:  # a prompt's or a plain run's worth: what a token of catch-up costs
+        if read >= CATCH_UP_SAMPLE:
             per_token = (time.perf_counter() - started) / read
             self.catch_up_s_per_token = per_token if self.catch_up_s_per_token is None else \
                 0.5 * (self.catch_up_s_per_token + per_token)
@@ -133,7 +115,7 @@ class SyncDraft(PagedDraft[DraftView]):
         device, vocab = self.runner.device, self.runner.config.vocab_size
         num_draft = torch.tensor([self.k if v in drafting else 0 for v in dec_views])
         greedy = all(v.seq.params.greedy for v in dec_views)
-        if len(drafting) == len(dec_views):  # every decoding sequence drafts (the usual round): no scatter
+        if len(drafting) == len(dec_views):
             tokens, drawn_probs = self._draft(drafting, logits, greedy)
             probs = None if greedy else F.pad(drawn_probs, (0, vocab - drawn_probs.shape[-1]))
             return Proposal(tokens, probs, num_draft)
@@ -158,13 +140,12 @@ class SyncDraft(PagedDraft[DraftView]):
         return tokens, rows
 
     def _sampler(self, views: list[DraftView], greedy: bool) -> StepSampler:
-        vocab = self.proposable_vocab  # ids past the tokenizer are never proposed
+        vocab = self.proposable_vocab
         if greedy:
             return lambda step, logits: (logits[:, :vocab].argmax(dim=-1), None)
         params = [v.seq.params for v in views]
         sampling = SamplingTensors.from_params(params, self.runner.device)
-        # each random row's K uniforms in one draw from its draft stream (the shared block for
-        # unseeded rows): one call a round, not one a step
+        # each random row's K uniforms in one draw from its draft stream: one call a round
         u = draw_uniforms([v.seq.draft_generator for v in views], [self.k if not p.greedy else 0 for p in params],
                           self.k, self.runner.device, self.generator)
 
@@ -195,7 +176,7 @@ class SyncDraft(PagedDraft[DraftView]):
         view = self.views.get(outcome.seq.seq_id)
         if view is not None:
             view.num_computed_tokens = min(view.num_computed_tokens, view.draft_length(outcome.num_kept))
-            self.blocks.trim(view)  # blocks holding only rejected drafts go back to the pool
+            self.blocks.trim(view)
 
     def summary(self) -> dict:
         return {}  # SD's acceptance metrics are the engine's own

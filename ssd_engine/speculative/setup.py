@@ -24,14 +24,14 @@ from ssd_engine.speculative.ssd.process import DraftSpec
 @dataclass(frozen=True)
 class TargetSide:
     """What building a draft needs from the engine that will verify it."""
-    parts: Config                           # the plan's frozen options
+    parts: Config
     timing: tuple[float, float] | None      # auto's predicted (T_p, T_jit): seeds SSD's fallback rule
-    model_path: str                         # the target's folder
-    tokenizer: object                       # the target's tokenizer (the draft's must match it)
-    vocab_size: int                         # the target model's vocabulary (its logits' width)
+    model_path: str
+    tokenizer: object
+    vocab_size: int
     eos_token_ids: tuple[int, ...]
     device: torch.device
-    grammars: object                        # sampling/grammar.Grammars: the drafts mask their rows too
+    grammars: object
 
 
 def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: str) -> None:
@@ -41,8 +41,8 @@ def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: st
 
 
 def same_tokenizer_files(target_path: str, draft_path: str) -> bool:
-    """True when both folders hold byte-identical tokenizer files (the default pair does): then the
-    draft's tokenizer need not be loaded to compare vocabularies (~100 MB that would stay in RSS)."""
+    """True when both folders hold byte-identical tokenizer files: then the draft's tokenizer need
+    not be loaded (and stay resident) to compare vocabularies."""
     names = ("tokenizer.json", "tokenizer_config.json")
     paths = [(os.path.join(target_path, n), os.path.join(draft_path, n)) for n in names]
     return all(os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False) for a, b in paths)
@@ -55,8 +55,7 @@ def draft_path_and_vocab(side: TargetSide) -> tuple[str, int]:
     draft_path, load_format = parts.speculative.draft_model, parts.model.load_format
     draft_config = load_config(draft_path, load_format)
     tokenizer_source = parts.model.tokenizer or side.model_path
-    # dummy models from shape configs may have no tokenizer on either side: nothing to compare,
-    # the vocabulary sizes below still bound what the draft may propose
+    # dummy models may lack tokenizers: the vocabulary sizes below still bound the proposals
     tokenizer_less = load_format == "dummy" and not (has_tokenizer_files(tokenizer_source)
                                                      and has_tokenizer_files(draft_path))
     if not tokenizer_less and not same_tokenizer_files(tokenizer_source, draft_path):
@@ -69,9 +68,8 @@ def draft_path_and_vocab(side: TargetSide) -> tuple[str, int]:
 
 
 def draft_host(choice: str, draft_device: str, target_device: str) -> str:
-    """`ssd_draft_host` resolved: auto is a thread when the draft shares the target's GPU (two processes on
-    one GPU get two contexts, which it time-slices; a second stream of one context overlaps the target's
-    kernels, measured faster in docs/GPU.md), else a process (its own GPU, or its own cores on CPU)."""
+    """`ssd_draft_host` resolved: auto is a thread on the target's GPU (a second stream overlaps its
+    kernels; two processes' contexts are time-sliced), else a process."""
     if choice != "auto":
         return choice
     draft, target = torch.device(draft_device), torch.device(target_device)
@@ -81,15 +79,15 @@ def draft_host(choice: str, draft_device: str, target_device: str) -> str:
 
 def start_async_draft(side: TargetSide, target: RunnerSpec, cores: list[int] | None,
                       threads: int) -> tuple[AsyncDraftClient, DraftFormat]:
-    """Spawn the SSD draft process: next GPU after the target's ranks, or its own cores on CPU.
-    `target` is the target's runner spec: the draft's KV cache and positions are sized like it."""
+    """Spawn the SSD draft: next GPU after the target's ranks, or its own cores on CPU. Its KV cache
+    and positions are sized like `target`'s."""
     draft_path, vocab = draft_path_and_vocab(side)
     parts = side.parts
     device = parts.model.device
     if device.startswith("cuda"):
         first = torch.device(device).index or 0
         wanted = first + parts.parallel.tensor_parallel_size
-        # one GPU lent: the draft shares it (a separate process still overlaps its kernels)
+        # too few GPUs: the draft shares the last one
         device = f"cuda:{wanted if wanted < torch.cuda.device_count() else torch.cuda.device_count() - 1}"
     plan = plan_saguaro(parts.speculative, side.model_path, draft_path, side.timing)
     k = parts.speculative.k
@@ -115,8 +113,7 @@ def build_sync_draft(side: TargetSide, target: RunnerSpec) -> tuple[SyncDraft, D
     runner_spec, chosen = with_draft_format(target.with_model(path=draft_path), side.parts.speculative.draft_dtype,
                                             [(1, k)], None, torch.get_num_threads())
     runner = runner_spec.build()
-    # its one-token draft steps, and the catch-up after a round that accepted every draft (x_K and
-    # the bonus: two tokens a row; one after a rejection)
+    # draft steps, and the catch-up: two tokens a row after a fully accepted round, else one
     runner.capture_graphs([("paged", 1), ("paged", 2)])
     window = prompt_window.resolve(side.parts.speculative.prompt_window, target.model.device, overlaps_target=False)
     return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, k, proposable,
@@ -126,10 +123,9 @@ def build_sync_draft(side: TargetSide, target: RunnerSpec) -> tuple[SyncDraft, D
 
 def with_draft_format(runner_spec: RunnerSpec, option: str, workload: list[tuple[int, int]],
                       cores: list[int] | None, threads: int) -> tuple[RunnerSpec, DraftFormat]:
-    """The draft's runner spec in the weight format `option` resolves to on the cores it will run on
-    (runtime/draft_format.py), and that format (the engine reports it)."""
+    """The draft's runner spec in the weight format `option` resolves to, and that format."""
     chosen = draft_format.resolve(option, load_config(runner_spec.model.path, runner_spec.model.load_format), runner_spec.model.device, workload, cores, threads,
                                   cache_dir())
-    # the target's own format (target_dtype) is not the draft's: row_independent is the target's alone
+    # row_independent is the target's option alone
     return runner_spec.with_model(dtype=chosen.dtype, weight_format=chosen.name if runner_spec.model.device == "cpu" else None,
                                   row_independent=False), chosen

@@ -1,9 +1,4 @@
-"""Rank 0's side of a tensor-parallel model: looks like a ModelRunner to the engine.
-
-Each forward first broadcasts the step's changes to the workers (tensor_parallel/worker.py), then runs
-rank 0's own slice; the ranks meet in the layers' all-reduces and the logits gather. A collective
-that fails (a worker died, or missed the deadline) becomes one clear error naming the worker.
-"""
+"""Rank 0's side of a tensor-parallel model, a ModelRunner to the engine; errors name the worker."""
 import contextlib
 import subprocess
 import threading
@@ -32,8 +27,7 @@ class TensorParallelRunner:
         self.error: TensorParallelError | None = None
         self.closed = False
         self.in_step = False
-        # every rank builds from the config read here: the workers never import transformers, and no
-        # rank reads it differently
+        # every rank builds from the config read here, so no rank reads it differently
         runner_spec = runner_spec.for_other_processes()
         with self._guard("loading the model"):
             self.tp.send_command("init_runner", runner_spec)
@@ -45,7 +39,6 @@ class TensorParallelRunner:
             if self.tp.barrier_status(False):
                 raise TensorParallelError("a tensor-parallel worker failed to load its shard (its traceback is above)")
 
-    # what the engine and tests read from a runner
     @property
     def model(self):
         return self.runner.model
@@ -111,7 +104,7 @@ class TensorParallelRunner:
         dead = []
         for rank, process in self.processes.items():
             try:
-                process.wait(timeout=2.0)  # a killed worker is reaped within moments
+                process.wait(timeout=2.0)
             except subprocess.TimeoutExpired:
                 continue
             dead.append(f"worker rank {rank} (pid {process.pid}) died with exit code {process.returncode}")

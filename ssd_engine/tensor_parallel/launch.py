@@ -1,11 +1,4 @@
-"""Start a tensor-parallel model: spawn worker ranks here, or join a torchrun group.
-
-Rendezvous needs no fixed port and no global name: rank 0 hosts a TCPStore on a port the kernel
-picks (port 0) on 127.0.0.1 and hands it to the workers it spawns, so engines never collide.
-When torchrun's variables are set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) the engine joins
-that group instead: every process runs the same script, rank 0 drives, the others serve it and
-then exit (multi-node deployments use torchrun, not a launcher of ours).
-"""
+"""Start a tensor-parallel model: spawn worker ranks here, or join a torchrun group."""
 import atexit
 import os
 import sys
@@ -44,8 +37,7 @@ def start_tensor_parallel(parallel: ParallelConfig, runner_spec: RunnerSpec,
 
 
 def rank_gpus(device: str, size: int, available: int) -> list[str]:
-    """Each rank's GPU, consecutive from `device`'s; an error naming the shortfall (NCCL cannot link
-    two ranks on one GPU, so they cannot share)."""
+    """Each rank's GPU, consecutive from `device`'s (NCCL cannot put two ranks on one GPU)."""
     first = torch.device(device).index or 0
     if first + size > available:
         raise ValueError(f"tensor_parallel_size={size} from {device} needs GPUs cuda:{first}..cuda:{first + size - 1}; "
@@ -63,7 +55,7 @@ def _spawn(parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[li
         gpus = rank_gpus(runner_spec.model.device, size, torch.cuda.device_count())
     threads = [runner_spec.model.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
     store = supervise.host_store(size)
-    # SSD_ENGINE_TP_SHM=0 keeps every collective on gloo (to compare, or to rule the shared memory out)
+    # SSD_ENGINE_TP_SHM=0 keeps every collective on gloo
     use_shm = on_cpu and shm_supported() and os.environ.get("SSD_ENGINE_TP_SHM", "1") != "0"
     shm_fd = ShmCollectives.create_fd(size, SHM_CAPACITY) if use_shm else None
     workers = {}

@@ -1,9 +1,4 @@
-"""A tensor-parallel worker: ranks 1..N-1 run this loop, driven by rank 0's commands.
-
-Rank 0 sends each step only what changed: per scheduled sequence its id, start, fed tokens and
-block-table delta (blocks kept + blocks appended), plus ids of sequences that left. The worker keeps
-a mirror of every live sequence's block table, rebuilds the same StepInputs and runs its slice.
-"""
+"""A tensor-parallel worker (ranks 1..N-1): runs rank 0's commands, mirroring its block tables."""
 import os
 import traceback
 
@@ -17,8 +12,7 @@ from ssd_engine.runtime.step_inputs import StepInputs
 
 
 def common_prefix(a: BlockTable, b: BlockTable) -> int:
-    """How many leading blocks two tables share. Packed tables compare in C: a whole-table compare
-    first (a step that only appended blocks, the usual case), else a bisection of prefix compares."""
+    """How many leading blocks two tables share: one whole compare (the usual case), else bisect."""
     n = min(len(a), len(b))
     if a[:n] == b[:n]:
         return n
@@ -55,8 +49,7 @@ class BlockTableMirror:
 
 
 def step_message(seq_ids, inputs: StepInputs, mirror: BlockTableMirror, freed: list[int]) -> tuple:
-    """What a worker needs to rebuild `inputs`; device-held fed tokens (SD's drafts) are not in it:
-    their places are, and their values follow by TPGroup.broadcast."""
+    """What a worker needs to rebuild `inputs`; device-held fed tokens follow by broadcast."""
     deltas = [mirror.delta(i, t) for i, t in zip(seq_ids, inputs.block_tables)]
     held_at = inputs.on_device[0] if inputs.on_device is not None else None
     return seq_ids, inputs.starts, inputs.token_ids, deltas, inputs.logit_rows, freed, held_at
@@ -110,7 +103,7 @@ def ready_key(rank: int) -> str:
 def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
                    timeout_s: float, shm_fd: int | None = None) -> None:
     """A spawned worker (ranks 1..N-1 on this machine): join rank 0's store, then serve."""
-    parent = os.getppid()  # rank 0, or its fork server, which dies with it (lifeline.py): checked by the entry point
+    parent = os.getppid()  # rank 0, or its fork server, which dies with it
     if cores is not None:
         os.sched_setaffinity(0, cores)
     torch.set_num_threads(threads)

@@ -1,7 +1,5 @@
 """`python -m ssd_engine.tensor_parallel.worker_main PARENT_PID ARGS_JSON`: how rank 0 starts each worker process.
-
-A module of its own (imported by nothing) so running it does not import itself twice.
-"""
+A module of its own (imported by nothing) so running it does not import itself twice."""
 import signal
 
 if __name__ == "__main__":

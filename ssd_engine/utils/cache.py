@@ -1,11 +1,9 @@
-"""Where the engine keeps what it makes once per machine: the converted models, calibrations,
-probes' results and the compiled GGUF kernels. Standard library only: a cache hit must stay cheap."""
+"""Where the engine keeps what it makes once per machine. Standard library only: hits stay cheap."""
 import os
 from pathlib import Path
 
 CACHE_ENV = "SSD_ENGINE_CACHE"
-# compiled kernels depend on the CPU and the sources only (their names say which), not on the models, so a
-# separate cache of models (a test's, a user's second cache) may still share them
+# compiled kernels depend on the CPU and the sources only, so separate model caches may share them
 KERNEL_CACHE_ENV = "SSD_ENGINE_KERNEL_CACHE"
 
 

@@ -1,13 +1,5 @@
 """Triton launches (and other work a GPU runs as one kernel) as the op counter sees them: one kernel each.
-
-A Triton kernel is one launch on a GPU whatever its host side does (under TRITON_INTERPRET=1 on
-CPU, numpy copies in and out). Each launcher in `kernels/` runs inside `kernel_launch(name, *tensors)`,
-so an active `OpCounter` (op_count.py) counts it as one compute op and ignores the aten ops inside, and
-a `PlacementChecker` (placement.py) sees which tensors the kernel was handed.
-
-Under the interpreter one launch runs at a time: it keeps the launch's grid in module globals, so
-two threads launching at once (the SSD draft as a thread beside the target) corrupt each other.
-"""
+Under TRITON_INTERPRET launches are serialised: the interpreter keeps the grid in module globals."""
 import os
 import threading
 from contextlib import ExitStack, contextmanager
@@ -57,8 +49,7 @@ def kernel_launch(name: str, *tensors: torch.Tensor):
 
 @contextmanager
 def one_kernel(name: str, *tensors: torch.Tensor):
-    """Work a GPU runs as one kernel, whatever runs on the host here (a Triton launch, a collective
-    that is one NCCL kernel there): the listeners hear one kernel handed `tensors`."""
+    """Work a GPU runs as one kernel (a Triton launch, an NCCL collective): listeners hear one."""
     with ExitStack() as stack:
         for listener in list(_listeners):
             stack.enter_context(listener.kernel(name, tensors))

@@ -1,11 +1,4 @@
-"""What CPU this process runs on: its model, the instruction-set flags that decide which kernels
-are fast (AVX2, AVX-512, bf16 units, AMX), and a fingerprint that keys every measurement cached
-per machine (the draft's weight-format probe, the mode calibration).
-
-The same machine kind has come with different CPUs between sessions, so a cached measurement is
-only reused on a machine with the same fingerprint: CPU model, flags, torch version, the cores
-and threads the measurement ran with.
-"""
+"""This CPU's model, its kernel-relevant flags, and fingerprints that key cached measurements."""
 import functools
 import hashlib
 import os

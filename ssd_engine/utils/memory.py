@@ -1,13 +1,5 @@
-"""Host memory that costs RSS only where it is used.
-
-Two tensors are large and mostly idle on CPU: the paged KV cache (sized for every sequence at full
-length, while a short request writes a few pages) and the token embedding (a 150k-row table of
-which a prompt reads a few hundred rows). `torch.zeros` writes every byte of the KV cache up front
-and loading the embedding into a parameter copies every row, so both would be resident in full.
-Here the KV cache is an anonymous private mapping (the kernel hands out zero pages on first write)
-and the embedding is a private mapping of its rows in the safetensors file (clean page-cache pages,
-read on first use, shared with every process mapping the same file and dropped under pressure).
-"""
+"""Host memory that costs RSS only where it is used: the KV cache as an anonymous private mapping,
+the token embedding as a private mapping of its rows in the safetensors file."""
 from __future__ import annotations
 
 import ctypes
@@ -61,12 +53,7 @@ def map_rows(path: str, name: str, start: int, rows: int) -> torch.Tensor | None
 
 
 def release_freed_heap() -> None:
-    """Hand freed heap pages back to the kernel (glibc's malloc_trim; a no-op elsewhere).
-
-    glibc serves blocks below its mmap threshold, which rises to the size of the last large
-    block freed (up to 32 MB), from its heap, and keeps freed heap blocks mapped. Packing frees
-    each layer's ~10 MB plain copies there, and the holes they leave between live packed weights
-    stayed resident: 0 to 0.3 GB more RSS from one run of the 1.5B target to the next, measured."""
+    """Return freed heap pages to the kernel (glibc's malloc_trim, else a no-op)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):

@@ -1,9 +1,4 @@
-"""Whether to draw progress bars (loading, first-run conversion).
-
-An environment variable rather than an argument because the bars are drawn in processes the
-engine spawns (the SSD draft, tensor-parallel workers, the converter), which inherit it; the CLI's
---no-progress sets it. Standard library only: default_models imports it on its cheap path.
-"""
+"""Whether to draw progress bars: an environment variable, which spawned processes inherit."""
 import os
 
 PROGRESS_ENV = "SSD_ENGINE_PROGRESS"  # "0" hides the bars

@@ -1,31 +1,21 @@
-"""The byte layout of protocol.py's messages: one encoder and one decoder per message, so both ends
-derive every size and offset from the same code.
-
-A message is one uint8 tensor (what the link sends) made of typed sections. Every value is stored
-in its own type (ids and counts as int64, sampling parameters as float32, timings as float64) and
-each section starts on an 8-byte boundary, so it is read in place as a typed view. Scalars go
-through numpy (a list to int64 bytes and back is cheapest there); q rows through torch.
-
+"""The byte layout of protocol.py's messages, shared by both ends: one uint8 tensor of typed
+sections, each on an 8-byte boundary so it is read in place as a typed view.
 Request = [int64 ints | float32 floats | utf-8 text]
     header    [total_bytes, kind, backup, n_finished, n_entries, n_wanted, n_ints, n_floats]
     finished  ids
     entries   [seq_id, is_new, k, n_tokens, (top_k, seed, num_prompt_tokens, grammar bytes when new),
               tokens...]
     wanted    [seq_id, q_width]
-    floats    [window_s], then per new entry [temperature, top_p, min_p]: float32, the values the
-              draft samples with
-    text      the new entries' grammars, one after another (most requests have none: 0 bytes)
+    floats    [window_s], then per new entry [temperature, top_p, min_p]
+    text      the new entries' grammars, one after another
 total_bytes leads, so the link reads a request's length from its first word (`request_size`).
-
-Reply = [float64 timings | int64 ints | narrow q slots | wide q slots], laid out by
-`ReplyLayout.of(request, k, vocab)`:
+Reply = [float64 timings | int64 ints | narrow q slots | wide q slots] (`ReplyLayout`):
     timings   [build_s, lookup_s, glue_s, step_s]
     ints      [step_rows], then per wanted [source, q_mode, bonus_rank, K tokens]
     q slots   per wanted K * q_width floats: COMPACT as [K x top_k int32 ids][K x top_k float32
-              probs], FULL rows as they are (the fast path: one copy each way), unused when ONE_HOT.
-              Narrow slots (COMPACT-sized) come first, wide ones (a whole row) last, each group in
-              wanted order: everything the host must read lies before `wide_at`, so a reply held on
-              a GPU crosses to the host only up to there and its whole rows stay on the GPU.
+              probs], FULL rows as they are, unused when ONE_HOT. Narrow slots come first, wide
+              (whole-row) ones last, each in wanted order: all a host reads lies before `wide_at`,
+              so a reply held on a GPU crosses to the host only up to there.
 """
 from dataclasses import dataclass
 from functools import cached_property
@@ -48,8 +38,8 @@ from ssd_engine.speculative.ssd.protocol import (
     q_mode_of_width,
 )
 
-REQUEST_HEADER = 8  # int64 words
-TIMINGS = 4         # float64 words
+REQUEST_HEADER = 8
+TIMINGS = 4
 INT, FLOAT, TIME = 8, 4, 8  # bytes per int64, float32, float64
 
 
@@ -112,7 +102,7 @@ def decode_request(frame: torch.Tensor) -> Request:
 
 @dataclass(frozen=True)
 class ReplyLayout:
-    """Where everything sits in a reply; a function of the request, so both ends agree on it."""
+    """Where everything sits in a reply: a function of the request alone."""
     k: int
     q_widths: tuple[int, ...]  # per wanted sequence, floats per drafted position
     vocab: int                 # the draft's proposable ids: a slot this wide carries whole rows
@@ -142,25 +132,19 @@ class ReplyLayout:
 
     @property
     def wide_at(self) -> int:
-        """Where the wide slots begin: the bytes before it are all a host ever reads."""
         return self.q_at + FLOAT * self.k * sum(w for w in self.q_widths if w != self.vocab)
 
     @property
     def size(self) -> int:
-        """Bytes of the whole reply."""
         return self.q_at + FLOAT * self.k * sum(self.q_widths)
 
 
 def q_slots(speculations: list[Speculation], widths: tuple[int, ...], vocab: int) -> list[tuple[QMode, SupportRows | None]]:
-    """How each speculation's rows go in its slot of `width` floats per position, and for COMPACT
-    their supports on the host. The draft's rows may sit on its GPU: every support is picked there
-    and all of them cross in one read (one sync a reply, not one a sequence)."""
+    """Each speculation's mode in its slot, and for COMPACT its support on the host (one read)."""
     modes = [QMode.ONE_HOT if s.q is None else q_mode_of_width(w, vocab) for s, w in zip(speculations, widths, strict=True)]
     compact = [i for i, m in enumerate(modes) if m == QMode.COMPACT]
-    # one topk of top_k + 1 both picks the support and checks it: the extra value is zero iff every
-    # row has at most top_k tokens (a count of nonzeros cost as much as the topk again). Ties at the
-    # k-th logit can leave more; such a row goes one-hot, which is still exact (any proposal verified
-    # as deterministic is). The picked ids are the whole support, padded with zero-probability ids.
+    # one topk of top_k + 1 picks the support and checks it: the extra value is zero iff every row
+    # has at most top_k tokens. A row with more (ties) goes one-hot, which is still exact.
     tops = [speculations[i].q.topk(widths[i] // 2 + 1, dim=-1) for i in compact]
     values = torch.cat([t.values.flatten() for t in tops]).cpu() if tops else None
     indices = torch.cat([t.indices.flatten().int() for t in tops]).cpu() if tops else None
@@ -177,14 +161,13 @@ def q_slots(speculations: list[Speculation], widths: tuple[int, ...], vocab: int
 
 
 def encode_reply(reply: Reply, layout: ReplyLayout, out: torch.Tensor | None = None) -> torch.Tensor:
-    """`out`: a buffer to write into when it is large enough (the draft reuses one), on the host or
-    on a GPU (the link's payload buffer). Rows on a GPU land without waiting copy by copy: in a
-    pinned buffer, or straight into a GPU `out`; one stream sync covers the reply."""
+    """`out`: a host or GPU buffer to write into when large enough. GPU rows are copied without
+    waiting (into pinned memory or a GPU `out`); one stream sync covers the reply."""
     k, vocab = layout.k, layout.vocab
     gpu = next((s.q.device for s in reply.speculations if isinstance(s.q, torch.Tensor) and s.q.is_cuda), None)
     buf = out[:layout.size] if out is not None and out.numel() >= layout.size else \
         torch.empty(layout.size, dtype=torch.uint8, pin_memory=gpu is not None)
-    # what a host reads (timings, ints, narrow slots) is written on the host, in place when `buf` is there
+    # what a host reads (before wide_at) is written on the host, in place when `buf` is there
     head = buf[:layout.wide_at] if buf.device.type == "cpu" else torch.empty(layout.wide_at, dtype=torch.uint8,
                                                                              pin_memory=True)
     raw = head.numpy()
@@ -192,9 +175,9 @@ def encode_reply(reply: Reply, layout: ReplyLayout, out: torch.Tensor | None = N
     raw[:layout.ints_at].view(np.float64)[:] = (t.build_s, t.lookup_s, t.glue_s, t.step_s)
     ints = [t.step_rows]
     slots = q_slots(reply.speculations, layout.q_widths, vocab)
-    wide_at = layout.wide_at  # a sum over every slot: read once, not per speculation
+    wide_at = layout.wide_at
     for speculation, width, at, (mode, support) in zip(reply.speculations, layout.q_widths, layout.slots_at, slots):
-        tokens = speculation.tokens or [0] * k  # NONE: no speculation
+        tokens = speculation.tokens or [0] * k
         if len(tokens) != k:
             raise ValueError(f"a speculation of {len(tokens)} tokens, the reply carries {k}")
         ints += (int(speculation.source), int(mode), speculation.bonus_rank, *tokens)
@@ -211,16 +194,14 @@ def encode_reply(reply: Reply, layout: ReplyLayout, out: torch.Tensor | None = N
     if buf.device.type != "cpu":
         buf[:layout.wide_at].copy_(head, non_blocking=True)
     if gpu is not None or buf.is_cuda:
-        # the rows' copies (on the draft's stream, in a thread): done before the reply is announced
+        # the rows' copies must be done before the reply is announced
         torch.cuda.current_stream(gpu or buf.device).synchronize()
     return buf
 
 
 def decode_reply(buf: torch.Tensor, layout: ReplyLayout) -> Reply:
-    """q rows come back as views of `buf`, FULL ones as [K, vocab] floats and COMPACT ones as
-    `SupportRows`: the coordinator copies them into its proposal at once (a clone here was a second
-    copy of K x vocab floats per sequence; a dense COMPACT row a third). A `buf` on a GPU crosses
-    to the host up to `wide_at` only (one read): its whole rows stay there, views of `buf`."""
+    """q rows come back as views of `buf` (FULL: [K, vocab] floats; COMPACT: `SupportRows`), valid
+    until `buf` is reused. A GPU `buf` crosses to the host only up to `wide_at`."""
     k = layout.k
     head = buf if buf.device.type == "cpu" else buf[:layout.wide_at].cpu()
     raw = head.numpy()
@@ -232,7 +213,7 @@ def decode_reply(buf: torch.Tensor, layout: ReplyLayout) -> Reply:
         source, mode, rank = Source(ints[i]), QMode(ints[i + 1]), ints[i + 2]
         speculation = Speculation(source, ints[i + 3:i + 3 + k] if source != Source.NONE else [], bonus_rank=rank)
         if mode == QMode.FULL:
-            speculation.q = buf[at:at + FLOAT * k * width].view(torch.float32).view(k, width)  # a view of buf (see above)
+            speculation.q = buf[at:at + FLOAT * k * width].view(torch.float32).view(k, width)
         elif mode == QMode.COMPACT:
             speculation.q = SupportRows(*_compact_views(head[at:at + FLOAT * k * width], k, width // 2))
         speculations.append(speculation)

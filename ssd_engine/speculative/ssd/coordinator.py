@@ -1,13 +1,8 @@
-"""SSD, coordinator side: the speculator the engine loop calls each round (`propose`, then
-`on_outcome` / `release`), backed by the draft process (or a draft thread: draft_thread.py).
-
-Per round it sends one request (what changed for each scheduled sequence: its new committed
-tokens and the accepted count k of the round just verified; new prompts; finished ids) and, when
-sequences are decoding, receives one reply with their next K tokens and q rows. If the draft dies
-or misses its deadline the client logs one warning, records the failure in its metrics, stops
-the draft and from then on proposes with the local n-gram backup: every request still finishes,
-exactly, because every proposal is verified.
-"""
+"""SSD, coordinator side: the speculator the engine loop calls each round, backed by the draft
+process or thread. Per round it sends one request (the round's news) and, when sequences decode,
+receives one reply with their next K tokens and q rows. If the draft dies or misses its deadline
+the client warns once, stops it and proposes with the local n-gram backup from then on: every
+request still finishes exactly, because every proposal is verified."""
 import json
 import logging
 import time
@@ -33,7 +28,7 @@ log = logging.getLogger("ssd_engine")
 
 
 def draft_params(seq: Sequence, skipped: int = 0) -> DraftParams:
-    """`skipped`: prompt tokens the draft never reads (prompt_window.py), not counted in its prompt."""
+    """`skipped`: prompt tokens the draft never reads, not counted in its prompt."""
     p = seq.params
     grammar = json.dumps(p.structured_outputs.key) if p.structured_outputs is not None else ""
     return DraftParams(p.temperature, p.top_k, p.top_p, p.min_p, -1 if p.seed is None else p.seed, grammar,
@@ -45,12 +40,12 @@ class AsyncDraftClient:
                  timeout_s: float, generator: torch.Generator, device: torch.device, plan: SaguaroPlan,
                  host: str = "process", prompt_window: int | None = None) -> None:
         self.k, self.vocab, self.target_vocab = draft_spec.k, draft_spec.vocab, target_vocab
-        self.prompt_window = prompt_window  # a long prompt's last tokens the draft is sent (prompt_window.py)
+        self.prompt_window = prompt_window
         self.device = device  # the target's: proposals are verified there
         self.timeout_s = timeout_s
         self.generator = generator
         self.plan, self.policy = plan, plan.policy
-        self.backup_log: deque = deque(maxlen=4096)  # (batch size, cold, backup chosen, b* then), latest rounds
+        self.backup_log: deque = deque(maxlen=4096)  # (batch size, cold, backup chosen, b* then)
         self.link: CoordinatorEnd | None = None
         if host == "thread":
             self.process = DraftThread(draft_spec, timeout_s)
@@ -66,10 +61,10 @@ class AsyncDraftClient:
         self.metrics = SSDMetrics(self.k)
         self.known: dict[int, int] = {}        # seq_id -> committed tokens the draft has
         self.last_accepted: dict[int, int] = {}  # seq_id -> drafts accepted in its last verified round
-        self.source: dict[int, Source] = {}    # seq_id -> where its current speculation came from
+        self.source: dict[int, Source] = {}
         self.finished: list[int] = []
         self.replied_at: float | None = None
-        self.window_s = 0.0  # the verification since the last reply: the draft sizes its builds by it
+        self.window_s = 0.0  # the verification since the last reply
 
     @property
     def alive(self) -> bool:
@@ -116,8 +111,7 @@ class AsyncDraftClient:
                               [s.source != Source.NONE for s in speculations])
 
     def _backup(self, batch_size: int, cold: int) -> Source:
-        """Saguaro fallback: what a miss takes this round, from the batch size and b* (`cold`:
-        sequences in their first decode round, which are certain misses)."""
+        """Saguaro fallback: what a miss takes this round (`cold`: certain misses)."""
         if self.policy.due():
             self.policy.update(**self.metrics.estimates())
         choice = self.policy.choose(batch_size, cold)
@@ -155,7 +149,7 @@ class AsyncDraftClient:
 
     def on_outcome(self, outcome: Outcome) -> None:
         """Nothing to roll back here: the draft learns the outcome from the next request."""
-        if outcome.accepted is None:  # no drafts were verified (the draft had no blocks for it)
+        if outcome.accepted is None:  # no drafts were verified
             return
         self.last_accepted[outcome.seq.seq_id] = outcome.accepted
         self.metrics.record_verified(self.source.pop(outcome.seq.seq_id, Source.LOCAL), outcome.accepted)
@@ -185,7 +179,7 @@ class AsyncDraftClient:
             except Exception:
                 pass
         if isinstance(self.process, DraftThread):
-            if not asked:  # it may still be building: the shutdown ends it once it reads the next request
+            if not asked:  # a building thread ends once it reads this
                 self.process.link.send_request(encode_request(Request(kind=Kind.SHUTDOWN)))
             self.process.join(10.0 if asked else 0.0)
             return

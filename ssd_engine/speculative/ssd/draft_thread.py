@@ -1,21 +1,8 @@
 """The SSD draft as a thread of the engine process (`ssd_draft_host="thread"`), coordinator side.
-
-On one GPU a separate draft process gets its own CUDA context, and the GPU time-slices contexts: the
-draft's kernels never run beside the target's. A thread of the engine process shares the target's
-context and launches on its own CUDA stream, so its kernels can overlap the verification (both are
-small-batch decode kernels that leave most SMs idle). The cost is Python: both sides' host work shares
-one interpreter lock. A draft thread that holds it most of the time (host-bound: eager or launch-bound
-steps) stalls the coordinator's launches by orders of magnitude, because each time it drops and retakes
-the lock the waiting coordinator's switch-interval timer starts over; one that mostly waits on its
-device (graphed steps) costs little (benchmarks/results/2026-11-25-gil-handoff.md). Which wins is measured by
-`benchmarks/bench_synthetic.py --draft-host thread` against the process (scripts/gpu_check.sh);
-the multi-GPU layout (draft on its own GPU) stays a process.
-
-The round protocol is the process's, byte for byte (codec.py): `QueueLink` carries the same encoded
-requests and replies through two queues, and the thread runs draft/loop.py's `serve`. A draft that
-raises fails the coordinator's wait at once, as a dead process does, and the engine falls back.
-On CPU the thread shares the engine's cores (tests; the process is the CPU layout).
-"""
+A thread shares the target's CUDA context and launches on its own stream, so its kernels can overlap
+the verification (a process's context would be time-sliced); the cost is one interpreter lock for
+both sides' host work. The round protocol is the process's, byte for byte (codec.py), over two
+queues. A draft that raises fails the coordinator's wait at once, as a dead process does."""
 import queue
 import threading
 
@@ -27,8 +14,7 @@ from ssd_engine.speculative.ssd.process import DraftSpec
 
 
 class QueueLink:
-    """Both ends of the round channel inside one process: the coordinator's (send_request,
-    recv_reply with the deadline) and the draft thread's (recv_request, send_reply)."""
+    """Both ends of the round channel inside one process; only recv_reply has the deadline."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
@@ -36,7 +22,7 @@ class QueueLink:
         self.replies: queue.Queue = queue.Queue()
 
     def send_request(self, frame: torch.Tensor) -> None:
-        self.requests.put(frame)  # encode_request builds a new tensor each round: nothing reuses it
+        self.requests.put(frame)  # a new tensor each round: nothing reuses it
 
     def recv_reply(self, size: int) -> torch.Tensor:
         try:
@@ -53,21 +39,18 @@ class QueueLink:
         return self.requests.get()
 
     def reply_buffer(self, layout: ReplyLayout) -> None:
-        # the loop's own host buffer crosses as it is (send_reply). A reply held on the GPU would keep
-        # whole rows there, but the coordinator would then read its head from the device: a second
-        # sync a round, beside the accepted tokens' (codec.py)
+        # the loop's host buffer: a GPU reply would cost the coordinator a second sync a round
         return None
 
     def send_reply(self, frame: torch.Tensor) -> None:
-        # no copy (a full-vocabulary reply is K x vocab floats a sequence): the loop reuses its reply
-        # buffer only for the next request's reply, and the coordinator has copied this one's rows
-        # into its proposal before it sends that request
+        # no copy: the loop reuses its buffer only for the next request's reply, and the coordinator
+        # has copied this one's rows into its proposal before it sends that request
         self.replies.put(frame)
 
 
 class DraftThread:
     """Runs the draft's loop in a daemon thread on its own CUDA stream; `poll()` and `returncode`
-    as a subprocess.Popen has them, so the coordinator watches it as it watches a process."""
+    as subprocess.Popen's, so the coordinator watches it as a process."""
 
     def __init__(self, draft_spec: DraftSpec, timeout_s: float) -> None:
         self.link = QueueLink(timeout_s)
@@ -87,9 +70,9 @@ class DraftThread:
         try:
             device = torch.device(draft_spec.runner.model.device)
             if device.type == "cuda":
-                torch.cuda.set_device(device)  # per thread
+                torch.cuda.set_device(device)
                 stream = torch.cuda.Stream(device)
-                with torch.cuda.stream(stream):  # every launch and graph replay of the draft's goes here
+                with torch.cuda.stream(stream):
                     self._serve(build_server(draft_spec), draft_spec)
             else:
                 self._serve(build_server(draft_spec), draft_spec)
@@ -103,7 +86,7 @@ class DraftThread:
     def _serve(self, server, draft_spec: DraftSpec) -> None:
         from ssd_engine.speculative.ssd.draft.loop import serve
 
-        self._loaded.set()  # loaded: the coordinator may send rounds
+        self._loaded.set()
         serve(self.link, server, draft_spec)
 
     def poll(self) -> int | None:

@@ -1,30 +1,10 @@
-"""The coordinator <-> draft channel: two ranks (0 = coordinator, 1 = draft).
-
-Each round is one request out (a byte tensor from codec.py in a preallocated buffer of
-REQUEST_CAPACITY bytes; the rest in a second tensor only when new prompts overflow it) and, when
-sequences decode, one reply back: a few kilobytes, or the q rows of sampled sequences; no KV.
-Both sides publish their device in the store and pick the same transport from the pair:
-- gloo alone (TCP on loopback) on CPU, or when both processes share one GPU (NCCL cannot connect
-  two ranks on one device): requests and replies are host tensors on one gloo group;
-- NCCL between two distinct GPUs: requests and replies live on the GPUs and travel over a 2-rank
-  NCCL group, and the gloo group stays as the control channel.
-Every coordinator wait has a deadline: a dead draft fails it at once (connection closed), a stalled
-one after `timeout_s`; either way it raises DraftLinkError and the caller stops using the draft.
-NCCL offers neither: its waits take no deadline, and a receive from a dead peer hangs until the
-watchdog aborts the whole process (losing every request). So with NCCL the coordinator never posts
-a receive before knowing the reply is coming: the draft rings a one-word gloo "doorbell" (the
-reply's size) right before each NCCL reply send, the coordinator waits for it with the deadline and
-only then posts the NCCL receive, whose completion it polls against the deadline too. Requests are
-NCCL sends the draft receives with NCCL (a dead coordinator takes the draft with it:
-`distributed/lifeline.py`). On any failure the NCCL group is aborted, so no kernel waits on a gone peer.
-`payload_backend="gloo-split"` (tests only, passed by both ends) runs that same split protocol
-with a second gloo group instead of NCCL, so it is exercised on CPU.
-With gloo alone and a `ReplyWindow` on both ends (a draft process on this host: reply_window.py),
-a reply that fits the window is written there and gloo carries only its size. On the split
-protocol the draft encodes each reply straight into its payload buffer, and the coordinator hands
-on the received buffer as it is: between two GPUs a reply's whole q rows go GPU to GPU, never
-through either host (codec.py reads only the reply's narrow head on the host).
-"""
+"""The coordinator <-> draft channel: two ranks (0 = coordinator, 1 = draft). Both ends pick the
+transport from their devices: gloo on CPU or one shared GPU (with a `ReplyWindow`, gloo carries only
+a reply's size); between two GPUs NCCL carries payloads and gloo stays the control channel ("split";
+`payload_backend="gloo-split"` runs it on gloo for tests). Every coordinator wait has a deadline and
+raises DraftLinkError. NCCL waits take none and hang on a dead peer, so the coordinator posts a NCCL
+receive only after the draft's gloo "doorbell" (the reply's size), then polls it against the
+deadline; on any failure the NCCL group is aborted, so no kernel waits on a gone peer."""
 import datetime
 import time
 from typing import Protocol
@@ -38,7 +18,7 @@ from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 REQUEST_CAPACITY = 64 * 1024  # bytes: a round's news fits unless it brings long new prompts
 IDLE = datetime.timedelta(days=7)
 POLL_S = 2e-4  # longest nap while polling a payload op: bounds the latency polling adds
-REQUEST, REST, REPLY, DOORBELL, HELLO = range(5)  # tags (gloo matches them; NCCL keeps each pair in order)
+REQUEST, REST, REPLY, DOORBELL, HELLO = range(5)  # tags
 
 
 class DraftLinkError(RuntimeError):
@@ -52,9 +32,8 @@ class CoordinatorEnd(Protocol):
 
 
 class DraftEnd(Protocol):
-    """What the draft's loop calls (draft/loop.py `serve`)."""
     def recv_request(self) -> torch.Tensor: ...
-    def reply_buffer(self, layout: ReplyLayout) -> torch.Tensor | None: ...  # where to encode a reply in place, if anywhere
+    def reply_buffer(self, layout: ReplyLayout) -> torch.Tensor | None: ...  # to encode in place
     def send_reply(self, frame: torch.Tensor) -> None: ...
 
 
@@ -82,8 +61,7 @@ class DraftLink:
         store.set(f"ssd-draft/device/{rank}", mine)
         self.group = _gloo(dist.PrefixStore("ssd-draft", store), rank)  # control (and payload unless split)
         theirs = store.get(f"ssd-draft/device/{self.peer}").decode()
-        # where payloads are staged: host memory ("cpu", the string: a device object names the
-        # accelerator, as tests/instrumentation/placement.py reads it) unless both ends hold distinct GPUs
+        # "cpu" as a string (tests/instrumentation/placement.py reads it) unless on distinct GPUs
         self.device: torch.device | str = "cpu"
         if mine.startswith("cuda") and theirs.startswith("cuda") and mine != theirs:
             self.transport, self.device = "nccl", torch.device(mine)
@@ -96,14 +74,11 @@ class DraftLink:
         else:
             self.transport, self.payload = "gloo", self.group
         self.split = self.payload is not self.group
-        # both ends are given a window or neither (process.py), and both see the same transport
         self.window = reply_window if self.transport == "gloo" else None
         self.bell = torch.zeros(1, dtype=torch.int64)  # the doorbell: the size of the reply that follows
-        self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device)  # the draft's
-        # replies on the payload device: the coordinator receives into it, the draft encodes into it
+        self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device)
         self.reply_buf = torch.zeros(0, dtype=torch.uint8, device=self.device)
-        # gloo sends complete only once the peer posts its receive, and the draft posts it only
-        # after building its cache: sends go out asynchronously from two alternating buffers
+        # the draft posts receives only after building: sends go out async from two buffers
         self.out_bufs = [torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device) for _ in range(2)]
         self.in_flight: list[tuple[list, torch.Tensor | None]] = [([], None), ([], None)]
         self.turn = 0
@@ -112,11 +87,10 @@ class DraftLink:
             op = self.payload.send if rank == 0 else self.payload.recv
             self._wait_payload(op([hello], self.peer, HELLO), patient=rank == 1)
 
-    # ---- coordinator --------------------------------------------------------------------
     def send_request(self, frame: torch.Tensor) -> None:
-        """Queue one encoded request (uint8) without waiting for the draft to take it (it may be building)."""
+        """Queue one encoded request (uint8) without waiting for the draft to take it."""
         self.turn ^= 1
-        for work in self.in_flight[self.turn][0]:  # this buffer's previous request must have left
+        for work in self.in_flight[self.turn][0]:
             self._wait_payload(work)
         buf = self.out_bufs[self.turn]
         n = min(frame.numel(), REQUEST_CAPACITY)
@@ -128,14 +102,14 @@ class DraftLink:
         self.in_flight[self.turn] = (works, rest)
 
     def recv_reply(self, size: int) -> torch.Tensor:
-        """The reply of `size` bytes (uint8) where it arrived: the window, or the payload buffer on the
-        payload device (valid until the next request is sent)."""
+        """The reply of `size` bytes where it arrived (window or payload buffer), valid until the
+        next request."""
         if self.window is not None and self.window.fits(size):
             self._wait(self.group.recv([self.bell], self.peer, REPLY))
             if int(self.bell) != size:
                 self._fail(f"the draft announced a reply of {int(self.bell)} bytes, expected {size}")
             return self.window.buffer[:size]
-        if self.split:  # the doorbell first: once it rang, the draft is alive and its send is posted
+        if self.split:  # the doorbell first: once it rang, the draft's send is posted
             self._wait(self.group.recv([self.bell], self.peer, DOORBELL))
             if int(self.bell) != size:
                 self._fail(f"the draft announced a reply of {int(self.bell)} bytes, expected {size}")
@@ -143,7 +117,6 @@ class DraftLink:
         self._wait_payload(self.payload.recv([view], self.peer, REPLY))
         return view
 
-    # ---- draft --------------------------------------------------------------------------
     def recv_request(self) -> torch.Tensor:
         """The next encoded request as a host uint8 tensor (valid until the next call)."""
         self._wait_payload(self.payload.recv([self.request_buf], self.peer, REQUEST), patient=True)
@@ -166,22 +139,20 @@ class DraftLink:
         return self.reply_buf[:size]
 
     def send_reply(self, frame: torch.Tensor) -> None:
-        """Send one encoded reply (uint8)."""
         if self.window is not None and self.window.fits(frame.numel()):
             if not self.window.holds(frame):
                 self.window.buffer[:frame.numel()] = frame
             self.bell[0] = frame.numel()
             return self._wait(self.group.send([self.bell], self.peer, REPLY), patient=True)
-        out = frame.contiguous().to(self.device)  # the tensor itself when encoded in place (or on CPU)
+        out = frame.contiguous().to(self.device)
         if not self.split:
             return self._wait(self.group.send([out], self.peer, REPLY), patient=True)
-        self.bell[0] = out.numel()  # ring right before the payload send: the coordinator then posts its receive
+        self.bell[0] = out.numel()
         ring = self.group.send([self.bell], self.peer, DOORBELL)
         sent = self.payload.send([out], self.peer, REPLY)
         self._wait(ring, patient=True)
         self._wait_payload(sent, patient=True)
 
-    # ---- waiting ------------------------------------------------------------------------
     def _wait(self, work, patient: bool = False) -> None:
         """The coordinator's waits have the deadline; the draft's (patient) ones wait out idle rounds."""
         try:
@@ -192,11 +163,11 @@ class DraftLink:
     def _wait_payload(self, work, patient: bool = False) -> None:
         if self.transport == "nccl":
             self._poll(work, patient)
-        self._wait(work, patient)  # raises the op's error, if any; on a GPU orders the current stream after it
+        self._wait(work, patient)  # raises the op's error; orders the current stream after it
 
     def _poll(self, work, patient: bool) -> None:
         """Wait for a NCCL op by polling: its wait takes no deadline, and a blocking CUDA wait would
-        spin a core for as long as the draft idles. (gloo ops complete only inside wait().)"""
+        spin a core for as long as the draft idles."""
         deadline = None if patient else time.monotonic() + self.timeout.total_seconds()
         pause = 0.0
         while not work.is_completed():
@@ -207,5 +178,5 @@ class DraftLink:
 
     def _fail(self, message: str, cause: BaseException | None = None):
         if self.transport == "nccl":
-            self.payload.abort()  # drop queued NCCL ops, so no kernel waits forever on a gone peer
+            self.payload.abort()
         raise DraftLinkError(message) from cause

@@ -1,12 +1,6 @@
-"""SSD-specific counters: cache hits (overall and by the outcome's accepted count), acceptance
-by where the speculation came from, fallbacks, draft failures, and T_p.
-
-T_p = the draft's cache-build time per round / the coordinator's verification time per round
-(from receiving a speculation to asking for the next one: target forward, verify, bookkeeping).
-T_p <= 1 means the draft keeps up and a hit costs the target nothing.
-
-Every method takes a `Source`; the dictionaries are what users read, keyed by its label ("hit", ...).
-"""
+"""SSD counters: cache hits, acceptance by `Source` (dictionaries keyed by its label), fallbacks,
+draft failures, and T_p = cache-build time / the coordinator's verification time per round
+(T_p <= 1: the draft keeps up and a hit costs the target nothing)."""
 from dataclasses import dataclass, field, fields
 
 from ssd_engine.saguaro.calibration import miss_curve
@@ -16,20 +10,20 @@ from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
 
 @dataclass
 class SSDMetrics:
-    k: int  # K: drafts a round
-    lookups_by_accepted: list[int] = field(default_factory=list)   # index accepted + 1; index 0 = no previous speculation
+    k: int
+    lookups_by_accepted: list[int] = field(default_factory=list)   # index accepted + 1; 0: none
     hits_by_accepted: list[int] = field(default_factory=list)
     drafted: dict = field(default_factory=dict)               # source -> draft tokens verified
-    accepted: dict = field(default_factory=dict)              # source -> of those, accepted
-    speculations: dict = field(default_factory=dict)          # source -> count ("local" after a draft failure)
+    accepted: dict = field(default_factory=dict)
+    speculations: dict = field(default_factory=dict)
     draft_failures: list[str] = field(default_factory=list)
-    bonus_ranks_by_accepted: list = field(default_factory=list)     # [accepted][rank]: where each bonus stood among candidates
-    rounds: dict = field(default_factory=dict)                # source -> verified rounds
+    bonus_ranks_by_accepted: list = field(default_factory=list)     # [accepted][rank]
+    rounds: dict = field(default_factory=dict)
     rounds_by_accepted: dict = field(default_factory=dict)    # source -> [rounds that accepted a], a = 0..K
-    backups: dict = field(default_factory=dict)               # jit / fast -> rounds the policy chose it for
+    backups: dict = field(default_factory=dict)
     step_samples: list = field(default_factory=list)          # (branch rows, seconds per branch-decode step)
     glue_s: float = 0.0
-    jit_s: float = 0.0                                        # draft lookups that drafted just in time
+    jit_s: float = 0.0
     jit_rounds: int = 0
     build_s: float = 0.0
     wait_s: float = 0.0
@@ -43,8 +37,7 @@ class SSDMetrics:
         self.bonus_ranks_by_accepted = self.bonus_ranks_by_accepted or [[0] * (RANK_DEPTH + 1) for _ in range(self.k + 1)]
 
     def reset(self) -> None:
-        """Drop every count (a warm-up's, a previous cell's); K stays. In place, as the coordinator
-        holds this object."""
+        """Drop every count; K stays. In place: the coordinator holds this object."""
         fresh = SSDMetrics(self.k)
         for f in fields(self):
             setattr(self, f.name, getattr(fresh, f.name))
@@ -115,7 +108,7 @@ class SSDMetrics:
 
     def summary(self) -> dict:
         lookups, hits = sum(self.lookups_by_accepted), sum(self.hits_by_accepted)
-        warm = sum(self.lookups_by_accepted[1:])  # lookups with a previous speculation to predict from
+        warm = sum(self.lookups_by_accepted[1:])
         rate = lambda a, b: a / b if b else 0.0
         mean_build = rate(self.build_s, self.timed_rounds)
         mean_verify = rate(self.verify_s, self.verify_rounds)
@@ -139,12 +132,10 @@ class SSDMetrics:
             "verify_s_per_round": mean_verify,
             "T_p": rate(mean_build, mean_verify),
             "glue_s_per_round": rate(self.glue_s, self.timed_rounds),
-            # the budget B the builds actually ran with (build_budget.py caps it to the window)
             "branch_rows_per_build": rate(sum(rows for rows, _ in self.step_samples), len(self.step_samples)),
             "miss_rate_by_fanout": miss_curve(self.rank_counts())[:8],
             "backup_rounds": dict(self.backups),
-            # Theorem 7's inputs: tokens per round from the primary (hits) and the backups (misses),
-            # and the just-in-time backup's drafting time per round that used it
+            # Theorem 7's inputs
             "tokens_per_round_hit": self._tokens_per_round((hit,))[0],
             "tokens_per_round_miss": self._tokens_per_round(tuple(s for s in self.rounds if s != hit))[0],
             "jit_s_per_round": rate(self.jit_s, self.jit_rounds),

@@ -1,12 +1,6 @@
 """Start the SSD draft process (coordinator side); its main loop is speculative/ssd/draft/loop.py.
-
-Like tensor-parallel workers it runs `python -m ssd_engine.speculative.ssd.draft.main` (distributed/lifeline.py),
-pinned to its own cores on CPU or on its own GPU, started and awaited by distributed/supervise.py:
-it dies with the coordinator in every phase and finds it through a TCPStore on a kernel-picked
-port. It loads its model before announcing itself, so a draft that fails to load is reported at
-start-up with its exit code, never as a hang. It inherits the reply window (reply_window.py), sized
-for the largest reply a round can bring.
-"""
+It dies with the coordinator, and loads its model before announcing itself, so a draft that fails
+to load is reported at start-up with its exit code, never as a hang."""
 import os
 import subprocess
 from dataclasses import asdict, dataclass, replace
@@ -25,20 +19,16 @@ READY_KEY = "draft/ready"
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """What the draft process needs, each part whole: its runner (the target's sizes, the draft's
-    model, device and layout; the draft adds scratch blocks itself), the engine's speculative part
-    (K, Saguaro's C, the fit window, synthetic hits), the Saguaro plan's fan-outs, and what it
-    shares with the target."""
+    """What the draft process needs: its runner (the target's sizes, the draft's model; the draft
+    adds scratch blocks itself), the speculative options, the Saguaro plan's fan-outs."""
     runner: RunnerSpec
     speculative: SpeculativeConfig
-    fanouts: tuple        # ((temperature, (F_0..F_K)), ...): per request temperature, the nearest
-    # ((temperature, (F at budget 1, ..., F at the planned budget)), ...): the fan-out a build the
-    # run-time budget cuts prepares; empty: the planned fan-out scaled down
-    fanout_tables: tuple
+    fanouts: tuple        # ((temperature, (F_0..F_K)), ...): a request takes the nearest one's
+    fanout_tables: tuple  # ((temperature, (F at budget 1..planned)), ...); empty: scale down
     vocab: int            # proposable ids: shared by tokenizer, draft and target
     max_num_seqs: int
     seed: int
-    # structured outputs in the draft: the target's tokenizer folder (the grammar's token ids) and end ids
+    # structured outputs: the target's tokenizer folder and end ids
     tokenizer: str = ""
     eos_token_ids: tuple = ()
 
@@ -47,7 +37,6 @@ class DraftSpec:
         return self.speculative.k
 
     def to_args(self) -> dict:
-        """Plain values for the child's JSON arguments."""
         return asdict(self)
 
     @classmethod
@@ -61,16 +50,16 @@ class DraftSpec:
 
 def spawn(draft_spec: DraftSpec, cores: list[int] | None, threads: int,
           timeout_s: float) -> tuple[subprocess.Popen, dist.TCPStore, ReplyWindow | None]:
-    """-> (process, store, the coordinator's view of the reply window); returns once the draft has
-    loaded its model and waits on the channel."""
+    """-> (process, store, reply window), once the draft has loaded its model."""
     store = supervise.host_store(2)
-    draft_spec = replace(draft_spec, runner=draft_spec.runner.for_other_processes())  # no transformers import there
+    draft_spec = replace(draft_spec, runner=draft_spec.runner.for_other_processes())
     args = dict(port=store.port, cores=cores, threads=threads, timeout_s=timeout_s, draft_args=draft_spec.to_args())
     if not reply_window.supported():
         draft = supervise.start("SSD draft process", "ssd_engine.speculative.ssd.draft.main", args, READY_KEY)
         supervise.wait_ready(store, [draft])
         return draft.process, store, None
-    capacity = ReplyLayout(draft_spec.k, (draft_spec.vocab,) * draft_spec.max_num_seqs, draft_spec.vocab).size  # every sequence sending whole rows
+    # every sequence sending whole rows
+    capacity = ReplyLayout(draft_spec.k, (draft_spec.vocab,) * draft_spec.max_num_seqs, draft_spec.vocab).size
     fd = ReplyWindow.create_fd(capacity)
     try:
         window = ReplyWindow(fd, capacity)

@@ -1,12 +1,5 @@
-"""The draft's q rows of one SSD round as the verifier's dense [n, K, vocab] proposal, built on the
-target's device.
-
-A reply carries each sequence's rows one of three ways (protocol.py `QMode`): whole rows, their
-supports (`SupportRows`, a top_k request), or none (verified as one-hot). Laying all of them out
-densely on the host cost 2.3 ms at batch 8 (vocab 151,936, one thread), on the round's critical
-path. Here only whole rows cross densely; a support crosses as its few hundred bytes and is
-scattered into the zeroed proposal on the device.
-"""
+"""The draft's q rows of one SSD round as the verifier's dense [n, K, vocab] proposal on the
+target's device: only whole rows cross densely; a support is scattered into it there."""
 import torch
 
 from ssd_engine.speculative.ssd.protocol import SupportRows
@@ -16,9 +9,8 @@ QRows = torch.Tensor | SupportRows | None
 
 
 def proposal_probs(qs: list[QRows], k: int, vocab: int, device: torch.device) -> torch.Tensor | None:
-    """[n, K, vocab] float32 on `device`, row i from qs[i] (zeros where it is None: such rows are
-    verified as one-hot and never read); None when no row carries q. `vocab` may exceed the
-    draft's: the target's ids past the draft's have probability 0."""
+    """[n, K, vocab] float32 on `device`, row i from qs[i] (zeros where None: verified as one-hot);
+    None when no row carries q. Ids past the draft's vocabulary have probability 0."""
     full = [i for i, q in enumerate(qs) if isinstance(q, torch.Tensor)]
     support = [i for i, q in enumerate(qs) if isinstance(q, SupportRows)]
     if not full and not support:
@@ -33,12 +25,11 @@ def proposal_probs(qs: list[QRows], k: int, vocab: int, device: torch.device) ->
 
 def _copy_full(probs: torch.Tensor, rows: list[int], qs: list[torch.Tensor]) -> None:
     width = qs[0].shape[-1]
-    if all(q.device == probs.device for q in qs):  # on CPU, or a reply that stayed on the GPU (codec.py)
+    if all(q.device == probs.device for q in qs):
         for i, q in zip(rows, qs):
             probs[i, :, :width] = q
         return
-    # host rows staged in pinned memory: the copy up is then non-blocking without another host copy
-    # (the rows are views of a pageable reply buffer or window)
+    # host rows staged in pinned memory so the copy up is non-blocking
     staged = torch.empty(len(rows), *qs[0].shape, pin_memory=True)
     for j, q in enumerate(qs):
         staged[j] = q
@@ -46,9 +37,8 @@ def _copy_full(probs: torch.Tensor, rows: list[int], qs: list[torch.Tensor]) -> 
 
 
 def _scatter_supports(probs: torch.Tensor, rows: list[int], qs: list[SupportRows]) -> None:
-    """One accumulate-scatter for all of them. Supports of different top_k are padded with id 0 at
-    probability 0; accumulating keeps a padding duplicate of a real id 0 from overwriting it, and
-    adding zeros leaves every probability bit for bit as sent."""
+    """One accumulate-scatter for all. Supports are padded with id 0 at probability 0: accumulating
+    keeps a padding id 0 from overwriting a real one, and adding zeros keeps every bit as sent."""
     width = max(q.ids.shape[1] for q in qs)
     k = probs.shape[1]
     ids = torch.zeros(len(rows), k, width, dtype=torch.int64)

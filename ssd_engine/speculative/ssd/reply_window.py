@@ -1,19 +1,8 @@
-"""Shared memory for the SSD reply, when the draft process's payloads would cross through host
-memory anyway (CPU, or a draft sharing the coordinator's GPU).
-
-Why: gloo carries payloads over TCP on loopback. A reply with whole q rows (T > 0 without top_k:
-K x vocab floats a sequence, 2.4 MB at batch 1 and 19 MB at batch 8 for the default pair) crosses
-this window 3-5x faster than through gloo (benchmarks/micro/bench_reply_window.py measures both). The draft encodes the reply in place, the
-coordinator decodes it in place, and gloo carries only its size.
-
-Where the memory lives: one anonymous memfd the coordinator creates and the draft process inherits
-(`pass_fds`): no name anywhere, freed by the kernel when the last holder exits. Blocks are
-allocated as a reply first touches them, so sizing it for the largest possible reply costs nothing
-until one is sent. Ordering: the draft writes the reply, then sends its size; the coordinator
-reads it after receiving that size, and both are system calls, which order memory on every
-architecture. The draft rewrites the window only for the next request's reply, and the coordinator
-has copied this reply's rows into its proposal before it sends that request.
-"""
+"""Shared memory for the SSD reply where payloads cross host memory anyway (CPU, or a shared GPU):
+the draft encodes in place, the coordinator decodes in place, and gloo (TCP) carries only the size.
+One anonymous memfd the draft inherits, freed when the last holder exits; pages are allocated on
+first touch. Ordering: the draft writes, then sends the size by system call, which orders memory;
+it rewrites the window only for the next request, sent after the coordinator copied this reply."""
 import mmap
 import os
 
@@ -32,7 +21,7 @@ class ReplyWindow:
 
     @staticmethod
     def create_fd(capacity: int) -> int:
-        fd = os.memfd_create("ssd-engine-reply", 0)  # anonymous: the name is only a debugging label
+        fd = os.memfd_create("ssd-engine-reply", 0)
         os.ftruncate(fd, capacity)
         return fd
 

@@ -1,10 +1,6 @@
-"""One sequence's built speculation cache: (k, t*) -> the Speculation of that branch.
-
-A build decodes every branch of every sequence at once (at a large batch, hundreds of thousands
-of rows) and a round reads one entry per sequence: a sequence's cache holds only the spans of rows
-its branches took in the build's shared tensors, entries are made when read, and stay the same
-objects once made (server.py compares them by identity). Nothing is done per branch on the host.
-"""
+"""One sequence's built speculation cache: (k, t*) -> the Speculation of that branch. It holds only
+its rows' spans in the build's shared tensors; entries are made when read and stay the same objects
+once made (server.py compares them by identity)."""
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -16,15 +12,14 @@ from ssd_engine.speculative.ssd.protocol import Speculation
 
 @dataclass(frozen=True)
 class DecodedBranches:
-    """One decode pass's branches: row r's outcome (k, t*), its K sampled tokens and the [K, vocab]
-    rows they came from."""
+    """One decode pass's branches: row r's outcome (k, t*), K tokens and their [K, vocab] rows."""
     keys: list[tuple[int, int]]
-    tokens: torch.Tensor  # [rows, K] on the host; a row becomes a list when read (most rows never are)
+    tokens: torch.Tensor  # [rows, K] on the host
     q: torch.Tensor | None  # [rows, K, vocab]; None: every branch greedy
 
 
 def find_row(keys: list[tuple[int, int]], start: int, stop: int, key) -> int | None:
-    """The row in [start, stop) whose outcome is `key` (a sequence's span: at most its fan-out's sum)."""
+    """The row in [start, stop) whose outcome is `key`."""
     for row in range(start, stop):
         if keys[row] == key:
             return row
@@ -33,8 +28,8 @@ def find_row(keys: list[tuple[int, int]], start: int, stop: int, key) -> int | N
 
 class BranchCache(Mapping):
     def __init__(self, greedy: bool) -> None:
-        self.greedy = greedy  # a greedy sequence's drafts are verified as one-hot: no q rows kept
-        self.spans: list[tuple[DecodedBranches, int, int]] = []  # its rows [start, stop) of each pass
+        self.greedy = greedy  # verified as one-hot: no q rows kept
+        self.spans: list[tuple[DecodedBranches, int, int]] = []
         self._made: dict[tuple[int, int], Speculation] = {}
 
     def add(self, branches: DecodedBranches, start: int, stop: int) -> None:

@@ -1,19 +1,8 @@
-"""Build the speculation cache S^{T+1} while the target verifies round T (SSD, Algorithm 1).
-
-For each sequence with a speculation x_1..x_K out for verification:
-1. glue: extend its trunk with the committed tokens it lacks, then x_1..x_K; this yields the
-   draft's distribution at every position 1..K+1 of the speculation;
-2. predict outcomes: for each accepted count k with fan-out F_k > 0, the bonus-token candidates are
-   the draft's top-F_k tokens at position k+1, excluding x_{k+1} (a rejected token is never the
-   bonus; k = K has no exclusion);
-3. decode every branch (k, t*) K steps at once, each attending to its trunk prefix (committed +
-   x_1..x_k) and its own path (tree_mask.py), sampling each token and keeping its exact q row.
-
-On a hit the speculation out for verification is a branch this builder decoded: its path already
-holds the K/V of t*, x_1..x_{K-1} at their positions, and its steps' logits are the draft's
-distributions at positions 1..K. The glue then copies that path into the trunk and feeds x_K
-alone (one row instead of K+1), as long as no build has overwritten the scratch path since.
-"""
+"""Build the speculation cache S^{T+1} while the target verifies round T (SSD, Algorithm 1). Per
+sequence with x_1..x_K out: glue (extend the trunk through x_K: the draft's rows at 1..K+1); for
+each k with F_k > 0 take the top-F_k bonus candidates at k+1, excluding x_{k+1} (a rejected token
+is never the bonus); decode every branch (k, t*) K steps at once, keeping each token's exact q row.
+On a hit whose scratch path is intact, the glue copies that path into the trunk, feeds x_K alone."""
 import time
 
 import torch
@@ -26,7 +15,7 @@ from ssd_engine.speculative.ssd.draft.trunk import DraftSeq, Trunk
 from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
 from ssd_engine.utils.host_upload import padded_rows, upload
 
-KEEP_LOGITS_BYTES = 256 * 2**20  # ~40 branches x K = 4 at a 150k vocabulary; wider builds recompute the glue
+KEEP_LOGITS_BYTES = 256 * 2**20  # wider builds recompute the glue
 
 
 class CacheBuilder:
@@ -35,56 +24,53 @@ class CacheBuilder:
         self.scratch_base, self.max_branches = scratch_base, max_branches  # slots reserved for branch paths
         self.glue_seconds = self.step_seconds = 0.0  # the last build's glue forward and mean branch step
         self.step_rows = 0
-        self.branch_rows = 0  # the last build's branches over all parts
-        self.seconds = 0.0    # the last build: glue and branches
-        self.glue_rows = 0    # the last glue's logit rows (hits that reused their path feed one)
-        # the last build's branches, seq_id -> its rows [start, stop) with path_keys[row] = (k, t*), and
-        # each step's logits [rows, V]: what a hit on one of them reuses (kept while the scratch paths are intact)
+        self.branch_rows = 0
+        self.seconds = 0.0
+        self.glue_rows = 0
+        # the last build's rows per seq_id, their (k, t*) and step logits [rows, V], for hits
         self.paths: dict[int, tuple[int, int]] = {}
         self.path_keys: list[tuple[int, int]] = []
         self.step_logits: list[torch.Tensor] = []
 
     def build(self, seqs: list[DraftSeq]) -> None:
-        """Fill seq.cache for every sequence (their `sent` speculation must be set), each with its
-        own fan-out; remember each position's top candidates to rank the outcome's bonus later."""
+        """Fill seq.cache and seq.ranked for every sequence (`sent` must be set)."""
         k = self.trunk.k
         started = time.perf_counter()
         for seq in seqs:
             seq.cache = BranchCache(seq.params.greedy)
             seq.cut_trunk(len(seq) - 1)
         widest = min(max(RANK_DEPTH, max(max(s.fanout) for s in seqs) + 1), self.trunk.vocab)
-        # structured requests: what the grammar allows at positions 1..K+1 of the speculation, and how many
-        # of them verification can reach (outcomes past a draft the grammar forbids never happen)
+        # structured requests: what the grammar allows at positions 1..K+1, how many are reachable
         grammar = [s.grammar.along(s.sent.tokens, k + 1) if s.grammar is not None else None for s in seqs]
-        reused = self._reuse_hit_paths(seqs, widest, grammar)  # per sequence: ranks at positions 1..K, or None
+        reused = self._reuse_hit_paths(seqs, widest, grammar)
         self.paths, self.path_keys, self.step_logits = {}, [], []
         feeds = [(s.tokens + s.sent.tokens)[len(s.trunk):] for s in seqs]
         rows = [1 if r is not None else k + 1 for r in reused]
-        glued = self.trunk.extend_rows(seqs, feeds, rows)[:, :self.trunk.vocab]  # positions K+2-rows..K+1
+        glued = self.trunk.extend_rows(seqs, feeds, rows)[:, :self.trunk.vocab]
         free = [allowed is None for allowed in grammar]
-        ranks = glued.topk(widest, dim=-1).indices.tolist() if any(free) else []  # one read for every free row
+        ranks = glued.topk(widest, dim=-1).indices.tolist() if any(free) else []  # one read for all
         top, end = [], 0
         for seq, earlier, n, allowed in zip(seqs, reused, rows, grammar):
             if allowed is None:
                 own = ranks[end:end + n]
-            else:  # a bonus token the grammar forbids is never emitted: rank the allowed ones
+            else:  # rank only the tokens the grammar allows
                 masked = glued[end:end + n].float().masked_fill(~allowed[0][k + 1 - n:, :glued.shape[1]], float("-inf"))
                 own = masked.topk(widest, dim=-1).indices.tolist()
             end += n
             seq.ranked = (earlier or []) + own
-            top.append(seq.ranked)  # [K+1][widest]
+            top.append(seq.ranked)
         self.glue_seconds, self.glue_rows = time.perf_counter() - started, sum(rows)
         self.step_seconds, self.step_rows = 0.0, 0
         branch_seq, branch_k, branch_tok, spans = self._candidates(seqs, top, grammar)
         self.branch_rows = len(branch_seq)
         for start in range(0, len(branch_seq), self.max_branches):
             part = slice(start, start + self.max_branches)
-            # one part, so its paths survive; its fp32 step logits held until the next build, within a bound
+            # one part only, so its paths survive; its fp32 step logits kept within a bound
             keep = (len(branch_seq) <= self.max_branches
                     and len(branch_seq) * k * self.trunk.vocab * 4 <= KEEP_LOGITS_BYTES)
             branches = self._decode(seqs, branch_seq[part], branch_k[part], branch_tok[part], keep_paths=keep)
             stop = start + len(branches.keys)
-            for seq, (first, last) in zip(seqs, spans):  # each sequence's rows of this part, part-local
+            for seq, (first, last) in zip(seqs, spans):
                 seq.cache.add(branches, max(first, start) - start, min(last, stop) - start)
             if keep:
                 self.path_keys = branches.keys
@@ -92,9 +78,8 @@ class CacheBuilder:
         self.seconds = time.perf_counter() - started
 
     def _reuse_hit_paths(self, seqs: list[DraftSeq], widest: int, grammar: list) -> list[list | None]:
-        """For each sequence whose speculation is a branch of the last build (and whose trunk ends
-        just before its bonus token): copy the branch's path K/V (t*, x_1..x_{K-1}) into the trunk
-        and return the top ids of its steps' logits (positions 1..K); None where it must glue."""
+        """Where a sequence's speculation is a branch of the last build (trunk ending just before
+        t*): copy its path K/V into the trunk, return its steps' top ids; None where it glues."""
         k, bs, vocab = self.trunk.k, self.trunk.blocks.block_size, self.trunk.vocab
         out, src, dst, hit_rows, free = [], [], [], [], []
         for seq, allowed in zip(seqs, grammar):
@@ -103,20 +88,20 @@ class CacheBuilder:
             if row is None or len(seq.trunk) != len(seq) - 1:
                 out.append(None)
                 continue
-            fork = len(seq) - 1  # t*'s position
+            fork = len(seq) - 1
             src += [self.scratch_base + row * k + j for j in range(k)]
             dst += [seq.block_table[p // bs] * bs + p % bs for p in range(fork, fork + k)]
             seq.trunk.extend([seq.tokens[-1]] + seq.sent.tokens[:k - 1])
             if allowed is None:
-                out.append([])  # filled below, with every unconstrained hit's ranks in one read
+                out.append([])
                 hit_rows.append(row)
                 free.append(len(out) - 1)
                 continue
-            steps = torch.stack([step[row, :vocab] for step in self.step_logits])  # [K, vocab]
+            steps = torch.stack([step[row, :vocab] for step in self.step_logits])
             steps = steps.float().masked_fill(~allowed[0][:k, :vocab], float("-inf"))
             out.append(steps.topk(widest, dim=-1).indices.tolist())
         if hit_rows:
-            steps = torch.stack([step[hit_rows, :vocab] for step in self.step_logits], dim=1)  # [hits, K, vocab]
+            steps = torch.stack([step[hit_rows, :vocab] for step in self.step_logits], dim=1)
             for index, ranks in zip(free, steps.topk(widest, dim=-1).indices.tolist()):
                 out[index] = ranks
         if src:
@@ -124,8 +109,7 @@ class CacheBuilder:
         return out
 
     def _candidates(self, seqs: list[DraftSeq], top: list, grammar: list):
-        """Per branch: its sequence index, accepted count k and bonus token t*; per sequence: the
-        [start, stop) of its branches (a sequence's branches are consecutive)."""
+        """Per branch: its sequence index, k and t*; per sequence: its branches' [start, stop)."""
         k = self.trunk.k
         branch_seq, branch_k, branch_tok, spans = [], [], [], []
         for i, seq in enumerate(seqs):
@@ -143,7 +127,7 @@ class CacheBuilder:
     @torch.no_grad()
     def _decode(self, seqs: list[DraftSeq], branch_seq: list[int], branch_k: list[int], branch_tok: list[int],
                 keep_paths: bool) -> DecodedBranches:
-        """Decode these branches K steps at once: their tokens and q rows, row r = branch r."""
+        """Decode these branches K steps at once: row r = branch r."""
         trunk, k = self.trunk, self.trunk.k
         device = trunk.runner.device
         rows = len(branch_seq)
@@ -151,10 +135,10 @@ class CacheBuilder:
         width = max(len(s.trunk) for s in seqs)
         pages = -(-width // bs)
         lengths = [len(s) for s in seqs]
-        visible_host = [lengths[i] + accepted for i, accepted in zip(branch_seq, branch_k)]  # fork = t*'s position
+        visible_host = [lengths[i] + accepted for i, accepted in zip(branch_seq, branch_k)]
         tables, seq_index, visible, ids = upload(
             [padded_rows([s.block_table for s in seqs], pages), branch_seq, visible_host, branch_tok], device,
-            torch.int32)  # as the attention metadata holds them: no casts on the device
+            torch.int32)
         tables = tables.view(len(seqs), pages)
         scratch = (self.scratch_base + torch.arange(rows * k, device=device)).view(rows, k)
         params = [seqs[i].params for i in branch_seq]
@@ -173,7 +157,7 @@ class CacheBuilder:
                 self.step_logits.append(logits)
             drawn.append(ids)
             rows_q.append(q)
-        if rows > self.step_rows:  # time the widest part: the one a budget is about
+        if rows > self.step_rows:  # time the widest part
             self.step_seconds, self.step_rows = (time.perf_counter() - started) / k, rows
         return DecodedBranches(list(zip(branch_k, branch_tok)), torch.stack(drawn, dim=1).cpu(),
                                None if rows_q[0] is None else torch.stack(rows_q, dim=1))
@@ -181,8 +165,8 @@ class CacheBuilder:
     @staticmethod
     def _branch_masks(seqs: list[DraftSeq], branch_seq: list[int], branch_k: list[int],
                       branch_tok: list[int]) -> DraftMasks | None:
-        """Each branch's grammar: its sequence's, forked and advanced over x_1..x_k and t* (None where
-        it has none: not structured, or a path the grammar forbids, which verification never reaches)."""
+        """Each branch's grammar: its sequence's advanced over x_1..x_k and t* (None: unstructured,
+        or a path the grammar forbids)."""
         if not any(seqs[i].grammar is not None for i in branch_seq):
             return None
         states = []
@@ -195,8 +179,7 @@ class CacheBuilder:
 
 
 def bonus_rank(seq: DraftSeq, k: int, bonus: int) -> int:
-    """Where `bonus` stood among the candidates built for outcome k (0 = first; RANK_DEPTH = not
-    in the tracked top): the cache held it iff its rank < F_k, for any fan-out F_k."""
+    """`bonus`'s rank among outcome k's candidates (RANK_DEPTH: untracked); cached iff < F_k."""
     excluded = seq.sent.tokens[k] if k < len(seq.sent.tokens) else None
     candidates = [t for t in seq.ranked[k] if t != excluded][:RANK_DEPTH]
     return candidates.index(bonus) if bonus in candidates else RANK_DEPTH

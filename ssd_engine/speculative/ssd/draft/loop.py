@@ -1,9 +1,5 @@
-"""The SSD draft's main loop (draft side): load the draft, then answer rounds. `draft_main` runs it
-as its own process (the default); speculative/ssd/draft_thread.py as a thread of the engine process.
-
-Each round: receive the request, apply the outcomes, reply (cache hit or fallback), then build
-the next speculation cache while the target verifies (speculative/ssd/draft/server.py).
-"""
+"""The SSD draft's main loop: load the draft, then each round receive the request, apply the
+outcomes, reply (cache hit or fallback), and build the next cache while the target verifies."""
 import os
 import sys
 from dataclasses import replace
@@ -36,8 +32,7 @@ def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: floa
     try:
         serve(link, server, draft_spec)
     except DraftLinkError:
-        # the coordinator went away without a shutdown (it crashed, or exited without close()):
-        # its own error says why; a traceback from here would only bury it
+        # the coordinator went away without a shutdown: its own error says why
         print(f"SSD draft {os.getpid()}: the coordinator closed the link, exiting", file=sys.stderr)
         raise SystemExit(1) from None
 
@@ -47,12 +42,10 @@ def build_server(draft_spec: DraftSpec) -> DraftServer:
     cache, k = draft_spec.runner.cache, draft_spec.k
     fanouts = [(t, list(f)) for t, f in draft_spec.fanouts]
     scratch_blocks = -(-scratch_slots(fanouts, k, draft_spec.max_num_seqs) // cache.block_size)
-    # the scratch blocks sit past the target-sized cache the server's block manager hands out
     runner_spec = replace(draft_spec.runner, cache=replace(cache, num_kv_blocks=cache.num_kv_blocks + scratch_blocks))
     runner = runner_spec.build()
     server = new_server(draft_spec, runner)
-    # just-in-time draft steps, the glue of a build that cannot reuse a hit's path (K + 1 tokens a
-    # row), branch steps
+    # just-in-time draft steps, a glue that cannot reuse a hit's path, branch steps
     runner.capture_graphs([("paged", 1), ("paged", k + 1), ("tree", k)])
     return server
 
@@ -69,9 +62,9 @@ def serve(link: DraftEnd, server: DraftServer, draft_spec: DraftSpec) -> None:
         if wanted:
             reply = Reply(server.timings(), server.lookup(wanted, request.backup))
             layout = ReplyLayout.of(request, draft_spec.k, draft_spec.vocab)
-            shared = link.reply_buffer(layout)  # encoded in place: the link's shared memory or payload buffer
+            shared = link.reply_buffer(layout)
             encoded = encode_reply(reply, layout, out=out if shared is None else shared)
             if shared is None and encoded.numel() > out.numel():
-                out = encoded  # grows to the largest round seen
+                out = encoded
             link.send_reply(encoded)
         server.build(wanted)

@@ -1,7 +1,5 @@
-"""`python -m ssd_engine.speculative.ssd.draft.main PARENT_PID ARGS_JSON`: how the coordinator starts the SSD draft process.
-
-A module of its own (imported by nothing) so running it does not import itself twice.
-"""
+"""`python -m ssd_engine.speculative.ssd.draft.main PARENT_PID ARGS_JSON`: the SSD draft process.
+A module imported by nothing, so running it does not import itself twice."""
 import signal
 
 if __name__ == "__main__":
@@ -11,4 +9,4 @@ if __name__ == "__main__":
 
     from ssd_engine.speculative.ssd.draft.loop import draft_main
     draft_main(**args)
-    exit_done()  # the parent's close() waits for this exit: no interpreter teardown
+    exit_done()  # no interpreter teardown

@@ -1,9 +1,5 @@
-"""The draft process: one loop per round (docs/ARCHITECTURE.md "The SSD round", draft side).
-
-    receive the round's outcomes -> look each wanted sequence up in the speculation cache
-    -> reply at once (hit) or after the fallback (miss) -> build the next cache, which overlaps
-    the target's verification of the speculation just sent.
-"""
+"""The draft's state and round steps: apply the outcomes, look each wanted sequence up (a hit
+replies at once, a miss after the fallback), build the next cache while the target verifies."""
 import json
 import logging
 import time
@@ -30,24 +26,23 @@ class DraftServer:
                  fanout_tables: list | None = None) -> None:
         self.trunk, self.builder, self.seed = trunk, builder, seed
         self.synthetic_hits = synthetic_hits  # benchmarking: hit or miss drawn, not looked up
-        self.fanouts = fanouts  # [(temperature, F_0..F_K)]: a sequence takes the nearest temperature's
+        self.fanouts = fanouts
         self.budget = budget    # None: every build prepares the planned fan-out
-        self.fanout_tables = fanout_tables or []  # [(temperature, [F at budget 1..planned])]
+        self.fanout_tables = fanout_tables or []
         self.seqs: dict[int, DraftSeq] = {}
-        self.grammar_source: DraftSpec | None = None  # where structured requests' grammars come from
+        self.grammar_source: DraftSpec | None = None
         self._grammars: Grammars | None = None  # built on the first structured request
         self.build_seconds = self.lookup_seconds = 0.0
-        self.planned_rows = 0   # the last build's branch rows had it followed the plan
+        self.planned_rows = 0
 
     @property
     def k(self) -> int:
         return self.trunk.k
 
     def apply(self, req: Request) -> None:
-        """Forget finished sequences, learn new ones, append committed tokens; size the next
-        build from how the last one fared against the verification it overlapped."""
+        """Forget finished sequences, learn new ones, append tokens; size the next build."""
         if self.budget is not None:
-            b = self.builder  # its own time: a new prompt's prefill in the same build is not the cache's
+            b = self.builder  # the cache build's own time, without prompt prefills
             self.budget.update(req.window_s, b.seconds, b.glue_seconds, b.branch_rows, self.planned_rows)
         for seq_id in req.finished:
             seq = self.seqs.pop(seq_id, None)
@@ -75,12 +70,11 @@ class DraftServer:
             seq.bonus_rank = bonus_rank(seq, *key) if key and seq.ranked else -1
             seq.sent, seq.ranked = None, None
             built, seq.cache = seq.cache, self._kept(seq.cache, key)
-            # the branch's computed path stands in for the glue only if it was built for this outcome
             seq.hit_key = key if key in built and seq.cache.get(key) is built[key] else None
 
     def _grammar(self, seq: DraftSeq) -> GrammarState | None:
-        """A structured request's grammar state, so its drafts follow the grammar (None: unstructured, or
-        the grammar cannot be built here: the drafts go unmasked, verification masks them regardless)."""
+        """A structured request's grammar state (None: unstructured or unbuildable; the drafts then
+        go unmasked, as verification masks the target regardless)."""
         if not seq.params.grammar:
             return None
         try:
@@ -89,7 +83,7 @@ class DraftServer:
                 tokenizer = load_tokenizer(spec.tokenizer, None, "auto", self.trunk.vocab)
                 self._grammars = Grammars(tokenizer, self.trunk.runner.config.vocab_size, set(spec.eos_token_ids))
             kind, value = json.loads(seq.params.grammar)
-            self._grammars.forget(seq.seq_id)  # a sequence learnt again starts from its whole output
+            self._grammars.forget(seq.seq_id)
             return self._grammars.state(seq.seq_id, StructuredOutputsParams(**{kind: value}), seq.outputs)
         except (ValueError, OSError) as error:
             log.warning("SSD draft: no grammar for sequence %d (%s); its drafts are unmasked", seq.seq_id, error)
@@ -97,10 +91,8 @@ class DraftServer:
 
     def _kept(self, cache: dict, key) -> dict:
         """The cache entry the next lookup may serve: the one built for the outcome (empty: a miss).
-        Under synthetic_hit a draw decides instead: a hit serves the outcome's entry, or any
-        built branch when the outcome was not among them (its tokens were drafted for another
-        outcome: only the cost is real); a miss drops even the outcome's entry. No branch built
-        (a first round, budget 0), nothing to serve: a miss without a draw."""
+        Under synthetic_hit a draw decides: a hit serves the outcome's entry, else any built one
+        (only its cost is real); a miss serves nothing. Nothing built: a miss without a draw."""
         if self.synthetic_hits is None:
             return {key: cache[key]} if key in cache else {}
         if key is None or not cache:
@@ -119,7 +111,7 @@ class DraftServer:
             seq = self.seqs[seq_id]
             if not self.trunk.reserve(seq, len(seq) + self.k):
                 speculations[seq_id] = Speculation(Source.NONE, [])
-            elif seq.cache:  # apply() kept only the entry matching the outcome
+            elif seq.cache:
                 speculations[seq_id] = next(iter(seq.cache.values()))
             else:
                 missed.append(seq)
@@ -138,7 +130,6 @@ class DraftServer:
         return [speculations[i] for i in wanted]
 
     def build(self, wanted: list[int]) -> None:
-        """After replying: prefill sequences the draft has not caught up with, build the next cache."""
         started = time.perf_counter()
         speculating = [self.seqs[i] for i in wanted if self.seqs[i].sent is not None]
         self.builder.branch_rows = 0
@@ -152,19 +143,17 @@ class DraftServer:
             self.builder.build(speculating)
         behind = [s for s in self.seqs.values() if s.sent is None and len(s.trunk) < len(s) - 1]
         behind = [s for s in behind if self.trunk.reserve(s, len(s))]
-        if behind:  # new prompts: compute all but the last token, which the first round feeds
+        if behind:  # all but the last token, which the first round feeds
             self.trunk.extend(behind, [s.tokens[len(s.trunk):-1] for s in behind], 1)
         self.build_seconds = time.perf_counter() - started
 
     def timings(self) -> DraftTimings:
-        """The reply's: last build, this lookup, the build's glue forward and branch step."""
         b = self.builder
         return DraftTimings(self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, b.step_rows)
 
     def _generators(self, seq_id: int, params: DraftParams, num_tokens: int) -> tuple:
-        """The sequence's draft and backup streams, unrelated to the target's (core/streams.py).
-        Salted with the token count: a sequence re-learnt after preemption gets fresh streams
-        instead of replaying draws that already shaped its emitted tokens."""
+        """The sequence's draft and backup streams, unrelated to the target's. Salted with the token
+        count: one re-learnt after preemption must not replay draws that shaped its output."""
         device = self.trunk.runner.device
         salt = ("request", num_tokens) if params.seed >= 0 else ("engine", seq_id, num_tokens)
         seed = params.seed if params.seed >= 0 else self.seed
@@ -179,10 +168,8 @@ def fanout_for(fanouts: list, temperature: float) -> list:
 
 
 def new_server(draft_spec: DraftSpec, runner) -> DraftServer:
-    """`runner`'s cache must hold the speculation's target-sized cache for trunks plus scratch_slots(...)
-    past it for branches. The SSD part's `fit_window` shrinks builds that outlast the target's
-    verification (build_budget.py); its `synthetic_hit` (benchmarking only) is the probability that
-    a lookup hits, drawn per lookup."""
+    """`runner`'s cache must hold the target-sized cache for trunks plus scratch_slots(...) past it
+    for branches. `synthetic_hit` (benchmarking only) is a lookup's drawn probability of a hit."""
     cache, ssd, seed = draft_spec.runner.cache, draft_spec.speculative.ssd, draft_spec.seed
     fanouts = [(t, list(f)) for t, f in draft_spec.fanouts]
     blocks = BlockManager(cache.num_kv_blocks, cache.block_size, enable_prefix_caching=False)

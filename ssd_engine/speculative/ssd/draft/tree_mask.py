@@ -1,15 +1,6 @@
-"""Attention metadata for decoding every speculation-cache branch in one batch.
-
-A branch (one predicted outcome (k, t*) of one sequence) is a path of K tokens hanging off its
-sequence's trunk: the committed tokens plus the first k tokens of the speculation being verified.
-At step j each branch feeds one token; it must attend to
-- the trunk prefix it grows from: the first `visible[r]` slots of its sequence's trunk, and
-- its own path so far: its scratch slots 0..j,
-and to nothing else: never a sibling branch, never trunk positions past its fork point.
-Each branch is one query row described compactly: its sequence's block-table row, its fork point
-and its K scratch slots. The Triton kernel generates the mask from these; the torch reference
-expands them to [trunk slots (padded) | its K scratch slots] plus a boolean mask.
-"""
+"""Attention metadata for decoding every speculation-cache branch in one batch. At step j a branch
+(a K-token path off its sequence's trunk) attends to the first `visible[r]` trunk slots and its own
+scratch slots 0..j only: never a sibling branch or trunk positions past its fork point."""
 import torch
 
 from ssd_engine.layers.attention import AttentionMetadata
