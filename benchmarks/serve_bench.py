@@ -11,8 +11,8 @@ writes every percentile to JSON; aiperf and inference-perf were not needed for a
 Only the glue is ours: start each server pinned to --cores (ours: `python -m ssd_engine.serve --mode
 M`, `auto+goodput` adding `--speculation-per-step goodput`; llama.cpp: `llama-server` with one slot per
 client, `--no-repack` on AMX hosts, whose repacked path dies there), run guidellm on the same cores
-(a user's client on one machine) for each prompt length: a concurrency sweep (c streams, 2c requests
-a level) and a Poisson sweep (--rates requests/s, --poisson-requests each); each level draws fresh
+(a user's client on one machine) for each prompt length: a concurrency sweep (c streams, max(2c, MIN_REQUESTS)
+requests a level) and a Poisson sweep (--rates requests/s, --poisson-requests each); each level draws fresh
 prompts (its own seed), so no server meets a prompt twice. Greedy (temperature 0), EOS ignored.
 Per level: output tok/s, TTFT, TPOT, inter-token latency and request latency p50 / p99. Writes
 DATE-serve[-TAG].md, .json and .png under --out, the CPU named.
@@ -69,9 +69,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
+MIN_REQUESTS = 6  # a low-concurrency level of 2c requests is dominated by one request's noise
+
+
 def levels(a) -> list[tuple[str, str, int]]:
     """(label, guidellm profile, requests) of every level of one sweep."""
-    return ([(f"concurrent@{c}", f"kind=concurrent,streams={c}", 2 * c) for c in a.concurrency]
+    return ([(f"concurrent@{c}", f"kind=concurrent,streams={c}", max(2 * c, MIN_REQUESTS)) for c in a.concurrency]
             + [(f"poisson@{r:g}", f"kind=poisson,rate={r}", a.poisson_requests) for r in a.rates])
 
 

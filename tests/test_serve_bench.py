@@ -20,7 +20,7 @@ def test_flags_levels_and_server_command_lines():
     a = serve_bench.parse(["--servers", "ar,auto+goodput", "--concurrency", "1,4", "--rates", "0.5",
                            "--prompt-tokens", "128", "--cores", "1,0", "--guidellm", "/bin/true"])
     assert a.servers == ["ar", "auto+goodput"] and a.cores == [1, 0] and a.prompt_tokens == [128]
-    assert serve_bench.levels(a) == [("concurrent@1", "kind=concurrent,streams=1", 2),
+    assert serve_bench.levels(a) == [("concurrent@1", "kind=concurrent,streams=1", 6),
                                      ("concurrent@4", "kind=concurrent,streams=4", 8),
                                      ("poisson@0.5", "kind=poisson,rate=0.5", 8)]
     ours = serve_bench.server_argv(a, "auto+goodput", 1234)
