@@ -99,7 +99,7 @@ def test_bench_parses_the_option_and_hands_it_to_every_engine_of_ours():
 
 
 # the row counts the engine runs: a decode row, K + 1 verification rows, batches of them (8 x 5 = 40),
-# a full ROW_TILE and one past it, and prefill chunks up to max_num_batched_tokens (2048)
+# a full ROW_TILE and one past it, and prefill chunks up to max_num_batched_tokens (512 on CPU, 2048 on a GPU)
 ENGINE_ROW_COUNTS = (1, 2, 3, 5, K + 1, ROW_TILE, ROW_TILE + 1, 40, 64, 512, 2048)
 
 

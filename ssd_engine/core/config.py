@@ -61,7 +61,8 @@ class EngineConfig:
                               LOAD_FORMATS)
     max_model_len: int | None = option(None, "prompt + output token limit; unset: min(the checkpoint's, 4096)")
     max_num_seqs: int = option(16, "most requests in one batch")
-    max_num_batched_tokens: int = option(2048, "tokens computed per step (a longer prefill is chunked to fit)")
+    max_num_batched_tokens: int | None = option(None, "tokens computed per step (a longer prefill is chunked to "
+                                                      "fit); unset: 512 on CPU (docs/CPU.md), 2048 on a GPU")
     prefill_tokens_while_decoding: int | None = option(
         None, "most prompt tokens computed in a step that also decodes running requests; unset: up to "
               "max_num_batched_tokens. A small value keeps their inter-token latency under a long arriving "
@@ -190,6 +191,8 @@ class EngineConfig:
                f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "float32" if self.device == "cpu" else "bfloat16")
+        if self.max_num_batched_tokens is None:  # CPU: a long prompt's chunks beat one step (docs/CPU.md)
+            object.__setattr__(self, "max_num_batched_tokens", 512 if self.device == "cpu" else 2048)
         _check(not (self.compile_model == "on" and self.tensor_parallel_size > 1),
                "compile_model='on' needs tensor_parallel_size=1: tensor parallelism's all-reduces are not compiled")
         _check(not (self.fused_kernels == "on" and self.compiled),
