@@ -20,9 +20,18 @@ def skipped_span(num_prompt_tokens: int, window: int | None) -> int:
     return max(0, num_prompt_tokens - SINK - window) if window is not None else 0
 
 
-def windowed(token_ids: list[int], skipped: int) -> list[int]:
-    """The tokens a draft reads: `token_ids` without the `skipped` ones after the first SINK."""
-    return token_ids[:SINK] + token_ids[SINK + skipped:] if skipped else list(token_ids)
+def draft_length(n: int, skipped: int) -> int:
+    """Draft positions covering a sequence's first n tokens."""
+    return n if n <= SINK else max(SINK, n - skipped)
+
+
+def windowed(token_ids: list[int], skipped: int, start: int = 0, end: int | None = None) -> list[int]:
+    """The tokens at draft positions [start, end) (end None: all): draft position i holds token i
+    below SINK, else token i + skipped."""
+    end = draft_length(len(token_ids), skipped) if end is None else end
+    if not skipped:
+        return token_ids[start:end]
+    return token_ids[start:min(end, SINK)] + token_ids[max(start, SINK) + skipped:end + skipped]
 
 
 def describe(window: int | None) -> str:

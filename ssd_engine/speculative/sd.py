@@ -20,8 +20,8 @@ from ssd_engine.runtime.model_runner import ModelRunner
 from ssd_engine.sampling.grammar import Grammars, masked_steps
 from ssd_engine.sampling.processors import SamplingTensors
 from ssd_engine.sampling.sampler import draw_uniforms, inverse_cdf
+from ssd_engine.speculative import prompt_window as windows
 from ssd_engine.speculative.paged_draft import PagedDraft, StepSampler
-from ssd_engine.speculative.prompt_window import SINK, skipped_span
 from ssd_engine.utils.host_upload import upload
 
 CATCH_UP_SAMPLE = 32  # tokens read in one propose before its time says what catching up costs
@@ -35,18 +35,15 @@ class DraftView:
         self.seq = seq
         self.block_table: BlockTable = new_block_table()
         self.num_computed_tokens = 0
-        self.skipped = skipped_span(seq.num_prompt_tokens, window)
+        self.skipped = windows.skipped_span(seq.num_prompt_tokens, window)
 
     def draft_length(self, n: int) -> int:
         """Draft positions covering the sequence's first n tokens."""
-        return n if n <= SINK else max(SINK, n - self.skipped)
+        return windows.draft_length(n, self.skipped)
 
     def feed(self, start: int, end: int) -> list[int]:
         """The token ids at draft positions [start, end)."""
-        ids = self.seq.token_ids
-        if not self.skipped:
-            return ids[start:end]
-        return ids[start:min(end, SINK)] + ids[max(start, SINK) + self.skipped:end + self.skipped]
+        return windows.windowed(self.seq.token_ids, self.skipped, start, end)
 
     def __len__(self) -> int:
         return self.draft_length(len(self.seq.token_ids))
