@@ -22,6 +22,7 @@ from ssd_engine.planning import gpu_costs
 from ssd_engine.planning.costs import MeasuredCosts, NotMeasured, Placement, load_or_measure
 from ssd_engine.planning.predict import Acceptance, Prediction, predict_all, predict_ssd
 from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_fingerprint
+from ssd_engine.saguaro.plan import needs_calibration
 from ssd_engine.tensor_parallel.launch import torchrun_world
 from ssd_engine.utils.machine import cpu_fingerprint, fingerprint
 
@@ -205,8 +206,7 @@ def _choose(seen: Survey) -> ModeChoice:
 def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
     """A forced SSD on CPU without tensor parallelism: budget B, draft format and fallback timing
     from this machine's costs at K, unless given or the pair was calibrated on this kind of CPU."""
-    pinned = config.fanout() and config.draft_dtype != "auto" and (config.ssd_fallback != "auto" or
-                                                                    config.ssd_critical_batch is not None)
+    pinned = config.draft_dtype != "auto" and not needs_calibration(config.parts().speculative.ssd)
     if config.device != "cpu" or config.tensor_parallel_size > 1 or config.ssd_budget is not None or pinned:
         return config, None
     calibrations = find_calibrations(resolve_model_path(config), resolve_model_path(config, "draft"),

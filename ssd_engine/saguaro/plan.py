@@ -31,17 +31,22 @@ class SaguaroPlan:
                 "critical_batch_size": self.policy.critical_batch, "fallback": self.policy.mode}
 
 
+def needs_calibration(ssd: SSDConfig) -> bool:
+    """Whether this SSD leaves something to a calibration or this machine's timing: a fan-out rule,
+    or an auto fallback whose b* is not pinned."""
+    return ssd.fanout is None or (ssd.fallback == "auto" and ssd.critical_batch is None)
+
+
 def plan_saguaro(speculative: SpeculativeConfig, target_path: str, draft_path: str,
                  timing: tuple[float, float] | None = None) -> SaguaroPlan:
     """`timing`: predicted (T_p, T_slow), preferred to the calibration's."""
     k, ssd = speculative.k, speculative.ssd
     directory = Path(ssd.calibration_dir) if ssd.calibration_dir else cal_mod.CONFIG_DIR
     calibrations = find_calibrations(target_path, draft_path, directory)
-    needs_calibration = ssd.fanout is None or (ssd.fallback == "auto" and ssd.critical_batch is None)
     if calibrations:
         log.info("Saguaro: using calibration(s) for this pair from %s at T = %s", directory,
                  ", ".join(f"{c.temperature:g}" for c in calibrations))
-    elif needs_calibration:
+    elif needs_calibration(ssd):
         log.warning("Saguaro: no calibration for this model pair in %s; using the documented defaults "
                     "(alpha %.1f, r %.1f, budget B = K+1, T_p %.1f). Run `python -m ssd_engine.calibrate` for better "
                     "fan-outs and fallback choices.", directory, cal_mod.DEFAULT_ALPHA, cal_mod.DEFAULT_R,
