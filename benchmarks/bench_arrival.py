@@ -11,12 +11,12 @@ those, as multiples of the unloaded step: the running requests' inter-token late
 arrival's TTFT. Greedy, EOS ignored. Writes DATE-arrival[-TAG].md and .json under --out.
 """
 import argparse
-import json
+import multiprocessing
 import os
 import statistics
-import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -29,7 +29,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompt-tokens", type=int, default=780, help="the arriving prompt's length")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--tag", default="")
-    p.add_argument("--child", help=argparse.SUPPRESS)  # one budget's run, in a process of its own
     a = p.parse_args(argv)
     a.budgets = [int(b) for b in a.budgets.split(",")]
     return a
@@ -85,16 +84,12 @@ def markdown(a, rows: list[dict], machine: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(sys.argv[1:] if argv is None else argv)
-    if a.child:
-        print(json.dumps(run_one(a, int(a.child))))
-        return
     from suite.dated_report import write_dated_result
     from suite.machine import machine_line
     rows = []
-    for budget in a.budgets:
-        done = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--child", str(budget)],
-                              capture_output=True, text=True, check=True)
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    for budget in a.budgets:  # each engine in a fresh process: only one in memory, none runs second
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            rows.append(pool.submit(run_one, a, budget).result())
         print(rows[-1], flush=True)
     text = markdown(a, rows, machine_line())
     base = write_dated_result(a.out, "arrival" + (f"-{a.tag}" if a.tag else ""), text, {"rows": rows})
