@@ -9,7 +9,7 @@ Why guidellm: it runs offline (synthetic prompts of a set token count, built wit
 tokenizer folder), speaks OpenAI HTTP with streaming usage, has concurrency and Poisson profiles, and
 writes every percentile to JSON; aiperf and inference-perf were not needed for anything it lacks.
 Only the glue is ours: start each server pinned to --cores (ours: `python -m ssd_engine.serve --mode
-M`, `auto+goodput` adding `--speculation-per-step goodput`; llama.cpp: `llama-server` with one slot per
+M`, `auto+off` adding `--speculation-per-step off` (SD drafting every step); llama.cpp: `llama-server` with one slot per
 client, `--no-repack` on AMX hosts, whose repacked path dies there), run guidellm on the same cores
 (a user's client on one machine) for each prompt length: a concurrency sweep (c streams, max(2c, MIN_REQUESTS)
 requests a level) and a Poisson sweep (--rates requests/s, --poisson-requests each); each level draws fresh
@@ -45,7 +45,7 @@ def _csv(text: str, cast=str) -> list:
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python benchmarks/serve_bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--servers", default="ar,auto,llamacpp",
-                   help="ar, sd, ssd, auto, auto+goodput (ours, in that mode) and llamacpp, comma-separated")
+                   help="ar, sd, ssd, auto, MODE+POLICY (ours, in that mode; +off: SD drafts every step) and llamacpp, comma-separated")
     p.add_argument("--model", default=None, help="target folder or GGUF (default: the built-in pair's)")
     p.add_argument("--draft", default=None, help="draft for our speculative modes (default: the built-in pair's)")
     p.add_argument("--llama-server", default=shutil.which("llama-server"), help="the llama-server binary")

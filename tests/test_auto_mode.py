@@ -138,13 +138,13 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
         outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
         if mode == "ssd":
             assert llm.engine.k == parts.speculative.k == 3 and parts.speculative.ssd.budget == 5
-            assert parts.parallel.cpu_cores == f"{first};{second}" and llm.engine.draft_format.name == "int8"
+            assert parts.parallel.cpu_cores == f"{first};{second}" and llm.engine.plan.draft_format.name == "int8"
             prior = llm.engine.speculator.policy.prior  # the fallback rule starts from this machine's timing
             assert (prior.t_p, prior.t_slow) == (0.8, 0.3)
         elif mode == "sd":
             assert llm.engine.k == 2 and parts.parallel.cpu_cores == f"{first},{second}"
             assert parts.model.num_threads == 2
-            assert llm.engine.draft_format.name == "int8"
+            assert llm.engine.plan.draft_format.name == "int8"
         else:
             assert llm.engine.speculator is None and llm.engine.k == 0 and parts.model.num_threads == 2
     assert [o.token_ids for o in outs] == greedy_oracle(target)[:3]
@@ -261,7 +261,7 @@ def test_a_fixed_prediction_is_applied_whole_under_tp(target, noisy_draft, priva
         assert parts.speculative.mode == mode and parts.parallel.tensor_parallel_size == 2
         assert parts.parallel.cpu_cores == cpu_cores and len(llm.engine.runner.processes) == 1
         if mode == "sd":
-            assert llm.engine.k == 2 and llm.engine.draft_format.name == "int8"
+            assert llm.engine.k == 2 and llm.engine.plan.draft_format.name == "int8"
         else:
             assert llm.engine.speculator is None
         outs = llm.generate(_prompts(2), GREEDY, use_tqdm=False)

@@ -246,10 +246,11 @@ class FakeLLM:
                                  describe=lambda: "ssd K=3 (predicted ar 2.0, ssd 5.0 tok/s)") if mode == "auto" else None
         ran = chosen.mode if chosen else mode
         self.k = chosen.k if chosen else k
-        plan = SimpleNamespace(choice=chosen, mode=ran, parts=SimpleNamespace(speculative=SimpleNamespace(k=self.k)))
+        plan = SimpleNamespace(choice=chosen, mode=ran, parts=SimpleNamespace(speculative=SimpleNamespace(k=self.k)),
+                               draft_format=SimpleNamespace(name="int4"))
         self.engine = SimpleNamespace(speculator=SimpleNamespace(runner=None, blocks=None), runner=None,
                                       spec_metrics=SimpleNamespace(reset=lambda: None), block_manager=None,
-                                      plan=plan, draft_format=SimpleNamespace(name="int4"))
+                                      plan=plan)
 
     def generate(self, prompts, params, use_tqdm=False):
         metrics = SimpleNamespace(ttft_s=0.1, e2e_s=0.6)

@@ -124,7 +124,7 @@ STRING_VALUES = {"speculative_mode": "ssd", "dtype": "bfloat16", "device": "cuda
                  "cpu_cores": "0-1;2", "ssd_fanout": "2", "ssd_fallback": "fast",
                  "attention_backend": "torch", "draft_dtype": "bf16", "target_dtype": "bf16", "load_format": "dummy",
                  "compile_model": "off", "fused_kernels": "off", "ssd_draft_host": "thread",
-                 "speculation_per_step": "goodput"}
+                 "speculation_per_step": "off"}
 PROBABILITIES = ("synthetic_acceptance", "synthetic_hit")  # unset by default; valid in [0, 1]
 
 

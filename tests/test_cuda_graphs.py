@@ -60,6 +60,7 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
     options = dict(device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=32)
     if mode != "ar":
         options.update(draft_model=model, speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="1",
+                       speculation_per_step="off",  # SD verifies every step: the graphs it replays are K + 1's
                        ssd_budget=4, draft_timeout_s=300,  # fixed: no timing of this machine sizes it
                        draft_dtype="bf16" if DEVICE.type == "cuda" else GPU_DRAFT_DTYPE_ON_CPU)
     with LLM(model, **options) as llm:

@@ -78,7 +78,7 @@ def test_draft_weight_formats_prepare_dummy_weights(tmp_path, fmt, prepared):
     with LLM(folder, draft_model=folder, load_format="dummy", speculative_mode="sd", num_speculative_tokens=2,
              draft_dtype=fmt, **SMALL) as llm:
         out = llm.generate([[5, 6, 7, 8]], GREEDY, use_tqdm=False)[0]
-        assert len(out.token_ids) == 6 and llm.engine.draft_format.name == fmt
+        assert len(out.token_ids) == 6 and llm.engine.plan.draft_format.name == fmt
         layers = [m for m in llm.engine.speculator.runner.model.modules() if isinstance(m, Linear)]
         assert layers and all(isinstance(m.prepared, prepared) for m in layers)
         assert llm.speculation_metrics()["rounds"] > 0

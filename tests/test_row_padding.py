@@ -1,19 +1,24 @@
-"""Padding oneDNN's one- and two-row matmuls to a faster row count (layers/row_padding.py)."""
+"""Padding oneDNN's one- and two-row matmuls to a faster row count (layers/row_padding.py), measured
+before any model is built (planning/formats.py)."""
+import os
+from dataclasses import replace
+
 import pytest
 import torch
 from cpu_features import NEEDS_BF16
-from runners import tiny_runner
+from runners import runner_spec
 from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F401 (fixture)
 
 from ssd_engine import LLM
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.weight_formats import prepare
+from ssd_engine.planning import formats
 
 
 def test_choose_pads_only_to_a_clearly_faster_row_count():
-    assert row_padding.choose({1: 7.0, 2: 7.8, 3: 5.7, 4: 4.9}) == {1: 4, 2: 4}  # 3 -> 4 saves only 14%
-    assert row_padding.choose({1: 2.0, 2: 2.1, 3: 2.2, 4: 2.3}) == {}
-    assert row_padding.choose({1: 4.0, 2: 4.1, 3: 3.6, 4: 4.5}) == {}  # 10% is within the noise margin
+    assert formats.choose_padding({1: 7.0, 2: 7.8, 3: 5.7, 4: 4.9}) == {1: 4, 2: 4}  # 3 -> 4 saves only 14%
+    assert formats.choose_padding({1: 2.0, 2: 2.1, 3: 2.2, 4: 2.3}) == {}
+    assert formats.choose_padding({1: 4.0, 2: 4.1, 3: 3.6, 4: 4.5}) == {}  # 10% is within the noise margin
 
 
 @pytest.fixture
@@ -50,11 +55,13 @@ def test_a_dtype_onednn_cannot_pack_pads_nothing_and_is_cached(tmp_path, monkeyp
         probes.append(dtype)
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
 
-    monkeypatch.setattr(row_padding, "_probe", refuse)
-    monkeypatch.setattr(row_padding, "_padded", {})  # this process's tables: none measured yet
-    assert row_padding.measure_once(torch.bfloat16, "host", str(tmp_path)) == {}
-    del row_padding._padded[torch.bfloat16]  # another process: the cached file answers
-    assert row_padding.measure_once(torch.bfloat16, "host", str(tmp_path)) == {} and len(probes) == 1
+    monkeypatch.setattr(formats, "_probe_padding", refuse)
+    monkeypatch.setattr(formats, "cache_dir", lambda: str(tmp_path))
+    cores = sorted(os.sched_getaffinity(0))
+    assert formats.measure_row_padding(torch.bfloat16, cores, 1) == {}
+    assert formats.measure_row_padding(torch.bfloat16, cores, 1) == {} and len(probes) == 1  # the cache answers
+    monkeypatch.setattr(row_padding, "_padded", {})
+    row_padding.install(torch.bfloat16, {})
     assert row_padding.padded_rows(1, torch.bfloat16) == 1 and row_padding.largest_padded(torch.bfloat16) == 0
 
 
@@ -62,11 +69,18 @@ def test_a_dtype_onednn_cannot_pack_pads_nothing_and_is_cached(tmp_path, monkeyp
                                             pytest.param(dict(weight_format="bf16"), torch.bfloat16, marks=NEEDS_BF16),
                                             (dict(weight_layout="packed"), torch.float32),
                                             (dict(weight_layout="plain"), None)])
-def test_a_runner_probes_only_the_onednn_dtype_it_packs(tiny_model_dir, monkeypatch, fields, probed):
+def test_the_plan_measures_only_the_onednn_dtype_a_runner_packs_and_the_runner_only_installs_it(
+        tiny_model_dir, monkeypatch, fields, probed):
     # an int8 / int4 draft runs bf16 activations through aten's int ops, never oneDNN's bf16 matmul
     measured = []
-    monkeypatch.setattr(row_padding, "measure_once", lambda dtype, key, cache_dir: measured.append(dtype) or {})
-    dtype = torch.bfloat16 if "weight_format" in fields else torch.float32
-    sizes = dict(num_kv_blocks=4, block_size=8, max_position=32, dtype=dtype)
-    tiny_runner(tiny_model_dir("qwen2"), **sizes, **fields)
-    assert measured == ([probed] if probed else [])
+    monkeypatch.setattr(formats, "measure_row_padding", lambda dtype, cores, threads: measured.append(dtype) or {1: 4})
+    monkeypatch.setattr(row_padding, "_padded", {})
+    dtype = "bfloat16" if "weight_format" in fields else "float32"
+    model = replace(runner_spec(tiny_model_dir("qwen2"), num_kv_blocks=4, block_size=8, max_position=32).model,
+                    dtype=dtype, **fields)
+    planned = formats.with_row_padding(model, sorted(os.sched_getaffinity(0)), 1)
+    assert measured == ([probed] if probed else []) and planned.row_padding == (((1, 4),) if probed else ())
+    monkeypatch.setattr(formats, "measure_row_padding", lambda *a: pytest.fail("a runner measured"))
+    runner = replace(runner_spec(tiny_model_dir("qwen2"), num_kv_blocks=4, block_size=8, max_position=32),
+                     model=planned).build()
+    assert runner.model is not None and row_padding._padded == ({probed: {1: 4}} if probed else {})

@@ -34,7 +34,7 @@ NEW_TOKENS = 48
 TOKENIZER_IDS = 259  # byte-level test tokenizer: 3 specials + 256 bytes (transformers' Qwen2Tokenizer
                      # adds <|endoftext|> as id 259, so len() is 260 for qwen2); models have vocab 320
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-COMMON = dict(num_threads=1, block_size=8)
+COMMON = dict(num_threads=1, block_size=8, speculation_per_step="off")  # SD drafting every step
 
 NEEDS_Q4K = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=True),
                                reason="the q4k draft format needs AVX-512 VNNI and a C++ compiler")
@@ -148,7 +148,7 @@ def test_greedy_sd_with_a_low_precision_draft_matches_transformers(target, noisy
     """The draft in bf16, int4 (bf16 activations, bf16 KV) or q4k (int8-rounded activations): its q
     rows change, the output does not."""
     with _sd(target, noisy_draft, 3, draft_dtype=draft_dtype) as llm:
-        assert llm.engine.draft_format.name == draft_dtype
+        assert llm.engine.plan.draft_format.name == draft_dtype
         assert llm.engine.execution()["draft_format"].startswith(draft_dtype)
         draft = llm.engine.speculator.runner
         assert draft.dtype == ACTIVATION_DTYPE[draft_dtype] and llm.engine.runner.dtype == torch.float32  # the target stays fp32

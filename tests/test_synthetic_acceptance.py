@@ -72,7 +72,7 @@ def test_engine_acceptance_follows_alpha_not_the_weights(tmp_path):
     """The draft is the target (same dummy weights): real verification would accept every draft."""
     folder, k, alpha = shape_folder(tmp_path / "shape"), 4, 0.6
     with LLM(folder, draft_model=folder, load_format="dummy", speculative_mode="sd", num_speculative_tokens=k,
-             draft_dtype="fp32", synthetic_acceptance=alpha, **SMALL) as llm:
+             draft_dtype="fp32", synthetic_acceptance=alpha, speculation_per_step="off", **SMALL) as llm:
         llm.generate([[5, 6, 7, 8]] * 4, SamplingParams(temperature=0, max_tokens=160, ignore_eos=True),
                      use_tqdm=False)
         metrics = llm.speculation_metrics()

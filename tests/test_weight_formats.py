@@ -1,4 +1,4 @@
-"""The draft's weight formats (layers/weight_formats.py) and how one is picked (runtime/draft_format.py)."""
+"""The draft's weight formats (layers/weight_formats.py) and how one is picked (planning/formats.py)."""
 import json
 import os
 
@@ -10,8 +10,16 @@ from transformers import Qwen2Config
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.layers import weight_formats
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, dequantized, prepare
-from ssd_engine.runtime import draft_format
-from ssd_engine.runtime.draft_format import DraftFormat, choose, linear_shapes, resolve
+from ssd_engine.planning import formats
+from ssd_engine.planning.formats import DraftFormat, linear_shapes
+from ssd_engine.planning.formats import choose_draft as choose
+
+
+def resolve(option, hf_config, device, workload, cores, threads, cache):
+    """The draft format resolved with the model cache at `cache`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(formats, "cache_dir", lambda: cache)  # the probes' folder alone (kernels stay cached)
+        return formats.resolve_draft(option, hf_config, device, workload, cores, threads)
 
 # worst output error against x @ w.T for unit-variance x and weights of std 0.05 over 256 columns
 # (output std 0.8): bf16 rounding of x and w (~2^-8 relative each), int8's 1/254 of the row range,
@@ -59,8 +67,8 @@ def test_linear_shapes_follow_the_config():
 
 def test_auto_probes_once_then_reads_the_cache(tmp_path, monkeypatch):
     probes = []
-    real_probe = draft_format.probe
-    monkeypatch.setattr(draft_format, "probe", lambda *a: probes.append(a) or real_probe(*a))
+    real_probe = formats.probe_draft
+    monkeypatch.setattr(formats, "probe_draft", lambda *a: probes.append(a) or real_probe(*a))
     first = resolve("auto", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path))
     assert first.how == "probe" and set(first.step_ms) <= set(FORMATS) and first.name == choose(first.step_ms)
     again = resolve("auto", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path))
@@ -74,14 +82,14 @@ def test_auto_probes_once_then_reads_the_cache(tmp_path, monkeypatch):
 
 def test_the_probe_skips_a_format_this_cpu_lacks(tmp_path, monkeypatch):
     # as bf16 does on an AVX2-only CPU: oneDNN refuses to pack it (a RuntimeError)
-    real_prepare = draft_format.prepare
+    real_prepare = formats.prepare
 
     def prepare_without_bf16(weight, fmt):
         if fmt == "bf16":
             raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
         return real_prepare(weight, fmt)
 
-    monkeypatch.setattr(draft_format, "prepare", prepare_without_bf16)
+    monkeypatch.setattr(formats, "prepare", prepare_without_bf16)
     chosen = resolve("auto", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path))
     assert "bf16" not in chosen.step_ms and {"fp32", "int8", "int4"} <= set(chosen.step_ms)
     assert chosen.name != "bf16"

@@ -80,7 +80,7 @@ def _spec_counters(llm, ran: str, k: int | None) -> dict:
 
 def _draft_tag(llm) -> dict:
     """The draft's weight format the engine runs (None: no draft, e.g. auto chose AR)."""
-    fmt = llm.engine.draft_format
+    fmt = llm.engine.plan.draft_format
     return {"draft_format": fmt.name if fmt is not None else None}
 
 
@@ -145,8 +145,9 @@ def run_sd(opts, prompt_sets: dict, progress, mode: str = "sd") -> dict:
     from ssd_engine import LLM
     rows, costs, peaks = [], {}, {}
     for k in opts.k:
+        # SD at this K drafts every step: the cell measures K's rounds (auto's cells measure the default)
         with LLM(opts.model, draft_model=opts.draft, speculative_mode="sd", num_speculative_tokens=k,
-                 **_draft_options(opts), **_engine_options(opts, False)) as llm:
+                 speculation_per_step="off", **_draft_options(opts), **_engine_options(opts, False)) as llm:
             rows += _cells(llm, opts, prompt_sets, mode, progress, k=k, ran="sd", tags=_draft_tag(llm))
             if k == max(opts.k):  # its positions cover every verification width measured
                 costs = _sd_costs(llm.engine, opts)

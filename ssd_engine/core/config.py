@@ -20,7 +20,7 @@ LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the
 COMPILE_MODES = ("auto", "on", "off")
 FUSED_KERNEL_MODES = ("auto", "on", "off")
 SSD_DRAFT_HOSTS = ("auto", "process", "thread")
-PER_STEP_POLICIES = ("off", "goodput")
+PER_STEP_POLICIES = ("goodput", "off")
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,10 +34,11 @@ class EngineConfig:
                                                 "one (and its K) predicted fastest on this machine's cores; unset: "
                                                 "auto when a draft is known, else ar", SPECULATIVE_MODES)
     num_speculative_tokens: int = option(4, "K: draft tokens per round")
-    speculation_per_step: str = option("off", "SD: off (every step drafts K), goodput (each step drafts K or "
-                                              "nothing, whichever this engine measured emitting more tokens per "
-                                              "second at that batch size; a batch holding a seeded request drafts "
-                                              "K, so its tokens never depend on the batch)", PER_STEP_POLICIES)
+    speculation_per_step: str = option("goodput", "SD: goodput (each step drafts K or nothing, whichever this "
+                                                  "engine measured emitting more tokens per second at that batch "
+                                                  "size; a batch holding a seeded request drafts K, so its tokens "
+                                                  "never depend on the batch), off (every step drafts K)",
+                                       PER_STEP_POLICIES)
     draft_dtype: str = option("auto", "the draft's weight format (its precision never changes the output): auto "
                                       "picks the fastest this CPU runs, measured once per machine; int8/int4 are "
                                       "weight-only with bf16 activations, q4k is GGUF Q4_K blocks with int8 "

@@ -20,6 +20,7 @@ class ModelConfig:
     load_format: str = "auto"         # auto: the checkpoint; dummy: random weights at its shapes (models/loader.py)
     compile: bool = False             # the forward as one torch.compile region (runtime/compiled_model.py)
     fused_kernels: str = "auto"       # a layer's elementwise ops fused (layers/layer_ops.py)
+    row_padding: tuple[tuple[int, int], ...] = ()  # (rows, padded rows) of its oneDNN matmuls (planning/formats.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,12 +65,12 @@ class SSDConfig:
 class SpeculativeConfig:
     mode: str                     # "ar", "sd" or "ssd"
     draft_model: str | None
-    draft_dtype: str              # the option; resolved per draft by runtime/draft_format.py
+    draft_dtype: str              # the option; the plan resolves it (planning/formats.py)
     k: int                        # draft tokens per round (the option num_speculative_tokens)
     draft_timeout_s: float
     ssd: SSDConfig
     synthetic_acceptance: float | None = None  # benchmarking: P(a draft token is accepted), not the target's law
-    per_step: str = "off"         # SD: "goodput" chooses K or 0 every step (engine/step_choice.py)
+    per_step: str = "goodput"     # SD: K or 0 chosen every step (engine/step_choice.py); "off": K every step
     prompt_window: int | None = None  # a long prompt's last tokens the draft reads (speculative/prompt_window.py)
 
 

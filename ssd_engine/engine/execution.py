@@ -17,8 +17,8 @@ def describe_execution(engine) -> dict:
     described["mode"] = engine.plan.describe_mode()
     if engine.step_choice is not None:
         described["mode"] += " (K or 0 each step, by measured tokens/s)"
-    if engine.draft_format is not None:
-        described["draft_format"] = engine.draft_format.describe()
+    if engine.plan.draft_format is not None:
+        described["draft_format"] = engine.plan.draft_format.describe()
     if engine.speculator is not None:
         described["draft_reads"] = prompt_window.describe(engine.speculator.prompt_window)
     return described

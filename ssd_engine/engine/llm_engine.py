@@ -8,13 +8,13 @@ from dataclasses import replace
 import torch
 from transformers import GenerationConfig
 
-from ssd_engine.core.config import EngineConfig, parse_core_sets
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.outputs import RequestOutput
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.core.structures import Outcome, ScheduledBatch, Sequence, SequenceStatus
 from ssd_engine.distributed.partition import check_splittable
-from ssd_engine.distributed.placement import available_cores, pin, plan_core_sets, unpin
+from ssd_engine.distributed.placement import pin, unpin
 from ssd_engine.engine.execution import describe_execution
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.request_checks import check_request
@@ -37,7 +37,7 @@ log = logging.getLogger("ssd_engine")
 
 class LLMEngine:
     def __init__(self, options: EngineConfig) -> None:
-        self._pinned, self.runner, self.speculator, self.draft_format = None, None, None, None  # built below
+        self._pinned, self.runner, self.speculator = None, None, None  # built below
         self.step_choice: StepChoice | None = None  # SD's K chosen every step (engine/step_choice.py)
         try:
             self.plan = plan(options)
@@ -79,16 +79,16 @@ class LLMEngine:
                                  Grammars(self.tokenizer, self.hf_config.vocab_size, eos))
         self.scheduler.tell_on_release(self.verifier.grammars)
         self.spec_metrics = SpecMetrics(parts.speculative.k)
-        side = TargetSide(parts, self.plan.timing, self.model_path, self.tokenizer, self.hf_config.vocab_size,
-                          tuple(eos), self.device, self.verifier.grammars)
+        side = TargetSide(parts, self.plan.draft, self.plan.saguaro, self.model_path, self.tokenizer,
+                          self.hf_config.vocab_size, tuple(eos), self.device, self.verifier.grammars)
         if parts.speculative.mode == "sd":
-            self.speculator, self.draft_format = build_sync_draft(side, target)
+            self.speculator = build_sync_draft(side, target)
             self.scheduler.tell_on_release(self.speculator)
             self.step_choice = StepChoice(parts.speculative.k) if parts.speculative.per_step == "goodput" else None
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             threads = parts.model.num_threads or (len(cores) if cores else torch.get_num_threads())
-            self.speculator, self.draft_format = start_async_draft(side, target, cores, threads)
+            self.speculator = start_async_draft(side, target, cores, threads)
             self.scheduler.tell_on_release(self.speculator)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
@@ -100,25 +100,12 @@ class LLMEngine:
         self.runner.capture_graphs(shapes)
 
     def _place(self) -> list[list[int]] | None:
-        """On CPU, SSD's core sets: one per target rank, then the draft's; this process (rank 0) is
-        pinned to the first until close(). Without SSD, one given core set pins this process."""
-        model, parallel = self.parts.model, self.parts.parallel
-        if model.device != "cpu" or torchrun_world() is not None:
-            return None
-        if self.parts.speculative.mode != "ssd":
-            sets = parse_core_sets(parallel.cpu_cores) if parallel.cpu_cores else []
-            if len(sets) == 1 and parallel.tensor_parallel_size == 1:
-                self._pinned = pin(sets[0], model.num_threads or len(sets[0]))
-            return None
-        needed = parallel.tensor_parallel_size + 1
-        if parallel.cpu_cores is None and len(available_cores()) < needed:
-            log.warning("SSD wants %d disjoint core sets (target ranks + draft) but this process may use %d "
-                        "cores; the draft shares them", needed, len(available_cores()))
-            return None
-        core_sets = plan_core_sets(needed, parallel.cpu_cores)
-        if parallel.tensor_parallel_size == 1:
-            self._pinned = pin(core_sets[0], model.num_threads or len(core_sets[0]))
-        return core_sets
+        """Pins this process (rank 0) to the first of the plan's core sets until close(); -> SSD's
+        core sets (one per target rank, then the draft's), None otherwise."""
+        sets = self.plan.core_sets
+        if sets and self.parts.parallel.tensor_parallel_size == 1:
+            self._pinned = pin(sets[0], self.parts.model.num_threads or len(sets[0]))
+        return sets if self.parts.speculative.mode == "ssd" else None
 
     def _max_model_len(self) -> int:
         limit = getattr(self.hf_config, "max_position_embeddings", None) or 4096

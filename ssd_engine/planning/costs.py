@@ -21,9 +21,10 @@ from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import ScheduledBatch, Sequence, new_block_table
 from ssd_engine.distributed.placement import pin, unpin
 from ssd_engine.models.loader import load_config
+from ssd_engine.planning import formats
 from ssd_engine.planning.contention import memory_traffic
 from ssd_engine.planning.predict import Costs
-from ssd_engine.runtime import draft_format, step_inputs
+from ssd_engine.runtime import step_inputs
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.tensor_parallel.launch import _spawn as spawn_ranks
 from ssd_engine.utils.memory import release_freed_heap
@@ -123,12 +124,12 @@ def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelC
     except (OSError, ValueError, TypeError, KeyError):
         pass
     measured = (measure_gpu(key, target, draft, draft_dtype, placement) if placement.device != "cpu" and measure_gpu
-                else measure(key, cache_dir, target, draft, draft_dtype, placement))
+                else measure(key, target, draft, draft_dtype, placement))
     measured.save(path)
     return measured, False
 
 
-def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
+def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
             placement: Placement) -> MeasuredCosts:
     if placement.device != "cpu":
         raise NotMeasured(f"planning/costs.py times CPU cores; {placement.device} is planning/gpu_costs.py's")
@@ -137,9 +138,9 @@ def measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, d
     sd_cores = ranks[0]  # the colocated draft runs in rank 0's process (one process: every core)
     ssd_target = sorted({c for s in ssd_ranks for c in s})
     draft_hf = load_config(draft.path, "dummy")
-    sd_format = draft_format.resolve(draft_dtype, draft_hf, "cpu", [(1, 4)], sd_cores, len(sd_cores), cache_dir)
-    ssd_format = (draft_format.resolve(draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores),
-                                       cache_dir) if draft_cores else sd_format)
+    sd_format = formats.resolve_draft(draft_dtype, draft_hf, "cpu", [(1, 4)], sd_cores, len(sd_cores))
+    ssd_format = (formats.resolve_draft(draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores))
+                  if draft_cores else sd_format)
     ssd_formats = list({f.name: f for f in (sd_format, ssd_format)}.values()) if draft_cores else []
     steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) + 1 + len(DRAFT_ROWS) * len(ssd_formats)
     with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
@@ -179,7 +180,7 @@ def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[li
     return target_all, target_one
 
 
-def build_timed(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = None):
+def build_timed(model: ModelConfig, fmt: formats.DraftFormat | None = None):
     """-> (runner, scale to the whole model): real format and shapes, TIMED_LAYERS dummy layers."""
     # eager: compiling throwaway models costs more than it changes a forward's time
     changes = {"load_format": "dummy", "compile": False} | ({"dtype": fmt.dtype, "weight_format": fmt.name,
@@ -187,8 +188,8 @@ def build_timed(model: ModelConfig, fmt: "draft_format.DraftFormat | None" = Non
     hf_config = load_config(model.path, "dummy")
     layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)
-    runner = RunnerSpec(replace(model, **changes), CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1).build(
-        hf_config=hf_config)
+    timed = formats.with_row_padding(replace(model, **changes), sorted(os.sched_getaffinity(0)), torch.get_num_threads())
+    runner = RunnerSpec(timed, CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1).build(hf_config=hf_config)
     context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]  # ids every vocabulary has
     runner.run(step_inputs.StepInputs([0], [context], [list(range(BLOCKS))], [[PREFIX - 1]]))
     return runner, layers / hf_config.num_hidden_layers

@@ -10,8 +10,8 @@ from tqdm import tqdm
 
 from ssd_engine.core.config_parts import ModelConfig
 from ssd_engine.models.loader import load_config
-from ssd_engine.planning import costs
-from ssd_engine.runtime import draft_format, step_inputs
+from ssd_engine.planning import costs, formats
+from ssd_engine.runtime import step_inputs
 from ssd_engine.utils.progress import progress_enabled
 
 REPEATS = 15  # after three warm-ups; the median counts
@@ -24,7 +24,7 @@ def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
                                 f"tensor-parallel ranks are not timed")
     started = time.perf_counter()
     gpu = placement.ranks[0][0]
-    fmt = draft_format.resolve(draft_dtype, load_config(draft.path, "dummy"), "cuda", [], None, 1, None)
+    fmt = formats.resolve_draft(draft_dtype, load_config(draft.path, "dummy"), "cuda", [], None, 1)
     draft = replace(draft, dtype=fmt.dtype, weight_format=None, row_independent=False)
     steps = len(costs.TARGET_ROWS) + 1 + (len(costs.DRAFT_ROWS) if placement.ssd_draft else 0)
     with tqdm(total=steps, desc="calibrating modes (once per GPU)", disable=not progress_enabled()) as bar:

@@ -3,19 +3,30 @@
 The engine reads only the plan: K lives in `parts.speculative.k` alone, and the flat options are
 never read again. GGUF files are converted here, before any weights load, so a conversion's working
 memory never adds to a loaded target's."""
+import logging
 from dataclasses import dataclass, replace
 
-from ssd_engine.core.config import EngineConfig
-from ssd_engine.core.config_parts import Config
+from ssd_engine.core.config import EngineConfig, parse_core_sets
+from ssd_engine.core.config_parts import Config, ModelConfig
+from ssd_engine.distributed.placement import available_cores, plan_core_sets
 from ssd_engine.models.model_paths import resolve_model_arg, resolve_model_path
+from ssd_engine.planning import formats
 from ssd_engine.planning.choose import ModeChoice, resolve_auto, size_ssd
 from ssd_engine.planning.preflight import check_before_loading
+from ssd_engine.saguaro.plan import SaguaroPlan, plan_saguaro
+from ssd_engine.tensor_parallel.launch import torchrun_world
+
+log = logging.getLogger("ssd_engine")
 
 
 @dataclass(frozen=True)
 class Plan:
-    parts: Config               # model.path and speculative.draft_model are folders on disk
+    parts: Config               # model.path and speculative.draft_model are folders on disk; model: the target's, formats decided
     choice: ModeChoice | None   # auto's choice, or a forced SSD's sizing; None when the mode was given
+    core_sets: list[list[int]] | None = None  # CPU: SSD's per target rank then the draft's, or the one given set
+    draft: ModelConfig | None = None          # SD / SSD: the draft's part, its format and device decided
+    draft_format: formats.DraftFormat | None = None
+    saguaro: SaguaroPlan | None = None        # SSD: fan-outs and the fallback rule
 
     @property
     def mode(self) -> str:
@@ -42,8 +53,30 @@ def plan(options: EngineConfig) -> Plan:
         options, choice = size_ssd(options)
     parts = options.parts()
     model = replace(parts.model, path=resolve_model_path(options))
-    draft = resolve_model_path(options, "draft") if parts.speculative.mode != "ar" else None
-    return Plan(replace(parts, model=model, speculative=replace(parts.speculative, draft_model=draft)), choice)
+    draft_path = resolve_model_path(options, "draft") if parts.speculative.mode != "ar" else None
+    parts = replace(parts, model=model, speculative=replace(parts.speculative, draft_model=draft_path))
+    sets = core_sets(parts)
+    timing = Plan(parts, choice).timing
+    saguaro = plan_saguaro(parts.speculative, model.path, draft_path, timing) if parts.speculative.mode == "ssd" else None
+    decided = formats.decide(parts, sets, saguaro)
+    return Plan(replace(parts, model=decided.target), choice, sets, decided.draft, decided.draft_format, saguaro)
+
+
+def core_sets(parts: Config) -> list[list[int]] | None:
+    """On CPU, SSD's disjoint core sets: one per target rank, then the draft's (None: too few cores,
+    the draft shares them); otherwise the one set `cpu_cores` gives a single process, if any."""
+    model, parallel = parts.model, parts.parallel
+    if model.device != "cpu" or torchrun_world() is not None:
+        return None
+    if parts.speculative.mode != "ssd":
+        sets = parse_core_sets(parallel.cpu_cores) if parallel.cpu_cores else []
+        return sets if len(sets) == 1 and parallel.tensor_parallel_size == 1 else None
+    needed = parallel.tensor_parallel_size + 1
+    if parallel.cpu_cores is None and len(available_cores()) < needed:
+        log.warning("SSD wants %d disjoint core sets (target ranks + draft) but this process may use %d "
+                    "cores; the draft shares them", needed, len(available_cores()))
+        return None
+    return plan_core_sets(needed, parallel.cpu_cores)
 
 
 def convert_gguf_files(options: EngineConfig) -> EngineConfig:

@@ -1,7 +1,6 @@
 """Owns one model and its paged KV cache: turns a scheduled batch into flat tensors, runs forward.
 Under tensor parallelism every rank runs `run()` on the same StepInputs in lockstep over its slice
 of the model and KV heads; only rank 0 gets logits."""
-import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -21,7 +20,6 @@ from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.shapes import head_dim
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, check_supported
 from ssd_engine.models import model_class_for
-from ssd_engine.models.default_models import cache_dir
 from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for, gguf_weight
 from ssd_engine.models.loader import build_model, config_from_values, config_values, load_config
 from ssd_engine.runtime.compiled_model import CompiledModel
@@ -29,7 +27,6 @@ from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
 from ssd_engine.runtime.step_inputs import StepInputs
 from ssd_engine.utils.host_upload import padded_rows, to_device, upload
-from ssd_engine.utils.machine import fingerprint
 from ssd_engine.utils.memory import lazy_zeros
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -59,6 +56,19 @@ class RunnerSpec:
         return ModelRunner(self, tp or TPGroup.single(), hf_config)
 
 
+def onednn_dtype(model: "ModelConfig", gguf: bool) -> torch.dtype | None:
+    """The dtype of the oneDNN matmuls a runner of `model` packs (`gguf`: it reads GGUF blocks);
+    None: it packs none."""
+    if torch.device(model.device).type != "cpu" or (model.weight_layout == "plain" and model.weight_format is None):
+        return None
+    if gguf:
+        return torch.float32
+    if model.weight_format is not None:
+        return ACTIVATION_DTYPE[model.weight_format] if model.weight_format in ("fp32", "bf16") else None
+    dtype = DTYPES[model.dtype]
+    return dtype if dtype in (torch.float32, torch.bfloat16) else None
+
+
 class ModelRunner:
     def __init__(self, runner_spec: "RunnerSpec", tp: TPGroup, hf_config=None) -> None:
         model, cache = runner_spec.model, runner_spec.cache
@@ -79,12 +89,11 @@ class ModelRunner:
             self.weight_format = None
         if self.weight_format not in (None, *GGUF_FORMATS) and device.type == "cpu" and model.row_independent:
             check_supported(self.weight_format, "target_dtype")  # a one-line error before any weight loads
-        onednn_dtype = self._onednn_dtype()
-        if onednn_dtype == torch.bfloat16 and self.weight_format is None:
+        matmul_dtype = onednn_dtype(replace(model, weight_format=self.weight_format), self.gguf_blocks is not None)
+        if matmul_dtype == torch.bfloat16 and self.weight_format is None:
             check_supported("bf16", "dtype")
-        if onednn_dtype is not None:
-            row_padding.measure_once(onednn_dtype, fingerprint(sorted(os.sched_getaffinity(0)),
-                                                               torch.get_num_threads()), str(cache_dir()))
+        if matmul_dtype is not None:
+            row_padding.install(matmul_dtype, dict(model.row_padding))
         self.model = build_model(model.path, self.config, runner_spec.max_position, dtype, device, self.tp,
                                  progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format,
                                  skip=self.gguf_blocks.holds if self.gguf_blocks else None)  # read from the GGUF instead
@@ -103,16 +112,6 @@ class ModelRunner:
         self._allocate_kv_cache(cache.num_kv_blocks + (self.graphs is not None))  # + the padding rows' block
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
-
-    def _onednn_dtype(self) -> torch.dtype | None:
-        """The dtype of the oneDNN matmuls `_pack` gives this runner; None: it packs none."""
-        if self.device.type != "cpu" or (self.weight_layout == "plain" and self.weight_format is None):
-            return None
-        if self.gguf_blocks is not None:
-            return torch.float32
-        if self.weight_format is not None:
-            return ACTIVATION_DTYPE[self.weight_format] if self.weight_format in ("fp32", "bf16") else None
-        return self.dtype if self.dtype in (torch.float32, torch.bfloat16) else None
 
     def _pack(self, name: str, module) -> None:
         """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""

@@ -1,0 +1,255 @@
+"""Every weight format and matmul row padding, decided before any model is built (`decide`).
+
+The one place that probes formats: the draft's weight format (each format this CPU runs, timed on
+the draft's Linear shapes, rows and cores) and oneDNN's row padding (whether one- and two-row
+matmuls run faster padded with zero rows). Both are cached per machine fingerprint in the model
+cache's `probes/` folder, so a second engine on the same cores measures nothing. Runners only
+read the results from their `ModelConfig`."""
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from ssd_engine.core.config import DRAFT_DTYPES
+from ssd_engine.core.config_parts import Config, ModelConfig
+from ssd_engine.distributed.placement import pin, unpin
+from ssd_engine.kernels import gguf_cpu
+from ssd_engine.layers.shapes import head_dim
+from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, check_supported, prepare
+from ssd_engine.models.default_models import cache_dir
+from ssd_engine.models.gguf_weights import GGUF_FORMATS
+from ssd_engine.models.loader import load_config
+from ssd_engine.runtime.model_runner import onednn_dtype
+from ssd_engine.saguaro.plan import SaguaroPlan
+from ssd_engine.utils.machine import fingerprint
+
+log = logging.getLogger("ssd_engine")
+TIE = 1.10          # a more precise draft format within this factor of the fastest wins
+HEAD_SLICE = 16384  # LM-head rows the draft probe times; the full head costs vocab / HEAD_SLICE times that
+WORKING_SET_BYTES = 128 * 2**20  # the draft probe cycles through copies this large: weights stream from memory
+PADDING_SHAPE = (8960, 1536)     # the row-padding probe's weight: large enough to stream from memory
+PADDING_BYTES = 256 * 2**20
+PADDING_REPEATS = 7              # rounds over every row count in turn, so noise hits them all alike
+PADDING_ROWS = (1, 2, 3, 4)
+PADDING_GAIN = 0.85              # pad only where it saves at least 15%: noise must not decide
+
+
+@dataclass(frozen=True)
+class DraftFormat:
+    name: str
+    how: str                       # "probe", "cached probe", "draft_dtype", "gpu"
+    step_ms: dict | None = None    # format -> one weighted draft workload, ms (when probed)
+
+    @property
+    def dtype(self) -> str:
+        return "float32" if ACTIVATION_DTYPE[self.name] == torch.float32 else "bfloat16"
+
+    def describe(self) -> str:
+        if not self.step_ms:
+            return f"{self.name} ({self.how})"
+        times = ", ".join(f"{f} {ms:.1f}" for f, ms in sorted(self.step_ms.items(), key=lambda kv: kv[1]))
+        return f"{self.name} ({self.how}: ms per workload {times})"
+
+
+@dataclass(frozen=True)
+class Formats:
+    target: ModelConfig           # the target's part with its row padding
+    draft: ModelConfig | None     # the draft's: its folder, device, resolved format and row padding
+    draft_format: DraftFormat | None
+
+
+def decide(parts: Config, core_sets: list[list[int]] | None, saguaro: SaguaroPlan | None) -> Formats:
+    """The target's and the draft's formats for where the engine will run them: SSD's draft on the
+    last of `core_sets` (CPU) or the GPU after the target's ranks, SD's beside the target."""
+    model, speculative = parts.model, parts.speculative
+    threads = model.num_threads or torch.get_num_threads()
+    target_cores = core_sets[0] if core_sets else sorted(os.sched_getaffinity(0))
+    target_threads = (model.num_threads or len(target_cores)) if core_sets else threads
+    target = with_row_padding(model, target_cores, target_threads)
+    if speculative.mode == "ar":
+        return Formats(target, None, None)
+    draft = replace(model, path=speculative.draft_model, row_independent=False)  # row_independent: the target's alone
+    if speculative.mode == "sd":
+        cores, workload = None, [(1, speculative.k)]
+        padding_cores, padding_threads = target_cores, target_threads
+    else:
+        cores = core_sets[-1] if core_sets else None
+        threads = (model.num_threads or len(cores)) if cores else threads
+        draft = replace(draft, device=ssd_draft_device(parts))
+        branch_rows = max(sum(fanout) for _, fanout in saguaro.fanouts)
+        # a round: the glue scores K+1 rows, then K branch steps of B rows; a miss drafts one row
+        workload = [(1, 1), (speculative.k + 1, 1), (max(branch_rows, 1), speculative.k)]
+        padding_cores, padding_threads = cores or target_cores, threads
+    chosen = resolve_draft(speculative.draft_dtype, load_config(draft.path, draft.load_format), draft.device,
+                           workload, cores, threads)
+    draft = replace(draft, dtype=chosen.dtype, weight_format=chosen.name if draft.device == "cpu" else None)
+    return Formats(target, with_row_padding(draft, padding_cores, padding_threads), chosen)
+
+
+def ssd_draft_device(parts: Config) -> str:
+    """The SSD draft's device: the GPU after the target's ranks (the last one when too few), or the CPU."""
+    device = parts.model.device
+    if not device.startswith("cuda"):
+        return device
+    wanted = (torch.device(device).index or 0) + parts.parallel.tensor_parallel_size
+    return f"cuda:{min(wanted, torch.cuda.device_count() - 1)}"
+
+
+def with_row_padding(model: ModelConfig, cores: list[int], threads: int) -> ModelConfig:
+    """`model` with the row padding of the oneDNN matmuls it will run, measured on `cores`."""
+    dtype = onednn_dtype(model, gguf=model.weight_format in GGUF_FORMATS)
+    if dtype is None:
+        return model
+    return replace(model, row_padding=tuple(sorted(measure_row_padding(dtype, cores, threads).items())))
+
+
+# ---------------------------------------------------------------- the draft's weight format
+
+def linear_shapes(hf_config) -> list[tuple[int, int, int]]:
+    """(out, in, count) of the Linears one forward runs; the LM head last."""
+    h, i = hf_config.hidden_size, hf_config.intermediate_size
+    width = head_dim(hf_config)
+    q, kv = hf_config.num_attention_heads * width, hf_config.num_key_value_heads * width
+    layers = hf_config.num_hidden_layers
+    return [(q + 2 * kv, h, layers), (h, q, layers), (2 * i, h, layers), (h, i, layers),
+            (hf_config.vocab_size, h, 1)]
+
+
+def resolve_draft(option: str, hf_config, device: str, workload: list[tuple[int, int]], cores: list[int] | None,
+                  threads: int) -> DraftFormat:
+    """The draft's format. `workload`: (rows, forwards per round) the draft runs, e.g. SD's
+    [(1, K)]; `cores`/`threads`: where it will run (the probe runs there)."""
+    assert option in DRAFT_DTYPES
+    if device != "cpu":
+        return DraftFormat("fp32" if option == "fp32" else "bf16", "draft_dtype" if option != "auto" else "gpu")
+    if option != "auto":
+        check_supported(option, "draft_dtype")
+        return DraftFormat(option, "draft_dtype")
+    shapes = linear_shapes(hf_config)
+    measured = repr((shapes, workload, FORMATS, gguf_cpu.library_key()))  # hash() of a str differs per process
+    key = f"draft-format-{fingerprint(cores, threads)}-{hashlib.blake2b(measured.encode(), digest_size=4).hexdigest()}"
+    cached = _read_probe(key)
+    if cached is not None and "format" in cached:
+        return DraftFormat(cached["format"], "cached probe", cached["step_ms"])
+    step_ms = probe_draft(shapes, workload, cores, threads)
+    chosen = choose_draft(step_ms)
+    _write_probe(key, {"format": chosen, "step_ms": step_ms, "workload": workload, "shapes": shapes})
+    return DraftFormat(chosen, "probe", step_ms)
+
+
+def choose_draft(step_ms: dict[str, float]) -> str:
+    """The fastest format, or a more precise one within TIE of it (FORMATS runs most precise first)."""
+    best = min(step_ms.values())
+    return next(f for f in FORMATS if f in step_ms and step_ms[f] <= best * TIE)
+
+
+def probe_draft(shapes, workload, cores: list[int] | None, threads: int) -> dict[str, float]:
+    """ms of one round's draft Linears (`workload`) in each format this CPU runs, on `cores`."""
+    token = pin(cores, threads) if cores else None
+    try:
+        started = time.perf_counter()
+        generator = torch.Generator().manual_seed(0)
+        result = {}
+        for fmt in FORMATS:
+            try:
+                result[fmt] = sum(_time_shape(out, inp, count, fmt, workload, generator) for out, inp, count in shapes)
+            except RuntimeError as error:
+                log.info("draft format %s unavailable here: %s", fmt, str(error).splitlines()[0])
+        log.info("draft format probe took %.1f s: %s", time.perf_counter() - started, result)
+        return result
+    finally:
+        if token is not None:
+            unpin(token)
+
+
+def _time_shape(out: int, inp: int, count: int, fmt: str, workload, generator) -> float:
+    """ms of `count` Linears [out, in] over one round's workload, in format `fmt`."""
+    rows_timed = min(out, HEAD_SLICE)
+    weight = torch.randn(rows_timed, inp, generator=generator) * 0.02
+    copies = max(1, min(count, -(-WORKING_SET_BYTES // weight.nbytes)))
+    prepared = [prepare(weight, fmt) for _ in range(copies)]
+    total = 0.0
+    for rows, per_round in workload:
+        x = torch.randn(rows, inp, generator=generator).to(ACTIVATION_DTYPE[fmt])
+        per_copy = _median_ms(lambda: [p(x, None) for p in prepared]) / copies
+        total += per_copy * per_round
+    return total * count * out / rows_timed
+
+
+def _median_ms(fn, repeats: int = 5) -> float:
+    fn(), fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[repeats // 2] * 1e3
+
+
+# ---------------------------------------------------------------- oneDNN's row padding
+
+def measure_row_padding(dtype: torch.dtype, cores: list[int], threads: int) -> dict[int, int]:
+    """rows -> the row count to run them at, for oneDNN's packed matmuls in `dtype` on `cores`
+    (cached); {} where oneDNN has no packed matmul in `dtype` or padding never pays."""
+    key = f"row-padding-{fingerprint(cores, threads)}-{str(dtype).split('.')[-1]}"
+    cached = _read_probe(key)
+    if cached is not None and "padded" in cached:
+        return {int(rows): padded for rows, padded in cached["padded"].items()}
+    token = pin(cores, threads)
+    try:
+        times = _probe_padding(dtype)
+    except RuntimeError:
+        times = {}
+    finally:
+        unpin(token)
+    table = choose_padding(times)
+    _write_probe(key, {"ms": times, "padded": table})
+    return table
+
+
+def choose_padding(ms: dict[int, float]) -> dict[int, int]:
+    """rows -> the cheapest row count >= rows, where it saves PADDING_GAIN; others run as they are."""
+    table = {}
+    for rows in ms:
+        best = min((m for m in ms if m >= rows), key=lambda m: ms[m])
+        if best != rows and ms[best] < PADDING_GAIN * ms[rows]:
+            table[rows] = best
+    return table
+
+
+def _probe_padding(dtype: torch.dtype) -> dict[int, float]:
+    weight = torch.randn(*PADDING_SHAPE, generator=torch.Generator().manual_seed(0)).to(dtype) * 0.02
+    copies = max(1, PADDING_BYTES // (weight.numel() * 4))
+    packed = [torch.ops.mkldnn._reorder_linear_weight(weight.clone(), 8) for _ in range(copies)]
+    inputs = {rows: torch.randn(rows, PADDING_SHAPE[1]).to(dtype) for rows in PADDING_ROWS}
+    times: dict[int, list[float]] = {rows: [] for rows in PADDING_ROWS}
+    for repeat in range(PADDING_REPEATS + 1):
+        for rows, x in inputs.items():
+            start = time.perf_counter()
+            for p in packed:
+                torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
+            if repeat:
+                times[rows].append((time.perf_counter() - start) * 1e3 / copies)
+    return {rows: sorted(t)[PADDING_REPEATS // 2] for rows, t in times.items()}
+
+
+# ---------------------------------------------------------------- the probes' one cache
+
+def _read_probe(key: str) -> dict | None:
+    try:
+        with open(os.path.join(cache_dir(), "probes", key + ".json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _write_probe(key: str, result: dict) -> None:
+    path = os.path.join(cache_dir(), "probes", key + ".json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(result, f)
+    os.replace(path + ".tmp", path)
