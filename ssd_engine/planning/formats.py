@@ -23,7 +23,7 @@ from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, check_su
 from ssd_engine.models.default_models import cache_dir
 from ssd_engine.models.gguf_weights import GGUF_FORMATS
 from ssd_engine.models.loader import load_config
-from ssd_engine.runtime.model_runner import onednn_dtype
+from ssd_engine.runtime.model_runner import matmul_dtype
 from ssd_engine.saguaro.plan import SaguaroPlan
 from ssd_engine.utils.machine import fingerprint
 
@@ -101,7 +101,7 @@ def ssd_draft_device(parts: Config) -> str:
 
 def with_row_padding(model: ModelConfig, cores: list[int], threads: int) -> ModelConfig:
     """`model` with the row padding of the oneDNN matmuls it will run, measured on `cores`."""
-    dtype = onednn_dtype(model, gguf=model.weight_format in GGUF_FORMATS)
+    dtype = matmul_dtype(model, gguf=model.weight_format in GGUF_FORMATS)
     if dtype is None:
         return model
     return replace(model, row_padding=tuple(sorted(measure_row_padding(dtype, cores, threads).items())))

@@ -16,12 +16,12 @@ from ssd_engine.layers.attention import (
     torch_attention,
 )
 from ssd_engine.layers.attention_backends import select_backend
-from ssd_engine.layers.linear import Linear
 from ssd_engine.layers.shapes import head_dim
-from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, check_supported
+from ssd_engine.layers.weight_formats import check_supported
 from ssd_engine.models import model_class_for
-from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for, gguf_weight
+from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for
 from ssd_engine.models.loader import build_model, config_from_values, config_values, load_config
+from ssd_engine.runtime import weight_packing
 from ssd_engine.runtime.compiled_model import CompiledModel
 from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
@@ -56,17 +56,11 @@ class RunnerSpec:
         return ModelRunner(self, tp or TPGroup.single(), hf_config)
 
 
-def onednn_dtype(model: "ModelConfig", gguf: bool) -> torch.dtype | None:
+def matmul_dtype(model: ModelConfig, gguf: bool) -> torch.dtype | None:
     """The dtype of the oneDNN matmuls a runner of `model` packs (`gguf`: it reads GGUF blocks);
     None: it packs none."""
-    if torch.device(model.device).type != "cpu" or (model.weight_layout == "plain" and model.weight_format is None):
-        return None
-    if gguf:
-        return torch.float32
-    if model.weight_format is not None:
-        return ACTIVATION_DTYPE[model.weight_format] if model.weight_format in ("fp32", "bf16") else None
-    dtype = DTYPES[model.dtype]
-    return dtype if dtype in (torch.float32, torch.bfloat16) else None
+    return weight_packing.choose(model.device, DTYPES[model.dtype], model.weight_layout, model.weight_format,
+                                 gguf_blocks=True if gguf else None).matmul_dtype
 
 
 class ModelRunner:
@@ -81,7 +75,6 @@ class ModelRunner:
             hf_config = config_from_values(runner_spec.checkpoint_config)
         self.config = hf_config or load_config(model.path, model.load_format)
         self.tp = tp
-        self.weight_layout = model.weight_layout
         self.weight_format = model.weight_format  # None: this dtype's own
         self.row_independent = model.row_independent
         self.gguf_blocks = gguf_blocks_for(model, self.config)
@@ -89,13 +82,16 @@ class ModelRunner:
             self.weight_format = None
         if self.weight_format not in (None, *GGUF_FORMATS) and device.type == "cpu" and model.row_independent:
             check_supported(self.weight_format, "target_dtype")  # a one-line error before any weight loads
-        matmul_dtype = onednn_dtype(replace(model, weight_format=self.weight_format), self.gguf_blocks is not None)
-        if matmul_dtype == torch.bfloat16 and self.weight_format is None:
+        self.packing = weight_packing.choose(model.device, dtype, model.weight_layout, self.weight_format,
+                                             model.row_independent, self.gguf_blocks,
+                                             model_class_for(self.config).stacked_params,
+                                             tied_head=bool(getattr(self.config, "tie_word_embeddings", False)))
+        if self.packing.matmul_dtype == torch.bfloat16 and self.weight_format is None:
             check_supported("bf16", "dtype")
-        if matmul_dtype is not None:
-            row_padding.install(matmul_dtype, dict(model.row_padding))
+        if self.packing.matmul_dtype is not None:
+            row_padding.install(self.packing.matmul_dtype, dict(model.row_padding))
         self.model = build_model(model.path, self.config, runner_spec.max_position, dtype, device, self.tp,
-                                 progress=self.tp.rank == 0, on_module_loaded=self._pack, load_format=model.load_format,
+                                 progress=self.tp.rank == 0, on_module_loaded=self.packing.pack, load_format=model.load_format,
                                  skip=self.gguf_blocks.holds if self.gguf_blocks else None)  # read from the GGUF instead
         self.attention_backend = select_backend(model.attention_backend, device, cache.block_size)
         if self.row_independent and self.attention_backend is torch_attention:
@@ -112,30 +108,6 @@ class ModelRunner:
         self._allocate_kv_cache(cache.num_kv_blocks + (self.graphs is not None))  # + the padding rows' block
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
-
-    def _pack(self, name: str, module) -> None:
-        """Prepare one loaded Linear's CPU layout (the loader calls this layer by layer)."""
-        if not isinstance(module, Linear):
-            return
-        if self.gguf_blocks is not None:
-            module.use_prepared(gguf_weight(self.gguf_blocks, name, module, model_class_for(self.config).stacked_params))
-            return
-        if self.device.type != "cpu":
-            if self.weight_format == "bf16" and module.weight.dtype != torch.bfloat16:
-                # a target's bf16 on a GPU: its weights rounded, in dtype
-                module.weight.data.copy_(module.weight.data.to(torch.bfloat16))
-            return
-        if self.weight_format is not None:
-            module.pack_for_cpu(keep_plain=False, fmt=self.weight_format, row_independent=self.row_independent)
-            return
-        native = {torch.float32: "fp32", torch.bfloat16: "bf16"}.get(self.dtype)
-        if self.weight_layout == "plain" or native is None:
-            return
-        # a tied head shares the embedding table, which must stay plain; only "dual" pays for a copy
-        tied = bool(getattr(self.config, "tie_word_embeddings", False))
-        if name == "lm_head" and tied and self.weight_layout != "dual":
-            return
-        module.pack_for_cpu(keep_plain=self.weight_layout == "dual", fmt=native)
 
     def _graph_runner(self, cap: int, num_kv_blocks: int, max_position: int) -> GraphRunner | None:
         """CUDA graphs on a GPU (or emulated), not for dense-mask backends (not capturable)."""
