@@ -1,7 +1,7 @@
 """SD's K chosen every step (`speculation_per_step="goodput"`): the plan's K or 0 (plain decoding).
 
-Per batch-size bucket, each arm's tokens/s over steady steps is a running average; a step runs the
-faster arm and re-tries the other now and then. Exactness is the verifier's; a batch holding a
+Per batch-size bucket, each arm's tokens/s over steady steps is its running mean of tokens per step
+over its running mean of step time; a step runs the faster arm and re-tries the other now and then. Exactness is the verifier's; a batch holding a
 seeded request always runs K, so its tokens do not depend on the batch."""
 import time
 from collections import Counter
@@ -14,7 +14,9 @@ from ssd_engine.core.structures import Sequence
 EXPLORE_EVERY = {"plain": 64, "speculate": 256}
 FIRST_LOOK = 4      # steps at a batch size before an arm never run at it is tried there
 MIN_SAMPLES = 4     # steady steps an arm tried at a batch size runs for there before its rate is compared
-WEIGHT = 0.25       # of the newest step in an arm's running average
+STEP_WEIGHT = 0.25     # of the newest step in an arm's running step time (the host's speed moves)
+TOKENS_WEIGHT = 0.05   # of the newest step in its running tokens per step: a speculated step emits
+                       # 1..K+1 tokens a row by chance, so its mean needs many steps; a step's time does not
 STEADY_LAG = 2      # draft tokens a sequence behind in a steady speculated round (the bonus, the last draft)
 EXPLORE_SHARE = 0.1  # of the time since K last ran at a batch size, spent on a catch-up to re-measure it
 
@@ -28,10 +30,25 @@ class Draft(Protocol):
 
 @dataclass
 class Arm:
-    rate: float | None = None  # emitted tokens per second
-    samples: int = 0           # steady steps averaged into it
-    last_step: int = -1        # the step count when it last ran
+    step_s: float | None = None    # running average of a steady step's seconds
+    tokens: float | None = None    # running average of the tokens a steady step emitted
+    samples: int = 0               # steady steps averaged into them
+    last_step: int = -1            # the step count when it last ran
     last_time: float = field(default_factory=time.monotonic)  # when it last ran (or was first wanted)
+
+    @property
+    def rate(self) -> float | None:
+        """Emitted tokens per second: mean tokens per step over mean step time."""
+        return None if self.step_s is None else self.tokens / self.step_s
+
+    def add(self, emitted: int, seconds: float) -> None:
+        """One steady step; its first steps weigh as a plain mean, so the first draw does not linger."""
+        self.samples += 1
+        if self.step_s is None:
+            self.step_s, self.tokens = seconds, float(emitted)
+            return
+        self.step_s += max(STEP_WEIGHT, 1 / self.samples) * (seconds - self.step_s)
+        self.tokens += max(TOKENS_WEIGHT, 1 / self.samples) * (emitted - self.tokens)
 
 
 class StepChoice:
@@ -112,11 +129,16 @@ class StepChoice:
         """A step that decoded `decoding` sequences (and prefilled none) and emitted `emitted` tokens."""
         if decoding == 0 or seconds <= 0 or (k and self.caught_up):  # a catch-up is not a steady round
             return
-        arm = self.arms.setdefault((decoding.bit_length(), k), Arm())
-        rate = emitted / seconds
-        arm.rate = rate if arm.rate is None else (1 - WEIGHT) * arm.rate + WEIGHT * rate
-        arm.samples += 1
+        bucket = decoding.bit_length()
+        arm = self.arms.setdefault((bucket, k), Arm())
+        before = arm.step_s
+        arm.add(emitted, seconds)
         arm.last_step = self.steps
+        other = self.arms.get((bucket, 0 if k else self.k))
+        if before and other is not None and other.step_s is not None:
+            # the host's speed and the batch's context lengths move both arms' step times alike: the
+            # arm not running keeps its ratio to this one instead of a stale time
+            other.step_s *= arm.step_s / before
 
     def summary(self) -> dict:
         return {"steps_by_k": dict(sorted(self.steps_by_k.items()))}
