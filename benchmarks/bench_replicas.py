@@ -8,7 +8,8 @@ core 0; N replicas on cores 0..N-1, one core each (the issue's "each replica its
 one replica on all N cores. At each client count, every client sends requests one after another
 (greedy, EOS ignored, `--new-tokens` each, prompts varied so no prefix cache answers) for
 `--seconds`; aggregate output tok/s is the tokens completed over the wall time, after one warm-up
-request per client. Writes benchmarks/results/DATE-replicas[-TAG].md and .json, with the CPU named.
+request per client. Then the memory bandwidth the replicas share: a one-thread copy on core 0 alone,
+and on cores 0..N-1 at once. Writes benchmarks/results/DATE-replicas[-TAG].md and .json, with the CPU named.
 """
 import argparse
 import concurrent.futures
@@ -84,6 +85,29 @@ def _load(client, clients: int, args) -> dict:
             "mean_latency_s": wall * clients / max(requests, 1)}
 
 
+COPY_CHILD = """
+import sys, time, torch
+torch.set_num_threads(1)
+source = torch.empty(64 * 2**20 // 4); target = torch.empty_like(source)
+target.copy_(source)
+while time.time() < float(sys.argv[1]):
+    time.sleep(0.001)
+copies, started = 0, time.perf_counter()
+while time.perf_counter() - started < 3.0:
+    target.copy_(source); copies += 1
+print(copies * 2 * source.nbytes / (time.perf_counter() - started) / 1e9)
+"""
+
+
+def copy_bandwidth(cores: list[int]) -> list[float]:
+    """GB/s (read + written) of a one-thread tensor copy on each of `cores` at once, one process a
+    core, all starting together: the memory bandwidth that N one-core replicas share."""
+    start_at = str(time.time() + 15)  # every child has imported torch by then
+    children = [subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", COPY_CHILD, start_at],
+                                 stdout=subprocess.PIPE, text=True) for core in cores]
+    return [float(child.communicate()[0]) for child in children]
+
+
 def run_layout(args, name: str, cores: str, replicas: int) -> dict:
     import openai
     port = free_port()
@@ -117,8 +141,14 @@ def main(argv: list[str] | None = None) -> dict:
         for lv in run["levels"]:
             lines.append(f"| {run['layout']} | {run['start_s']:.0f} | {lv['clients']} | {lv['tok_s']:.2f} | "
                          f"{lv['tok_s'] / one[lv['clients']]:.2f}x | {lv['requests']} | {lv['mean_latency_s']:.2f} |")
+    alone, together = copy_bandwidth([0]), copy_bandwidth(list(range(n)))
+    lines += ["", f"Memory bandwidth the replicas share (a one-thread 64 MB tensor copy per core, read + written): "
+              f"core 0 alone {alone[0]:.1f} GB/s; cores 0-{n - 1} at once {' + '.join(f'{g:.1f}' for g in together)} = "
+              f"{sum(together):.1f} GB/s, {sum(together) / alone[0]:.2f}x one core: the ceiling of N one-core "
+              "replicas of a memory-bound decode."]
     text = "\n".join(lines) + "\n\nGoal: N replicas x 1 core >= 0.9 N x one replica x 1 core.\n"
-    result = {"runs": runs, "machine": machine_line(), "args": {k: v for k, v in vars(args).items() if k != "out"}}
+    result = {"runs": runs, "machine": machine_line(), "copy_gbps": {"alone": alone, "together": together},
+              "args": {k: v for k, v in vars(args).items() if k != "out"}}
     base = write_dated_result(args.out, "replicas" + (f"-{args.tag}" if args.tag else ""), text, result)
     print(text)
     print(f"wrote {base}.md", file=sys.stderr)
