@@ -8,7 +8,7 @@ import typing
 from dataclasses import MISSING, fields
 
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.core.options import choices_of, help_of
+from ssd_engine.core.options import choices_of, help_of, is_hook
 from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS, SamplingParams
 from ssd_engine.core.structured_outputs import KINDS, StructuredOutputsParams
 
@@ -53,7 +53,7 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("s
     Every flag defaults to None (unset), so EngineConfig's defaults stay in one place."""
     group = parser.add_argument_group("engine", "options of the engine (ssd_engine/core/config.py, EngineConfig)")
     for f in fields(EngineConfig):
-        if f.name in skip:
+        if f.name in skip or is_hook(f):  # benchmarks' and tests' hooks are no flags
             continue
         names = [_flag(f.name)] + ALIASES.get(f.name, [])
         kind = _base_type(f.type)

@@ -17,6 +17,7 @@ from suite.synthetic_report import (
 from test_dummy_weights import shape_folder
 
 from ssd_engine.saguaro.speedup import ssd_speedup
+from ssd_engine.testing import Synthetic
 
 
 def test_expected_tokens_and_predictions():
@@ -39,8 +40,9 @@ def test_bench_flags_reach_the_engines_that_take_them(capsys):
                           "--synthetic-acceptance", "0.7", "--synthetic-hit", "0.9", "--budget", "3", "--batch", "1,2",
                           "--k", "4"])
     assert ours._engine_options(opts, True)["load_format"] == "dummy"
-    assert ours._draft_options(opts)["synthetic_acceptance"] == 0.7
-    assert ours._ssd_options(opts) == {"ssd_budget": 3, "synthetic_hit": 0.9}
+    assert ours._draft_options(opts)["synthetic"] == Synthetic(acceptance=0.7)
+    assert ours._draft_options(opts, lookups=True)["synthetic"] == Synthetic(acceptance=0.7, hit=0.9)
+    assert ours._ssd_options(opts) == {"ssd_budget": 3}
     threaded = options.parse(["--model", "t", "--draft", "d", "--mode", "ssd", "--draft-host", "thread"])
     assert ours._ssd_options(threaded) == {"ssd_draft_host": "thread"}
     assert ours.probe_sizes(opts) == [1, 2, 4, 5, 8, 10]  # every batch's decode step and verification

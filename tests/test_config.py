@@ -12,9 +12,10 @@ from ssd_engine.cli_args import (
     sampling_params,
 )
 from ssd_engine.core.config import EngineConfig, field_names
-from ssd_engine.core.options import help_of
+from ssd_engine.core.options import help_of, is_hook
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.generate import build_parser
+from ssd_engine.testing import Synthetic
 
 
 def test_defaults_are_valid_and_frozen():
@@ -100,10 +101,11 @@ def _option_dest_map(parser):
 
 def test_every_engine_field_but_seed_has_a_flag():
     flags = _option_dest_map(_engine_parser())
+    hooks = {f.name for f in dataclasses.fields(EngineConfig) if is_hook(f)}
     for name in field_names():
         flag = "--" + name.replace("_", "-")
-        if name == "seed":
-            assert flag not in flags  # --seed is the request's sampling seed on the CLI
+        if name == "seed" or name in hooks:
+            assert flag not in flags  # --seed is the request's sampling seed on the CLI; hooks have none
         else:
             assert flags.get(flag) == name
     assert flags["--mode"] == "speculative_mode"
@@ -112,7 +114,7 @@ def test_every_engine_field_but_seed_has_a_flag():
 
 def test_generate_parser_has_engine_and_sampling_flags():
     flags = _option_dest_map(build_parser())
-    for name in set(field_names()) - {"seed"}:
+    for name in set(field_names()) - {"seed", "synthetic"}:
         assert flags["--" + name.replace("_", "-")] == name
     for name in ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
                  "ignore_eos"):
@@ -125,7 +127,6 @@ STRING_VALUES = {"speculative_mode": "ssd", "dtype": "bfloat16", "device": "cuda
                  "attention_backend": "torch", "draft_dtype": "bf16", "target_dtype": "bf16", "load_format": "dummy",
                  "compile_model": "off", "fused_kernels": "off", "ssd_draft_host": "thread",
                  "speculation_per_step": "off"}
-PROBABILITIES = ("synthetic_acceptance", "synthetic_hit")  # unset by default; valid in [0, 1]
 
 
 def _non_default_argv(f):
@@ -137,8 +138,6 @@ def _non_default_argv(f):
         return ([flag] if not default else ["--no-" + f.name.replace("_", "-")]), not default
     if kind is float:
         return [flag, str(default / 2)], default / 2
-    if f.name in PROBABILITIES:
-        return [flag, "0.5"], 0.5
     if default is None and str(f.type).startswith("float"):
         return [flag, "3.0"], 3.0
     if kind is int or (default is None and "int" in str(f.type)):
@@ -151,7 +150,7 @@ def _non_default_argv(f):
 def test_flags_map_onto_config_fields_one_to_one():
     argv, expected = [], {}
     for f in dataclasses.fields(EngineConfig):
-        if f.name == "seed":
+        if f.name == "seed" or is_hook(f):
             continue
         args, value = _non_default_argv(f)
         argv += args
@@ -167,6 +166,14 @@ def test_flags_map_onto_config_fields_one_to_one():
     long_names = _engine_parser().parse_args(["--speculative-mode", "ssd", "--num-speculative-tokens", "6"])
     assert engine_options(aliases) == engine_options(long_names) == dict(speculative_mode="ssd",
                                                                           num_speculative_tokens=6)
+
+
+def test_a_hook_is_a_keyword_and_no_flag():
+    hooks = [f.name for f in dataclasses.fields(EngineConfig) if is_hook(f)]
+    assert hooks == ["synthetic"]
+    with pytest.raises(SystemExit):
+        _engine_parser().parse_args(["--synthetic", "0.5"])
+    assert EngineConfig(synthetic=Synthetic(acceptance=0.5)).parts().speculative.synthetic_acceptance == 0.5
 
 
 def test_unset_flags_leave_config_defaults():
@@ -217,7 +224,7 @@ def test_help_gives_every_flag_a_description_default_and_choices():
     for action in parser._actions:
         assert action.help and action.help != argparse.SUPPRESS, f"{action.option_strings} has no description"
     for f in dataclasses.fields(EngineConfig):
-        if f.name == "seed":
+        if f.name == "seed" or is_hook(f):
             continue
         text = by_dest[f.name].help
         # a field without a default says what leaving it unset means instead

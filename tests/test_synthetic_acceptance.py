@@ -1,4 +1,4 @@
-"""synthetic_acceptance / synthetic_hit (benchmarking only): outcomes drawn at a set rate.
+"""Synthetic acceptance / hit rates (ssd_engine/testing.py, benchmarking only): outcomes drawn at a set rate.
 
 Statistical checks use a 5-sigma binomial bound: a count X ~ Binomial(n, p) lies within
 n p +- 5 sqrt(n p (1 - p)) except with probability < 6e-7 (normal approximation; n p (1 - p) is
@@ -17,6 +17,7 @@ from ssd_engine.saguaro.source import Source
 from ssd_engine.sampling.synthetic import BernoulliDraws, verify_synthetic
 from ssd_engine.speculative.ssd.draft.server import DraftServer
 from ssd_engine.speculative.ssd.protocol import Speculation
+from ssd_engine.testing import Synthetic
 
 
 def within_5_sigma(count: int, n: int, p: float) -> bool:
@@ -57,11 +58,12 @@ def test_alpha_0_accepts_nothing_and_alpha_1_everything_drafted():
 
 
 @pytest.mark.parametrize("options, message", [
-    (dict(synthetic_acceptance=1.5), "synthetic_acceptance must be in [0, 1], got 1.5"),
-    (dict(synthetic_acceptance=True), "synthetic_acceptance must be in [0, 1], got True"),
-    (dict(synthetic_hit=-0.1), "synthetic_hit must be in [0, 1], got -0.1"),
-    (dict(speculative_mode="ar", synthetic_acceptance=0.5), "needs speculative_mode sd, ssd or auto, not ar"),
-    (dict(speculative_mode="sd", synthetic_hit=0.5), "needs speculative_mode ssd (or auto), not sd")])
+    (dict(synthetic=Synthetic(acceptance=1.5)), "synthetic acceptance must be in [0, 1], got 1.5"),
+    (dict(synthetic=Synthetic(acceptance=True)), "synthetic acceptance must be in [0, 1], got True"),
+    (dict(synthetic=Synthetic(hit=-0.1)), "synthetic hit must be in [0, 1], got -0.1"),
+    (dict(synthetic=0.5), "synthetic must be a Synthetic or None, got 0.5"),
+    (dict(speculative_mode="ar", synthetic=Synthetic(acceptance=0.5)), "needs speculative_mode sd, ssd or auto, not ar"),
+    (dict(speculative_mode="sd", synthetic=Synthetic(hit=0.5)), "needs speculative_mode ssd (or auto), not sd")])
 def test_bad_synthetic_values_are_one_clear_error(options, message):
     with pytest.raises(ValueError) as error:
         EngineConfig(**options)
@@ -72,7 +74,7 @@ def test_engine_acceptance_follows_alpha_not_the_weights(tmp_path):
     """The draft is the target (same dummy weights): real verification would accept every draft."""
     folder, k, alpha = shape_folder(tmp_path / "shape"), 4, 0.6
     with LLM(folder, draft_model=folder, load_format="dummy", speculative_mode="sd", num_speculative_tokens=k,
-             draft_dtype="fp32", synthetic_acceptance=alpha, speculation_per_step="off", **SMALL) as llm:
+             draft_dtype="fp32", synthetic=Synthetic(acceptance=alpha), speculation_per_step="off", **SMALL) as llm:
         llm.generate([[5, 6, 7, 8]] * 4, SamplingParams(temperature=0, max_tokens=160, ignore_eos=True),
                      use_tqdm=False)
         metrics = llm.speculation_metrics()
@@ -86,7 +88,7 @@ def test_engine_acceptance_follows_alpha_not_the_weights(tmp_path):
 def test_engine_alpha_0_and_1(tmp_path, alpha, accepted):
     target, draft = shape_folder(tmp_path / "t"), shape_folder(tmp_path / "d", num_hidden_layers=1)
     with LLM(target, draft_model=draft, load_format="dummy", speculative_mode="sd", num_speculative_tokens=2,
-             draft_dtype="fp32", synthetic_acceptance=alpha, **SMALL) as llm:
+             draft_dtype="fp32", synthetic=Synthetic(acceptance=alpha), **SMALL) as llm:
         out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
                            use_tqdm=False)[0]
         metrics = llm.speculation_metrics()
@@ -118,7 +120,7 @@ def test_synthetic_hit_overrides_what_the_cache_holds():
 def test_ssd_hit_rate_is_the_synthetic_one(tmp_path, p):
     target, draft = shape_folder(tmp_path / "t"), shape_folder(tmp_path / "d", num_hidden_layers=1)
     with LLM(target, draft_model=draft, load_format="dummy", speculative_mode="ssd", num_speculative_tokens=2,
-             draft_dtype="fp32", synthetic_acceptance=0.7, synthetic_hit=p, ssd_budget=2, ssd_fallback="jit",
+             draft_dtype="fp32", synthetic=Synthetic(acceptance=0.7, hit=p), ssd_budget=2, ssd_fallback="jit",
              **SMALL) as llm:
         llm.generate([[5, 6, 7, 8]] * 2, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
                      use_tqdm=False)
@@ -131,7 +133,7 @@ def test_auto_predicts_with_the_synthetic_rates():
     from ssd_engine.planning.predict import Acceptance
     base = Acceptance.from_calibration(None)
     assert with_synthetic(base, EngineConfig()) == base
-    drawn = with_synthetic(base, EngineConfig(synthetic_acceptance=0.9, synthetic_hit=0.8))
+    drawn = with_synthetic(base, EngineConfig(synthetic=Synthetic(acceptance=0.9, hit=0.8)))
     assert drawn.rate(1) == drawn.rate(5) == 0.9
     assert drawn.miss(1) == drawn.miss(20) == pytest.approx(0.2) and drawn.miss(0) == 1.0
     assert drawn.tokens_per_round(4) == pytest.approx((1 - 0.9 ** 5) / (1 - 0.9))

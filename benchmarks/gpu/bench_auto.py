@@ -7,7 +7,7 @@
         --draft configs/shapes/qwen2.5-coder-0.5b-instruct --new-tokens 8 --prompt-len 16   # a CPU smoke
 
 Random weights at real shapes (load_format="dummy"), acceptance drawn at --alpha
-(synthetic_acceptance): a step's cost does not depend on the weights' values. Every mode runs the
+(a synthetic acceptance rate): a step's cost does not depend on the weights' values. Every mode runs the
 same random-id prompts at batch 1, greedy, EOS ignored, after one warm-up request as long; tok/s counts every
 generated token over the timed call's wall time. auto picked right when its mode is the fastest
 measured (or within its 5% margin of AR). Writes DATE-auto-TAG.md and .json under --out.
@@ -41,9 +41,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
 def run_mode(a, mode: str, k: int | None, prompts: list[list[int]]) -> dict:
     """One engine in `mode` (auto: its choice): its plan and measured tok/s over the prompts."""
     from ssd_engine import LLM, SamplingParams
+    from ssd_engine.testing import Synthetic
     options = dict(speculative_mode=mode, load_format="dummy", device=a.device)
     if mode != "ar":
-        options.update(draft_model=a.draft, synthetic_acceptance=a.alpha)
+        options.update(draft_model=a.draft, synthetic=Synthetic(acceptance=a.alpha))
     if k is not None and mode != "ar":
         options["num_speculative_tokens"] = k
     params = SamplingParams(temperature=0, max_tokens=a.new_tokens, ignore_eos=True)

@@ -96,16 +96,18 @@ def _engine_options(opts, with_draft: bool) -> dict:
 
 
 def _ssd_options(opts) -> dict:
-    """The SSD knobs the user set (unset: the engine's defaults), synthetic hits included."""
+    """The SSD knobs the user set (unset: the engine's defaults)."""
     chosen = (("ssd_fanout", opts.fanout), ("ssd_fallback", opts.fallback), ("ssd_budget", opts.budget),
-              ("synthetic_hit", opts.synthetic_hit), ("ssd_draft_host", opts.draft_host))
+              ("ssd_draft_host", opts.draft_host))
     return {key: value for key, value in chosen if value is not None}
 
 
-def _draft_options(opts) -> dict:
-    """What every engine with a draft takes: its format and, when set, the synthetic acceptance."""
-    synthetic = {} if opts.synthetic_acceptance is None else {"synthetic_acceptance": opts.synthetic_acceptance}
-    return {"draft_dtype": opts.draft_dtype, **synthetic}
+def _draft_options(opts, lookups: bool = False) -> dict:
+    """What every engine with a draft takes: its format and, when set, the synthetic rates (the hit
+    rate only where SSD may run: `lookups`)."""
+    from ssd_engine.testing import Synthetic
+    synthetic = Synthetic(opts.synthetic_acceptance, opts.synthetic_hit if lookups else None)
+    return {"draft_dtype": opts.draft_dtype, "synthetic": synthetic if synthetic != Synthetic() else None}
 
 
 def probe_sizes(opts) -> list[int]:
@@ -178,7 +180,7 @@ def run_ssd(opts, prompt_sets: dict, progress) -> dict:
     rows, peaks = [], {}
     for k in opts.k:
         with LLM(opts.model, draft_model=opts.draft, speculative_mode="ssd", num_speculative_tokens=k,
-                 **_draft_options(opts), **_engine_options(opts, True), **_ssd_options(opts)) as llm:
+                 **_draft_options(opts, lookups=True), **_engine_options(opts, True), **_ssd_options(opts)) as llm:
             rows += _cells(llm, opts, prompt_sets, "ssd", progress, k=k, ran="ssd", tags=_draft_tag(llm))
             peaks = merge_peaks(peaks, engine_peaks(llm))
     return {"rows": rows, "costs": {}, "peaks": peaks}
@@ -200,7 +202,7 @@ def run_auto(opts, prompt_sets: dict, progress) -> dict:
     pin(every, len(every), opts.device)
     from ssd_engine import LLM
     options = {**_engine_options(opts, True), "num_threads": None}  # the engine sizes each side's threads
-    with LLM(opts.model, draft_model=opts.draft, speculative_mode="auto", **_draft_options(opts),
+    with LLM(opts.model, draft_model=opts.draft, speculative_mode="auto", **_draft_options(opts, lookups=True),
              **options, **_ssd_options(opts)) as llm:
         ran, k, tags = auto_tags(llm)
         rows = _cells(llm, opts, prompt_sets, "auto", progress, k=k, ran=ran, tags=tags)

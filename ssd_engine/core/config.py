@@ -4,7 +4,7 @@ import difflib
 from dataclasses import dataclass, fields
 
 from ssd_engine.core.config_parts import Config, build_config
-from ssd_engine.core.options import choices_of, option
+from ssd_engine.core.options import choices_of, hook, option
 
 SPECULATIVE_MODES = ("auto", "ar", "sd", "ssd")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -21,6 +21,24 @@ COMPILE_MODES = ("auto", "on", "off")
 FUSED_KERNEL_MODES = ("auto", "on", "off")
 SSD_DRAFT_HOSTS = ("auto", "process", "thread")
 PER_STEP_POLICIES = ("goodput", "off")
+
+
+@dataclass(frozen=True)
+class Synthetic:
+    """Benchmarking only (outputs are then NOT the target's): each draft token accepted with probability
+    `acceptance`, each SSD speculation-cache lookup a hit with probability `hit` (sampling/synthetic.py)."""
+    acceptance: float | None = None
+    hit: float | None = None
+
+    def check(self, mode: str) -> None:
+        for name in ("acceptance", "hit"):
+            value = getattr(self, name)
+            _check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                     and 0 <= value <= 1), f"synthetic {name} must be in [0, 1], got {value!r}")
+        _check(self.acceptance is None or mode != "ar",
+               "synthetic acceptance decides draft tokens: it needs speculative_mode sd, ssd or auto, not ar")
+        _check(self.hit is None or mode in ("ssd", "auto"),
+               f"synthetic hit decides SSD cache lookups: it needs speculative_mode ssd (or auto), not {mode}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,14 +139,8 @@ class EngineConfig:
                                          "draft shares the target's one GPU, where it measured faster; else "
                                          "process)", SSD_DRAFT_HOSTS)
     draft_timeout_s: float = option(30.0, "SSD: seconds after which a draft reply counts as a dead draft")
-    synthetic_acceptance: float | None = option(None, "BENCHMARKING ONLY, outputs are then NOT the target's: "
-                                                      "verification runs the real forwards but accepts each draft "
-                                                      "token with this probability alpha in [0, 1] (the first "
-                                                      "rejection ends the round; the next token is the target "
-                                                      "row's argmax); unset: real verification")
-    synthetic_hit: float | None = option(None, "BENCHMARKING ONLY (SSD): each speculation-cache lookup is a hit "
-                                               "with this probability in [0, 1], served from any cached branch "
-                                               "when the real outcome was not cached; unset: real lookups")
+    synthetic: Synthetic | None = hook("benchmarks and tests only: drafts accepted and SSD lookups hit at set "
+                                         "rates (core/config.py Synthetic); outputs are then NOT the target's")
 
     @property
     def weight_layout(self) -> str:
@@ -226,15 +238,10 @@ class EngineConfig:
                f"ssd_critical_batch must be a number >= 0, got {self.ssd_critical_batch!r}")
         _check(isinstance(self.saguaro_c, (int, float)) and not isinstance(self.saguaro_c, bool)
                and 0 <= self.saguaro_c <= 1, f"saguaro_c must be in [0, 1], got {self.saguaro_c!r}")
-        for name in ("synthetic_acceptance", "synthetic_hit"):
-            value = getattr(self, name)
-            _check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                     and 0 <= value <= 1), f"{name} must be in [0, 1], got {value!r}")
-        _check(self.synthetic_acceptance is None or self.speculative_mode != "ar",
-               "synthetic_acceptance decides draft tokens: it needs speculative_mode sd, ssd or auto, not ar")
-        _check(self.synthetic_hit is None or self.speculative_mode in ("ssd", "auto"),
-               f"synthetic_hit decides SSD cache lookups: it needs speculative_mode ssd (or auto), "
-               f"not {self.speculative_mode}")
+        _check(self.synthetic is None or isinstance(self.synthetic, Synthetic),
+               f"synthetic must be a Synthetic or None, got {self.synthetic!r}")
+        if self.synthetic is not None:
+            self.synthetic.check(self.speculative_mode)
         if self.cpu_cores is not None:
             parse_core_sets(self.cpu_cores)  # a malformed spec fails here, naming itself
         _check(self.speculative_mode == "ar" or self.model is None or self.draft_model is not None,

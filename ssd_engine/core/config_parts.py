@@ -88,6 +88,8 @@ def build_config(options) -> Config:
     """Cut a validated EngineConfig into its parts."""
     fanout = options.fanout()
     rule, fanout = (options.ssd_fanout, None) if fanout is None else (None, tuple(fanout))
+    synthetic = options.synthetic
+    acceptance, hit = (synthetic.acceptance, synthetic.hit) if synthetic else (None, None)
     return Config(
         model=ModelConfig(options.model, options.tokenizer, options.dtype, options.device, options.weight_layout,
                           options.attention_backend, options.graph_max_batch, options.num_threads,
@@ -104,8 +106,8 @@ def build_config(options) -> Config:
             options.speculative_mode, options.draft_model, options.draft_dtype, options.num_speculative_tokens, options.draft_timeout_s,
             SSDConfig(rule, fanout, options.ssd_budget, options.ssd_fit_window and fanout is None,
                       options.ssd_fallback, options.ssd_critical_batch, float(options.saguaro_c),
-                      options.calibration_dir, _float_or_none(options.synthetic_hit), options.ssd_draft_host),
-            _float_or_none(options.synthetic_acceptance), options.speculation_per_step, options.draft_prompt_window),
+                      options.calibration_dir, _float_or_none(hit), options.ssd_draft_host),
+            _float_or_none(acceptance), options.speculation_per_step, options.draft_prompt_window),
         seed=options.seed)
 
 

@@ -8,6 +8,15 @@ def option(default, help: str, choices: tuple[str, ...] | None = None) -> Field:
     return field(default=default, metadata={"help": help, "choices": choices})
 
 
+def hook(help: str) -> Field:
+    """A field for benchmarks and tests only: an LLM / EngineConfig keyword, never a command-line flag."""
+    return field(default=None, metadata={"help": help, "choices": None, "hook": True})
+
+
+def is_hook(f: Field) -> bool:
+    return f.metadata.get("hook", False)
+
+
 def help_of(f: Field) -> str:
     return f.metadata.get("help", "")
 

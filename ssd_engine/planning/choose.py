@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ssd_engine.core.config import EngineConfig, format_core_sets, parse_core_sets
+from ssd_engine.core.config import EngineConfig, Synthetic, format_core_sets, parse_core_sets
 from ssd_engine.core.config_parts import ModelConfig
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.distributed.placement import available_cores, plan_core_sets, split_evenly
@@ -143,8 +143,8 @@ def survey(config: EngineConfig) -> Survey:
         how += f"; SSD not a candidate ({no_ssd})"
     how += f"; acceptance from {'the pair calibration' if calibrations else 'defaults (no calibration)'}"
     acceptance = with_synthetic(Acceptance.from_calibration(calibrations[0] if calibrations else None), config)
-    if config.synthetic_acceptance is not None or config.synthetic_hit is not None:
-        how += " (synthetic_acceptance / synthetic_hit replace what they set)"
+    if config.synthetic is not None:
+        how += " (the synthetic acceptance / hit rates replace what they set)"
     return Survey(placement, measured, acceptance, how)
 
 
@@ -153,12 +153,13 @@ def _where(sets: list[list[int]], device: str) -> str:
 
 
 def with_synthetic(acceptance: Acceptance, config: EngineConfig) -> Acceptance:
-    """Benchmarking: under synthetic_acceptance every draft is accepted with probability alpha, and
-    under synthetic_hit a lookup hits with probability p whatever the fan-out (r = 0)."""
-    if config.synthetic_acceptance is not None:
-        acceptance = replace(acceptance, position_rates=(float(config.synthetic_acceptance),))
-    if config.synthetic_hit is not None:
-        acceptance = replace(acceptance, miss_by_fanout=(1.0 - config.synthetic_hit,), r=0.0)
+    """Benchmarking: under a synthetic acceptance every draft is accepted with probability alpha, and
+    under a synthetic hit rate a lookup hits with probability p whatever the fan-out (r = 0)."""
+    synthetic = config.synthetic or Synthetic()
+    if synthetic.acceptance is not None:
+        acceptance = replace(acceptance, position_rates=(float(synthetic.acceptance),))
+    if synthetic.hit is not None:
+        acceptance = replace(acceptance, miss_by_fanout=(1.0 - synthetic.hit,), r=0.0)
     return acceptance
 
 
@@ -260,13 +261,13 @@ def _apply(config: EngineConfig, choice: ModeChoice, placement: Placement, measu
             if torchrun_world() is None:
                 changes["cpu_cores"] = format_core_sets(placement.ssd_ranks + [placement.ssd_draft])
         return replace(config, **changes)
-    changes = dict(speculative_mode=choice.mode, synthetic_hit=None)
+    synthetic = config.synthetic or Synthetic()
+    kept = Synthetic(synthetic.acceptance if choice.mode == "sd" else None)  # SD draws no lookups, AR no drafts
+    changes = dict(speculative_mode=choice.mode, synthetic=kept if kept.acceptance is not None else None)
     if choice.mode == "sd":
         changes["num_speculative_tokens"] = choice.k
         if on_cpu:
             changes["draft_dtype"] = measured.sd_format
-    else:
-        changes["synthetic_acceptance"] = None
     if on_cpu and torchrun_world() is None:
         changes["cpu_cores"] = format_core_sets(placement.ranks)
         if len(placement.ranks) == 1:
