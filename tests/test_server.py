@@ -362,6 +362,12 @@ def test_metrics_count_requests_tokens_and_errors(served):
         assert name in after
 
 
+def test_metrics_count_the_steps_by_the_k_each_drafted():
+    from ssd_engine.server.metrics import ServerMetrics
+    text = ServerMetrics().render({"steps_by_k": {0: 3, 1: 5}}, 0).decode()
+    assert 'ssd_spec_steps_total{k="0"} 3.0' in text and 'ssd_spec_steps_total{k="1"} 5.0' in text
+
+
 def test_past_the_pending_limit_requests_are_refused_not_queued(tiny_qwen2):
     from ssd_engine.server.async_engine import Overloaded
     with LLM(tiny_qwen2, max_num_seqs=2, num_kv_blocks=64) as llm:

@@ -1,6 +1,7 @@
 """`/metrics` in Prometheus text format (prometheus_client, one registry per server, so several
 servers in one process never collide): request counts, tokens, TTFT / TPOT histograms, and at
-scrape time the engine's speculation metrics (acceptance, cache hits, fallbacks, draft failures)."""
+scrape time the engine's speculation metrics (acceptance, steps by chosen K, cache hits, fallbacks,
+draft failures)."""
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -67,6 +68,11 @@ class _Speculation:
         for backup, rounds in (s.get("backup_rounds") or {}).items():
             fallbacks.add_metric([backup], float(rounds))
         yield fallbacks
+        steps = CounterMetricFamily("ssd_spec_steps", "Engine steps by the K they drafted (SD's choice each step; "
+                                    "0: plain decoding)", labels=["k"])
+        for k, count in (s.get("steps_by_k") or {}).items():
+            steps.add_metric([str(k)], float(count))
+        yield steps
         failures = CounterMetricFamily("ssd_draft_failures", "Draft process failures (the engine fell back and went on)")
         failures.add_metric([], float(len(s.get("draft_failures") or [])))
         yield failures
