@@ -22,6 +22,7 @@ from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.engine.step_choice import StepChoice
 from ssd_engine.models.loader import load_config
 from ssd_engine.models.tokenizer_source import load_tokenizer
+from ssd_engine.planning.formats import threads_on
 from ssd_engine.planning.plan import plan
 from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.runtime.model_runner import DTYPES, ModelRunner, RunnerSpec
@@ -87,8 +88,7 @@ class LLMEngine:
             self.step_choice = StepChoice(parts.speculative.k) if parts.speculative.per_step == "goodput" else None
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
-            threads = parts.model.num_threads or (len(cores) if cores else torch.get_num_threads())
-            self.speculator = start_async_draft(side, target, cores, threads)
+            self.speculator = start_async_draft(side, target, cores, threads_on(parts.model, cores))
             self.scheduler.tell_on_release(self.speculator)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
@@ -104,7 +104,7 @@ class LLMEngine:
         core sets (one per target rank, then the draft's), None otherwise."""
         sets = self.plan.core_sets
         if sets and self.parts.parallel.tensor_parallel_size == 1:
-            self._pinned = pin(sets[0], self.parts.model.num_threads or len(sets[0]))
+            self._pinned = pin(sets[0], threads_on(self.parts.model, sets[0]))
         return sets if self.parts.speculative.mode == "ssd" else None
 
     def _max_model_len(self) -> int:

@@ -1,8 +1,9 @@
 """SD's K chosen every step (`speculation_per_step="goodput"`): the plan's K or 0 (plain decoding).
 
 Per batch-size bucket, each arm's tokens/s over steady steps is its running mean of tokens per step
-over its running mean of step time; a step runs the faster arm and re-tries the other now and then. Exactness is the verifier's; a batch holding a
-seeded request always runs K, so its tokens do not depend on the batch."""
+over its running mean of step time; a step runs the faster arm and re-tries the other now and then.
+Exactness is the verifier's; a batch holding a seeded request always runs K, so its tokens do not
+depend on the batch."""
 import time
 from collections import Counter
 from dataclasses import dataclass, field

@@ -66,19 +66,18 @@ def decide(parts: Config, core_sets: list[list[int]] | None, saguaro: SaguaroPla
     """The target's and the draft's formats for where the engine will run them: SSD's draft on the
     last of `core_sets` (CPU) or the GPU after the target's ranks, SD's beside the target."""
     model, speculative = parts.model, parts.speculative
-    threads = model.num_threads or torch.get_num_threads()
     target_cores = core_sets[0] if core_sets else sorted(os.sched_getaffinity(0))
-    target_threads = (model.num_threads or len(target_cores)) if core_sets else threads
+    target_threads = threads_on(model, core_sets[0] if core_sets else None)
     target = with_row_padding(model, target_cores, target_threads)
     if speculative.mode == "ar":
         return Formats(target, None, None)
     draft = replace(model, path=speculative.draft_model, row_independent=False)  # row_independent: the target's alone
     if speculative.mode == "sd":
-        cores, workload = None, [(1, speculative.k)]
+        cores, threads, workload = None, threads_on(model, None), [(1, speculative.k)]
         padding_cores, padding_threads = target_cores, target_threads
     else:
         cores = core_sets[-1] if core_sets else None
-        threads = (model.num_threads or len(cores)) if cores else threads
+        threads = threads_on(model, cores)
         draft = replace(draft, device=ssd_draft_device(parts))
         branch_rows = max(sum(fanout) for _, fanout in saguaro.fanouts)
         # a round: the glue scores K+1 rows, then K branch steps of B rows; a miss drafts one row
@@ -88,6 +87,11 @@ def decide(parts: Config, core_sets: list[list[int]] | None, saguaro: SaguaroPla
                            workload, cores, threads)
     draft = replace(draft, dtype=chosen.dtype, weight_format=chosen.name if draft.device == "cpu" else None)
     return Formats(target, with_row_padding(draft, padding_cores, padding_threads), chosen)
+
+
+def threads_on(model: ModelConfig, cores: list[int] | None) -> int:
+    """The torch threads a process of `model` pinned to `cores` runs (None: unpinned, this process's)."""
+    return model.num_threads or (len(cores) if cores else torch.get_num_threads())
 
 
 def ssd_draft_device(parts: Config) -> str:

@@ -32,12 +32,6 @@ class Plan:
     def mode(self) -> str:
         return self.parts.speculative.mode
 
-    @property
-    def timing(self) -> tuple[float, float] | None:
-        """auto's predicted SSD (T_p, T_jit), which seed its fallback rule; None where not predicted."""
-        detail = self.choice.detail if self.choice else {}
-        return (detail["t_p"], detail["t_jit"]) if "t_p" in detail else None
-
     def describe_mode(self) -> str:
         return self.choice.describe() if self.choice else self.mode
 
@@ -56,7 +50,8 @@ def plan(options: EngineConfig) -> Plan:
     draft_path = resolve_model_path(options, "draft") if parts.speculative.mode != "ar" else None
     parts = replace(parts, model=model, speculative=replace(parts.speculative, draft_model=draft_path))
     sets = core_sets(parts)
-    timing = Plan(parts, choice).timing
+    detail = choice.detail if choice else {}
+    timing = (detail["t_p"], detail["t_jit"]) if "t_p" in detail else None  # auto's predicted SSD (T_p, T_jit)
     saguaro = plan_saguaro(parts.speculative, model.path, draft_path, timing) if parts.speculative.mode == "ssd" else None
     decided = formats.decide(parts, sets, saguaro)
     return Plan(replace(parts, model=decided.target), choice, sets, decided.draft, decided.draft_format, saguaro)
