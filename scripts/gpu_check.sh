@@ -17,10 +17,13 @@
 #              per step and the batch-1 step's profile; the 0.5B / 1.5B step ratio is the two models' batch-1 rows
 #   bandwidth-variants  the same step graphed with torch's ops, graphed + compiled (minutes of compiling),
 #              and eager (which fusion wins sets the CUDA default)
+#   skinny     kernels/skinny_matmul.py's fused matmuls (norm prologue; SiLU-mul, residual epilogues) against
+#              cuBLAS between the Triton norm / SiLU kernels, each op and a step's whole chain, both shapes
 #   anchor     our AR against transformers' static-cache generate with its forward compiled (torch.compile,
 #              reduce-overhead) at the 1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
-#   auto       speculative_mode="auto" on the GPU: the mode it chooses from the forwards it timed there, against
-#              AR and SD measured in the same call (7B- and 1.5B-shaped targets, 0.5B-shaped draft, alpha 0.8)
+#   auto       speculative_mode="auto" on the GPU: the mode it chooses from the forwards it timed there, and the
+#              per-step choice at batch 1 / 8 / 32, against AR and SD every step measured in the same call (7B- and
+#              1.5B-shaped targets, 0.5B-shaped draft, alpha 0.8)
 #   host       host time per AR step and SD round on this machine's CPU (tiny pair, real graphs; the same steps
 #              again with every replay skipped: the host's own work, to set against a step's GPU time)
 #   synthetic  AR / SD / SSD at synthetic acceptance, the SSD draft sharing the one GPU: alpha 0.8, K 4,
@@ -34,7 +37,7 @@
 set -u
 out=${1:-benchmarks/results}
 shift || true
-all_stages="tests tests-compiled kernels bandwidth bandwidth-variants anchor auto host synthetic synthetic-thread synthetic-sweep"
+all_stages="tests tests-compiled kernels bandwidth bandwidth-variants skinny anchor auto host synthetic synthetic-thread synthetic-sweep"
 stages=${*:-$all_stages}
 day=$(date +%F)
 mkdir -p "$out"
@@ -60,7 +63,7 @@ for stage in $stages; do
         cuda_tests="tests/test_cuda_path.py tests/test_cuda_graphs.py tests/test_paged_attention_kernels.py
             tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py
             tests/test_bf16_exactness.py tests/test_fused_layer_ops.py tests/test_piecewise_graphs.py
-            tests/test_proposal_rows.py tests/test_ssd_units.py tests/test_doc_examples.py"
+            tests/test_proposal_rows.py tests/test_ssd_units.py tests/test_doc_examples.py tests/test_skinny_matmul.py"
         # -v names each test as it ends, so a call stopped at its limit still says which failed; 8 workers:
         # a 16-core GPU machine ran these in ~2 minutes (4 workers: ~4); --timeout (pytest-timeout, in the
         # GPU image) fails a hung test instead of the whole call; the doc examples run the GPU page's (the
@@ -87,13 +90,18 @@ for stage in $stages; do
         python benchmarks/gpu/bench_bandwidth.py $common --compile --out "$out/$day-bandwidth-cuda-compiled.md"
         python benchmarks/gpu/bench_bandwidth.py $common --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md"
         ;;
+    skinny)
+        for model in $target $draft; do
+            python benchmarks/gpu/bench_skinny.py --model $model --out "$out/$day-skinny-$(basename $model).md"
+        done
+        ;;
     anchor)
         python benchmarks/gpu/bench_anchor.py --device cuda --model $target --hf static --repeats 2 --out "$out"
         ;;
     auto)
         for pair_target in $shapes/qwen2.5-7b $target; do
             python benchmarks/gpu/bench_auto.py --device cuda --target $pair_target --draft $draft --alpha 0.8 \
-                --tag "$(basename $pair_target)-cuda" --out "$out"
+                --batch 1,8,32 --tag "$(basename $pair_target)-cuda" --out "$out"
         done
         ;;
     host)
