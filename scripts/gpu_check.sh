@@ -24,6 +24,8 @@
 #   auto       speculative_mode="auto" on the GPU: the mode it chooses from the forwards it timed there, and the
 #              per-step choice at batch 1 / 8 / 32, against AR and SD every step measured in the same call (7B- and
 #              1.5B-shaped targets, 0.5B-shaped draft, alpha 0.8)
+#   profile    where a batch-8 decode step's time goes (torch.profiler) for AR, SD every step, and plain steps
+#              inside an SD engine (the per-step choice's K = 0 arm), 1.5B-shaped target, 0.5B-shaped draft
 #   host       host time per AR step and SD round on this machine's CPU (tiny pair, real graphs; the same steps
 #              again with every replay skipped: the host's own work, to set against a step's GPU time)
 #   synthetic  AR / SD / SSD at synthetic acceptance, the SSD draft sharing the one GPU: alpha 0.8, K 4,
@@ -37,7 +39,7 @@
 set -u
 out=${1:-benchmarks/results}
 shift || true
-all_stages="tests tests-compiled kernels bandwidth bandwidth-variants skinny anchor auto host synthetic synthetic-thread synthetic-sweep"
+all_stages="tests tests-compiled kernels bandwidth bandwidth-variants skinny anchor auto profile host synthetic synthetic-thread synthetic-sweep"
 stages=${*:-$all_stages}
 day=$(date +%F)
 mkdir -p "$out"
@@ -103,6 +105,10 @@ for stage in $stages; do
             python benchmarks/gpu/bench_auto.py --device cuda --target $pair_target --draft $draft --alpha 0.8 \
                 --batch 1,8,32 --tag "$(basename $pair_target)-cuda" --out "$out"
         done
+        ;;
+    profile)
+        python benchmarks/gpu/profile_steps.py --target $target --draft $draft --batch 8 --k 2 \
+            --out "$out/$day-profile-steps-cuda.md"
         ;;
     host)
         python benchmarks/gpu/bench_host_overhead.py --device cuda --out "$out"

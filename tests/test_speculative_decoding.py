@@ -379,3 +379,13 @@ def test_stops_inside_accepted_runs_match_ar(target, target_nopad, noisy_draft, 
                 m = got.spec_metrics
                 assert m["accepted_length_histogram"] == [0] * STOP_K + [m["rounds"]]
                 assert len(got.token_ids) < 1 + m["rounds"] * (STOP_K + 1)
+
+
+def test_a_draft_narrower_than_the_target_reads_ids_it_cannot_embed(target, tiny_model_dir, oracle):
+    """The target emits embedding-padding ids (260..319) the draft has no rows for (vocab 261): the
+    draft reads them as another id, and the output stays the target's."""
+    narrow = tiny_model_dir("qwen2", seed=1, num_hidden_layers=1, vocab_size=TOKENIZER_IDS + 2)
+    assert any(t >= TOKENIZER_IDS + 2 for row in oracle for t in row)  # the case arises
+    with _sd(target, narrow, 2) as llm:
+        outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
+    assert [o.token_ids for o in outputs] == oracle

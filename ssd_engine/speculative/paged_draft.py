@@ -40,7 +40,11 @@ class PagedDraft(Generic[S]):
 
     def extend_kv(self, seqs: list[S], starts: list[int], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
         """Feed feeds[i] into seqs[i]'s blocks from position starts[i] -> fp32 logits of the last
-        rows[i] fed positions of each, concatenated in order: [sum(rows), V]."""
+        rows[i] fed positions of each, concatenated in order: [sum(rows), V]. A target wider than the
+        draft (embedding padding past the tokenizer) can emit ids the draft has no row for: the draft
+        reads those as id 0, which changes only its proposals, never the output (the verifier's)."""
+        vocab = self.runner.config.vocab_size
+        feeds = [[t if t < vocab else 0 for t in f] for f in feeds]
         return self.runner.run(StepInputs(starts, feeds, [s.block_table for s in seqs],
                                           [list(range(len(f) - n, len(f))) for f, n in zip(feeds, rows)]))
 
