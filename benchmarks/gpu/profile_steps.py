@@ -6,11 +6,14 @@ AR, SD every step (speculation_per_step=off), and an SD engine whose per-step ch
         --draft configs/shapes/qwen2.5-coder-0.5b-instruct --batch 8 --out OUT.md
 
 Random weights (load_format="dummy"), synthetic acceptance --alpha, greedy; every request prefilled,
-then warm steps, then `--steps` timed steps (wall per step, tokens per step) and the same number profiled:
-the host calls (graph replays, launches, synchronisations, copies) per step and the ops taking the most
-host and device time."""
+then warm steps, then `--steps` timed steps (wall per step, tokens per step), the same number profiled
+by torch.profiler (host calls a step: graph replays, launches, synchronisations, copies; the ops taking
+the most host and device time) and again by cProfile (the Python functions the wall time is spent in)."""
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import sys
 import time
 
@@ -19,6 +22,7 @@ import torch
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
 sys.path[:0] = [os.path.dirname(HERE), HERE]
 TOP = 12
+PY_TOP = 30
 HOST_CALLS = ("cudaGraphLaunch", "cudaLaunchKernel", "cuLaunchKernel", "cudaStreamSynchronize",
               "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpyAsync", "cudaStreamWaitEvent")
 
@@ -80,6 +84,12 @@ def engine_steps(a, name: str) -> list[str]:
                 for _ in range(a.steps):
                     engine.step()
                 sync()
+            python = cProfile.Profile()  # the Python functions the steps spend their wall time in
+            python.enable()
+            for _ in range(a.steps):
+                engine.step()
+            sync()
+            python.disable()
     finally:
         step_choice.StepChoice.choose = choose
     events = prof.key_averages()
@@ -94,6 +104,10 @@ def engine_steps(a, name: str) -> list[str]:
     lines += ["", "| kernel (most device time first) | calls a step | device us a step |", "|---|---|---|"]
     for e in sorted(events, key=lambda e: -(getattr(e, "self_device_time_total", 0) or 0))[:TOP]:
         lines.append(f"| {e.key[:80]} | {e.count / a.steps:.1f} | {(getattr(e, 'self_device_time_total', 0) or 0) / a.steps:.0f} |")
+    text = io.StringIO()
+    pstats.Stats(python, stream=text).sort_stats("cumulative").print_stats(PY_TOP)
+    lines += ["", "Python functions by cumulative wall time over the steps (cProfile):", "", "```",
+              *[line for line in text.getvalue().splitlines() if line.strip()][-PY_TOP - 1:], "```"]
     print("\n".join(lines[:3]), flush=True)
     return lines + [""]
 
