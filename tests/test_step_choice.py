@@ -183,3 +183,19 @@ def test_negative_control_a_switch_reporting_other_q_rows_is_rejected(small_pair
     stat, dof, p, _ = fit(sample, penalised_law(3))
     print(f"\nNEGATIVE CONTROL [q rows not the drafts' after a switch]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
     assert p < ALPHA
+
+
+def test_an_arms_first_steps_one_time_costs_do_not_decide_it():
+    """K's first step at a batch size is 50x slow (a GPU compiling its kernels); then K is faster per
+    token than plain decoding. After both arms' first runs, K is chosen."""
+    choice, steady = StepChoice(k=3), _Draft()
+    batch = _seqs(1)
+    first_k = True
+    runs = []
+    for _ in range(4 * step_choice.MIN_SAMPLES):
+        runs.append(choice.choose(batch, steady))
+        seconds = 1.0
+        if runs[-1] and first_k:
+            seconds, first_k = 50.0, False
+        choice.record(runs[-1], 1, 3 if runs[-1] else 1, seconds)  # K: 3 tokens a step, plain 1, same time
+    assert runs[-2 * step_choice.MIN_SAMPLES:] == [3] * (2 * step_choice.MIN_SAMPLES)

@@ -43,12 +43,18 @@ class Arm:
         return None if self.step_s is None else self.tokens / self.step_s
 
     def add(self, emitted: int, seconds: float) -> None:
-        """One steady step; its first steps weigh as a plain mean, so the first draw does not linger."""
+        """One steady step. Its first MIN_SAMPLES step times keep their fastest: an arm's first steps
+        at a batch size can carry one-time costs (a GPU compiles kernels and replays graphs for the
+        first time) that would otherwise linger, since the slower-looking arm is rarely re-run. Its
+        tokens weigh as a plain mean at first, so the first draw does not linger either."""
         self.samples += 1
         if self.step_s is None:
             self.step_s, self.tokens = seconds, float(emitted)
             return
-        self.step_s += max(STEP_WEIGHT, 1 / self.samples) * (seconds - self.step_s)
+        if self.samples <= MIN_SAMPLES:
+            self.step_s = min(self.step_s, seconds)
+        else:
+            self.step_s += STEP_WEIGHT * (seconds - self.step_s)
         self.tokens += max(TOKENS_WEIGHT, 1 / self.samples) * (emitted - self.tokens)
 
 

@@ -105,8 +105,11 @@ class SyncDraft(PagedDraft[DraftView]):
         logits = self._extend(extend, ends, drafting)
         if read >= CATCH_UP_SAMPLE:
             per_token = (time.perf_counter() - started) / read
-            self.catch_up_s_per_token = per_token if self.catch_up_s_per_token is None else \
-                0.5 * (self.catch_up_s_per_token + per_token)
+            before = self.catch_up_s_per_token
+            # a first catch-up can carry one-time costs (kernel compiles on a GPU): a sample under a
+            # quarter of the estimate replaces it, others are averaged in
+            self.catch_up_s_per_token = per_token if before is None or per_token < before / 4 else \
+                0.5 * (before + per_token)
         if not dec_views:
             return None
         device, vocab = self.runner.device, self.runner.config.vocab_size
