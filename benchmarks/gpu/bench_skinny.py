@@ -3,7 +3,7 @@ Triton norm and SiLU kernels: 7 launches, split-K's reduce aside) against kernel
 (norm in the prologue, SiLU-mul and the residual add in the epilogue: 4 launches), at a model's
 shapes, graphed as a decode step replays them. (Not a test.)
 
-    python benchmarks/gpu/bench_skinny.py --model configs/shapes/qwen2.5-coder-1.5b-instruct --out OUT.md
+    python benchmarks/gpu/bench_skinny.py --model configs/shapes/qwen2.5-coder-1.5b-instruct --out benchmarks/results/DATE-skinny.md
 
 Random bf16 weights, one copy per layer (a step streams each layer's from HBM, not from L2). First each op
 alone: every tile configuration below, `layers` launches a graph, against cuBLAS's GEMM of the same

@@ -3,7 +3,7 @@ AR, SD every step (speculation_per_step=off), and an SD engine whose per-step ch
 (plain steps inside an SD engine: what the goodput choice runs when K does not pay). Not a test.
 
     python benchmarks/gpu/profile_steps.py --device cuda --target configs/shapes/qwen2.5-coder-1.5b-instruct \
-        --draft configs/shapes/qwen2.5-coder-0.5b-instruct --batch 8 --out OUT.md
+        --draft configs/shapes/qwen2.5-coder-0.5b-instruct --batch 8 --out benchmarks/results/DATE-profile-steps-cuda.md
 
 Random weights (load_format="dummy"), synthetic acceptance --alpha, greedy; every request prefilled,
 then warm steps, then `--steps` timed steps (wall per step, tokens per step), the same number profiled
