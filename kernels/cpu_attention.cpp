@@ -17,24 +17,75 @@
 #include "cpu_vec.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 using namespace cpu_vec;
 
-// out[d] += p v[d]
+constexpr int64_t MAX_GROUP = 16;  // query heads a task walks together (larger GQA groups: several tasks)
+
+#if defined(__AVX512F__)
+constexpr int64_t VALUE_REGISTERS = 24;  // of the 32 vector registers, for the accumulators
+
+// Columns [d, d + 16 B) of out[h] for every head of the group: B x group accumulators in registers
+// for the whole walk, each value vector loaded once for the group.
+template <int B, typename T>
+void accumulate_block(const float* p, int64_t keys, int64_t group, const T* v_cache, const int64_t* read,
+                      int64_t n, int64_t dim, int64_t d, float* out) {
+  __m512 acc[VALUE_REGISTERS / B][B];
+  for (int64_t h = 0; h < group; ++h)
+    for (int b = 0; b < B; ++b) acc[h][b] = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; ++i) {
+    __m512 value[B];
+    for (int b = 0; b < B; ++b) value[b] = load16(v_cache + read[i] + d + b * LANES);
+    for (int64_t h = 0; h < VALUE_REGISTERS / B; ++h) {
+      if (h >= group) break;
+      const __m512 weight = _mm512_set1_ps(p[h * keys + i]);
+      for (int b = 0; b < B; ++b) acc[h][b] = _mm512_fmadd_ps(weight, value[b], acc[h][b]);
+    }
+  }
+  for (int64_t h = 0; h < group; ++h)
+    for (int b = 0; b < B; ++b) _mm512_storeu_ps(out + h * dim + d + b * LANES, acc[h][b]);
+}
+#endif
+
+// out[h][d] = sum over i of p[h][i] v_i[d], each sum a chain of multiply-adds from 0 in key order
+// (how the order is walked around it does not change a sum's bits). On AVX-512 the output stays in
+// registers, a block of columns at a time, and each value vector is loaded once for the group.
 template <typename T>
-inline void add_scaled(float* out, float p, const T* v, int64_t dim) {
+void accumulate_values(const float* p, int64_t keys, int64_t group, const T* v_cache, const int64_t* read,
+                       int64_t n, int64_t dim, float* out) {
   int64_t d = 0;
 #if defined(__AVX512F__)
-  const __m512 weight = _mm512_set1_ps(p);
-  for (; d + LANES <= dim; d += LANES) _mm512_storeu_ps(out + d, _mm512_fmadd_ps(weight, load16(v + d), _mm512_loadu_ps(out + d)));
+  const int64_t width = std::min<int64_t>(std::max<int64_t>(VALUE_REGISTERS / std::max<int64_t>(group, 1), 1), 8);
+  for (; d + LANES <= dim;) {
+    const int64_t block = std::min(width, (dim - d) / LANES);
+    if (group * block > VALUE_REGISTERS) break;  // groups beyond the registers: the scalar walk below
+    switch (block) {
+      case 8: accumulate_block<8>(p, keys, group, v_cache, read, n, dim, d, out); break;
+      case 7: accumulate_block<7>(p, keys, group, v_cache, read, n, dim, d, out); break;
+      case 6: accumulate_block<6>(p, keys, group, v_cache, read, n, dim, d, out); break;
+      case 5: accumulate_block<5>(p, keys, group, v_cache, read, n, dim, d, out); break;
+      case 4: accumulate_block<4>(p, keys, group, v_cache, read, n, dim, d, out); break;
+      case 3: accumulate_block<3>(p, keys, group, v_cache, read, n, dim, d, out); break;
+      case 2: accumulate_block<2>(p, keys, group, v_cache, read, n, dim, d, out); break;
+      default: accumulate_block<1>(p, keys, group, v_cache, read, n, dim, d, out); break;
+    }
+    d += block * LANES;
+  }
 #endif
-  for (; d < dim; ++d) out[d] += p * as_float(v[d]);
+  for (; d < dim; ++d)
+    for (int64_t h = 0; h < group; ++h) {
+      float sum = 0.f;
+      for (int64_t i = 0; i < n; ++i) sum = std::fma(p[h * keys + i], as_float(v_cache[read[i] + d]), sum);
+      out[h * dim + d] = sum;
+    }
 }
 
 // e^x for x <= 0 (Cephes' expf: about 1 ulp), as plain arithmetic the compiler vectorizes; the same
@@ -56,32 +107,38 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
-// one (query, head): its allowed keys gathered in key order, then scores, softmax and values over them
-template <typename T>
-void attend(const float* q, const T* k_cache, const T* v_cache, const int64_t* slots, const bool* allowed,
-            int64_t keys, int64_t kv_stride, int64_t dim, float scale, float* scores, int64_t* read, float* out) {
-  int64_t n = 0;
-  for (int64_t j = 0; j < keys; ++j)
-    if (allowed[j]) read[n++] = slots[j] * kv_stride;
-  float top = -std::numeric_limits<float>::infinity();
+#if defined(__AVX512F__)
+// Scores of HB heads (dim 16 C) over the keys: the heads' queries held in registers, each key's vector
+// loaded once for them; each score is dot()'s own chain (from 0, the C chunks in order, one fixed fold
+// of the lanes, plus dot()'s tail of 0), so its bits are dot()'s.
+template <int C, int HB, typename T>
+void score_block(const float* q, const T* k_cache, const int64_t* read, int64_t n, float scale, float* scores,
+                 int64_t keys, float* top) {
+  __m512 query[HB][C];
+  for (int h = 0; h < HB; ++h)
+    for (int c = 0; c < C; ++c) query[h][c] = _mm512_loadu_ps(q + h * C * LANES + c * LANES);
   for (int64_t i = 0; i < n; ++i) {
-    scores[i] = dot(q, k_cache + read[i], dim) * scale;
-    top = std::max(top, scores[i]);
+    const T* key = k_cache + read[i];
+    __m512 acc[HB];
+    for (int h = 0; h < HB; ++h) acc[h] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) {
+      const __m512 chunk = load16(key + c * LANES);
+      for (int h = 0; h < HB; ++h) acc[h] = _mm512_fmadd_ps(query[h][c], chunk, acc[h]);
+    }
+    const float no_tail = 0.f;
+    for (int h = 0; h < HB; ++h) {
+      const float score = (_mm512_reduce_add_ps(acc[h]) + no_tail) * scale;
+      scores[h * keys + i] = score;
+      top[h] = std::max(top[h], score);
+    }
   }
-  for (int64_t i = 0; i < n; ++i) scores[i] = exp_nonpositive(scores[i] - top);
-  float total = 0.f;
-  for (int64_t i = 0; i < n; ++i) total += scores[i];
-  std::memset(out, 0, sizeof(float) * dim);
-  for (int64_t i = 0; i < n; ++i) {
-    add_scaled(out, scores[i], v_cache + read[i], dim);
-  }
-  const float inverse = 1.f / total;
-  for (int64_t d = 0; d < dim; ++d) out[d] *= inverse;
 }
+#endif
 
-// The `group` query heads of one KV head for one query: each head's scores, softmax and values exactly
-// as attend() computes them alone (the same operations on the same values in the same key order), with
-// each key and value loaded once for the group rather than once a head. scores: [group, keys].
+// The `group` query heads of one KV head for one query (group 1: one head alone): each head's scores,
+// softmax and values in key order, with each key and value loaded once for the group. A head's
+// arithmetic is the same whatever its group: the same operations on the same values in the same order,
+// so a (query, head) has its bits however the heads are grouped. scores: [group, keys].
 template <typename T>
 void attend_group(const float* q, int64_t group, const T* k_cache, const T* v_cache, const int64_t* slots,
                   const bool* allowed, int64_t keys, int64_t kv_stride, int64_t dim, float scale, float* scores,
@@ -89,16 +146,42 @@ void attend_group(const float* q, int64_t group, const T* k_cache, const T* v_ca
   int64_t n = 0;
   for (int64_t j = 0; j < keys; ++j)
     if (allowed[j]) read[n++] = slots[j] * kv_stride;
-  std::vector<float> top(group, -std::numeric_limits<float>::infinity());
-  for (int64_t i = 0; i < n; ++i) {
-    const T* key = k_cache + read[i];
-    for (int64_t h = 0; h < group; ++h) {
-      const float score = dot(q + h * dim, key, dim) * scale;
-      scores[h * keys + i] = score;
-      top[h] = std::max(top[h], score);
+  float top[MAX_GROUP], inverse[MAX_GROUP];
+  for (int64_t h = 0; h < group; ++h) top[h] = -std::numeric_limits<float>::infinity();
+  int64_t h = 0;
+#if defined(__AVX512F__)
+  // blocks of heads whose queries fit 24 registers: 3 heads of dim 128, 6 of dim 64
+  for (int64_t block; (dim == 128 || dim == 64) && h < group; h += block) {
+    block = std::min<int64_t>(group - h, dim == 128 ? 3 : 6);
+    auto run = [&](auto chunks, auto heads) {
+      score_block<decltype(chunks)::value, decltype(heads)::value>(q + h * dim, k_cache, read, n, scale,
+                                                                  scores + h * keys, keys, top + h);
+    };
+    using std::integral_constant;
+    if (dim == 128) {
+      if (block == 3) run(integral_constant<int, 8>(), integral_constant<int, 3>());
+      else if (block == 2) run(integral_constant<int, 8>(), integral_constant<int, 2>());
+      else run(integral_constant<int, 8>(), integral_constant<int, 1>());
+    } else {
+      switch (block) {
+        case 6: run(integral_constant<int, 4>(), integral_constant<int, 6>()); break;
+        case 5: run(integral_constant<int, 4>(), integral_constant<int, 5>()); break;
+        case 4: run(integral_constant<int, 4>(), integral_constant<int, 4>()); break;
+        case 3: run(integral_constant<int, 4>(), integral_constant<int, 3>()); break;
+        case 2: run(integral_constant<int, 4>(), integral_constant<int, 2>()); break;
+        default: run(integral_constant<int, 4>(), integral_constant<int, 1>()); break;
+      }
     }
   }
-  std::vector<float> inverse(group);
+#endif
+  for (int64_t i = 0; i < n; ++i) {  // the heads no block took
+    const T* key = k_cache + read[i];
+    for (int64_t g = h; g < group; ++g) {
+      const float score = dot(q + g * dim, key, dim) * scale;
+      scores[g * keys + i] = score;
+      top[g] = std::max(top[g], score);
+    }
+  }
   for (int64_t h = 0; h < group; ++h) {
     float* own = scores + h * keys;
     for (int64_t i = 0; i < n; ++i) own[i] = exp_nonpositive(own[i] - top[h]);
@@ -106,11 +189,7 @@ void attend_group(const float* q, int64_t group, const T* k_cache, const T* v_ca
     for (int64_t i = 0; i < n; ++i) total += own[i];
     inverse[h] = 1.f / total;
   }
-  std::memset(out, 0, sizeof(float) * group * dim);
-  for (int64_t i = 0; i < n; ++i) {
-    const T* value = v_cache + read[i];
-    for (int64_t h = 0; h < group; ++h) add_scaled(out + h * dim, scores[h * keys + i], value, dim);
-  }
+  accumulate_values(scores, keys, group, v_cache, read, n, dim, out);
   for (int64_t h = 0; h < group; ++h)
     for (int64_t d = 0; d < dim; ++d) out[h * dim + d] *= inverse[h];
 }
@@ -144,37 +223,25 @@ at::Tensor row_attention(const at::Tensor& q, const at::Tensor& k_cache, const a
   const int64_t* cell_ptr = query_cell.data_ptr<int64_t>();
   float* out_ptr = out.data_ptr<float>();
   const int64_t kv_stride = kv_heads * dim;
-  // Long steps (prefill chunks) walk a KV head's keys once for its query heads: the same bits, less memory
-  // traffic; short ones keep a task per head, so a decode step still spreads over the threads.
-  const bool grouped = group > 1 && tokens * kv_heads >= 4 * at::get_num_threads();
+  // A task is a query's whole group of heads (each key and value read once for them) where that gives
+  // every thread a task; else a task is one head, so a small decode step still spreads over the threads
+  const int64_t task_group = group <= MAX_GROUP && tokens * kv_heads >= at::get_num_threads() ? group : 1;
+  const int64_t tasks_per_query = heads / task_group;
   // Each thread takes a contiguous share of the tasks, and in a causal chunk a later query reads more
   // keys: tasks visit the queries first, last, second, second to last, ... so every share holds about
   // as much work (in query order, a 2048-token prefill's second half is three quarters of its work)
   auto query_of = [tokens](int64_t x) { return x % 2 == 0 ? x / 2 : tokens - 1 - x / 2; };
   auto run = [&](auto* k_base, auto* v_base) {
-    if (grouped) {
-      at::parallel_for(0, tokens * kv_heads, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> scores(group * keys);
-        std::vector<int64_t> read(keys);
-        for (int64_t task = begin; task < end; ++task) {
-          const int64_t t = query_of(task / kv_heads), kv = task % kv_heads, cell = cell_ptr[t], row = cell / lq;
-          const int64_t first = t * heads + kv * group;  // its group's first (query, head) in q and out
-          attend_group(q_ptr + first * dim, group, k_base + kv * dim, v_base + kv * dim, slot_ptr + row * keys,
-                       mask_ptr + cell * keys, keys, kv_stride, dim, static_cast<float>(scale), scores.data(),
-                       read.data(), out_ptr + first * dim);
-        }
-      });
-      return;
-    }
-    at::parallel_for(0, tokens * heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores(keys);
+    at::parallel_for(0, tokens * tasks_per_query, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores(task_group * keys);
       std::vector<int64_t> read(keys);
       for (int64_t task = begin; task < end; ++task) {
-        const int64_t t = query_of(task / heads), h = task % heads, cell = cell_ptr[t], row = cell / lq;
-        const int64_t head_offset = (h / group) * dim;  // this head's kv head within a slot
-        attend(q_ptr + (t * heads + h) * dim, k_base + head_offset, v_base + head_offset, slot_ptr + row * keys,
-               mask_ptr + cell * keys, keys, kv_stride, dim, static_cast<float>(scale), scores.data(),
-               read.data(), out_ptr + (t * heads + h) * dim);
+        const int64_t t = query_of(task / tasks_per_query), first_head = (task % tasks_per_query) * task_group;
+        const int64_t cell = cell_ptr[t], row = cell / lq, head_offset = (first_head / group) * dim;
+        const int64_t first = t * heads + first_head;  // the task's first (query, head) in q and out
+        attend_group(q_ptr + first * dim, task_group, k_base + head_offset, v_base + head_offset,
+                     slot_ptr + row * keys, mask_ptr + cell * keys, keys, kv_stride, dim, static_cast<float>(scale),
+                     scores.data(), read.data(), out_ptr + first * dim);
       }
     });
   };

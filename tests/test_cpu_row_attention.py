@@ -16,7 +16,8 @@ def kernels():
 
 
 @pytest.mark.parametrize("hq,hk,d,cache_dtype", [(4, 2, 32, torch.float32), (6, 3, 40, torch.float32),
-                                                 (8, 1, 24, torch.bfloat16), (12, 2, 128, torch.float32)])
+                                                 (8, 1, 24, torch.bfloat16), (12, 2, 128, torch.float32),
+                                                 (14, 2, 64, torch.bfloat16), (20, 1, 64, torch.float32)])
 def test_the_kernel_gives_the_references_values(hq, hk, d, cache_dtype):
     g = torch.Generator().manual_seed(d)
     q_lens = [int(x) for x in torch.randint(1, 7, (3,), generator=g)]
@@ -57,17 +58,25 @@ def test_a_querys_bits_do_not_depend_on_the_rest_of_its_step():
 
 
 @pytest.mark.parametrize("cache_dtype", [torch.float32, torch.bfloat16])
-def test_a_long_steps_kv_groups_give_each_query_its_bits_alone(cache_dtype):
-    """A step of many queries walks each KV head's keys once for its query heads (the kernel's grouped path,
-    taken by the step's size); a query alone takes a task per head. Each query's bits are the same."""
+@pytest.mark.parametrize("hq,hk,d", [(12, 2, 128), (14, 2, 64), (9, 3, 64)])
+def test_a_steps_kv_groups_give_each_query_its_bits_alone(cache_dtype, hq, hk, d):
+    """A step with a task for every thread walks each KV head's keys once for its query heads (the
+    kernel's grouped path, in blocks of heads held in registers); a query alone on more threads than
+    its KV heads takes a task per head. Each query's bits are the same."""
     g = torch.Generator().manual_seed(1)
-    hq, hk, d, page = 12, 2, 128, 4
+    page = 4
     k_cache = torch.randn(2048, hk, d, generator=g).to(cache_dtype)
     v_cache = torch.randn(2048, hk, d, generator=g).to(cache_dtype)
-    n = 8 * torch.get_num_threads() + 3  # queries x KV heads well past 4 tasks a thread: grouped
+    threads = torch.get_num_threads()
+    n = 8 * threads + 3
     q = torch.randn(n, hq, d, generator=g)
     long_step = paged_metadata(torch.arange(n // page + 8)[None], [n], [n + 17], page)  # a prefill chunk
     in_step = row_independent_attention(q, k_cache, v_cache, long_step, d ** -0.5)
-    for i in (0, n // 2, n - 1):
-        alone = paged_metadata(torch.arange(n // page + 8)[None], [1], [18 + i], page)
-        assert torch.equal(in_step[i:i + 1], row_independent_attention(q[i:i + 1], k_cache, v_cache, alone, d ** -0.5))
+    torch.set_num_threads(hk + 1)  # one query's KV heads leave a thread idle: a task per head
+    try:
+        for i in (0, n // 2, n - 1):
+            alone = paged_metadata(torch.arange(n // page + 8)[None], [1], [18 + i], page)
+            assert torch.equal(in_step[i:i + 1],
+                               row_independent_attention(q[i:i + 1], k_cache, v_cache, alone, d ** -0.5))
+    finally:
+        torch.set_num_threads(threads)
