@@ -1,7 +1,7 @@
 """SD's K chosen every step (`speculation_per_step="goodput"`, ssd_engine/engine/step_choice.py).
 
 - The rule: both arms tried (a few steady steps each), then the faster; the other re-tried every EXPLORE_EVERY steps of a batch
-  size; a new batch size reads the nearest one's rates; K not first tried above a batch size where it
+  size (K sooner where it lost a close call); a new batch size reads the nearest one's rates; K not first tried above a batch size where it
   lost; a batch holding a seeded request runs K.
 - Exactness across switches: with the choice forced to a random K or 0 every step, greedy SD gives
   AR's tokens, and at T = 1 with every penalty (history-dependent rows) SD's (t1, t2, t3) follow the
@@ -199,3 +199,17 @@ def test_an_arms_first_steps_one_time_costs_do_not_decide_it():
             seconds, first_k = 50.0, False
         choice.record(runs[-1], 1, 3 if runs[-1] else 1, seconds)  # K: 3 tokens a step, plain 1, same time
     assert runs[-2 * step_choice.MIN_SAMPLES:] == [3] * (2 * step_choice.MIN_SAMPLES)
+
+
+def test_k_losing_a_close_call_is_retried_sooner():
+    """K's first steps came out 5% slower than plain decoding's (a speculated step's tokens are a draw):
+    K is re-tried within a quarter of EXPLORE_EVERY's steps, not after all of them."""
+    choice, steady = StepChoice(k=3), _Draft()
+    batch = _seqs(1)
+    runs = []
+    for _ in range(2 * step_choice.MIN_SAMPLES + step_choice.EXPLORE_EVERY["speculate"] // 4):
+        runs.append(choice.choose(batch, steady))
+        choice.record(runs[-1], 1, 1, 1.0 if runs[-1] == 0 else 1.05)  # K: 1 token a step in 1.05 s
+    first_look = 2 * step_choice.MIN_SAMPLES
+    assert sorted(Counter(runs[:first_look]).values()) == [step_choice.MIN_SAMPLES] * 2
+    assert 3 in runs[first_look:]

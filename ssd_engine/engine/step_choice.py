@@ -14,7 +14,9 @@ from ssd_engine.core.structures import Sequence
 # steps of one batch size between tries of the arm not chosen; K's try pays the draft's catch-up
 EXPLORE_EVERY = {"plain": 64, "speculate": 256}
 FIRST_LOOK = 4      # steps at a batch size before an arm never run at it is tried there
-MIN_SAMPLES = 4     # steady steps an arm tried at a batch size runs for there before its rate is compared
+MIN_SAMPLES = 8     # steady steps an arm tried at a batch size runs for there before its rate is compared
+CLOSE = 0.25        # K losing to plain decoding by less than this share is re-tried sooner, in proportion:
+                    # a speculated step emits 1..K+1 tokens by chance, so a few steps can misjudge a close call
 STEP_WEIGHT = 0.25     # of the newest step in an arm's running step time (the host's speed moves)
 TOKENS_WEIGHT = 0.05   # of the newest step in its running tokens per step: a speculated step emits
                        # 1..K+1 tokens a row by chance, so its mean needs many steps; a step's time does not
@@ -108,11 +110,20 @@ class StepChoice:
                 return k  # never measured at any batch size
             if arm.rate is not None and arm.samples < MIN_SAMPLES:
                 return k  # one step's rate is noise: an arm tried here runs until it has a few
-            every = EXPLORE_EVERY["speculate" if k else "plain"] if arm.rate is not None else FIRST_LOOK
+            every = (self._retry_every(bucket) if k else EXPLORE_EVERY["plain"]) if arm.rate is not None else FIRST_LOOK
             if self.steps - arm.last_step > every and not (k and arm.rate is None and self._lost_below(bucket)):
                 return k
         rates = self._nearest_pair(bucket)
         return max(rates, key=rates.get) if rates else self.k
+
+    def _retry_every(self, bucket: int) -> int:
+        """Steps between tries of K at a batch size where it lost: EXPLORE_EVERY's, less where it lost
+        by less than CLOSE (down to a sixteenth)."""
+        rates = {k: self.arms.get((bucket, k), Arm()).rate for k in (self.k, 0)}
+        every = EXPLORE_EVERY["speculate"]
+        if not (rates[self.k] and rates[0]):
+            return every
+        return int(every * min(1.0, max(1 / 16, (rates[0] / rates[self.k] - 1) / CLOSE)))
 
     def _lost_below(self, bucket: int) -> bool:
         """Whether K lost to plain decoding at the largest smaller batch size that measured both:
