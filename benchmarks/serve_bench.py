@@ -6,7 +6,7 @@ GGUF and cores, driven by guidellm (the vLLM project's load generator).
     python benchmarks/serve_bench.py --servers ar,auto --concurrency 1,4 --prompt-tokens 128 --output-tokens 32
 
 Why guidellm: it runs offline (synthetic prompts of a set token count, built with the target's own
-tokenizer folder), speaks OpenAI HTTP with streaming usage, has concurrency and Poisson profiles, and
+tokenizer folder, or `--prompts humaneval`: windows of HumanEval's prompts from a JSON-lines file), speaks OpenAI HTTP with streaming usage, has concurrency and Poisson profiles, and
 writes every percentile to JSON; aiperf and inference-perf were not needed for anything it lacks.
 Only the glue is ours: start each server pinned to --cores (ours: `python -m ssd_engine.serve --mode
 M`, `auto+off` adding `--speculation-per-step off` (SD drafting every step); llama.cpp: `llama-server` with one slot per
@@ -55,6 +55,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--poisson-requests", type=int, default=8, help="requests per Poisson level")
     p.add_argument("--prompt-tokens", default="128,450", help="prompt lengths in tokens, one sweep each")
     p.add_argument("--output-tokens", type=int, default=64)
+    p.add_argument("--prompts", default="synthetic", choices=["synthetic", "humaneval"],
+                   help="guidellm's synthetic text, or windows of HumanEval's prompts (code: what the built-in "
+                        "coder pair drafts well) of --prompt-tokens tokens, fresh ones each level")
     p.add_argument("--cores", default=None, help="cores of each server and the client (default: all visible)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--tag", default="")
@@ -125,15 +128,41 @@ def measure(a, port: int, tokenizer: str, prompt_tokens: int, profile: str, requ
         report = os.path.join(folder, "report.json")
         argv = ["taskset", "-c", ",".join(map(str, a.cores)), a.guidellm, "run",
                 "--backend", f'kind=openai_http,target=http://127.0.0.1:{port},model={NAME},'
-                             f'request_format=/v1/completions,extras={{"body":{{"temperature":0}}}}',
+                             f'request_format=/v1/completions,extras={{"body":{{"temperature":0{IGNORE_EOS[a.prompts]}}}}}',
                 "--profile", profile, "--constraint", f"kind=max_requests,count={requests}",
-                "--data", f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={a.output_tokens}",
+                "--data", data_source(a, folder, tokenizer, prompt_tokens, requests, seed),
                 "--tokenizer", f"kind=huggingface_auto,model={tokenizer}", "--seed", f"kind=static,value={seed}",
                 "--output", f"kind=json,path={report}", "--disable-console"]
         subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         with open(report) as f:
             return summarize(json.load(f)["benchmarks"][0])
+
+
+IGNORE_EOS = {"synthetic": "", "humaneval": ',"ignore_eos":true'}  # guidellm's synthetic requests set it
+
+
+def data_source(a, folder: str, tokenizer: str, prompt_tokens: int, requests: int, seed: int) -> str:
+    """guidellm's --data for one level: synthetic text, or a JSON-lines file of `requests` HumanEval
+    windows of `prompt_tokens` tokens: level L of a sweep (seed % 1000) takes windows L * 33 on, so
+    levels share no prompt where the prompt set holds enough windows (each starts a quarter of a prompt
+    after the last, so no two share a first block), and every server meets the same ones."""
+    if a.prompts == "synthetic":
+        return f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={a.output_tokens}"
+    from prompt_sets import load_prompt_set
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    ids = tok("".join(load_prompt_set("humaneval", 164)))["input_ids"]
+    stride = max(1, prompt_tokens // 4)
+    starts = list(range(0, len(ids) - prompt_tokens, stride))
+    first = (seed % 1000) * 33
+    path = os.path.join(folder, "prompts.jsonl")
+    with open(path, "w") as f:
+        for i in range(requests):
+            start = starts[(first + i) % len(starts)]
+            f.write(json.dumps({"prompt": tok.decode(ids[start:start + prompt_tokens]),
+                                "output_tokens_count": a.output_tokens}) + "\n")
+    return f"kind=json_file,path={path}"
 
 
 def summarize(benchmark: dict) -> dict:
@@ -156,7 +185,7 @@ def markdown(result: dict) -> str:
     lines += [f"# Serving under load: {', '.join(servers)} ({result['date']})", "",
               f"- Machine: {result['machine']}", f"- Cores: {result['cores']} (every server and the client)",
               f"- Model: {result['model']}; greedy, {result['output_tokens']} output tokens, EOS ignored; "
-              "guidellm 0.8.1 synthetic prompts", f"- Command: `{result['command']}`", ""]
+              f"guidellm 0.8.1, {result.get('prompts', 'synthetic')} prompts", f"- Command: `{result['command']}`", ""]
     for length, by_level in result["cells"].items():
         lines += [f"## {length}-token prompts", "",
                   "| level | " + " | ".join(f"{s} tok/s" for s in servers)
@@ -215,6 +244,7 @@ def main(argv: list[str] | None = None) -> dict:
             interrupt(proc)
     result = {"date": datetime.date.today().isoformat(), "machine": machine_line("cpu"), "cores": a.cores,
               "model": a.model or "the built-in pair", "servers": a.servers, "output_tokens": a.output_tokens,
+              "prompts": a.prompts,
               "command": "python benchmarks/serve_bench.py " + " ".join(argv), "cells": cells}
     text = markdown(result)
     base = write_dated_result(a.out, "serve" + (f"-{a.tag}" if a.tag else ""), text, result)
