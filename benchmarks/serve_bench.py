@@ -127,8 +127,8 @@ def measure(a, port: int, tokenizer: str, prompt_tokens: int, profile: str, requ
     with tempfile.TemporaryDirectory() as folder:
         report = os.path.join(folder, "report.json")
         argv = ["taskset", "-c", ",".join(map(str, a.cores)), a.guidellm, "run",
-                "--backend", f'kind=openai_http,target=http://127.0.0.1:{port},model={NAME},'
-                             f'request_format=/v1/completions,extras={{"body":{{"temperature":0{IGNORE_EOS[a.prompts]}}}}}',
+                "--backend", json.dumps({"kind": "openai_http", "target": f"http://127.0.0.1:{port}", "model": NAME,
+                                         "request_format": "/v1/completions", "extras": {"body": BODY[a.prompts]}}),
                 "--profile", profile, "--constraint", f"kind=max_requests,count={requests}",
                 "--data", data_source(a, folder, tokenizer, prompt_tokens, requests, seed),
                 "--tokenizer", f"kind=huggingface_auto,model={tokenizer}", "--seed", f"kind=static,value={seed}",
@@ -139,7 +139,9 @@ def measure(a, port: int, tokenizer: str, prompt_tokens: int, profile: str, requ
             return summarize(json.load(f)["benchmarks"][0])
 
 
-IGNORE_EOS = {"synthetic": "", "humaneval": ',"ignore_eos":true'}  # guidellm's synthetic requests set it
+# the request body's extras (JSON: guidellm's key=value form splits at commas); synthetic requests ignore EOS
+# by guidellm's own setting
+BODY = {"synthetic": {"temperature": 0}, "humaneval": {"temperature": 0, "ignore_eos": True}}
 
 
 def data_source(a, folder: str, tokenizer: str, prompt_tokens: int, requests: int, seed: int) -> str:
