@@ -127,8 +127,10 @@ def measure(a, port: int, tokenizer: str, prompt_tokens: int, profile: str, requ
     with tempfile.TemporaryDirectory() as folder:
         report = os.path.join(folder, "report.json")
         argv = ["taskset", "-c", ",".join(map(str, a.cores)), a.guidellm, "run",
+                # JSON: guidellm's key=value form would split a body at its commas; guidellm itself sets
+                # max_tokens and ignore_eos from each request's output tokens
                 "--backend", json.dumps({"kind": "openai_http", "target": f"http://127.0.0.1:{port}", "model": NAME,
-                                         "request_format": "/v1/completions", "extras": {"body": BODY[a.prompts]}}),
+                                         "request_format": "/v1/completions", "extras": {"body": {"temperature": 0}}}),
                 "--profile", profile, "--constraint", f"kind=max_requests,count={requests}",
                 "--data", data_source(a, folder, tokenizer, prompt_tokens, requests, seed),
                 "--tokenizer", f"kind=huggingface_auto,model={tokenizer}", "--seed", f"kind=static,value={seed}",
@@ -137,11 +139,6 @@ def measure(a, port: int, tokenizer: str, prompt_tokens: int, profile: str, requ
                        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
         with open(report) as f:
             return summarize(json.load(f)["benchmarks"][0])
-
-
-# the request body's extras (JSON: guidellm's key=value form splits at commas); synthetic requests ignore EOS
-# by guidellm's own setting
-BODY = {"synthetic": {"temperature": 0}, "humaneval": {"temperature": 0, "ignore_eos": True}}
 
 
 def data_source(a, folder: str, tokenizer: str, prompt_tokens: int, requests: int, seed: int) -> str:
