@@ -65,9 +65,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def random_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[list[int]]:
+def random_prompts(count: int, length: int, target: str, draft: str, seed: int = 0) -> list[list[int]]:
     """Token ids every model of the pair has (no tokenizer needed), the same on every run."""
     import torch
+
+    from ssd_engine.models.loader import load_config
+    vocab = min(load_config(path, "dummy").vocab_size for path in (target, draft))
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (count, length), generator=generator).tolist()
 
@@ -116,11 +119,9 @@ def run_sweep(a) -> dict:
     from suite import host_speed, isolate, options
     from suite.machine import machine_line
 
-    from ssd_engine.models.loader import load_config
     from ssd_engine.utils.machine import describe
 
-    vocab = min(load_config(a.target, "dummy").vocab_size, load_config(a.draft, "dummy").vocab_size)
-    prompt_sets = {"random-ids": random_prompts(a.num_prompts, a.prompt_len, vocab)}
+    prompt_sets = {"random-ids": random_prompts(a.num_prompts, a.prompt_len, a.target, a.draft)}
     ar_run, *runs = sweep_runs(a)
     ar_opts = options.parse(ar_run["argv"])
     speed_before = host_speed.measure()

@@ -19,6 +19,7 @@ DATE-serve[-TAG].md, .json and .png under --out, the CPU named.
 """
 import argparse
 import datetime
+import functools
 import json
 import os
 import shutil
@@ -141,6 +142,15 @@ def measure(a, port: int, tokenizer: str, prompt_tokens: int, profile: str, requ
             return summarize(json.load(f)["benchmarks"][0])
 
 
+@functools.cache
+def _humaneval(tokenizer: str):
+    """The target's tokenizer and HumanEval's prompts joined, as its token ids: read once a run."""
+    from prompt_sets import load_prompt_set
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    return tok, tok("".join(load_prompt_set("humaneval", 164)))["input_ids"]
+
+
 def data_source(a, folder: str, tokenizer: str, prompt_tokens: int, requests: int, seed: int) -> str:
     """guidellm's --data for one level: synthetic text, or a JSON-lines file of `requests` HumanEval
     windows of `prompt_tokens` tokens: level L of a sweep (seed % 1000) takes windows L * 33 on, so
@@ -148,10 +158,7 @@ def data_source(a, folder: str, tokenizer: str, prompt_tokens: int, requests: in
     after the last, so no two share a first block), and every server meets the same ones."""
     if a.prompts == "synthetic":
         return f"kind=synthetic_text,prompt_tokens={prompt_tokens},output_tokens={a.output_tokens}"
-    from prompt_sets import load_prompt_set
-    from transformers import AutoTokenizer
-    tok = AutoTokenizer.from_pretrained(tokenizer)
-    ids = tok("".join(load_prompt_set("humaneval", 164)))["input_ids"]
+    tok, ids = _humaneval(tokenizer)
     stride = max(1, prompt_tokens // 4)
     starts = list(range(0, len(ids) - prompt_tokens, stride))
     first = (seed % 1000) * 33

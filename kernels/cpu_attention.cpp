@@ -32,6 +32,7 @@ constexpr int64_t MAX_GROUP = 16;  // query heads a task walks together (larger 
 
 #if defined(__AVX512F__)
 constexpr int64_t VALUE_REGISTERS = 24;  // of the 32 vector registers, for the accumulators
+static_assert(MAX_GROUP <= VALUE_REGISTERS, "a group's accumulators of one 16-wide column must fit the registers");
 
 // Columns [d, d + 16 B) of out[h] for every head of the group: B x group accumulators in registers
 // for the whole walk, each value vector loaded once for the group.
@@ -63,10 +64,9 @@ void accumulate_values(const float* p, int64_t keys, int64_t group, const T* v_c
                        int64_t n, int64_t dim, float* out) {
   int64_t d = 0;
 #if defined(__AVX512F__)
-  const int64_t width = std::min<int64_t>(std::max<int64_t>(VALUE_REGISTERS / std::max<int64_t>(group, 1), 1), 8);
+  const int64_t width = std::min<int64_t>(VALUE_REGISTERS / group, 8);  // group <= MAX_GROUP: width >= 1
   for (; d + LANES <= dim;) {
-    const int64_t block = std::min(width, (dim - d) / LANES);
-    if (group * block > VALUE_REGISTERS) break;  // groups beyond the registers: the scalar walk below
+    const int64_t block = std::min(width, (dim - d) / LANES);  // group x block <= VALUE_REGISTERS
     switch (block) {
       case 8: accumulate_block<8>(p, keys, group, v_cache, read, n, dim, d, out); break;
       case 7: accumulate_block<7>(p, keys, group, v_cache, read, n, dim, d, out); break;

@@ -87,10 +87,8 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
     from bench_synthetic import random_prompts
 
-    from ssd_engine.models.loader import load_config
-    vocab = min(load_config(p, "dummy").vocab_size for p in (a.target, a.draft))
     batches = [int(b) for b in a.batch.split(",")]
-    prompts = random_prompts(a.repeats * max(batches), a.prompt_len, vocab)
+    prompts = random_prompts(a.repeats * max(batches), a.prompt_len, a.target, a.draft)
     device = torch.cuda.get_device_name() if a.device.startswith("cuda") else "cpu"
     auto = run_mode(a, "auto", None, prompts, batches)
     k = auto["k"] or 4

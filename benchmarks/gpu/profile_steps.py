@@ -47,7 +47,6 @@ def engine_steps(a, name: str) -> list[str]:
 
     from ssd_engine import LLM, SamplingParams
     from ssd_engine.engine import step_choice
-    from ssd_engine.models.loader import load_config
     from ssd_engine.testing import Synthetic
     options = dict(speculative_mode="ar" if name == "ar" else "sd", load_format="dummy", device=a.device)
     if name != "ar":
@@ -57,8 +56,7 @@ def engine_steps(a, name: str) -> list[str]:
     if name == "sd-plain":  # every step plain: the choice's K = 0 arm alone
         step_choice.StepChoice.choose = lambda self, running, draft: self.steps_by_k.update([0]) or 0
     params = SamplingParams(temperature=0, max_tokens=a.prompt_len + 4 * a.steps * (a.k + 1), ignore_eos=True)
-    vocab = min(load_config(p, "dummy").vocab_size for p in (a.target, a.draft))
-    prompts = random_prompts(a.batch, a.prompt_len, vocab)
+    prompts = random_prompts(a.batch, a.prompt_len, a.target, a.draft)
     try:
         with LLM(a.target, **options) as llm:
             engine = llm.engine

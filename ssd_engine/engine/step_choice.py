@@ -94,7 +94,7 @@ class StepChoice:
         if cost <= EXPLORE_SHARE * since:
             return True
         # another batch size's rates are no promise here (a larger batch's verification costs more)
-        rates = {k: self.arms.get((bucket, k), Arm()).rate for k in (self.k, 0)}
+        rates = self._rates_at(bucket)
         if not (rates[self.k] and rates[0]):
             return False
         left = sum(max(seq.params.max_tokens - seq.num_output_tokens, 0) for seq in running)
@@ -119,7 +119,7 @@ class StepChoice:
     def _retry_every(self, bucket: int) -> int:
         """Steps between tries of K at a batch size where it lost: EXPLORE_EVERY's, less where it lost
         by less than CLOSE (down to a sixteenth)."""
-        rates = {k: self.arms.get((bucket, k), Arm()).rate for k in (self.k, 0)}
+        rates = self._rates_at(bucket)
         every = EXPLORE_EVERY["speculate"]
         if not (rates[self.k] and rates[0]):
             return every
@@ -133,15 +133,18 @@ class StepChoice:
 
     def _measured_buckets(self) -> set[int]:
         """Batch-size buckets where both arms have a rate."""
-        return {b for b, _ in self.arms if all(self.arms.get((b, k), Arm()).rate is not None for k in (self.k, 0))}
+        return {b for b, _ in self.arms if None not in self._rates_at(b).values()}
 
     def _nearest_pair(self, bucket: int) -> dict[int, float] | None:
         """Both arms' rates at this batch size, else at the nearest one that measured both."""
         both = sorted((abs(b - bucket), b) for b in self._measured_buckets())
         if not both:
             return None
-        b = both[0][1]
-        return {k: self.arms[b, k].rate for k in (self.k, 0)}
+        return self._rates_at(both[0][1])
+
+    def _rates_at(self, bucket: int) -> dict[int, float | None]:
+        """K's and plain decoding's measured rates at a batch-size bucket (None: not measured there)."""
+        return {k: self.arms.get((bucket, k), Arm()).rate for k in (self.k, 0)}
 
     def record(self, k: int, decoding: int, emitted: int, seconds: float) -> None:
         """A step that decoded `decoding` sequences (and prefilled none) and emitted `emitted` tokens."""
