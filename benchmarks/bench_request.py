@@ -88,11 +88,10 @@ LLAMACPP = """
 import json, os, sys
 spec = json.loads(sys.argv[1])
 sys.path.insert(0, spec["benchmarks"])
-import llama_cpp
-from llamacpp_mode import generate  # bench.py's llama.cpp request: greedy, EOS ignored, timed as ours
+from llamacpp_mode import generate, load_llama  # bench.py's llama.cpp request: greedy, EOS ignored, timed as ours
 threads = len(os.sched_getaffinity(0))
-model = llama_cpp.Llama(model_path=spec["gguf"], n_ctx=max(map(len, spec["prompts"])) + spec["new_tokens"] + 8,
-                        n_threads=threads, n_threads_batch=threads, verbose=False)
+model = load_llama(model_path=spec["gguf"], n_ctx=max(map(len, spec["prompts"])) + spec["new_tokens"] + 8,
+                   n_threads=threads, n_threads_batch=threads, verbose=False)
 generate(model, spec["prompts"][0][:16], 4, 0.0)  # warm-up
 rows = []
 for ids in spec["prompts"]:

@@ -29,12 +29,12 @@ BLOCK = 16
 
 def llamacpp():
     """llama.cpp on the built-in target's GGUF file, every position's logits kept."""
-    from llama_cpp import Llama
+    from llamacpp_mode import load_llama
 
     from ssd_engine.models.default_models import resolve_default_model
     from ssd_engine.models.gguf_files import source_gguf
-    return Llama(str(source_gguf(resolve_default_model("target"))), n_ctx=4096, n_batch=512, logits_all=True,
-                 n_threads=len(os.sched_getaffinity(0)), verbose=False)
+    return load_llama(model_path=str(source_gguf(resolve_default_model("target"))), n_ctx=4096, n_batch=512,
+                      logits_all=True, n_threads=len(os.sched_getaffinity(0)), verbose=False)
 
 
 def llamacpp_laws(model, tokens: list[list[int]], rows: list[list[int]]) -> list[torch.Tensor]:

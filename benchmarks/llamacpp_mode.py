@@ -48,6 +48,24 @@ def require_llama_cpp() -> None:
         raise LlamaCppError(f"mode llamacpp needs llama-cpp-python, which is not installed: {INSTALL}")
 
 
+def load_llama(**options):
+    """llama_cpp.Llama(**options); on an AMX host without llama.cpp's repacked weights, whose AMX path
+    crashes there on batched matmuls (as llama-bench's `--repack 0` and llama-server's `--no-repack`)."""
+    import llama_cpp
+    from llama_cpp import llama_cpp as api
+
+    from ssd_engine.utils.machine import cpu_flags
+    if "amx_tile" in cpu_flags() and not getattr(api, "_repack_off", False):
+        defaults = api.llama_model_default_params
+
+        def without_repack():  # Llama.__init__ reads its model parameters from here
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+        api.llama_model_default_params, api._repack_off = without_repack, True
+    return llama_cpp.Llama(**options)
+
+
 def gguf_for(model: str | None) -> str:
     """The GGUF file llama.cpp loads for bench.py's --model value: a GGUF file itself, else the one
     the target's folder was converted from (the built-in target's joined into its folder, once: the
@@ -123,7 +141,7 @@ def measure(mode: str, opts, ids: dict[str, list[list[int]]], gguf: str, cores: 
     os.sched_setaffinity(0, cores)  # before llama.cpp starts its threads: they inherit the mask
     import llama_cpp
     longest = max(len(p) for prompts in ids.values() for p in prompts)
-    llm = llama_cpp.Llama(model_path=gguf, n_threads=threads, n_threads_batch=threads,
+    llm = load_llama(model_path=gguf, n_threads=threads, n_threads_batch=threads,
                           n_ctx=longest + max(opts.new_tokens, WARM_UP_TOKENS), verbose=False)
     generate(llm, next(iter(ids.values()))[0], WARM_UP_TOKENS, opts.temperature)
     rows = []
