@@ -22,7 +22,8 @@ namespace {
 using namespace gguf_panels;
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-constexpr int ROWS_PER_PASS = 6;  // a row's two accumulators, the 8 unpacked vectors and scales: 32 registers
+constexpr int ROWS_PER_PASS = 6;
+constexpr int64_t QUANTIZE_GRAIN = 8;  // rows a thread rounds to int8 at least (each row alone: any split gives the same codes)  // a row's two accumulators, the 8 unpacked vectors and scales: 32 registers
 
 // a row's int8 codes, its scale per 256 values, and its code sums in int16 pairs: per 32 values
 // (sub-blocks of 16, Q6_K) and per 64 (sub-blocks of 32, Q4_K), the pair's first sum in the low half
@@ -120,14 +121,16 @@ at::Tensor linear_int8_panels(const at::Tensor& x, const at::Tensor& panels, int
   std::vector<float> d(m * super_blocks);
   std::vector<int32_t> sum16(m * (k / 16)), pairs16(m * (k / 32)), pairs32(m * (k / 64));
   std::vector<ActRow> rows(m);
-  for (int64_t r = 0; r < m; ++r) {
-    int32_t* s16 = sum16.data() + r * (k / 16);
-    gguf::quantize_row(xs.data_ptr<float>() + r * k, k, 256, q.data() + r * k, d.data() + r * super_blocks, s16);
-    for (int64_t i = 0; i < k / 32; ++i) pairs16[r * (k / 32) + i] = int16_pair(s16[2 * i], s16[2 * i + 1]);
-    for (int64_t i = 0; i < k / 64; ++i)
-      pairs32[r * (k / 64) + i] = int16_pair(s16[4 * i] + s16[4 * i + 1], s16[4 * i + 2] + s16[4 * i + 3]);
-    rows[r] = {q.data() + r * k, d.data() + r * super_blocks, pairs16.data() + r * (k / 32), pairs32.data() + r * (k / 64)};
-  }
+  at::parallel_for(0, m, QUANTIZE_GRAIN, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int32_t* s16 = sum16.data() + r * (k / 16);
+      gguf::quantize_row(xs.data_ptr<float>() + r * k, k, 256, q.data() + r * k, d.data() + r * super_blocks, s16);
+      for (int64_t i = 0; i < k / 32; ++i) pairs16[r * (k / 32) + i] = int16_pair(s16[2 * i], s16[2 * i + 1]);
+      for (int64_t i = 0; i < k / 64; ++i)
+        pairs32[r * (k / 64) + i] = int16_pair(s16[4 * i] + s16[4 * i + 1], s16[4 * i + 2] + s16[4 * i + 3]);
+      rows[r] = {q.data() + r * k, d.data() + r * super_blocks, pairs16.data() + r * (k / 32), pairs32.data() + r * (k / 64)};
+    }
+  });
   at::Tensor out = at::empty({m, n}, x.options());
   float* y = out.data_ptr<float>();
   each_pass<ROWS_PER_PASS>(panels.size(0), m, [&](auto rows_here, int64_t p, int64_t r) {
