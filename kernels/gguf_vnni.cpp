@@ -14,8 +14,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace {
 
@@ -53,6 +57,33 @@ ALWAYS_INLINE __m512i dot16(const __m512i* w, const int8_t* a) {
   return _mm512_add_epi32(p, q);
 }
 
+// a super-block's share of each row's outputs, from its integer sums Σ_j sc_j (codes . row) of each output
+template <int ROWS>
+ALWAYS_INLINE void q4k_finish(const uint8_t* panel, int64_t sb, const ActRow* rows, const __m512i* sums, __m512* out) {
+  const __m512 d = halves(panel + Q4K_D);
+  const __m512 dmin = halves(panel + Q4K_DMIN);
+  for (int r = 0; r < ROWS; ++r) {
+    __m512i mins = _mm512_setzero_si512();  // Σ_j m_j Σ codes of sub-block j, by pairs of sub-blocks
+    for (int i = 0; i < 4; ++i) {
+      const __m512i m = byte_pairs(panel + Q4K_MINS + 32 * i, false);
+      mins = _mm512_dpwssd_epi32(mins, m, _mm512_set1_epi32(rows[r].pairs32[4 * sb + i]));
+    }
+    const __m512 da = _mm512_set1_ps(rows[r].d[sb]);
+    out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, da), out[r]);
+    out[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), out[r]);
+  }
+}
+
+template <int ROWS>
+ALWAYS_INLINE void q6k_finish(const uint8_t* panel, int64_t sb, const ActRow* rows, const __m512i* sums,
+                              const __m512i* offsets, __m512* out) {
+  const __m512 d = halves(panel + Q6K_D);
+  for (int r = 0; r < ROWS; ++r) {
+    const __m512i total = _mm512_sub_epi32(sums[r], _mm512_slli_epi32(offsets[r], 5));
+    out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(rows[r].d[sb])), out[r]);
+  }
+}
+
 template <int ROWS>
 void q4k_pass(const uint8_t* panel, int64_t super_blocks, const ActRow* rows, __m512* out) {
   for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q4K_PANEL) {
@@ -70,18 +101,7 @@ void q4k_pass(const uint8_t* panel, int64_t super_blocks, const ActRow* rows, __
         sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(dot, scale));
       }
     }
-    const __m512 d = halves(panel + Q4K_D);
-    const __m512 dmin = halves(panel + Q4K_DMIN);
-    for (int r = 0; r < ROWS; ++r) {
-      __m512i mins = _mm512_setzero_si512();  // Σ_j m_j Σ codes of sub-block j, by pairs of sub-blocks
-      for (int i = 0; i < 4; ++i) {
-        const __m512i m = byte_pairs(panel + Q4K_MINS + 32 * i, false);
-        mins = _mm512_dpwssd_epi32(mins, m, _mm512_set1_epi32(rows[r].pairs32[4 * sb + i]));
-      }
-      const __m512 da = _mm512_set1_ps(rows[r].d[sb]);
-      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[r]), _mm512_mul_ps(d, da), out[r]);
-      out[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), out[r]);
-    }
+    q4k_finish<ROWS>(panel, sb, rows, sums, out);
   }
 }
 
@@ -104,13 +124,140 @@ void q6k_pass(const uint8_t* panel, int64_t super_blocks, const ActRow* rows, __
         offsets[r] = _mm512_dpwssd_epi32(offsets[r], pair, _mm512_set1_epi32(rows[r].pairs16[8 * sb + g]));
       }
     }
-    const __m512 d = halves(panel + Q6K_D);
-    for (int r = 0; r < ROWS; ++r) {
-      const __m512i total = _mm512_sub_epi32(sums[r], _mm512_slli_epi32(offsets[r], 5));
-      out[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(rows[r].d[sb])), out[r]);
-    }
+    q6k_finish<ROWS>(panel, sb, rows, sums, offsets, out);
   }
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__)
+// AMX (Intel Xeon): one tile multiply gives 16 rows' integer dots with a sub-block of 16 outputs.
+// Integer sums are exact in any order, so each row gets the passes' bits above; rows past the last
+// multiple of 16 take those passes.
+constexpr int TILE_ROWS = 16;
+
+bool tiles_permitted() {  // Linux hands a process the tile state only when asked (arch_prctl)
+  static const bool permitted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+  return permitted;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// tiles 0 and 3: 16 rows' codes of a sub-block (`width` bytes each); 1 and 4: the panel's codes of
+// it (width / 4 rows of 16 outputs x 4 bytes); 2 and 5: their 16 x 16 int32 dots. Two sets, so one
+// sub-block's multiply runs while the other's dots are scaled.
+void configure_tiles(int width) {
+  TileConfig config;
+  for (int set = 0; set < 6; set += 3) {
+    config.rows[set] = TILE_ROWS, config.colsb[set] = width;
+    config.rows[set + 1] = width / 4, config.colsb[set + 1] = 64;
+    config.rows[set + 2] = TILE_ROWS, config.colsb[set + 2] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+template <int SET>  // GCC's tile intrinsics take literal tile numbers
+ALWAYS_INLINE void tile_dots(const int8_t* a, int64_t stride, const uint8_t* codes, int32_t* dots) {
+  if constexpr (SET == 0) {
+    _tile_loadd(0, a, stride);
+    _tile_loadd(1, codes, 64);
+    _tile_zero(2);
+    _tile_dpbsud(2, 0, 1);
+    _tile_stored(2, dots, 64);
+  } else {
+    _tile_loadd(3, a, stride);
+    _tile_loadd(4, codes, 64);
+    _tile_zero(5);
+    _tile_dpbsud(5, 3, 4);
+    _tile_stored(5, dots, 64);
+  }
+}
+
+// sums[r] += dots[r] * scale, for 16 rows
+ALWAYS_INLINE void add_scaled(const int32_t* dots, __m512i scale, __m512i* sums) {
+  for (int r = 0; r < TILE_ROWS; ++r)
+    sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(_mm512_load_si512(dots + LANES * r), scale));
+}
+
+// a panel's codes one byte each, 512 bytes a sub-block of 32 (Q4_K) or a pair of 16 (Q6_K): read
+// once a panel, then by every 16 rows
+void unpack_codes(const uint8_t* panel, int64_t kind, int64_t super_blocks, uint8_t* codes) {
+  for (int64_t sb = 0; sb < super_blocks; ++sb)
+    for (int j = 0; j < 8; ++j) {
+      __m512i w[8];
+      if (kind == Q4_K) nibbles(panel + sb * Q4K_PANEL + 256 * j, w);
+      else q6k_codes(panel + sb * Q6K_PANEL + Q6K_GROUP * j, w);
+      for (int v = 0; v < 8; ++v) _mm512_store_si512(codes + 512 * (8 * sb + j) + 64 * v, w[v]);
+    }
+}
+
+void q4k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks, const ActRow* rows, int64_t k,
+               __m512* out) {
+  alignas(64) int32_t dots[2][TILE_ROWS * LANES];
+  for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q4K_PANEL) {
+    __m512i sums[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; ++r) sums[r] = _mm512_setzero_si512();
+    const int8_t* a = rows[0].q + 256 * sb;
+    for (int j = 0; j < 8; j += 2) {
+      tile_dots<0>(a + 32 * j, k, codes + 512 * (8 * sb + j), dots[0]);
+      tile_dots<3>(a + 32 * (j + 1), k, codes + 512 * (8 * sb + j + 1), dots[1]);
+      for (int h = 0; h < 2; ++h)
+        add_scaled(dots[h], _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q4K_SCALES + 16 * (j + h)))), sums);
+    }
+    q4k_finish<TILE_ROWS>(panel, sb, rows, sums, out);
+  }
+}
+
+void q6k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks, const ActRow* rows, int64_t k,
+               __m512* out) {
+  alignas(64) int32_t dots[2][TILE_ROWS * LANES];
+  for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q6K_PANEL) {
+    __m512i sums[TILE_ROWS], offsets[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; ++r) sums[r] = offsets[r] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+      const int8_t* a = rows[0].q + 256 * sb + 32 * g;
+      tile_dots<0>(a, k, codes + 512 * (8 * sb + g), dots[0]);
+      tile_dots<3>(a + 16, k, codes + 512 * (8 * sb + g) + 256, dots[1]);
+      const __m512i pair = byte_pairs(panel + Q6K_SCALES + 32 * g, true);
+      add_scaled(dots[0], _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), sums);
+      add_scaled(dots[1], _mm512_srai_epi32(pair, 16), sums);
+      for (int r = 0; r < TILE_ROWS; ++r)
+        offsets[r] = _mm512_dpwssd_epi32(offsets[r], pair, _mm512_set1_epi32(rows[r].pairs16[8 * sb + g]));
+    }
+    q6k_finish<TILE_ROWS>(panel, sb, rows, sums, offsets, out);
+  }
+}
+
+// rows [0, tiled) of every panel in tiles of 16 rows; the caller's passes take the rest
+int64_t tiled_rows(int64_t m) { return tiles_permitted() ? m / TILE_ROWS * TILE_ROWS : 0; }
+
+void tile_passes(const at::Tensor& panels, int64_t kind, int64_t k, int64_t n, const ActRow* rows, int64_t tiled,
+                 float* y) {
+  at::parallel_for(0, panels.size(0), 1, [&](int64_t p0, int64_t p1) {
+    configure_tiles(kind == Q4_K ? 32 : 16);  // per thread, each call: other libraries (oneDNN) configure tiles too
+    uint8_t* codes = static_cast<uint8_t*>(std::aligned_alloc(64, k / 256 * 8 * 512));
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* panel = panels.data_ptr<uint8_t>() + p * panels.size(1);
+      unpack_codes(panel, kind, k / 256, codes);
+      for (int64_t r = 0; r < tiled; r += TILE_ROWS) {
+        __m512 acc[TILE_ROWS];
+        for (int i = 0; i < TILE_ROWS; ++i) acc[i] = _mm512_setzero_ps();
+        if (kind == Q4_K) q4k_tiles(panel, codes, k / 256, rows + r, k, acc);
+        else q6k_tiles(panel, codes, k / 256, rows + r, k, acc);
+        store_lanes<TILE_ROWS>(acc, y + r * n, n, p * LANES);
+      }
+    }
+    std::free(codes);
+    _tile_release();
+  });
+}
+#else
+bool tiles_permitted() { return false; }
+int64_t tiled_rows(int64_t) { return 0; }
+void tile_passes(const at::Tensor&, int64_t, int64_t, int64_t, const ActRow*, int64_t, float*) {}
+#endif
 
 at::Tensor linear_int8_panels(const at::Tensor& x, const at::Tensor& panels, int64_t kind, int64_t k, int64_t n) {
   check_panels(x, panels, kind, k, n);
@@ -133,8 +280,11 @@ at::Tensor linear_int8_panels(const at::Tensor& x, const at::Tensor& panels, int
   });
   at::Tensor out = at::empty({m, n}, x.options());
   float* y = out.data_ptr<float>();
-  each_pass<ROWS_PER_PASS>(panels.size(0), m, [&](auto rows_here, int64_t p, int64_t r) {
+  const int64_t tiled = tiled_rows(m);
+  if (tiled > 0) tile_passes(panels, kind, k, n, rows.data(), tiled, y);
+  each_pass<ROWS_PER_PASS>(panels.size(0), m - tiled, [&](auto rows_here, int64_t p, int64_t rest) {
     constexpr int ROWS = decltype(rows_here)::value;
+    const int64_t r = tiled + rest;
     const uint8_t* panel = panels.data_ptr<uint8_t>() + p * panels.size(1);
     __m512 acc[ROWS];
     for (int i = 0; i < ROWS; ++i) acc[i] = _mm512_setzero_ps();
@@ -145,10 +295,13 @@ at::Tensor linear_int8_panels(const at::Tensor& x, const at::Tensor& panels, int
   return out;
 }
 
+bool int8_panel_tiles() { return tiles_permitted(); }
+
 #else
 at::Tensor linear_int8_panels(const at::Tensor&, const at::Tensor&, int64_t, int64_t, int64_t) {
   TORCH_CHECK(false, "the int8 GGUF panel kernels need AVX-512 VNNI, which this CPU lacks");
 }
+bool int8_panel_tiles() { return false; }
 
 #endif
 
@@ -156,6 +309,11 @@ at::Tensor linear_int8_panels(const at::Tensor&, const at::Tensor&, int64_t, int
 
 TORCH_LIBRARY_FRAGMENT(ssd_engine_gguf, m) {
   m.def("linear_int8_panels(Tensor x, Tensor panels, int kind, int k, int n) -> Tensor");
+  m.def("int8_panel_tiles() -> bool");  // whether linear_int8_panels runs 16-row tiles on AMX here
+}
+
+TORCH_LIBRARY_IMPL(ssd_engine_gguf, CompositeExplicitAutograd, m) {
+  m.impl("int8_panel_tiles", &int8_panel_tiles);
 }
 
 TORCH_LIBRARY_IMPL(ssd_engine_gguf, CPU, m) {
