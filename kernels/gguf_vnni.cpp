@@ -4,7 +4,8 @@
 //
 // One vpdpbusd multiplies 16 outputs by 4 values of a row broadcast from memory, so a row costs
 // ~1.4 instructions per 64 weights against gguf_int8.cpp's ~8, while unpacking the 4-bit codes
-// (shared by the rows of a pass) stays as it was.
+// (shared by the rows of a pass) stays as it was. Where the CPU has AMX, 16 rows at a time take a
+// tile multiply instead (below): the same integer sums, so the same bits at any row count.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -145,15 +146,21 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// tiles 0 and 3: 16 rows' codes of a sub-block (`width` bytes each); 1 and 4: the panel's codes of
-// it (width / 4 rows of 16 outputs x 4 bytes); 2 and 5: their 16 x 16 int32 dots. Two sets, so one
-// sub-block's multiply runs while the other's dots are scaled.
-void configure_tiles(int width) {
+// Q6_K: tiles 0 and 3 hold 16 rows' codes of a sub-block of 16 (16 bytes each), 1 and 4 the panel's
+// codes of it (4 rows of 16 outputs x 4 bytes), 2 and 5 their 16 x 16 int32 dots: two sets, so one
+// sub-block's multiply runs while the other's dots are scaled. Q4_K: tile 0 holds 16 rows' codes of
+// two sub-blocks (64 bytes each), 1 and 2 the panel's codes times the low and high 3 bits of their
+// scales (16 rows of 16 outputs x 4 bytes), 3 and 4 the two sums over a super-block.
+void configure_tiles(int64_t kind) {
   TileConfig config;
-  for (int set = 0; set < 6; set += 3) {
-    config.rows[set] = TILE_ROWS, config.colsb[set] = width;
-    config.rows[set + 1] = width / 4, config.colsb[set + 1] = 64;
-    config.rows[set + 2] = TILE_ROWS, config.colsb[set + 2] = 64;
+  if (kind == Q4_K) {
+    for (int tile = 0; tile < 5; ++tile) config.rows[tile] = TILE_ROWS, config.colsb[tile] = 64;
+  } else {
+    for (int set = 0; set < 6; set += 3) {
+      config.rows[set] = TILE_ROWS, config.colsb[set] = 16;
+      config.rows[set + 1] = 4, config.colsb[set + 1] = 64;
+      config.rows[set + 2] = TILE_ROWS, config.colsb[set + 2] = 64;
+    }
   }
   _tile_loadconfig(&config);
 }
@@ -181,31 +188,51 @@ ALWAYS_INLINE void add_scaled(const int32_t* dots, __m512i scale, __m512i* sums)
     sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(_mm512_load_si512(dots + LANES * r), scale));
 }
 
-// a panel's codes one byte each, 512 bytes a sub-block of 32 (Q4_K) or a pair of 16 (Q6_K): read
-// once a panel, then by every 16 rows
+// A panel's codes one byte each, read once a panel, then by every 16 rows: Q6_K's 512 bytes a pair of
+// sub-blocks of 16; Q4_K's 8 KB a super-block, its codes times the low 3 bits of their sub-block's
+// scale (4 KB), then times the high 3 (sc = 8 hi + lo): each product at most 15 x 7 fits its byte,
+// so one 32-bit multiply scales a lane's 4 codes, and Σ_j sc_j (codes_j . row) = lo sum + 8 hi sum.
+constexpr int64_t CODE_BYTES[2] = {8 * 1024, 8 * 512};  // a super-block's, Q4_K and Q6_K
+
 void unpack_codes(const uint8_t* panel, int64_t kind, int64_t super_blocks, uint8_t* codes) {
   for (int64_t sb = 0; sb < super_blocks; ++sb)
     for (int j = 0; j < 8; ++j) {
       __m512i w[8];
-      if (kind == Q4_K) nibbles(panel + sb * Q4K_PANEL + 256 * j, w);
-      else q6k_codes(panel + sb * Q6K_PANEL + Q6K_GROUP * j, w);
-      for (int v = 0; v < 8; ++v) _mm512_store_si512(codes + 512 * (8 * sb + j) + 64 * v, w[v]);
+      if (kind == Q6_K) {
+        q6k_codes(panel + sb * Q6K_PANEL + Q6K_GROUP * j, w);
+        for (int v = 0; v < 8; ++v) _mm512_store_si512(codes + CODE_BYTES[1] * sb + 512 * j + 64 * v, w[v]);
+        continue;
+      }
+      const uint8_t* super_block = panel + sb * Q4K_PANEL;
+      nibbles(super_block + 256 * j, w);
+      const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(super_block + Q4K_SCALES + 16 * j)));
+      const __m512i low = _mm512_and_si512(scale, _mm512_set1_epi32(7)), high = _mm512_srli_epi32(scale, 3);
+      for (int v = 0; v < 8; ++v) {
+        uint8_t* at = codes + CODE_BYTES[0] * sb + 512 * j + 64 * v;
+        _mm512_store_si512(at, _mm512_mullo_epi32(w[v], low));
+        _mm512_store_si512(at + 4096, _mm512_mullo_epi32(w[v], high));
+      }
     }
 }
 
 void q4k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks, const ActRow* rows, int64_t k,
                __m512* out) {
   alignas(64) int32_t dots[2][TILE_ROWS * LANES];
-  for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q4K_PANEL) {
-    __m512i sums[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; ++r) sums[r] = _mm512_setzero_si512();
-    const int8_t* a = rows[0].q + 256 * sb;
-    for (int j = 0; j < 8; j += 2) {
-      tile_dots<0>(a + 32 * j, k, codes + 512 * (8 * sb + j), dots[0]);
-      tile_dots<3>(a + 32 * (j + 1), k, codes + 512 * (8 * sb + j + 1), dots[1]);
-      for (int h = 0; h < 2; ++h)
-        add_scaled(dots[h], _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q4K_SCALES + 16 * (j + h)))), sums);
+  for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q4K_PANEL, codes += CODE_BYTES[0]) {
+    _tile_zero(3);
+    _tile_zero(4);
+    for (int t = 0; t < 4; ++t) {  // sub-blocks 2t and 2t + 1
+      _tile_loadd(0, rows[0].q + 256 * sb + 64 * t, k);
+      _tile_loadd(1, codes + 1024 * t, 64);
+      _tile_loadd(2, codes + 4096 + 1024 * t, 64);
+      _tile_dpbsud(3, 0, 1);
+      _tile_dpbsud(4, 0, 2);
     }
+    _tile_stored(3, dots[0], 64);
+    _tile_stored(4, dots[1], 64);
+    __m512i sums[TILE_ROWS];
+    for (int r = 0; r < TILE_ROWS; ++r)
+      sums[r] = _mm512_add_epi32(_mm512_load_si512(dots[0] + LANES * r), _mm512_slli_epi32(_mm512_load_si512(dots[1] + LANES * r), 3));
     q4k_finish<TILE_ROWS>(panel, sb, rows, sums, out);
   }
 }
@@ -218,8 +245,8 @@ void q6k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks,
     for (int r = 0; r < TILE_ROWS; ++r) sums[r] = offsets[r] = _mm512_setzero_si512();
     for (int g = 0; g < 8; ++g) {
       const int8_t* a = rows[0].q + 256 * sb + 32 * g;
-      tile_dots<0>(a, k, codes + 512 * (8 * sb + g), dots[0]);
-      tile_dots<3>(a + 16, k, codes + 512 * (8 * sb + g) + 256, dots[1]);
+      tile_dots<0>(a, k, codes + CODE_BYTES[1] * sb + 512 * g, dots[0]);
+      tile_dots<3>(a + 16, k, codes + CODE_BYTES[1] * sb + 512 * g + 256, dots[1]);
       const __m512i pair = byte_pairs(panel + Q6K_SCALES + 32 * g, true);
       add_scaled(dots[0], _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), sums);
       add_scaled(dots[1], _mm512_srai_epi32(pair, 16), sums);
@@ -236,8 +263,8 @@ int64_t tiled_rows(int64_t m) { return tiles_permitted() ? m / TILE_ROWS * TILE_
 void tile_passes(const at::Tensor& panels, int64_t kind, int64_t k, int64_t n, const ActRow* rows, int64_t tiled,
                  float* y) {
   at::parallel_for(0, panels.size(0), 1, [&](int64_t p0, int64_t p1) {
-    configure_tiles(kind == Q4_K ? 32 : 16);  // per thread, each call: other libraries (oneDNN) configure tiles too
-    uint8_t* codes = static_cast<uint8_t*>(std::aligned_alloc(64, k / 256 * 8 * 512));
+    configure_tiles(kind);  // per thread, each call: other libraries (oneDNN) configure tiles too
+    uint8_t* codes = static_cast<uint8_t*>(std::aligned_alloc(64, k / 256 * CODE_BYTES[kind == Q6_K]));
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* panel = panels.data_ptr<uint8_t>() + p * panels.size(1);
       unpack_codes(panel, kind, k / 256, codes);

@@ -4,7 +4,9 @@ reading them: fp32 rows (gguf_panels_fp32.cpp, target_dtype "gguf", AVX-512) and
 
 - fp32: the panels hold gguf's own dequantized values exactly, and a product is within fp32
   rounding of the float64 one;
-- int8: against float64 products of the rounded activations, as gguf_int8.cpp's blocks are;
+- int8: against float64 products of the rounded activations, as gguf_int8.cpp's blocks are; where
+  the CPU has AMX, 16 rows at a time run in tiles (`int8_panel_tiles()` says whether they do here)
+  and every row still gets the bits it gets alone;
 - both on output counts that leave a partial last panel and on the blocks' extreme codes and
   scales, and each row's bits independent of the rows beside it across passes of rows (6 a pass);
 - a GGUFWeight on such a CPU holds the panels and no GGUF copy;
@@ -25,7 +27,7 @@ INT8 = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=True),
 
 
 def same_bits_at_every_row_count(linear, x: torch.Tensor, whole: torch.Tensor) -> None:
-    for rows in (1, 2, 5, 6, 7, 13):
+    for rows in (1, 2, 5, 6, 7, 13, 16, 17, 33):  # passes of 6 rows; AMX tiles of 16 and their rest
         for start in (0, x.shape[0] - rows):
             assert torch.equal(linear(x[start:start + rows]), whole[start:start + rows]), (rows, start)
 
@@ -78,7 +80,7 @@ def test_int8_panels_multiply_the_rounded_rows_and_each_row_alone(kind, outputs)
     blocks, reference, cols = blocks_of(kind, outputs, 3, seed=outputs)
     ops = torch.ops.ssd_engine_gguf
     panels = ops.pack_panels(blocks, kind, cols)
-    x = torch.randn(20, cols, generator=torch.Generator().manual_seed(kind))
+    x = torch.randn(40, cols, generator=torch.Generator().manual_seed(kind))
     got = ops.linear_int8_panels(x, panels, kind, cols, outputs)
     expected = rounded_activations(x, 256) @ torch.from_numpy(reference).double().T
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
@@ -93,10 +95,19 @@ def test_int8_panels_of_extreme_codes_and_scales(kind):
 
     blocks = extreme_blocks(kind, 18, 2)
     reference = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType(kind)).reshape(18, 512)).double()
-    x = torch.randn(3, 512, generator=torch.Generator().manual_seed(1)) * 50
+    x = torch.randn(19, 512, generator=torch.Generator().manual_seed(1)) * 50  # a tile of 16 rows, 3 in passes
     x[0] = x[0].abs()  # every code of a 256-value block at +127 in one row
+    x[17] = -x[0]
     got = torch.ops.ssd_engine_gguf.linear_int8_panels(x, torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, 512), kind, 512, 18)
     torch.testing.assert_close(got.double(), rounded_activations(x, 256) @ reference.T, rtol=1e-5, atol=1e-3)
+
+
+@INT8
+def test_int8_panels_run_tiles_only_where_the_cpu_has_amx():
+    from ssd_engine.utils.machine import cpu_flags
+
+    tiles = torch.ops.ssd_engine_gguf.int8_panel_tiles()
+    assert not tiles or "amx_int8" in cpu_flags()
 
 
 @INT8
