@@ -146,71 +146,53 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Q6_K: tiles 0 and 3 hold 16 rows' codes of a sub-block of 16 (16 bytes each), 1 and 4 the panel's
-// codes of it (4 rows of 16 outputs x 4 bytes), 2 and 5 their 16 x 16 int32 dots: two sets, so one
-// sub-block's multiply runs while the other's dots are scaled. Q4_K: tile 0 holds 16 rows' codes of
-// two sub-blocks (64 bytes each), 1 and 2 the panel's codes times the low and high 3 bits of their
-// scales (16 rows of 16 outputs x 4 bytes), 3 and 4 the two sums over a super-block.
-void configure_tiles(int64_t kind) {
+// Every tile 16 rows of 64 bytes. Tile 0: 16 rows' codes of 64 values; 1 and 2: the panel's codes
+// of them as scaled below (16 rows of 16 outputs x 4 bytes), loaded in turn; 3-7: the sums over a
+// super-block, one a code plane.
+void configure_tiles() {
   TileConfig config;
-  if (kind == Q4_K) {
-    for (int tile = 0; tile < 5; ++tile) config.rows[tile] = TILE_ROWS, config.colsb[tile] = 64;
-  } else {
-    for (int set = 0; set < 6; set += 3) {
-      config.rows[set] = TILE_ROWS, config.colsb[set] = 16;
-      config.rows[set + 1] = 4, config.colsb[set + 1] = 64;
-      config.rows[set + 2] = TILE_ROWS, config.colsb[set + 2] = 64;
-    }
-  }
+  for (int tile = 0; tile < 8; ++tile) config.rows[tile] = TILE_ROWS, config.colsb[tile] = 64;
   _tile_loadconfig(&config);
 }
 
-template <int SET>  // GCC's tile intrinsics take literal tile numbers
-ALWAYS_INLINE void tile_dots(const int8_t* a, int64_t stride, const uint8_t* codes, int32_t* dots) {
-  if constexpr (SET == 0) {
-    _tile_loadd(0, a, stride);
-    _tile_loadd(1, codes, 64);
-    _tile_zero(2);
-    _tile_dpbsud(2, 0, 1);
-    _tile_stored(2, dots, 64);
-  } else {
-    _tile_loadd(3, a, stride);
-    _tile_loadd(4, codes, 64);
-    _tile_zero(5);
-    _tile_dpbsud(5, 3, 4);
-    _tile_stored(5, dots, 64);
-  }
-}
-
-// sums[r] += dots[r] * scale, for 16 rows
-ALWAYS_INLINE void add_scaled(const int32_t* dots, __m512i scale, __m512i* sums) {
-  for (int r = 0; r < TILE_ROWS; ++r)
-    sums[r] = _mm512_add_epi32(sums[r], _mm512_mullo_epi32(_mm512_load_si512(dots + LANES * r), scale));
-}
-
-// A panel's codes one byte each, read once a panel, then by every 16 rows: Q6_K's 512 bytes a pair of
-// sub-blocks of 16; Q4_K's 8 KB a super-block, its codes times the low 3 bits of their sub-block's
-// scale (4 KB), then times the high 3 (sc = 8 hi + lo): each product at most 15 x 7 fits its byte,
-// so one 32-bit multiply scales a lane's 4 codes, and Σ_j sc_j (codes_j . row) = lo sum + 8 hi sum.
-constexpr int64_t CODE_BYTES[2] = {8 * 1024, 8 * 512};  // a super-block's, Q4_K and Q6_K
+// A panel's codes one byte each, in planes of 4 KB a super-block, read once a panel, then by every
+// 16 rows. A sub-block's scale is multiplied into its codes in small digits, each product fitting its
+// byte (so one 32-bit multiply scales a lane's 4 codes) and the super-block's integer sum of sc_j
+// (codes_j . row) is a few full tile multiplies into a sum per plane, recombined exactly:
+// Q4_K: sc (0..63) = lo + 8 hi, planes codes x lo and codes x hi (at most 15 x 7);
+// Q6_K: sc (-128..127) + 128 = d0 + 4 d1 + 16 d2 + 64 d3, planes codes, codes x d0..d3 (at most 63 x 3).
+constexpr int64_t PLANE = 4096;
+constexpr int PLANES[2] = {2, 5};  // Q4_K, Q6_K
 
 void unpack_codes(const uint8_t* panel, int64_t kind, int64_t super_blocks, uint8_t* codes) {
+  const bool q6k = kind == Q6_K;
   for (int64_t sb = 0; sb < super_blocks; ++sb)
-    for (int j = 0; j < 8; ++j) {
-      __m512i w[8];
-      if (kind == Q6_K) {
-        q6k_codes(panel + sb * Q6K_PANEL + Q6K_GROUP * j, w);
-        for (int v = 0; v < 8; ++v) _mm512_store_si512(codes + CODE_BYTES[1] * sb + 512 * j + 64 * v, w[v]);
-        continue;
+    for (int j = 0; j < 8; ++j) {  // 32 values: a Q4_K sub-block, two of Q6_K
+      const uint8_t* super_block = panel + sb * (q6k ? Q6K_PANEL : Q4K_PANEL);
+      __m512i w[8], digits[2][4];
+      if (q6k) {
+        q6k_codes(super_block + Q6K_GROUP * j, w);
+        const __m512i pair = byte_pairs(super_block + Q6K_SCALES + 32 * j, true);
+        const __m512i offset = _mm512_set1_epi32(128);
+        const __m512i biased[2] = {_mm512_add_epi32(_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), offset),
+                                   _mm512_add_epi32(_mm512_srai_epi32(pair, 16), offset)};
+        for (int h = 0; h < 2; ++h)
+          for (int d = 0; d < 4; ++d) digits[h][d] = _mm512_and_si512(_mm512_srli_epi32(biased[h], 2 * d), _mm512_set1_epi32(3));
+      } else {
+        nibbles(super_block + 256 * j, w);
+        const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(super_block + Q4K_SCALES + 16 * j)));
+        digits[0][0] = digits[1][0] = _mm512_and_si512(sc, _mm512_set1_epi32(7));
+        digits[0][1] = digits[1][1] = _mm512_srli_epi32(sc, 3);
       }
-      const uint8_t* super_block = panel + sb * Q4K_PANEL;
-      nibbles(super_block + 256 * j, w);
-      const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(super_block + Q4K_SCALES + 16 * j)));
-      const __m512i low = _mm512_and_si512(scale, _mm512_set1_epi32(7)), high = _mm512_srli_epi32(scale, 3);
+      uint8_t* at = codes + PLANES[q6k] * PLANE * sb + 512 * j;
       for (int v = 0; v < 8; ++v) {
-        uint8_t* at = codes + CODE_BYTES[0] * sb + 512 * j + 64 * v;
-        _mm512_store_si512(at, _mm512_mullo_epi32(w[v], low));
-        _mm512_store_si512(at + 4096, _mm512_mullo_epi32(w[v], high));
+        const __m512i* digit = digits[v / 4];  // Q6_K: vectors 0-3 are the first sub-block of 16
+        if (q6k) {
+          _mm512_store_si512(at + 64 * v, w[v]);
+          for (int d = 0; d < 4; ++d) _mm512_store_si512(at + PLANE * (d + 1) + 64 * v, _mm512_mullo_epi32(w[v], digit[d]));
+        } else {
+          for (int d = 0; d < 2; ++d) _mm512_store_si512(at + PLANE * d + 64 * v, _mm512_mullo_epi32(w[v], digit[d]));
+        }
       }
     }
 }
@@ -218,13 +200,13 @@ void unpack_codes(const uint8_t* panel, int64_t kind, int64_t super_blocks, uint
 void q4k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks, const ActRow* rows, int64_t k,
                __m512* out) {
   alignas(64) int32_t dots[2][TILE_ROWS * LANES];
-  for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q4K_PANEL, codes += CODE_BYTES[0]) {
+  for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q4K_PANEL, codes += 2 * PLANE) {
     _tile_zero(3);
     _tile_zero(4);
     for (int t = 0; t < 4; ++t) {  // sub-blocks 2t and 2t + 1
       _tile_loadd(0, rows[0].q + 256 * sb + 64 * t, k);
       _tile_loadd(1, codes + 1024 * t, 64);
-      _tile_loadd(2, codes + 4096 + 1024 * t, 64);
+      _tile_loadd(2, codes + PLANE + 1024 * t, 64);
       _tile_dpbsud(3, 0, 1);
       _tile_dpbsud(4, 0, 2);
     }
@@ -239,32 +221,60 @@ void q4k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks,
 
 void q6k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks, const ActRow* rows, int64_t k,
                __m512* out) {
-  alignas(64) int32_t dots[2][TILE_ROWS * LANES];
-  for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q6K_PANEL) {
+  alignas(64) int32_t dots[5][TILE_ROWS * LANES];
+  for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q6K_PANEL, codes += 5 * PLANE) {
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int t = 0; t < 4; ++t) {  // 64 values: 4 sub-blocks
+      _tile_loadd(0, rows[0].q + 256 * sb + 64 * t, k);
+      const uint8_t* plane = codes + 1024 * t;
+      _tile_loadd(1, plane, 64);
+      _tile_loadd(2, plane + PLANE, 64);
+      _tile_dpbsud(3, 0, 1);
+      _tile_dpbsud(4, 0, 2);
+      _tile_loadd(1, plane + 2 * PLANE, 64);
+      _tile_loadd(2, plane + 3 * PLANE, 64);
+      _tile_dpbsud(5, 0, 1);
+      _tile_dpbsud(6, 0, 2);
+      _tile_loadd(1, plane + 4 * PLANE, 64);
+      _tile_dpbsud(7, 0, 1);
+    }
+    _tile_stored(3, dots[0], 64);
+    _tile_stored(4, dots[1], 64);
+    _tile_stored(5, dots[2], 64);
+    _tile_stored(6, dots[3], 64);
+    _tile_stored(7, dots[4], 64);
     __m512i sums[TILE_ROWS], offsets[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; ++r) sums[r] = offsets[r] = _mm512_setzero_si512();
-    for (int g = 0; g < 8; ++g) {
-      const int8_t* a = rows[0].q + 256 * sb + 32 * g;
-      tile_dots<0>(a, k, codes + CODE_BYTES[1] * sb + 512 * g, dots[0]);
-      tile_dots<3>(a + 16, k, codes + CODE_BYTES[1] * sb + 512 * g + 256, dots[1]);
-      const __m512i pair = byte_pairs(panel + Q6K_SCALES + 32 * g, true);
-      add_scaled(dots[0], _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), sums);
-      add_scaled(dots[1], _mm512_srai_epi32(pair, 16), sums);
-      for (int r = 0; r < TILE_ROWS; ++r)
-        offsets[r] = _mm512_dpwssd_epi32(offsets[r], pair, _mm512_set1_epi32(rows[r].pairs16[8 * sb + g]));
+    for (int r = 0; r < TILE_ROWS; ++r) {
+      const auto plane = [&](int i) { return _mm512_load_si512(dots[i] + LANES * r); };
+      const __m512i digits = _mm512_add_epi32(_mm512_add_epi32(plane(1), _mm512_slli_epi32(plane(2), 2)),
+                                              _mm512_add_epi32(_mm512_slli_epi32(plane(3), 4), _mm512_slli_epi32(plane(4), 6)));
+      sums[r] = _mm512_sub_epi32(digits, _mm512_slli_epi32(plane(0), 7));
+      offsets[r] = _mm512_setzero_si512();
+      for (int g = 0; g < 8; ++g)
+        offsets[r] = _mm512_dpwssd_epi32(offsets[r], byte_pairs(panel + Q6K_SCALES + 32 * g, true),
+                                         _mm512_set1_epi32(rows[r].pairs16[8 * sb + g]));
     }
     q6k_finish<TILE_ROWS>(panel, sb, rows, sums, offsets, out);
   }
 }
 
-// rows [0, tiled) of every panel in tiles of 16 rows; the caller's passes take the rest
-int64_t tiled_rows(int64_t m) { return tiles_permitted() ? m / TILE_ROWS * TILE_ROWS : 0; }
+// Rows [0, tiled) of every panel run in tiles of 16 rows, the caller's passes take the rest. A panel's
+// planes cost the same at any row count, so below a few tiles the passes are faster (Intel Xeon, 2
+// threads: even at 16 rows for Q4_K, 1.4x slower tiles for Q6_K; tiles ahead from 32 and 48 rows).
+int64_t tiled_rows(int64_t m, int64_t kind) {
+  const int64_t fewest = kind == Q4_K ? 32 : 48;
+  return tiles_permitted() && m >= fewest ? m / TILE_ROWS * TILE_ROWS : 0;
+}
 
 void tile_passes(const at::Tensor& panels, int64_t kind, int64_t k, int64_t n, const ActRow* rows, int64_t tiled,
                  float* y) {
   at::parallel_for(0, panels.size(0), 1, [&](int64_t p0, int64_t p1) {
-    configure_tiles(kind);  // per thread, each call: other libraries (oneDNN) configure tiles too
-    uint8_t* codes = static_cast<uint8_t*>(std::aligned_alloc(64, k / 256 * CODE_BYTES[kind == Q6_K]));
+    configure_tiles();  // per thread, each call: other libraries (oneDNN) configure tiles too
+    uint8_t* codes = static_cast<uint8_t*>(std::aligned_alloc(64, k / 256 * PLANES[kind == Q6_K] * PLANE));
     for (int64_t p = p0; p < p1; ++p) {
       const uint8_t* panel = panels.data_ptr<uint8_t>() + p * panels.size(1);
       unpack_codes(panel, kind, k / 256, codes);
@@ -282,7 +292,7 @@ void tile_passes(const at::Tensor& panels, int64_t kind, int64_t k, int64_t n, c
 }
 #else
 bool tiles_permitted() { return false; }
-int64_t tiled_rows(int64_t) { return 0; }
+int64_t tiled_rows(int64_t, int64_t) { return 0; }
 void tile_passes(const at::Tensor&, int64_t, int64_t, int64_t, const ActRow*, int64_t, float*) {}
 #endif
 
@@ -307,7 +317,7 @@ at::Tensor linear_int8_panels(const at::Tensor& x, const at::Tensor& panels, int
   });
   at::Tensor out = at::empty({m, n}, x.options());
   float* y = out.data_ptr<float>();
-  const int64_t tiled = tiled_rows(m);
+  const int64_t tiled = tiled_rows(m, kind);
   if (tiled > 0) tile_passes(panels, kind, k, n, rows.data(), tiled, y);
   each_pass<ROWS_PER_PASS>(panels.size(0), m - tiled, [&](auto rows_here, int64_t p, int64_t rest) {
     constexpr int ROWS = decltype(rows_here)::value;
