@@ -146,9 +146,9 @@ struct alignas(64) TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Every tile 16 rows of 64 bytes. Tile 0: 16 rows' codes of 64 values; 1 and 2: the panel's codes
-// of them as scaled below (16 rows of 16 outputs x 4 bytes), loaded in turn; 3-7: the sums over a
-// super-block, one a code plane.
+// Every tile 16 rows of 64 bytes. Tile 0 (and 7, Q4_K's second 16 rows): 16 rows' codes of 64 values;
+// 1 and 2: the panel's codes of them as scaled below (16 rows of 16 outputs x 4 bytes); 3-7: the sums
+// over a super-block, one a code plane (Q4_K: 3-4, and 5-6 for its second 16 rows).
 void configure_tiles() {
   TileConfig config;
   for (int tile = 0; tile < 8; ++tile) config.rows[tile] = TILE_ROWS, config.colsb[tile] = 64;
@@ -197,25 +197,44 @@ void unpack_codes(const uint8_t* panel, int64_t kind, int64_t super_blocks, uint
     }
 }
 
+// BLOCKS (1 or 2) blocks of 16 rows: two keep four sums in flight (a tile multiply's latency is
+// several of its issue intervals) and share each load of the panel's planes
+template <int BLOCKS>
 void q4k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks, const ActRow* rows, int64_t k,
                __m512* out) {
-  alignas(64) int32_t dots[2][TILE_ROWS * LANES];
+  alignas(64) int32_t dots[2 * BLOCKS][TILE_ROWS * LANES];
   for (int64_t sb = 0; sb < super_blocks; ++sb, panel += Q4K_PANEL, codes += 2 * PLANE) {
     _tile_zero(3);
     _tile_zero(4);
+    if constexpr (BLOCKS == 2) {
+      _tile_zero(5);
+      _tile_zero(6);
+    }
     for (int t = 0; t < 4; ++t) {  // sub-blocks 2t and 2t + 1
-      _tile_loadd(0, rows[0].q + 256 * sb + 64 * t, k);
       _tile_loadd(1, codes + 1024 * t, 64);
       _tile_loadd(2, codes + PLANE + 1024 * t, 64);
+      _tile_loadd(0, rows[0].q + 256 * sb + 64 * t, k);
       _tile_dpbsud(3, 0, 1);
       _tile_dpbsud(4, 0, 2);
+      if constexpr (BLOCKS == 2) {
+        _tile_loadd(7, rows[TILE_ROWS].q + 256 * sb + 64 * t, k);
+        _tile_dpbsud(5, 7, 1);
+        _tile_dpbsud(6, 7, 2);
+      }
     }
     _tile_stored(3, dots[0], 64);
     _tile_stored(4, dots[1], 64);
-    __m512i sums[TILE_ROWS];
-    for (int r = 0; r < TILE_ROWS; ++r)
-      sums[r] = _mm512_add_epi32(_mm512_load_si512(dots[0] + LANES * r), _mm512_slli_epi32(_mm512_load_si512(dots[1] + LANES * r), 3));
-    q4k_finish<TILE_ROWS>(panel, sb, rows, sums, out);
+    if constexpr (BLOCKS == 2) {
+      _tile_stored(5, dots[2], 64);
+      _tile_stored(6, dots[3], 64);
+    }
+    for (int block = 0; block < BLOCKS; ++block) {
+      __m512i sums[TILE_ROWS];
+      for (int r = 0; r < TILE_ROWS; ++r)
+        sums[r] = _mm512_add_epi32(_mm512_load_si512(dots[2 * block] + LANES * r),
+                                   _mm512_slli_epi32(_mm512_load_si512(dots[2 * block + 1] + LANES * r), 3));
+      q4k_finish<TILE_ROWS>(panel, sb, rows + TILE_ROWS * block, sums, out + TILE_ROWS * block);
+    }
   }
 }
 
@@ -270,25 +289,54 @@ int64_t tiled_rows(int64_t m, int64_t kind) {
   return tiles_permitted() && m >= fewest ? m / TILE_ROWS * TILE_ROWS : 0;
 }
 
-void tile_passes(const at::Tensor& panels, int64_t kind, int64_t k, int64_t n, const ActRow* rows, int64_t tiled,
-                 float* y) {
-  at::parallel_for(0, panels.size(0), 1, [&](int64_t p0, int64_t p1) {
+// Rows [first, last) of every panel, 32 at a time where they can be (Q4_K). A task takes a group of
+// panels, their planes unpacked together, and walks the rows once for the group: each row's outputs
+// of the group are then written side by side (one panel at a time over hundreds of rows wrote 64
+// bytes a page and missed the TLB on every store, 1.4x slower past ~200 rows of 8960 outputs).
+constexpr int64_t GROUP_BYTES = 1 << 20;  // a group's planes, kept in L2
+
+void tile_chunk(const at::Tensor& panels, int64_t kind, int64_t k, int64_t n, const ActRow* rows, int64_t first,
+                int64_t last, float* y) {
+  const int64_t plane_bytes = k / 256 * PLANES[kind == Q6_K] * PLANE, count = panels.size(0);
+  const int64_t group = std::clamp<int64_t>(GROUP_BYTES / plane_bytes, 1,
+                                            (count + 2 * at::get_num_threads() - 1) / (2 * at::get_num_threads()));
+  at::parallel_for(0, (count + group - 1) / group, 1, [&](int64_t g0, int64_t g1) {
     configure_tiles();  // per thread, each call: other libraries (oneDNN) configure tiles too
-    uint8_t* codes = static_cast<uint8_t*>(std::aligned_alloc(64, k / 256 * PLANES[kind == Q6_K] * PLANE));
-    for (int64_t p = p0; p < p1; ++p) {
-      const uint8_t* panel = panels.data_ptr<uint8_t>() + p * panels.size(1);
-      unpack_codes(panel, kind, k / 256, codes);
-      for (int64_t r = 0; r < tiled; r += TILE_ROWS) {
-        __m512 acc[TILE_ROWS];
-        for (int i = 0; i < TILE_ROWS; ++i) acc[i] = _mm512_setzero_ps();
-        if (kind == Q4_K) q4k_tiles(panel, codes, k / 256, rows + r, k, acc);
-        else q6k_tiles(panel, codes, k / 256, rows + r, k, acc);
-        store_lanes<TILE_ROWS>(acc, y + r * n, n, p * LANES);
+    uint8_t* codes = static_cast<uint8_t*>(std::aligned_alloc(64, group * plane_bytes));
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t p0 = g * group, p1 = std::min(count, p0 + group);
+      for (int64_t p = p0; p < p1; ++p)
+        unpack_codes(panels.data_ptr<uint8_t>() + p * panels.size(1), kind, k / 256, codes + (p - p0) * plane_bytes);
+      for (int64_t r = first; r < last;) {
+        const int blocks = kind == Q4_K && last - r >= 2 * TILE_ROWS ? 2 : 1;
+        for (int64_t p = p0; p < p1; ++p) {
+          const uint8_t* panel = panels.data_ptr<uint8_t>() + p * panels.size(1);
+          const uint8_t* planes = codes + (p - p0) * plane_bytes;
+          __m512 acc[2 * TILE_ROWS];
+          for (int i = 0; i < 2 * TILE_ROWS; ++i) acc[i] = _mm512_setzero_ps();
+          if (blocks == 2) q4k_tiles<2>(panel, planes, k / 256, rows + r, k, acc);
+          else if (kind == Q4_K) q4k_tiles<1>(panel, planes, k / 256, rows + r, k, acc);
+          else q6k_tiles(panel, planes, k / 256, rows + r, k, acc);
+          if (blocks == 2) store_lanes<2 * TILE_ROWS>(acc, y + r * n, n, p * LANES);
+          else store_lanes<TILE_ROWS>(acc, y + r * n, n, p * LANES);
+        }
+        r += blocks * TILE_ROWS;
       }
     }
     std::free(codes);
     _tile_release();
   });
+}
+
+// Rows [0, tiled) in chunks whose int8 codes stay in L2 while a group of panels reads them: ~1 MB a
+// chunk, at least 64 rows, so a panel's planes serve many rows
+constexpr int64_t CHUNK_BYTES = 1 << 20;
+
+void tile_passes(const at::Tensor& panels, int64_t kind, int64_t k, int64_t n, const ActRow* rows, int64_t tiled,
+                 float* y) {
+  const int64_t chunk = std::max<int64_t>(64, CHUNK_BYTES / k / (2 * TILE_ROWS) * (2 * TILE_ROWS));
+  for (int64_t first = 0; first < tiled; first += chunk)
+    tile_chunk(panels, kind, k, n, rows, first, std::min(tiled, first + chunk), y);
 }
 #else
 bool tiles_permitted() { return false; }

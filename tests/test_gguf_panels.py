@@ -103,6 +103,21 @@ def test_int8_panels_of_extreme_codes_and_scales(kind):
 
 
 @INT8
+@pytest.mark.parametrize("kind", KINDS.values(), ids=KINDS.keys())
+def test_int8_panels_give_each_row_its_bits_across_chunks_and_panel_groups(kind):
+    """A prefill's rows: on AMX the tiles walk rows in chunks (~1 MB of codes: 96 rows at 10240 columns)
+    and panels in groups; each row must still get its bits alone."""
+    blocks, _, cols = blocks_of(kind, 72, 40, seed=3)
+    ops = torch.ops.ssd_engine_gguf
+    panels = ops.pack_panels(blocks, kind, cols)
+    x = torch.randn(200, cols, generator=torch.Generator().manual_seed(2))
+    whole = ops.linear_int8_panels(x, panels, kind, cols, 72)
+    for start, rows in ((0, 1), (95, 2), (96, 7), (190, 3), (199, 1)):
+        assert torch.equal(ops.linear_int8_panels(x[start:start + rows], panels, kind, cols, 72),
+                           whole[start:start + rows]), (start, rows)
+
+
+@INT8
 def test_int8_panels_run_tiles_only_where_the_cpu_has_amx():
     from ssd_engine.utils.machine import cpu_flags
 
