@@ -46,7 +46,9 @@ def served(tiny_qwen2):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(engine, NAME), log_level="warning"))
+    # keep-alive past any gap between tests: the shared client reuses its idle connection, and one
+    # closed by the server's 5 s default as a request went out failed as "server disconnected"
+    server = uvicorn.Server(uvicorn.Config(build_app(engine, NAME), log_level="warning", timeout_keep_alive=600))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True)
     thread.start()
     while not server.started:
