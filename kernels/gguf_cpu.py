@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import NamedTuple
 
 SOURCES = [Path(__file__).with_name(name)
-           for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_pack.cpp", "gguf_panels_fp32.cpp", "gguf_vnni.cpp",
+           for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_pack.cpp", "gguf_panels_fp32.cpp", "gguf_vnni.cpp", "gguf_amx.cpp",
                         "cpu_attention.cpp", "cpu_layer_ops.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h", "cpu_vec.h")]  # part of the library's key
+HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h", "gguf_int8_rows.h", "cpu_vec.h")]  # part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded
 MARCH_ENV = "SSD_ENGINE_KERNEL_MARCH"  # the compiler's -march (default native); part of FLAGS, so of library_key()
