@@ -49,29 +49,20 @@ OTHER_KERNELS = [
     ("silu_mul", "bf16", dict(BLOCK=1024)),
     ("merge_splits", "bf16", dict(SPLITS=16, BLOCK_S=16, BLOCK_D=128)),
     ("merge_splits", "fp32", dict(SPLITS=3, BLOCK_S=4, BLOCK_D=64)),
-    # the skinny matmul's three fusions, tensor-core and FMA tiles; fp32 exact (ieee)
-    *(("skinny", "bf16", dict(NORM=norm, BIAS=bias, SILU=silu, RESIDUAL=residual, DOT=dot, PRECISION="tf32",
-                              BLOCK_T=16 if dot else 1, BLOCK_N=16 if dot else 8, BLOCK_K=256))
-      for norm, bias, silu, residual in ((True, True, False, False), (True, False, True, False),
-                                         (False, False, False, True))
-      for dot in (True, False)),
-    ("skinny", "fp32", dict(NORM=True, BIAS=True, SILU=False, RESIDUAL=False, DOT=True, PRECISION="ieee",
-                            BLOCK_T=16, BLOCK_N=16, BLOCK_K=128)),
 ]
 
 
 def compile_other(name: str, dtype: str, constexprs: dict, arch: int = 90):
     """A kernel whose pointers are all activations (`dtype`) but for these named ones."""
     import triton
-    from ssd_engine.kernels import fused_layer_ops, paged_attention, skinny_matmul
+    from ssd_engine.kernels import fused_layer_ops, paged_attention
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     kernel = {"add_rms_norm": fused_layer_ops._add_rms_norm_kernel,
               "rope_cache_write": fused_layer_ops._rope_cache_write_kernel,
               "silu_mul": fused_layer_ops._silu_mul_kernel,
-              "merge_splits": paged_attention._merge_splits_kernel,
-              "skinny": skinny_matmul._skinny_kernel}[name]
+              "merge_splits": paged_attention._merge_splits_kernel}[name]
     special = {"slot_ptr": "*i64", "part_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "eps": "fp32"}
     data = {"fp32": "*fp32", "bf16": "*bf16"}[dtype]
     names = list(inspect.signature(kernel.fn).parameters)

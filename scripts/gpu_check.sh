@@ -17,8 +17,6 @@
 #              per step and the batch-1 step's profile; the 0.5B / 1.5B step ratio is the two models' batch-1 rows
 #   bandwidth-variants  the same step graphed with torch's ops, graphed + compiled (minutes of compiling),
 #              and eager (which fusion wins sets the CUDA default)
-#   skinny     kernels/skinny_matmul.py's fused matmuls (norm prologue; SiLU-mul, residual epilogues) against
-#              cuBLAS between the Triton norm / SiLU kernels, each op and a step's whole chain, both shapes
 #   anchor     our AR against transformers' static-cache generate with its forward compiled (torch.compile,
 #              reduce-overhead) at the 1.5B shape, bf16, batch 1, a 512-token prompt, 128 new tokens
 #   auto       speculative_mode="auto" on the GPU: the mode it chooses from the forwards it timed there, and the
@@ -39,7 +37,7 @@
 set -u
 out=${1:-benchmarks/results}
 shift || true
-all_stages="tests tests-compiled kernels bandwidth bandwidth-variants skinny anchor auto profile host synthetic synthetic-thread synthetic-sweep"
+all_stages="tests tests-compiled kernels bandwidth bandwidth-variants anchor auto profile host synthetic synthetic-thread synthetic-sweep"
 stages=${*:-$all_stages}
 day=$(date +%F)
 mkdir -p "$out"
@@ -65,7 +63,7 @@ for stage in $stages; do
         cuda_tests="tests/test_cuda_path.py tests/test_cuda_graphs.py tests/test_paged_attention_kernels.py
             tests/test_attention_backends.py tests/test_draft_link.py tests/test_model_equivalence.py
             tests/test_bf16_exactness.py tests/test_fused_layer_ops.py tests/test_piecewise_graphs.py
-            tests/test_proposal_rows.py tests/test_ssd_units.py tests/test_doc_examples.py tests/test_skinny_matmul.py"
+            tests/test_proposal_rows.py tests/test_ssd_units.py tests/test_doc_examples.py"
         # -v names each test as it ends, so a call stopped at its limit still says which failed; 8 workers:
         # a 16-core GPU machine ran these in ~2 minutes (4 workers: ~4); --timeout (pytest-timeout, in the
         # GPU image) fails a hung test instead of the whole call; the doc examples run the GPU page's (the
@@ -91,11 +89,6 @@ for stage in $stages; do
         python benchmarks/gpu/bench_bandwidth.py $common --fused-kernels off --out "$out/$day-bandwidth-cuda-unfused.md"
         python benchmarks/gpu/bench_bandwidth.py $common --compile --out "$out/$day-bandwidth-cuda-compiled.md"
         python benchmarks/gpu/bench_bandwidth.py $common --enforce-eager --out "$out/$day-bandwidth-cuda-eager.md"
-        ;;
-    skinny)
-        for model in $target $draft; do
-            python benchmarks/gpu/bench_skinny.py --model $model --out "$out/$day-skinny-$(basename $model).md"
-        done
         ;;
     anchor)
         python benchmarks/gpu/bench_anchor.py --device cuda --model $target --hf static --repeats 2 --out "$out"

@@ -76,7 +76,7 @@ def test_every_stage_runs_its_commands(calls):
     assert sorted(set(scripts)) == ["benchmarks/bench_synthetic.py", "benchmarks/gpu/bench_anchor.py",
                                     "benchmarks/gpu/bench_auto.py", "benchmarks/gpu/bench_bandwidth.py",
                                     "benchmarks/gpu/bench_cuda_kernels.py",
-                                    "benchmarks/gpu/bench_host_overhead.py", "benchmarks/gpu/bench_skinny.py",
+                                    "benchmarks/gpu/bench_host_overhead.py",
                                     "benchmarks/gpu/profile_steps.py"]
     assert len(calls) == 2 + len(scripts)  # nothing else was run
 
