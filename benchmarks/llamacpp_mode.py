@@ -142,7 +142,7 @@ def measure(mode: str, opts, ids: dict[str, list[list[int]]], gguf: str, cores: 
     import llama_cpp
     longest = max(len(p) for prompts in ids.values() for p in prompts)
     llm = load_llama(model_path=gguf, n_threads=threads, n_threads_batch=threads,
-                          n_ctx=longest + max(opts.new_tokens, WARM_UP_TOKENS), verbose=False)
+                     n_ctx=longest + max(opts.new_tokens, WARM_UP_TOKENS), verbose=False)
     generate(llm, next(iter(ids.values()))[0], WARM_UP_TOKENS, opts.temperature)
     rows = []
     for name, prompts in ids.items():

@@ -59,15 +59,15 @@ void unpack_codes(const uint8_t* panel, int64_t kind, int64_t super_blocks, uint
       __m512i w[8], digits[2][4];
       if (q6k) {
         q6k_codes(super_block + Q6K_GROUP * j, w);
-        const __m512i pair = byte_pairs(super_block + Q6K_SCALES + 32 * j, true);
-        const __m512i offset = _mm512_set1_epi32(128);
-        const __m512i biased[2] = {_mm512_add_epi32(_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), offset),
-                                   _mm512_add_epi32(_mm512_srai_epi32(pair, 16), offset)};
-        for (int h = 0; h < 2; ++h)
-          for (int d = 0; d < 4; ++d) digits[h][d] = _mm512_and_si512(_mm512_srli_epi32(biased[h], 2 * d), _mm512_set1_epi32(3));
+        __m512i scales[2];
+        pair_scales(byte_pairs(super_block + Q6K_SCALES + 32 * j, true), scales);
+        for (int h = 0; h < 2; ++h) {
+          const __m512i biased = _mm512_add_epi32(scales[h], _mm512_set1_epi32(128));
+          for (int d = 0; d < 4; ++d) digits[h][d] = _mm512_and_si512(_mm512_srli_epi32(biased, 2 * d), _mm512_set1_epi32(3));
+        }
       } else {
         nibbles(super_block + 256 * j, w);
-        const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(super_block + Q4K_SCALES + 16 * j)));
+        const __m512i sc = q4k_scales(super_block, j);
         digits[0][0] = digits[1][0] = _mm512_and_si512(sc, _mm512_set1_epi32(7));
         digits[0][1] = digits[1][1] = _mm512_srli_epi32(sc, 3);
       }
@@ -153,7 +153,8 @@ void q6k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks,
     _tile_stored(5, dots[2], 64);
     _tile_stored(6, dots[3], 64);
     _tile_stored(7, dots[4], 64);
-    __m512i sums[TILE_ROWS], offsets[TILE_ROWS];
+    __m512i sums[TILE_ROWS], offsets[TILE_ROWS], pairs[8];
+    for (int g = 0; g < 8; ++g) pairs[g] = byte_pairs(panel + Q6K_SCALES + 32 * g, true);
     for (int r = 0; r < TILE_ROWS; ++r) {
       const auto plane = [&](int i) { return _mm512_load_si512(dots[i] + LANES * r); };
       const __m512i digits = _mm512_add_epi32(_mm512_add_epi32(plane(1), _mm512_slli_epi32(plane(2), 2)),
@@ -161,8 +162,7 @@ void q6k_tiles(const uint8_t* panel, const uint8_t* codes, int64_t super_blocks,
       sums[r] = _mm512_sub_epi32(digits, _mm512_slli_epi32(plane(0), 7));
       offsets[r] = _mm512_setzero_si512();
       for (int g = 0; g < 8; ++g)
-        offsets[r] = _mm512_dpwssd_epi32(offsets[r], byte_pairs(panel + Q6K_SCALES + 32 * g, true),
-                                         _mm512_set1_epi32(rows[r].pairs16[8 * sb + g]));
+        offsets[r] = _mm512_dpwssd_epi32(offsets[r], pairs[g], _mm512_set1_epi32(rows[r].pairs16[8 * sb + g]));
     }
     q6k_finish<TILE_ROWS>(panel, sb, rows, sums, offsets, out);
   }
@@ -237,10 +237,6 @@ int64_t tiled_rows(int64_t, int64_t) { return 0; }
 void tile_passes(const at::Tensor&, int64_t, int64_t, int64_t, const ActRow*, int64_t, float*) {}
 #endif
 
-namespace {
-bool int8_panel_tiles() { return tiles_permitted(); }
-}  // namespace
-
 }  // namespace gguf_int8
 
 TORCH_LIBRARY_FRAGMENT(ssd_engine_gguf, m) {
@@ -248,5 +244,5 @@ TORCH_LIBRARY_FRAGMENT(ssd_engine_gguf, m) {
 }
 
 TORCH_LIBRARY_IMPL(ssd_engine_gguf, CompositeExplicitAutograd, m) {
-  m.impl("int8_panel_tiles", &gguf_int8::int8_panel_tiles);
+  m.impl("int8_panel_tiles", &gguf_int8::tiles_permitted);
 }

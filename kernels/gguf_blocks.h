@@ -36,6 +36,8 @@ struct QuantizedRow {
   const int32_t* sum16;
 };
 
+constexpr int64_t QUANTIZE_GRAIN = 8;  // rows a thread rounds at least (each row alone: any split gives the same codes)
+
 inline void quantize_row(const float* x, int64_t k, int block, int8_t* q, float* d, int32_t* sum16) {
   for (int64_t b = 0; b < k / block; ++b) {
     const float* xb = x + b * block;

@@ -213,7 +213,7 @@ void linear_blocks(const float* x, int64_t m, int64_t k, const uint8_t* blocks, 
   std::vector<float> d(m * (k / B::act_block));
   std::vector<int32_t> sum16(m * (k / 16));
   std::vector<QuantizedRow> rows(m);
-  at::parallel_for(0, m, 8, [&](int64_t r0, int64_t r1) {  // each row alone: any split gives the same codes
+  at::parallel_for(0, m, gguf::QUANTIZE_GRAIN, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       quantize_row(x + r * k, k, B::act_block, q.data() + r * k, d.data() + r * (k / B::act_block),
                    sum16.data() + r * (k / 16));

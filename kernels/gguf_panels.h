@@ -93,6 +93,18 @@ ALWAYS_INLINE __m512i byte_pairs(const uint8_t* p, bool is_signed) {
   return is_signed ? _mm512_cvtepi8_epi16(bytes) : _mm512_cvtepu8_epi16(bytes);
 }
 
+// Q4_K: the 16 outputs' 6-bit scales of sub-block j, one int32 lane each
+ALWAYS_INLINE __m512i q4k_scales(const uint8_t* super_block, int j) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(super_block + Q4K_SCALES + 16 * j)));
+}
+
+// Q6_K: a signed byte_pairs vector of scales as int32 lanes, the pair's first (sub-block 2g) in
+// scales[0], its second (2g + 1) in scales[1]
+ALWAYS_INLINE void pair_scales(__m512i pair, __m512i* scales) {
+  scales[0] = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
+  scales[1] = _mm512_srai_epi32(pair, 16);
+}
+
 // Calls pass(std::integral_constant<int, ROWS>, panel, first row) for every panel (panels split
 // over the threads) and every pass of up to MAX_ROWS rows; a panel's later passes find it in L2.
 // Each row is computed alone in its lanes, so its bits never depend on the pass it falls in.

@@ -70,8 +70,7 @@ void q4k_rows(const uint8_t* panel, int64_t super_blocks, const float* const* x,
     const __m512 d = halves(panel + Q4K_D), dmin = halves(panel + Q4K_DMIN);
     for (int j = 0; j < 8; ++j) {
       prefetch_eighth<Q4K_PANEL>(panel, j);
-      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q4K_SCALES + 16 * j));
-      const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(sc)));
+      const __m512 scale = _mm512_mul_ps(d, _mm512_cvtepi32_ps(q4k_scales(panel, j)));
       const __m512i mins = byte_pairs(panel + Q4K_MINS + 32 * (j / 2), false);
       const __m512i m = j % 2 ? _mm512_srli_epi32(mins, 16) : _mm512_and_si512(mins, _mm512_set1_epi32(0xFFFF));
       const __m512 min = _mm512_mul_ps(dmin, _mm512_cvtepi32_ps(m));
@@ -105,8 +104,10 @@ void q6k_rows(const uint8_t* panel, int64_t super_blocks, const float* const* x,
       __m512i w[8];
       q6k_codes(panel + Q6K_GROUP * g, w);
       const __m512i pair = byte_pairs(panel + Q6K_SCALES + 32 * g, true);
-      const __m512 scale0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16)));
-      const __m512 scale1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_srai_epi32(pair, 16)));
+      __m512i pair_scale[2];
+      pair_scales(pair, pair_scale);
+      const __m512 scale0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(pair_scale[0]));
+      const __m512 scale1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(pair_scale[1]));
       for (int half = 0; half < 2; ++half) {  // a sub-block of 16 values: code vectors 4 half .. 4 half + 3
         const int64_t k0 = 256 * sb + 32 * g + 16 * half;
         __m512 s[ROWS][2];

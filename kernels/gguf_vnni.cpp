@@ -24,7 +24,6 @@ using namespace gguf_int8;
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 constexpr int ROWS_PER_PASS = 6;  // a row's two accumulators, the 8 unpacked vectors and scales: 32 registers
-constexpr int64_t QUANTIZE_GRAIN = 8;  // rows a thread rounds to int8 at least (each row alone: any split gives the same codes)
 
 int32_t int16_pair(int32_t low, int32_t high) {  // both fit int16: at most 32 codes of |127|
   return static_cast<int32_t>((static_cast<uint32_t>(low) & 0xFFFF) | (static_cast<uint32_t>(high) << 16));
@@ -54,7 +53,7 @@ void q4k_pass(const uint8_t* panel, int64_t super_blocks, const ActRow* rows, __
       prefetch_eighth<Q4K_PANEL>(panel, j);
       __m512i w[8];
       nibbles(panel + 256 * j, w);
-      const __m512i scale = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(panel + Q4K_SCALES + 16 * j)));
+      const __m512i scale = q4k_scales(panel, j);
 #pragma GCC unroll 8
       for (int r = 0; r < ROWS; ++r) {
         const int8_t* a = rows[r].q + 256 * sb + 32 * j;
@@ -76,12 +75,13 @@ void q6k_pass(const uint8_t* panel, int64_t super_blocks, const ActRow* rows, __
       __m512i w[8];
       q6k_codes(panel + Q6K_GROUP * g, w);
       const __m512i pair = byte_pairs(panel + Q6K_SCALES + 32 * g, true);
-      const __m512i scale0 = _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), scale1 = _mm512_srai_epi32(pair, 16);
+      __m512i scale[2];
+      pair_scales(pair, scale);
 #pragma GCC unroll 8
       for (int r = 0; r < ROWS; ++r) {
         const int8_t* a = rows[r].q + 256 * sb + 32 * g;
-        sums[r] = _mm512_add_epi32(sums[r], _mm512_add_epi32(_mm512_mullo_epi32(dot16(w, a), scale0),
-                                                             _mm512_mullo_epi32(dot16(w + 4, a + 16), scale1)));
+        sums[r] = _mm512_add_epi32(sums[r], _mm512_add_epi32(_mm512_mullo_epi32(dot16(w, a), scale[0]),
+                                                             _mm512_mullo_epi32(dot16(w + 4, a + 16), scale[1])));
         offsets[r] = _mm512_dpwssd_epi32(offsets[r], pair, _mm512_set1_epi32(rows[r].pairs16[8 * sb + g]));
       }
     }
@@ -98,7 +98,7 @@ at::Tensor linear_int8_panels(const at::Tensor& x, const at::Tensor& panels, int
   std::vector<float> d(m * super_blocks);
   std::vector<int32_t> sum16(m * (k / 16)), pairs16(m * (k / 32)), pairs32(m * (k / 64));
   std::vector<ActRow> rows(m);
-  at::parallel_for(0, m, QUANTIZE_GRAIN, [&](int64_t r0, int64_t r1) {
+  at::parallel_for(0, m, gguf::QUANTIZE_GRAIN, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       int32_t* s16 = sum16.data() + r * (k / 16);
       gguf::quantize_row(xs.data_ptr<float>() + r * k, k, 256, q.data() + r * k, d.data() + r * super_blocks, s16);
