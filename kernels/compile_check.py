@@ -21,7 +21,8 @@ VARIANTS = [
 def compile_variant(dtype: str, tree: bool, splits: int, group: int, max_query_len: int, head_dim: int,
                     arch: int = 90):
     import triton
-    from ssd_engine.kernels.paged_attention import _paged_attn_kernel, block_config
+    from ssd_engine.kernels.paged_attention import block_config
+    from ssd_engine.kernels.paged_attention_kernels import _paged_attn_kernel
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
@@ -55,14 +56,14 @@ OTHER_KERNELS = [
 def compile_other(name: str, dtype: str, constexprs: dict, arch: int = 90):
     """A kernel whose pointers are all activations (`dtype`) but for these named ones."""
     import triton
-    from ssd_engine.kernels import fused_layer_ops, paged_attention
+    from ssd_engine.kernels import fused_layer_ops, paged_attention_kernels
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     kernel = {"add_rms_norm": fused_layer_ops._add_rms_norm_kernel,
               "rope_cache_write": fused_layer_ops._rope_cache_write_kernel,
               "silu_mul": fused_layer_ops._silu_mul_kernel,
-              "merge_splits": paged_attention._merge_splits_kernel}[name]
+              "merge_splits": paged_attention_kernels._merge_splits_kernel}[name]
     special = {"slot_ptr": "*i64", "part_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "eps": "fp32"}
     data = {"fp32": "*fp32", "bf16": "*bf16"}[dtype]
     names = list(inspect.signature(kernel.fn).parameters)

@@ -7,7 +7,7 @@ from test_speculative_decoding import GREEDY, _prompts, greedy_oracle, noisy_dra
 
 from ssd_engine import LLM
 from ssd_engine.distributed.placement import available_cores
-from ssd_engine.planning import choose
+from ssd_engine.planning import choose, mode_placement, survey
 from ssd_engine.planning.costs import MeasuredCosts, _curve
 from ssd_engine.planning.plan import plan
 from ssd_engine.planning.predict import (
@@ -129,8 +129,8 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
     first, second = (available_cores() + [None])[:2]
     if second is None:
         pytest.skip("needs two cores")
-    monkeypatch.setattr(choose, "available_cores", lambda: [first, second])
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
+    monkeypatch.setattr(mode_placement, "available_cores", lambda: [first, second])
+    monkeypatch.setattr(survey, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8, draft_dtype="int8") as llm:
         parts = llm.engine.parts
@@ -152,7 +152,7 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
 
 def test_a_near_tie_goes_to_ar(target, noisy_draft, private_cache, monkeypatch):
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.04)}
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
+    monkeypatch.setattr(survey, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8) as llm:
         assert llm.engine.plan.mode == "ar"
@@ -232,7 +232,7 @@ def test_tp_runs_one_process_where_that_is_predicted_faster(target, noisy_draft,
     def costs(*args, **_):
         forward_s = ranks_s if len(args[-1].ranks) == 2 else one_s
         return replace(_fake_costs([]), target_all={1: forward_s}, target_one={1: forward_s}), False
-    monkeypatch.setattr(choose, "load_or_measure", costs)
+    monkeypatch.setattr(survey, "load_or_measure", costs)
     monkeypatch.setattr(choose, "predict_all", lambda c, acc: {"ar": Prediction("ar", 0, 1 / c.target_all(1)),
                                                                "sd": Prediction("sd", 2, 0.5 / c.target_all(1))})
     with caplog.at_level("WARNING", logger="ssd_engine"):
@@ -254,7 +254,7 @@ def test_a_fixed_prediction_is_applied_whole_under_tp(target, noisy_draft, priva
     """Mode, K, the draft's format and the ranks' cores, as predicted, with the target on two ranks."""
     cpu_cores, _ = _two_cores()
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 1.0 + (mode == "sd"))}
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: (_fake_costs([]), False))
+    monkeypatch.setattr(survey, "load_or_measure", lambda *args, **_: (_fake_costs([]), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, tensor_parallel_size=2, cpu_cores=cpu_cores, block_size=8) as llm:
         parts = llm.engine.parts
@@ -281,8 +281,8 @@ def test_tp_with_a_core_set_for_the_draft_predicts_ssd_too(target, noisy_draft, 
     fixed = {"ar": Prediction("ar", 0, 2.0), "sd": Prediction("sd", 2, 1.5),
              "ssd": Prediction("ssd", 3, 3.0 if fastest == "ssd" else 1.0, {"budget": 5, "t_p": 0.8, "t_jit": 0.3})}
     seen = {}
-    monkeypatch.setattr(choose, "available_cores", lambda: [0, 1, 2, 3])
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: seen.setdefault("placement", args[-1]) and (
+    monkeypatch.setattr(mode_placement, "available_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(survey, "load_or_measure", lambda *args, **_: seen.setdefault("placement", args[-1]) and (
         _fake_costs(args[-1].ssd_draft), False))
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
@@ -302,12 +302,12 @@ def test_torchrun_ranks_do_not_place_a_draft_and_only_rank_0_measures(target, no
     monkeypatch.setenv("MASTER_PORT", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: pytest.fail("rank 1 measured"))
+    monkeypatch.setattr(survey, "load_or_measure", lambda *args, **_: pytest.fail("rank 1 measured"))
     config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
     assert config.speculative_mode == "ar" and "torchrun rank 1" in choice.how
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr(choose, "available_cores", lambda: [0, 1, 2, 3])
-    monkeypatch.setattr(choose, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
+    monkeypatch.setattr(mode_placement, "available_cores", lambda: [0, 1, 2, 3])
+    monkeypatch.setattr(survey, "load_or_measure", lambda *args, **_: (_fake_costs(args[-1].ssd_draft), False))
     fixed = {"ar": Prediction("ar", 0, 1.0), "sd": Prediction("sd", 2, 2.0)}
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
@@ -324,7 +324,7 @@ def test_cuda_is_placed_by_gpu_and_measured_where_one_gpu_holds_the_target(targe
     from ssd_engine.core.config import EngineConfig
     from ssd_engine.planning import gpu_costs
     gpus = ["fake GPU"] * 3
-    monkeypatch.setattr(choose, "_gpus", lambda: gpus)
+    monkeypatch.setattr(mode_placement, "_gpus", lambda: gpus)
     config = EngineConfig(model=target, draft_model=noisy_draft, device="cuda", block_size=8)
     for count, mode in ((3, "ssd"), (2, "sd")):
         del gpus[count:]

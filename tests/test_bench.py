@@ -101,7 +101,7 @@ def _run_every_mode(root) -> dict:
     target = build_checkpoint(str(root / "target"), "qwen2", seed=0)
     draft = build_checkpoint(str(root / "draft"), "qwen2", seed=0, num_hidden_layers=1)
     out = root / "results"
-    from ssd_engine.core.config import SPECULATIVE_MODES
+    from ssd_engine.core.option_choices import SPECULATIVE_MODES
     modes = "ar,sd,sd-all,ssd,hf-ar,hf-assisted" + (",auto" if "auto" in SPECULATIVE_MODES else "")
     raw = bench.main(["--model", target, "--draft", draft, "--mode", modes,
                       "--prompts", "code,english", "--num-prompts", "2", "--new-tokens", "6", "--batch", "1,2",

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from ssd_engine.core.config import parse_core_sets
+from ssd_engine.core.core_sets import parse_core_sets
 from ssd_engine.core.structures import new_block_table
 from ssd_engine.distributed.partition import (
     WEIGHT_BLOCK,

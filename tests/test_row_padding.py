@@ -1,5 +1,5 @@
 """Padding oneDNN's one- and two-row matmuls to a faster row count (layers/row_padding.py), measured
-before any model is built (planning/formats.py)."""
+before any model is built (planning/row_padding_probe.py)."""
 import os
 from dataclasses import replace
 
@@ -12,13 +12,13 @@ from test_greedy_generation import GREEDY, _prompts, oracle_outputs  # noqa: F40
 from ssd_engine import LLM
 from ssd_engine.layers import row_padding
 from ssd_engine.layers.weight_formats import prepare
-from ssd_engine.planning import formats
+from ssd_engine.planning import probe_cache, row_padding_probe
 
 
 def test_choose_pads_only_to_a_clearly_faster_row_count():
-    assert formats.choose_padding({1: 7.0, 2: 7.8, 3: 5.7, 4: 4.9}) == {1: 4, 2: 4}  # 3 -> 4 saves only 14%
-    assert formats.choose_padding({1: 2.0, 2: 2.1, 3: 2.2, 4: 2.3}) == {}
-    assert formats.choose_padding({1: 4.0, 2: 4.1, 3: 3.6, 4: 4.5}) == {}  # 10% is within the noise margin
+    assert row_padding_probe.choose_padding({1: 7.0, 2: 7.8, 3: 5.7, 4: 4.9}) == {1: 4, 2: 4}  # 3 -> 4 saves only 14%
+    assert row_padding_probe.choose_padding({1: 2.0, 2: 2.1, 3: 2.2, 4: 2.3}) == {}
+    assert row_padding_probe.choose_padding({1: 4.0, 2: 4.1, 3: 3.6, 4: 4.5}) == {}  # 10% is within the noise margin
 
 
 @pytest.fixture
@@ -55,11 +55,11 @@ def test_a_dtype_onednn_cannot_pack_pads_nothing_and_is_cached(tmp_path, monkeyp
         probes.append(dtype)
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
 
-    monkeypatch.setattr(formats, "_probe_padding", refuse)
-    monkeypatch.setattr(formats, "cache_dir", lambda: str(tmp_path))
+    monkeypatch.setattr(row_padding_probe, "_probe_padding", refuse)
+    monkeypatch.setattr(probe_cache, "cache_dir", lambda: str(tmp_path))
     cores = sorted(os.sched_getaffinity(0))
-    assert formats.measure_row_padding(torch.bfloat16, cores, 1) == {}
-    assert formats.measure_row_padding(torch.bfloat16, cores, 1) == {} and len(probes) == 1  # the cache answers
+    assert row_padding_probe.measure_row_padding(torch.bfloat16, cores, 1) == {}
+    assert row_padding_probe.measure_row_padding(torch.bfloat16, cores, 1) == {} and len(probes) == 1  # the cache answers
     monkeypatch.setattr(row_padding, "_padded", {})
     row_padding.install(torch.bfloat16, {})
     assert row_padding.padded_rows(1, torch.bfloat16) == 1 and row_padding.largest_padded(torch.bfloat16) == 0
@@ -73,14 +73,14 @@ def test_the_plan_measures_only_the_onednn_dtype_a_runner_packs_and_the_runner_o
         tiny_model_dir, monkeypatch, fields, probed):
     # an int8 / int4 draft runs bf16 activations through aten's int ops, never oneDNN's bf16 matmul
     measured = []
-    monkeypatch.setattr(formats, "measure_row_padding", lambda dtype, cores, threads: measured.append(dtype) or {1: 4})
+    monkeypatch.setattr(row_padding_probe, "measure_row_padding", lambda dtype, cores, threads: measured.append(dtype) or {1: 4})
     monkeypatch.setattr(row_padding, "_padded", {})
     dtype = "bfloat16" if "weight_format" in fields else "float32"
     model = replace(runner_spec(tiny_model_dir("qwen2"), num_kv_blocks=4, block_size=8, max_position=32).model,
                     dtype=dtype, **fields)
-    planned = formats.with_row_padding(model, sorted(os.sched_getaffinity(0)), 1)
+    planned = row_padding_probe.with_row_padding(model, sorted(os.sched_getaffinity(0)), 1)
     assert measured == ([probed] if probed else []) and planned.row_padding == (((1, 4),) if probed else ())
-    monkeypatch.setattr(formats, "measure_row_padding", lambda *a: pytest.fail("a runner measured"))
+    monkeypatch.setattr(row_padding_probe, "measure_row_padding", lambda *a: pytest.fail("a runner measured"))
     runner = replace(runner_spec(tiny_model_dir("qwen2"), num_kv_blocks=4, block_size=8, max_position=32),
                      model=planned).build()
     assert runner.model is not None and row_padding._padded == ({probed: {1: 4}} if probed else {})

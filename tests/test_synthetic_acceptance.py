@@ -129,8 +129,8 @@ def test_ssd_hit_rate_is_the_synthetic_one(tmp_path, p):
 
 
 def test_auto_predicts_with_the_synthetic_rates():
-    from ssd_engine.planning.choose import with_synthetic
     from ssd_engine.planning.predict import Acceptance
+    from ssd_engine.planning.survey import with_synthetic
     base = Acceptance.from_calibration(None)
     assert with_synthetic(base, EngineConfig()) == base
     drawn = with_synthetic(base, EngineConfig(synthetic=Synthetic(acceptance=0.9, hit=0.8)))

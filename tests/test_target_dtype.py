@@ -34,7 +34,8 @@ from stats_helpers import fit, gof_power
 from tiny_checkpoints import derived_checkpoint
 
 from ssd_engine import LLM, SamplingParams
-from ssd_engine.core.config import REQUANTIZED, EngineConfig
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.option_choices import REQUANTIZED
 from ssd_engine.layers.attention import row_independent_attention
 from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, ROW_TILE, prepare

@@ -10,7 +10,7 @@ from transformers import Qwen2Config
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.layers import weight_formats
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, dequantized, prepare
-from ssd_engine.planning import formats
+from ssd_engine.planning import formats, probe_cache
 from ssd_engine.planning.formats import DraftFormat, linear_shapes
 from ssd_engine.planning.formats import choose_draft as choose
 
@@ -18,7 +18,7 @@ from ssd_engine.planning.formats import choose_draft as choose
 def resolve(option, hf_config, device, workload, cores, threads, cache):
     """The draft format resolved with the model cache at `cache`."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(formats, "cache_dir", lambda: cache)  # the probes' folder alone (kernels stay cached)
+        patch.setattr(probe_cache, "cache_dir", lambda: cache)  # the probes' folder alone (kernels stay cached)
         return formats.resolve_draft(option, hf_config, device, workload, cores, threads)
 
 # worst output error against x @ w.T for unit-variance x and weights of std 0.05 over 256 columns

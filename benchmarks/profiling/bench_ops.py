@@ -7,7 +7,7 @@ forward, the sampler or the round's bookkeeping.
 1. Ops per decoder layer in a one-token decode step (tests/instrumentation/op_count.py): every aten
    op the dispatcher routes inside one layer's forward, by name and call site, for the target and
    the draft in each weight format, at the real shapes (the pair's configs, two layers, synthetic
-   weights, as planning/costs.py builds them); plus the rest of the step (inputs, LM head) and
+   weights, as planning/forward_timing.py builds them); plus the rest of the step (inputs, LM head) and
    the sampling after it. On a GPU each compute op is a kernel launch. Goal: <= 10 per layer.
    The GPU path (Triton attention and the fused layer kernels, kernels/fused_layer_ops.py) is
    counted too, under Triton's interpreter: each Triton launch one kernel, split-KV attention as an

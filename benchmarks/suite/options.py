@@ -6,7 +6,8 @@ import argparse
 import os
 from dataclasses import dataclass, field
 
-from ssd_engine.core.config import DRAFT_DTYPES, TARGET_DTYPES, format_core_sets
+from ssd_engine.core.core_sets import format_core_sets
+from ssd_engine.core.option_choices import DRAFT_DTYPES, TARGET_DTYPES
 
 MODES = ("ar", "ar-all", "sd", "sd-all", "ssd", "auto", "hf-ar", "hf-assisted")
 SPECULATIVE = ("sd", "sd-all", "ssd", "auto", "hf-assisted")  # need a draft checkpoint

@@ -1,44 +1,30 @@
 """EngineConfig: every engine option in one validated, frozen dataclass; the CLI maps its flags 1:1
 onto these fields. Checkpoint-dependent values (max_model_len, num_kv_blocks) are resolved later."""
-import difflib
 from dataclasses import dataclass, fields
 
 from ssd_engine.core.config_parts import Config, build_config
-from ssd_engine.core.options import choices_of, hook, option
-
-SPECULATIVE_MODES = ("auto", "ar", "sd", "ssd")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
-WEIGHT_LAYOUTS = ("auto", "dual", "packed", "plain")
-SSD_FALLBACKS = ("auto", "jit", "fast")
-DRAFT_DTYPES = ("auto", "fp32", "bf16", "int8", "int4", "q4k")  # auto: the fastest this CPU runs
-# auto, fp32 and gguf keep the checkpoint's values; the others change the model
-TARGET_DTYPES = ("auto", "fp32", "gguf", "gguf-int8", "bf16", "int8", "int4")
-REQUANTIZED = ("bf16", "int8", "int4")  # re-quantized weights (layers/weight_formats.py); gguf-int8 rounds activations
-FANOUT_RULES = ("auto", "geometric", "uniform")
-LOAD_FORMATS = ("auto", "dummy")  # dummy: vLLM's name for random weights at the checkpoint's shapes
-COMPILE_MODES = ("auto", "on", "off")
-FUSED_KERNEL_MODES = ("auto", "on", "off")
-SSD_DRAFT_HOSTS = ("auto", "process", "thread")
-PER_STEP_POLICIES = ("goodput", "off")
-
-
-@dataclass(frozen=True)
-class Synthetic:
-    """Benchmarking only (outputs are then NOT the target's): each draft token accepted with probability
-    `acceptance`, each SSD speculation-cache lookup a hit with probability `hit` (sampling/synthetic.py)."""
-    acceptance: float | None = None
-    hit: float | None = None
-
-    def check(self, mode: str) -> None:
-        for name in ("acceptance", "hit"):
-            value = getattr(self, name)
-            _check(value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)
-                                     and 0 <= value <= 1), f"synthetic {name} must be in [0, 1], got {value!r}")
-        _check(self.acceptance is None or mode != "ar",
-               "synthetic acceptance decides draft tokens: it needs speculative_mode sd, ssd or auto, not ar")
-        _check(self.hit is None or mode in ("ssd", "auto"),
-               f"synthetic hit decides SSD cache lookups: it needs speculative_mode ssd (or auto), not {mode}")
+from ssd_engine.core.option_checks import (
+    check_choices,
+    check_values,
+    parse_fanout,
+    unknown_option_message,
+)
+from ssd_engine.core.option_choices import (
+    ATTENTION_BACKENDS,
+    COMPILE_MODES,
+    DRAFT_DTYPES,
+    DTYPES,
+    FUSED_KERNEL_MODES,
+    LOAD_FORMATS,
+    PER_STEP_POLICIES,
+    SPECULATIVE_MODES,
+    SSD_DRAFT_HOSTS,
+    SSD_FALLBACKS,
+    TARGET_DTYPES,
+    WEIGHT_LAYOUTS,
+)
+from ssd_engine.core.options import hook, option
+from ssd_engine.core.synthetic_hook import Synthetic
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +126,8 @@ class EngineConfig:
                                          "process)", SSD_DRAFT_HOSTS)
     draft_timeout_s: float = option(30.0, "SSD: seconds after which a draft reply counts as a dead draft")
     synthetic: Synthetic | None = hook("benchmarks and tests only: drafts accepted and SSD lookups hit at set "
-                                         "rates (core/config.py Synthetic); outputs are then NOT the target's")
+                                         "rates (core/synthetic_hook.py Synthetic); outputs are then NOT the "
+                                         "target's")
 
     @property
     def weight_layout(self) -> str:
@@ -177,75 +164,18 @@ class EngineConfig:
     def fanout(self) -> list[int] | None:
         """ssd_fanout as K+1 non-negative integers (one value applies to every k); None for a rule
         (auto / geometric / uniform) that the engine resolves from its calibration."""
-        value = self.ssd_fanout
-        if isinstance(value, str) and value in FANOUT_RULES:
-            return None
-        if isinstance(value, str):
-            value = [int(v) for v in value.replace(" ", "").split(",") if v] if _all_ints(value) else None
-        elif _is_int(value):
-            value = [value]
-        else:
-            value = list(value) if isinstance(value, (list, tuple)) and all(_is_int(v) for v in value) else None
-        k = self.num_speculative_tokens
-        _check(value is not None and len(value) in (1, k + 1) and all(v >= 0 for v in value),
-               f"ssd_fanout must be one of {FANOUT_RULES}, one integer >= 0 or {k + 1} of them "
-               f"(one per accepted count k = 0..{k}), "
-               f"got {self.ssd_fanout!r}")
-        return value * (k + 1) if len(value) == 1 else value
+        return parse_fanout(self.ssd_fanout, self.num_speculative_tokens)
 
     def __post_init__(self) -> None:
         if self.speculative_mode is None:  # the default pair, or a user-given draft, means auto
             drafted = self.model is None or self.draft_model is not None
             object.__setattr__(self, "speculative_mode", "auto" if drafted else "ar")
-        for f in fields(self):  # every closed set of values, as each option declares it
-            value, choices = getattr(self, f.name), choices_of(f)
-            _check(choices is None or value in choices, f"{f.name} must be one of {choices}, got {value!r}")
-        _check(self.device == "cpu" or self.device.startswith("cuda"),
-               f"device must be 'cpu' or 'cuda[:N]', got {self.device!r}")
+        check_choices(self)  # every closed set of values, as each option declares it, and the device
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "float32" if self.device == "cpu" else "bfloat16")
         if self.max_num_batched_tokens is None:  # CPU: a long prompt's chunks beat one step (docs/CPU.md)
             object.__setattr__(self, "max_num_batched_tokens", 512 if self.device == "cpu" else 2048)
-        _check(not (self.compile_model == "on" and self.tensor_parallel_size > 1),
-               "compile_model='on' needs tensor_parallel_size=1: tensor parallelism's all-reduces are not compiled")
-        _check(not (self.fused_kernels == "on" and self.compiled),
-               "fused_kernels='on' and compile_model='on' are two ways to fuse a layer's ops: choose one")
-        for name in ("num_speculative_tokens", "max_num_seqs", "max_num_batched_tokens", "block_size",
-                     "tensor_parallel_size", "cuda_graph_max_batch"):
-            value = getattr(self, name)
-            _check(_is_int(value) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("max_model_len", "num_kv_blocks", "num_threads", "prefill_tokens_while_decoding"):
-            value = getattr(self, name)
-            _check(value is None or (_is_int(value) and value >= 1),
-                   f"{name} must be an integer >= 1, got {value!r}")
-        _check(self.draft_prompt_window is None or (_is_int(self.draft_prompt_window) and self.draft_prompt_window >= 0),
-               f"draft_prompt_window must be an integer >= 0, got {self.draft_prompt_window!r}")
-        _check(isinstance(self.kv_cache_memory_gb, (int, float)) and self.kv_cache_memory_gb > 0, f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb!r}")
-        for name in ("distributed_timeout_s", "draft_timeout_s"):
-            value = getattr(self, name)
-            _check(isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
-                   f"{name} must be > 0, got {value!r}")
-        _check(self.device == "cpu" or self.draft_dtype not in ("int8", "int4", "q4k"),
-               f"draft_dtype={self.draft_dtype} is CPU-only; on {self.device} use auto, bf16 or fp32")
-        _check(self.device == "cpu" or self.target_dtype not in ("gguf", "gguf-int8", "int8", "int4"),
-               f"target_dtype={self.target_dtype} is CPU-only; on {self.device} use fp32 or bf16")
-        self.fanout()  # validates
-        _check(self.ssd_budget is None or (_is_int(self.ssd_budget) and self.ssd_budget >= 0),
-               f"ssd_budget must be an integer >= 0, got {self.ssd_budget!r}")
-        _check(self.ssd_critical_batch is None or (isinstance(self.ssd_critical_batch, (int, float))
-                                                   and not isinstance(self.ssd_critical_batch, bool)
-                                                   and self.ssd_critical_batch >= 0),
-               f"ssd_critical_batch must be a number >= 0, got {self.ssd_critical_batch!r}")
-        _check(isinstance(self.saguaro_c, (int, float)) and not isinstance(self.saguaro_c, bool)
-               and 0 <= self.saguaro_c <= 1, f"saguaro_c must be in [0, 1], got {self.saguaro_c!r}")
-        _check(self.synthetic is None or isinstance(self.synthetic, Synthetic),
-               f"synthetic must be a Synthetic or None, got {self.synthetic!r}")
-        if self.synthetic is not None:
-            self.synthetic.check(self.speculative_mode)
-        if self.cpu_cores is not None:
-            parse_core_sets(self.cpu_cores)  # a malformed spec fails here, naming itself
-        _check(self.speculative_mode == "ar" or self.model is None or self.draft_model is not None,
-               f"speculative_mode={self.speculative_mode!r} needs draft_model when model is given")
+        check_values(self)  # each value's type and range, and combinations that cannot run
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> "EngineConfig":
@@ -258,43 +188,3 @@ class EngineConfig:
 
 def field_names() -> list[str]:
     return [f.name for f in fields(EngineConfig)]
-
-
-def unknown_option_message(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else f"; valid options: {', '.join(valid)}"
-    return f"unknown option {key!r}{hint}"
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _all_ints(text: str) -> bool:
-    return all(v.strip().isdigit() for v in text.split(",")) and bool(text.strip())
-
-
-def _check(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-def parse_core_sets(cpu_cores: str) -> list[list[int]]:
-    """'0-3;4-7' or '0,2;1,3' -> [[0, 1, 2, 3], [4, 5, 6, 7]] (one set per rank, ';'-separated)."""
-    sets = []
-    for part in cpu_cores.split(";"):
-        cores = []
-        for item in filter(None, (p.strip() for p in part.split(","))):
-            lo, _, hi = item.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
-                raise ValueError(f"cpu_cores: cannot read {item!r} in {cpu_cores!r}; write core sets like '0-3;4-7' or '0,2;1'")
-            cores.extend(range(int(lo), int(hi or lo) + 1))
-        if not cores:
-            raise ValueError(f"cpu_cores: empty core set in {cpu_cores!r}")
-        sets.append(sorted(set(cores)))
-    return sets
-
-
-def format_core_sets(sets: list[list[int]]) -> str:
-    """[[0, 1], [2]] -> '0,1;2': the cpu_cores text parse_core_sets reads back."""
-    return ";".join(",".join(map(str, cores)) for cores in sets)

@@ -20,7 +20,7 @@ class ModelConfig:
     load_format: str = "auto"         # auto: the checkpoint; dummy: random weights at its shapes (models/loader.py)
     compile: bool = False             # the forward as one torch.compile region (runtime/compiled_model.py)
     fused_kernels: str = "auto"       # a layer's elementwise ops fused (layers/layer_ops.py)
-    row_padding: tuple[tuple[int, int], ...] = ()  # (rows, padded rows) of its oneDNN matmuls (planning/formats.py)
+    row_padding: tuple[tuple[int, int], ...] = ()  # (rows, padded rows) of its oneDNN matmuls (planning/row_padding_probe.py)
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,7 @@ import os
 
 import torch
 
-from ssd_engine.core.config import parse_core_sets
+from ssd_engine.core.core_sets import parse_core_sets
 from ssd_engine.distributed.partition import even_spans
 
 

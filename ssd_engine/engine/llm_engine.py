@@ -1,22 +1,22 @@
-"""The step loop: schedule -> speculate -> verify -> postprocess (AR: no speculation).
-Requests join and leave between steps (continuous batching)."""
+"""The step loop: schedule -> speculate -> verify -> postprocess (AR: no speculation; the results
+applied by engine/postprocess.py). Requests join and leave between steps (continuous batching)."""
 import logging
-import os
 import time
 from dataclasses import replace
 
 import torch
-from transformers import GenerationConfig
 
 from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.outputs import RequestOutput
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.streams import Stream, stream_generator
-from ssd_engine.core.structures import Outcome, ScheduledBatch, Sequence, SequenceStatus
+from ssd_engine.core.structures import Sequence, SequenceStatus
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.distributed.placement import pin, unpin
 from ssd_engine.engine.execution import describe_execution
+from ssd_engine.engine.model_limits import eos_token_ids, max_model_len, num_kv_blocks
 from ssd_engine.engine.output_processor import OutputProcessor
+from ssd_engine.engine.postprocess import apply_results
 from ssd_engine.engine.request_checks import check_request
 from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.engine.step_choice import StepChoice
@@ -25,10 +25,10 @@ from ssd_engine.models.tokenizer_source import load_tokenizer
 from ssd_engine.planning.formats import threads_on
 from ssd_engine.planning.plan import plan
 from ssd_engine.runtime.block_manager import BlockManager
-from ssd_engine.runtime.model_runner import DTYPES, ModelRunner, RunnerSpec
+from ssd_engine.runtime.model_runner import DTYPES, RunnerSpec
 from ssd_engine.sampling.grammar import Grammars
 from ssd_engine.sampling.synthetic import synthetic_acceptance
-from ssd_engine.sampling.verifier import StepResult, Verifier
+from ssd_engine.sampling.verifier import Verifier
 from ssd_engine.speculative.metrics import SpecMetrics
 from ssd_engine.speculative.setup import TargetSide, build_sync_draft, start_async_draft
 from ssd_engine.tensor_parallel.launch import close_at_exit, start_tensor_parallel, torchrun_world
@@ -58,10 +58,10 @@ class LLMEngine:
         check_splittable(self.hf_config, parts.parallel.tensor_parallel_size)
         self.tokenizer = load_tokenizer(self.model_path, parts.model.tokenizer, parts.model.load_format,
                                         self.hf_config.vocab_size)
-        self.max_model_len = self._max_model_len()
+        self.max_model_len = max_model_len(self.hf_config, parts.scheduler.max_model_len)
         self.device = torch.device(parts.model.device)
         dtype = DTYPES[parts.model.dtype]
-        num_blocks = self._num_kv_blocks(dtype)
+        num_blocks = num_kv_blocks(parts, self.hf_config, self.max_model_len, dtype)
         # verification and drafting run up to K positions past the last token
         max_position = self.max_model_len + parts.speculative.k + 1
         target = RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=num_blocks), max_position)
@@ -73,7 +73,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, parts.scheduler.max_num_seqs,
                                    parts.scheduler.max_num_batched_tokens, parts.scheduler.prefill_tokens_while_decoding)
         self.scheduler.tell_on_release(self.runner)  # tensor-parallel workers forget freed tables
-        self.output_processor = OutputProcessor(self.tokenizer, self._eos_token_ids(), self.max_model_len)
+        eos_ids = eos_token_ids(self.model_path, self.hf_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, eos_ids, self.max_model_len)
         eos = self.output_processor.eos_token_ids
         self.verifier = Verifier(stream_generator(parts.seed, Stream.TARGET, device=self.device),  # unseeded requests
                                  synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed), eos,
@@ -106,35 +107,6 @@ class LLMEngine:
         if sets and self.parts.parallel.tensor_parallel_size == 1:
             self._pinned = pin(sets[0], threads_on(self.parts.model, sets[0]))
         return sets if self.parts.speculative.mode == "ssd" else None
-
-    def _max_model_len(self) -> int:
-        limit = getattr(self.hf_config, "max_position_embeddings", None) or 4096
-        wanted = self.parts.scheduler.max_model_len
-        if wanted is None:
-            return min(limit, 4096)
-        if wanted > limit:
-            raise ValueError(f"max_model_len={wanted} exceeds the model's max_position_embeddings={limit}")
-        return wanted
-
-    def _num_kv_blocks(self, dtype: torch.dtype) -> int:
-        cache = self.parts.cache
-        if cache.num_kv_blocks is not None:
-            return cache.num_kv_blocks
-        # kv_cache_memory_gb is per rank, as GPU memory limits are per device
-        per_block = ModelRunner.kv_bytes_per_block(self.hf_config, cache.block_size, dtype,
-                                                   self.parts.parallel.tensor_parallel_size)
-        by_memory = int(cache.kv_cache_memory_gb * 2**30 // per_block)
-        # more blocks than every slot of every sequence at full length can never be used
-        useful = self.parts.scheduler.max_num_seqs * -(-self.max_model_len // cache.block_size) + 1
-        return max(1, min(by_memory, useful))
-
-    def _eos_token_ids(self) -> set[int]:
-        eos = None
-        if os.path.isfile(os.path.join(self.model_path, "generation_config.json")):
-            eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
-        if eos is None:
-            eos = getattr(self.hf_config, "eos_token_id", None) or self.tokenizer.eos_token_id
-        return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -223,37 +195,11 @@ class LLMEngine:
         feed, logit_rows, drafts = batch.feed(speculated, proposal)
         logits = self.runner.forward(batch, logit_rows, token_ids=feed, on_device=drafts)
         results = self.verifier.sample_or_verify(batch.seqs, logit_rows, logits, speculated, proposal)
-        finished = self._postprocess(batch, speculated, results)
+        finished = apply_results(self, batch, speculated, results)
         if self.step_choice and all(decoding):  # a step with a prefill chunk says nothing of decode rates
             emitted = sum(len(result.tokens) for result in results)
             self.step_choice.record(k, len(decoding), emitted, time.perf_counter() - started)
         return finished
-
-    def _postprocess(self, batch: ScheduledBatch, speculated: list[bool], results: list[StepResult]) -> list[Sequence]:
-        finished = []
-        for seq, n, was_speculated, result in zip(batch.seqs, batch.num_new_tokens, speculated, results):
-            self.stats["decode_tokens" if n == 1 or was_speculated else "prefill_tokens"] += n
-            if result.tokens is None:  # a prefill chunk that does not reach the end of the prompt
-                seq.num_computed_tokens += n
-                continue
-            if seq.metrics.first_token_time is None:
-                seq.metrics.first_token_time = time.perf_counter()
-            self.output_processor.append(seq, result.tokens, result.logprobs)
-            # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
-            seq.num_computed_tokens = len(seq) - 1
-            self.scheduler.settle(seq, was_speculated)
-            if was_speculated:
-                if result.accepted is not None:
-                    self.spec_metrics.record(seq.seq_id, result.accepted)
-                self.speculator.on_outcome(Outcome(seq, result.accepted, seq.num_computed_tokens))
-            if seq.finish_reason is not None:
-                self._finish(seq)
-                finished.append(seq)
-        return finished
-
-    def _finish(self, seq: Sequence) -> None:
-        seq.metrics.finish_time = time.perf_counter()
-        self.scheduler.finish(seq)
 
     def execution(self) -> dict:
         """How this engine runs its target (engine/execution.py)."""

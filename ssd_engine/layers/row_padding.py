@@ -1,7 +1,7 @@
 """How many rows oneDNN's packed matmul is given. Some CPUs run one or two rows through a slower
 path than three or more, so a decode step is padded with zero rows (the weight is read once either
 way); only the real rows' outputs are kept. The table is measured before any model is built
-(planning/formats.py) and installed by the runner that uses it."""
+(planning/row_padding_probe.py) and installed by the runner that uses it."""
 import torch
 
 _padded: dict[torch.dtype, dict[int, int]] = {}

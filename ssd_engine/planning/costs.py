@@ -1,45 +1,33 @@
 """Time one forward per row count on CPU cores where the engine will run it, cached per machine.
 
-Curves are timed on TIMED_LAYERS layers of dummy weights and scaled to the whole model: a forward's
-cost does not depend on weight values and every layer costs the same. Each SSD side is timed beside
-the other side's memory traffic (planning/contention.py). CUDA: planning/gpu_costs.py."""
-import contextlib
-import gc
-import io
+Curves are timed on a few layers of dummy weights and scaled to the whole model
+(planning/forward_timing.py): a forward's cost does not depend on weight values and every layer
+costs the same. Each SSD side is timed beside the other side's memory traffic
+(planning/contention.py). CUDA: planning/gpu_costs.py."""
 import json
 import os
-import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
-import torch
 from tqdm import tqdm
 
-from ssd_engine.core.config import format_core_sets
-from ssd_engine.core.config_parts import CacheConfig, ModelConfig, ParallelConfig
-from ssd_engine.core.sampling_params import SamplingParams
-from ssd_engine.core.structures import ScheduledBatch, Sequence, new_block_table
-from ssd_engine.distributed.placement import pin, unpin
+from ssd_engine.core.config_parts import ModelConfig
 from ssd_engine.models.loader import load_config
 from ssd_engine.planning import formats
 from ssd_engine.planning.contention import memory_traffic
+from ssd_engine.planning.forward_timing import (
+    DRAFT_ROWS,
+    TARGET_ROWS,
+    build_timed,
+    release_memory,
+    time_forwards,
+    time_ranks,
+)
 from ssd_engine.planning.predict import Costs
-from ssd_engine.runtime import step_inputs
-from ssd_engine.runtime.model_runner import RunnerSpec
-from ssd_engine.tensor_parallel.launch import _spawn as spawn_ranks
-from ssd_engine.utils.memory import release_freed_heap
 from ssd_engine.utils.progress import progress_enabled
 
-PREFIX = 128
-BLOCK = 16
-TARGET_ROWS = (1, 2, 3, 5, 9)            # AR's one row, verification of K + 1 (cost is concave in rows)
-DRAFT_ROWS = (1, 5, 9, 16, 32)           # one-row drafting, the glue (K + 1), branch steps (B)
 SSD_WORKLOAD = [(1, 1), (5, 1), (8, 4)]  # the draft format's probe workload: K = 4, B ~ 8
-REPEATS = 5                              # after two warm-ups; the median counts
-TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
-BLOCKS = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
 VERSION = 5  # bump when what is timed changes: older cached costs are then measured anew
-RANKS_TIMEOUT_S = 60.0  # the measuring ranks' collectives (distributed_timeout_s's default)
 
 
 class NotMeasured(Exception):
@@ -146,7 +134,7 @@ def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
     with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
         target_all, target_one = _time_target(target, ranks, ssd_ranks, draft_cores, bar)
         runner = build_timed(draft, sd_format)
-        draft_all = _time(runner, (1,), sd_cores, bar)
+        draft_all = time_forwards(runner, (1,), sd_cores, bar)
         draft_one = {}
         for fmt in ssd_formats:  # SD's format first: it is the one built
             if fmt.name != sd_format.name:
@@ -154,7 +142,7 @@ def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
                 release_memory()
                 runner = build_timed(draft, fmt)
             with memory_traffic(ssd_target, "float32"):  # the fp32 target verifying beside it
-                draft_one[fmt.name] = _time(runner, DRAFT_ROWS, draft_cores, bar)
+                draft_one[fmt.name] = time_forwards(runner, DRAFT_ROWS, draft_cores, bar)
         del runner
         release_memory()
     return MeasuredCosts(key, ssd_target, draft_cores, target_all, target_one or target_all, draft_all,
@@ -169,7 +157,7 @@ def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[li
     one = build_timed(target) if len(ranks) == 1 else None
 
     def time_on(sets: list[list[int]]) -> dict[int, float]:
-        return _time(one, TARGET_ROWS, sets[0], bar) if one else _time_ranks(target, sets, bar)  # noqa: F821 (deleted after its last call)
+        return time_forwards(one, TARGET_ROWS, sets[0], bar) if one else time_ranks(target, sets, bar)  # noqa: F821 (deleted after its last call)
 
     target_all, target_one = time_on(ranks), {}
     if draft_cores:
@@ -178,93 +166,3 @@ def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[li
     del one, time_on
     release_memory()  # the target's weights go before a draft loads
     return target_all, target_one
-
-
-def build_timed(model: ModelConfig, fmt: formats.DraftFormat | None = None):
-    """-> (runner, scale to the whole model): real format and shapes, TIMED_LAYERS dummy layers."""
-    # eager: compiling throwaway models costs more than it changes a forward's time
-    changes = {"load_format": "dummy", "compile": False} | ({"dtype": fmt.dtype, "weight_format": fmt.name,
-                                                            "row_independent": False} if fmt else {})
-    hf_config = load_config(model.path, "dummy")
-    layers = hf_config.num_hidden_layers
-    hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)
-    timed = formats.with_row_padding(replace(model, **changes), sorted(os.sched_getaffinity(0)), torch.get_num_threads())
-    runner = RunnerSpec(timed, CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1).build(hf_config=hf_config)
-    context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]  # ids every vocabulary has
-    runner.run(step_inputs.StepInputs([0], [context], [list(range(BLOCKS))], [[PREFIX - 1]]))
-    return runner, layers / hf_config.num_hidden_layers
-
-
-def _time(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, float]:
-    """Median seconds of a whole model's forward of n new rows (logits for every row) on `cores`:
-    the built layers' time scaled to the model's layer count, plus the LM head's."""
-    runner, scale = built
-    token = pin(cores, len(cores))
-    try:
-        result = {}
-        for n in rows:
-            fed = [42 % runner.config.vocab_size] * n
-            ids, positions, meta = runner.prepare(step_inputs.StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))]))
-            times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][2:]
-            result[n] = sorted(times)[REPEATS // 2]
-            bar.update(1)
-        return result
-    finally:
-        unpin(token)
-
-
-def _time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, float]:
-    """As _time, on len(ranks) tensor-parallel ranks started as the engine starts them. Timed with
-    and without logits: the difference (LM head, logits gather) counts once, the rest is scaled."""
-    hf_config = load_config(model.path, "dummy")
-    layers = hf_config.num_hidden_layers
-    timed = min(layers, TIMED_LAYERS)
-    hf_config.num_hidden_layers = timed
-    if isinstance(getattr(hf_config, "layer_types", None), list):
-        hf_config.layer_types = hf_config.layer_types[:timed]
-    with tempfile.TemporaryDirectory(prefix="ssd-engine-costs-") as folder:
-        hf_config.save_pretrained(folder)
-        spec = RunnerSpec(replace(model, path=folder, load_format="dummy", compile=False, num_threads=None),
-                          CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1)
-        parallel = ParallelConfig(len(ranks), format_core_sets(ranks), RANKS_TIMEOUT_S)
-        with contextlib.redirect_stderr(io.StringIO()):  # its placement line is the engine's to print
-            runner = spawn_ranks(parallel, spec, ranks)
-        try:
-            seq = Sequence([0], SamplingParams(), BLOCK)
-            seq.block_table = new_block_table(range(BLOCKS))
-            context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]
-            _ranks_forward_s(runner, seq, context, [PREFIX - 1])
-            seq.num_computed_tokens = PREFIX
-            result = {}
-            for n in TARGET_ROWS:
-                fed = [42 % hf_config.vocab_size] * n
-                timed_s = {}
-                for rows in (list(range(n)), []):
-                    times = [_ranks_forward_s(runner, seq, fed, rows) for _ in range(2 + REPEATS)][2:]
-                    timed_s[bool(rows)] = sorted(times)[REPEATS // 2]
-                result[n] = timed_s[False] * layers / timed + max(timed_s[True] - timed_s[False], 0.0)
-                bar.update(1)
-            return result
-        finally:
-            runner.close()
-
-
-@torch.inference_mode()
-def _ranks_forward_s(runner, seq: Sequence, fed: list[int], logit_rows: list[int]) -> float:
-    start = time.perf_counter()
-    runner.forward(ScheduledBatch([seq], [len(fed)]), [logit_rows], [fed])
-    return time.perf_counter() - start
-
-
-@torch.inference_mode()
-def _forward_s(runner, ids, positions, meta, scale: float) -> float:
-    start = time.perf_counter()
-    hidden = runner.model(ids, positions, meta)
-    layers_done = time.perf_counter()
-    runner.model.compute_logits(hidden)
-    return (layers_done - start) * scale + time.perf_counter() - layers_done
-
-
-def release_memory() -> None:
-    gc.collect()
-    release_freed_heap()

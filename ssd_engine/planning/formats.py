@@ -1,12 +1,12 @@
 """Every weight format and matmul row padding, decided before any model is built (`decide`).
 
 The one place that probes formats: the draft's weight format (each format this CPU runs, timed on
-the draft's Linear shapes, rows and cores) and oneDNN's row padding (whether one- and two-row
-matmuls run faster padded with zero rows). Both are cached per machine fingerprint in the model
-cache's `probes/` folder, so a second engine on the same cores measures nothing. Runners only
-read the results from their `ModelConfig`."""
+the draft's Linear shapes, rows and cores) here, and oneDNN's row padding (whether one- and two-row
+matmuls run faster padded with zero rows) through planning/row_padding_probe.py. Both are cached
+per machine fingerprint in the model cache's `probes/` folder (planning/probe_cache.py), so a
+second engine on the same cores measures nothing. Runners only read the results from their
+`ModelConfig`."""
 import hashlib
-import json
 import logging
 import os
 import time
@@ -14,16 +14,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ssd_engine.core.config import DRAFT_DTYPES
 from ssd_engine.core.config_parts import Config, ModelConfig
+from ssd_engine.core.option_choices import DRAFT_DTYPES
 from ssd_engine.distributed.placement import pin, unpin
 from ssd_engine.kernels import gguf_cpu
 from ssd_engine.layers.shapes import head_dim
 from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE, FORMATS, check_supported, prepare
-from ssd_engine.models.default_models import cache_dir
-from ssd_engine.models.gguf_weights import GGUF_FORMATS
 from ssd_engine.models.loader import load_config
-from ssd_engine.runtime.model_runner import matmul_dtype
+from ssd_engine.planning.probe_cache import read_probe, write_probe
+from ssd_engine.planning.row_padding_probe import with_row_padding
 from ssd_engine.saguaro.plan import SaguaroPlan
 from ssd_engine.utils.machine import fingerprint
 
@@ -31,11 +30,6 @@ log = logging.getLogger("ssd_engine")
 TIE = 1.10          # a more precise draft format within this factor of the fastest wins
 HEAD_SLICE = 16384  # LM-head rows the draft probe times; the full head costs vocab / HEAD_SLICE times that
 WORKING_SET_BYTES = 128 * 2**20  # the draft probe cycles through copies this large: weights stream from memory
-PADDING_SHAPE = (8960, 1536)     # the row-padding probe's weight: large enough to stream from memory
-PADDING_BYTES = 256 * 2**20
-PADDING_REPEATS = 7              # rounds over every row count in turn, so noise hits them all alike
-PADDING_ROWS = (1, 2, 3, 4)
-PADDING_GAIN = 0.85              # pad only where it saves at least 15%: noise must not decide
 
 
 @dataclass(frozen=True)
@@ -103,14 +97,6 @@ def ssd_draft_device(parts: Config) -> str:
     return f"cuda:{min(wanted, torch.cuda.device_count() - 1)}"
 
 
-def with_row_padding(model: ModelConfig, cores: list[int], threads: int) -> ModelConfig:
-    """`model` with the row padding of the oneDNN matmuls it will run, measured on `cores`."""
-    dtype = matmul_dtype(model, gguf=model.weight_format in GGUF_FORMATS)
-    if dtype is None:
-        return model
-    return replace(model, row_padding=tuple(sorted(measure_row_padding(dtype, cores, threads).items())))
-
-
 # ---------------------------------------------------------------- the draft's weight format
 
 def linear_shapes(hf_config) -> list[tuple[int, int, int]]:
@@ -136,12 +122,12 @@ def resolve_draft(option: str, hf_config, device: str, workload: list[tuple[int,
     shapes = linear_shapes(hf_config)
     measured = repr((shapes, workload, FORMATS, gguf_cpu.library_key()))  # hash() of a str differs per process
     key = f"draft-format-{fingerprint(cores, threads)}-{hashlib.blake2b(measured.encode(), digest_size=4).hexdigest()}"
-    cached = _read_probe(key)
+    cached = read_probe(key)
     if cached is not None and "format" in cached:
         return DraftFormat(cached["format"], "cached probe", cached["step_ms"])
     step_ms = probe_draft(shapes, workload, cores, threads)
     chosen = choose_draft(step_ms)
-    _write_probe(key, {"format": chosen, "step_ms": step_ms, "workload": workload, "shapes": shapes})
+    write_probe(key, {"format": chosen, "step_ms": step_ms, "workload": workload, "shapes": shapes})
     return DraftFormat(chosen, "probe", step_ms)
 
 
@@ -192,68 +178,3 @@ def _median_ms(fn, repeats: int = 5) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return sorted(times)[repeats // 2] * 1e3
-
-
-# ---------------------------------------------------------------- oneDNN's row padding
-
-def measure_row_padding(dtype: torch.dtype, cores: list[int], threads: int) -> dict[int, int]:
-    """rows -> the row count to run them at, for oneDNN's packed matmuls in `dtype` on `cores`
-    (cached); {} where oneDNN has no packed matmul in `dtype` or padding never pays."""
-    key = f"row-padding-{fingerprint(cores, threads)}-{str(dtype).split('.')[-1]}"
-    cached = _read_probe(key)
-    if cached is not None and "padded" in cached:
-        return {int(rows): padded for rows, padded in cached["padded"].items()}
-    token = pin(cores, threads)
-    try:
-        times = _probe_padding(dtype)
-    except RuntimeError:
-        times = {}
-    finally:
-        unpin(token)
-    table = choose_padding(times)
-    _write_probe(key, {"ms": times, "padded": table})
-    return table
-
-
-def choose_padding(ms: dict[int, float]) -> dict[int, int]:
-    """rows -> the cheapest row count >= rows, where it saves PADDING_GAIN; others run as they are."""
-    table = {}
-    for rows in ms:
-        best = min((m for m in ms if m >= rows), key=lambda m: ms[m])
-        if best != rows and ms[best] < PADDING_GAIN * ms[rows]:
-            table[rows] = best
-    return table
-
-
-def _probe_padding(dtype: torch.dtype) -> dict[int, float]:
-    weight = torch.randn(*PADDING_SHAPE, generator=torch.Generator().manual_seed(0)).to(dtype) * 0.02
-    copies = max(1, PADDING_BYTES // (weight.numel() * 4))
-    packed = [torch.ops.mkldnn._reorder_linear_weight(weight.clone(), 8) for _ in range(copies)]
-    inputs = {rows: torch.randn(rows, PADDING_SHAPE[1]).to(dtype) for rows in PADDING_ROWS}
-    times: dict[int, list[float]] = {rows: [] for rows in PADDING_ROWS}
-    for repeat in range(PADDING_REPEATS + 1):
-        for rows, x in inputs.items():
-            start = time.perf_counter()
-            for p in packed:
-                torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "")
-            if repeat:
-                times[rows].append((time.perf_counter() - start) * 1e3 / copies)
-    return {rows: sorted(t)[PADDING_REPEATS // 2] for rows, t in times.items()}
-
-
-# ---------------------------------------------------------------- the probes' one cache
-
-def _read_probe(key: str) -> dict | None:
-    try:
-        with open(os.path.join(cache_dir(), "probes", key + ".json")) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write_probe(key: str, result: dict) -> None:
-    path = os.path.join(cache_dir(), "probes", key + ".json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump(result, f)
-    os.replace(path + ".tmp", path)

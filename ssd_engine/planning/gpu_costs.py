@@ -11,6 +11,14 @@ from tqdm import tqdm
 from ssd_engine.core.config_parts import ModelConfig
 from ssd_engine.models.loader import load_config
 from ssd_engine.planning import costs, formats
+from ssd_engine.planning.forward_timing import (
+    BLOCKS,
+    DRAFT_ROWS,
+    PREFIX,
+    TARGET_ROWS,
+    build_timed,
+    release_memory,
+)
 from ssd_engine.runtime import step_inputs
 from ssd_engine.utils.progress import progress_enabled
 
@@ -26,11 +34,11 @@ def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
     gpu = placement.ranks[0][0]
     fmt = formats.resolve_draft(draft_dtype, load_config(draft.path, "dummy"), "cuda", [], None, 1)
     draft = replace(draft, dtype=fmt.dtype, weight_format=None, row_independent=False)
-    steps = len(costs.TARGET_ROWS) + 1 + (len(costs.DRAFT_ROWS) if placement.ssd_draft else 0)
+    steps = len(TARGET_ROWS) + 1 + (len(DRAFT_ROWS) if placement.ssd_draft else 0)
     with tqdm(total=steps, desc="calibrating modes (once per GPU)", disable=not progress_enabled()) as bar:
-        target_all = _time(target, f"cuda:{gpu}", costs.TARGET_ROWS, bar)
+        target_all = _time(target, f"cuda:{gpu}", TARGET_ROWS, bar)
         draft_all = _time(draft, f"cuda:{gpu}", (1,), bar)
-        draft_one = (_time(draft, f"cuda:{placement.ssd_draft[0]}", costs.DRAFT_ROWS, bar) if placement.ssd_draft
+        draft_one = (_time(draft, f"cuda:{placement.ssd_draft[0]}", DRAFT_ROWS, bar) if placement.ssd_draft
                      else draft_all)
     return costs.MeasuredCosts(key, [gpu], list(placement.ssd_draft), target_all, target_all, draft_all,
                                {fmt.name: draft_one}, fmt.name, fmt.name, time.perf_counter() - started)
@@ -40,14 +48,14 @@ def _time(model: ModelConfig, device: str, rows: tuple[int, ...], bar) -> dict[i
     """Median seconds of a forward of n new rows (logits for each) on `device`, per n in `rows`."""
     graphed = model.cuda_graph_max_batch > 0
     one_row_bucket = replace(model, device=device, cuda_graph_max_batch=min(model.cuda_graph_max_batch, 1))
-    runner, scale = costs.build_timed(one_row_bucket)
+    runner, scale = build_timed(one_row_bucket)
     try:
         if graphed:
             runner.capture_graphs([("paged", n) for n in rows])
         result = {}
         for n in rows:
             fed = [42 % runner.config.vocab_size] * n
-            inputs = step_inputs.StepInputs([costs.PREFIX], [fed], [list(range(costs.BLOCKS))], [list(range(n))])
+            inputs = step_inputs.StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))])
             prepared = runner.prepare(inputs)
             times = [_forward_s(runner, *prepared, scale, device) for _ in range(3 + REPEATS)][3:]
             result[n] = sorted(times)[REPEATS // 2]
@@ -55,7 +63,7 @@ def _time(model: ModelConfig, device: str, rows: tuple[int, ...], bar) -> dict[i
         return result
     finally:
         del runner
-        costs.release_memory()
+        release_memory()
         torch.cuda.empty_cache()
 
 

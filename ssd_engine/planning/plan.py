@@ -6,8 +6,9 @@ memory never adds to a loaded target's."""
 import logging
 from dataclasses import dataclass, replace
 
-from ssd_engine.core.config import EngineConfig, parse_core_sets
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.config_parts import Config, ModelConfig
+from ssd_engine.core.core_sets import parse_core_sets
 from ssd_engine.distributed.placement import available_cores, plan_core_sets
 from ssd_engine.models.model_paths import resolve_model_arg, resolve_model_path
 from ssd_engine.planning import formats

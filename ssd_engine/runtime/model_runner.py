@@ -1,4 +1,5 @@
-"""Owns one model and its paged KV cache: turns a scheduled batch into flat tensors, runs forward.
+"""Owns one model and its paged KV cache: turns a scheduled batch into flat tensors
+(runtime/step_tensors.py), runs forward.
 Under tensor parallelism every rank runs `run()` on the same StepInputs in lockstep over its slice
 of the model and KV heads; only rank 0 gets logits."""
 from dataclasses import dataclass, replace
@@ -26,7 +27,7 @@ from ssd_engine.runtime.compiled_model import CompiledModel
 from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
 from ssd_engine.runtime.step_inputs import StepInputs
-from ssd_engine.utils.host_upload import padded_rows, to_device, upload
+from ssd_engine.runtime.step_tensors import step_tensors
 from ssd_engine.utils.memory import lazy_zeros
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -172,34 +173,7 @@ class ModelRunner:
 
     def prepare(self, inputs: StepInputs):
         """Flat input ids and positions plus the attention metadata of one step."""
-        return self._prepared(inputs)[:3]
-
-    def _prepared(self, inputs: StepInputs):
-        """prepare's three, and the flat index of the rows `inputs.logit_rows` names; one upload."""
-        bs = self.block_size
-        ids, positions, slots, kv_lens, query_start, logit_index = [], [], [], [], [0], []
-        for start, fed, table, rows in zip(inputs.starts, inputs.token_ids, inputs.block_tables, inputs.logit_rows):
-            end = start + len(fed)
-            logit_index.extend(len(ids) + r for r in rows)
-            ids.extend(fed)
-            positions.extend(range(start, end))
-            slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            kv_lens.append(end)
-            query_start.append(query_start[-1] + len(fed))
-        max_kv = max(kv_lens)
-        blocks = -(-max_kv // bs)
-        held_at, held = inputs.on_device or ([], None)
-        ids_t, positions_t, slots_t, kv_lens_t, query_start_t, tables_t, held_at_t, logit_index_t = upload(
-            [ids, positions, slots, kv_lens, query_start, padded_rows(inputs.block_tables, blocks), held_at,
-             logit_index], self.device, torch.int32)  # int32 throughout: no casts on the device
-        if held is not None:  # device-held fed tokens written in place there: no host read
-            held = held.to(self.device) if held.device.type != "cpu" else to_device(held, self.device)
-            ids_t = held if held_at == list(range(len(ids))) else ids_t.index_put_((held_at_t,), held.to(torch.int32))
-        meta = AttentionMetadata(
-            slot_mapping=slots_t, block_tables=tables_t.view(len(kv_lens), blocks),
-            kv_lens=kv_lens_t, query_start=query_start_t,
-            max_query_len=max(len(fed) for fed in inputs.token_ids), max_kv_len=max_kv, block_size=bs)
-        return ids_t, positions_t, meta, logit_index_t
+        return step_tensors(inputs, self.block_size, self.device)[:3]
 
     def copy_kv(self, src_slots: list[int], dst_slots: list[int]) -> None:
         """Every layer's K and V at src_slots written to dst_slots."""
@@ -231,7 +205,7 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor | None:
         """Forward one step; logits on rank 0, None on other tensor-parallel ranks."""
-        input_ids, positions, meta, logit_index = self._prepared(inputs)
+        input_ids, positions, meta, logit_index = step_tensors(inputs, self.block_size, self.device)
         hidden = self.forward_hidden(input_ids, positions, meta)
         if not logit_index.shape[0]:  # same on every rank: no collective is skipped unevenly
             return hidden.new_zeros(0, self.config.vocab_size, dtype=torch.float32) if self.tp.rank == 0 else None

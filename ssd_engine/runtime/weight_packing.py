@@ -1,6 +1,6 @@
 """How a runner prepares each loaded Linear: one packing chosen per model (`choose`) from its
 resolved format, called layer by layer as the loader reads the weights. `matmul_dtype` is the
-dtype of the oneDNN matmuls it packs, whose row padding the plan measures (planning/formats.py)."""
+dtype of the oneDNN matmuls it packs, whose row padding the plan measures (planning/row_padding_probe.py)."""
 from dataclasses import dataclass
 
 import torch

@@ -1,9 +1,9 @@
 """The OpenAI-compatible HTTP API over one AsyncEngine: /v1/completions, /v1/chat/completions,
-/v1/models, /health, /metrics (Prometheus); streams are Server-Sent Events ending with [DONE].
+/v1/models, /health, /metrics (Prometheus); streams are Server-Sent Events ending with [DONE]
+(the bodies and chunks: openai_bodies.py).
 Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}; unimplemented fields are
 a 400 naming them, never ignored. API keys: auth.py."""
 import asyncio
-import json
 import time
 import uuid
 
@@ -14,15 +14,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from ssd_engine.server.async_engine import AsyncEngine, Overloaded
 from ssd_engine.server.auth import ApiKeys, RequireApiKey
-from ssd_engine.server.logprobs_format import chat_logprobs, completion_logprobs
 from ssd_engine.server.metrics import ServerMetrics
-from ssd_engine.server.requests import (
-    BadRequest,
-    ChatRequest,
-    CompletionRequest,
-    SamplingRequest,
-    StreamOptions,
-)
+from ssd_engine.server.openai_bodies import OpenAIBodies
+from ssd_engine.server.requests import BadRequest, ChatRequest, CompletionRequest, SamplingRequest
 
 
 def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
@@ -47,6 +41,7 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
     defaults = async_engine.llm.get_default_sampling_params()  # what a request's unset sampling fields take
     request_fields = set(CompletionRequest.model_fields) | set(ChatRequest.model_fields)
     metrics = ServerMetrics()
+    bodies = OpenAIBodies(model_name, tokenizer, metrics)
 
     def reject(status: int, message: str, **fields) -> JSONResponse:
         metrics.rejected.labels(str(status)).inc()
@@ -146,11 +141,12 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
             return reject(503, str(exc), kind="server_overloaded", code="overloaded")
         rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
         if params.n > 1 and not body.stream:
-            return _response(rid, created, kind, answered, params.logprobs or 0)
+            return bodies.response(rid, created, kind, answered, params.logprobs or 0)
         if body.stream:
-            return StreamingResponse(_sse(_indexed(firsts, streams), params.n, rid, created, kind, body.stream_options,
-                                          params.logprobs or 0), media_type="text/event-stream")
-        return _response(rid, created, kind, [await _joined(firsts[0], streams[0])], params.logprobs or 0)
+            return StreamingResponse(bodies.stream(_indexed(firsts, streams), params.n, rid, created, kind,
+                                                   body.stream_options, params.logprobs or 0),
+                                     media_type="text/event-stream")
+        return bodies.response(rid, created, kind, [await _joined(firsts[0], streams[0])], params.logprobs or 0)
 
     async def _joined(first, stream) -> tuple[str, object]:
         """(the whole text, the RequestOutput) of a request's deltas."""
@@ -164,65 +160,6 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
         """One of n samples, not streamed."""
         stream = async_engine.generate(prompt, params, stream=False, seq=seq)
         return await _joined(await anext(stream), stream)
-
-    def _choice(kind: str, text: str, finish: str | None, streaming: bool, first: bool = False,
-                logprobs: list[dict[int, float]] | None = None, top: int = 0, index: int = 0) -> dict:
-        if kind == "chat":
-            # as OpenAI does, a stream names the role once, in its first delta
-            body = {"role": "assistant", "content": text} if first or not streaming else {"content": text}
-            return {"index": index, "delta" if streaming else "message": body, "finish_reason": finish,
-                    "logprobs": None if logprobs is None else chat_logprobs(tokenizer, logprobs, top)}
-        return {"index": index, "text": text, "finish_reason": finish,
-                "logprobs": None if logprobs is None else completion_logprobs(tokenizer, logprobs, top)}
-
-    def _usage(output) -> dict:
-        m = output.metrics
-        return _counts(m.num_prompt_tokens, m.num_output_tokens)
-
-    def _counts(prompt_tokens: int, completion_tokens: int) -> dict:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens}
-
-    def _response(rid, created, kind, answered: list[tuple[str, object]], top: int) -> dict:
-        """`answered`: (text, RequestOutput) of each of the request's n samples, in index order."""
-        choices = [{**_choice(kind, text, output.finish_reason, False, False, output.logprobs, top), "index": i}
-                   for i, (text, output) in enumerate(answered)]
-        usage = _counts(answered[0][1].metrics.num_prompt_tokens, sum(o.metrics.num_output_tokens for _, o in answered))
-        return {"id": rid, "object": "chat.completion" if kind == "chat" else "text_completion", "created": created,
-                "model": model_name, "choices": choices, "usage": usage}
-
-    async def _sse(deltas, n: int, rid, created, kind, options: StreamOptions | None, top: int):
-        """`deltas`: (sample index, Delta) pairs (`_indexed`). Without stream_options the chunk
-        that ends the last sample carries `usage`; with include_usage every chunk has `"usage":
-        null` (or, with continuous_usage_stats, the usage so far) and a last chunk with empty
-        `choices` carries the total, as OpenAI sends it; include_usage false: no usage."""
-        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
-        separate = options is not None and options.include_usage
-        continuous = separate and options.continuous_usage_stats
-        first, generated, finished = [True] * n, [0] * n, []
-        try:
-            async for index, delta in deltas:
-                chunk = {"id": rid, "object": obj, "created": created, "model": model_name,
-                         "choices": [_choice(kind, delta.text, delta.output.finish_reason if delta.output else None,
-                                             True, first[index], delta.logprobs, top, index)]}
-                first[index], generated[index] = False, delta.num_output_tokens
-                if continuous:
-                    chunk["usage"] = _counts(delta.num_prompt_tokens, sum(generated))
-                elif separate:
-                    chunk["usage"] = None
-                if delta.output is not None:
-                    finished.append(delta.output)
-                    metrics.finished(delta.output)
-                    if options is None and len(finished) == n:
-                        chunk["usage"] = _counts(delta.num_prompt_tokens, sum(generated))
-                yield f"data: {json.dumps(chunk)}\n\n"
-            if separate:
-                last = {"id": rid, "object": obj, "created": created, "model": model_name, "choices": [],
-                        "usage": _counts(finished[0].metrics.num_prompt_tokens, sum(generated))}
-                yield f"data: {json.dumps(last)}\n\n"
-            yield "data: [DONE]\n\n"
-        finally:  # also when the client disconnected mid-stream: the requests are aborted now
-            await deltas.aclose()
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest):

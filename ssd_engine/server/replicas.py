@@ -7,7 +7,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-from ssd_engine.core.config import EngineConfig, format_core_sets, parse_core_sets
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.core_sets import format_core_sets, parse_core_sets
 from ssd_engine.distributed.placement import available_cores, split_evenly
 from ssd_engine.server import replica_metrics
 from ssd_engine.server.relay import HttpRequest, relay, run_app
