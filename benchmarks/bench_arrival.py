@@ -3,6 +3,7 @@ the arriving prompt's time to first token, for each prefill budget.
 
     python benchmarks/bench_arrival.py                  # AR on the built-in pair, budgets 64,256,512,2048
     python benchmarks/bench_arrival.py --mode auto --decoding 8 --prompt-tokens 2048
+    python benchmarks/bench_arrival.py --budgets 512 --max-decode-stall 2   # the step paced by time
 
 Per budget (`max_num_batched_tokens`, the tokens a step computes), one engine in its own process:
 `--decoding` requests decode 48-token HumanEval prompts; ten plain steps give the unloaded step; then
@@ -27,6 +28,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--budgets", default="64,256,512,2048", help="max_num_batched_tokens values")
     p.add_argument("--decoding", type=int, default=4, help="requests decoding when the prompt arrives")
     p.add_argument("--prompt-tokens", type=int, default=780, help="the arriving prompt's length")
+    p.add_argument("--max-decode-stall", type=float, default=None,
+                   help="also run each budget with this max_decode_stall (prompt tokens paced by step time)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--tag", default="")
     a = p.parse_args(argv)
@@ -34,12 +37,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def run_one(a, budget: int) -> dict:
+def run_one(a, budget: int, stall: float | None) -> dict:
     """One engine: the unloaded step, then every step while the prompt arrives."""
     from prompt_sets import load_prompt_set
 
     from ssd_engine import LLM, SamplingParams
-    with LLM(speculative_mode=a.mode, max_num_batched_tokens=budget) as llm:
+    with LLM(speculative_mode=a.mode, max_num_batched_tokens=budget, max_decode_stall=stall) as llm:
         engine = llm.engine
         ids = engine.tokenizer.encode("\n".join(load_prompt_set("humaneval", 164)))
         params = SamplingParams(temperature=0, max_tokens=2048, ignore_eos=True)
@@ -59,7 +62,7 @@ def run_one(a, budget: int) -> dict:
             engine.abort(seq)
     during.sort()
     unloaded = statistics.median(plain)
-    return {"budget": budget, "unloaded_s": unloaded, "steps": len(during), "max_s": during[-1],
+    return {"budget": budget, "max_decode_stall": stall, "unloaded_s": unloaded, "steps": len(during), "max_s": during[-1],
             "p99_s": during[min(len(during) - 1, int(0.99 * len(during)))], "ttft_s": ttft}
 
 
@@ -73,11 +76,11 @@ def markdown(a, rows: list[dict], machine: str) -> str:
     lines = [f"# A {a.prompt_tokens}-token prompt arriving while {a.decoding} requests decode ({a.mode})", "",
              f"- Machine: {machine}", "- Model: the built-in pair; greedy; one engine per budget, each in its own process",
              f"- Command: `python benchmarks/bench_arrival.py {' '.join(sys.argv[1:])}`", "",
-             "| max_num_batched_tokens | unloaded step ms | steps until its first token | longest step (x unloaded) "
-             "| p99 step (x unloaded) | arrival TTFT s |", "|---|---|---|---|---|---|"]
+             "| max_num_batched_tokens | max_decode_stall | unloaded step ms | steps until its first token "
+             "| longest step (x unloaded) | p99 step (x unloaded) | arrival TTFT s |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         u = r["unloaded_s"]
-        lines.append(f"| {r['budget']} | {u * 1e3:.0f} | {r['steps']} | {r['max_s'] * 1e3:.0f} ({r['max_s'] / u:.1f}x) "
+        lines.append(f"| {r['budget']} | {r.get('max_decode_stall') or '-'} | {u * 1e3:.0f} | {r['steps']} | {r['max_s'] * 1e3:.0f} ({r['max_s'] / u:.1f}x) "
                      f"| {r['p99_s'] * 1e3:.0f} ({r['p99_s'] / u:.1f}x) | {r['ttft_s']:.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -87,9 +90,12 @@ def main(argv: list[str] | None = None) -> None:
     from suite.dated_report import write_dated_result
     from suite.machine import machine_line
     rows = []
-    for budget in a.budgets:  # each engine in a fresh process: only one in memory, none runs second
+    runs = [(budget, None) for budget in a.budgets]
+    if a.max_decode_stall:
+        runs += [(budget, a.max_decode_stall) for budget in a.budgets]
+    for budget, stall in runs:  # each engine in a fresh process: only one in memory, none runs second
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            rows.append(pool.submit(run_one, a, budget).result())
+            rows.append(pool.submit(run_one, a, budget, stall).result())
         print(rows[-1], flush=True)
     text = markdown(a, rows, machine_line())
     base = write_dated_result(a.out, "arrival" + (f"-{a.tag}" if a.tag else ""), text, {"rows": rows})

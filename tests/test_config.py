@@ -52,6 +52,8 @@ def test_defaults_are_valid_and_frozen():
     (dict(saguaro_c=1.5), "saguaro_c"),
     (dict(ssd_critical_batch=-2), "ssd_critical_batch"),
     (dict(draft_timeout_s=0), "draft_timeout_s"),
+    (dict(max_decode_stall=1), "max_decode_stall"),
+    (dict(max_decode_stall="2"), "max_decode_stall"),
 ])
 def test_invalid_values_raise_one_line_value_error(kwargs, needle):
     with pytest.raises(ValueError) as info:
@@ -65,6 +67,7 @@ def test_invalid_values_raise_one_line_value_error(kwargs, needle):
 @pytest.mark.parametrize("kwargs", [
     dict(device="cuda"), dict(device="cuda:1"), dict(dtype="bfloat16"), dict(max_model_len=None),
     dict(speculative_mode="ssd"),  # no model -> the built-in default pair
+    dict(max_decode_stall=2), dict(max_decode_stall=1.5),
     dict(model="/t", draft_model="/d", speculative_mode="sd", num_speculative_tokens=1),
 ])
 def test_valid_values_are_accepted(kwargs):

@@ -59,12 +59,14 @@ def test_greedy_with_prefix_sharing_and_chunked_prefill(tiny_model_dir, oracle_o
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd"])
-def test_greedy_with_prompts_read_a_few_tokens_a_step_beside_decodes(tiny_model_dir, oracle_outputs, mode):
-    """prefill_tokens_while_decoding=3, two requests at a time: each later prompt is read 3 tokens a
-    step while the other decodes, in AR and in SD (whose draft follows the target's chunks)."""
+@pytest.mark.parametrize("pacing", [dict(prefill_tokens_while_decoding=3), dict(max_decode_stall=1.2)])
+def test_greedy_with_prompts_read_a_few_tokens_a_step_beside_decodes(tiny_model_dir, oracle_outputs, mode, pacing):
+    """Two requests at a time: each later prompt is read a few tokens a step while the other decodes
+    (3, or as many as the measured step times allow), in AR and in SD (whose draft follows the
+    target's chunks)."""
     path = tiny_model_dir("qwen2")
     options = dict(speculative_mode="sd", draft_model=path, num_speculative_tokens=2) if mode == "sd" else {}
-    with LLM(path, block_size=4, max_num_seqs=2, prefill_tokens_while_decoding=3, **options) as llm:
+    with LLM(path, block_size=4, max_num_seqs=2, **pacing, **options) as llm:
         outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == oracle_outputs("qwen2", 8)
 

@@ -72,6 +72,9 @@ class EngineConfig:
         None, "most prompt tokens computed in a step that also decodes running requests; unset: up to "
               "max_num_batched_tokens. A small value keeps their inter-token latency under a long arriving "
               "prompt, at that prompt's time to first token")
+    max_decode_stall: float | None = option(
+        None, "a step that also decodes running requests takes at most this many times their unloaded step: "
+              "an arriving prompt's tokens are paced by the measured step times; unset: no time cap")
     block_size: int = option(16, "tokens per KV-cache block")
     num_kv_blocks: int | None = option(None, "KV-cache blocks; unset: derived from kv_cache_memory_gb")
     kv_cache_memory_gb: float = option(1.0, "memory for the KV cache in GiB, per rank")

@@ -37,6 +37,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int
     max_model_len: int | None     # prompt + output tokens; None until resolved from the checkpoint
     prefill_tokens_while_decoding: int | None = None  # prompt tokens in a step that also decodes; None: no cap
+    max_decode_stall: float | None = None  # a decoding step's time cap in unloaded steps; None: no cap
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +101,7 @@ def build_config(options) -> Config:
         cache=CacheConfig(options.block_size, options.num_kv_blocks, options.kv_cache_memory_gb,
                           options.enable_prefix_caching),
         scheduler=SchedulerConfig(options.max_num_seqs, options.max_num_batched_tokens, options.max_model_len,
-                                  options.prefill_tokens_while_decoding),
+                                  options.prefill_tokens_while_decoding, options.max_decode_stall),
         parallel=ParallelConfig(options.tensor_parallel_size, options.cpu_cores, options.distributed_timeout_s),
         speculative=SpeculativeConfig(
             options.speculative_mode, options.draft_model, options.draft_dtype, options.num_speculative_tokens, options.draft_timeout_s,

@@ -66,6 +66,9 @@ def check_values(config) -> None:
         value = getattr(config, name)
         require(value is None or (is_int(value) and value >= 1),
                 f"{name} must be an integer >= 1, got {value!r}")
+    stall = config.max_decode_stall
+    require(stall is None or (isinstance(stall, (int, float)) and not isinstance(stall, bool) and stall > 1),
+            f"max_decode_stall must be a number > 1, got {stall!r}")
     require(config.draft_prompt_window is None or (is_int(config.draft_prompt_window)
                                                    and config.draft_prompt_window >= 0),
             f"draft_prompt_window must be an integer >= 0, got {config.draft_prompt_window!r}")

@@ -17,6 +17,7 @@ from ssd_engine.engine.execution import describe_execution
 from ssd_engine.engine.model_limits import eos_token_ids, max_model_len, num_kv_blocks
 from ssd_engine.engine.output_processor import OutputProcessor
 from ssd_engine.engine.postprocess import apply_results
+from ssd_engine.engine.prefill_pacer import PrefillPacer
 from ssd_engine.engine.request_checks import check_request
 from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.engine.step_choice import StepChoice
@@ -70,8 +71,10 @@ class LLMEngine:
         else:
             self.runner = target.build()
         self.block_manager = BlockManager(num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching)
+        stall = parts.scheduler.max_decode_stall
         self.scheduler = Scheduler(self.block_manager, parts.scheduler.max_num_seqs,
-                                   parts.scheduler.max_num_batched_tokens, parts.scheduler.prefill_tokens_while_decoding)
+                                   parts.scheduler.max_num_batched_tokens, parts.scheduler.prefill_tokens_while_decoding,
+                                   PrefillPacer(stall) if stall else None)
         self.scheduler.tell_on_release(self.runner)  # tensor-parallel workers forget freed tables
         eos_ids = eos_token_ids(self.model_path, self.hf_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, eos_ids, self.max_model_len)
@@ -196,9 +199,13 @@ class LLMEngine:
         logits = self.runner.forward(batch, logit_rows, token_ids=feed, on_device=drafts)
         results = self.verifier.sample_or_verify(batch.seqs, logit_rows, logits, speculated, proposal)
         finished = apply_results(self, batch, speculated, results)
+        seconds = time.perf_counter() - started
         if self.step_choice and all(decoding):  # a step with a prefill chunk says nothing of decode rates
             emitted = sum(len(result.tokens) for result in results)
-            self.step_choice.record(k, len(decoding), emitted, time.perf_counter() - started)
+            self.step_choice.record(k, len(decoding), emitted, seconds)
+        if self.scheduler.pacer is not None:
+            prompt_tokens = sum(n for n, dec in zip(batch.num_new_tokens, decoding) if not dec)
+            self.scheduler.pacer.record(sum(decoding), k, prompt_tokens, seconds)
         return finished
 
     def execution(self) -> dict:

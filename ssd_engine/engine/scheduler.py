@@ -7,6 +7,7 @@ from collections import deque
 from typing import Protocol
 
 from ssd_engine.core.structures import ScheduledBatch, Sequence, SequenceStatus
+from ssd_engine.engine.prefill_pacer import PrefillPacer
 from ssd_engine.runtime.block_manager import BlockManager
 
 
@@ -20,11 +21,12 @@ class SequenceHolder(Protocol):
 
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefill_tokens_while_decoding: int | None = None) -> None:
+                 prefill_tokens_while_decoding: int | None = None, pacer: PrefillPacer | None = None) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_tokens_while_decoding = prefill_tokens_while_decoding
+        self.pacer = pacer  # caps a step's prompt tokens by time while others decode
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -44,8 +46,12 @@ class Scheduler:
         """`k`: draft tokens a decoding sequence is verified with this step (its extra slots)."""
         batch = ScheduledBatch([], [])
         budget = prefill_budget = self.max_num_batched_tokens
-        if self.prefill_tokens_while_decoding and any(len(s) - s.num_computed_tokens == 1 for s in self.running):
-            prefill_budget = self.prefill_tokens_while_decoding  # the running requests' next token waits for it
+        decoders = sum(1 for s in self.running if len(s) - s.num_computed_tokens == 1)
+        if decoders:  # the running requests' next token waits for the step's prompt tokens
+            if self.prefill_tokens_while_decoding:
+                prefill_budget = self.prefill_tokens_while_decoding
+            if self.pacer is not None:
+                prefill_budget = min(prefill_budget, self.pacer.prompt_tokens(decoders, k))
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
