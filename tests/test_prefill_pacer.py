@@ -4,7 +4,7 @@ import pytest
 
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import Sequence
-from ssd_engine.engine.prefill_pacer import FIRST_CHUNK, PrefillPacer
+from ssd_engine.engine.prefill_pacer import FIRST_CHUNK, HEADROOM, PrefillPacer
 from ssd_engine.engine.scheduler import Scheduler
 from ssd_engine.runtime.block_manager import BlockManager
 
@@ -15,7 +15,7 @@ def test_the_budget_fills_the_allowed_stall_with_measured_prompt_tokens():
     pacer.record(4, 0, 0, 0.100)  # an unloaded step of 4 decodes: 100 ms
     assert pacer.prompt_tokens(4, 0) == FIRST_CHUNK  # a prompt token's cost still unknown
     pacer.record(4, 0, 16, 0.180)  # 16 prompt tokens added 80 ms: 5 ms a token
-    assert pacer.prompt_tokens(4, 0) == 20  # (2 - 1) x 100 ms / 5 ms
+    assert pacer.prompt_tokens(4, 0) == int(HEADROOM * 20)  # (2 - 1) x 100 ms / 5 ms, with headroom
     assert pacer.prompt_tokens(2, 0) == FIRST_CHUNK  # another batch size: its own costs
     assert pacer.prompt_tokens(4, 2) == FIRST_CHUNK  # so is another K
 
@@ -38,7 +38,7 @@ def test_a_stall_of_one_or_less_is_refused(stall):
 def test_the_scheduler_gives_an_arriving_prompt_the_pacers_tokens_while_others_decode():
     pacer = PrefillPacer(2.0)
     pacer.record(1, 0, 0, 0.100)
-    pacer.record(1, 0, 10, 0.150)  # 5 ms a prompt token: 20 tokens fit the stall
+    pacer.record(1, 0, 10, 0.150)  # 5 ms a prompt token: 20 tokens fit the stall, 16 are planned
     sched = Scheduler(BlockManager(64, 4, enable_prefix_caching=False), 16, 256, None, pacer)
     a = Sequence(list(range(10, 30)), SamplingParams(max_tokens=20), 4)
     sched.add(a)
@@ -48,4 +48,4 @@ def test_the_scheduler_gives_an_arriving_prompt_the_pacers_tokens_while_others_d
     b = Sequence(list(range(50, 150)), SamplingParams(max_tokens=4), 4)
     sched.add(b)
     batch = sched.schedule()
-    assert batch.seqs == [a, b] and batch.num_new_tokens == [1, 20]
+    assert batch.seqs == [a, b] and batch.num_new_tokens == [1, int(HEADROOM * 20)]

@@ -7,8 +7,9 @@ step's time, and a prompt token's extra time in a step that also decodes. Until 
 both, a step takes FIRST_CHUNK prompt tokens, and the measurement of that step sets the next."""
 from dataclasses import dataclass, field
 
-FIRST_CHUNK = 16  # prompt tokens in a step before the cost of one is known
+FIRST_CHUNK = 8  # prompt tokens in a step before the cost of one is known
 SMOOTHING = 0.3  # weight of a new measurement in a running estimate
+HEADROOM = 0.8  # of the allowed stall the prompt tokens are planned to fill: step times vary
 
 
 def _blend(old: float | None, new: float) -> float:
@@ -32,7 +33,7 @@ class PrefillPacer:
         step, token = self.decode_s.get((decoding, k)), self.token_s.get((decoding, k))
         if step is None or token is None:
             return FIRST_CHUNK
-        return max(1, int((self.max_decode_stall - 1) * step / token))
+        return max(1, int(HEADROOM * (self.max_decode_stall - 1) * step / token))
 
     def record(self, decoding: int, k: int, prompt_tokens: int, seconds: float) -> None:
         """A step of `decoding` decoding sequences (K = `k`) and `prompt_tokens` prompt tokens took `seconds`."""
