@@ -24,6 +24,7 @@ table into README.md; `python benchmarks/bench.py --report RESULT.json` prints a
 tables again.
 See `python benchmarks/bench.py --help` for every flag, benchmarks/suite/ for how it measures.
 """
+
 import datetime
 import json
 import os
@@ -38,6 +39,7 @@ README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 def load_prompts(name: str, count: int) -> list[str]:
     from prompt_sets import PromptSetError, load_prompt_set
+
     try:
         return load_prompt_set(name, count)
     except PromptSetError as error:
@@ -47,16 +49,25 @@ def load_prompts(name: str, count: int) -> list[str]:
 def update_readme(raw: dict, base: str, readme: str) -> None:
     """Replace README.md's benchmark section (between the bench markers) with this run's headline."""
     from suite.report import headline_lines
+
     with open(readme) as f:
         text = f.read()
     if README_START not in text or README_END not in text:
-        print(f"README has no {README_START} ... {README_END} section; not updated", file=sys.stderr)
+        print(
+            f"README has no {README_START} ... {README_END} section; not updated", file=sys.stderr
+        )
         return
     name = os.path.relpath(base, os.path.dirname(readme))
-    body = [f"Latest run ({raw['date']}, `{raw['command']}`; full report `{name}.md`):", "",
-            f"{raw['machine']}; {raw['placement']}.", ""] + headline_lines(raw)
+    body = [
+        f"Latest run ({raw['date']}, `{raw['command']}`; full report `{name}.md`):",
+        "",
+        f"{raw['machine']}; {raw['placement']}.",
+        "",
+    ] + headline_lines(raw)
     section = README_START + "\n" + "\n".join(body).rstrip() + "\n" + README_END
-    text = re.sub(re.escape(README_START) + ".*?" + re.escape(README_END), lambda _: section, text, flags=re.S)
+    text = re.sub(
+        re.escape(README_START) + ".*?" + re.escape(README_END), lambda _: section, text, flags=re.S
+    )
     with open(readme, "w") as f:
         f.write(text)
     print(f"updated {readme}", file=sys.stderr)
@@ -66,6 +77,7 @@ def where_results_go(out: str, tag: str) -> str:
     """The line bench.py starts with: the folder it will write into, and, when that is the default
     (the repository's benchmarks/results/, where committed results live), how to write elsewhere."""
     from suite.options import RESULTS_DIR
+
     names = f"DATE-bench{'-' + tag if tag else ''}.*"
     line = f"results: {os.path.join(out, names)}"
     if os.path.abspath(out) == os.path.abspath(RESULTS_DIR):
@@ -77,6 +89,7 @@ def render(raw: dict) -> str:
     """The report: suite/report.py's, then the llama.cpp section when a llama.cpp mode ran."""
     from llamacpp_mode import section_lines
     from suite import report
+
     extra = section_lines(raw)
     return report.render(raw) + ("\n" + "\n".join(extra).rstrip() + "\n" if extra else "")
 
@@ -114,19 +127,42 @@ def main(argv: list[str] | None = None) -> dict:
     speed_after = host_speed.measure()
 
     stamp = datetime.date.today().isoformat()
-    raw = {"date": stamp, "machine": machine_line(opts.device) + "; " + host_speed.describe(speed_before, speed_after),
-           "host_speed": host_speed.as_dict(speed_before, speed_after), "cpu": describe(),
-           "placement": opts.placement_text() + llamacpp_mode.placement_text(opts.modes, opts),
-           "command": "python benchmarks/bench.py " + " ".join(argv), "target": opts.model, "draft": opts.draft,
-           "temperature": opts.temperature, "new_tokens": opts.new_tokens, "num_prompts": opts.num_prompts,
-           "prompt_sets": opts.prompt_sets, "batch": opts.batch, "k": opts.k, "dtype": opts.dtype,
-           "draft_dtype": opts.draft_dtype, "target_dtype": opts.target_dtype, "prefix": opts.prefix, "reps": opts.reps, "passes": opts.passes,
-           "load_format": opts.load_format, "synthetic_acceptance": opts.synthetic_acceptance,
-           "synthetic_hit": opts.synthetic_hit, "results": results}
+    raw = {
+        "date": stamp,
+        "machine": machine_line(opts.device)
+        + "; "
+        + host_speed.describe(speed_before, speed_after),
+        "host_speed": host_speed.as_dict(speed_before, speed_after),
+        "cpu": describe(),
+        "placement": opts.placement_text() + llamacpp_mode.placement_text(opts.modes, opts),
+        "command": "python benchmarks/bench.py " + " ".join(argv),
+        "target": opts.model,
+        "draft": opts.draft,
+        "temperature": opts.temperature,
+        "new_tokens": opts.new_tokens,
+        "num_prompts": opts.num_prompts,
+        "prompt_sets": opts.prompt_sets,
+        "batch": opts.batch,
+        "k": opts.k,
+        "dtype": opts.dtype,
+        "draft_dtype": opts.draft_dtype,
+        "target_dtype": opts.target_dtype,
+        "prefix": opts.prefix,
+        "reps": opts.reps,
+        "passes": opts.passes,
+        "load_format": opts.load_format,
+        "synthetic_acceptance": opts.synthetic_acceptance,
+        "synthetic_hit": opts.synthetic_hit,
+        "results": results,
+    }
     os.makedirs(opts.out, exist_ok=True)
     base = os.path.join(opts.out, f"{stamp}-bench" + (f"-{opts.tag}" if opts.tag else ""))
-    with open(base + ".json", "w") as f:  # first: a run's measurements outlive any bug in the tables
-        json.dump(raw, f)  # every output's token ids included: `--report` re-renders the tables from it
+    with open(
+        base + ".json", "w"
+    ) as f:  # first: a run's measurements outlive any bug in the tables
+        json.dump(
+            raw, f
+        )  # every output's token ids included: `--report` re-renders the tables from it
     text = render(raw)
     print(text)
     with open(base + ".md", "w") as f:
@@ -135,10 +171,17 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         written += plots.draw_all(raw, base)
     except ImportError as error:
-        print(f"no plots ({error}): pip install matplotlib, then python benchmarks/plot.py {base}.json", file=sys.stderr)
+        print(
+            f"no plots ({error}): pip install matplotlib, then python benchmarks/plot.py {base}.json",
+            file=sys.stderr,
+        )
     if opts.readme:
         update_readme(raw, base, os.path.join(os.path.dirname(HERE), "README.md"))
-    print(f"wrote into {os.path.abspath(opts.out)}: " + ", ".join(os.path.basename(p) for p in written), file=sys.stderr)
+    print(
+        f"wrote into {os.path.abspath(opts.out)}: "
+        + ", ".join(os.path.basename(p) for p in written),
+        file=sys.stderr,
+    )
     return raw
 
 

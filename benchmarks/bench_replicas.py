@@ -11,6 +11,7 @@ one replica on all N cores. At each client count, every client sends requests on
 request per client. Then the memory bandwidth the replicas share: a one-thread copy on core 0 alone,
 and on cores 0..N-1 at once. Writes benchmarks/results/DATE-replicas[-TAG].md and .json, with the CPU named.
 """
+
 import argparse
 import concurrent.futures
 import os
@@ -23,11 +24,13 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # suite/
 from suite.server_process import free_port, interrupt  # noqa: E402
 
-PROMPT = "def fibonacci_{i}(n):\n    \"\"\"Return the n-th Fibonacci number, request {i}.\"\"\"\n"
+PROMPT = 'def fibonacci_{i}(n):\n    """Return the n-th Fibonacci number, request {i}."""\n'
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python benchmarks/bench_replicas.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/bench_replicas.py", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--model", default=None, help="target (default: the built-in pair's)")
     p.add_argument("--mode", default="ar", help="the engines' speculative mode")
     p.add_argument("--replicas", type=int, default=2)
@@ -40,12 +43,32 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def _start(args, port: int, cores: str, replicas: int) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "ssd_engine.serve", "--port", str(port), "--served-model-name", "m",
-            "--mode", args.mode, "--cpu-cores", cores, "--max-pending", "1024"]
+    argv = [
+        sys.executable,
+        "-m",
+        "ssd_engine.serve",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "m",
+        "--mode",
+        args.mode,
+        "--cpu-cores",
+        cores,
+        "--max-pending",
+        "1024",
+    ]
     argv += ["--model", args.model] if args.model else []
     argv += ["--data-parallel-size", str(replicas)] if replicas > 1 else []
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "SSD_ENGINE_PROGRESS": "0"})
+    return subprocess.Popen(
+        argv,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "SSD_ENGINE_PROGRESS": "0"},
+    )
 
 
 def _wait_ready(client, proc: subprocess.Popen, timeout_s: float = 600) -> float:
@@ -63,9 +86,15 @@ def _wait_ready(client, proc: subprocess.Popen, timeout_s: float = 600) -> float
 
 def _load(client, clients: int, args) -> dict:
     """`clients` clients back to back for args.seconds: completed output tokens over the wall time."""
+
     def one(i: int) -> int:
-        reply = client.completions.create(model="m", prompt=PROMPT.format(i=i), max_tokens=args.new_tokens,
-                                          temperature=0, extra_body={"ignore_eos": True})
+        reply = client.completions.create(
+            model="m",
+            prompt=PROMPT.format(i=i),
+            max_tokens=args.new_tokens,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         return reply.usage.completion_tokens
 
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
@@ -78,11 +107,17 @@ def _load(client, clients: int, args) -> dict:
                 tokens += one(c * 1000 + requests)
                 requests += 1
             return tokens, requests
+
         done = list(pool.map(client_loop, range(clients)))
         wall = time.monotonic() - started
     tokens, requests = sum(t for t, _ in done), sum(r for _, r in done)
-    return {"clients": clients, "tok_s": tokens / wall, "requests": requests, "wall_s": wall,
-            "mean_latency_s": wall * clients / max(requests, 1)}
+    return {
+        "clients": clients,
+        "tok_s": tokens / wall,
+        "requests": requests,
+        "wall_s": wall,
+        "mean_latency_s": wall * clients / max(requests, 1),
+    }
 
 
 COPY_CHILD = """
@@ -103,20 +138,35 @@ def copy_bandwidth(cores: list[int]) -> list[float]:
     """GB/s (read + written) of a one-thread tensor copy on each of `cores` at once, one process a
     core, all starting together: the memory bandwidth that N one-core replicas share."""
     start_at = str(time.time() + 15)  # every child has imported torch by then
-    children = [subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", COPY_CHILD, start_at],
-                                 stdout=subprocess.PIPE, text=True) for core in cores]
+    children = [
+        subprocess.Popen(
+            ["taskset", "-c", str(core), sys.executable, "-c", COPY_CHILD, start_at],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for core in cores
+    ]
     return [float(child.communicate()[0]) for child in children]
 
 
 def run_layout(args, name: str, cores: str, replicas: int) -> dict:
     import openai
+
     port = free_port()
     proc = _start(args, port, cores, replicas)
     try:
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
+        client = openai.OpenAI(
+            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600
+        )
         start_s = _wait_ready(client, proc)
         levels = [_load(client, int(c), args) for c in args.clients.split(",")]
-        return {"layout": name, "cores": cores, "replicas": replicas, "start_s": start_s, "levels": levels}
+        return {
+            "layout": name,
+            "cores": cores,
+            "replicas": replicas,
+            "start_s": start_s,
+            "levels": levels,
+        }
     finally:
         interrupt(proc, timeout_s=120, group=True)
 
@@ -125,31 +175,51 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse(argv if argv is not None else sys.argv[1:])
     from suite.dated_report import write_dated_result
     from suite.machine import machine_line
+
     n = args.replicas
     every = ",".join(map(str, range(n)))
-    layouts = [("1 replica x 1 core", "0", 1), (f"{n} replicas x 1 core", ";".join(map(str, range(n))), n),
-               (f"1 replica x {n} cores", every, 1)]
+    layouts = [
+        ("1 replica x 1 core", "0", 1),
+        (f"{n} replicas x 1 core", ";".join(map(str, range(n))), n),
+        (f"1 replica x {n} cores", every, 1),
+    ]
     runs = [run_layout(args, *layout) for layout in layouts]
     one = {lv["clients"]: lv["tok_s"] for lv in runs[0]["levels"]}
-    lines = [f"# Replicas against one engine, {time.strftime('%Y-%m-%d')}", "", f"- Machine: {machine_line()}",
-             f"- Model: {args.model or 'the built-in pair'}, mode {args.mode}, greedy, {args.new_tokens} tokens a "
-             f"request, EOS ignored, {args.seconds:.0f} s per client count",
-             f"- Command: `python benchmarks/bench_replicas.py {' '.join(argv or sys.argv[1:])}`", "",
-             "| layout | start s | clients | aggregate tok/s | vs 1 replica x 1 core | requests | mean latency s |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Replicas against one engine, {time.strftime('%Y-%m-%d')}",
+        "",
+        f"- Machine: {machine_line()}",
+        f"- Model: {args.model or 'the built-in pair'}, mode {args.mode}, greedy, {args.new_tokens} tokens a "
+        f"request, EOS ignored, {args.seconds:.0f} s per client count",
+        f"- Command: `python benchmarks/bench_replicas.py {' '.join(argv or sys.argv[1:])}`",
+        "",
+        "| layout | start s | clients | aggregate tok/s | vs 1 replica x 1 core | requests | mean latency s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for run in runs:
         for lv in run["levels"]:
-            lines.append(f"| {run['layout']} | {run['start_s']:.0f} | {lv['clients']} | {lv['tok_s']:.2f} | "
-                         f"{lv['tok_s'] / one[lv['clients']]:.2f}x | {lv['requests']} | {lv['mean_latency_s']:.2f} |")
+            lines.append(
+                f"| {run['layout']} | {run['start_s']:.0f} | {lv['clients']} | {lv['tok_s']:.2f} | "
+                f"{lv['tok_s'] / one[lv['clients']]:.2f}x | {lv['requests']} | {lv['mean_latency_s']:.2f} |"
+            )
     alone, together = copy_bandwidth([0]), copy_bandwidth(list(range(n)))
-    lines += ["", f"Memory bandwidth the replicas share (a one-thread 64 MB tensor copy per core, read + written): "
-              f"core 0 alone {alone[0]:.1f} GB/s; cores 0-{n - 1} at once {' + '.join(f'{g:.1f}' for g in together)} = "
-              f"{sum(together):.1f} GB/s, {sum(together) / alone[0]:.2f}x one core: the ceiling of N one-core "
-              "replicas of a memory-bound decode."]
+    lines += [
+        "",
+        f"Memory bandwidth the replicas share (a one-thread 64 MB tensor copy per core, read + written): "
+        f"core 0 alone {alone[0]:.1f} GB/s; cores 0-{n - 1} at once {' + '.join(f'{g:.1f}' for g in together)} = "
+        f"{sum(together):.1f} GB/s, {sum(together) / alone[0]:.2f}x one core: the ceiling of N one-core "
+        "replicas of a memory-bound decode.",
+    ]
     text = "\n".join(lines) + "\n\nGoal: N replicas x 1 core >= 0.9 N x one replica x 1 core.\n"
-    result = {"runs": runs, "machine": machine_line(), "copy_gbps": {"alone": alone, "together": together},
-              "args": {k: v for k, v in vars(args).items() if k != "out"}}
-    base = write_dated_result(args.out, "replicas" + (f"-{args.tag}" if args.tag else ""), text, result)
+    result = {
+        "runs": runs,
+        "machine": machine_line(),
+        "copy_gbps": {"alone": alone, "together": together},
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+    }
+    base = write_dated_result(
+        args.out, "replicas" + (f"-{args.tag}" if args.tag else ""), text, result
+    )
     print(text)
     print(f"wrote {base}.md", file=sys.stderr)
     return result

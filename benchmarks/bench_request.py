@@ -14,6 +14,7 @@ the prompt's prefill and the first token), the decode rate after it, and the req
 Writes benchmarks/results/DATE-request[-TAG].md, .json and -latency.png (each request's latency, split
 into TTFT and decode), with the CPU named.
 """
+
 import argparse
 import datetime
 import json
@@ -27,26 +28,39 @@ sys.path.insert(0, HERE)  # suite/, prompt_sets
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python benchmarks/bench_request.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--runners", default="ar,auto,llamacpp",
-                   help="ours: ar, sd, ssd, auto (optionally MODE:TARGET_DTYPE, then /OPTION=VALUE ...); and llamacpp")
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/bench_request.py", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--runners",
+        default="ar,auto,llamacpp",
+        help="ours: ar, sd, ssd, auto (optionally MODE:TARGET_DTYPE, then /OPTION=VALUE ...); and llamacpp",
+    )
     p.add_argument("--lengths", default="128,512,2048", help="prompt lengths in tokens")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--model", default=None, help="target folder or GGUF file (default: the built-in pair's)")
-    p.add_argument("--draft", default=None, help="draft for sd / ssd / auto (default: the built-in pair's)")
+    p.add_argument(
+        "--model", default=None, help="target folder or GGUF file (default: the built-in pair's)"
+    )
+    p.add_argument(
+        "--draft", default=None, help="draft for sd / ssd / auto (default: the built-in pair's)"
+    )
     p.add_argument("--cores", default=None, help="cores of every runner (default: all visible)")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--tag", default="")
     a = p.parse_args(argv)
     a.runners = [r.strip() for r in a.runners.split(",") if r.strip()]
     a.lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
-    a.cores = sorted(int(c) for c in a.cores.split(",")) if a.cores else sorted(os.sched_getaffinity(0))
+    a.cores = (
+        sorted(int(c) for c in a.cores.split(",")) if a.cores else sorted(os.sched_getaffinity(0))
+    )
     for runner in a.runners:
         try:
             split_runner(runner)
         except ValueError:
-            p.error(f"unknown runner {runner!r}: ar, sd, ssd, auto (each optionally :TARGET_DTYPE, then "
-                    "/OPTION=VALUE ...) or llamacpp")
+            p.error(
+                f"unknown runner {runner!r}: ar, sd, ssd, auto (each optionally :TARGET_DTYPE, then "
+                "/OPTION=VALUE ...) or llamacpp"
+            )
     if a.new_tokens < 2 or not a.lengths or min(a.lengths) < 1:
         p.error("--new-tokens >= 2 and positive --lengths are needed")
     return a
@@ -58,6 +72,7 @@ def prompt_ids(lengths: list[int], model: str | None) -> dict[int, list[int]]:
 
     from ssd_engine.models.model_paths import resolve_model_arg
     from ssd_engine.models.tokenizer_source import load_tokenizer
+
     tokenizer = load_tokenizer(resolve_model_arg(model), None, "auto", 0)
     ids: list[int] = []
     for text in load_prompt_set("humaneval", 164):
@@ -65,7 +80,9 @@ def prompt_ids(lengths: list[int], model: str | None) -> dict[int, list[int]]:
         if len(ids) >= max(lengths):
             break
     if len(ids) < max(lengths):
-        raise SystemExit(f"error: HumanEval holds {len(ids)} tokens, fewer than --lengths {max(lengths)}")
+        raise SystemExit(
+            f"error: HumanEval holds {len(ids)} tokens, fewer than --lengths {max(lengths)}"
+        )
     return {n: ids[-n:] for n in lengths}
 
 
@@ -106,10 +123,17 @@ def split_runner(runner: str) -> tuple[str, str, dict]:
     value read as JSON where it parses: numbers, true, null); ValueError where it is none of these."""
     head, *extras = runner.split("/")
     mode, _, fmt = head.partition(":")
-    if mode not in ("ar", "sd", "ssd", "auto", "llamacpp") or (mode == "llamacpp" and runner != mode) or \
-            any("=" not in extra for extra in extras):
+    if (
+        mode not in ("ar", "sd", "ssd", "auto", "llamacpp")
+        or (mode == "llamacpp" and runner != mode)
+        or any("=" not in extra for extra in extras)
+    ):
         raise ValueError(runner)
-    return mode, fmt, {key: _json_or_text(value) for key, _, value in (extra.partition("=") for extra in extras)}
+    return (
+        mode,
+        fmt,
+        {key: _json_or_text(value) for key, _, value in (extra.partition("=") for extra in extras)},
+    )
 
 
 def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dict]:
@@ -117,6 +141,7 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
     spec = {"prompts": prompts, "new_tokens": a.new_tokens}
     if mode == "llamacpp":
         from llamacpp_mode import gguf_for, require_llama_cpp
+
         require_llama_cpp()
         spec["gguf"], spec["benchmarks"], code = gguf_for(a.model), HERE, LLAMACPP
     else:
@@ -129,12 +154,22 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
             options["target_dtype"] = fmt
         options.update(extras)
         spec["options"], code = options, OURS
-    argv = ["taskset", "-c", ",".join(map(str, a.cores)), sys.executable, "-c", code, json.dumps(spec)]
+    argv = [
+        "taskset",
+        "-c",
+        ",".join(map(str, a.cores)),
+        sys.executable,
+        "-c",
+        code,
+        json.dumps(spec),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     line = next((out for out in done.stdout.splitlines() if out.startswith("RESULT ")), None)
     if line is None:
-        raise SystemExit(f"error: runner {runner} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}")
-    *rows, chosen = json.loads(line[len("RESULT "):])
+        raise SystemExit(
+            f"error: runner {runner} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}"
+        )
+    *rows, chosen = json.loads(line[len("RESULT ") :])
     return rows, chosen
 
 
@@ -146,30 +181,46 @@ def _json_or_text(value: str):
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# A request end to end: prompt + {result['new_tokens']}-token answer, {result['date']}", "",
-             f"- Machine: {result['machine']}", f"- Cores: {result['cores']} (every runner, in turn)",
-             f"- Model: {result['model']}; greedy, EOS ignored, one request at a time after a warm-up; "
-             "prompts: the last L tokens of HumanEval's prompts joined, the same ids for every runner",
-             f"- Command: `{result['command']}`", "",
-             "| prompt tokens | runner | ran as | TTFT s | decode tok/s | latency s | llama.cpp's latency / this |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# A request end to end: prompt + {result['new_tokens']}-token answer, {result['date']}",
+        "",
+        f"- Machine: {result['machine']}",
+        f"- Cores: {result['cores']} (every runner, in turn)",
+        f"- Model: {result['model']}; greedy, EOS ignored, one request at a time after a warm-up; "
+        "prompts: the last L tokens of HumanEval's prompts joined, the same ids for every runner",
+        f"- Command: `{result['command']}`",
+        "",
+        "| prompt tokens | runner | ran as | TTFT s | decode tok/s | latency s | llama.cpp's latency / this |",
+        "|---|---|---|---|---|---|---|",
+    ]
     anchor = result["runs"].get("llamacpp")
     for index, length in enumerate(result["lengths"]):
         for runner, run in result["runs"].items():
             row = run["rows"][index]
-            ratio = f"{anchor['rows'][index]['latency_s'] / row['latency_s']:.2f}" if anchor else "-"
-            ran = run["chosen"]["mode"] + (f" K={run['chosen']['k']}" if run["chosen"].get("k") else "")
-            lines.append(f"| {length} | {runner} | {ran} | {row['ttft_s']:.2f} | {row['decode_tok_s']:.2f} | "
-                         f"{row['latency_s']:.2f} | {ratio} |")
-    lines += ["", "Goal: the default (`auto`) >= 1.5x faster than llama.cpp end to end at a 512-token prompt and a "
-              "128-token answer (the last column)."]
+            ratio = (
+                f"{anchor['rows'][index]['latency_s'] / row['latency_s']:.2f}" if anchor else "-"
+            )
+            ran = run["chosen"]["mode"] + (
+                f" K={run['chosen']['k']}" if run["chosen"].get("k") else ""
+            )
+            lines.append(
+                f"| {length} | {runner} | {ran} | {row['ttft_s']:.2f} | {row['decode_tok_s']:.2f} | "
+                f"{row['latency_s']:.2f} | {ratio} |"
+            )
+    lines += [
+        "",
+        "Goal: the default (`auto`) >= 1.5x faster than llama.cpp end to end at a 512-token prompt and a "
+        "128-token answer (the last column).",
+    ]
     return "\n".join(lines) + "\n"
 
 
 def plot(result: dict, path: str) -> str:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     runners, lengths = list(result["runs"]), result["lengths"]
     width = 0.8 / len(runners)
     fig, ax = plt.subplots(figsize=(2 + 2 * len(lengths), 4))
@@ -178,9 +229,18 @@ def plot(result: dict, path: str) -> str:
         xs = [j + i * width for j in range(len(lengths))]
         ttft = [r["ttft_s"] for r in rows]
         ax.bar(xs, ttft, width, label=f"{runner}: TTFT", color=f"C{i}", alpha=0.5)
-        ax.bar(xs, [r["latency_s"] - t for r, t in zip(rows, ttft)], width, bottom=ttft, label=f"{runner}: decode",
-               color=f"C{i}")
-    ax.set_xticks([j + width * (len(runners) - 1) / 2 for j in range(len(lengths))], [f"{n} tokens" for n in lengths])
+        ax.bar(
+            xs,
+            [r["latency_s"] - t for r, t in zip(rows, ttft)],
+            width,
+            bottom=ttft,
+            label=f"{runner}: decode",
+            color=f"C{i}",
+        )
+    ax.set_xticks(
+        [j + width * (len(runners) - 1) / 2 for j in range(len(lengths))],
+        [f"{n} tokens" for n in lengths],
+    )
     ax.set_ylabel(f"request latency, s ({result['new_tokens']}-token answer)")
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -193,17 +253,32 @@ def main(argv: list[str] | None = None) -> dict:
     a = parse(argv)
     from suite.dated_report import write_dated_result
     from suite.machine import machine_line
+
     ids = prompt_ids(a.lengths, a.model)
     prompts = [ids[n] for n in a.lengths]
     runs = {}
     for runner in a.runners:
         rows, chosen = run_child(a, runner, prompts)
         runs[runner] = {"rows": rows, "chosen": chosen}
-        print(f"{runner}: " + ", ".join(f"{n} tokens {r['latency_s']:.2f} s (TTFT {r['ttft_s']:.2f})"
-                                        for n, r in zip(a.lengths, rows)), file=sys.stderr, flush=True)
-    result = {"date": datetime.date.today().isoformat(), "machine": machine_line("cpu"), "cores": a.cores,
-              "model": a.model or "the built-in pair", "lengths": a.lengths, "new_tokens": a.new_tokens,
-              "command": "python benchmarks/bench_request.py " + " ".join(argv), "runs": runs}
+        print(
+            f"{runner}: "
+            + ", ".join(
+                f"{n} tokens {r['latency_s']:.2f} s (TTFT {r['ttft_s']:.2f})"
+                for n, r in zip(a.lengths, rows)
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine_line("cpu"),
+        "cores": a.cores,
+        "model": a.model or "the built-in pair",
+        "lengths": a.lengths,
+        "new_tokens": a.new_tokens,
+        "command": "python benchmarks/bench_request.py " + " ".join(argv),
+        "runs": runs,
+    }
     text = markdown(result)
     print(text)
     base = write_dated_result(a.out, "request" + (f"-{a.tag}" if a.tag else ""), text, result)

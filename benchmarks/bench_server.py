@@ -13,6 +13,7 @@ first, both sides (RequestMetrics' definition; the client counts tokens from vLL
 continuous_usage_stats). Greedy, EOS ignored, the same prompt. Best of --repeats after a warm-up
 request each. Writes benchmarks/results/DATE-server[-TAG].md and .json, with the CPU named.
 """
+
 import argparse
 import datetime
 import http.client
@@ -28,23 +29,37 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)  # suite/
 from suite.server_process import interrupt  # noqa: E402
 
-PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python benchmarks/bench_server.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/bench_server.py", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--model", default=None, help="target (default: the built-in pair's)")
-    p.add_argument("--draft", default=None, help="draft for sd / ssd / auto (default: the built-in pair's)")
-    p.add_argument("--mode", default="ar,auto", help="speculative modes, comma-separated (auto: the default)")
+    p.add_argument(
+        "--draft", default=None, help="draft for sd / ssd / auto (default: the built-in pair's)"
+    )
+    p.add_argument(
+        "--mode", default="ar,auto", help="speculative modes, comma-separated (auto: the default)"
+    )
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=2, help="timed requests per side (the best counts)")
-    p.add_argument("--cores", default=None, help="cores for the engine process and the client (default: all visible)")
+    p.add_argument(
+        "--repeats", type=int, default=2, help="timed requests per side (the best counts)"
+    )
+    p.add_argument(
+        "--cores",
+        default=None,
+        help="cores for the engine process and the client (default: all visible)",
+    )
     p.add_argument("--prompt", default=PROMPT)
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--tag", default="")
     a = p.parse_args(argv)
     a.mode = [m.strip() for m in a.mode.split(",") if m.strip()]
-    a.cores = sorted(int(c) for c in a.cores.split(",")) if a.cores else sorted(os.sched_getaffinity(0))
+    a.cores = (
+        sorted(int(c) for c in a.cores.split(",")) if a.cores else sorted(os.sched_getaffinity(0))
+    )
     if a.new_tokens < 2 or a.repeats < 1:
         p.error("--new-tokens >= 2 and --repeats >= 1 are needed")
     return a
@@ -78,20 +93,37 @@ print("RESULT " + json.dumps(rates[1:]))
 
 def run_in_process(a, mode: str) -> list[dict]:
     code = f"PROMPT = {a.prompt!r}\n" + IN_PROCESS
-    argv = ["taskset", "-c", ",".join(map(str, a.cores)), sys.executable, "-c", code, str(a.repeats),
-            str(a.new_tokens), *engine_flags(a, mode)]
+    argv = [
+        "taskset",
+        "-c",
+        ",".join(map(str, a.cores)),
+        sys.executable,
+        "-c",
+        code,
+        str(a.repeats),
+        str(a.new_tokens),
+        *engine_flags(a, mode),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     line = next((out for out in done.stdout.splitlines() if out.startswith("RESULT ")), None)
     if line is None:
         raise RuntimeError(f"in-process run failed: {done.stderr[-2000:]}")
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def stream_once(port: int, a) -> dict:
     """One streamed completion: time to the first token and the decode rate the client sees."""
-    body = json.dumps({"model": "m", "prompt": a.prompt, "max_tokens": a.new_tokens, "temperature": 0,
-                       "ignore_eos": True, "stream": True,
-                       "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    body = json.dumps(
+        {
+            "model": "m",
+            "prompt": a.prompt,
+            "max_tokens": a.new_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        }
+    )
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
     begin = time.perf_counter()
     conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
@@ -114,10 +146,23 @@ def stream_once(port: int, a) -> dict:
 
 
 def run_server(a, mode: str) -> list[dict]:
-    argv = ["taskset", "-c", ",".join(map(str, a.cores)), sys.executable, "-m", "ssd_engine.serve", "--port", "0",
-            "--served-model-name", "m", *engine_flags(a, mode)]
+    argv = [
+        "taskset",
+        "-c",
+        ",".join(map(str, a.cores)),
+        sys.executable,
+        "-m",
+        "ssd_engine.serve",
+        "--port",
+        "0",
+        "--served-model-name",
+        "m",
+        *engine_flags(a, mode),
+    ]
     env = {k: v for k, v in os.environ.items() if k != "SSD_ENGINE_API_KEY"}
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO, env=env)
+    proc = subprocess.Popen(
+        argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO, env=env
+    )
     try:
         port, seen = None, []
         while port is None:
@@ -138,16 +183,25 @@ def best(rates: list[dict]) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# Server against in-process, one streamed request, {result['date']}", "",
-             f"- Machine: {result['machine']}", f"- Cores: {result['cores']} (engine process and client)",
-             f"- Model: {result['model']}; greedy, {result['new_tokens']} new tokens (EOS ignored), "
-             f"best of {result['repeats']} after a warm-up", f"- Command: `{result['command']}`", "",
-             "| mode | in-process decode tok/s | server decode tok/s (client) | server / in-process | "
-             "in-process TTFT s | server TTFT s |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Server against in-process, one streamed request, {result['date']}",
+        "",
+        f"- Machine: {result['machine']}",
+        f"- Cores: {result['cores']} (engine process and client)",
+        f"- Model: {result['model']}; greedy, {result['new_tokens']} new tokens (EOS ignored), "
+        f"best of {result['repeats']} after a warm-up",
+        f"- Command: `{result['command']}`",
+        "",
+        "| mode | in-process decode tok/s | server decode tok/s (client) | server / in-process | "
+        "in-process TTFT s | server TTFT s |",
+        "|---|---|---|---|---|---|",
+    ]
     for mode, row in result["modes"].items():
         ours, served = row["in_process"], row["server"]
-        lines.append(f"| {mode} | {ours['decode_tok_s']:.2f} | {served['decode_tok_s']:.2f} | "
-                     f"{served['decode_tok_s'] / ours['decode_tok_s']:.2f} | {ours['ttft_s']:.2f} | {served['ttft_s']:.2f} |")
+        lines.append(
+            f"| {mode} | {ours['decode_tok_s']:.2f} | {served['decode_tok_s']:.2f} | "
+            f"{served['decode_tok_s'] / ours['decode_tok_s']:.2f} | {ours['ttft_s']:.2f} | {served['ttft_s']:.2f} |"
+        )
     lines += ["", "Goal: server / in-process >= 0.95."]
     return "\n".join(lines) + "\n"
 
@@ -157,15 +211,26 @@ def main(argv: list[str] | None = None) -> dict:
     a = parse(argv)
     from suite.dated_report import write_dated_result
     from suite.machine import machine_line
+
     modes = {}
     for mode in a.mode:
         in_process, server = best(run_in_process(a, mode)), best(run_server(a, mode))
         modes[mode] = {"in_process": in_process, "server": server}
-        print(f"{mode}: in-process {in_process['decode_tok_s']:.2f} tok/s, server {server['decode_tok_s']:.2f} tok/s",
-              file=sys.stderr, flush=True)
-    result = {"date": datetime.date.today().isoformat(), "machine": machine_line("cpu"), "cores": a.cores,
-              "model": a.model or "the built-in pair", "new_tokens": a.new_tokens, "repeats": a.repeats,
-              "command": "python benchmarks/bench_server.py " + " ".join(argv), "modes": modes}
+        print(
+            f"{mode}: in-process {in_process['decode_tok_s']:.2f} tok/s, server {server['decode_tok_s']:.2f} tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
+    result = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine_line("cpu"),
+        "cores": a.cores,
+        "model": a.model or "the built-in pair",
+        "new_tokens": a.new_tokens,
+        "repeats": a.repeats,
+        "command": "python benchmarks/bench_server.py " + " ".join(argv),
+        "modes": modes,
+    }
     text = markdown(result)
     print(text)
     base = write_dated_result(a.out, "server" + (f"-{a.tag}" if a.tag else ""), text, result)

@@ -14,6 +14,7 @@ benchmarks/results/DATE-synthetic[-TAG].md (tables), .json (every number) and .p
 against alpha, and measured against predicted); how predictions are computed:
 benchmarks/suite/synthetic_report.py.
 """
+
 import argparse
 import datetime
 import json
@@ -31,28 +32,54 @@ def _csv(text: str, cast=str) -> list:
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python benchmarks/bench_synthetic.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=os.path.join(SHAPES, "qwen2.5-coder-1.5b-instruct"),
-                   help="target folder (config.json is enough; default: the default target's shapes)")
-    p.add_argument("--draft", default=os.path.join(SHAPES, "qwen2.5-coder-0.5b-instruct"),
-                   help="draft folder (default: the default draft's shapes)")
-    p.add_argument("--alpha", default="0.5,0.7,0.9", help="synthetic acceptance rates, comma-separated")
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/bench_synthetic.py", description=__doc__.split("\n\n")[0]
+    )
+    p.add_argument(
+        "--target",
+        default=os.path.join(SHAPES, "qwen2.5-coder-1.5b-instruct"),
+        help="target folder (config.json is enough; default: the default target's shapes)",
+    )
+    p.add_argument(
+        "--draft",
+        default=os.path.join(SHAPES, "qwen2.5-coder-0.5b-instruct"),
+        help="draft folder (default: the default draft's shapes)",
+    )
+    p.add_argument(
+        "--alpha", default="0.5,0.7,0.9", help="synthetic acceptance rates, comma-separated"
+    )
     p.add_argument("--k", default="2,4", help="draft lengths K")
     p.add_argument("--budget", default="4", help="SSD budgets B (the fan-out's sum)")
     p.add_argument("--hit", default="0.9", help="SSD synthetic hit rates p")
     p.add_argument("--batch", default="1", help="batch sizes")
-    p.add_argument("--device", default="cpu", help="cpu | cuda: on one GPU the SSD draft process shares it with the target")
-    p.add_argument("--draft-host", default=None, choices=("process", "thread"),
-                   help="SSD's draft: its own process (default), or a thread of the engine on its own CUDA stream")
-    p.add_argument("--fallback", default="jit", choices=("jit", "fast", "auto"), help="what an SSD miss takes")
-    p.add_argument("--draft-dtype", default="auto", choices=("auto", "fp32", "bf16", "int8", "int4"))
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu | cuda: on one GPU the SSD draft process shares it with the target",
+    )
+    p.add_argument(
+        "--draft-host",
+        default=None,
+        choices=("process", "thread"),
+        help="SSD's draft: its own process (default), or a thread of the engine on its own CUDA stream",
+    )
+    p.add_argument(
+        "--fallback", default="jit", choices=("jit", "fast", "auto"), help="what an SSD miss takes"
+    )
+    p.add_argument(
+        "--draft-dtype", default="auto", choices=("auto", "fp32", "bf16", "int8", "int4")
+    )
     p.add_argument("--prompt-len", type=int, default=64, help="tokens per random-id prompt")
     p.add_argument("--num-prompts", type=int, default=2)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--cores", default="0", help="cores of the target (and AR, SD)")
     p.add_argument("--draft-cores", default="1", help="cores of the SSD draft process")
-    p.add_argument("--prefix", type=int, default=128, help="prefix length of the forward-cost probes")
-    p.add_argument("--reps", type=int, default=2, help="repetitions of each forward-cost probe (best counts)")
+    p.add_argument(
+        "--prefix", type=int, default=128, help="prefix length of the forward-cost probes"
+    )
+    p.add_argument(
+        "--reps", type=int, default=2, help="repetitions of each forward-cost probe (best counts)"
+    )
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--tag", default="")
     a = p.parse_args(argv)
@@ -65,11 +92,14 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def random_prompts(count: int, length: int, target: str, draft: str, seed: int = 0) -> list[list[int]]:
+def random_prompts(
+    count: int, length: int, target: str, draft: str, seed: int = 0
+) -> list[list[int]]:
     """Token ids every model of the pair has (no tokenizer needed), the same on every run."""
     import torch
 
     from ssd_engine.models.loader import load_config
+
     vocab = min(load_config(path, "dummy").vocab_size for path in (target, draft))
     generator = torch.Generator().manual_seed(seed)
     return torch.randint(3, vocab, (count, length), generator=generator).tolist()
@@ -81,12 +111,40 @@ def shown(path: str) -> str:
     return os.path.relpath(full, REPO) if full.startswith(REPO + os.sep) else os.path.basename(full)
 
 
-def bench_argv(a, mode: str, alpha: float | None = None, budget: int | None = None, hit: float | None = None):
+def bench_argv(
+    a, mode: str, alpha: float | None = None, budget: int | None = None, hit: float | None = None
+):
     """bench.py's flags for one mode of the sweep (parsed, and validated, by suite/options.py)."""
-    argv = ["--model", a.target, "--draft", a.draft, "--mode", mode, "--load-format", "dummy",
-            "--k", ",".join(map(str, a.k)), "--batch", ",".join(map(str, a.batch)), "--draft-dtype", a.draft_dtype,
-            "--new-tokens", str(a.new_tokens), "--cores", a.cores, "--draft-cores", a.draft_cores,
-            "--prefix", str(a.prefix), "--reps", str(a.reps), "--fallback", a.fallback, "--device", a.device]
+    argv = [
+        "--model",
+        a.target,
+        "--draft",
+        a.draft,
+        "--mode",
+        mode,
+        "--load-format",
+        "dummy",
+        "--k",
+        ",".join(map(str, a.k)),
+        "--batch",
+        ",".join(map(str, a.batch)),
+        "--draft-dtype",
+        a.draft_dtype,
+        "--new-tokens",
+        str(a.new_tokens),
+        "--cores",
+        a.cores,
+        "--draft-cores",
+        a.draft_cores,
+        "--prefix",
+        str(a.prefix),
+        "--reps",
+        str(a.reps),
+        "--fallback",
+        a.fallback,
+        "--device",
+        a.device,
+    ]
     if alpha is not None:
         argv += ["--synthetic-acceptance", str(alpha)]
     if budget is not None:
@@ -102,17 +160,29 @@ def sweep_runs(a) -> list[dict]:
     runs = [{"mode": "ar", "argv": bench_argv(a, "ar")}]
     for alpha in a.alpha:
         runs.append({"mode": "sd", "alpha": alpha, "argv": bench_argv(a, "sd", alpha)})
-        runs += [{"mode": "ssd", "alpha": alpha, "budget": budget, "hit": hit,
-                  "argv": bench_argv(a, "ssd", alpha, budget, hit)} for budget in a.budget for hit in a.hit]
+        runs += [
+            {
+                "mode": "ssd",
+                "alpha": alpha,
+                "budget": budget,
+                "hit": hit,
+                "argv": bench_argv(a, "ssd", alpha, budget, hit),
+            }
+            for budget in a.budget
+            for hit in a.hit
+        ]
     return runs
 
 
 def _say(mode: str, cell: dict, rows: list[dict]) -> None:
     """Each cell's figures as it ends: a sweep stopped at a time limit (a lent GPU's) keeps what it got."""
     for row in rows:
-        print(f"{mode} {cell} batch {row['batch']} k {row['k']}: decode {row['decode_tok_s']:.1f} tok/s"
-              + (f", acceptance {row['acceptance_rate']:.2f}" if "acceptance_rate" in row else ""),
-              file=sys.stderr, flush=True)
+        print(
+            f"{mode} {cell} batch {row['batch']} k {row['k']}: decode {row['decode_tok_s']:.1f} tok/s"
+            + (f", acceptance {row['acceptance_rate']:.2f}" if "acceptance_rate" in row else ""),
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def run_sweep(a) -> dict:
@@ -125,18 +195,37 @@ def run_sweep(a) -> dict:
     ar_run, *runs = sweep_runs(a)
     ar_opts = options.parse(ar_run["argv"])
     speed_before = host_speed.measure()
-    sweep = {"date": datetime.date.today().isoformat(), "machine": machine_line(a.device), "cpu": describe(),
-             "placement": ar_opts.placement_text(), "target": shown(a.target), "draft": shown(a.draft),
-             "command": "python benchmarks/bench_synthetic.py " + " ".join(a.argv), "prompt_len": a.prompt_len,
-             "num_prompts": a.num_prompts, "new_tokens": a.new_tokens, "fallback": a.fallback, "prefix": a.prefix,
-             "reps": a.reps, "alpha": a.alpha, "k": a.k, "budget": a.budget, "hit": a.hit, "batch": a.batch,
-             "ar": isolate.run_modes(["ar"], ar_opts, prompt_sets)["ar"], "runs": []}
+    sweep = {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine_line(a.device),
+        "cpu": describe(),
+        "placement": ar_opts.placement_text(),
+        "target": shown(a.target),
+        "draft": shown(a.draft),
+        "command": "python benchmarks/bench_synthetic.py " + " ".join(a.argv),
+        "prompt_len": a.prompt_len,
+        "num_prompts": a.num_prompts,
+        "new_tokens": a.new_tokens,
+        "fallback": a.fallback,
+        "prefix": a.prefix,
+        "reps": a.reps,
+        "alpha": a.alpha,
+        "k": a.k,
+        "budget": a.budget,
+        "hit": a.hit,
+        "batch": a.batch,
+        "ar": isolate.run_modes(["ar"], ar_opts, prompt_sets)["ar"],
+        "runs": [],
+    }
     _say("ar", {}, sweep["ar"]["rows"])
     for run in runs:
         mode, argv = run.pop("mode"), run.pop("argv")
         result = isolate.run_modes([mode], options.parse(argv), prompt_sets)[mode]
-        extra = ({"draft_forward_s": result["costs"].get("draft_forward_s")} if mode == "sd"
-                 else {"peaks": result["peaks"]})
+        extra = (
+            {"draft_forward_s": result["costs"].get("draft_forward_s")}
+            if mode == "sd"
+            else {"peaks": result["peaks"]}
+        )
         sweep["runs"].append({"mode": mode, **run, "rows": result["rows"], **extra})
         _say(mode, run, result["rows"])
     speed_after = host_speed.measure()
@@ -147,6 +236,7 @@ def run_sweep(a) -> dict:
 
 def write(sweep: dict, out: str, tag: str) -> list[str]:
     from suite.synthetic_report import cells, markdown, plot
+
     lines = cells(sweep)
     sweep["cells"] = lines
     os.makedirs(out, exist_ok=True)

@@ -4,6 +4,7 @@
 
 bench.py draws them itself at the end of a run.
 """
+
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ def main() -> None:
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     from suite.plots import draw_all
+
     with open(sys.argv[1]) as f:
         raw = json.load(f)
     for path in draw_all(raw, sys.argv[1].rsplit(".", 1)[0]):

@@ -1,6 +1,7 @@
 """Compile the Triton kernels to cubins for sm_80 / sm_90 ahead of time, on a machine without a GPU,
 catching what the interpreter cannot: loop-carried types, `tl.dot` shapes, register or shared-memory
 overflow. Exits 1 if any variant fails; run it without TRITON_INTERPRET."""
+
 import inspect
 import os
 import sys
@@ -18,8 +19,15 @@ VARIANTS = [
 ]
 
 
-def compile_variant(dtype: str, tree: bool, splits: int, group: int, max_query_len: int, head_dim: int,
-                    arch: int = 90):
+def compile_variant(
+    dtype: str,
+    tree: bool,
+    splits: int,
+    group: int,
+    max_query_len: int,
+    head_dim: int,
+    arch: int = 90,
+):
     import triton
     from ssd_engine.kernels.paged_attention import block_config
     from ssd_engine.kernels.paged_attention_kernels import _paged_attn_kernel
@@ -28,14 +36,26 @@ def compile_variant(dtype: str, tree: bool, splits: int, group: int, max_query_l
 
     names = list(inspect.signature(_paged_attn_kernel.fn).parameters)
     data = {"fp32": "*fp32", "bf16": "*bf16"}[dtype]
-    pointers = {"q_ptr": data, "k_ptr": data, "v_ptr": data, "out_ptr": data if splits == 1 else "*fp32",
-                "m_ptr": "*fp32", "l_ptr": "*fp32", "path_ptr": "*i64"}
+    pointers = {
+        "q_ptr": data,
+        "k_ptr": data,
+        "v_ptr": data,
+        "out_ptr": data if splits == 1 else "*fp32",
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        "path_ptr": "*i64",
+    }
     config = block_config(group, max_query_len, head_dim, 16, tree, splits, dtype == "fp32")
-    signature = {n: "constexpr" if n in config else pointers.get(n, "*i32" if n.endswith("_ptr") else "i32")
-                 for n in names}
+    signature = {
+        n: "constexpr" if n in config else pointers.get(n, "*i32" if n.endswith("_ptr") else "i32")
+        for n in names
+    }
     signature["scale"] = "fp32"
-    source = ASTSource(fn=_paged_attn_kernel, signature=signature,
-                       constexprs={(names.index(n),): v for n, v in config.items()})
+    source = ASTSource(
+        fn=_paged_attn_kernel,
+        signature=signature,
+        constexprs={(names.index(n),): v for n, v in config.items()},
+    )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32))
 
 
@@ -60,17 +80,30 @@ def compile_other(name: str, dtype: str, constexprs: dict, arch: int = 90):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernel = {"add_rms_norm": fused_layer_ops._add_rms_norm_kernel,
-              "rope_cache_write": fused_layer_ops._rope_cache_write_kernel,
-              "silu_mul": fused_layer_ops._silu_mul_kernel,
-              "merge_splits": paged_attention_kernels._merge_splits_kernel}[name]
-    special = {"slot_ptr": "*i64", "part_ptr": "*fp32", "m_ptr": "*fp32", "l_ptr": "*fp32", "eps": "fp32"}
+    kernel = {
+        "add_rms_norm": fused_layer_ops._add_rms_norm_kernel,
+        "rope_cache_write": fused_layer_ops._rope_cache_write_kernel,
+        "silu_mul": fused_layer_ops._silu_mul_kernel,
+        "merge_splits": paged_attention_kernels._merge_splits_kernel,
+    }[name]
+    special = {
+        "slot_ptr": "*i64",
+        "part_ptr": "*fp32",
+        "m_ptr": "*fp32",
+        "l_ptr": "*fp32",
+        "eps": "fp32",
+    }
     data = {"fp32": "*fp32", "bf16": "*bf16"}[dtype]
     names = list(inspect.signature(kernel.fn).parameters)
-    signature = {n: "constexpr" if n in constexprs else special.get(n, data if n.endswith("_ptr") else "i32")
-                 for n in names}
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(names.index(n),): v for n, v in constexprs.items()})
+    signature = {
+        n: "constexpr" if n in constexprs else special.get(n, data if n.endswith("_ptr") else "i32")
+        for n in names
+    }
+    source = ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={(names.index(n),): v for n, v in constexprs.items()},
+    )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32))
 
 
@@ -93,7 +126,9 @@ def main() -> int:
                 print(f"ok   sm_{arch} {name} {dtype} {constexprs}")
             except Exception as error:
                 failed += 1
-                print(f"FAIL sm_{arch} {name} {dtype} {constexprs}: {type(error).__name__}: {str(error)[:2000]}")
+                print(
+                    f"FAIL sm_{arch} {name} {dtype} {constexprs}: {type(error).__name__}: {str(error)[:2000]}"
+                )
     return 1 if failed else 0
 
 

@@ -2,6 +2,7 @@
 a name keyed on the CPU's flags, the compiler flags and the sources, and registered as
 torch.ops.ssd_engine_gguf: linear(x_fp32[rows, k], blocks_uint8[n, row_bytes], kind, k) -> [rows, n]
 and friends. Where no compiler works, `load()` says why and the caller keeps fp32 weights."""
+
 import functools
 import hashlib
 import os
@@ -9,29 +10,55 @@ import platform
 from pathlib import Path
 from typing import NamedTuple
 
-SOURCES = [Path(__file__).with_name(name)
-           for name in ("gguf_matmul.cpp", "gguf_int8.cpp", "gguf_pack.cpp", "gguf_panels_fp32.cpp", "gguf_vnni.cpp", "gguf_amx.cpp",
-                        "cpu_attention.cpp", "cpu_layer_ops.cpp")]
-HEADERS = [Path(__file__).with_name(name) for name in ("gguf_blocks.h", "gguf_panels.h", "gguf_int8_rows.h", "cpu_vec.h")]  # part of the library's key
+SOURCES = [
+    Path(__file__).with_name(name)
+    for name in (
+        "gguf_matmul.cpp",
+        "gguf_int8.cpp",
+        "gguf_pack.cpp",
+        "gguf_panels_fp32.cpp",
+        "gguf_vnni.cpp",
+        "gguf_amx.cpp",
+        "cpu_attention.cpp",
+        "cpu_layer_ops.cpp",
+    )
+]
+HEADERS = [
+    Path(__file__).with_name(name)
+    for name in ("gguf_blocks.h", "gguf_panels.h", "gguf_int8_rows.h", "cpu_vec.h")
+]  # part of the library's key
 # -fopenmp: at::parallel_for is an OpenMP pragma in torch's headers (AT_PARALLEL_OPENMP), which
 # runs serially without it; the libgomp it links is the one torch has already loaded
 MARCH_ENV = "SSD_ENGINE_KERNEL_MARCH"  # the compiler's -march (default native); part of FLAGS, so of library_key()
-FLAGS = ["-O3", f"-march={os.environ.get(MARCH_ENV) or 'native'}", "-mprefer-vector-width=512", "-fno-math-errno",
-         "-fopenmp"]
-DISABLE_ENV = "SSD_ENGINE_NO_GGUF_KERNEL"  # 1: behave as if no compiler were installed (tests, debugging)
-
+FLAGS = [
+    "-O3",
+    f"-march={os.environ.get(MARCH_ENV) or 'native'}",
+    "-mprefer-vector-width=512",
+    "-fno-math-errno",
+    "-fopenmp",
+]
+DISABLE_ENV = (
+    "SSD_ENGINE_NO_GGUF_KERNEL"  # 1: behave as if no compiler were installed (tests, debugging)
+)
 
 
 class BlockShape(NamedTuple):
-    values: int            # weights a block holds
-    bytes: int             # its size
-    half_offsets: tuple    # where its fp16 scales (and minimums) lie
+    values: int  # weights a block holds
+    bytes: int  # its size
+    half_offsets: tuple  # where its fp16 scales (and minimums) lie
 
 
 # GGML type id -> its block; the kernel handles exactly these
-BLOCKS = {2: BlockShape(32, 18, (0,)), 3: BlockShape(32, 20, (0, 2)), 6: BlockShape(32, 22, (0,)),
-          7: BlockShape(32, 24, (0, 2)), 8: BlockShape(32, 34, (0,)), 12: BlockShape(256, 144, (0, 2)),
-          13: BlockShape(256, 176, (0, 2)), 14: BlockShape(256, 210, (208,))}
+BLOCKS = {
+    2: BlockShape(32, 18, (0,)),
+    3: BlockShape(32, 20, (0, 2)),
+    6: BlockShape(32, 22, (0,)),
+    7: BlockShape(32, 24, (0, 2)),
+    8: BlockShape(32, 34, (0,)),
+    12: BlockShape(256, 144, (0, 2)),
+    13: BlockShape(256, 176, (0, 2)),
+    14: BlockShape(256, 210, (208,)),
+}
 
 INT8_KINDS = (2, 3, 8, 12, 14)  # Q4_0, Q4_1, Q8_0, Q4_K, Q6_K: gguf_int8.cpp's
 PANEL_KINDS = (12, 14)  # Q4_K, Q6_K: the kinds pack_panels repacks
@@ -99,19 +126,29 @@ def _register_output_shapes() -> None:
 
     for name in ("linear", "linear_int8"):  # a block row per output
         torch.library.register_fake(f"ssd_engine_gguf::{name}")(
-            lambda x, blocks, kind, k: x.new_empty(x.shape[0], blocks.shape[0]))
+            lambda x, blocks, kind, k: x.new_empty(x.shape[0], blocks.shape[0])
+        )
     for name in ("linear_panels", "linear_int8_panels"):  # n outputs, named
         torch.library.register_fake(f"ssd_engine_gguf::{name}")(
-            lambda x, panels, kind, k, n: x.new_empty(x.shape[0], n))
+            lambda x, panels, kind, k, n: x.new_empty(x.shape[0], n)
+        )
 
 
 def _build(name: str, folder: Path) -> None:
     from torch.utils import cpp_extension
 
-    (folder / "lock").unlink(missing_ok=True)  # torch's build lock, left by a builder that was killed
-    cpp_extension.load(name=name, sources=[str(source) for source in SOURCES], extra_cflags=FLAGS,
-                       extra_ldflags=["-fopenmp"], build_directory=str(folder), is_python_module=False,
-                       verbose=False)
+    (folder / "lock").unlink(
+        missing_ok=True
+    )  # torch's build lock, left by a builder that was killed
+    cpp_extension.load(
+        name=name,
+        sources=[str(source) for source in SOURCES],
+        extra_cflags=FLAGS,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(folder),
+        is_python_module=False,
+        verbose=False,
+    )
 
 
 def available() -> bool:

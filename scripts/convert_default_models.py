@@ -22,13 +22,21 @@ from ssd_engine.models import default_models as dm  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--only", choices=["target", "draft"], action="append",
-                    help="convert only this default model (repeatable); default: both")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--only",
+        choices=["target", "draft"],
+        action="append",
+        help="convert only this default model (repeatable); default: both",
+    )
     ap.add_argument("--smollm2", action="store_true", help="also convert the SmolLM2-135M fixture")
     ap.add_argument("--smollm2-only", action="store_true", help="convert only the SmolLM2 fixture")
     ap.add_argument("--cache-dir", help=f"override ${dm.CACHE_ENV} (default ~/.cache/ssd_engine)")
-    ap.add_argument("--keep-gguf", action="store_true", help="keep the joined .gguf files in the cache")
+    ap.add_argument(
+        "--keep-gguf", action="store_true", help="keep the joined .gguf files in the cache"
+    )
     args = ap.parse_args(argv)
 
     if args.cache_dir:

@@ -13,6 +13,7 @@ killer cares about the sum while a single bloated process is what a fix has to f
   this is at most the sum of the per-process peaks).
 GB here is 2^30 bytes, as in the benchmark reports.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -111,18 +112,26 @@ def measure(command: list[str], interval: float) -> TreePeak:
 
 
 def report(result: TreePeak) -> str:
-    lines = [f"peak RSS of `{' '.join(result.command)}` (exit {result.returncode}, {result.wall_s:.1f} s):"]
+    lines = [
+        f"peak RSS of `{' '.join(result.command)}` (exit {result.returncode}, {result.wall_s:.1f} s):"
+    ]
     for p in sorted(result.processes.values(), key=lambda p: -p.peak_gb):
         if p.peak_gb >= 0.05:  # skip shells and other wrappers
             lines.append(f"  {p.label:<32} pid {p.pid:<7} {p.peak_gb:6.2f} GB")
-    lines.append(f"  {'summed over the tree':<32} {'':11} {result.summed_peak_gb:6.2f} GB "
-                 f"(at {result.summed_at_s:.1f} s)")
+    lines.append(
+        f"  {'summed over the tree':<32} {'':11} {result.summed_peak_gb:6.2f} GB "
+        f"(at {result.summed_at_s:.1f} s)"
+    )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--interval", type=float, default=0.2, help="seconds between samples (default 0.2)")
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--interval", type=float, default=0.2, help="seconds between samples (default 0.2)"
+    )
     ap.add_argument("--json", help="also write the result here, with every sample (the trace)")
     ap.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command to run")
     args = ap.parse_args(argv)

@@ -1,4 +1,5 @@
 """LLM: the offline Python API (vLLM-style `LLM(...).generate()`)."""
+
 import time
 from dataclasses import replace
 
@@ -20,14 +21,20 @@ class LLM:
     def __init__(self, model: str | None = None, **options) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **options)
         self._engine: LLMEngine | None = LLMEngine(self.config)
-        self._final_metrics: dict | None = None  # what speculation_metrics() said when the engine closed
-        self._model_sampling_defaults: dict | None = None  # read from generation_config.json when first needed
+        self._final_metrics: dict | None = (
+            None  # what speculation_metrics() said when the engine closed
+        )
+        self._model_sampling_defaults: dict | None = (
+            None  # read from generation_config.json when first needed
+        )
         self.tokenizer = self._engine.tokenizer
 
     @property
     def engine(self) -> LLMEngine:
         if self._engine is None:
-            raise RuntimeError("this LLM is closed: generate inside its `with` block, or before close()")
+            raise RuntimeError(
+                "this LLM is closed: generate inside its `with` block, or before close()"
+            )
         return self._engine
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -37,9 +44,12 @@ class LLM:
             self._model_sampling_defaults = model_sampling_defaults(self.engine.model_path)
         return SamplingParams(**self._model_sampling_defaults)
 
-    def generate(self, prompts: Prompt | list[Prompt],
-                 sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 use_tqdm: bool = True) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | list[Prompt],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+    ) -> list[RequestOutput]:
         """Generate for each prompt; outputs come back in input order. Without sampling_params:
         get_default_sampling_params(). Every prompt is validated before any is queued, so a bad one
         raises ValueError without disturbing requests already in flight."""
@@ -55,7 +65,9 @@ class LLM:
             try:
                 requests.append(self.engine.make_samples(prompt, p))
             except ValueError as error:
-                raise ValueError(f"prompt {i}: {error}" if len(prompts) > 1 else str(error)) from None
+                raise ValueError(
+                    f"prompt {i}: {error}" if len(prompts) > 1 else str(error)
+                ) from None
         for seq in (seq for samples in requests for seq in samples):
             self.engine.add(seq)
         outputs = iter(self._run([seq for samples in requests for seq in samples], use_tqdm))
@@ -65,8 +77,13 @@ class LLM:
         pending = {seq.seq_id for seq in seqs}
         # counts generated tokens, not requests (one request would sit at 0/1 until it is done);
         # the total is every request's max_tokens, less what requests that stopped early left unused
-        bar = tqdm(total=sum(seq.params.max_tokens for seq in seqs), desc="Generating", unit="tok",
-                   dynamic_ncols=True, disable=not use_tqdm)
+        bar = tqdm(
+            total=sum(seq.params.max_tokens for seq in seqs),
+            desc="Generating",
+            unit="tok",
+            dynamic_ncols=True,
+            disable=not use_tqdm,
+        )
         stats = self.engine.stats
         while pending:
             before, start = dict(stats), time.perf_counter()
@@ -78,21 +95,30 @@ class LLM:
             pending -= {seq.seq_id for seq in done}
             bar.total -= sum(seq.params.max_tokens - seq.num_output_tokens for seq in done)
             if prefill or decode or done:
-                bar.set_postfix({"requests": f"{len(seqs) - len(pending)}/{len(seqs)}",
-                                 "prefill": f"{prefill / elapsed:.0f} tok/s" if prefill else "-",
-                                 "decode": f"{decode / elapsed:.1f} tok/s" if decode else "-"}, refresh=False)
+                bar.set_postfix(
+                    {
+                        "requests": f"{len(seqs) - len(pending)}/{len(seqs)}",
+                        "prefill": f"{prefill / elapsed:.0f} tok/s" if prefill else "-",
+                        "decode": f"{decode / elapsed:.1f} tok/s" if decode else "-",
+                    },
+                    refresh=False,
+                )
             bar.update(sum(seq.num_output_tokens for seq in seqs) - bar.n)
         bar.close()
         return [self.engine.to_output(seq) for seq in seqs]
 
-    def generate_stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> TextStream:
+    def generate_stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> TextStream:
         """Queue one request and return a TextStream: iterate it for text increments (they join to
         the final text; `.output` holds the RequestOutput afterwards). Iterating steps the whole
         engine, so other queued requests advance too; closing the stream early cancels the request.
         A bad request raises ValueError here, before anything is queued."""
         params = sampling_params or self.get_default_sampling_params()
         if params.n > 1:
-            raise ValueError(f"n must be 1 for a stream, got {params.n}: generate() returns n samples")
+            raise ValueError(
+                f"n must be 1 for a stream, got {params.n}: generate() returns n samples"
+            )
         seq = self.engine.make_sequence(prompt, params)
         self.engine.add(seq)
         return TextStream(self.engine, seq)

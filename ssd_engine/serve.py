@@ -2,6 +2,7 @@
 
 An OpenAI-compatible server (FastAPI + uvicorn) on the built-in pair in SSD mode unless --model /
 --speculative-mode say otherwise; every engine option of `python -m ssd_engine.generate` applies."""
+
 import importlib.util
 import os
 import sys
@@ -22,28 +23,59 @@ SERVE_INSTALL = 'pip install "ssd_engine[serve]"'
 
 
 def build_parser() -> ArgumentParser:
-    parser = ArgumentParser(prog="python -m ssd_engine.serve", description=__doc__.splitlines()[0], allow_abbrev=False,
-                            epilog="Sampling: a request's " + DEFAULTS_RULE + ". A request without max_tokens gets 16 "
-                                   "tokens on /v1/completions and up to max_model_len on /v1/chat/completions "
-                                   "(max_completion_tokens, its newer name, wins over max_tokens), as in vLLM. "
-                                   "Ctrl-C drains the requests in flight; a second Ctrl-C stops at once.")
+    parser = ArgumentParser(
+        prog="python -m ssd_engine.serve",
+        description=__doc__.splitlines()[0],
+        allow_abbrev=False,
+        epilog="Sampling: a request's " + DEFAULTS_RULE + ". A request without max_tokens gets 16 "
+        "tokens on /v1/completions and up to max_model_len on /v1/chat/completions "
+        "(max_completion_tokens, its newer name, wins over max_tokens), as in vLLM. "
+        "Ctrl-C drains the requests in flight; a second Ctrl-C stops at once.",
+    )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
-    parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: the folder name)")
-    parser.add_argument("--max-pending", type=int, default=256, help="requests in flight beyond this get a 503")
-    parser.add_argument(KEY_FLAG, nargs="+", action="extend", default=None, metavar="KEY",
-                        help="every request but /health and /metrics must carry 'Authorization: Bearer KEY', else a "
-                             "401; one key or more (as in vLLM: --api-key K1 K2; the flag may also be repeated). "
-                             f"Without it, {ENV_VAR} if set (one key or several, comma-separated, kept out of the "
-                             "process list), as vLLM's VLLM_API_KEY")
-    parser.add_argument("--metrics-require-key", action="store_true",
-                        help="/metrics needs the API key too (default: open to scrapers, as /health is to probes)")
-    parser.add_argument("--data-parallel-size", "-dp", type=int, default=1, metavar="N",
-                        help="N engine replicas behind this endpoint, each on its own share of the cores, on Ray "
-                             "Serve (pip install -e '.[ray]'); requests go to the replica with the shorter queue")
-    parser.add_argument("--ray-address", default=None, metavar="ADDR",
-                        help="with --data-parallel-size: join this Ray cluster (e.g. 'auto' or HOST:6379) and let it "
-                             "place the replicas on its nodes, instead of starting a local one")
+    parser.add_argument(
+        "--port", type=int, default=8000, help="0 picks a free port (printed at start)"
+    )
+    parser.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model id clients send (default: the folder name)",
+    )
+    parser.add_argument(
+        "--max-pending", type=int, default=256, help="requests in flight beyond this get a 503"
+    )
+    parser.add_argument(
+        KEY_FLAG,
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="KEY",
+        help="every request but /health and /metrics must carry 'Authorization: Bearer KEY', else a "
+        "401; one key or more (as in vLLM: --api-key K1 K2; the flag may also be repeated). "
+        f"Without it, {ENV_VAR} if set (one key or several, comma-separated, kept out of the "
+        "process list), as vLLM's VLLM_API_KEY",
+    )
+    parser.add_argument(
+        "--metrics-require-key",
+        action="store_true",
+        help="/metrics needs the API key too (default: open to scrapers, as /health is to probes)",
+    )
+    parser.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N engine replicas behind this endpoint, each on its own share of the cores, on Ray "
+        "Serve (pip install -e '.[ray]'); requests go to the replica with the shorter queue",
+    )
+    parser.add_argument(
+        "--ray-address",
+        default=None,
+        metavar="ADDR",
+        help="with --data-parallel-size: join this Ray cluster (e.g. 'auto' or HOST:6379) and let it "
+        "place the replicas on its nodes, instead of starting a local one",
+    )
     add_engine_args(parser)
     return parser
 
@@ -58,9 +90,14 @@ def describe_sampling(llm) -> str:
     defaults = llm.get_default_sampling_params()
     values = " ".join(f"{name}={getattr(defaults, name)}" for name in MODEL_DEFAULT_FIELDS)
     plain = SamplingParams()
-    from_model = [name for name in MODEL_DEFAULT_FIELDS if getattr(defaults, name) != getattr(plain, name)]
-    source = (f"{', '.join(from_model)} from the model's generation_config.json" if from_model
-              else "SamplingParams' defaults; the model's generation_config.json changes none")
+    from_model = [
+        name for name in MODEL_DEFAULT_FIELDS if getattr(defaults, name) != getattr(plain, name)
+    ]
+    source = (
+        f"{', '.join(from_model)} from the model's generation_config.json"
+        if from_model
+        else "SamplingParams' defaults; the model's generation_config.json changes none"
+    )
     return f"[sampling] unset fields take {values} ({source}; temperature=0 is greedy)"
 
 
@@ -72,8 +109,12 @@ def draining_server(uvicorn, config, async_engine):
         async def shutdown(self, sockets=None) -> None:
             n = async_engine.in_flight
             if n and not self.force_exit:
-                print(f"[serve] stopping: draining {n} in-flight request{'s' if n != 1 else ''} first "
-                      "(Ctrl-C again to stop now)", file=sys.stderr, flush=True)
+                print(
+                    f"[serve] stopping: draining {n} in-flight request{'s' if n != 1 else ''} first "
+                    "(Ctrl-C again to stop now)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             await super().shutdown(sockets=sockets)
 
     return DrainingServer(config)
@@ -107,7 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         # built on the thread that will step it (server/async_engine.py says why)
-        async_engine = AsyncEngine.build(lambda: LLM(**engine_options(args)), max_pending=args.max_pending)
+        async_engine = AsyncEngine.build(
+            lambda: LLM(**engine_options(args)), max_pending=args.max_pending
+        )
         llm = async_engine.llm
         sampling = describe_sampling(llm)
     except ValueError as error:
@@ -121,8 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     access = access_line(args.host, api_keys, open_paths(args.metrics_require_key))
     if access:
         print(access, file=sys.stderr, flush=True)
-    app = build_app(async_engine, name, api_keys=api_keys, metrics_require_key=args.metrics_require_key)
-    server = draining_server(uvicorn, uvicorn.Config(app, host=args.host, port=args.port, log_level="info"), async_engine)
+    app = build_app(
+        async_engine, name, api_keys=api_keys, metrics_require_key=args.metrics_require_key
+    )
+    server = draining_server(
+        uvicorn, uvicorn.Config(app, host=args.host, port=args.port, log_level="info"), async_engine
+    )
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn raises again the Ctrl-C it handled, once it has stopped
@@ -131,7 +178,9 @@ def main(argv: list[str] | None = None) -> None:
         async_engine.close()
         llm.close()
     if not server.started:
-        sys.exit(3)  # uvicorn said why (the port is taken, ...); its own exit status for a failed start
+        sys.exit(
+            3
+        )  # uvicorn said why (the port is taken, ...); its own exit status for a failed start
 
 
 def served_name(args, model: str | None) -> str:
@@ -141,6 +190,7 @@ def served_name(args, model: str | None) -> str:
         return args.served_model_name
     if model is None:
         from ssd_engine.models.default_models import resolve_default_model
+
         model = resolve_default_model("target")
     return os.path.basename(os.path.normpath(model))
 
@@ -149,10 +199,22 @@ def serve_on_ray(args, api_keys) -> None:
     """--data-parallel-size N: the replicas on Ray Serve (server/replicas.py)."""
     from ssd_engine import LLM
     from ssd_engine.server.replicas import serve_replicas
+
     options = engine_options(args)
     try:
-        serve_replicas(args.data_parallel_size, LLM, describe_engine, options, served_name(args, options.get("model")),
-                       args.host, args.port, api_keys, args.metrics_require_key, args.max_pending, args.ray_address)
+        serve_replicas(
+            args.data_parallel_size,
+            LLM,
+            describe_engine,
+            options,
+            served_name(args, options.get("model")),
+            args.host,
+            args.port,
+            api_keys,
+            args.metrics_require_key,
+            args.max_pending,
+            args.ray_address,
+        )
     except ValueError as error:
         fail(str(error))
 

@@ -10,6 +10,7 @@ relative, is 10^5 below bf16's and is ignored.
 docs/ARCHITECTURE.md "Precision" derive it); `engine_logit_error` measures the engine's actual
 error in the step shapes it runs, so a test can check the bound instead of trusting it.
 """
+
 from dataclasses import replace
 
 import torch
@@ -19,12 +20,14 @@ from ssd_engine.core.config import EngineConfig
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.runtime.step_inputs import StepInputs
 
-BF16_UNIT_ROUNDOFF = 2.0 ** -8  # 8 significant bits (7 stored + the implicit one), round to nearest
+BF16_UNIT_ROUNDOFF = 2.0**-8  # 8 significant bits (7 stored + the implicit one), round to nearest
 
 
 class Fp64Reference:
     def __init__(self, path: str) -> None:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64, attn_implementation="eager")
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=torch.float64, attn_implementation="eager"
+        )
         with torch.no_grad():  # the engine's weights exactly: rounded once to bf16, then widened
             for param in model.parameters():
                 param.copy_(param.to(torch.bfloat16).to(torch.float64))
@@ -38,7 +41,7 @@ class Fp64Reference:
 
     def emitted_rows(self, prompt: list[int], emitted: list[int]) -> torch.Tensor:
         """[len(emitted), V]: the logits each emitted token was chosen from, in one forward."""
-        return self.logits(prompt + emitted)[len(prompt) - 1:len(prompt) + len(emitted) - 1]
+        return self.logits(prompt + emitted)[len(prompt) - 1 : len(prompt) + len(emitted) - 1]
 
 
 def logit_error_bound(num_layers: int, logit_scale: float) -> float:
@@ -55,26 +58,38 @@ def deficits(rows: torch.Tensor, tokens: list[int]) -> torch.Tensor:
     return rows.max(dim=-1).values - chosen
 
 
-def engine_logit_error(reference: Fp64Reference, runs: list[tuple[list[int], list[int]]], device: str, k: int,
-                       block_size: int) -> float:
+def engine_logit_error(
+    reference: Fp64Reference,
+    runs: list[tuple[list[int], list[int]]],
+    device: str,
+    k: int,
+    block_size: int,
+) -> float:
     """max |engine bf16 logits - fp64| over the emitted positions of `runs` (prompt, emitted), with
     each sequence fed in the engine's three step shapes: one prefill of everything, the prompt then
     one token per step (decode), the prompt then K + 1 tokens per step (verification)."""
     path, longest = reference.path, max(len(p) + len(e) for p, e in runs)
-    options = EngineConfig(model=path, dtype="bfloat16", device=device, speculative_mode="ar", block_size=block_size)
+    options = EngineConfig(
+        model=path, dtype="bfloat16", device=device, speculative_mode="ar", block_size=block_size
+    )
     parts = options.parts()  # the weight layout and attention backend the engine itself uses
     blocks = -(-longest // block_size)
-    runner = RunnerSpec(replace(parts.model, path=path), replace(parts.cache, num_kv_blocks=blocks),
-                        longest + 1).build()
+    runner = RunnerSpec(
+        replace(parts.model, path=path), replace(parts.cache, num_kv_blocks=blocks), longest + 1
+    ).build()
     table = list(range(blocks))  # runs go one after another: each rewrites every slot it reads
     worst = 0.0
     for prompt, emitted in runs:
         tokens = prompt + emitted
-        expected = reference.logits(tokens)[len(prompt) - 1:len(tokens) - 1]
+        expected = reference.logits(tokens)[len(prompt) - 1 : len(tokens) - 1]
         for step in (len(tokens), 1, k + 1):
-            rows = torch.cat([runner.run(StepInputs([a], [tokens[a:b]], [table], [list(range(b - a))]))
-                              for a, b in _steps(len(prompt), len(tokens), step)])
-            actual = rows[len(prompt) - 1:len(tokens) - 1].double().cpu()
+            rows = torch.cat(
+                [
+                    runner.run(StepInputs([a], [tokens[a:b]], [table], [list(range(b - a))]))
+                    for a, b in _steps(len(prompt), len(tokens), step)
+                ]
+            )
+            actual = rows[len(prompt) - 1 : len(tokens) - 1].double().cpu()
             worst = max(worst, (actual - expected).abs().max().item())
     return worst
 

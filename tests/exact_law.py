@@ -8,6 +8,7 @@ presence penalties by OpenAI's formula; a grammar's mask by xgrammar's own match
 the distribution tests (16 tokens: at most 16^length cells). `law_table` memoizes it for a module's
 tests; `marginal(law, index)` sums it down to one position.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -36,8 +37,11 @@ class OutputPenalties(LogitsProcessor):
 
     def __call__(self, input_ids, scores):
         counts = torch.zeros_like(scores)
-        counts.scatter_add_(1, input_ids[:, self.prompt_length:], torch.ones_like(input_ids[:, self.prompt_length:],
-                                                                                  dtype=scores.dtype))
+        counts.scatter_add_(
+            1,
+            input_ids[:, self.prompt_length :],
+            torch.ones_like(input_ids[:, self.prompt_length :], dtype=scores.dtype),
+        )
         return scores - self.frequency * counts - self.presence * (counts > 0).to(scores.dtype)
 
 
@@ -46,19 +50,29 @@ class GrammarMask(LogitsProcessor):
     row's output get -inf (a fresh matcher a row); after the grammar's end, only end-of-sequence."""
 
     def __init__(self, spec, tokenizer, prompt_length: int, eos_token_ids: list[int]) -> None:
-        self.spec, self.tokenizer, self.prompt_length, self.eos = spec, tokenizer, prompt_length, eos_token_ids
+        self.spec, self.tokenizer, self.prompt_length, self.eos = (
+            spec,
+            tokenizer,
+            prompt_length,
+            eos_token_ids,
+        )
         self.compiled = None
 
     def __call__(self, input_ids, scores):
         import xgrammar as xgr
+
         if self.compiled is None:
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=scores.shape[-1],
-                                                      stop_token_ids=self.eos)
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer, vocab_size=scores.shape[-1], stop_token_ids=self.eos
+            )
             compiler = xgr.GrammarCompiler(info)
-            self.compiled = (compiler.compile_regex(self.spec.regex) if self.spec.regex
-                             else compiler.compile_grammar(self.spec.grammar))
+            self.compiled = (
+                compiler.compile_regex(self.spec.regex)
+                if self.spec.regex
+                else compiler.compile_grammar(self.spec.grammar)
+            )
         allowed = torch.zeros_like(scores, dtype=torch.bool)
-        for row, ids in enumerate(input_ids[:, self.prompt_length:].tolist()):
+        for row, ids in enumerate(input_ids[:, self.prompt_length :].tolist()):
             matcher = xgr.GrammarMatcher(self.compiled)
             assert all(matcher.accept_token(t) for t in ids if not matcher.is_terminated())
             if matcher.is_terminated():
@@ -67,12 +81,13 @@ class GrammarMask(LogitsProcessor):
             bitmask = xgr.allocate_token_bitmask(1, scores.shape[-1])
             matcher.fill_next_token_bitmask(bitmask)
             bits = (bitmask[0, :, None] >> torch.arange(32, dtype=torch.int32)) & 1
-            allowed[row] = bits.view(-1)[:scores.shape[-1]].bool()
+            allowed[row] = bits.view(-1)[: scores.shape[-1]].bool()
         return scores.masked_fill(~allowed, float("-inf"))
 
 
-def processors(params: SamplingParams, prompt_length: int, eos_token_ids: list[int],
-               tokenizer=None) -> LogitsProcessorList:
+def processors(
+    params: SamplingParams, prompt_length: int, eos_token_ids: list[int], tokenizer=None
+) -> LogitsProcessorList:
     """transformers' processors for the history-dependent parameters, in vLLM's order (min_tokens,
     logit_bias, then the penalties); the temperature and filters come after (`warpers`). A grammar
     (structured_outputs, which needs the `tokenizer`) masks last."""
@@ -81,13 +96,21 @@ def processors(params: SamplingParams, prompt_length: int, eos_token_ids: list[i
         blocked = list(params.stop_token_ids) + ([] if params.ignore_eos else eos_token_ids)
         chain.append(MinNewTokensLengthLogitsProcessor(prompt_length, params.min_tokens, blocked))
     if params.logit_bias:
-        chain.append(SequenceBiasLogitsProcessor([[[token], bias] for token, bias in params.logit_bias.items()]))
+        chain.append(
+            SequenceBiasLogitsProcessor(
+                [[[token], bias] for token, bias in params.logit_bias.items()]
+            )
+        )
     if params.repetition_penalty != 1:
         chain.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
     if params.frequency_penalty or params.presence_penalty:
-        chain.append(OutputPenalties(prompt_length, params.frequency_penalty, params.presence_penalty))
+        chain.append(
+            OutputPenalties(prompt_length, params.frequency_penalty, params.presence_penalty)
+        )
     if params.structured_outputs is not None:
-        chain.append(GrammarMask(params.structured_outputs, tokenizer, prompt_length, eos_token_ids))
+        chain.append(
+            GrammarMask(params.structured_outputs, tokenizer, prompt_length, eos_token_ids)
+        )
     return chain
 
 
@@ -101,13 +124,25 @@ def warpers(params: SamplingParams) -> LogitsProcessorList:
 
 
 @torch.no_grad()
-def output_law(model_dir: str, prompt: list[int], params: SamplingParams, length: int) -> dict[tuple, float]:
+def output_law(
+    model_dir: str, prompt: list[int], params: SamplingParams, length: int
+) -> dict[tuple, float]:
     if params.min_p > 0 or params.temperature <= 0:
         raise ValueError("output_law covers temperature > 0 with top-k / top-p only")
     from transformers import AutoTokenizer
+
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float64).eval()
-    chain = LogitsProcessorList([*processors(params, len(prompt), [model.config.eos_token_id],
-                                             AutoTokenizer.from_pretrained(model_dir)), *warpers(params)])
+    chain = LogitsProcessorList(
+        [
+            *processors(
+                params,
+                len(prompt),
+                [model.config.eos_token_id],
+                AutoTokenizer.from_pretrained(model_dir),
+            ),
+            *warpers(params),
+        ]
+    )
     law: dict[tuple, float] = {(): 1.0}
     for _ in range(length):
         prefixes = list(law)
@@ -131,8 +166,11 @@ def law_table(model_dir: str, prompt: list[int], default: dict):
         params = default if params is None else params
         key = (length, repr(sorted(params.items())))
         if key not in cache:
-            cache[key] = output_law(model_dir, prompt, SamplingParams(max_tokens=length, **params), length)
+            cache[key] = output_law(
+                model_dir, prompt, SamplingParams(max_tokens=length, **params), length
+            )
         return cache[key]
+
     return get
 
 

@@ -9,6 +9,7 @@ parameter) and counts the memory of the last two as the device's where it stands
 their own, keep the shared-memory protocol; a GPU's draft is bf16, with its weights on the device).
 It checks the SSD draft thread too (a torch mode holds in the thread that entered it).
 """
+
 from contextlib import contextmanager
 
 import pytest
@@ -33,10 +34,17 @@ def gpu_placement():
             run_draft(self, spec)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(model_runner, "lazy_zeros",
-                      lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device))
+        patch.setattr(
+            model_runner,
+            "lazy_zeros",
+            lambda shape, dtype, device: torch.zeros(shape, dtype=dtype, device=device),
+        )
         patch.setattr(VocabParallelEmbedding, "map_from", lambda self, path, name: False)
-        patch.setattr(ShmCollectives, "_exchange", lambda self, tensor: _on_device(checker, exchange(self, tensor)))
+        patch.setattr(
+            ShmCollectives,
+            "_exchange",
+            lambda self, tensor: _on_device(checker, exchange(self, tensor)),
+        )
         for int_format in (Int8Weight, Int4Weight, Q4KWeight):
             patch.setattr(int_format, "__init__", _weights_on_device(checker, int_format.__init__))
         patch.setattr(DraftThread, "_run", run_draft_checked)
@@ -52,6 +60,11 @@ def _on_device(checker: PlacementChecker, slots: torch.Tensor) -> torch.Tensor:
 def _weights_on_device(checker: PlacementChecker, init):
     def on_device_init(self, weight: torch.Tensor, *options) -> None:
         init(self, weight, *options)
-        if checker.place(weight) is Place.DEVICE:  # a model's weight; the format probe's stay on the host
-            checker.assume_on_device([v for v in vars(self).values() if isinstance(v, torch.Tensor)])
+        if (
+            checker.place(weight) is Place.DEVICE
+        ):  # a model's weight; the format probe's stay on the host
+            checker.assume_on_device(
+                [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
+            )
+
     return on_device_init

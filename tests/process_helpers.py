@@ -1,5 +1,6 @@
 """The process table, read by pid, for tests that start engines in child processes and must leave
 nothing running when they fail."""
+
 import os
 import select
 import signal
@@ -18,7 +19,11 @@ def state(pid: int) -> str | None:
 
 
 def alive(pid: int) -> bool:
-    return state(pid) not in (None, "Z", "X")  # a zombie has exited; only its parent has not reaped it
+    return state(pid) not in (
+        None,
+        "Z",
+        "X",
+    )  # a zombie has exited; only its parent has not reaped it
 
 
 def children_of(parent: int) -> set[int]:
@@ -81,9 +86,12 @@ def engine_children(parent: int) -> set[int]:
     return found
 
 
-def wait_for_children(parent: int, count: int, timeout_s: float, every_process: bool = False) -> set[int]:
+def wait_for_children(
+    parent: int, count: int, timeout_s: float, every_process: bool = False
+) -> set[int]:
     """Poll until `parent` has at least `count` live engine children (every_process: count its fork
     server too); returns them (fewer on timeout)."""
+
     def found_now() -> set[int]:
         children = engine_children(parent)
         return children | children_of(parent) if every_process else children
@@ -122,15 +130,19 @@ def kill_session(proc: subprocess.Popen, extra_pids=()) -> str:
     """Kill a child started with start_new_session=True and everything it started: its process
     group by the leader's pid (grandchildren stay in it after re-parenting), then any `extra_pids`.
     Returns what was left unread on its stderr (if piped), for a failure message."""
-    for kill in [lambda: os.killpg(proc.pid, signal.SIGKILL)] + [lambda p=p: os.kill(p, signal.SIGKILL)
-                                                                  for p in extra_pids if alive(p)]:
+    for kill in [lambda: os.killpg(proc.pid, signal.SIGKILL)] + [
+        lambda p=p: os.kill(p, signal.SIGKILL) for p in extra_pids if alive(p)
+    ]:
         try:
             kill()
         except (ProcessLookupError, PermissionError):
             pass
     try:
         _, err = proc.communicate(timeout=10)
-    except (subprocess.TimeoutExpired, ValueError):  # ValueError: its pipes were already read and closed
+    except (
+        subprocess.TimeoutExpired,
+        ValueError,
+    ):  # ValueError: its pipes were already read and closed
         proc.kill()
         proc.wait()
         err = None

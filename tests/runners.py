@@ -1,4 +1,5 @@
 """A ModelRunner for a test, built the engine's one way (RunnerSpec.build) from a few named sizes."""
+
 import torch
 
 from ssd_engine.core.config_parts import CacheConfig, ModelConfig
@@ -8,9 +9,17 @@ from ssd_engine.runtime.model_runner import DTYPES, ModelRunner, RunnerSpec
 DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
-def runner_spec(path: str, *, num_kv_blocks: int, block_size: int, max_position: int,
-                dtype: torch.dtype = torch.float32, device="cpu", weight_layout: str = "plain",
-                **model_fields) -> RunnerSpec:
+def runner_spec(
+    path: str,
+    *,
+    num_kv_blocks: int,
+    block_size: int,
+    max_position: int,
+    dtype: torch.dtype = torch.float32,
+    device="cpu",
+    weight_layout: str = "plain",
+    **model_fields,
+) -> RunnerSpec:
     """`model_fields`: any other ModelConfig field (attention_backend, cuda_graph_max_batch, compile, ...)."""
     model = ModelConfig(path, None, DTYPE_NAMES[dtype], str(device), weight_layout, **model_fields)
     return RunnerSpec(model, CacheConfig(block_size, num_kv_blocks), max_position)

@@ -11,6 +11,7 @@ lambda = n * sum_i delta_i^2 / p_i, and by Cauchy-Schwarz (sum|delta_i|)^2 <= (s
 with equality when |delta_i| is proportional to p_i. Power = P(chi2'(dof, 4 n d^2) > chi2^-1_{1-alpha}(dof)),
 the noncentral tail computed as a Poisson mixture of central tails (`ncx2_sf`).
 """
+
 import math
 
 import torch
@@ -35,7 +36,9 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float,
     obs_t, exp_t = torch.stack(obs), torch.stack(exp)
     stat = float(((obs_t - exp_t) ** 2 / exp_t).sum())
     dof = len(exp) - 1
-    p_value = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2)))
+    p_value = float(
+        torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(stat / 2))
+    )
     return stat, dof, p_value
 
 
@@ -52,8 +55,11 @@ def fit(sample, law: dict) -> tuple[float, int, float, int]:
 def chi2_sf(x: float, dof: int) -> float:
     if dof <= 0:
         return 1.0
-    return float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
-                                         torch.tensor(x / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64)
+        )
+    )
 
 
 def chi2_isf(alpha: float, dof: int) -> float:
@@ -69,7 +75,11 @@ def ncx2_sf(x: float, dof: int, lam: float) -> float:
     half = lam / 2
     terms = int(half + 12 * math.sqrt(half) + 30)
     j = torch.arange(terms, dtype=torch.float64)
-    weights = torch.exp(-half + j * math.log(half) - torch.lgamma(j + 1)) if half > 0 else (j == 0).double()
+    weights = (
+        torch.exp(-half + j * math.log(half) - torch.lgamma(j + 1))
+        if half > 0
+        else (j == 0).double()
+    )
     tails = torch.special.gammaincc((dof + 2 * j) / 2, torch.full_like(j, x / 2))
     return float((weights * tails).sum())
 
@@ -77,17 +87,29 @@ def ncx2_sf(x: float, dof: int, lam: float) -> float:
 def gof_power(dof: int, n: int, tv: float, alpha: float) -> float:
     """Power of the goodness-of-fit test against the least favourable shift of total variation `tv`."""
     dof = max(dof, 1)
-    return ncx2_sf(chi2_isf(alpha, dof), dof, 4 * tv ** 2 * n)
+    return ncx2_sf(chi2_isf(alpha, dof), dof, 4 * tv**2 * n)
 
 
-def check_law(label: str, sample, law: dict, metrics: dict, tv: float, alpha: float, design_power: float,
-              acceptance: tuple[float, float]) -> None:
+def check_law(
+    label: str,
+    sample,
+    law: dict,
+    metrics: dict,
+    tv: float,
+    alpha: float,
+    design_power: float,
+    acceptance: tuple[float, float],
+) -> None:
     """`sample` fits `law` at level alpha, with power >= design_power against any shift of total variation
     tv, and the drafts' acceptance rate lies inside `acceptance` (both branches of verification ran)."""
     stat, dof, p, n = fit(sample, law)
     power = gof_power(dof, n, tv, alpha)
-    print(f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n}, power vs TV {tv} = {power:.3f}, "
-          f"acceptance = {metrics['acceptance_rate']:.3f}")
+    print(
+        f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n}, power vs TV {tv} = {power:.3f}, "
+        f"acceptance = {metrics['acceptance_rate']:.3f}"
+    )
     assert acceptance[0] < metrics["acceptance_rate"] < acceptance[1]
     assert dof >= 2 and power >= design_power, "too many cells for the sample size: raise n"
-    assert p >= alpha, f"{label}: the emitted law differs from the processed target law (p = {p:.2e})"
+    assert p >= alpha, (
+        f"{label}: the emitted law differs from the processed target law (p = {p:.2e})"
+    )

@@ -1,13 +1,28 @@
 """benchmarks/gpu/bench_anchor.py on CPU: our AR and transformers' generate on one random-weight model,
 each producing exactly the asked tokens, reported side by side with the ratio the GPU goal reads."""
+
 import json
 
 from gpu import bench_anchor
 
 
 def test_anchor_table(tiny_qwen2, tmp_path):
-    result = bench_anchor.main(["--model", tiny_qwen2, "--prompt-len", "8", "--new-tokens", "4", "--repeats", "1",
-                                "--hf", "dynamic", "--out", str(tmp_path)])
+    result = bench_anchor.main(
+        [
+            "--model",
+            tiny_qwen2,
+            "--prompt-len",
+            "8",
+            "--new-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--hf",
+            "dynamic",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     assert set(result["runs"]) == {"ours", "hf-dynamic"}
     for rate in result["runs"].values():
         assert rate["decode_tok_s"] > 0 and rate["e2e_tok_s"] > 0
@@ -23,5 +38,6 @@ def test_anchor_table(tiny_qwen2, tmp_path):
 
 def test_bad_runner_named():
     import pytest
+
     with pytest.raises(SystemExit):
         bench_anchor.parse(["--hf", "static,eager"])

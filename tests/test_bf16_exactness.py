@@ -36,6 +36,7 @@ Devices: CPU (skipped where oneDNN has no bf16 matmul: AVX2-only CPUs), and the 
 multiplies the raw bit patterns of bf16 `tl.dot` operands (triton-lang/triton#11584; the engine's
 logits come out ~30 delta off there), so on a GPU is the only place it is checked.
 """
+
 import pytest
 import torch
 from bf16_oracle import Fp64Reference, deficits, engine_logit_error, logit_error_bound
@@ -47,7 +48,9 @@ from ssd_engine import LLM, SamplingParams
 K = 3
 BLOCK_SIZE = 8  # tokens per KV block, in the engine and in the error measurement alike
 NEW_TOKENS = 40
-PROMPTS = [[(31 * i + 7 * j) % 250 + 3 for j in range(3 + 5 * i)] for i in range(4)]  # ragged, 3..18 tokens
+PROMPTS = [
+    [(31 * i + 7 * j) % 250 + 3 for j in range(3 + 5 * i)] for i in range(4)
+]  # ragged, 3..18 tokens
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 DRAFT_NOISE = 0.01  # std added to every target matrix: a draft that agrees often, not always
 MIN_DECISIVE = 0.2  # fraction of positions whose runner-up trails by more than the tolerance
@@ -55,8 +58,15 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 # on a CPU the bf16 target packs its weights for oneDNN's bf16 matmul, which AVX2-only CPUs lack
 DEVICES = [pytest.param("cpu", marks=NEEDS_BF16), pytest.param("cuda", marks=CUDA)]
 # SSD spawns a draft process (seconds): one architecture; AR and SD on all three
-CASES = [("qwen3", "ar"), ("qwen3", "sd"), ("qwen3", "ssd"), ("llama", "ar"), ("llama", "sd"), ("qwen2", "ar"),
-         ("qwen2", "sd")]
+CASES = [
+    ("qwen3", "ar"),
+    ("qwen3", "sd"),
+    ("qwen3", "ssd"),
+    ("llama", "ar"),
+    ("llama", "sd"),
+    ("qwen2", "ar"),
+    ("qwen2", "sd"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -68,18 +78,25 @@ def checkpoints(tiny_model_dir, tmp_path_factory):
         if arch not in cache:
             target = tiny_model_dir(arch)
             gen = torch.Generator().manual_seed(1)
-            noisy = lambda state: {k: v + DRAFT_NOISE * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v
-                                   for k, v in state.items()}
-            draft = derived_checkpoint(target, str(tmp_path_factory.mktemp(f"bf16_draft_{arch}")), noisy)
+            noisy = lambda state: {
+                k: v + DRAFT_NOISE * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v
+                for k, v in state.items()
+            }
+            draft = derived_checkpoint(
+                target, str(tmp_path_factory.mktemp(f"bf16_draft_{arch}")), noisy
+            )
             cache[arch] = target, draft, Fp64Reference(target)
         return cache[arch]
+
     return get
 
 
 def run_bf16(target: str, draft: str, mode: str, device: str) -> tuple[list[list[int]], dict]:
     """Greedy outputs of the engine with a bf16 target (and a bf16 draft: its precision never
     changes the output), plus its speculation metrics."""
-    options = dict(dtype="bfloat16", device=device, speculative_mode=mode, num_threads=1, block_size=BLOCK_SIZE)
+    options = dict(
+        dtype="bfloat16", device=device, speculative_mode=mode, num_threads=1, block_size=BLOCK_SIZE
+    )
     if mode != "ar":
         options.update(draft_model=draft, num_speculative_tokens=K, draft_dtype="bf16")
     if mode == "ssd":
@@ -90,7 +107,9 @@ def run_bf16(target: str, draft: str, mode: str, device: str) -> tuple[list[list
         return outputs, llm.speculation_metrics()
 
 
-def audit(reference: Fp64Reference, outputs: list[list[int]]) -> tuple[float, torch.Tensor, torch.Tensor]:
+def audit(
+    reference: Fp64Reference, outputs: list[list[int]]
+) -> tuple[float, torch.Tensor, torch.Tensor]:
     """(delta, per-position deficit of the emitted token, per-position gap to the fp64 runner-up)."""
     rows = [reference.emitted_rows(p, out) for p, out in zip(PROMPTS, outputs)]
     delta = logit_error_bound(reference.num_layers, max(r.abs().max().item() for r in rows))
@@ -108,7 +127,9 @@ def test_bf16_greedy_tokens_are_the_fp64_argmax_up_to_noise(checkpoints, arch, m
     delta, deficit, gap = audit(reference, outputs)
 
     measured = engine_logit_error(reference, list(zip(PROMPTS, outputs)), device, K, BLOCK_SIZE)
-    assert measured <= delta, f"bf16 logit error {measured:.4f} exceeds the derived bound {delta:.4f}"
+    assert measured <= delta, (
+        f"bf16 logit error {measured:.4f} exceeds the derived bound {delta:.4f}"
+    )
     bad = (deficit > 2 * delta).nonzero().flatten().tolist()
     assert not bad, f"positions {bad}: deficits {deficit[bad].tolist()} > tolerance {2 * delta:.4f}"
     assert (gap > 2 * delta).float().mean() >= MIN_DECISIVE  # the check has teeth on these outputs
@@ -139,15 +160,19 @@ def test_runner_up_token_fails_the_check(checkpoints):
 def test_broken_verifier_fails_the_check(checkpoints, monkeypatch):
     """Negative control: SD whose greedy verifier accepts every draft emits tokens the check rejects."""
     import ssd_engine.sampling.verifier as verifier
+
     real = verifier.verify_greedy
 
     def accept_all(draft_tokens, target_argmax, num_draft=None):
         n, k = draft_tokens.shape
         nd = torch.full((n,), k) if num_draft is None else torch.as_tensor(num_draft).cpu()
         real_drafts = (torch.arange(k).unsqueeze(0) < nd.view(-1, 1)).to(target_argmax.device)
-        lied = target_argmax.clone()  # every real draft "is" the argmax; the bonus stays the target's
+        lied = (
+            target_argmax.clone()
+        )  # every real draft "is" the argmax; the bonus stays the target's
         lied[:, :k] = torch.where(real_drafts, draft_tokens.to(lied), target_argmax[:, :k])
         return real(draft_tokens, lied, num_draft)
+
     monkeypatch.setattr(verifier, "verify_greedy", accept_all)
     target, draft, reference = checkpoints("qwen3")
     outputs, metrics = run_bf16(target, draft, "sd", "cpu")

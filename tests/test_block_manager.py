@@ -1,4 +1,5 @@
 """BlockManager: block allocation, ref counts, chained-hash prefix caching, commit, trim (rollback)."""
+
 import pytest
 
 from ssd_engine.core.sampling_params import SamplingParams
@@ -137,7 +138,7 @@ def test_block_holding_last_prompt_token_is_never_a_hit():
 def test_hashes_are_chained_over_the_prefix():
     bm = BlockManager(32, BS)
     p, q, r = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]
-    a = make_seq(p + q + [1])      # caches P@0, Q@1 (after P)
+    a = make_seq(p + q + [1])  # caches P@0, Q@1 (after P)
     e = make_seq(r + [5, 6, 7, 8, 9])  # caches R@0
     for s in (a, e):
         bm.allocate(s)
@@ -248,6 +249,7 @@ def test_commit_registers_only_full_computed_blocks():
 
 class CountingList(list):
     """Counts item reads."""
+
     reads = 0
 
     def __getitem__(self, index):
@@ -273,7 +275,9 @@ def test_commit_after_every_token_chains_as_one_commit_and_reads_only_the_blocks
         seq.num_computed_tokens = len(seq) - 1
         stepped.commit(seq)
     assert CountingList.reads < 3 * len(tokens)  # every block every step: ~40 x 160 / 2
-    assert [stepped.blocks[b].hash for b in seq.block_table[:40]] == [at_once.blocks[b].hash for b in whole.block_table[:40]]
+    assert [stepped.blocks[b].hash for b in seq.block_table[:40]] == [
+        at_once.blocks[b].hash for b in whole.block_table[:40]
+    ]
     assert len(stepped.hash_to_block) == 40
 
 
@@ -303,7 +307,11 @@ def test_trim_frees_blocks_reserved_past_the_sequence_and_keeps_committed_hashes
     reserved = seq.block_table[2]
     bm.trim(seq)
     assert list(seq.block_table) == head and bm.num_free_blocks == 6
-    assert bm.blocks[reserved].ref_count == 0 and reserved in bm.free and bm.blocks[reserved].hash is None
+    assert (
+        bm.blocks[reserved].ref_count == 0
+        and reserved in bm.free
+        and bm.blocks[reserved].hash is None
+    )
     assert hashed(bm, head[0])
     bm.commit(seq)
     assert not hashed(bm, head[1])  # the bonus token's K/V is computed by the next step

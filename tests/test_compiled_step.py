@@ -7,6 +7,7 @@ and a compiled layer launches at most 10 kernels where the eager one dispatches 
 `pytest tests/test_greedy_generation.py tests/test_model_equivalence.py --compile-model` runs those
 files with every runner compiled (conftest.py).
 """
+
 import pytest
 import torch
 from runners import tiny_runner
@@ -26,8 +27,15 @@ BLOCK = 4
 
 def _runner(path: str, compiled: bool, layout: str = "packed") -> ModelRunner:
     # eager = torch's ops (no fused layer ops): what a compiled forward replaces
-    return tiny_runner(path, num_kv_blocks=64, block_size=BLOCK, max_position=256, weight_layout=layout,
-                       compile=compiled, fused_kernels="off")
+    return tiny_runner(
+        path,
+        num_kv_blocks=64,
+        block_size=BLOCK,
+        max_position=256,
+        weight_layout=layout,
+        compile=compiled,
+        fused_kernels="off",
+    )
 
 
 def _steps(prompts: list[list[int]]) -> list[StepInputs]:
@@ -38,7 +46,9 @@ def _steps(prompts: list[list[int]]) -> list[StepInputs]:
         StepInputs([0] * len(prompts), prompts, tables, [[n - 1] for n in lens]),
         StepInputs([lens[0]], [[7]], tables[:1], [[0]]),
         StepInputs(lens, [[8] for _ in prompts], tables, [[0] for _ in prompts]),
-        StepInputs([n + 1 for n in lens[:2]], [[9, 10, 11, 12, 13]] * 2, tables[:2], [list(range(5))] * 2),
+        StepInputs(
+            [n + 1 for n in lens[:2]], [[9, 10, 11, 12, 13]] * 2, tables[:2], [list(range(5))] * 2
+        ),
     ]
 
 
@@ -52,7 +62,9 @@ def test_compiled_logits_match_eager_without_recompiling(tiny_model_dir, arch):
     eager, compiled = _runner(path, False), _runner(path, True)
     assert compiled.compiled is not None and eager.compiled is None
     prompts = [list(range(5, 12)), list(range(40, 53)), [7, 8, 9]]
-    with torch.compiler.set_stance("fail_on_recompile"):  # warm_up compiled every graph a step needs
+    with torch.compiler.set_stance(
+        "fail_on_recompile"
+    ):  # warm_up compiled every graph a step needs
         for step in _steps(prompts):
             want, got = eager.run(step), compiled.run(step)
             assert _relative_error(got, want) < REL_TOL
@@ -70,7 +82,9 @@ def test_compiled_tree_steps_match_eager(tiny_qwen3):
         scratch = (40 * BLOCK + torch.arange(3 * 2)).view(3, 2)  # blocks 40..41: no trunk's
         ids, out = torch.tensor([3, 4, 5]), []
         for step in range(2):
-            meta = branch_metadata(tables, torch.zeros(3, dtype=torch.long), visible, len(trunk), scratch, step, BLOCK)
+            meta = branch_metadata(
+                tables, torch.zeros(3, dtype=torch.long), visible, len(trunk), scratch, step, BLOCK
+            )
             out.append(runner.run_metadata(ids, visible + step, meta))
             ids = out[-1].argmax(-1)
         logits.append(torch.cat(out))
@@ -81,10 +95,17 @@ def test_small_padded_steps_run_eagerly(tiny_qwen2, monkeypatch):
     """Where oneDNN pads 2- and 3-row steps (layers/row_padding.py), they skip the compiled graphs
     (one static graph per count otherwise); one row and four or more still compile."""
     from ssd_engine.layers import row_padding
+
     monkeypatch.setitem(row_padding._padded, torch.float32, {1: 4, 2: 4, 3: 4})
     runner = _runner(tiny_qwen2, True)
     assert runner.compiled.padded == 3
-    assert [runner.compiled.compiles(n) for n in (1, 2, 3, 4, 9)] == [True, False, False, True, True]
+    assert [runner.compiled.compiles(n) for n in (1, 2, 3, 4, 9)] == [
+        True,
+        False,
+        False,
+        True,
+        True,
+    ]
 
 
 class _AtenOps(TorchDispatchMode):
@@ -116,9 +137,14 @@ def test_a_compiled_layer_launches_at_most_ten_kernels(tiny_qwen2):
             compiled(ids, positions, meta)
         with profile() as prof:
             compiled(ids, positions, meta)
-    graph_calls = [e for e in prof.events()
-                   if e.cpu_parent is not None and e.cpu_parent.name.startswith("## Call CompiledFxGraph")]
-    assert sum(e.name == "ssd_engine::paged_attention" for e in graph_calls) == layers  # attention stayed eager
+    graph_calls = [
+        e
+        for e in prof.events()
+        if e.cpu_parent is not None and e.cpu_parent.name.startswith("## Call CompiledFxGraph")
+    ]
+    assert (
+        sum(e.name == "ssd_engine::paged_attention" for e in graph_calls) == layers
+    )  # attention stayed eager
     assert counter.count / layers > 40
     # per layer: 4 matmuls, the attention op, norm(s) + residuals, RoPE, SiLU-mul (and, where one-row
     # matmuls are padded, the attention output's padding): at most 10; plus the final norm once
@@ -127,9 +153,17 @@ def test_a_compiled_layer_launches_at_most_ten_kernels(tiny_qwen2):
 
 def test_greedy_sd_compiled_matches_transformers(tiny_model_dir, oracle_outputs):
     """Target and SD draft both compiled: greedy output is still transformers' own."""
-    with LLM(tiny_model_dir("qwen2"), draft_model=tiny_model_dir("qwen2", seed=1), speculative_mode="sd",
-             block_size=8, compile_model="on") as llm:
-        assert llm.engine.runner.compiled is not None and llm.engine.speculator.runner.compiled is not None
+    with LLM(
+        tiny_model_dir("qwen2"),
+        draft_model=tiny_model_dir("qwen2", seed=1),
+        speculative_mode="sd",
+        block_size=8,
+        compile_model="on",
+    ) as llm:
+        assert (
+            llm.engine.runner.compiled is not None
+            and llm.engine.speculator.runner.compiled is not None
+        )
         assert llm.engine.execution()["compiled"].startswith("on")
         outputs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == oracle_outputs("qwen2", 3)
@@ -156,6 +190,13 @@ def test_the_option_reaches_the_drafts_specs():
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         EngineConfig(compile_model="on", tensor_parallel_size=2)
     target = RunnerSpec(EngineConfig(compile_model="on").parts().model, CacheConfig(16, 8), 64)
-    draft = DraftSpec(target.with_model(path="/draft"), EngineConfig().parts().speculative, ((0.0, (1, 1, 1, 1, 1)),),
-                      (), vocab=320, max_num_seqs=1, seed=0)
+    draft = DraftSpec(
+        target.with_model(path="/draft"),
+        EngineConfig().parts().speculative,
+        ((0.0, (1, 1, 1, 1, 1)),),
+        (),
+        vocab=320,
+        max_num_seqs=1,
+        seed=0,
+    )
     assert DraftSpec.from_args(draft.to_args()).runner.model.compile

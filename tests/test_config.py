@@ -1,4 +1,5 @@
 """EngineConfig validation, from_kwargs' unknown-option message, the CLI flag mapping and its help."""
+
 import argparse
 import dataclasses
 
@@ -20,41 +21,48 @@ from ssd_engine.testing import Synthetic
 
 def test_defaults_are_valid_and_frozen():
     config = EngineConfig()
-    assert config.speculative_mode == "auto" and config.model is None  # the built-in pair: the fastest mode
-    assert EngineConfig(model="/t").speculative_mode == "ar"            # a target alone: no draft
+    assert (
+        config.speculative_mode == "auto" and config.model is None
+    )  # the built-in pair: the fastest mode
+    assert EngineConfig(model="/t").speculative_mode == "ar"  # a target alone: no draft
     assert EngineConfig(model="/t", draft_model="/d").speculative_mode == "auto"
-    assert config.fanout() is None and config.ssd_fallback == "auto"  # Saguaro: resolved from the calibration
+    assert (
+        config.fanout() is None and config.ssd_fallback == "auto"
+    )  # Saguaro: resolved from the calibration
     assert EngineConfig(ssd_fanout="2").fanout() == [2] * (config.num_speculative_tokens + 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.block_size = 8
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(speculative_mode="medusa"), "speculative_mode"),
-    (dict(dtype="int8"), "dtype"),
-    (dict(cpu_weight_layout="fancy"), "cpu_weight_layout"),
-    (dict(device="tpu"), "device"),
-    (dict(num_speculative_tokens=0), "num_speculative_tokens"),
-    (dict(max_num_seqs=0), "max_num_seqs"),
-    (dict(max_num_batched_tokens=-5), "max_num_batched_tokens"),
-    (dict(block_size=0), "block_size"),
-    (dict(block_size=4.0), "block_size"),
-    (dict(max_model_len=0), "max_model_len"),
-    (dict(num_kv_blocks=-1), "num_kv_blocks"),
-    (dict(num_threads=0), "num_threads"),
-    (dict(kv_cache_memory_gb=0), "kv_cache_memory_gb"),
-    (dict(model="/some/target", speculative_mode="sd"), "draft_model"),
-    (dict(ssd_fanout="1,2"), "ssd_fanout"),
-    (dict(ssd_fanout=-1), "ssd_fanout"),
-    (dict(ssd_fallback="ngram"), "ssd_fallback"),
-    (dict(ssd_fanout="geometrik"), "ssd_fanout"),
-    (dict(ssd_budget=-1), "ssd_budget"),
-    (dict(saguaro_c=1.5), "saguaro_c"),
-    (dict(ssd_critical_batch=-2), "ssd_critical_batch"),
-    (dict(draft_timeout_s=0), "draft_timeout_s"),
-    (dict(max_decode_stall=1), "max_decode_stall"),
-    (dict(max_decode_stall="2"), "max_decode_stall"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(speculative_mode="medusa"), "speculative_mode"),
+        (dict(dtype="int8"), "dtype"),
+        (dict(cpu_weight_layout="fancy"), "cpu_weight_layout"),
+        (dict(device="tpu"), "device"),
+        (dict(num_speculative_tokens=0), "num_speculative_tokens"),
+        (dict(max_num_seqs=0), "max_num_seqs"),
+        (dict(max_num_batched_tokens=-5), "max_num_batched_tokens"),
+        (dict(block_size=0), "block_size"),
+        (dict(block_size=4.0), "block_size"),
+        (dict(max_model_len=0), "max_model_len"),
+        (dict(num_kv_blocks=-1), "num_kv_blocks"),
+        (dict(num_threads=0), "num_threads"),
+        (dict(kv_cache_memory_gb=0), "kv_cache_memory_gb"),
+        (dict(model="/some/target", speculative_mode="sd"), "draft_model"),
+        (dict(ssd_fanout="1,2"), "ssd_fanout"),
+        (dict(ssd_fanout=-1), "ssd_fanout"),
+        (dict(ssd_fallback="ngram"), "ssd_fallback"),
+        (dict(ssd_fanout="geometrik"), "ssd_fanout"),
+        (dict(ssd_budget=-1), "ssd_budget"),
+        (dict(saguaro_c=1.5), "saguaro_c"),
+        (dict(ssd_critical_batch=-2), "ssd_critical_batch"),
+        (dict(draft_timeout_s=0), "draft_timeout_s"),
+        (dict(max_decode_stall=1), "max_decode_stall"),
+        (dict(max_decode_stall="2"), "max_decode_stall"),
+    ],
+)
 def test_invalid_values_raise_one_line_value_error(kwargs, needle):
     with pytest.raises(ValueError) as info:
         EngineConfig(**kwargs)
@@ -64,12 +72,19 @@ def test_invalid_values_raise_one_line_value_error(kwargs, needle):
         EngineConfig.from_kwargs(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(device="cuda"), dict(device="cuda:1"), dict(dtype="bfloat16"), dict(max_model_len=None),
-    dict(speculative_mode="ssd"),  # no model -> the built-in default pair
-    dict(max_decode_stall=2), dict(max_decode_stall=1.5),
-    dict(model="/t", draft_model="/d", speculative_mode="sd", num_speculative_tokens=1),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(device="cuda"),
+        dict(device="cuda:1"),
+        dict(dtype="bfloat16"),
+        dict(max_model_len=None),
+        dict(speculative_mode="ssd"),  # no model -> the built-in default pair
+        dict(max_decode_stall=2),
+        dict(max_decode_stall=1.5),
+        dict(model="/t", draft_model="/d", speculative_mode="sd", num_speculative_tokens=1),
+    ],
+)
 def test_valid_values_are_accepted(kwargs):
     config = EngineConfig.from_kwargs(**kwargs)
     for key, value in kwargs.items():
@@ -108,7 +123,9 @@ def test_every_engine_field_but_seed_has_a_flag():
     for name in field_names():
         flag = "--" + name.replace("_", "-")
         if name == "seed" or name in hooks:
-            assert flag not in flags  # --seed is the request's sampling seed on the CLI; hooks have none
+            assert (
+                flag not in flags
+            )  # --seed is the request's sampling seed on the CLI; hooks have none
         else:
             assert flags.get(flag) == name
     assert flags["--mode"] == "speculative_mode"
@@ -119,17 +136,38 @@ def test_generate_parser_has_engine_and_sampling_flags():
     flags = _option_dest_map(build_parser())
     for name in set(field_names()) - {"seed", "synthetic"}:
         assert flags["--" + name.replace("_", "-")] == name
-    for name in ("temperature", "top_p", "top_k", "min_p", "seed", "max_tokens", "stop", "stop_token_ids",
-                 "ignore_eos"):
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "max_tokens",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+    ):
         assert flags["--" + name.replace("_", "-")] == name
 
 
 # non-default values for string fields whose valid values are constrained
-STRING_VALUES = {"speculative_mode": "ssd", "dtype": "bfloat16", "device": "cuda:1", "cpu_weight_layout": "packed",
-                 "cpu_cores": "0-1;2", "ssd_fanout": "2", "ssd_fallback": "fast",
-                 "attention_backend": "torch", "draft_dtype": "bf16", "target_dtype": "bf16", "load_format": "dummy",
-                 "compile_model": "off", "fused_kernels": "off", "ssd_draft_host": "thread",
-                 "speculation_per_step": "off"}
+STRING_VALUES = {
+    "speculative_mode": "ssd",
+    "dtype": "bfloat16",
+    "device": "cuda:1",
+    "cpu_weight_layout": "packed",
+    "cpu_cores": "0-1;2",
+    "ssd_fanout": "2",
+    "ssd_fallback": "fast",
+    "attention_backend": "torch",
+    "draft_dtype": "bf16",
+    "target_dtype": "bf16",
+    "load_format": "dummy",
+    "compile_model": "off",
+    "fused_kernels": "off",
+    "ssd_draft_host": "thread",
+    "speculation_per_step": "off",
+}
 
 
 def _non_default_argv(f):
@@ -166,9 +204,14 @@ def test_flags_map_onto_config_fields_one_to_one():
         assert value != getattr(EngineConfig(), key)  # each flag really changed its field
 
     aliases = _engine_parser().parse_args(["--mode", "ssd", "--k", "6"])
-    long_names = _engine_parser().parse_args(["--speculative-mode", "ssd", "--num-speculative-tokens", "6"])
-    assert engine_options(aliases) == engine_options(long_names) == dict(speculative_mode="ssd",
-                                                                          num_speculative_tokens=6)
+    long_names = _engine_parser().parse_args(
+        ["--speculative-mode", "ssd", "--num-speculative-tokens", "6"]
+    )
+    assert (
+        engine_options(aliases)
+        == engine_options(long_names)
+        == dict(speculative_mode="ssd", num_speculative_tokens=6)
+    )
 
 
 def test_a_hook_is_a_keyword_and_no_flag():
@@ -176,7 +219,10 @@ def test_a_hook_is_a_keyword_and_no_flag():
     assert hooks == ["synthetic"]
     with pytest.raises(SystemExit):
         _engine_parser().parse_args(["--synthetic", "0.5"])
-    assert EngineConfig(synthetic=Synthetic(acceptance=0.5)).parts().speculative.synthetic_acceptance == 0.5
+    assert (
+        EngineConfig(synthetic=Synthetic(acceptance=0.5)).parts().speculative.synthetic_acceptance
+        == 0.5
+    )
 
 
 def test_unset_flags_leave_config_defaults():
@@ -189,13 +235,47 @@ def test_sampling_flags_build_sampling_params():
     parser = ArgumentParser(prog="t", allow_abbrev=False)
     add_sampling_args(parser, defaults={"max_tokens": 128, "temperature": 0.0})
     params = sampling_params(parser.parse_args([]))
-    assert params.max_tokens == 128 and params.temperature == 0.0 and params.stop == [] and not params.ignore_eos
-    params = sampling_params(parser.parse_args([
-        "--temperature", "0.7", "--top-p", "0.9", "--top-k", "20", "--min-p", "0.05", "--seed", "3",
-        "--max-tokens", "9", "--stop", "\n\n", "--stop", "END", "--stop-token-ids", "5", "--stop-token-ids", "6",
-        "--ignore-eos"]))
-    assert (params.temperature, params.top_p, params.top_k, params.min_p, params.seed, params.max_tokens) == \
-        (0.7, 0.9, 20, 0.05, 3, 9)
+    assert (
+        params.max_tokens == 128
+        and params.temperature == 0.0
+        and params.stop == []
+        and not params.ignore_eos
+    )
+    params = sampling_params(
+        parser.parse_args(
+            [
+                "--temperature",
+                "0.7",
+                "--top-p",
+                "0.9",
+                "--top-k",
+                "20",
+                "--min-p",
+                "0.05",
+                "--seed",
+                "3",
+                "--max-tokens",
+                "9",
+                "--stop",
+                "\n\n",
+                "--stop",
+                "END",
+                "--stop-token-ids",
+                "5",
+                "--stop-token-ids",
+                "6",
+                "--ignore-eos",
+            ]
+        )
+    )
+    assert (
+        params.temperature,
+        params.top_p,
+        params.top_k,
+        params.min_p,
+        params.seed,
+        params.max_tokens,
+    ) == (0.7, 0.9, 20, 0.05, 3, 9)
     assert params.stop == ["\n\n", "END"] and params.stop_token_ids == [5, 6] and params.ignore_eos
 
 
@@ -225,18 +305,30 @@ def test_help_gives_every_flag_a_description_default_and_choices():
     parser = build_parser()
     by_dest = {a.dest: a for a in parser._actions}
     for action in parser._actions:
-        assert action.help and action.help != argparse.SUPPRESS, f"{action.option_strings} has no description"
+        assert action.help and action.help != argparse.SUPPRESS, (
+            f"{action.option_strings} has no description"
+        )
     for f in dataclasses.fields(EngineConfig):
         if f.name == "seed" or is_hook(f):
             continue
         text = by_dest[f.name].help
         # a field without a default says what leaving it unset means instead
-        assert ("unset" in text) if f.default is None else (f"(default: {str(f.default).lower()})" in text.lower())
+        assert (
+            ("unset" in text)
+            if f.default is None
+            else (f"(default: {str(f.default).lower()})" in text.lower())
+        )
     help_text = " ".join(parser.format_help().split())  # argparse wraps lines; compare unwrapped
-    for needle in ("--speculative-mode {auto,ar,sd,ssd}, --mode {auto,ar,sd,ssd}", "K: draft tokens per round (default: 4)",
-                   "--dtype {auto,float32,bfloat16,float16}", "--ssd-fallback {auto,jit,fast}",
-                   "most tokens to generate (default: 128)", "Exit status",
-                   "(default: the model's generation_config.json value, else 1.0)", "--temperature 0 gives the greedy"):
+    for needle in (
+        "--speculative-mode {auto,ar,sd,ssd}, --mode {auto,ar,sd,ssd}",
+        "K: draft tokens per round (default: 4)",
+        "--dtype {auto,float32,bfloat16,float16}",
+        "--ssd-fallback {auto,jit,fast}",
+        "most tokens to generate (default: 128)",
+        "Exit status",
+        "(default: the model's generation_config.json value, else 1.0)",
+        "--temperature 0 gives the greedy",
+    ):
         assert needle in help_text, needle
 
 

@@ -4,6 +4,7 @@ On CPU the graphs are emulated (SSD_ENGINE_EMULATE_CUDA_GRAPHS=1: the same stati
 and replay bookkeeping, each replay re-running the forward) over the Triton kernels under the
 interpreter; on a CUDA machine the last test captures real graphs.
 """
+
 import os
 
 import pytest
@@ -34,7 +35,9 @@ CHECK_PLACEMENT = True
 @pytest.fixture
 def emulated(monkeypatch):
     if DEVICE.type == "cpu":
-        monkeypatch.setenv("SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1")  # the SSD draft process inherits it
+        monkeypatch.setenv(
+            "SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1"
+        )  # the SSD draft process inherits it
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +60,24 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
     n = 16 if mode != "ssd" else 10
     expected = [e[:n] for e in _expected(model, n)]
     greedy = SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    options = dict(device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=32)
+    options = dict(
+        device=DEVICE.type,
+        dtype="float32",
+        attention_backend="triton",
+        block_size=4,
+        cuda_graph_max_batch=32,
+    )
     if mode != "ar":
-        options.update(draft_model=model, speculative_mode=mode, num_speculative_tokens=3, ssd_fanout="1",
-                       speculation_per_step="off",  # SD verifies every step: the graphs it replays are K + 1's
-                       ssd_budget=4, draft_timeout_s=300,  # fixed: no timing of this machine sizes it
-                       draft_dtype="bf16" if DEVICE.type == "cuda" else GPU_DRAFT_DTYPE_ON_CPU)
+        options.update(
+            draft_model=model,
+            speculative_mode=mode,
+            num_speculative_tokens=3,
+            ssd_fanout="1",
+            speculation_per_step="off",  # SD verifies every step: the graphs it replays are K + 1's
+            ssd_budget=4,
+            draft_timeout_s=300,  # fixed: no timing of this machine sizes it
+            draft_dtype="bf16" if DEVICE.type == "cuda" else GPU_DRAFT_DTYPE_ON_CPU,
+        )
     with LLM(model, **options) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         graphs = llm.engine.runner.graphs
@@ -76,31 +91,53 @@ def test_graphed_engine_matches_transformers(model, emulated, mode):
             # layers/attention_backends.py)
             assert llm.speculation_metrics()["acceptance_rate"] > 0.5
             # its draft steps and its catch-up after a fully accepted round (x_K and the bonus)
-            assert {("paged", 1), ("paged", 2)} <= {key for key, _ in llm.engine.speculator.runner.graphs.replayed}
+            assert {("paged", 1), ("paged", 2)} <= {
+                key for key, _ in llm.engine.speculator.runner.graphs.replayed
+            }
         if mode == "ssd":
             assert not llm.engine.speculator.metrics.summary()["draft_failures"]
 
 
 def _runner(model, graphs: int, shapes=(("paged", 1),)) -> ModelRunner:
-    runner = tiny_runner(model, num_kv_blocks=16, block_size=4, max_position=64, device=DEVICE,
-                         attention_backend="triton", cuda_graph_max_batch=graphs)
+    runner = tiny_runner(
+        model,
+        num_kv_blocks=16,
+        block_size=4,
+        max_position=64,
+        device=DEVICE,
+        attention_backend="triton",
+        cuda_graph_max_batch=graphs,
+    )
     runner.capture_graphs(list(shapes))  # what the engine does at start-up
     return runner
 
 
 def _slots_written(before: torch.Tensor, after: torch.Tensor) -> set[int]:
-    return set((after != before).flatten(0, 1).any(dim=-1).any(dim=-1).any(dim=0).nonzero().flatten().tolist())
+    return set(
+        (after != before)
+        .flatten(0, 1)
+        .any(dim=-1)
+        .any(dim=-1)
+        .any(dim=0)
+        .nonzero()
+        .flatten()
+        .tolist()
+    )
 
 
 def test_padding_rows_write_only_the_padding_slot(model, emulated):
     graphed, eager = _runner(model, 4), _runner(model, 0)
     tables = [[0, 1], [2, 3], [4, 5], [6, 7]]
-    prefill = StepInputs([0, 0, 0, 0], [[5, 6, 7], [8, 9], [10], [11, 12]], tables, [[2], [1], [0], [1]])
+    prefill = StepInputs(
+        [0, 0, 0, 0], [[5, 6, 7], [8, 9], [10], [11, 12]], tables, [[2], [1], [0], [1]]
+    )
     for runner in (graphed, eager):
         runner.run(prefill)  # ragged: eager
     assert not graphed.graphs.replayed
-    steps = [StepInputs([3, 2, 1, 2], [[13], [14], [15], [16]], tables, [[0]] * 4),  # 4 rows: graph of 4
-             StepInputs([4, 3, 2], [[17], [18], [19]], tables[:3], [[0]] * 3)]      # 3 rows: same graph, padded
+    steps = [
+        StepInputs([3, 2, 1, 2], [[13], [14], [15], [16]], tables, [[0]] * 4),  # 4 rows: graph of 4
+        StepInputs([4, 3, 2], [[17], [18], [19]], tables[:3], [[0]] * 3),
+    ]  # 3 rows: same graph, padded
     pad_slot = 16 * 4
     for step, new_slots in zip(steps, [{3, 10, 17, 26}, {4 * 1 + 0, 11, 18}]):
         before = graphed.kv_cache.clone()
@@ -119,6 +156,7 @@ def test_a_step_filling_its_bucket_goes_in_with_one_copy(model, emulated):
     from instrumentation.op_count import OpCounter
 
     from ssd_engine.runtime.decode_feed import DecodeFeed
+
     graphed, eager = _runner(model, 4), _runner(model, 0)
     tables = [[0, 1], [2, 3]]
     for runner in (graphed, eager):
@@ -128,6 +166,7 @@ def test_a_step_filling_its_bucket_goes_in_with_one_copy(model, emulated):
     def counted(*args):
         with ops.scope("fill"):
             fill(*args)
+
     graphed.graphs._fill = counted
 
     def copies(run):
@@ -136,13 +175,17 @@ def test_a_step_filling_its_bucket_goes_in_with_one_copy(model, emulated):
             logits = run()
         return ops.total("fill", "compute") - before, logits
 
-    step = StepInputs([3, 2], [[13], [14]], tables, [[0], [0]])  # 2 rows: the graph of 2, no padding
+    step = StepInputs(
+        [3, 2], [[13], [14]], tables, [[0], [0]]
+    )  # 2 rows: the graph of 2, no padding
     n, logits = copies(lambda: graphed.run(step))
     assert n == 2
     torch.testing.assert_close(logits, eager.run(step))
     feeds = [DecodeFeed(runner, [4, 3], tables, 2) for runner in (graphed, eager)]
     tokens = torch.tensor([15, 16], device=DEVICE)
-    for s, want in enumerate([3, 2]):  # the drawn ids, [positions | slots | key counts], the tables once
+    for s, want in enumerate(
+        [3, 2]
+    ):  # the drawn ids, [positions | slots | key counts], the tables once
         n, logits = copies(lambda: feeds[0].step(s, tokens))
         assert n == want
         torch.testing.assert_close(logits, feeds[1].step(s, tokens))
@@ -153,7 +196,7 @@ def test_only_named_shapes_are_graphed(model, emulated):
     shapes the engine named at start-up (here decode) replay."""
     runner = _runner(model, 4)
     tables = [[0, 1], [2, 3]]
-    runner.run(StepInputs([0, 0], [[5, 6, 7], [8, 9, 10]], tables, [[2], [2]]))   # 2 rows x 3 tokens
+    runner.run(StepInputs([0, 0], [[5, 6, 7], [8, 9, 10]], tables, [[2], [2]]))  # 2 rows x 3 tokens
     assert not runner.graphs.replayed
     runner.run(StepInputs([3, 3], [[11], [12]], tables, [[0], [0]]))
     assert list(runner.graphs.replayed) == [(("paged", 1), 2)]
@@ -166,14 +209,24 @@ def test_tree_steps_replay_and_match_eager(model, emulated):
     for runner in (graphed, eager):
         runner.run(prefill)
     k, scratch_base = 3, 8 * 4  # branch paths in blocks 8.. (after the trunks)
-    seq_of_branch, fork = torch.tensor([0, 0, 1, 1, 1], device=DEVICE), [10, 8, 7, 5, 6]  # 5 branches: a graph of 8
+    seq_of_branch, fork = (
+        torch.tensor([0, 0, 1, 1, 1], device=DEVICE),
+        [10, 8, 7, 5, 6],
+    )  # 5 branches: a graph of 8
     scratch = (scratch_base + torch.arange(5 * k, device=DEVICE)).view(5, k)
     trunk_tables = torch.tensor(tables, dtype=torch.int32, device=DEVICE)
     ids = torch.tensor([30, 31, 32, 33, 34], device=DEVICE)
     for step in range(k):
         before = graphed.kv_cache.clone()
-        meta = lambda: branch_metadata(trunk_tables, seq_of_branch, torch.tensor(fork, device=DEVICE), max(fork),
-                                       scratch, step, 4)
+        meta = lambda: branch_metadata(
+            trunk_tables,
+            seq_of_branch,
+            torch.tensor(fork, device=DEVICE),
+            max(fork),
+            scratch,
+            step,
+            4,
+        )
         positions = torch.tensor(fork, device=DEVICE) + step
         logits = graphed.run_metadata(ids, positions, meta())
         assert _slots_written(before, graphed.kv_cache) <= set(scratch[:, step].tolist()) | {16 * 4}
@@ -183,16 +236,26 @@ def test_tree_steps_replay_and_match_eager(model, emulated):
 
 
 def test_enforce_eager_and_the_reference_backend_capture_nothing(model, emulated):
-    with LLM(model, device=DEVICE.type, dtype="float32", attention_backend="triton", enforce_eager=True) as llm:
+    with LLM(
+        model, device=DEVICE.type, dtype="float32", attention_backend="triton", enforce_eager=True
+    ) as llm:
         assert llm.engine.runner.graphs is None
     with LLM(model, device=DEVICE.type, dtype="float32", attention_backend="torch") as llm:
         assert llm.engine.runner.graphs is None  # dense masks depend on the data: no graphs
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="captures real CUDA graphs: needs a CUDA GPU")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="captures real CUDA graphs: needs a CUDA GPU"
+)
 def test_real_cuda_graphs_equal_eager(model):
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    options = dict(device="cuda", dtype="float32", draft_model=model, speculative_mode="sd", num_speculative_tokens=3)
+    options = dict(
+        device="cuda",
+        dtype="float32",
+        draft_model=model,
+        speculative_mode="sd",
+        num_speculative_tokens=3,
+    )
     with LLM(model, enforce_eager=True, **options) as llm:
         eager = [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
     with LLM(model, **options) as llm:
@@ -207,8 +270,9 @@ def test_capture_all_then_replay(model, emulated):
     graphed, eager = _runner(model, 4, []), _runner(model, 0)
     before = graphed.kv_cache.clone()
     graphed.graphs.capture_all([("paged", 1), ("paged", 3), ("tree", 2)])
-    assert set(graphed.graphs.graphs) == {(key, n) for key in [("paged", 1), ("paged", 3), ("tree", 2)]
-                                          for n in (1, 2, 4)}
+    assert set(graphed.graphs.graphs) == {
+        (key, n) for key in [("paged", 1), ("paged", 3), ("tree", 2)] for n in (1, 2, 4)
+    }
     assert _slots_written(before, graphed.kv_cache) <= {16 * 4}
     tables = [[0, 1], [2, 3]]
     prefill = StepInputs([0, 0], [[5, 6, 7], [8, 9]], tables, [[2], [1]])
@@ -219,15 +283,25 @@ def test_capture_all_then_replay(model, emulated):
     assert len(graphed.graphs.graphs) == 9  # nothing new was captured
 
 
-@pytest.mark.skipif(DEVICE.type == "cuda" and torch.cuda.device_count() < 2,
-                    reason="two ranks need two GPUs (NCCL links no two ranks on one device)")
+@pytest.mark.skipif(
+    DEVICE.type == "cuda" and torch.cuda.device_count() < 2,
+    reason="two ranks need two GPUs (NCCL links no two ranks on one device)",
+)
 def test_tensor_parallel_ranks_replay_graphs_in_lockstep(tiny_model_dir, emulated):
     """TP = 2 with graphs (the production GPU shape, here on CPU): every rank picks the same graph for
     each step, so the all-reduces inside the replays meet; greedy output equals transformers'."""
     path = tiny_model_dir("qwen2", vocab_size=321, intermediate_size=131)  # one KV head per rank
     expected = [e[:10] for e in _expected(path, 10)]
     greedy = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    with LLM(path, device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4, cuda_graph_max_batch=4,
-             tensor_parallel_size=2, distributed_timeout_s=120) as llm:
+    with LLM(
+        path,
+        device=DEVICE.type,
+        dtype="float32",
+        attention_backend="triton",
+        block_size=4,
+        cuda_graph_max_batch=4,
+        tensor_parallel_size=2,
+        distributed_timeout_s=120,
+    ) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
         assert (("paged", 1), 4) in llm.engine.runner.runner.graphs.replayed

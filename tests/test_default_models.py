@@ -122,12 +122,16 @@ def test_resolve_joins_converts_then_hits_cache(tmp_path, cache, monkeypatch):
     folder = Path(dm.resolve_default_model("draft"))
     assert folder == cache / "fake-model" and dm.is_complete(folder)
     assert calls == [b"".join(chunks)]
-    assert not (cache / "fake.gguf").exists()  # the joined GGUF moved into the folder it was converted into
+    assert not (
+        cache / "fake.gguf"
+    ).exists()  # the joined GGUF moved into the folder it was converted into
     assert (folder / "fake.gguf").read_bytes() == b"".join(chunks)
 
     # Second call: must not join again (nor even look at the parts).
     monkeypatch.setattr(dm, "join_parts", lambda *a, **k: pytest.fail("re-joined on cache hit"))
-    monkeypatch.setattr(dm, "locate_parts", lambda *a, **k: pytest.fail("looked up parts on cache hit"))
+    monkeypatch.setattr(
+        dm, "locate_parts", lambda *a, **k: pytest.fail("looked up parts on cache hit")
+    )
     assert Path(dm.resolve_default_model("draft")) == folder
     assert len(calls) == 1
 
@@ -140,7 +144,9 @@ def test_incomplete_folder_is_rebuilt_and_keep_gguf(tmp_path, cache, monkeypatch
     (cache / "fake-model").mkdir(parents=True)
     (cache / "fake-model" / "config.json").write_text("{}")
     calls = []
-    monkeypatch.setattr(dm, "convert_gguf_to_hf", lambda g, o: (_rm(o), _fake_convert(calls)(g, o))[1])
+    monkeypatch.setattr(
+        dm, "convert_gguf_to_hf", lambda g, o: (_rm(o), _fake_convert(calls)(g, o))[1]
+    )
     assert dm.is_complete(Path(dm.resolve_default_model("target")))
     assert len(calls) == 1
     assert (cache / "fake.gguf").read_bytes() == b"x" * 10 + b"y" * 10

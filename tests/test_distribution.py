@@ -40,6 +40,7 @@ verifier's, so the draft's x = F_q^-1(u) and the acceptance test read the same u
 False alarms: about 30 checks at 1e-3 each (<= 3% family-wise). Seeds are fixed, so a given
 checkout passes or fails deterministically. Run with -s to see the statistics.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -71,16 +72,24 @@ SD_N = {"T=1": 22_000, "top_k=3": 20_000, "top_p=0.9": 14_000}
 SEEDINGS = ("unseeded", "seeded")
 
 SSD_TESTED, SSD_TOKENS = 3, 4  # t4
-SSD_PATHS = {"hit": dict(ssd_fanout=16, ssd_fallback="jit"), "jit": dict(ssd_fanout=0, ssd_fallback="jit"),
-             "fast": dict(ssd_fanout=0, ssd_fallback="fast"),
-             # b* pinned between the two wave sizes below, so the rule takes both backups
-             "auto": dict(ssd_fanout=0, ssd_fallback="auto", ssd_critical_batch=512),
-             "saguaro C=0.3": dict(ssd_fanout=1, saguaro_c=0.3, ssd_fallback="jit"),
-             "saguaro C=0": dict(ssd_fanout=2, saguaro_c=0.0, ssd_fallback="jit")}
+SSD_PATHS = {
+    "hit": dict(ssd_fanout=16, ssd_fallback="jit"),
+    "jit": dict(ssd_fanout=0, ssd_fallback="jit"),
+    "fast": dict(ssd_fanout=0, ssd_fallback="fast"),
+    # b* pinned between the two wave sizes below, so the rule takes both backups
+    "auto": dict(ssd_fanout=0, ssd_fallback="auto", ssd_critical_batch=512),
+    "saguaro C=0.3": dict(ssd_fanout=1, saguaro_c=0.3, ssd_fallback="jit"),
+    "saguaro C=0": dict(ssd_fanout=2, saguaro_c=0.0, ssd_fallback="jit"),
+}
 AUTO_WAVES = (300, 1000)  # batch sizes below and above the pinned b*
 SSD_VARIANTS = {  # (path, params): samples
-    ("hit", "T=1"): 9_500, ("hit", "top_p=0.9"): 7_000, ("jit", "T=1"): 9_500, ("jit", "top_k=3"): 9_500,
-    ("fast", "T=1"): 9_500, ("auto", "T=1"): 9_500, ("saguaro C=0.3", "T=1"): 9_500,
+    ("hit", "T=1"): 9_500,
+    ("hit", "top_p=0.9"): 7_000,
+    ("jit", "T=1"): 9_500,
+    ("jit", "top_k=3"): 9_500,
+    ("fast", "T=1"): 9_500,
+    ("auto", "T=1"): 9_500,
+    ("saguaro C=0.3", "T=1"): 9_500,
     ("saguaro C=0", "top_p=0.9"): 7_000,
 }
 NEGATIVE_CONTROL_SAMPLES = 6_000
@@ -97,7 +106,9 @@ def _reset_counters(llm: LLM) -> None:
         llm.engine.speculator.metrics.reset()
 
 
-def _run(llm: LLM, name: str, max_tokens: int, n: int, seeded: bool, waves: tuple[int, ...] = ()) -> list[list[int]]:
+def _run(
+    llm: LLM, name: str, max_tokens: int, n: int, seeded: bool, waves: tuple[int, ...] = ()
+) -> list[list[int]]:
     """n requests of one prompt through the engine loop; their output tokens. All at once, or in
     waves of the given sizes (cycled), each run to its end before the next is added."""
     engine = llm.engine
@@ -105,8 +116,13 @@ def _run(llm: LLM, name: str, max_tokens: int, n: int, seeded: bool, waves: tupl
     sizes = itertools.cycle(waves or (n,))
     while len(seqs) < n:
         wave = min(next(sizes), n - len(seqs))
-        seqs += [engine.add_request(DIST_PROMPT, _params(name, max_tokens, SEED_BASE + len(seqs) + i if seeded else None))
-                 for i in range(wave)]
+        seqs += [
+            engine.add_request(
+                DIST_PROMPT,
+                _params(name, max_tokens, SEED_BASE + len(seqs) + i if seeded else None),
+            )
+            for i in range(wave)
+        ]
         while engine.has_unfinished():
             engine.step()
     assert all(len(s.output_token_ids) == max_tokens for s in seqs)
@@ -123,17 +139,24 @@ def exact(small_pair):
         if (name, length) not in cache:
             cache[name, length] = output_law(target, DIST_PROMPT, _params(name, length), length)
         return cache[name, length]
+
     return get
 
 
 def _check(label: str, result, tv: float, metrics: dict) -> None:
     stat, dof, p, n = result
     power = gof_power(dof, n, tv, ALPHA)
-    print(f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n}, power vs TV {tv} = {power:.3f}, "
-          f"acceptance = {metrics['acceptance_rate']:.3f}")
-    assert 0.2 < metrics["acceptance_rate"] < 0.9  # the accept and residual branches both carry mass
+    print(
+        f"\n{label}: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}, n = {n}, power vs TV {tv} = {power:.3f}, "
+        f"acceptance = {metrics['acceptance_rate']:.3f}"
+    )
+    assert (
+        0.2 < metrics["acceptance_rate"] < 0.9
+    )  # the accept and residual branches both carry mass
     assert dof >= 2 and power >= DESIGN_POWER, "too many cells for the sample size: raise n"
-    assert p >= ALPHA, f"{label}: the emitted law differs from the target's (chi2 = {stat:.1f}, dof = {dof}, p = {p:.2e})"
+    assert p >= ALPHA, (
+        f"{label}: the emitted law differs from the target's (chi2 = {stat:.1f}, dof = {dof}, p = {p:.2e})"
+    )
 
 
 def test_power_helpers_against_known_values():
@@ -159,15 +182,26 @@ def test_exact_law_is_a_distribution_and_matches_plain_ar(small_pair, exact):
 # --------------------------------------------------------------------------- SD
 
 
-def _sd(small_pair, name: str, n: int, seedings: tuple[str, ...], seed: int = 12) -> list[tuple[Counter, dict]]:
+def _sd(
+    small_pair, name: str, n: int, seedings: tuple[str, ...], seed: int = 12
+) -> list[tuple[Counter, dict]]:
     """Per seeding, in order and through one engine: (sample of (t1, t2), that batch's metrics)."""
     target, draft = small_pair
-    with LLM(target, **engine_options(seed=seed, draft_model=draft, speculative_mode="sd",
-                                        num_speculative_tokens=SD_K[name])) as llm:
+    with LLM(
+        target,
+        **engine_options(
+            seed=seed, draft_model=draft, speculative_mode="sd", num_speculative_tokens=SD_K[name]
+        ),
+    ) as llm:
         batches = []
         for seeding in seedings:
             _reset_counters(llm)
-            batches.append((Counter(map(tuple, _run(llm, name, 2, n, seeding == "seeded"))), llm.speculation_metrics()))
+            batches.append(
+                (
+                    Counter(map(tuple, _run(llm, name, 2, n, seeding == "seeded"))),
+                    llm.speculation_metrics(),
+                )
+            )
         return batches
 
 
@@ -177,20 +211,37 @@ def test_sd_first_two_tokens_follow_the_target(small_pair, exact, name):
         _check(f"SD [{name}, {seeding}]", fit(sample, exact(name, 2)), SD_TV, metrics)
 
 
-def _accept_all(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None,
-                **options):
+def _accept_all(
+    draft_tokens,
+    draft_probs,
+    target_probs,
+    generators,
+    num_draft=None,
+    default_generator=None,
+    **options,
+):
     """BROKEN on purpose: p := q at every drafted position, so every draft token is accepted."""
     k = draft_tokens.shape[1]
     forced = target_probs.clone()
     forced[:, :k] = draft_probs
-    return rejection.verify(draft_tokens, draft_probs, forced, generators, num_draft, default_generator, **options)
+    return rejection.verify(
+        draft_tokens, draft_probs, forced, generators, num_draft, default_generator, **options
+    )
 
 
-def _bonus_from_p(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None,
-                  **options):
+def _bonus_from_p(
+    draft_tokens,
+    draft_probs,
+    target_probs,
+    generators,
+    num_draft=None,
+    default_generator=None,
+    **options,
+):
     """BROKEN on purpose: after a rejection the bonus is drawn from p instead of max(0, p - q)."""
-    result = rejection.verify(draft_tokens, draft_probs, target_probs, generators, num_draft, default_generator,
-                              **options)
+    result = rejection.verify(
+        draft_tokens, draft_probs, target_probs, generators, num_draft, default_generator, **options
+    )
     rejected = [i for i, a in enumerate(result.num_accepted.tolist()) if a < draft_tokens.shape[1]]
     if rejected:
         p = target_probs[rejected, result.num_accepted[rejected]]
@@ -205,39 +256,55 @@ def test_negative_control_broken_verifier_is_rejected(small_pair, exact, monkeyp
     monkeypatch.setattr(verifier, "verify", broken)
     [(sample, _)] = _sd(small_pair, "T=1", NEGATIVE_CONTROL_SAMPLES, ("unseeded",), seed=13)
     stat, dof, p, _ = fit(sample, exact("T=1", 2))
-    print(f"\nNEGATIVE CONTROL [{broken.__name__}, SD]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
+    print(
+        f"\nNEGATIVE CONTROL [{broken.__name__}, SD]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}"
+    )
     assert p < ALPHA
 
 
-def test_negative_control_draft_sharing_the_verifier_stream_is_rejected(small_pair, exact, monkeypatch):
+def test_negative_control_draft_sharing_the_verifier_stream_is_rejected(
+    small_pair, exact, monkeypatch
+):
     """The seeded-request bug: the draft's generator seeded like the target's (same uniforms)."""
+
     def shared(self):
         if "_shared" not in self.__dict__:
             self._shared = stream_generator(self.params.seed, Stream.TARGET)
         return self._shared
+
     monkeypatch.setattr(Sequence, "draft_generator", property(shared))
     [(sample, _)] = _sd(small_pair, "T=1", NEGATIVE_CONTROL_SAMPLES, ("seeded",), seed=13)
     stat, dof, p, _ = fit(sample, exact("T=1", 2))
-    print(f"\nNEGATIVE CONTROL [draft on the verifier's stream, SD seeded]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
+    print(
+        f"\nNEGATIVE CONTROL [draft on the verifier's stream, SD seeded]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}"
+    )
     assert p < ALPHA
 
 
 # --------------------------------------------------------------------------- SSD
 
 
-def _ssd(small_pair, path: str, name: str, n: int, seedings: tuple[str, ...], seed: int = 22
-         ) -> list[tuple[Counter, dict]]:
+def _ssd(
+    small_pair, path: str, name: str, n: int, seedings: tuple[str, ...], seed: int = 22
+) -> list[tuple[Counter, dict]]:
     """Per seeding, in order and through one engine: (sample of t4, that batch's metrics)."""
     target, draft = small_pair
-    options = engine_options(seed=seed, draft_model=draft, speculative_mode="ssd", num_speculative_tokens=1,
-                             **SSD_PATHS[path])
+    options = engine_options(
+        seed=seed,
+        draft_model=draft,
+        speculative_mode="ssd",
+        num_speculative_tokens=1,
+        **SSD_PATHS[path],
+    )
     with LLM(target, **options) as llm:
         waves = AUTO_WAVES if path == "auto" else ()
         batches = []
         for seeding in seedings:
             _reset_counters(llm)
             outputs = _run(llm, name, SSD_TOKENS, n, seeding == "seeded", waves)
-            batches.append((Counter(tokens[SSD_TESTED] for tokens in outputs), llm.speculation_metrics()))
+            batches.append(
+                (Counter(tokens[SSD_TESTED] for tokens in outputs), llm.speculation_metrics())
+            )
         return batches
 
 
@@ -247,7 +314,9 @@ def _check_path(path: str, metrics: dict) -> None:
     if path == "hit":
         assert metrics["cache_hit_rate_warm"] == 1.0
     elif path.startswith("saguaro"):
-        assert 0 < metrics["cache_hit_rate_warm"] < 1  # both the cached and the just-in-time q_C rows are tested
+        assert (
+            0 < metrics["cache_hit_rate_warm"] < 1
+        )  # both the cached and the just-in-time q_C rows are tested
     elif path == "auto":
         assert metrics["cache_hit_rate"] == 0.0 and sources == {"jit", "fast"}
     else:
@@ -257,17 +326,27 @@ def _check_path(path: str, metrics: dict) -> None:
 @pytest.mark.parametrize("path,name", SSD_VARIANTS, ids=[f"{a}-{b}" for a, b in SSD_VARIANTS])
 def test_ssd_fourth_token_follows_the_target(small_pair, exact, path, name):
     law = marginal(exact(name, SSD_TOKENS), SSD_TESTED)
-    for seeding, (sample, metrics) in zip(SEEDINGS, _ssd(small_pair, path, name, SSD_VARIANTS[path, name], SEEDINGS)):
-        print(f"\n{seeding}: speculations {metrics['speculations_by_source']}, "
-              f"warm hit rate {metrics['cache_hit_rate_warm']:.3f}")
+    for seeding, (sample, metrics) in zip(
+        SEEDINGS, _ssd(small_pair, path, name, SSD_VARIANTS[path, name], SEEDINGS)
+    ):
+        print(
+            f"\n{seeding}: speculations {metrics['speculations_by_source']}, "
+            f"warm hit rate {metrics['cache_hit_rate_warm']:.3f}"
+        )
         _check_path(path, metrics)
         _check(f"SSD [{path}, {name}, {seeding}]", fit(sample, law), SSD_TV, metrics)
 
 
-def test_negative_control_broken_verifier_on_the_hit_path_is_rejected(small_pair, exact, monkeypatch):
+def test_negative_control_broken_verifier_on_the_hit_path_is_rejected(
+    small_pair, exact, monkeypatch
+):
     monkeypatch.setattr(verifier, "verify", _accept_all)
-    [(sample, metrics)] = _ssd(small_pair, "hit", "T=1", NEGATIVE_CONTROL_SAMPLES // 2, ("unseeded",), seed=23)
+    [(sample, metrics)] = _ssd(
+        small_pair, "hit", "T=1", NEGATIVE_CONTROL_SAMPLES // 2, ("unseeded",), seed=23
+    )
     stat, dof, p, _ = fit(sample, marginal(exact("T=1", SSD_TOKENS), SSD_TESTED))
-    print(f"\nNEGATIVE CONTROL [accept_all, SSD hit path]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
+    print(
+        f"\nNEGATIVE CONTROL [accept_all, SSD hit path]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}"
+    )
     assert metrics["cache_hit_rate_warm"] == 1.0
     assert p < ALPHA

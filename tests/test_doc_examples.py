@@ -10,6 +10,7 @@ a command for CUDA, several nodes or a Ray cluster, on a machine without them, h
 the CLI's own parser. A block's fixed server port is swapped for a free one; a Python block's real shape folder
 (configs/shapes/, random weights) for a two-layer copy of it.
 """
+
 import json
 import os
 import re
@@ -25,12 +26,15 @@ import torch
 from process_helpers import free_port
 from repo_files import REPO, tracked_files
 
-DOCS = ["README.md", "benchmarks/README.md"] + [str(p.relative_to(REPO)) for p in tracked_files(under="docs")
-                                                 if p.suffix == ".md"]
+DOCS = ["README.md", "benchmarks/README.md"] + [
+    str(p.relative_to(REPO)) for p in tracked_files(under="docs") if p.suffix == ".md"
+]
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LANGUAGES = {"python", "bash", "text"}
-CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def doc_blocks() -> list[tuple[str, int, str, str]]:
@@ -39,7 +43,9 @@ def doc_blocks() -> list[tuple[str, int, str, str]]:
     for doc in DOCS:
         text = (REPO / doc).read_text()
         for match in FENCE.finditer(text):
-            found.append((doc, text.count("\n", 0, match.start()) + 1, match.group(1), match.group(2)))
+            found.append(
+                (doc, text.count("\n", 0, match.start()) + 1, match.group(1), match.group(2))
+            )
     return found
 
 
@@ -61,9 +67,13 @@ def stand_in_cache(tmp_path_factory) -> Path:
     cache = tmp_path_factory.mktemp("cache")
     for seed, spec in ((0, default_models.DEFAULT_TARGET), (1, default_models.DEFAULT_DRAFT)):
         folder = cache / spec.name
-        tiny_checkpoints.build_checkpoint(str(folder), "qwen2", seed=seed, max_position_embeddings=4096)
+        tiny_checkpoints.build_checkpoint(
+            str(folder), "qwen2", seed=seed, max_position_embeddings=4096
+        )
         config = json.loads((folder / "tokenizer_config.json").read_text())
-        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": CHAT_TEMPLATE}))
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps({**config, "chat_template": CHAT_TEMPLATE})
+        )
         (folder / default_models.MARKER).write_text("{}\n")
     return cache
 
@@ -75,7 +85,9 @@ def _env(cache: Path) -> dict:
 def _commands(body: str) -> list[str]:
     """A bash block's commands: continuation lines joined, `&&` chains split, comments dropped."""
     lines = body.replace("\\\n", " ").splitlines()
-    return [part.split("  #")[0].strip() for line in lines for part in line.split("&&") if part.strip()]
+    return [
+        part.split("  #")[0].strip() for line in lines for part in line.split("&&") if part.strip()
+    ]
 
 
 def _needs_hardware(command: str) -> str | None:
@@ -96,7 +108,7 @@ def _parse_only(command: str) -> None:
     if "-m" not in argv:
         assert argv[0] == "ray", command
         return
-    module_args = argv[argv.index("-m") + 2:]
+    module_args = argv[argv.index("-m") + 2 :]
     parsers = {"ssd_engine.generate": generate.build_parser, "ssd_engine.serve": serve.build_parser}
     parsers[argv[argv.index("-m") + 1]]().parse_args(module_args)
 
@@ -109,8 +121,16 @@ def _results_elsewhere(command: str, out: Path) -> str:
 
 
 def _run(command: str, cache: Path, timeout: int = 300) -> str:
-    done = subprocess.run(command, shell=True, cwd=REPO, env=_env(cache), capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+    done = subprocess.run(
+        command,
+        shell=True,
+        cwd=REPO,
+        env=_env(cache),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
     return done.stdout
 
@@ -119,8 +139,16 @@ def _run_with_server(commands: list[str], cache: Path) -> None:
     """`python -m ssd_engine.serve --port P` started, every later command run against it."""
     port = free_port()
     serve, *clients = [re.sub(r"\b8000\b", str(port), c) for c in commands]
-    server = subprocess.Popen(serve, shell=True, cwd=REPO, env=_env(cache), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)
+    server = subprocess.Popen(
+        serve,
+        shell=True,
+        cwd=REPO,
+        env=_env(cache),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 300
         while True:
@@ -132,7 +160,11 @@ def _run_with_server(commands: list[str], cache: Path) -> None:
                 assert time.monotonic() < deadline, "the server never answered /health"
                 time.sleep(0.5)
         for client in clients:
-            assert "data: [DONE]" in _run(client, cache) if '"stream": true' in client else _run(client, cache)
+            assert (
+                "data: [DONE]" in _run(client, cache)
+                if '"stream": true' in client
+                else _run(client, cache)
+            )
     finally:
         os.killpg(server.pid, 2)  # Ctrl-C, as a reader stops it
         server.wait(timeout=60)
@@ -160,19 +192,39 @@ def _shallow_shapes(body: str, folder: Path) -> str:
 @pytest.mark.parametrize("doc, line, lang, body", CODE, ids=[f"{d}:{n}" for d, n, _, _ in CODE])
 def test_the_block_runs(doc, line, lang, body, stand_in_cache, tmp_path):
     if lang == "python":
-        _run(f"{shlex.quote(sys.executable)} -c {shlex.quote(_shallow_shapes(body, tmp_path))}", stand_in_cache)
+        _run(
+            f"{shlex.quote(sys.executable)} -c {shlex.quote(_shallow_shapes(body, tmp_path))}",
+            stand_in_cache,
+        )
         return
     commands = [c for c in _commands(body) if not c.startswith("pip install")]
     if _is_ci_test_command(commands):  # the suite itself: CI runs exactly this line
-        extracted = subprocess.run(["awk", "/<!-- test-command -->/{found=1; next} found && /^```/{if (inside) exit; "
-                                    "inside=1; next} inside", "README.md"], cwd=REPO, capture_output=True, text=True)
+        extracted = subprocess.run(
+            [
+                "awk",
+                "/<!-- test-command -->/{found=1; next} found && /^```/{if (inside) exit; "
+                "inside=1; next} inside",
+                "README.md",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         assert doc == "README.md" and extracted.stdout.strip() == body.strip()
         return
     hardware = [c for c in commands if _needs_hardware(c)]
     for command in hardware:
         _parse_only(command)
-    runnable = [_results_elsewhere(c.replace("python ", f"{shlex.quote(sys.executable)} ", 1)
-                                   if c.startswith("python ") else c, tmp_path) for c in commands if c not in hardware]
+    runnable = [
+        _results_elsewhere(
+            c.replace("python ", f"{shlex.quote(sys.executable)} ", 1)
+            if c.startswith("python ")
+            else c,
+            tmp_path,
+        )
+        for c in commands
+        if c not in hardware
+    ]
     if runnable and "ssd_engine.serve" in runnable[0]:
         _run_with_server(runnable, stand_in_cache)
         return

@@ -1,6 +1,7 @@
 """The docs say what the repository holds: every file a comment, docstring or doc points at exists in
 the checkout, docs/ARCHITECTURE.md's module map names exactly the modules under ssd_engine/ and the
 names it attributes to them, and nothing points outside the repository."""
+
 import ast
 import re
 import subprocess
@@ -33,9 +34,21 @@ def _files(*tops: str, suffixes: tuple[str, ...]) -> list[Path]:
 def citing_files() -> list[Path]:
     """Code, README and docs. benchmarks/results/ is left out: a result describes the checkout it
     was measured on (it records the commit), whose files may since have moved."""
-    code = _files("ssd_engine", "kernels", "benchmarks", "scripts", "tests", ".ci", suffixes=(".py", ".sh", ""))
+    code = _files(
+        "ssd_engine",
+        "kernels",
+        "benchmarks",
+        "scripts",
+        "tests",
+        ".ci",
+        suffixes=(".py", ".sh", ""),
+    )
     docs = _files("README.md", "docs", suffixes=(".md",))
-    return [p for p in code if "results" not in p.relative_to(REPO).parts] + docs + [REPO / "pyproject.toml"]
+    return (
+        [p for p in code if "results" not in p.relative_to(REPO).parts]
+        + docs
+        + [REPO / "pyproject.toml"]
+    )
 
 
 def _exists(cited: str, citing: Path) -> bool:
@@ -50,7 +63,9 @@ def test_every_cited_file_exists():
         for pattern in (RELATIVE_PATH, MARKDOWN_NAME):
             for match in pattern.finditer(text):
                 cited = match.group(1)
-                joined = re.search(r"/ ['\"]$", text[:match.start()])  # tmp_path / "out.md": made at run time
+                joined = re.search(
+                    r"/ ['\"]$", text[: match.start()]
+                )  # tmp_path / "out.md": made at run time
                 if joined or cited in NOT_OURS or TEMPLATE.search(cited):
                     continue
                 if not _exists(cited, path):
@@ -62,10 +77,16 @@ def test_every_cited_file_exists():
 def test_cited_doc_sections_exist():
     missing = []
     for path in citing_files():
-        for doc, title in SECTION_REFERENCE.findall(path.read_text(encoding="utf-8", errors="replace")):
-            headings = [ln.lstrip("#").strip() for ln in (REPO / doc).read_text().splitlines() if ln.startswith("#")]
+        for doc, title in SECTION_REFERENCE.findall(
+            path.read_text(encoding="utf-8", errors="replace")
+        ):
+            headings = [
+                ln.lstrip("#").strip()
+                for ln in (REPO / doc).read_text().splitlines()
+                if ln.startswith("#")
+            ]
             if not any(title in h for h in headings):
-                missing.append(f"{path.relative_to(REPO)}: {doc} \"{title}\"")
+                missing.append(f'{path.relative_to(REPO)}: {doc} "{title}"')
     assert not missing, missing
 
 
@@ -91,7 +112,11 @@ def test_repository_scans_skip_what_a_user_keeps_in_the_checkout(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     (tmp_path / "ours.py").write_text("print('ours')\n")
     subprocess.run(["git", "-C", str(tmp_path), "add", "ours.py"], check=True)
-    for untracked in (".venv/lib/python3.11/site-packages/hf_xet/build.txt", "results/run.log", "scratch.py"):
+    for untracked in (
+        ".venv/lib/python3.11/site-packages/hf_xet/build.txt",
+        "results/run.log",
+        "scratch.py",
+    ):
         (tmp_path / untracked).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / untracked).write_bytes(b"built in " + OUTSIDE[1] + b"build/hf_xet\n")
     assert tracked_files(tmp_path) == [tmp_path / "ours.py"]
@@ -106,13 +131,15 @@ def _expand(entry: str) -> list[str]:
     match = re.search(r"\{([^}]*)\}", entry)
     if not match:
         return [entry]
-    return [entry[:match.start()] + part + entry[match.end():] for part in match.group(1).split(",")]
+    return [
+        entry[: match.start()] + part + entry[match.end() :] for part in match.group(1).split(",")
+    ]
 
 
 def module_map() -> list[tuple[list[Path], str]]:
     """(files of the first column, description) per row; package modules may omit `ssd_engine/`."""
     text = ARCHITECTURE.read_text()
-    table = text[text.index("## Module map"):].split("\n## ", 1)[0]
+    table = text[text.index("## Module map") :].split("\n## ", 1)[0]
     rows = []
     for line in table.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -122,20 +149,30 @@ def module_map() -> list[tuple[list[Path], str]]:
         for entry in re.findall(r"`([^`]+)`", cells[0]):
             for name in _expand(entry):
                 top = name.split("/", 1)[0]
-                files.append(REPO / name if top in ("ssd_engine", "kernels", "benchmarks", "scripts", "tests") else PACKAGE / name)
+                files.append(
+                    REPO / name
+                    if top in ("ssd_engine", "kernels", "benchmarks", "scripts", "tests")
+                    else PACKAGE / name
+                )
         rows.append((files, "|".join(cells[1:])))
     return rows
 
 
 def test_module_map_names_only_existing_files():
-    missing = [str(f.relative_to(REPO)) for files, _ in module_map() for f in files if not f.is_file()]
+    missing = [
+        str(f.relative_to(REPO)) for files, _ in module_map() for f in files if not f.is_file()
+    ]
     assert not missing, missing
 
 
 def test_module_map_covers_every_module_of_the_package():
     mapped = {f for files, _ in module_map() for f in files}
-    modules = {p for top in ("ssd_engine", "kernels") for p in tracked_files(under=top)
-               if p.suffix == ".py" and p.name != "__init__.py"}
+    modules = {
+        p
+        for top in ("ssd_engine", "kernels")
+        for p in tracked_files(under=top)
+        if p.suffix == ".py" and p.name != "__init__.py"
+    }
     unmapped = sorted(str(p.relative_to(REPO)) for p in modules - mapped)
     assert not unmapped, f"docs/ARCHITECTURE.md's module map lacks {unmapped}"
     assert PACKAGE / "__init__.py" in mapped  # the public API
@@ -162,7 +199,10 @@ def test_runners_are_built_only_through_runner_spec():
         if path.suffix != ".py" or path.name == "model_runner.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "ModelRunner":
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", getattr(node.func, "attr", None)) == "ModelRunner"
+            ):
                 direct.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert not direct, direct
     assert "RunnerSpec" in ARCHITECTURE.read_text()
@@ -177,9 +217,14 @@ def test_docs_name_no_removed_api(doc):
 def test_every_result_file_is_in_the_results_index():
     """benchmarks/results/README.md's patterns cover every run kept there, and each pattern a run."""
     import fnmatch
+
     results = REPO / "benchmarks" / "results"
     index = (results / "README.md").read_text()
-    patterns = [p for row in re.findall(r"^\| (`.+?) \|", index, re.M) for p in re.findall(r"`([^`]+)`", row)]
+    patterns = [
+        p
+        for row in re.findall(r"^\| (`.+?) \|", index, re.M)
+        for p in re.findall(r"`([^`]+)`", row)
+    ]
     files = [path.name for path in results.iterdir() if path.name != "README.md"]
     assert [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns)] == []
     assert [p for p in patterns if not any(fnmatch.fnmatch(f, p) for f in files)] == []

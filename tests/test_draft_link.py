@@ -4,6 +4,7 @@ exactly the reply, and a dead or stalled draft raises DraftLinkError instead of 
 plain gloo link and "gloo-split" (the NCCL protocol: doorbell on gloo, payload on a second group)
 run on CPU; NCCL itself only with two GPUs. "window" is the plain gloo link with a shared reply window
 (reply_window.py): replies that fit it are written there and only their size crosses."""
+
 import datetime
 import os
 import subprocess
@@ -66,7 +67,9 @@ CHECK_PLACEMENT = True
 
 
 def _store() -> dist.TCPStore:
-    return dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+    return dist.TCPStore(
+        "127.0.0.1", 0, 2, True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30)
+    )
 
 
 def _windows() -> list[ReplyWindow]:
@@ -81,14 +84,24 @@ def _windows() -> list[ReplyWindow]:
 def _pair(timeout_s: float = 5.0, backend: str | None = None, devices=(None, None)):
     """Both ranks in this process, one thread each (gloo lets one process hold both ends)."""
     store = _store()
-    stores = [store, dist.TCPStore("127.0.0.1", store.port, 2, False, timeout=datetime.timedelta(seconds=30))]
+    stores = [
+        store,
+        dist.TCPStore("127.0.0.1", store.port, 2, False, timeout=datetime.timedelta(seconds=30)),
+    ]
     links = {}
     windows = _windows() if backend == "window" else [None, None]
     backend = None if backend == "window" else backend
 
     def make(rank):
-        links[rank] = DraftLink(stores[rank], rank, timeout_s, payload_device=devices[rank], payload_backend=backend,
-                                reply_window=windows[rank])
+        links[rank] = DraftLink(
+            stores[rank],
+            rank,
+            timeout_s,
+            payload_device=devices[rank],
+            payload_backend=backend,
+            reply_window=windows[rank],
+        )
+
     threads = [threading.Thread(target=make, args=(r,), daemon=True) for r in (0, 1)]
     for t in threads:
         t.start()
@@ -98,12 +111,18 @@ def _pair(timeout_s: float = 5.0, backend: str | None = None, devices=(None, Non
     return links[0], links[1], stores
 
 
-TOKENS_PER_BUFFER = REQUEST_CAPACITY // 8  # a request's tokens are int64: about this many fill the buffer
+TOKENS_PER_BUFFER = (
+    REQUEST_CAPACITY // 8
+)  # a request's tokens are int64: about this many fill the buffer
 
 
 def _request(n_tokens: int, wanted: list[int]) -> torch.Tensor:
-    return encode_request(Request(entries=[Entry(1, -1, list(range(n_tokens)), DraftParams())],
-                                  wanted=[Wanted(i, 0) for i in wanted]))
+    return encode_request(
+        Request(
+            entries=[Entry(1, -1, list(range(n_tokens)), DraftParams())],
+            wanted=[Wanted(i, 0) for i in wanted],
+        )
+    )
 
 
 def _layout(width: int | None) -> ReplyLayout | None:
@@ -118,12 +137,22 @@ def _bytes(n: int) -> torch.Tensor:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_requests_and_replies_arrive_exactly(backend):
     coordinator, draft, _ = _pair(backend=backend)
-    assert coordinator.transport == draft.transport == ("gloo" if backend in (None, "window") else backend)
+    assert (
+        coordinator.transport
+        == draft.transport
+        == ("gloo" if backend in (None, "window") else backend)
+    )
     # (request, reply layout or None): two rounds queued before the draft reads, overflowing
     # requests, then rounds alternating the two send buffers with replies of varying sizes
-    rounds = [(_request(5, []), None), (_request(TOKENS_PER_BUFFER + 37, []), None), (_request(3, [1]), _layout(0)),
-              (_request(2 * TOKENS_PER_BUFFER, [1]), _layout(982)), (_request(10, [1]), _layout(1)),
-              (_request(7, [1]), _layout(357)), (_request(TOKENS_PER_BUFFER - 24, [1]), _layout(5))]
+    rounds = [
+        (_request(5, []), None),
+        (_request(TOKENS_PER_BUFFER + 37, []), None),
+        (_request(3, [1]), _layout(0)),
+        (_request(2 * TOKENS_PER_BUFFER, [1]), _layout(982)),
+        (_request(10, [1]), _layout(1)),
+        (_request(7, [1]), _layout(357)),
+        (_request(TOKENS_PER_BUFFER - 24, [1]), _layout(5)),
+    ]
     assert rounds[-1][0].numel() < REQUEST_CAPACITY < rounds[1][0].numel()
     assert [layout.size for _, layout in rounds[2:]] == [72, 4000, 76, 1500, 92]
     replies = [_bytes(layout.size if layout else 0) for _, layout in rounds]
@@ -136,15 +165,22 @@ def test_requests_and_replies_arrive_exactly(backend):
                 received.append(draft.recv_request().clone())
                 if layout is None:
                     continue
-                shared = draft.reply_buffer(layout)  # the window, the split protocol's payload buffer, or none
-                in_place = backend == "gloo-split" or (backend == "window" and layout.size <= WINDOW)
-                assert (shared is not None) == in_place and (shared is None or shared.numel() == layout.size)
+                shared = draft.reply_buffer(
+                    layout
+                )  # the window, the split protocol's payload buffer, or none
+                in_place = backend == "gloo-split" or (
+                    backend == "window" and layout.size <= WINDOW
+                )
+                assert (shared is not None) == in_place and (
+                    shared is None or shared.numel() == layout.size
+                )
                 if shared is not None and i % 2:  # encoded in place, as the draft's loop does
                     shared.copy_(reply)
                     reply = shared
                 draft.send_reply(reply)
         except BaseException as error:  # reported by the main thread
             errors.append(error)
+
     server = threading.Thread(target=serve, daemon=True)
     server.start()
     for (words, layout), reply in zip(rounds, replies):
@@ -153,8 +189,13 @@ def test_requests_and_replies_arrive_exactly(backend):
             size = layout.size
             got = coordinator.recv_reply(size)
             assert got.device.type == "cpu" and torch.equal(got, reply)
-            in_window = coordinator.window is not None and got.data_ptr() == coordinator.window.buffer.data_ptr()
-            assert in_window == (backend == "window" and size <= WINDOW)  # read in place, not copied
+            in_window = (
+                coordinator.window is not None
+                and got.data_ptr() == coordinator.window.buffer.data_ptr()
+            )
+            assert in_window == (
+                backend == "window" and size <= WINDOW
+            )  # read in place, not copied
     server.join(30)
     assert not server.is_alive() and not errors, errors
     assert len(received) == len(rounds)
@@ -172,8 +213,13 @@ def test_a_reply_encoded_where_the_link_says_decodes_exactly(backend):
     rows /= rows.sum(-1, keepdim=True)
     support = torch.zeros(k, vocab)
     support[:, [3, 9]] = torch.tensor([[0.25, 0.75], [0.5, 0.5]])
-    reply = Reply(DraftTimings(0.5, 0.25, 0.125, 0.0625, 7),
-                  [Speculation(Source.JIT, [5, 6], support, bonus_rank=1), Speculation(Source.HIT, [1, 2], rows)])
+    reply = Reply(
+        DraftTimings(0.5, 0.25, 0.125, 0.0625, 7),
+        [
+            Speculation(Source.JIT, [5, 6], support, bonus_rank=1),
+            Speculation(Source.HIT, [1, 2], rows),
+        ],
+    )
     # whole rows overflow the tests' window (over gloo); without them (verified one-hot) the reply fits it
     for widths in [(2 * 2, vocab), (2 * 2, 0)]:
         coordinator, draft, _ = _pair(backend=backend)
@@ -184,12 +230,16 @@ def test_a_reply_encoded_where_the_link_says_decodes_exactly(backend):
         def serve():
             draft.recv_request()
             draft.send_reply(encode_reply(reply, layout, out=draft.reply_buffer(layout)))
+
         server = threading.Thread(target=serve, daemon=True)
         server.start()
         coordinator.send_request(_request(3, [1, 2]))
         back = decode_reply(coordinator.recv_reply(layout.size), layout)
         server.join(30)
-        assert back.timings == reply.timings and [s.tokens for s in back.speculations] == [[5, 6], [1, 2]]
+        assert back.timings == reply.timings and [s.tokens for s in back.speculations] == [
+            [5, 6],
+            [1, 2],
+        ]
         assert torch.equal(back.speculations[0].q.dense(vocab), support)
         if widths[1] == vocab:
             assert torch.equal(back.speculations[1].q, rows)
@@ -264,13 +314,21 @@ def _run_child(mode: str, device: str, coordinator_device, body) -> int:
     store = _store()
     fd = ReplyWindow.create_fd(WINDOW) if mode == "die-window" else None
     window = None if fd is None else ReplyWindow(fd, WINDOW)
-    argv = [sys.executable, "-c", CHILD, str(store.port), mode, device] + ([] if fd is None else [str(fd)])
+    argv = [sys.executable, "-c", CHILD, str(store.port), mode, device] + (
+        [] if fd is None else [str(fd)]
+    )
     child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=() if fd is None else (fd,))
     if fd is not None:
         os.close(fd)
     try:
-        link = DraftLink(store, 0, 20.0, payload_device=coordinator_device,
-                         payload_backend="gloo-split" if mode == "die" else None, reply_window=window)
+        link = DraftLink(
+            store,
+            0,
+            20.0,
+            payload_device=coordinator_device,
+            payload_backend="gloo-split" if mode == "die" else None,
+            reply_window=window,
+        )
         body(link)
         return child.wait(timeout=30)
     finally:
@@ -289,6 +347,7 @@ def test_a_dead_draft_fails_at_once(mode):
         with pytest.raises(DraftLinkError):
             link.recv_reply(6)  # timeout_s is 20: the closed connection must fail it well before
         assert time.monotonic() - started < 10
+
     assert _run_child(mode, "cpu", None, body) == 0
 
 
@@ -301,8 +360,10 @@ def test_cpu_and_a_shared_gpu_keep_gloo():
     assert coordinator.out_bufs[0].device.type == "cpu"
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2,
-                    reason="NCCL between the coordinator and the draft needs 2 CUDA GPUs")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason="NCCL between the coordinator and the draft needs 2 CUDA GPUs",
+)
 def test_distinct_gpus_use_nccl():
     words = _request(TOKENS_PER_BUFFER + 300, [1])
 
@@ -310,7 +371,10 @@ def test_distinct_gpus_use_nccl():
         assert link.transport == "nccl" and link.out_bufs[0].device == torch.device("cuda:0")
         link.send_request(words)
         got = link.recv_reply(100)
-        assert got.device == torch.device("cuda:0") and torch.equal(got.cpu(), words[-100:])  # stays on the GPU
+        assert got.device == torch.device("cuda:0") and torch.equal(
+            got.cpu(), words[-100:]
+        )  # stays on the GPU
+
     torch.cuda.set_device(0)
     assert _run_child("echo", "cuda:1", torch.device("cuda:0"), body) == 0
 
@@ -318,10 +382,33 @@ def test_distinct_gpus_use_nccl():
 def test_reply_window_benchmark_runs():
     """benchmarks/micro/bench_reply_window.py: both transports are timed for every batch (the child
     processes map the window through the inherited fd)."""
-    bench = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                         "benchmarks", "micro", "bench_reply_window.py"),
-                            "--batch", "1,2", "--vocab", "1000", "--rounds", "3"],
-                           capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    bench = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                "benchmarks",
+                "micro",
+                "bench_reply_window.py",
+            ),
+            "--batch",
+            "1,2",
+            "--vocab",
+            "1000",
+            "--rounds",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
     assert bench.returncode == 0, bench.stderr[-2000:]
-    rows = [line for line in bench.stdout.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
-    assert len(rows) == 2 and all(float(cell) > 0 for row in rows for cell in row.strip("| ").split(" | ")[2:])
+    rows = [
+        line
+        for line in bench.stdout.splitlines()
+        if line.startswith("| 1 ") or line.startswith("| 2 ")
+    ]
+    assert len(rows) == 2 and all(
+        float(cell) > 0 for row in rows for cell in row.strip("| ").split(" | ")[2:]
+    )

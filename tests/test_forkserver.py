@@ -2,6 +2,7 @@
 started by the engine would have: the engine's current environment, import path, directory, cores,
 stdout/stderr and passed fds at the same numbers; its exit code comes back like a Popen's, and a
 killed child reports its signal. Dying with the engine is tests/test_process_lifetime.py's."""
+
 import json
 import os
 import signal
@@ -31,7 +32,9 @@ pytestmark = pytest.mark.skipif(not forkserver.usable(), reason="the fork server
 def probe(tmp_path, monkeypatch):
     """A child module on a PYTHONPATH set after this process's fork server may have started."""
     (tmp_path / "forkserver_probe.py").write_text(PROBE)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv(
+        "PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    )
     monkeypatch.setenv("PROBE_VALUE", "set-after-the-server-started")
     monkeypatch.chdir(tmp_path)
     return "forkserver_probe"
@@ -40,8 +43,11 @@ def probe(tmp_path, monkeypatch):
 def _start(module: str, **args):
     read_end, write_end = os.pipe()
     try:
-        child = lifeline.start(module, {"fd": write_end, "code": 0, "sleep_s": 0, "torch_before": True, **args},
-                               pass_fds=(write_end,))
+        child = lifeline.start(
+            module,
+            {"fd": write_end, "code": 0, "sleep_s": 0, "torch_before": True, **args},
+            pass_fds=(write_end,),
+        )
     finally:
         os.close(write_end)
     return child, read_end
@@ -59,8 +65,12 @@ def test_a_forked_child_gets_the_engines_environment_path_directory_and_fds(prob
     seen = _seen(read_end)
     assert seen["env"] == "set-after-the-server-started"
     assert seen["cwd"] == str(tmp_path) and seen["affinity"] == sorted(os.sched_getaffinity(0))
-    assert seen["parent"] != os.getpid() and seen["torch_before"]  # forked by the server, torch already there
-    assert "probe says hello" in capfd.readouterr().out  # this process's stdout, as the test has it now
+    assert (
+        seen["parent"] != os.getpid() and seen["torch_before"]
+    )  # forked by the server, torch already there
+    assert (
+        "probe says hello" in capfd.readouterr().out
+    )  # this process's stdout, as the test has it now
 
 
 def test_a_killed_child_reports_its_signal_and_the_server_starts_the_next(probe):
@@ -81,9 +91,12 @@ def test_without_the_server_a_child_is_a_fresh_interpreter_of_this_process(probe
     assert _seen(read_end)["parent"] == os.getpid()
 
 
-def test_a_fork_server_that_cannot_start_a_child_hands_it_to_a_fresh_interpreter(probe, monkeypatch, capfd):
+def test_a_fork_server_that_cannot_start_a_child_hands_it_to_a_fresh_interpreter(
+    probe, monkeypatch, capfd
+):
     def refuse(self, module, args, pass_fds=()):
         raise ChildProcessError("the fork server has exited")
+
     monkeypatch.setattr(forkserver.ForkServer, "start", refuse)
     child, read_end = _start(probe, torch_before=False)
     assert child.wait(timeout=60) == 0

@@ -5,6 +5,7 @@ The fast tests write small GGUF files with gguf's own writer and stand a tiny ch
 child process's conversion; the slow test converts the real SmolLM2 GGUF and compares its greedy
 output with the folder route's.
 """
+
 import importlib.util
 import json
 import os
@@ -53,6 +54,7 @@ def cache(tmp_path, monkeypatch):
 def conversions(monkeypatch):
     """The child process's conversion replaced: records each GGUF converted and writes
     `conversions.folder` (a checkpoint folder, set by the test) or a bare config.json."""
+
     class Calls(list):
         folder = None
 
@@ -64,7 +66,9 @@ def conversions(monkeypatch):
             shutil.copytree(calls.folder, out_dir)
         else:
             Path(out_dir).mkdir(parents=True)
-            (Path(out_dir) / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+            (Path(out_dir) / "config.json").write_text(
+                json.dumps({"architectures": ["Qwen2ForCausalLM"]})
+            )
 
     monkeypatch.setattr(dm, "_convert_in_child", convert)
     return calls
@@ -75,13 +79,24 @@ def test_a_gguf_converts_once_and_again_only_when_the_file_changes(tmp_path, cac
     source = tmp_path / "My Model.Q4_K_M.gguf"
     source.write_bytes(b"GGUF" + b"\0" * 60)
     folder = Path(model_paths.resolve_model_arg(str(source)))
-    assert folder.parent == cache and folder.name.startswith("gguf-my-model.q4_k_m-") and dm.is_complete(folder)
+    assert (
+        folder.parent == cache
+        and folder.name.startswith("gguf-my-model.q4_k_m-")
+        and dm.is_complete(folder)
+    )
     assert conversions == [source.resolve()]
     assert json.loads((folder / dm.MARKER).read_text())["path"] == str(source.resolve())
 
     # a second resolution (a second LLM) is a cache hit: nothing converts
     assert Path(model_paths.resolve_model_arg(str(source))) == folder and len(conversions) == 1
-    assert Path(model_paths.resolve_model_path(type("Cfg", (), {"model": str(source), "draft_model": None})())) == folder
+    assert (
+        Path(
+            model_paths.resolve_model_path(
+                type("Cfg", (), {"model": str(source), "draft_model": None})()
+            )
+        )
+        == folder
+    )
 
     # the file replaced in place (size and mtime change): converted again, the old conversion dropped
     source.write_bytes(b"GGUF" + b"\1" * 80)
@@ -101,12 +116,17 @@ def test_a_cache_hit_imports_nothing_heavy(tmp_path, cache):
     folder.mkdir(parents=True)
     (folder / "config.json").write_text("{}")
     (folder / dm.MARKER).write_text("{}")
-    code = ("import sys, ssd_engine.models.model_paths as model_paths; before = set(sys.modules); "
-            f"p = model_paths.resolve_model_arg({str(source)!r}); "
-            "heavy = [m for m in ('torch', 'transformers', 'gguf', 'numpy', 'filelock') if m in set(sys.modules) - before]; "
-            "print(p); assert not heavy, heavy")
+    code = (
+        "import sys, ssd_engine.models.model_paths as model_paths; before = set(sys.modules); "
+        f"p = model_paths.resolve_model_arg({str(source)!r}); "
+        "heavy = [m for m in ('torch', 'transformers', 'gguf', 'numpy', 'filelock') if m in set(sys.modules) - before]; "
+        "print(p); assert not heavy, heavy"
+    )
     repo = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")])),
+    }
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(folder)
@@ -118,7 +138,9 @@ def test_folders_and_none_resolve_as_before(tmp_path, cache, conversions, monkey
     assert model_paths.resolve_model_arg(None, "draft") == "default-draft"
     not_gguf = tmp_path / "weights.gguf"
     not_gguf.write_bytes(b"nope")
-    assert not gguf_files.is_gguf_file(not_gguf) and gguf_files.is_gguf_file(write_gguf(tmp_path / "real.bin"))
+    assert not gguf_files.is_gguf_file(not_gguf) and gguf_files.is_gguf_file(
+        write_gguf(tmp_path / "real.bin")
+    )
     assert conversions == []
 
 
@@ -135,8 +157,13 @@ def test_llm_loads_a_gguf_through_the_cache(tmp_path, cache, conversions, tiny_q
         assert Path(llm.engine.model_path).parent == cache
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
     assert len(conversions) == 1
-    with LLM(tiny_qwen2, draft_model=str(source), speculative_mode="sd", draft_dtype="fp32",
-             num_speculative_tokens=2) as llm:  # the draft's GGUF: the same cache hit
+    with LLM(
+        tiny_qwen2,
+        draft_model=str(source),
+        speculative_mode="sd",
+        draft_dtype="fp32",
+        num_speculative_tokens=2,
+    ) as llm:  # the draft's GGUF: the same cache hit
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
     assert len(conversions) == 1
 
@@ -150,7 +177,9 @@ def test_a_hub_id_is_refused_in_one_line(tmp_path, cache, conversions, monkeypat
     assert "config.json" in message and ".gguf" in message
     with pytest.raises(ValueError) as info:
         LLM(None, draft_model="Qwen/Qwen2.5-0.5B", speculative_mode="sd")
-    assert one_line(info).startswith("draft_model 'Qwen/Qwen2.5-0.5B' looks like a Hugging Face Hub id")
+    assert one_line(info).startswith(
+        "draft_model 'Qwen/Qwen2.5-0.5B' looks like a Hugging Face Hub id"
+    )
     assert conversions == []
 
 
@@ -163,15 +192,28 @@ def test_a_missing_gguf_or_folder_is_not_found_in_one_line(tmp_path, cache, conv
     assert conversions == []
 
 
-@pytest.mark.parametrize("case, needle", [("gpt2", "architecture 'gpt2'"), ("no-tokenizer", "no tokenizer"),
-                                          ("int32", "type I32, which gguf"), ("not-gguf", "not a GGUF file")])
-def test_a_gguf_the_engine_cannot_run_is_refused_before_converting(tmp_path, cache, conversions, case, needle):
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("gpt2", "architecture 'gpt2'"),
+        ("no-tokenizer", "no tokenizer"),
+        ("int32", "type I32, which gguf"),
+        ("not-gguf", "not a GGUF file"),
+    ],
+)
+def test_a_gguf_the_engine_cannot_run_is_refused_before_converting(
+    tmp_path, cache, conversions, case, needle
+):
     path = tmp_path / "model.gguf"
     if case == "not-gguf":
         path.write_text("{}")
     else:
-        write_gguf(path, arch="gpt2" if case == "gpt2" else "llama", tokenizer=case != "no-tokenizer",
-                   dtype="int32" if case == "int32" else "float32")
+        write_gguf(
+            path,
+            arch="gpt2" if case == "gpt2" else "llama",
+            tokenizer=case != "no-tokenizer",
+            dtype="int32" if case == "int32" else "float32",
+        )
     with pytest.raises(ValueError) as info:
         LLM(str(path))
     assert needle in one_line(info)
@@ -185,20 +227,32 @@ def test_cli_hub_id_is_one_error_line(tmp_path, cache, capsys, monkeypatch):
     with pytest.raises(SystemExit) as info:
         main(["--no-progress", "--model", "org/name", "--prompt", "hi"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert info.value.code == 2 and len(err) == 1 and err[0].startswith("error: ") and "Hub id" in err[0], err
+    assert (
+        info.value.code == 2
+        and len(err) == 1
+        and err[0].startswith("error: ")
+        and "Hub id" in err[0]
+    ), err
 
 
 # ---- the real thing: SmolLM2's GGUF ------------------------------------------------------------------
 @pytest.mark.slow
-def test_smollm2_gguf_loads_directly_and_matches_the_folder_route(smollm2_dir, tmp_path, monkeypatch):
+def test_smollm2_gguf_loads_directly_and_matches_the_folder_route(
+    smollm2_dir, tmp_path, monkeypatch
+):
     pytest.importorskip("accelerate", reason="transformers 5 needs accelerate to load a GGUF")
     source = dm.find_smollm2_gguf()
     monkeypatch.setenv(dm.CACHE_ENV, str(tmp_path / "cache"))
     converted = []
 
-    def convert(gguf_path, out_dir):  # the session's conversion of this very file (the same child's output), copied:
-        converted.append(gguf_path)    # what is tested here is the route to it and its caching, not a second ~14 s run
+    def convert(
+        gguf_path, out_dir
+    ):  # the session's conversion of this very file (the same child's output), copied:
+        converted.append(
+            gguf_path
+        )  # what is tested here is the route to it and its caching, not a second ~14 s run
         shutil.copytree(smollm2_dir, out_dir, ignore=shutil.ignore_patterns(dm.MARKER))
+
     monkeypatch.setattr(dm, "_convert_in_child", convert)
     prompts = ["The capital of France is", "def fibonacci(n):"]
     options = dict(speculative_mode="ar", max_model_len=128, num_threads=1)
@@ -210,7 +264,9 @@ def test_smollm2_gguf_loads_directly_and_matches_the_folder_route(smollm2_dir, t
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
         # the tokenizer and its chat template came along from the GGUF
         assert llm.tokenizer.chat_template and (folder / "tokenizer.json").is_file()
-        chat = llm.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+        chat = llm.tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False
+        )
         assert "<|im_start|>user" in chat
     with LLM(str(source), **options):  # a second construction: a cache hit, nothing converts
         pass
@@ -232,6 +288,7 @@ def test_a_tensor_parallel_slice_off_the_blocks_is_refused(smollm2_dir):
     from ssd_engine.core.config import EngineConfig
     from ssd_engine.models.gguf_weights import GGUFFile
     from ssd_engine.planning.plan import resolve_target_format
+
     config = AutoConfig.from_pretrained(smollm2_dir)
     gguf = gguf_files.source_gguf(smollm2_dir)
     GGUFFile(gguf, config).check_split(2)  # the real shape: whole blocks on both ranks
@@ -239,5 +296,8 @@ def test_a_tensor_parallel_slice_off_the_blocks_is_refused(smollm2_dir):
     with pytest.raises(ValueError, match=r"down_proj.*760.*32-value blocks"):
         GGUFFile(gguf, config).check_split(2)
     from ssd_engine.kernels import gguf_cpu
+
     options = EngineConfig(model=smollm2_dir, tensor_parallel_size=2)
-    assert resolve_target_format(options).target_dtype == ("gguf-int8" if gguf_cpu.available() else "fp32")
+    assert resolve_target_format(options).target_dtype == (
+        "gguf-int8" if gguf_cpu.available() else "fp32"
+    )

@@ -12,6 +12,7 @@ reading them: fp32 rows (gguf_panels_fp32.cpp, target_dtype "gguf", AVX-512) and
 - a GGUFWeight on such a CPU holds the panels and no GGUF copy;
 - every product (blocks and panels) compiles under torch.compile, to the eager call's bits.
 """
+
 import pytest
 import torch
 from ssd_engine.kernels import gguf_cpu
@@ -20,16 +21,35 @@ from test_gguf_target import blocks_of, rounded_activations
 from ssd_engine.layers.gguf_weight import GGUFWeight, PanelRows, QuantizedRows
 
 KINDS = {"Q4_K": 12, "Q6_K": 14}
-FP32 = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=False),
-                          reason="the fp32 panel kernels need AVX-512 and a C++ compiler")
-INT8 = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=True),
-                          reason="the int8 panel kernels need AVX-512 VNNI and a C++ compiler")
+FP32 = pytest.mark.skipif(
+    not gguf_cpu.panels_available(int8_activations=False),
+    reason="the fp32 panel kernels need AVX-512 and a C++ compiler",
+)
+INT8 = pytest.mark.skipif(
+    not gguf_cpu.panels_available(int8_activations=True),
+    reason="the int8 panel kernels need AVX-512 VNNI and a C++ compiler",
+)
 
 
 def same_bits_at_every_row_count(linear, x: torch.Tensor, whole: torch.Tensor) -> None:
-    for rows in (1, 2, 5, 6, 7, 13, 16, 17, 33, 48, 50):  # passes of 6 rows; AMX tiles of 16 (from 32 / 48 rows)
+    for rows in (
+        1,
+        2,
+        5,
+        6,
+        7,
+        13,
+        16,
+        17,
+        33,
+        48,
+        50,
+    ):  # passes of 6 rows; AMX tiles of 16 (from 32 / 48 rows)
         for start in (0, x.shape[0] - rows):
-            assert torch.equal(linear(x[start:start + rows]), whole[start:start + rows]), (rows, start)
+            assert torch.equal(linear(x[start : start + rows]), whole[start : start + rows]), (
+                rows,
+                start,
+            )
 
 
 @FP32
@@ -55,7 +75,9 @@ def test_fp32_panels_of_extreme_codes_and_scales(kind):
     from gguf.quants import dequantize
 
     blocks = extreme_blocks(kind, 18, 2)
-    reference = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType(kind)).reshape(18, 512))
+    reference = torch.from_numpy(
+        dequantize(blocks.numpy(), GGMLQuantizationType(kind)).reshape(18, 512)
+    )
     weight = GGUFWeight([QuantizedRows(blocks, kind, 512)])
     assert torch.equal(weight.dequantized(), reference)
 
@@ -84,7 +106,9 @@ def test_int8_panels_multiply_the_rounded_rows_and_each_row_alone(kind, outputs)
     got = ops.linear_int8_panels(x, panels, kind, cols, outputs)
     expected = rounded_activations(x, 256) @ torch.from_numpy(reference).double().T
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-5)
-    same_bits_at_every_row_count(lambda rows: ops.linear_int8_panels(rows, panels, kind, cols, outputs), x, got)
+    same_bits_at_every_row_count(
+        lambda rows: ops.linear_int8_panels(rows, panels, kind, cols, outputs), x, got
+    )
 
 
 @INT8
@@ -94,12 +118,20 @@ def test_int8_panels_of_extreme_codes_and_scales(kind):
     from gguf.quants import dequantize
 
     blocks = extreme_blocks(kind, 18, 2)
-    reference = torch.from_numpy(dequantize(blocks.numpy(), GGMLQuantizationType(kind)).reshape(18, 512)).double()
-    x = torch.randn(51, 512, generator=torch.Generator().manual_seed(1)) * 50  # 3 tiles of 16 rows, 3 in passes
+    reference = torch.from_numpy(
+        dequantize(blocks.numpy(), GGMLQuantizationType(kind)).reshape(18, 512)
+    ).double()
+    x = (
+        torch.randn(51, 512, generator=torch.Generator().manual_seed(1)) * 50
+    )  # 3 tiles of 16 rows, 3 in passes
     x[0] = x[0].abs()  # every code of a 256-value block at +127 in one row
     x[17] = -x[0]
-    got = torch.ops.ssd_engine_gguf.linear_int8_panels(x, torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, 512), kind, 512, 18)
-    torch.testing.assert_close(got.double(), rounded_activations(x, 256) @ reference.T, rtol=1e-5, atol=1e-3)
+    got = torch.ops.ssd_engine_gguf.linear_int8_panels(
+        x, torch.ops.ssd_engine_gguf.pack_panels(blocks, kind, 512), kind, 512, 18
+    )
+    torch.testing.assert_close(
+        got.double(), rounded_activations(x, 256) @ reference.T, rtol=1e-5, atol=1e-3
+    )
 
 
 @INT8
@@ -113,8 +145,10 @@ def test_int8_panels_give_each_row_its_bits_across_chunks_and_panel_groups(kind)
     x = torch.randn(200, cols, generator=torch.Generator().manual_seed(2))
     whole = ops.linear_int8_panels(x, panels, kind, cols, 72)
     for start, rows in ((0, 1), (95, 2), (96, 7), (190, 3), (199, 1)):
-        assert torch.equal(ops.linear_int8_panels(x[start:start + rows], panels, kind, cols, 72),
-                           whole[start:start + rows]), (start, rows)
+        assert torch.equal(
+            ops.linear_int8_panels(x[start : start + rows], panels, kind, cols, 72),
+            whole[start : start + rows],
+        ), (start, rows)
 
 
 @INT8
@@ -129,12 +163,19 @@ def test_int8_panels_run_tiles_only_where_the_cpu_has_amx():
 def test_a_gguf_int8_weight_holds_panels_only():
     q4k, _, cols = blocks_of(12, 24, 2, seed=1)
     q8, _, _ = blocks_of(8, 8, 16, seed=2)  # Q8_0: no panels, gguf_int8.cpp's blocks as they are
-    weight = GGUFWeight([QuantizedRows(q4k, 12, cols), QuantizedRows(q8, 8, cols)], int8_activations=True)
+    weight = GGUFWeight(
+        [QuantizedRows(q4k, 12, cols), QuantizedRows(q8, 8, cols)], int8_activations=True
+    )
     assert [type(p) for p in weight.parts] == [PanelRows, QuantizedRows]
     assert weight.nbytes == weight.parts[0].panels.numel() + q8.numel()
     x = torch.randn(4, cols)
-    expected = torch.cat([torch.ops.ssd_engine_gguf.linear_int8_panels(x, weight.parts[0].panels, 12, cols, 24),
-                          torch.ops.ssd_engine_gguf.linear_int8(x, q8, 8, cols)], dim=1)
+    expected = torch.cat(
+        [
+            torch.ops.ssd_engine_gguf.linear_int8_panels(x, weight.parts[0].panels, 12, cols, 24),
+            torch.ops.ssd_engine_gguf.linear_int8(x, q8, 8, cols),
+        ],
+        dim=1,
+    )
     assert torch.equal(weight(x, None), expected)
 
 
@@ -144,7 +185,9 @@ def test_each_product_declares_its_output_so_a_step_compiles(op):
     (kernels/gguf_cpu.py), and a compiled call gives the eager call's bits."""
     if not gguf_cpu.available():
         pytest.skip("no C++ compiler to build the GGUF kernels")
-    if op.endswith("panels") and not gguf_cpu.panels_available(int8_activations=op == "linear_int8_panels"):
+    if op.endswith("panels") and not gguf_cpu.panels_available(
+        int8_activations=op == "linear_int8_panels"
+    ):
         pytest.skip("this CPU runs no panels")
     blocks, _, cols = blocks_of(12, 37, 2, seed=3)
     ops = torch.ops.ssd_engine_gguf

@@ -4,6 +4,7 @@ A synthetic GGUF (written with gguf's own writer, quantized with its own quantiz
 the real parts; the slow test converts the real SmolLM2 fixture and compares every tensor with
 transformers' own GGUF dequantization.
 """
+
 import tracemalloc
 from pathlib import Path
 
@@ -33,8 +34,11 @@ def plans_for(reader, names: dict[str, str], row_orders: dict[str, np.ndarray] |
     plans = []
     for tensor in reader.tensors:
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
-        plans.append(gguf_stream.TensorPlan(names[tensor.name], tensor.name, shape,
-                                            (row_orders or {}).get(tensor.name)))
+        plans.append(
+            gguf_stream.TensorPlan(
+                names[tensor.name], tensor.name, shape, (row_orders or {}).get(tensor.name)
+            )
+        )
     return sorted(plans, key=lambda p: p.hf_name)
 
 
@@ -45,25 +49,35 @@ def synthetic(tmp_path):
     tensors = {
         "blk.0.attn_q.weight": (rng.standard_normal((64, 96), dtype=np.float32), q8),
         "token_embd.weight": (rng.standard_normal((300, 64), dtype=np.float32), q8),
-        "blk.0.attn_norm.weight": (rng.standard_normal(64, dtype=np.float32), gguf.GGMLQuantizationType.F32),
+        "blk.0.attn_norm.weight": (
+            rng.standard_normal(64, dtype=np.float32),
+            gguf.GGMLQuantizationType.F32,
+        ),
     }
     path = tmp_path / "synthetic.gguf"
     write_gguf(path, tensors)
-    names = {"blk.0.attn_q.weight": "model.layers.0.self_attn.q_proj.weight",
-             "token_embd.weight": "model.embed_tokens.weight",
-             "blk.0.attn_norm.weight": "model.layers.0.input_layernorm.weight"}
+    names = {
+        "blk.0.attn_q.weight": "model.layers.0.self_attn.q_proj.weight",
+        "token_embd.weight": "model.embed_tokens.weight",
+        "blk.0.attn_norm.weight": "model.layers.0.input_layernorm.weight",
+    }
     return path, names
 
 
 def test_chunked_output_is_what_safetensors_writes(synthetic, tmp_path):
     from safetensors.torch import save_file
+
     path, names = synthetic
     reader = gguf.GGUFReader(str(path))
     plans = plans_for(reader, names)
     ours = tmp_path / "ours.safetensors"
-    gguf_stream.write_safetensors(path, reader, plans, ours, chunk_bytes=1000)  # a few rows per chunk
-    whole = {names[t.name]: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type)))
-             for t in reader.tensors}
+    gguf_stream.write_safetensors(
+        path, reader, plans, ours, chunk_bytes=1000
+    )  # a few rows per chunk
+    whole = {
+        names[t.name]: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type)))
+        for t in reader.tensors
+    }
     theirs = tmp_path / "theirs.safetensors"
     save_file(whole, str(theirs), metadata={"format": "pt"})
     assert ours.read_bytes() == theirs.read_bytes()
@@ -72,6 +86,7 @@ def test_chunked_output_is_what_safetensors_writes(synthetic, tmp_path):
 def test_llama_qk_rows_are_unpermuted(synthetic, tmp_path):
     """GGUF interleaves the rotary halves of each head's q/k rows; Hugging Face keeps them apart."""
     from safetensors import safe_open
+
     path, names = synthetic
     reader = gguf.GGUFReader(str(path))
     heads = 4
@@ -84,7 +99,9 @@ def test_llama_qk_rows_are_unpermuted(synthetic, tmp_path):
     # llama.cpp's permutation undone the way its converter describes it: per head (dim/2, 2) -> (2, dim/2)
     expected = dense.reshape(heads, 64 // heads // 2, 2, 96).swapaxes(1, 2).reshape(64, 96)
     with safe_open(str(out), "pt") as f:
-        assert np.array_equal(f.get_tensor("model.layers.0.self_attn.q_proj.weight").numpy(), expected)
+        assert np.array_equal(
+            f.get_tensor("model.layers.0.self_attn.q_proj.weight").numpy(), expected
+        )
 
 
 def test_memory_is_bounded_by_the_chunk_not_the_tensor(tmp_path):
@@ -92,13 +109,22 @@ def test_memory_is_bounded_by_the_chunk_not_the_tensor(tmp_path):
     its buffers to tracemalloc)."""
     rng = np.random.default_rng(1)
     path = tmp_path / "big.gguf"
-    write_gguf(path, {"token_embd.weight": (rng.standard_normal((2048, 4096), dtype=np.float32),
-                                            gguf.GGMLQuantizationType.Q8_0)})
+    write_gguf(
+        path,
+        {
+            "token_embd.weight": (
+                rng.standard_normal((2048, 4096), dtype=np.float32),
+                gguf.GGMLQuantizationType.Q8_0,
+            )
+        },
+    )
     reader = gguf.GGUFReader(str(path))
     plans = plans_for(reader, {"token_embd.weight": "model.embed_tokens.weight"})
     tracemalloc.start()
     try:
-        gguf_stream.write_safetensors(path, reader, plans, tmp_path / "big.safetensors", chunk_bytes=2**20)
+        gguf_stream.write_safetensors(
+            path, reader, plans, tmp_path / "big.safetensors", chunk_bytes=2**20
+        )
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -119,12 +145,16 @@ def test_smollm2_matches_transformers_dequantization(smollm2_dir):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     from ssd_engine.models.default_models import find_smollm2_gguf
+
     source = find_smollm2_gguf()
     from transformers import AutoConfig, AutoModelForCausalLM
+
     config = AutoConfig.from_pretrained(smollm2_dir)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    expected = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)["tensors"]
+    expected = load_gguf_checkpoint(str(source), return_tensors=True, model_to_load=model)[
+        "tensors"
+    ]
     with safe_open(str(Path(smollm2_dir) / "model.safetensors"), "pt") as f:
         assert sorted(f.keys()) == sorted(expected)  # tied: no lm_head in either
         for name in f.keys():

@@ -8,6 +8,7 @@ of its sweeps, as bench.py parses them), the folders they name exist, and the py
 exist with options conftest defines. Every test file with a case that only a GPU runs must be in the tests
 stage, so no GPU path tested under emulation here is left out there.
 """
+
 import importlib
 import json
 import os
@@ -36,24 +37,40 @@ def _recorded_calls(tmp_path, *stages: str) -> list[list[str]]:
     """Runs gpu_check.sh with recorders for python and nvidia-smi; the argument lists python was called with."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.jsonl"
     bin_dir.mkdir(parents=True)
-    _recorder(bin_dir, "python", f"#!{sys.executable}\nimport json, os, sys\n"
-                                 "with open(os.environ['GPU_CHECK_LOG'], 'a') as f:\n"
-                                 "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n")
+    _recorder(
+        bin_dir,
+        "python",
+        f"#!{sys.executable}\nimport json, os, sys\n"
+        "with open(os.environ['GPU_CHECK_LOG'], 'a') as f:\n"
+        "    f.write(json.dumps(sys.argv[1:]) + '\\n')\n",
+    )
     _recorder(bin_dir, "nvidia-smi", "#!/bin/sh\necho 'recorded GPU, 81559 MiB, 0'\n")
-    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", GPU_CHECK_LOG=str(log))
-    run = subprocess.run(["bash", SCRIPT, str(tmp_path / "out"), *stages], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=60)
+    env = dict(
+        os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", GPU_CHECK_LOG=str(log)
+    )
+    run = subprocess.run(
+        ["bash", SCRIPT, str(tmp_path / "out"), *stages],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == 0, run.stderr
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     # installs first: the engine itself (its kernels/ folder is mapped into the package, so PYTHONPATH alone
     # misses ssd_engine.kernels), after any carried wheels
     installs = [argv for argv in calls if argv[:2] == ["-m", "pip"]]
-    assert installs and installs[-1][-2:] == ["-e", "."] and calls[:len(installs)] == installs, calls
-    return calls[len(installs):]
+    assert installs and installs[-1][-2:] == ["-e", "."] and calls[: len(installs)] == installs, (
+        calls
+    )
+    return calls[len(installs) :]
 
 
 def _bench_module(script: str):
-    return importlib.import_module(os.path.splitext(os.path.relpath(script, "benchmarks"))[0].replace(os.sep, "."))
+    return importlib.import_module(
+        os.path.splitext(os.path.relpath(script, "benchmarks"))[0].replace(os.sep, ".")
+    )
 
 
 def _named_paths(argv: list[str]) -> list[str]:
@@ -73,11 +90,15 @@ def calls(tmp_path_factory) -> list[list[str]]:
 def test_every_stage_runs_its_commands(calls):
     scripts = [argv[0] for argv in calls if argv[0].startswith("benchmarks/")]
     assert sum(argv[:2] == ["-m", "pytest"] for argv in calls) == 2  # eager and compiled
-    assert sorted(set(scripts)) == ["benchmarks/bench_synthetic.py", "benchmarks/gpu/bench_anchor.py",
-                                    "benchmarks/gpu/bench_auto.py", "benchmarks/gpu/bench_bandwidth.py",
-                                    "benchmarks/gpu/bench_cuda_kernels.py",
-                                    "benchmarks/gpu/bench_host_overhead.py",
-                                    "benchmarks/gpu/profile_steps.py"]
+    assert sorted(set(scripts)) == [
+        "benchmarks/bench_synthetic.py",
+        "benchmarks/gpu/bench_anchor.py",
+        "benchmarks/gpu/bench_auto.py",
+        "benchmarks/gpu/bench_bandwidth.py",
+        "benchmarks/gpu/bench_cuda_kernels.py",
+        "benchmarks/gpu/bench_host_overhead.py",
+        "benchmarks/gpu/profile_steps.py",
+    ]
     assert len(calls) == 2 + len(scripts)  # nothing else was run
 
 
@@ -89,7 +110,11 @@ def test_benchmark_flags_parse_and_name_existing_folders(calls):
             continue
         module = _bench_module(argv[0])
         parsed = module.parse(argv[1:])  # argparse exits (SystemExit) on a flag it does not take
-        missing = [p for p in _named_paths(argv[1:]) if not os.path.isfile(os.path.join(REPO, p, "config.json"))]
+        missing = [
+            p
+            for p in _named_paths(argv[1:])
+            if not os.path.isfile(os.path.join(REPO, p, "config.json"))
+        ]
         assert not missing, f"{argv[0]} names folders without a config.json: {missing}"
         if argv[0].endswith("bench_synthetic.py"):
             for run in module.sweep_runs(parsed):
@@ -103,24 +128,45 @@ def test_the_sweep_runs_the_grid_it_names(calls):
     """The 7B run is one SD and one SSD cell after AR; the default-shape sweep is alpha x budget SSD cells."""
     synthetic = [argv for argv in calls if argv[0] == "benchmarks/bench_synthetic.py"]
     module = _bench_module("benchmarks/bench_synthetic.py")
-    modes = [[run["mode"] for run in module.sweep_runs(module.parse(argv[1:]))] for argv in synthetic]
+    modes = [
+        [run["mode"] for run in module.sweep_runs(module.parse(argv[1:]))] for argv in synthetic
+    ]
     assert modes[0] == ["ar", "sd", "ssd"]
     assert modes[-1].count("sd") == 3 and modes[-1].count("ssd") == 9
 
 
 def test_pytest_runs_name_existing_files_and_known_options(calls):
-    known = _conftest_options() | {"-q", "-v", "-rs", "-rfEs", "--tb", "--durations", "--timeout"}  # conftest's, pytest's
+    known = _conftest_options() | {
+        "-q",
+        "-v",
+        "-rs",
+        "-rfEs",
+        "--tb",
+        "--durations",
+        "--timeout",
+    }  # conftest's, pytest's
     # and pytest-timeout's (in the GPU image)
-    with_value = {"-n", "-p", "-k", "--timeout"}  # options of pytest, xdist and pytest-timeout that take the next argument
+    with_value = {
+        "-n",
+        "-p",
+        "-k",
+        "--timeout",
+    }  # options of pytest, xdist and pytest-timeout that take the next argument
     known |= with_value
     for argv in (argv for argv in calls if argv[:2] == ["-m", "pytest"]):
-        files = [a for a, before in zip(argv[2:], argv[1:]) if not a.startswith("-") and before not in with_value]
+        files = [
+            a
+            for a, before in zip(argv[2:], argv[1:])
+            if not a.startswith("-") and before not in with_value
+        ]
         assert files and all(os.path.isfile(os.path.join(REPO, f)) for f in files), argv
         assert {a.split("=")[0] for a in argv[2:] if a.startswith("-")} <= known, argv
 
 
 def test_every_test_file_with_a_gpu_case_is_in_the_tests_stage(calls):
-    eager = next(argv for argv in calls if argv[:2] == ["-m", "pytest"] and "--compile-model" not in argv)
+    eager = next(
+        argv for argv in calls if argv[:2] == ["-m", "pytest"] and "--compile-model" not in argv
+    )
     listed = {os.path.basename(a) for a in eager if a.endswith(".py")}
     with_gpu_cases = set()
     for name in os.listdir(os.path.join(REPO, "tests")):
@@ -133,6 +179,8 @@ def test_every_test_file_with_a_gpu_case_is_in_the_tests_stage(calls):
 
 
 def test_a_stage_can_run_alone_and_an_unknown_one_is_refused(tmp_path):
-    assert [argv[0] for argv in _recorded_calls(tmp_path / "a", "anchor")] == ["benchmarks/gpu/bench_anchor.py"]
+    assert [argv[0] for argv in _recorded_calls(tmp_path / "a", "anchor")] == [
+        "benchmarks/gpu/bench_anchor.py"
+    ]
     with pytest.raises(AssertionError, match="unknown stage"):
         _recorded_calls(tmp_path / "b", "tets")

@@ -4,6 +4,7 @@ stable, > 0, and exactly 3 more per Linear when row padding is on; the sync coun
 reads of would-be device tensors and nothing else; one engine step's ops are finite measured
 numbers for AR, SD and SSD, and each step reads the device exactly once (the emitted tokens), greedy
 and at T = 0.7, for AR, SD and the SSD coordinator."""
+
 from collections import Counter
 
 import pytest
@@ -19,11 +20,11 @@ HERE = "tests/test_gpu_proxies.py"
 
 
 def _known(x):
-    y = x * 2                 # mul: a new tensor
-    z = y.view(-1)            # view: aliases y
-    w = z + 1                 # add
-    w.add_(1)                 # add_: in place, writes memory
-    same = w.to(torch.float32)   # to: changes nothing, returns w
+    y = x * 2  # mul: a new tensor
+    z = y.view(-1)  # view: aliases y
+    w = z + 1  # add
+    w.add_(1)  # add_: in place, writes memory
+    same = w.to(torch.float32)  # to: changes nothing, returns w
     wider = w.to(torch.float64)  # to: converts
     return same.sum() + wider.sum()  # sum, sum, add
 
@@ -32,9 +33,17 @@ def test_op_counter_counts_a_known_function_exactly():
     x = torch.ones(4, 3)
     with torch.inference_mode(), OpCounter() as ops:
         _known(x)
-    assert ops.by("op") == Counter({("mul", "compute"): 1, ("view", "view"): 1, ("add", "compute"): 2,
-                                    ("add_", "compute"): 1, ("to", "view"): 1, ("to", "compute"): 1,
-                                    ("sum", "compute"): 2})
+    assert ops.by("op") == Counter(
+        {
+            ("mul", "compute"): 1,
+            ("view", "view"): 1,
+            ("add", "compute"): 2,
+            ("add_", "compute"): 1,
+            ("to", "view"): 1,
+            ("to", "compute"): 1,
+            ("sum", "compute"): 2,
+        }
+    )
     assert ops.total() == 9 and ops.total(kind="compute") == 7 and ops.scopes() == ["step"]
     first = _known.__code__.co_firstlineno
     sites = ops.by("site")
@@ -59,8 +68,12 @@ def test_op_counter_scopes_by_module_and_by_name():
 
 def test_a_tiny_models_ops_per_layer_are_stable_and_row_padding_adds_three_per_linear(tiny_qwen2):
     from ssd_engine.layers import row_padding
+
     with without_row_padding():
-        first, again = bench_ops.layer_counts(tiny_qwen2, None), bench_ops.layer_counts(tiny_qwen2, None)
+        first, again = (
+            bench_ops.layer_counts(tiny_qwen2, None),
+            bench_ops.layer_counts(tiny_qwen2, None),
+        )
         int4 = bench_ops.layer_counts(tiny_qwen2, "int4")
         row_padding._padded[torch.float32] = {1: 4}  # pad one-row fp32 matmuls to four rows
         padded = bench_ops.layer_counts(tiny_qwen2, None)
@@ -68,8 +81,12 @@ def test_a_tiny_models_ops_per_layer_are_stable_and_row_padding_adds_three_per_l
     assert 0 < first["per_layer_compute"] < first["per_layer"] and first["torch_attention"] > 0
     assert first["sampling_greedy"] >= 1 and first["sampling_t07"] > first["sampling_greedy"]
     assert first["first_layer_extra"] > 0  # the torch backend expands the step's metadata once
-    assert first["step_total"] == (2 * first["per_layer"] + first["first_layer_extra"] + first["outside_layers"]
-                                   + first["sampling_greedy"])
+    assert first["step_total"] == (
+        2 * first["per_layer"]
+        + first["first_layer_extra"]
+        + first["outside_layers"]
+        + first["sampling_greedy"]
+    )
     linears = 4  # qkv, o, gate_up, down: each padded with new_zeros + cat, then sliced back
     assert padded["per_layer"] == first["per_layer"] + 3 * linears
     assert int4["by_op"].get("_weight_int4pack_mm_for_cpu (compute)") == linears
@@ -78,37 +95,48 @@ def test_a_tiny_models_ops_per_layer_are_stable_and_row_padding_adds_three_per_l
 
 
 def test_sync_counter_counts_host_reads_of_would_be_device_tensors_only():
-    device = torch.device("cpu")  # what the engine passes: a device object stands for the accelerator
+    device = torch.device(
+        "cpu"
+    )  # what the engine passes: a device object stands for the accelerator
     before = torch.tensor([0, 1])
     with torch.inference_mode(), SyncCounter() as syncs:
         on_device = torch.tensor([1, 2, 3], device=device)
         host = torch.tensor([1, 2, 3])
-        host.tolist(), host[0].item(), bool(host[1] > 0)    # host reads: no syncs
-        derived = on_device * 2                            # computed from a device tensor: on the device
-        derived.tolist()                                   # tolist
-        derived[0].item()                                  # item
-        bool(derived[1] > 0)                               # bool
-        derived[derived > 2]                               # mask_index: a value-dependent shape
-        torch.repeat_interleave(derived, derived)          # repeat_interleave: so is this one's
+        host.tolist(), host[0].item(), bool(host[1] > 0)  # host reads: no syncs
+        derived = on_device * 2  # computed from a device tensor: on the device
+        derived.tolist()  # tolist
+        derived[0].item()  # item
+        bool(derived[1] > 0)  # bool
+        derived[derived > 2]  # mask_index: a value-dependent shape
+        torch.repeat_interleave(derived, derived)  # repeat_interleave: so is this one's
         torch.repeat_interleave(derived, derived, output_size=12)  # unless the caller knows it
-        moved = host.to(device)                            # h2d: from pageable memory; `host` stays on the host
+        moved = host.to(device)  # h2d: from pageable memory; `host` stays on the host
         host.tolist()
-        moved.cpu()                                        # cpu
-        on_device.to("cpu").tolist()                       # cpu; the copy is a host tensor
-        host.to(device, non_blocking=True)                 # pinned and non-blocking (host_upload.py): no wait
-        before.to(device), derived[before]                 # made before counting: could live anywhere
-        derived[[0, 1]]                                    # h2d: a list index crosses blocking
-        derived[host - 1]                                  # h2d: so does a host tensor's
-        derived[moved - 1]                                 # on the device already
-        derived[0:2] = host[:2]                            # h2d: a host tensor written in
-        derived.copy_(host * 3)                            # h2d: computed from host values only
-        derived[0] = 5                                     # a Python scalar: an argument, no copy
+        moved.cpu()  # cpu
+        on_device.to("cpu").tolist()  # cpu; the copy is a host tensor
+        host.to(device, non_blocking=True)  # pinned and non-blocking (host_upload.py): no wait
+        before.to(device), derived[before]  # made before counting: could live anywhere
+        derived[[0, 1]]  # h2d: a list index crosses blocking
+        derived[host - 1]  # h2d: so does a host tensor's
+        derived[moved - 1]  # on the device already
+        derived[0:2] = host[:2]  # h2d: a host tensor written in
+        derived.copy_(host * 3)  # h2d: computed from host values only
+        derived[0] = 5  # a Python scalar: an argument, no copy
     kinds = Counter()
     for (kind, site), n in syncs.counts.items():
         kinds[kind] += n
         assert site.startswith(f"{HERE}:")
-    assert kinds == Counter({"tolist": 1, "item": 1, "bool": 1, "mask_index": 1, "repeat_interleave": 1, "cpu": 2,
-                             "h2d": 6})  # torch.tensor(..., device=device) is one too
+    assert kinds == Counter(
+        {
+            "tolist": 1,
+            "item": 1,
+            "bool": 1,
+            "mask_index": 1,
+            "repeat_interleave": 1,
+            "cpu": 2,
+            "h2d": 6,
+        }
+    )  # torch.tensor(..., device=device) is one too
 
 
 @pytest.fixture(scope="module")
@@ -118,21 +146,33 @@ def pair(tmp_path_factory):
 
 def _steps(llm, temperature: float, n: int = 2) -> tuple[list[dict], list[dict]]:
     engine = llm.engine
-    engine.add_request(list(range(3, 12)), SamplingParams(temperature=temperature, seed=0, max_tokens=64,
-                                                           ignore_eos=True))
+    engine.add_request(
+        list(range(3, 12)),
+        SamplingParams(temperature=temperature, seed=0, max_tokens=64, ignore_eos=True),
+    )
     engine.step(), engine.step()  # the prefill and a first round
-    return ([op_summary(count_ops(engine)) for _ in range(n)], [sync_summary(count_syncs(engine)) for _ in range(n)])
+    return (
+        [op_summary(count_ops(engine)) for _ in range(n)],
+        [sync_summary(count_syncs(engine)) for _ in range(n)],
+    )
 
 
 # the one read of a round: the sampled tokens (AR), the verification's result (SD, SSD)
-ONE_READ = {"ar": "tolist @ ssd_engine/sampling/verifier.py", "sd": "tolist @ ssd_engine/sampling/rejection.py",
-            "ssd": "tolist @ ssd_engine/sampling/rejection.py"}
+ONE_READ = {
+    "ar": "tolist @ ssd_engine/sampling/verifier.py",
+    "sd": "tolist @ ssd_engine/sampling/rejection.py",
+    "ssd": "tolist @ ssd_engine/sampling/rejection.py",
+}
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd", "ssd"])
 def test_engine_steps_are_measured_and_read_the_device_once(pair, mode):
     target, draft = pair
-    options = {} if mode == "ar" else dict(draft_model=draft, num_speculative_tokens=3, draft_dtype="fp32")
+    options = (
+        {}
+        if mode == "ar"
+        else dict(draft_model=draft, num_speculative_tokens=3, draft_dtype="fp32")
+    )
     with LLM(target, speculative_mode=mode, num_threads=1, max_model_len=128, **options) as llm:
         ops, greedy = _steps(llm, temperature=0.0)
         # a request at T = 0.7 joins the greedy one: the counted rounds then batch a sampled and a
@@ -153,8 +193,15 @@ def test_engine_steps_are_measured_and_read_the_device_once(pair, mode):
 def test_sd_under_tensor_parallelism_reads_the_device_once(pair):
     """Rank 0 sends its workers the drafts' places, and the drafts by broadcast: not read on the host."""
     target, draft = pair
-    with LLM(target, speculative_mode="sd", draft_model=draft, num_speculative_tokens=3, draft_dtype="fp32",
-             tensor_parallel_size=2, max_model_len=128) as llm:
+    with LLM(
+        target,
+        speculative_mode="sd",
+        draft_model=draft,
+        num_speculative_tokens=3,
+        draft_dtype="fp32",
+        tensor_parallel_size=2,
+        max_model_len=128,
+    ) as llm:
         _, greedy = _steps(llm, temperature=0.0)
         _, mixed = _steps(llm, temperature=0.7)
     for syncs in greedy + mixed:
@@ -169,8 +216,16 @@ def test_the_gpu_path_runs_a_layer_in_ten_kernels(tiny_qwen2):
         gpu = bench_ops.layer_counts(tiny_qwen2, None, gpu_path=True)
         eager = bench_ops.layer_counts(tiny_qwen2, None)
     kernels = {op for op in gpu["by_op"] if op.startswith("triton:")}
-    assert kernels == {f"triton:{name} (compute)" for name in ("add_rms_norm", "rope_cache_write", "paged_attention",
-                                                              "merge_splits", "silu_mul")}
+    assert kernels == {
+        f"triton:{name} (compute)"
+        for name in (
+            "add_rms_norm",
+            "rope_cache_write",
+            "paged_attention",
+            "merge_splits",
+            "silu_mul",
+        )
+    }
     assert gpu["by_op"]["triton:add_rms_norm (compute)"] == 2 and gpu["torch_attention"] == 0
     assert gpu["per_layer_compute"] <= bench_ops.GOAL_OPS_PER_LAYER < eager["per_layer_compute"]
 
@@ -183,15 +238,35 @@ def test_piecewise_graphs_leave_attention_and_its_input_to_the_host(tiny_qwen2):
         row = bench_ops.prefill_launches(tiny_qwen2)
     assert (row["eager_launches_per_layer"], row["piecewise_launches_per_layer"]) == (9, 4)
     assert row["piecewise_launches"] < row["eager_launches"]
-    assert f"| target | {row['layers']} | 9 / {row['eager_launches']} | **4 / {row['piecewise_launches']}** |" \
+    assert (
+        f"| target | {row['layers']} | 9 / {row['eager_launches']} | **4 / {row['piecewise_launches']}** |"
         in "\n".join(bench_ops.prefill_lines([{"model": "target", **row}]))
+    )
 
 
 def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
     # the GPU path's rows and the prefill section: the two tests above (interpreted, slow to repeat)
-    raw = bench_ops.main(["--target", tiny_qwen2, "--draft", pair[1], "--formats", "int8", "--modes", "ar",
-                          "--steps", "1", "--out", str(tmp_path), "--no-gpu-path"])
-    assert [(r["model"], r["format"]) for r in raw["layers"]] == [("target", "fp32"), ("draft", "int8")]
+    raw = bench_ops.main(
+        [
+            "--target",
+            tiny_qwen2,
+            "--draft",
+            pair[1],
+            "--formats",
+            "int8",
+            "--modes",
+            "ar",
+            "--steps",
+            "1",
+            "--out",
+            str(tmp_path),
+            "--no-gpu-path",
+        ]
+    )
+    assert [(r["model"], r["format"]) for r in raw["layers"]] == [
+        ("target", "fp32"),
+        ("draft", "int8"),
+    ]
     assert [(r["mode"], r["temperature"]) for r in raw["engine"]] == [("ar", 0.0), ("ar", 0.7)]
     text = (tmp_path / f"{raw['date']}-ops.md").read_text()
     assert text == bench_ops.render(raw) and raw["cpu"]["cpu_model"] in text
@@ -204,6 +279,7 @@ def test_bench_host_overhead_takes_the_replays_out(tmp_path):
     """Host time per step on the emulated GPU path: the replays (the forward itself, here run by
     Triton's interpreter: tens of ms) are out of it, the LM head's CPU matmul is reported apart."""
     from gpu import bench_host_overhead
+
     rows = bench_host_overhead.main(["--modes", "ar", "--steps", "2", "--out", str(tmp_path)])
     assert [(r["mode"], r["temperature"]) for r in rows] == [("ar", 0.0), ("ar", 0.7)]
     for r in rows:

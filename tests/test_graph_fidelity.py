@@ -6,6 +6,7 @@ forward that only reads its static buffers must not, and the engine's own graphe
 tree and piecewise, under tensor parallelism too) run checked in every CI run without a GPU
 (conftest turns the check on).
 """
+
 import pytest
 import torch
 from instrumentation import graph_fidelity
@@ -43,10 +44,18 @@ def test_the_engine_checks_its_graphs_only_when_a_checker_is_named(monkeypatch):
 @pytest.mark.parametrize("read", ["item", "bool", "tolist", "nonzero", "mask_index", "upload"])
 def test_a_host_read_inside_the_capture_is_refused(read):
     x, _ = _static()
-    body = {"item": lambda: x * x.max().item(), "bool": lambda: x * 2 if bool(x.sum() > 0) else x,
-            "tolist": lambda: x[: len(x.tolist())], "nonzero": lambda: x.nonzero(),
-            "mask_index": lambda: x[x > 2], "upload": lambda: x + torch.tensor([1.0], device=x.device)}[read]
-    with pytest.raises(GraphInfidelity, match=r"graph g: host read .* inside the captured region at .*test_graph_fidelity"):
+    body = {
+        "item": lambda: x * x.max().item(),
+        "bool": lambda: x * 2 if bool(x.sum() > 0) else x,
+        "tolist": lambda: x[: len(x.tolist())],
+        "nonzero": lambda: x.nonzero(),
+        "mask_index": lambda: x[x > 2],
+        "upload": lambda: x + torch.tensor([1.0], device=x.device),
+    }[read]
+    with pytest.raises(
+        GraphInfidelity,
+        match=r"graph g: host read .* inside the captured region at .*test_graph_fidelity",
+    ):
         emulated_graph(body, "g")()
 
 
@@ -56,8 +65,11 @@ def test_a_replay_taking_another_branch_is_refused():
     graph = emulated_graph(lambda: x * w if state["fused"] else torch.mul(x, 3.0), "branch")
     graph()
     state["fused"] = False  # changed after the capture: a real graph still multiplies by w
-    with pytest.raises(GraphInfidelity, match=r"graph branch: replay diverged from the capture at launch 0: "
-                                              r"captured aten.mul.Tensor .* with other arguments"):
+    with pytest.raises(
+        GraphInfidelity,
+        match=r"graph branch: replay diverged from the capture at launch 0: "
+        r"captured aten.mul.Tensor .* with other arguments",
+    ):
         graph()
 
 
@@ -85,7 +97,9 @@ def test_a_replay_of_another_size_or_length_is_refused():
     longer = emulated_graph(lambda: (x + 1) * 2 if extra["on"] else x + 1, "length")
     longer()
     extra["on"] = True
-    with pytest.raises(GraphInfidelity, match=r"graph length: the capture launched 1 kernels and ops, the replay 2"):
+    with pytest.raises(
+        GraphInfidelity, match=r"graph length: the capture launched 1 kernels and ops, the replay 2"
+    ):
         longer()
 
 
@@ -98,7 +112,9 @@ def test_a_kernel_is_one_launch_whatever_it_runs_inside():
         out = torch.empty_like(x)
         with kernel_launch("double", x, out):
             calls["n"] += 1
-            out.copy_(x * (2 if calls["n"] == 1 else 2.0))  # host-side differences inside the kernel
+            out.copy_(
+                x * (2 if calls["n"] == 1 else 2.0)
+            )  # host-side differences inside the kernel
         return out * w
 
     graph = emulated_graph(forward, "kernel")
@@ -118,10 +134,20 @@ def test_a_kernel_is_one_launch_whatever_it_runs_inside():
 
 def test_graph_runner_refuses_a_forward_reading_its_step_values():
     """The engine's graphs, emulated: a forward that sizes its work from kv_lens' values fails on capture."""
+
     def forward(input_ids, positions, meta):
         return torch.zeros(input_ids.shape[0], 4) + meta.kv_lens[: int(meta.kv_lens.max())].sum()
 
-    runner = GraphRunner(forward, cap=2, max_blocks=2, block_size=4, pad_slot=0, device=torch.device("cpu"),
-                         capture="emulate")
-    with pytest.raises(GraphInfidelity, match=r"graph 1-token paged step x 2 rows: host read 'int'"):
+    runner = GraphRunner(
+        forward,
+        cap=2,
+        max_blocks=2,
+        block_size=4,
+        pad_slot=0,
+        device=torch.device("cpu"),
+        capture="emulate",
+    )
+    with pytest.raises(
+        GraphInfidelity, match=r"graph 1-token paged step x 2 rows: host read 'int'"
+    ):
         runner.capture_all([("paged", 1)])

@@ -3,6 +3,7 @@
 Batches of 1, 3 and 8 ragged prompts, 64+ new tokens, with prefix sharing, chunked prefill and a
 KV budget small enough to force preemption (recompute). EOS is ignored so every run is long.
 """
+
 import hf_oracle
 import pytest
 
@@ -32,6 +33,7 @@ def oracle_outputs(tiny_model_dir):
         if (arch, n) not in cache:
             cache[arch, n] = _oracle(tiny_model_dir(arch), _prompts(n))
         return cache[arch, n]
+
     return get
 
 
@@ -54,18 +56,26 @@ def test_greedy_with_prefix_sharing_and_chunked_prefill(tiny_model_dir, oracle_o
     expected = oracle_outputs("qwen2", 8)
     assert [o.token_ids for o in first] == expected
     assert [o.token_ids for o in again] == expected
-    assert sum(o.metrics.num_cached_tokens for o in first) > 0      # shared prefix within the batch
+    assert sum(o.metrics.num_cached_tokens for o in first) > 0  # shared prefix within the batch
     assert all(o.metrics.num_cached_tokens >= len(o.prompt_token_ids) // 4 * 4 - 4 for o in again)
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd"])
-@pytest.mark.parametrize("pacing", [dict(prefill_tokens_while_decoding=3), dict(max_decode_stall=1.2)])
-def test_greedy_with_prompts_read_a_few_tokens_a_step_beside_decodes(tiny_model_dir, oracle_outputs, mode, pacing):
+@pytest.mark.parametrize(
+    "pacing", [dict(prefill_tokens_while_decoding=3), dict(max_decode_stall=1.2)]
+)
+def test_greedy_with_prompts_read_a_few_tokens_a_step_beside_decodes(
+    tiny_model_dir, oracle_outputs, mode, pacing
+):
     """Two requests at a time: each later prompt is read a few tokens a step while the other decodes
     (3, or as many as the measured step times allow), in AR and in SD (whose draft follows the
     target's chunks)."""
     path = tiny_model_dir("qwen2")
-    options = dict(speculative_mode="sd", draft_model=path, num_speculative_tokens=2) if mode == "sd" else {}
+    options = (
+        dict(speculative_mode="sd", draft_model=path, num_speculative_tokens=2)
+        if mode == "sd"
+        else {}
+    )
     with LLM(path, block_size=4, max_num_seqs=2, **pacing, **options) as llm:
         outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outputs] == oracle_outputs("qwen2", 8)
@@ -88,4 +98,6 @@ def test_seeded_sampling_reproducible_alone_and_in_batch(tiny_qwen2):
         alone = llm.generate([prompts[1]], seeded, use_tqdm=False)[0].token_ids
         batch = llm.generate(prompts, [other, seeded, other, other], use_tqdm=False)
     assert batch[1].token_ids == alone
-    assert len(set(tuple(o.token_ids) for o in batch)) > 1  # sampling is really random across requests
+    assert (
+        len(set(tuple(o.token_ids) for o in batch)) > 1
+    )  # sampling is really random across requests

@@ -1,4 +1,5 @@
 """A step's host columns reach the device unchanged, whatever form they come in."""
+
 import array
 import random
 
@@ -15,8 +16,16 @@ def test_every_column_form_uploads_its_values(dtype):
     empty columns, in one upload: each column comes back as its own values."""
     rng = random.Random(1)
     columns = [[rng.randrange(-5, 1 << 20) for _ in range(rng.randrange(4))] for _ in range(6)]
-    forms = [columns[0], new_block_table(columns[1]), array.array("q", columns[2]), [], columns[3],
-             new_block_table(), new_block_table(columns[4]), columns[5]]
+    forms = [
+        columns[0],
+        new_block_table(columns[1]),
+        array.array("q", columns[2]),
+        [],
+        columns[3],
+        new_block_table(),
+        new_block_table(columns[4]),
+        columns[5],
+    ]
     out = upload(forms, "cpu", dtype)
     assert [t.dtype for t in out] == [dtype] * len(forms)
     assert [t.tolist() for t in out] == [list(f) for f in forms]
@@ -25,7 +34,10 @@ def test_every_column_form_uploads_its_values(dtype):
 def test_padded_rows_cut_and_zero_fill_every_table():
     rng = random.Random(2)
     for _ in range(200):
-        tables = [[rng.randrange(1, 1000) for _ in range(rng.randrange(8))] for _ in range(rng.randrange(1, 5))]
+        tables = [
+            [rng.randrange(1, 1000) for _ in range(rng.randrange(8))]
+            for _ in range(rng.randrange(1, 5))
+        ]
         width = rng.randrange(0, 9)
         expected = [block for t in tables for block in t[:width] + [0] * (width - len(t[:width]))]
         packed = [new_block_table(t) if rng.random() < 0.7 else t for t in tables]

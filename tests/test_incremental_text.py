@@ -1,6 +1,7 @@
 """A streamed request's text, decoded incrementally (engine/incremental_text.py): after every round
 it equals the whole output's decode, for a tokenizer whose tokens cut characters (one byte a token)
 and a real BPE one, special tokens included; and a round's decoding no longer grows with the output."""
+
 import random
 
 import pytest
@@ -14,6 +15,7 @@ def _tokenizer(name: str, request):
     if name == "bytes":
         return byte_tokenizer()
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(request.getfixturevalue("smollm2_dir"))
 
 
@@ -23,19 +25,26 @@ def test_the_text_equals_the_whole_decode_after_every_round(name, request):
     rng = random.Random(name)
     counting = CountingTokenizer(tokenizer)
     for _ in range(40):
-        ids = tokenizer.encode("".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(20, 200))),
-                               add_special_tokens=False)
+        ids = tokenizer.encode(
+            "".join(rng.choice(FRAGMENTS) for _ in range(rng.randint(20, 200))),
+            add_special_tokens=False,
+        )
         for _ in range(rng.randint(0, 4)):  # special tokens, which decode to nothing
             ids.insert(rng.randint(0, len(ids)), tokenizer.eos_token_id)
         text, end = IncrementalText(counting), 0
         while end < len(ids):
             end = min(len(ids), end + rng.choice([1, 1, 2, 3, 5]))
-            assert text.of(ids[:end]) == tokenizer.decode(ids[:end], skip_special_tokens=True), (ids[:end], name)
+            assert text.of(ids[:end]) == tokenizer.decode(ids[:end], skip_special_tokens=True), (
+                ids[:end],
+                name,
+            )
 
 
 def test_a_round_decodes_the_same_few_tokens_late_in_a_long_output():
     tokenizer = byte_tokenizer()
-    ids = tokenizer.encode("def f(x):\n    return x . 漢字 🙂\n" * 60, add_special_tokens=False)[:1500]
+    ids = tokenizer.encode("def f(x):\n    return x . 漢字 🙂\n" * 60, add_special_tokens=False)[
+        :1500
+    ]
     counting = CountingTokenizer(tokenizer)
     text = IncrementalText(counting)
     decoded = []  # tokens decoded in each 500 rounds: the whole output each round would be 0.1, 0.4, 0.6 M

@@ -1,5 +1,6 @@
 """Loading shows progress (issue 19, item 6): a bar per model on stderr, the SSD draft's included;
 the CLI's --no-progress (SSD_ENGINE_PROGRESS=0) hides them."""
+
 import os
 
 import pytest
@@ -23,6 +24,7 @@ def test_loading_a_model_draws_a_bar_named_after_it(tiny_qwen2, capfd):
 
 def test_ssd_draft_process_shows_its_own_bar(tiny_qwen2, tiny_model_dir, capfd):
     from ssd_engine import LLM
+
     draft = tiny_model_dir("qwen2", seed=1)
     with LLM(tiny_qwen2, draft_model=draft, speculative_mode="ssd", max_model_len=64):
         pass
@@ -33,6 +35,19 @@ def test_ssd_draft_process_shows_its_own_bar(tiny_qwen2, tiny_model_dir, capfd):
 
 def test_no_progress_hides_loading_bars(tiny_qwen2, tiny_model_dir, capfd, monkeypatch):
     from ssd_engine.generate import main
+
     draft = tiny_model_dir("qwen2", seed=1)
-    main(["--no-progress", "--model", tiny_qwen2, "--draft-model", draft, "--max-tokens", "2", "--prompt", "ab"])
+    main(
+        [
+            "--no-progress",
+            "--model",
+            tiny_qwen2,
+            "--draft-model",
+            draft,
+            "--max-tokens",
+            "2",
+            "--prompt",
+            "ab",
+        ]
+    )
     assert "loading" not in capfd.readouterr().err

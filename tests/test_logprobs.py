@@ -9,6 +9,7 @@ drawn from (sampling/logprobs.py), the same numbers in AR, SD and SSD.
   different tokens, so each output is checked against the law of its own path).
 - Without logprobs a request returns None; a bad value is a one-line error naming the field.
 """
+
 import pytest
 import torch
 from exact_law import processors, warpers
@@ -28,19 +29,27 @@ def _run(target: str, mode: str, params: SamplingParams, draft: str | None = Non
 
 def _reference(model, prompt: list[int], output: list[int], params: SamplingParams) -> torch.Tensor:
     """[len(output), V] float64 log-probabilities of the processed law along the output's path."""
-    chain = LogitsProcessorList([*processors(params, len(prompt), [2]),
-                                 *(warpers(params) if not params.greedy else [])])
+    chain = LogitsProcessorList(
+        [*processors(params, len(prompt), [2]), *(warpers(params) if not params.greedy else [])]
+    )
     ids = torch.tensor([prompt + output])
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1].double()
-    rows = [torch.log_softmax(chain(ids[:, :len(prompt) + j], logits[j:j + 1]), dim=-1)[0] for j in range(len(output))]
+        logits = model(ids).logits[0, len(prompt) - 1 : -1].double()
+    rows = [
+        torch.log_softmax(chain(ids[:, : len(prompt) + j], logits[j : j + 1]), dim=-1)[0]
+        for j in range(len(output))
+    ]
     return torch.stack(rows)
 
 
 @pytest.fixture(scope="module")
 def models(tiny_model_dir):
     target = tiny_model_dir("qwen2")
-    return target, tiny_model_dir("qwen2", seed=1), AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64).eval()
+    return (
+        target,
+        tiny_model_dir("qwen2", seed=1),
+        AutoModelForCausalLM.from_pretrained(target, dtype=torch.float64).eval(),
+    )
 
 
 def test_greedy_logprobs_are_the_targets_in_every_mode(models):
@@ -64,15 +73,30 @@ def test_greedy_logprobs_are_the_targets_in_every_mode(models):
 
 def test_sampled_logprobs_are_the_processed_law_after_each_rows_own_drafts(models):
     target, draft, model = models
-    params = SamplingParams(temperature=0.8, top_k=5, max_tokens=12, ignore_eos=True, seed=7, logprobs=2,
-                            repetition_penalty=1.3, presence_penalty=0.5)
+    params = SamplingParams(
+        temperature=0.8,
+        top_k=5,
+        max_tokens=12,
+        ignore_eos=True,
+        seed=7,
+        logprobs=2,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+    )
     for mode in ("ar", "sd"):
         for prompt, out in zip(PROMPTS, _run(target, mode, params, draft)):
             reference = _reference(model, prompt, out.token_ids, params)
             for j, (token, entry) in enumerate(zip(out.token_ids, out.logprobs)):
-                assert entry[token] == pytest.approx(reference[j, token].item(), abs=1e-4), (mode, j)
-                assert all(v == float("-inf") or reference[j, t] > float("-inf") for t, v in entry.items())
-            assert sum(v == float("-inf") for e in out.logprobs for v in e.values()) == 0  # top-2 of 5 survivors
+                assert entry[token] == pytest.approx(reference[j, token].item(), abs=1e-4), (
+                    mode,
+                    j,
+                )
+                assert all(
+                    v == float("-inf") or reference[j, t] > float("-inf") for t, v in entry.items()
+                )
+            assert (
+                sum(v == float("-inf") for e in out.logprobs for v in e.values()) == 0
+            )  # top-2 of 5 survivors
 
 
 def test_without_logprobs_none_and_bad_values_name_the_field(models):

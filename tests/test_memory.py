@@ -5,6 +5,7 @@ checkpoint's bytes (the old one-thread default, "dual", held two copies of every
 embedding is a mapping of the checkpoint file of which only looked-up rows become resident; the
 KV cache costs nothing until written; loading packs layer by layer, so no plain copy outlives it.
 """
+
 import os
 import struct
 
@@ -19,7 +20,9 @@ from ssd_engine.utils.memory import lazy_zeros, map_rows, safetensors_header
 
 
 def runner(path: str, layout: str) -> ModelRunner:
-    return tiny_runner(path, num_kv_blocks=64, block_size=16, max_position=256, weight_layout=layout)
+    return tiny_runner(
+        path, num_kv_blocks=64, block_size=16, max_position=256, weight_layout=layout
+    )
 
 
 def checkpoint_bytes(path: str) -> int:
@@ -30,8 +33,12 @@ def checkpoint_bytes(path: str) -> int:
 def weight_bytes(model) -> int:
     """Bytes of every distinct storage behind parameters, plus the packed Linear weights (oneDNN's
     opaque tensors: their element count; buffers such as the rotary tables are not weights)."""
-    storages = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
-    prepared = [m.prepared for m in model.modules() if isinstance(m, Linear) and m.prepared is not None]
+    storages = {
+        p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()
+    }
+    prepared = [
+        m.prepared for m in model.modules() if isinstance(m, Linear) and m.prepared is not None
+    ]
     return sum(storages.values()) + sum(p.nbytes for p in prepared)
 
 
@@ -60,7 +67,11 @@ def test_default_layout_holds_the_checkpoint_once(tiny_model_dir, arch):
     path = tiny_model_dir(arch)
     size = checkpoint_bytes(path)
     model = runner(path, EngineConfig().weight_layout).model
-    assert all(m.weight is None for m in model.modules() if isinstance(m, Linear) and m.prepared is not None)
+    assert all(
+        m.weight is None
+        for m in model.modules()
+        if isinstance(m, Linear) and m.prepared is not None
+    )
     assert weight_bytes(model) == size
     assert weight_bytes(runner(path, "plain").model) == size
     # "dual" is the opt-in second copy: every Linear twice (a tied head's table included)
@@ -76,7 +87,10 @@ def test_embedding_is_mapped_and_only_looked_up_rows_become_resident(tiny_model_
     with open("/proc/self/maps") as f:
         mapped = [line for line in f if line.rstrip().endswith("model.safetensors")]
     address = table.data_ptr()
-    assert any(int(m.split()[0].split("-")[0], 16) <= address < int(m.split()[0].split("-")[1], 16) for m in mapped)
+    assert any(
+        int(m.split()[0].split("-")[0], 16) <= address < int(m.split()[0].split("-")[1], 16)
+        for m in mapped
+    )
     size = table.numel() * table.element_size()
     assert mapping_rss(table) < size / 8  # loading did not read the table
     ids = [5, 90000, 260000]
@@ -92,6 +106,7 @@ class safe_open_tensor:
 
     def __enter__(self) -> torch.Tensor:
         from safetensors import safe_open
+
         self.file = safe_open(self.path, "pt", "cpu").__enter__()
         return self.file.get_tensor(self.name)
 
@@ -101,18 +116,25 @@ class safe_open_tensor:
 
 def test_map_rows_reads_a_slice_of_the_file(tmp_path):
     from safetensors.torch import save_file
+
     table = torch.arange(5000 * 7, dtype=torch.float32).view(5000, 7)
     save_file({"a": torch.ones(3), "table": table}, str(tmp_path / "m.safetensors"))
-    rows = map_rows(str(tmp_path / "m.safetensors"), "table", 1234, 100)  # an offset off any page boundary
+    rows = map_rows(
+        str(tmp_path / "m.safetensors"), "table", 1234, 100
+    )  # an offset off any page boundary
     assert torch.equal(rows, table[1234:1334])
     rows[0, 0] = -1.0  # a private mapping: writable, never written back
-    assert torch.equal(map_rows(str(tmp_path / "m.safetensors"), "table", 1234, 1), table[1234:1235])
+    assert torch.equal(
+        map_rows(str(tmp_path / "m.safetensors"), "table", 1234, 1), table[1234:1235]
+    )
 
 
 def test_lazy_zeros_cost_nothing_until_written():
     kv = lazy_zeros((2, 4, 2**20, 8), torch.float32, torch.device("cpu"))  # 256 MB
     assert mapping_rss(kv) == 0
-    assert kv[1, 3, -5:].abs().sum().item() == 0.0  # reads see zeros (the shared zero page: one page)
+    assert (
+        kv[1, 3, -5:].abs().sum().item() == 0.0
+    )  # reads see zeros (the shared zero page: one page)
     kv[0, 0, :1024] = 1.0  # 32 KB written
     assert 0 < mapping_rss(kv) <= 4 * 2**20  # those pages (huge pages at most), not 256 MB
     assert kv.sum().item() == 1024 * 8

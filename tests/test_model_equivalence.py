@@ -4,6 +4,7 @@ Covers Llama (llama3 rope_scaling, GQA, tied embeddings), Qwen2 (qkv bias), Qwen
 with plain and prepacked weights, for a batched prefill of ragged prompts followed by a batched
 decode step reading K/V back through the block tables; and the real SmolLM2-135M checkpoint.
 """
+
 import pytest
 import torch
 from runners import tiny_runner
@@ -17,29 +18,41 @@ from ssd_engine.runtime.block_manager import BlockManager
 TOL = 1e-4
 
 
-def _compare(path: str, prompts: list[list[int]], pack: bool, block_size: int = 4) -> tuple[float, float]:
+def _compare(
+    path: str, prompts: list[list[int]], pack: bool, block_size: int = 4
+) -> tuple[float, float]:
     """Max |ours - transformers| over every prefill position, then over one decode step."""
     config = load_config(path)
-    runner = tiny_runner(path, config, num_kv_blocks=256, block_size=block_size, max_position=512, weight_layout=pack)
+    runner = tiny_runner(
+        path, config, num_kv_blocks=256, block_size=block_size, max_position=512, weight_layout=pack
+    )
     oracle = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     blocks = BlockManager(256, block_size, enable_prefix_caching=False)
     seqs = [Sequence(p, SamplingParams(), block_size) for p in prompts]
     for seq in seqs:
         blocks.allocate(seq)
-    prefill = runner.forward(ScheduledBatch(seqs, [len(p) for p in prompts]), [list(range(len(p))) for p in prompts])
+    prefill = runner.forward(
+        ScheduledBatch(seqs, [len(p) for p in prompts]), [list(range(len(p))) for p in prompts]
+    )
     with torch.no_grad():
         expected = torch.cat([oracle(torch.tensor([p])).logits[0] for p in prompts])
     prefill_err = (prefill - expected).abs().max().item()
 
-    next_tokens = [int(t) for t in expected.view(-1, expected.shape[-1])[[sum(map(len, prompts[:i + 1])) - 1
-                                                                           for i in range(len(prompts))]].argmax(-1)]
+    next_tokens = [
+        int(t)
+        for t in expected.view(-1, expected.shape[-1])[
+            [sum(map(len, prompts[: i + 1])) - 1 for i in range(len(prompts))]
+        ].argmax(-1)
+    ]
     for seq, token in zip(seqs, next_tokens):
         seq.num_computed_tokens = len(seq)
         seq.token_ids.append(token)
         blocks.grow(seq, len(seq))
     decode = runner.forward(ScheduledBatch(seqs, [1] * len(seqs)), [[0]] * len(seqs))
     with torch.no_grad():
-        expected = torch.stack([oracle(torch.tensor([p + [t]])).logits[0, -1] for p, t in zip(prompts, next_tokens)])
+        expected = torch.stack(
+            [oracle(torch.tensor([p + [t]])).logits[0, -1] for p, t in zip(prompts, next_tokens)]
+        )
     return prefill_err, (decode - expected).abs().max().item()
 
 
@@ -72,7 +85,12 @@ def test_a_child_process_builds_the_same_model_from_plain_config_values(tiny_mod
         seqs = [Sequence(p, SamplingParams(), 16) for p in prompts]
         for seq in seqs:
             blocks.allocate(seq)
-        logits.append(runner.forward(ScheduledBatch(seqs, [len(p) for p in prompts]), [list(range(len(p))) for p in prompts]))
+        logits.append(
+            runner.forward(
+                ScheduledBatch(seqs, [len(p) for p in prompts]),
+                [list(range(len(p))) for p in prompts],
+            )
+        )
     assert torch.equal(logits[0], logits[1])
     assert config_values(config_from_values(values)) == values
 

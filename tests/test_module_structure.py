@@ -5,6 +5,7 @@ a loop).
 The import graph is read from the source with `ast` (every `import x` / `from x import y` naming
 an ssd_engine module), and its strongly connected components must all be single modules.
 """
+
 import ast
 import os
 import subprocess
@@ -19,20 +20,20 @@ SOURCES = {"ssd_engine": "ssd_engine", "ssd_engine.kernels": "kernels"}
 # bottom first: a package may import its own modules and those of the layers below it, nothing else.
 # The modules at the package's top (the public API and the command lines) form the top layer.
 LAYERS = [
-    {"utils"},            # leaf helpers: the machine, memory, uploads, kernel-launch hooks
-    {"core"},             # options, config, sampling parameters, outputs, sequences, batches, protocols
-    {"distributed"},      # process groups, partitions, core placement, child processes
-    {"kernels"},          # Triton kernels
-    {"layers"},           # linear, attention, norms, rotary, weight formats
-    {"models"},           # decoders, checkpoint loading, the built-in pair, tokenizers
+    {"utils"},  # leaf helpers: the machine, memory, uploads, kernel-launch hooks
+    {"core"},  # options, config, sampling parameters, outputs, sequences, batches, protocols
+    {"distributed"},  # process groups, partitions, core placement, child processes
+    {"kernels"},  # Triton kernels
+    {"layers"},  # linear, attention, norms, rotary, weight formats
+    {"models"},  # decoders, checkpoint loading, the built-in pair, tokenizers
     {"sampling", "saguaro"},  # exact sampling and verification; the Saguaro math
-    {"runtime"},          # model runner, KV blocks, CUDA graphs
+    {"runtime"},  # model runner, KV blocks, CUDA graphs
     {"tensor_parallel"},  # the runtime across ranks
-    {"speculative"},      # SD and SSD speculators
-    {"planning"},         # auto mode: measured costs, predictions, the frozen plan
-    {"engine"},           # the step loop, scheduler, outputs, text streaming
-    {"server"},           # the OpenAI-compatible server
-    {"<top>"},            # the public API and the command lines
+    {"speculative"},  # SD and SSD speculators
+    {"planning"},  # auto mode: measured costs, predictions, the frozen plan
+    {"engine"},  # the step loop, scheduler, outputs, text streaming
+    {"server"},  # the OpenAI-compatible server
+    {"<top>"},  # the public API and the command lines
 ]
 
 
@@ -41,7 +42,11 @@ def _modules() -> dict[str, str]:
     for package, folder in SOURCES.items():
         for path in tracked_files(under=folder):
             if path.suffix == ".py":
-                module = package + "." + str(path.relative_to(REPO))[len(folder) + 1:-3].replace(os.sep, ".")
+                module = (
+                    package
+                    + "."
+                    + str(path.relative_to(REPO))[len(folder) + 1 : -3].replace(os.sep, ".")
+                )
                 found[module.removesuffix(".__init__")] = str(path)
     return found
 
@@ -120,7 +125,9 @@ def package_of(module: str) -> str:
     parts = module.split(".")
     if len(parts) == 1:
         return "<top>"
-    is_package = len(parts) > 2 or (len(parts) == 2 and os.path.isdir(os.path.join(REPO, "ssd_engine", parts[1])))
+    is_package = len(parts) > 2 or (
+        len(parts) == 2 and os.path.isdir(os.path.join(REPO, "ssd_engine", parts[1]))
+    )
     return parts[1] if is_package or parts[1] == "kernels" else "<top>"
 
 
@@ -145,20 +152,37 @@ def test_packages_import_only_downward():
     assert upward_imports(import_graph()) == []
 
 
-@pytest.mark.parametrize("graph, expected", [
-    ({"ssd_engine.core.config": {"ssd_engine.engine.llm_engine"}},
-     ["ssd_engine.core.config (core) imports ssd_engine.engine.llm_engine (engine)"]),
-    ({"ssd_engine.sampling.verifier": {"ssd_engine.saguaro.fanout"}},
-     ["ssd_engine.sampling.verifier (sampling) imports ssd_engine.saguaro.fanout (saguaro)"]),
-    ({"ssd_engine.engine.llm_engine": {"ssd_engine.core.config", "ssd_engine.engine.scheduler"}}, []),
-])
+@pytest.mark.parametrize(
+    "graph, expected",
+    [
+        (
+            {"ssd_engine.core.config": {"ssd_engine.engine.llm_engine"}},
+            ["ssd_engine.core.config (core) imports ssd_engine.engine.llm_engine (engine)"],
+        ),
+        (
+            {"ssd_engine.sampling.verifier": {"ssd_engine.saguaro.fanout"}},
+            ["ssd_engine.sampling.verifier (sampling) imports ssd_engine.saguaro.fanout (saguaro)"],
+        ),
+        (
+            {
+                "ssd_engine.engine.llm_engine": {
+                    "ssd_engine.core.config",
+                    "ssd_engine.engine.scheduler",
+                }
+            },
+            [],
+        ),
+    ],
+)
 def test_the_layer_check_finds_an_upward_import(graph, expected):
     assert upward_imports(graph) == expected
 
 
 def test_every_module_is_small():
     """Small modules with one job each: none over 300 lines."""
-    long = {module: n for module, path in _modules().items() if (n := sum(1 for _ in open(path))) > 300}
+    long = {
+        module: n for module, path in _modules().items() if (n := sum(1 for _ in open(path))) > 300
+    }
     assert long == {}
 
 
@@ -169,7 +193,11 @@ def test_the_engine_reads_its_options_only_through_the_plan():
     with open(path) as f:
         tree = ast.parse(f.read())
     uses = [node for node in ast.walk(tree) if isinstance(node, ast.Name) and node.id == "options"]
-    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "plan"]
+    calls = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "plan"
+    ]
     assert len(uses) == 1 and len(calls) == 1 and calls[0].args[0] is uses[0]
     engine_files = [p for p in tracked_files(under="ssd_engine/engine") if p.suffix == ".py"]
     readers = [str(p) for p in engine_files if ".num_speculative_tokens" in p.read_text()]
@@ -180,7 +208,11 @@ def test_child_processes_start_without_transformers():
     """A tensor-parallel worker and the SSD draft build from their parent's config values
     (RunnerSpec.checkpoint_config): importing transformers would add about a second to each start."""
     entry_modules = ("ssd_engine.tensor_parallel.worker", "ssd_engine.speculative.ssd.draft.loop")
-    code = (f"import sys; import {', '.join(entry_modules)}; "
-            "print(sorted(m for m in ('transformers', 'tokenizers') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    code = (
+        f"import sys; import {', '.join(entry_modules)}; "
+        "print(sorted(m for m in ('transformers', 'tokenizers') if m in sys.modules))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
     assert result.stdout.strip() == "[]"

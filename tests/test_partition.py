@@ -1,4 +1,5 @@
 """Pure pieces of the tensor-parallel runtime: how a model splits, where ranks run, what travels."""
+
 import os
 import random
 
@@ -21,7 +22,9 @@ def test_even_spans_cover_the_total_in_order():
     spans = even_spans(131, 2, "intermediate_size")
     assert spans == [Span(0, 66), Span(66, 65)]
     assert even_spans(8, 4, "x") == [Span(2 * r, 2) for r in range(4)]
-    with pytest.raises(ValueError, match=r"cannot split vocab_size \(3\) across tensor_parallel_size=4"):
+    with pytest.raises(
+        ValueError, match=r"cannot split vocab_size \(3\) across tensor_parallel_size=4"
+    ):
         even_spans(3, 4, "vocab_size")
 
 
@@ -30,7 +33,10 @@ def test_heads_split_by_whole_kv_groups_even_when_uneven():
     shards = attention_head_shards(9, 3, 2)
     assert [(s.q, s.kv) for s in shards] == [(Span(0, 6), Span(0, 2)), (Span(6, 3), Span(2, 1))]
     # Qwen2.5-1.5B: 12 heads, 2 KV heads, TP=2 -> one KV group each
-    assert [(s.q, s.kv) for s in attention_head_shards(12, 2, 2)] == [(Span(0, 6), Span(0, 1)), (Span(6, 6), Span(1, 1))]
+    assert [(s.q, s.kv) for s in attention_head_shards(12, 2, 2)] == [
+        (Span(0, 6), Span(0, 1)),
+        (Span(6, 6), Span(1, 1)),
+    ]
 
 
 def test_more_ranks_than_kv_heads_replicate_each_kv_head():
@@ -43,9 +49,13 @@ def test_more_ranks_than_kv_heads_replicate_each_kv_head():
 
 
 def test_unsplittable_heads_name_the_sizes():
-    with pytest.raises(ValueError, match=r"tensor_parallel_size=3.*num_key_value_heads=2, tp must be a multiple"):
+    with pytest.raises(
+        ValueError, match=r"tensor_parallel_size=3.*num_key_value_heads=2, tp must be a multiple"
+    ):
         attention_head_shards(8, 2, 3)  # 3 ranks over 2 KV heads: not a multiple
-    with pytest.raises(ValueError, match=r"num_key_value_heads=1 KV heads has 3 query heads.*over 2 ranks"):
+    with pytest.raises(
+        ValueError, match=r"num_key_value_heads=1 KV heads has 3 query heads.*over 2 ranks"
+    ):
         attention_head_shards(3, 1, 2)  # one group of 3 query heads cannot split over 2 ranks
     with pytest.raises(ValueError, match="not a multiple of num_key_value_heads"):
         attention_head_shards(6, 4, 2)
@@ -104,7 +114,7 @@ def test_block_table_deltas_follow_a_table_changed_in_place():
         if change == "grow":
             table.extend(rng.randrange(6) for _ in range(rng.randrange(1, 4)))
         elif change == "trim":
-            del table[rng.randrange(len(table) + 1):]
+            del table[rng.randrange(len(table) + 1) :]
         elif change == "empty":
             del table[:]
         keep, appended = sender.delta(1, table)
@@ -121,6 +131,7 @@ def test_nested_pins_restore_the_state_each_replaced():
     import torch
 
     from ssd_engine.distributed.placement import available_cores, pin, unpin
+
     start, threads = os.sched_getaffinity(0), torch.get_num_threads()
     first, last = min(start), max(start)
     outer = pin([first], 1)
@@ -140,6 +151,11 @@ def test_the_mlp_splits_on_whole_weight_blocks_where_it_can():
     """Qwen2.5-1.5B's 8960 hidden units are 35 blocks of 256: 18 + 17 blocks, so a GGUF target's down_proj
     slices are whole blocks; a size that is not whole blocks splits evenly."""
     assert intermediate_spans(8960, 2) == [Span(0, 4608), Span(4608, 4352)]
-    assert all(s.start % WEIGHT_BLOCK == 0 and s.size % WEIGHT_BLOCK == 0 for s in intermediate_spans(8960, 4))
+    assert all(
+        s.start % WEIGHT_BLOCK == 0 and s.size % WEIGHT_BLOCK == 0
+        for s in intermediate_spans(8960, 4)
+    )
     assert intermediate_spans(131, 2) == even_spans(131, 2, "intermediate_size")
-    assert intermediate_spans(256, 2) == even_spans(256, 2, "intermediate_size")  # fewer blocks than ranks
+    assert intermediate_spans(256, 2) == even_spans(
+        256, 2, "intermediate_size"
+    )  # fewer blocks than ranks

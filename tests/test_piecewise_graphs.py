@@ -4,6 +4,7 @@ prefill batched with decode rows) replay the work between attentions from graphs
 On CPU the graphs are emulated (SSD_ENGINE_EMULATE_CUDA_GRAPHS=1) over the Triton kernels under the
 interpreter; on a CUDA machine (scripts/gpu_check.sh) they are captured for real.
 """
+
 import os
 
 import pytest
@@ -42,8 +43,16 @@ def test_token_buckets_pad_under_a_quarter_or_8_rows():
 
 
 def _runner(model, graphs: int, fused: str) -> ModelRunner:
-    return tiny_runner(model, num_kv_blocks=64, block_size=4, max_position=256, device=DEVICE,
-                       attention_backend="triton", cuda_graph_max_batch=graphs, fused_kernels=fused)
+    return tiny_runner(
+        model,
+        num_kv_blocks=64,
+        block_size=4,
+        max_position=256,
+        device=DEVICE,
+        attention_backend="triton",
+        cuda_graph_max_batch=graphs,
+        fused_kernels=fused,
+    )
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])
@@ -55,7 +64,9 @@ def test_ragged_steps_replay_pieces_and_match_eager(tiny_model_dir, emulated, fu
     assert eager.piecewise is None
     graphed.capture_graphs([("paged", 1)])
     tables = [[0, 1, 2], [3, 4, 5], [6, 7, 8, 9]]
-    prefill = StepInputs([0, 0], [list(range(5, 14)), list(range(30, 35))], tables[:2], [[8], [3, 4]])
+    prefill = StepInputs(
+        [0, 0], [list(range(5, 14)), list(range(30, 35))], tables[:2], [[8], [3, 4]]
+    )
     mixed = StepInputs([9, 5, 0], [[40], [41], list(range(50, 63))], tables, [[0], [0], [12]])
     outputs = []
     for step, bucket in ((prefill, 16), (mixed, 16)):
@@ -64,11 +75,17 @@ def test_ragged_steps_replay_pieces_and_match_eager(tiny_model_dir, emulated, fu
         expected = eager.run(step)
         torch.testing.assert_close(logits, expected)
         written = (graphed.kv_cache != before).any(dim=-1).any(dim=-1).any(dim=1).any(dim=0)
-        assert written.sum().item() == sum(len(fed) for fed in step.token_ids)  # padding rows write no K/V
-        torch.testing.assert_close(graphed.kv_cache[:, :, :eager.kv_cache.shape[2]], eager.kv_cache)  # + a padding block
+        assert written.sum().item() == sum(
+            len(fed) for fed in step.token_ids
+        )  # padding rows write no K/V
+        torch.testing.assert_close(
+            graphed.kv_cache[:, :, : eager.kv_cache.shape[2]], eager.kv_cache
+        )  # + a padding block
         outputs.append(graphed.piecewise.outputs[bucket].data_ptr())
     assert graphed.piecewise.replayed == {16: 2}
-    assert outputs[0] == outputs[1]  # one output buffer a bucket, rewritten by each replay, as a real graph's
+    assert (
+        outputs[0] == outputs[1]
+    )  # one output buffer a bucket, rewritten by each replay, as a real graph's
     decode = StepInputs([10, 6, 13], [[70], [71], [72]], tables, [[0]] * 3)
     torch.testing.assert_close(graphed.run(decode), eager.run(decode))
     assert graphed.piecewise.replayed == {16: 2}  # a uniform decode step is the whole-step graph's
@@ -90,7 +107,16 @@ def test_engine_with_piecewise_prefill_matches_transformers(tiny_model_dir, emul
     prompts = [list(range(5, 12)), list(range(40, 77)), [7, 8, 9] * 7]
     expected = hf_oracle.greedy(model, prompts, 8, DEVICE)
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    with LLM(model, device=DEVICE.type, dtype="float32", attention_backend="triton", block_size=4,
-             max_num_batched_tokens=16, cuda_graph_max_batch=4) as llm:
+    with LLM(
+        model,
+        device=DEVICE.type,
+        dtype="float32",
+        attention_backend="triton",
+        block_size=4,
+        max_num_batched_tokens=16,
+        cuda_graph_max_batch=4,
+    ) as llm:
         assert [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == expected
-        assert sum(llm.engine.runner.piecewise.replayed.values()) >= 4  # 65 prompt tokens, 16 a step
+        assert (
+            sum(llm.engine.runner.piecewise.replayed.values()) >= 4
+        )  # 65 prompt tokens, 16 a step

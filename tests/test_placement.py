@@ -5,6 +5,7 @@ checker reports each rule's violation here, the engine's GPU paths (Triton atten
 kernels, graphed steps; SD and SSD with the draft thread checked too) come out clean, and a step whose
 host values never cross to the device is caught.
 """
+
 import os
 
 import pytest
@@ -20,7 +21,7 @@ from instrumentation.placement import Place, PlacementChecker  # noqa: E402
 from placement_harness import gpu_placement  # noqa: E402
 
 from ssd_engine import LLM, SamplingParams  # noqa: E402
-from ssd_engine.runtime import model_runner  # noqa: E402
+from ssd_engine.runtime import step_tensors  # noqa: E402
 from ssd_engine.utils.launches import kernel_launch  # noqa: E402
 
 DEVICE = torch.device("cpu")  # a device object: what the checker takes for the accelerator
@@ -49,7 +50,11 @@ def test_moves_make_new_tensors_and_the_original_stays_on_the_host():
         host = torch.arange(4.0)
         moved = host.to(DEVICE)
         back = moved.cpu()
-        assert [checker.place(t) for t in (host, moved, back)] == [Place.HOST, Place.DEVICE, Place.HOST]
+        assert [checker.place(t) for t in (host, moved, back)] == [
+            Place.HOST,
+            Place.DEVICE,
+            Place.HOST,
+        ]
         moved.copy_(host), back + host  # a copy may cross; the host copy meets host tensors
         assert not checker.findings
         moved + host
@@ -93,23 +98,40 @@ def test_modules_built_on_the_device_hold_device_parameters_and_their_views():
 
 @pytest.fixture
 def emulated(monkeypatch):
-    monkeypatch.setenv("SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1")  # the graphed steps' static-buffer path
+    monkeypatch.setenv(
+        "SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1"
+    )  # the graphed steps' static-buffer path
 
 
 def _engine_options(path: str, mode: str) -> dict:
-    options = dict(device="cpu", dtype="float32", attention_backend="triton", fused_kernels="on", block_size=4,
-                   cuda_graph_max_batch=4)
+    options = dict(
+        device="cpu",
+        dtype="float32",
+        attention_backend="triton",
+        fused_kernels="on",
+        block_size=4,
+        cuda_graph_max_batch=4,
+    )
     if mode != "ar":
         # a GPU's draft format (cpu_features.py); the thread: checked like the target
-        options.update(draft_model=path, speculative_mode=mode, num_speculative_tokens=3,
-                       draft_dtype=GPU_DRAFT_DTYPE_ON_CPU,
-                       ssd_fanout="1", ssd_budget=4, ssd_draft_host="thread", draft_timeout_s=300)
+        options.update(
+            draft_model=path,
+            speculative_mode=mode,
+            num_speculative_tokens=3,
+            draft_dtype=GPU_DRAFT_DTYPE_ON_CPU,
+            ssd_fanout="1",
+            ssd_budget=4,
+            ssd_draft_host="thread",
+            draft_timeout_s=300,
+        )
     return options
 
 
-PARAMS = [SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
-          SamplingParams(temperature=0.7, seed=3, max_tokens=5, ignore_eos=True),
-          SamplingParams(temperature=0.9, top_p=0.8, top_k=20, max_tokens=5, ignore_eos=True)]
+PARAMS = [
+    SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),
+    SamplingParams(temperature=0.7, seed=3, max_tokens=5, ignore_eos=True),
+    SamplingParams(temperature=0.9, top_p=0.8, top_k=20, max_tokens=5, ignore_eos=True),
+]
 
 
 @pytest.mark.parametrize("mode", ["sd", "ssd"])
@@ -128,8 +150,13 @@ def test_the_engines_gpu_paths_hand_the_device_only_device_tensors(tiny_model_di
 def test_a_step_whose_host_values_never_cross_is_caught(tiny_model_dir, emulated, monkeypatch):
     """The deliberately broken control: the target's step inputs left on the host, as a path tested
     only on CPU could leave them. On a GPU its kernels would get host pointers."""
-    monkeypatch.setattr(model_runner, "upload", lambda columns, device, dtype=torch.long: [
-        torch.tensor(column, dtype=dtype) for column in columns])
+    monkeypatch.setattr(
+        step_tensors,
+        "upload",
+        lambda columns, device, dtype=torch.long: [
+            torch.tensor(column, dtype=dtype) for column in columns
+        ],
+    )
     path = tiny_model_dir("qwen2", **ONE_LAYER)
     with gpu_placement() as checker, LLM(path, **_engine_options(path, "ar")) as llm:
         llm.generate(PROMPTS[:1], PARAMS[0], use_tqdm=False)

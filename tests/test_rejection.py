@@ -73,7 +73,9 @@ class Case:
         return float(torch.minimum(self.p[j], self.q[j]).double().sum())
 
 
-def random_rows(rows: int, vocab: int, gen: torch.Generator, zero_fraction: float = 0.25) -> torch.Tensor:
+def random_rows(
+    rows: int, vocab: int, gen: torch.Generator, zero_fraction: float = 0.25
+) -> torch.Tensor:
     logits = torch.randn(rows, vocab, generator=gen) * 1.5
     dropped = torch.rand(rows, vocab, generator=gen) < zero_fraction
     dropped[:, 0] = False  # keep every row non-empty
@@ -104,7 +106,9 @@ def make_case(kind: str, k: int, seed: int = 0) -> Case:
         p[:, half:] = 0
         q = random_rows(k, vocab, gen, zero_fraction=0.0)
         q[:, :half] = 0
-        return Case(f"{kind}-K{k}-V{vocab}", p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True), q)
+        return Case(
+            f"{kind}-K{k}-V{vocab}", p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True), q
+        )
     if kind == "onehot":
         # Deterministic proposals (q = None), drawn here from a mix of a sharpened p and uniform,
         # so some land on tokens p rules out. Exactness must hold for any proposal distribution.
@@ -114,7 +118,10 @@ def make_case(kind: str, k: int, seed: int = 0) -> Case:
 
 
 def draw_drafts(case: Case, n: int, gen: torch.Generator) -> torch.Tensor:
-    columns = [torch.multinomial(case.proposal[j], n, replacement=True, generator=gen) for j in range(case.k)]
+    columns = [
+        torch.multinomial(case.proposal[j], n, replacement=True, generator=gen)
+        for j in range(case.k)
+    ]
     return torch.stack(columns, dim=1) if columns else torch.zeros(n, 0, dtype=torch.int64)
 
 
@@ -129,7 +136,9 @@ class Outcome:
     positions: list[tuple[int, int, float, int, float]]  # (j, reached, stat, dof, p-value)
 
 
-def run_and_test_positions(verifier: Verifier, case: Case, n: int = DRAWS, seed: int = 0) -> Outcome:
+def run_and_test_positions(
+    verifier: Verifier, case: Case, n: int = DRAWS, seed: int = 0
+) -> Outcome:
     """Run `verifier` on n draws of `case`; chi-square test the emitted token at each position."""
     gen = torch.Generator().manual_seed(seed)
     drafts = draw_drafts(case, n, gen)
@@ -153,7 +162,9 @@ def run_and_test_positions(verifier: Verifier, case: Case, n: int = DRAWS, seed:
         tokens = torch.bincount(emitted[reached, j], minlength=case.vocab)
         stat, dof, p_value = chi_square_pvalue(tokens, case.p[j])
         positions.append((j, count, stat, dof, p_value))
-        print(f"  {verifier.__name__:>18} {case.name:>18} pos {j}: n={count:6d} chi2={stat:8.2f} dof={dof:2d} p={p_value:.3g}")
+        print(
+            f"  {verifier.__name__:>18} {case.name:>18} pos {j}: n={count:6d} chi2={stat:8.2f} dof={dof:2d} p={p_value:.3g}"
+        )
     return Outcome(drafts, emitted, result.num_accepted, positions)
 
 
@@ -170,7 +181,9 @@ def test_emitted_tokens_follow_target(kind, k):
     print(f"  {case.name}: {len(outcome.positions)} chi-square tests")
     assert outcome.positions and outcome.positions[0][0] == 0  # position 0 is always reached
     for j, _, stat, dof, p_value in outcome.positions:
-        assert p_value > ALPHA, f"{case.name} position {j}: chi2={stat:.1f} dof={dof} p={p_value:.2g}"
+        assert p_value > ALPHA, (
+            f"{case.name} position {j}: chi2={stat:.1f} dof={dof} p={p_value:.2g}"
+        )
     # Acceptance at every position with enough draws reaching it.
     for j in range(case.k):
         reached = outcome.num_accepted >= j
@@ -180,8 +193,12 @@ def test_emitted_tokens_follow_target(kind, k):
         rate = float((outcome.num_accepted[reached] > j).double().mean())
         a = min(case.acceptance(j), 1.0)  # float32 sums of min(p, q) can exceed 1 by an ulp
         se = math.sqrt(a * (1 - a) / count)
-        print(f"  {case.name} acceptance pos {j}: observed {rate:.4f} expected {a:.4f} (SE {se:.2g})")
-        assert abs(rate - a) <= 4 * se + 1e-6, f"{case.name} position {j}: acceptance {rate:.4f} vs {a:.4f}"
+        print(
+            f"  {case.name} acceptance pos {j}: observed {rate:.4f} expected {a:.4f} (SE {se:.2g})"
+        )
+        assert abs(rate - a) <= 4 * se + 1e-6, (
+            f"{case.name} position {j}: acceptance {rate:.4f} vs {a:.4f}"
+        )
     if kind == "equal":
         assert bool((outcome.num_accepted == k).all())  # q == p accepts with probability 1
     if kind == "disjoint":
@@ -196,21 +213,27 @@ def test_second_token_given_first_accepted_token():
     given = first_accepted & (outcome.drafts[:, 0] == token)
     counts = torch.bincount(outcome.emitted[given, 1], minlength=case.vocab)
     stat, dof, p_value = chi_square_pvalue(counts, case.p[1])
-    print(f"  second token | x_1={token} accepted: n={int(given.sum())} chi2={stat:.2f} dof={dof} p={p_value:.3g}")
+    print(
+        f"  second token | x_1={token} accepted: n={int(given.sum())} chi2={stat:.2f} dof={dof} p={p_value:.3g}"
+    )
     assert p_value > ALPHA
 
 
 # --------------------------------------------------------------------------- negative controls
 
 
-def accept_always(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None):
+def accept_always(
+    draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None
+):
     """WRONG: emits every draft token, then a bonus from p_{K+1}."""
     n, k = draft_tokens.shape
     bonus = sample(target_probs[:, k], generators, default_generator)
     return result_of(draft_tokens.long(), torch.full((n,), k), bonus)
 
 
-def accept_if_argmax(draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None):
+def accept_if_argmax(
+    draft_tokens, draft_probs, target_probs, generators, num_draft=None, default_generator=None
+):
     """WRONG at T > 0: accepts x iff x == argmax p, then a bonus from p (not the residual)."""
     n, k = draft_tokens.shape
     match = draft_tokens == target_probs[:, :k].argmax(-1)
@@ -231,7 +254,9 @@ def test_negative_controls_are_caught(broken):
 # --------------------------------------------------------------------------- greedy and bookkeeping
 
 
-def greedy_loop(drafts: list[list[int]], argmax: list[list[int]], num_draft: list[int]) -> list[list[int]]:
+def greedy_loop(
+    drafts: list[list[int]], argmax: list[list[int]], num_draft: list[int]
+) -> list[list[int]]:
     out = []
     for row, best, nd in zip(drafts, argmax, num_draft):
         emitted = []
@@ -310,7 +335,12 @@ def test_num_draft_padding_equals_truncated_rows():
     batch = verify(padded, q, p, gens, num_draft)
     for i in range(n):
         nd = int(num_draft[i])
-        alone = verify(drafts[i : i + 1, :nd], q[i : i + 1, :nd], p[i : i + 1, : nd + 1], [torch.Generator().manual_seed(100 + i)])
+        alone = verify(
+            drafts[i : i + 1, :nd],
+            q[i : i + 1, :nd],
+            p[i : i + 1, : nd + 1],
+            [torch.Generator().manual_seed(100 + i)],
+        )
         assert batch.output_tokens[i] == alone.output_tokens[0]
         assert len(batch.output_tokens[i]) <= nd + 1
         assert -1 not in batch.output_tokens[i]
@@ -341,7 +371,9 @@ def test_zero_residual_falls_back_to_p(monkeypatch):
     p = torch.tensor([[[0.3, 0.7 - 1e-6, 0.0], [0.2, 0.3, 0.5]]])
     q = torch.tensor([[[0.3, 0.7, 0.0]]])
     drafts = torch.tensor([[1]])
-    almost_one = lambda gens, counts, width, device, default=None: torch.full((1, width), 1 - 1e-9, dtype=torch.float64)
+    almost_one = lambda gens, counts, width, device, default=None: torch.full(
+        (1, width), 1 - 1e-9, dtype=torch.float64
+    )
     monkeypatch.setattr(rejection, "draw_uniforms", almost_one)
     result = verify(drafts, q, p, [None])
     assert result.num_accepted.tolist() == [0]
@@ -350,16 +382,31 @@ def test_zero_residual_falls_back_to_p(monkeypatch):
 
 def test_zero_draft_tokens():
     p = torch.softmax(torch.randn(3, 1, 5, generator=torch.Generator().manual_seed(9)), -1)
-    result = verify(torch.zeros(3, 0, dtype=torch.int64), None, p, [torch.Generator().manual_seed(i) for i in range(3)])
-    assert result.num_accepted.tolist() == [0, 0, 0] and all(len(t) == 1 for t in result.output_tokens)
+    result = verify(
+        torch.zeros(3, 0, dtype=torch.int64),
+        None,
+        p,
+        [torch.Generator().manual_seed(i) for i in range(3)],
+    )
+    assert result.num_accepted.tolist() == [0, 0, 0] and all(
+        len(t) == 1 for t in result.output_tokens
+    )
     greedy = verify_greedy(torch.zeros(3, 0, dtype=torch.int64), p.argmax(-1))
     assert greedy.output_tokens == [[int(t)] for t in p[:, 0].argmax(-1)]
 
 
 def test_chi_square_helper_critical_values():
     # sf at the textbook critical values: chi2(1) 3.8415 -> 0.05, chi2(10) 29.588 -> 0.001.
-    for dof, x, alpha in [(1, 3.841458820694124, 0.05), (10, 29.58829844507442, 1e-3), (30, 59.70306, 1e-3)]:
-        sf = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64)))
+    for dof, x, alpha in [
+        (1, 3.841458820694124, 0.05),
+        (10, 29.58829844507442, 1e-3),
+        (30, 59.70306, 1e-3),
+    ]:
+        sf = float(
+            torch.special.gammaincc(
+                torch.tensor(dof / 2, dtype=torch.float64), torch.tensor(x / 2, dtype=torch.float64)
+            )
+        )
         assert math.isclose(sf, alpha, rel_tol=1e-4)
     # Pooling: many tiny cells become one.
     probs = torch.tensor([0.5, 0.49] + [0.001] * 10)

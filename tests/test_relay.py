@@ -1,5 +1,6 @@
 """The replicas' relay (ssd_engine/server/relay.py), without Ray: an app's response carried in pieces,
 and a request retried on another replica exactly while nothing of its response has been sent."""
+
 import asyncio
 
 import pytest
@@ -26,7 +27,9 @@ def _app() -> FastAPI:
         async def pieces():
             for i in range(count):
                 yield f"data: {i}\n\n"
+
         return StreamingResponse(pieces(), media_type="text/event-stream")
+
     return app
 
 
@@ -42,12 +45,20 @@ async def _collect(pieces) -> tuple[ResponseHead, list[bytes]]:
 
 def test_an_apps_response_comes_back_as_its_head_then_its_pieces():
     app = _app()
-    post = HttpRequest("POST", "/v1/echo", b"", [(b"content-type", b"application/json")], b'{"a": 1}')
+    post = HttpRequest(
+        "POST", "/v1/echo", b"", [(b"content-type", b"application/json")], b'{"a": 1}'
+    )
     head, chunks = asyncio.run(_collect(run_app(app, post)))
     assert head.status == 200 and b"".join(chunks) == b'{"got":{"a":1},"n":1}'
     assert (b"content-type", b"application/json") in head.headers
-    head, chunks = asyncio.run(_collect(run_app(app, HttpRequest("GET", "/v1/stream", b"count=3", [], b""))))
-    assert head.status == 200 and chunks == [b"data: 0\n\n", b"data: 1\n\n", b"data: 2\n\n"]  # a stream stays one
+    head, chunks = asyncio.run(
+        _collect(run_app(app, HttpRequest("GET", "/v1/stream", b"count=3", [], b"")))
+    )
+    assert head.status == 200 and chunks == [
+        b"data: 0\n\n",
+        b"data: 1\n\n",
+        b"data: 2\n\n",
+    ]  # a stream stays one
     head, _ = asyncio.run(_collect(run_app(app, HttpRequest("GET", "/nowhere", b"", [], b""))))
     assert head.status == 404
 
@@ -74,7 +85,9 @@ def _replicas(behaviours: list[str]):
             if behaviour == "dies-mid-body":
                 raise ReplicaDied()
             yield b"rest"
+
         return pieces()
+
     return call, calls
 
 
@@ -100,6 +113,8 @@ def test_after_the_first_body_bytes_or_on_other_errors_nothing_is_retried(monkey
         asyncio.run(_relayed(call))
     assert len(calls) == 1
     call, calls = _replicas(["dies"] * relay_module.ATTEMPTS + ["ok"])
-    with pytest.raises(ReplicaDied):  # every attempt's replica died: the error, after ATTEMPTS tries
+    with pytest.raises(
+        ReplicaDied
+    ):  # every attempt's replica died: the error, after ATTEMPTS tries
         asyncio.run(_relayed(call))
     assert len(calls) == relay_module.ATTEMPTS

@@ -1,6 +1,7 @@
 """`/metrics` of several replicas (server/replica_metrics.py), without Ray: the board merges the texts
 each replica's own app renders, labels every sample with its replica, and says which replicas are
 up and how often each was restarted."""
+
 from prometheus_client.parser import text_string_to_metric_families
 
 from ssd_engine.core.outputs import RequestMetrics, RequestOutput
@@ -23,8 +24,11 @@ def _served(requests: int) -> str:
 
 def _samples(board: replica_metrics.MetricsBoard) -> dict[tuple, float]:
     text = board.render().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def test_each_replicas_samples_carry_its_label_and_up_and_restarts_are_counted(monkeypatch):
@@ -39,7 +43,9 @@ def test_each_replicas_samples_carry_its_label_and_up_and_restarts_are_counted(m
     assert seen[("ssd_spec_acceptance_rate", (("replica", "1"),))] == 0.5
     assert {seen[("ssd_replica_up", (("replica", r),))] for r in "01"} == {1.0}
     assert {seen[("ssd_replica_restarts_total", (("replica", r),))] for r in "01"} == {0.0}
-    assert all(any(k == "replica" for k, _ in labels) for _, labels in seen)  # no sample without its replica
+    assert all(
+        any(k == "replica" for k, _ in labels) for _, labels in seen
+    )  # no sample without its replica
 
     board.put(1, 202, _served(1))  # rank 1 again, from a new process: Ray Serve restarted it
     board.put(1, 202, _served(1))
@@ -51,7 +57,10 @@ def test_each_replicas_samples_carry_its_label_and_up_and_restarts_are_counted(m
     monkeypatch.setattr(replica_metrics.time, "monotonic", lambda: later)
     board.put(0, 100, _served(2))  # replica 1 went silent
     seen = _samples(board)
-    assert seen[("ssd_replica_up", (("replica", "0"),))] == 1 and seen[("ssd_replica_up", (("replica", "1"),))] == 0
+    assert (
+        seen[("ssd_replica_up", (("replica", "0"),))] == 1
+        and seen[("ssd_replica_up", (("replica", "1"),))] == 0
+    )
 
 
 def test_a_replica_pushes_until_told_to_stop():

@@ -6,6 +6,7 @@ labelled, and counts the restart; Ctrl-C stops them and the Ray cluster
 the server started, leaving no process behind. With `--ray-address` on a two-node cluster (two
 `ray start` on this host, one CPU each), each node runs one replica. Without ray, N > 1 is one line
 naming the extra."""
+
 import collections
 import concurrent.futures
 import os
@@ -26,7 +27,10 @@ from ssd_engine.server.replicas import replica_core_sets, serve_replicas
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = [f"hello {i}" for i in range(6)]
-LONG_PROMPTS, LONG_TOKENS = [f"tell me {i}" for i in range(8)], 300  # about a second on two tiny replicas
+LONG_PROMPTS, LONG_TOKENS = (
+    [f"tell me {i}" for i in range(8)],
+    300,
+)  # about a second on two tiny replicas
 
 
 def test_replicas_split_the_cores_and_need_one_each():
@@ -37,22 +41,34 @@ def test_replicas_split_the_cores_and_need_one_each():
 
 
 def test_without_ray_more_than_one_replica_names_the_extra(monkeypatch):
-    monkeypatch.setitem(sys.modules, "ray", None)  # importing ray fails, as where it is not installed
-    with pytest.raises(ValueError, match=r"runs on Ray Serve, which is not installed: pip install -e \"\.\[ray\]\""):
+    monkeypatch.setitem(
+        sys.modules, "ray", None
+    )  # importing ray fails, as where it is not installed
+    with pytest.raises(
+        ValueError, match=r"runs on Ray Serve, which is not installed: pip install -e \"\.\[ray\]\""
+    ):
         serve_replicas(2, LLM, str, {}, "tiny", "127.0.0.1", 0, None, False, 8, None)
 
 
 def test_a_replica_count_below_one_is_refused():
-    done = subprocess.run([sys.executable, "-m", "ssd_engine.serve", "--model", "x", "--data-parallel-size", "0"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and done.stderr.strip() == "error: --data-parallel-size must be >= 1, got 0"
+    done = subprocess.run(
+        [sys.executable, "-m", "ssd_engine.serve", "--model", "x", "--data-parallel-size", "0"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (
+        done.returncode == 2
+        and done.stderr.strip() == "error: --data-parallel-size must be >= 1, got 0"
+    )
 
 
 def _replica_pid(proc: subprocess.Popen, said: list[str], deadline: float) -> int:
     """A replica's process id, from the line its engine prints through Ray's log ("(... pid=N) [replica r]")."""
     while True:
         for line in said:
-            if (found := re.search(r"pid=(\d+)\).*\[replica \d+\]", line)):
+            if found := re.search(r"pid=(\d+)\).*\[replica \d+\]", line):
                 return int(found.group(1))
         assert time.monotonic() < deadline and proc.poll() is None, "".join(said[-30:])
         said.append(proc.stderr.readline())
@@ -61,6 +77,7 @@ def _replica_pid(proc: subprocess.Popen, said: list[str], deadline: float) -> in
 def _scrape(port: int) -> collections.Counter:
     """(sample name, replica) -> value summed over the sample's other labels, from the endpoint's /metrics."""
     from prometheus_client.parser import text_string_to_metric_families
+
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as response:
         text = response.read().decode()
     found = collections.Counter()
@@ -82,10 +99,29 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         expected = [o.text for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
         expected_long = [o.text for o in llm.generate(LONG_PROMPTS, long, use_tqdm=False)]
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", tiny_qwen2, "--port", str(port),
-                             "--served-model-name", "tiny", "--data-parallel-size", "2", "--cpu-cores", "0;1"],
-                            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "SSD_ENGINE_PROGRESS": "0", "RAY_USAGE_STATS_ENABLED": "0"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ssd_engine.serve",
+            "--model",
+            tiny_qwen2,
+            "--port",
+            str(port),
+            "--served-model-name",
+            "tiny",
+            "--data-parallel-size",
+            "2",
+            "--cpu-cores",
+            "0;1",
+        ],
+        cwd=REPO_ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "SSD_ENGINE_PROGRESS": "0", "RAY_USAGE_STATS_ENABLED": "0"},
+    )
     started: set[int] = set()
     try:
         said = []
@@ -97,10 +133,16 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
 
         def plain(prompt: str) -> str:
-            return client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0).choices[0].text
+            return (
+                client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0)
+                .choices[0]
+                .text
+            )
 
         def streamed(prompt: str) -> str:
-            chunks = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0, stream=True)
+            chunks = client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=8, temperature=0, stream=True
+            )
             return "".join(chunk.choices[0].text for chunk in chunks)
 
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
@@ -113,24 +155,38 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         victim = _replica_pid(proc, said, deadline)
 
         def long_plain(prompt: str) -> str:
-            return client.completions.create(model="tiny", prompt=prompt, max_tokens=LONG_TOKENS, temperature=0,
-                                             extra_body={"ignore_eos": True}).choices[0].text
+            return (
+                client.completions.create(
+                    model="tiny",
+                    prompt=prompt,
+                    max_tokens=LONG_TOKENS,
+                    temperature=0,
+                    extra_body={"ignore_eos": True},
+                )
+                .choices[0]
+                .text
+            )
 
         with concurrent.futures.ThreadPoolExecutor(len(LONG_PROMPTS)) as pool:
             answers = [pool.submit(long_plain, prompt) for prompt in LONG_PROMPTS]
             time.sleep(0.5)
             os.kill(victim, signal.SIGKILL)
             assert [answer.result() for answer in answers] == expected_long
+
         # /metrics, whichever replica answers it: both replicas' samples, each labelled, both up again
         # once Ray Serve has restarted the killed one, which counts one restart
         def total(name: str, scraped: collections.Counter) -> float:
             return sum(scraped[(name, replica)] for replica in ("0", "1"))
 
-        while total("ssd_replica_restarts_total", scraped := _scrape(port)) < 1 or \
-                total("ssd_replica_up", scraped) < 2:
+        while (
+            total("ssd_replica_restarts_total", scraped := _scrape(port)) < 1
+            or total("ssd_replica_up", scraped) < 2
+        ):
             assert time.monotonic() < deadline + 60, scraped
             time.sleep(0.5)
-        assert total("ssd_requests_total", scraped) >= 1 and scraped[("ssd_requests_total", None)] == 0
+        assert (
+            total("ssd_requests_total", scraped) >= 1 and scraped[("ssd_requests_total", None)] == 0
+        )
         started |= descendants_of(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
         assert proc.wait(timeout=120) == 0
@@ -146,12 +202,30 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "SSD_ENG
 
 def _ray_node(args: list[str], ready: str, deadline: float) -> subprocess.Popen:
     """`ray start ... --block` as a child in its own session; returns once it printed `ready`."""
-    node = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--num-cpus", "1",
-                             "--node-ip-address", "127.0.0.1", "--disable-usage-stats", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env={**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"})  # its lines as it prints them
+    node = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ray.scripts.scripts",
+            "start",
+            "--block",
+            "--num-cpus",
+            "1",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--disable-usage-stats",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"},
+    )  # its lines as it prints them
     said: list[str] = []
-    if not _read_until(node, node.stdout, lambda: any(ready in line for line in said), said, deadline):
+    if not _read_until(
+        node, node.stdout, lambda: any(ready in line for line in said), said, deadline
+    ):
         os.killpg(node.pid, signal.SIGKILL)
         node.wait()
         raise AssertionError("a Ray node did not start:\n" + "".join(said[-30:]))
@@ -193,33 +267,81 @@ def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
     # Ray's session folder holds unix sockets, whose paths must stay under 108 bytes: a short folder
     ray_dir = tempfile.TemporaryDirectory(prefix="ray-", ignore_cleanup_errors=True)
     try:
-        processes.append(_ray_node(["--head", "--port", str(gcs), "--include-dashboard", "false",
-                                    "--temp-dir", ray_dir.name], "Ray runtime started", deadline))
+        processes.append(
+            _ray_node(
+                [
+                    "--head",
+                    "--port",
+                    str(gcs),
+                    "--include-dashboard",
+                    "false",
+                    "--temp-dir",
+                    ray_dir.name,
+                ],
+                "Ray runtime started",
+                deadline,
+            )
+        )
         processes.append(_ray_node(["--address", address], "Ray runtime started", deadline))
         nodes = {"head": processes[0].pid, "second": processes[1].pid}
-        server = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", tiny_qwen2, "--port", str(port),
-                                   "--served-model-name", "tiny", "--data-parallel-size", "2", "--num-threads", "1",
-                                   "--ray-address", address],
-                                  cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                  start_new_session=True, env={**os.environ, **RAY_ENV})
+        server = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ssd_engine.serve",
+                "--model",
+                tiny_qwen2,
+                "--port",
+                str(port),
+                "--served-model-name",
+                "tiny",
+                "--data-parallel-size",
+                "2",
+                "--num-threads",
+                "1",
+                "--ray-address",
+                address,
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, **RAY_ENV},
+        )
         processes.append(server)
         said: list[str] = []
-        assert _read_until(server, server.stderr, lambda: any(line.startswith("[serve] 2 replicas on Ray Serve")
-                                                              for line in said), said, deadline), "".join(said[-30:])
+        assert _read_until(
+            server,
+            server.stderr,
+            lambda: any(line.startswith("[serve] 2 replicas on Ray Serve") for line in said),
+            said,
+            deadline,
+        ), "".join(said[-30:])
         # each node's raylet starts its workers: a replica's process is below the `ray start` of its node
-        replicas = {node: [pid for pid in descendants_of(node_pid) if _is_engine_replica(pid)]
-                    for node, node_pid in nodes.items()}
+        replicas = {
+            node: [pid for pid in descendants_of(node_pid) if _is_engine_replica(pid)]
+            for node, node_pid in nodes.items()
+        }
         assert [len(pids) for pids in replicas.values()] == [1, 1], replicas
 
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            texts = pool.map(lambda p: client.completions.create(model="tiny", prompt=p, max_tokens=8,
-                                                                   temperature=0).choices[0].text, PROMPTS)
+            texts = pool.map(
+                lambda p: (
+                    client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0)
+                    .choices[0]
+                    .text
+                ),
+                PROMPTS,
+            )
             assert list(texts) == expected
         started = set().union(*(descendants_of(p.pid) for p in processes))
         os.killpg(server.pid, signal.SIGINT)
         assert server.wait(timeout=120) == 0
-        for node in reversed(processes[:2]):  # the second node, then the head: Ctrl-C stops what each started
+        for node in reversed(
+            processes[:2]
+        ):  # the second node, then the head: Ctrl-C stops what each started
             os.killpg(node.pid, signal.SIGINT)
             node.wait(timeout=60)
         assert gone_within(started, 30), [p for p in started if alive(p)]

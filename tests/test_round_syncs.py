@@ -9,6 +9,7 @@ tokens fed from the device give the same forward inputs as the same tokens fed a
 whole round (one read per AR step, SD round and SSD coordinator round, greedy and sampled) is
 asserted in tests/test_gpu_proxies.py.
 """
+
 import pytest
 import torch
 from instrumentation.sync_count import SyncCounter
@@ -23,10 +24,14 @@ from ssd_engine.sampling.sampler import sample
 
 DEVICE = torch.device("cpu")  # a device object: what the counter takes for the accelerator
 VOCAB = 12
-PARAMS = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.7),
-          SamplingParams(temperature=1.0, top_k=3), SamplingParams(temperature=0.9, top_p=0.8),
-          SamplingParams(temperature=1.2, min_p=0.1),
-          SamplingParams(temperature=0.7, top_k=VOCAB + 5)]  # top-k past the vocabulary: off
+PARAMS = [
+    SamplingParams(temperature=0.0),
+    SamplingParams(temperature=0.7),
+    SamplingParams(temperature=1.0, top_k=3),
+    SamplingParams(temperature=0.9, top_p=0.8),
+    SamplingParams(temperature=1.2, min_p=0.1),
+    SamplingParams(temperature=0.7, top_k=VOCAB + 5),
+]  # top-k past the vocabulary: off
 
 
 def _syncs(counter: SyncCounter) -> dict:
@@ -40,9 +45,13 @@ def test_probs_decide_their_branches_on_the_host(rows):
     sampling = SamplingTensors.from_params(params, DEVICE)
     with torch.inference_mode(), SyncCounter() as syncs:
         probs = sampling.probs(logits.to(DEVICE))
-        repeated = SamplingTensors.from_params(params, DEVICE, times=2).probs(logits.to(DEVICE).repeat_interleave(2, dim=0))
+        repeated = SamplingTensors.from_params(params, DEVICE, times=2).probs(
+            logits.to(DEVICE).repeat_interleave(2, dim=0)
+        )
     assert _syncs(syncs) == {}
-    read = probs_from_logits(logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p)
+    read = probs_from_logits(
+        logits, sampling.temperature, sampling.top_k, sampling.top_p, sampling.min_p
+    )
     assert torch.equal(probs, read) and torch.equal(repeated, read.repeat_interleave(2, dim=0))
 
 
@@ -82,13 +91,26 @@ def test_verification_told_the_random_rows_reads_the_device_once():
     random_rows = [False, True, True, True, True]
     seeds = [torch.Generator().manual_seed(20 + i) for i in range(n)]
     with SyncCounter() as syncs:
-        told = verify(drafts.to(DEVICE), q.to(DEVICE), target.to(DEVICE), seeds, num_draft, random_rows=random_rows)
+        told = verify(
+            drafts.to(DEVICE),
+            q.to(DEVICE),
+            target.to(DEVICE),
+            seeds,
+            num_draft,
+            random_rows=random_rows,
+        )
         told.output_tokens
-    assert list(_syncs(syncs).values()) == [1]  # the result: drafts, accepted counts, bonus tokens at once
+    assert list(_syncs(syncs).values()) == [
+        1
+    ]  # the result: drafts, accepted counts, bonus tokens at once
     assert torch.equal(seeds[0].get_state(), torch.Generator().manual_seed(20).get_state())
-    read = verify(drafts, q, target, [torch.Generator().manual_seed(20 + i) for i in range(n)], num_draft)
+    read = verify(
+        drafts, q, target, [torch.Generator().manual_seed(20 + i) for i in range(n)], num_draft
+    )
     assert told.output_tokens == read.output_tokens
-    assert torch.equal(told.num_accepted, read.num_accepted) and torch.equal(told.bonus_tokens, read.bonus_tokens)
+    assert torch.equal(told.num_accepted, read.num_accepted) and torch.equal(
+        told.bonus_tokens, read.bonus_tokens
+    )
 
 
 @pytest.fixture(scope="module")
@@ -101,10 +123,17 @@ def test_drafts_fed_from_the_device_give_the_same_inputs(runner):
     fed = [[5, 9, 10, 11], [6], [7, 12, 13, 14]]  # two verifications of K = 3 around a plain decode
     plain = StepInputs([8, 5, 11], fed, tables, [[0, 1, 2, 3], [0], [0, 1, 2, 3]])
     drafts = torch.tensor([[9, 10, 11], [12, 13, 14]], device=DEVICE)
-    held = StepInputs([8, 5, 11], [[5, 0, 0, 0], [6], [7, 0, 0, 0]], tables, plain.logit_rows,
-                      on_device=([1, 2, 3, 6, 7, 8], drafts.reshape(-1)))
+    held = StepInputs(
+        [8, 5, 11],
+        [[5, 0, 0, 0], [6], [7, 0, 0, 0]],
+        tables,
+        plain.logit_rows,
+        on_device=([1, 2, 3, 6, 7, 8], drafts.reshape(-1)),
+    )
     assert held.on_host() == plain
-    one_step = StepInputs([12, 13], [[0], [0]], tables[:2], [[0], [0]], on_device=([0, 1], drafts[:, 0]))
+    one_step = StepInputs(
+        [12, 13], [[0], [0]], tables[:2], [[0], [0]], on_device=([0, 1], drafts[:, 0])
+    )
     with torch.inference_mode(), SyncCounter() as syncs:
         prepared = [runner.prepare(held), runner.prepare(one_step)]
     assert _syncs(syncs) == {}
@@ -141,8 +170,11 @@ class _Uploads(torch.overrides.TorchFunctionMode):
         out = func(*args, **kwargs)
         if func is torch.tensor:
             self.made.append(out)
-        if func is torch.Tensor.to and any(args[0] is t for t in self.made) and \
-                any(isinstance(a, torch.device) for a in (*args[1:], *kwargs.values())):
+        if (
+            func is torch.Tensor.to
+            and any(args[0] is t for t in self.made)
+            and any(isinstance(a, torch.device) for a in (*args[1:], *kwargs.values()))
+        ):
             self.moved += 1
         return out
 
@@ -155,7 +187,9 @@ def test_a_steps_host_values_cross_in_one_copy(tiny_qwen2):
     tables = [[0, 1, 2], [3, 4, 5]]
     runner.run(StepInputs([0, 0], [[5, 6, 7], [8, 9]], tables, [[2], [1]]))
     drafts = torch.tensor([11, 12], device=DEVICE)
-    step = StepInputs([3, 2], [[7, 0, 0], [9, 0, 0]], tables, [[0, 1, 2], [2]], on_device=([1, 4], drafts))
+    step = StepInputs(
+        [3, 2], [[7, 0, 0], [9, 0, 0]], tables, [[0, 1, 2], [2]], on_device=([1, 4], drafts)
+    )
     with torch.inference_mode(), _Uploads() as uploads:
         logits = runner.run(step)
     assert (len(uploads.made), uploads.moved) == (1, 1)
@@ -168,9 +202,13 @@ def test_a_prefill_ending_beside_speculating_sequences_reads_once():
     token and the verification come back in one transfer, equal to reading them apart."""
     from ssd_engine.core.structures import Proposal, Sequence
     from ssd_engine.sampling.verifier import Verifier
+
     k, gen = 2, torch.Generator().manual_seed(3)
-    params = [SamplingParams(temperature=0.8, seed=1), SamplingParams(temperature=0.0),
-              SamplingParams(temperature=1.0, seed=2)]
+    params = [
+        SamplingParams(temperature=0.8, seed=1),
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, seed=2),
+    ]
     logits = torch.randn(1 + 2 * (k + 1), VOCAB, generator=gen)
     q = torch.softmax(torch.randn(2, k, VOCAB, generator=gen), -1)
     drafts = torch.multinomial(q.view(-1, VOCAB), 1, generator=gen).view(2, k)
@@ -181,7 +219,8 @@ def test_a_prefill_ending_beside_speculating_sequences_reads_once():
         proposal = Proposal(drafts.to(device), q.to(device), torch.tensor([k, k]))
         with counter:
             results = Verifier(torch.Generator().manual_seed(0)).sample_or_verify(
-                seqs, logit_rows, logits.to(device), speculated, proposal)
+                seqs, logit_rows, logits.to(device), speculated, proposal
+            )
         return [(r.tokens, r.accepted) for r in results]
 
     syncs = SyncCounter()

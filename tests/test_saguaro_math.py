@@ -68,8 +68,8 @@ C_SEQUENCE = (1.0, 0.8, 0.5, 0.3, 0.0)  # Theorem 15: P(bonus in T | reject) gro
 def hit_objective(fanout, alpha: float, r: float, c: float = 1.0) -> float:
     """sum_k P(k) (1 - miss(F_k)), miss(F) = min(1, c F^-r), miss(0) = 1. Written out here rather
     than taken from the module, so the module's expected_hit_rate is checked against it."""
-    probs = [alpha ** k * (1 - alpha) for k in range(len(fanout) - 1)] + [alpha ** (len(fanout) - 1)]
-    return sum(p * (1 - (1.0 if f == 0 else min(1.0, c * f ** -r))) for p, f in zip(probs, fanout))
+    probs = [alpha**k * (1 - alpha) for k in range(len(fanout) - 1)] + [alpha ** (len(fanout) - 1)]
+    return sum(p * (1 - (1.0 if f == 0 else min(1.0, c * f**-r))) for p, f in zip(probs, fanout))
 
 
 def compositions(total: int, parts: int):
@@ -114,7 +114,9 @@ def reference_q_c(probs: torch.Tensor, fanout: int, c: float) -> torch.Tensor:
 
 def random_rows(n: int, vocab: int, seed: int, dtype=torch.float64) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.softmax(torch.randn(n, vocab, generator=gen, dtype=torch.float64) * 1.5, dim=-1).to(dtype)
+    return torch.softmax(
+        torch.randn(n, vocab, generator=gen, dtype=torch.float64) * 1.5, dim=-1
+    ).to(dtype)
 
 
 def run_verifier(p: torch.Tensor, q_c: torch.Tensor, q_for_verifier: torch.Tensor, seed: int):
@@ -123,7 +125,9 @@ def run_verifier(p: torch.Tensor, q_c: torch.Tensor, q_for_verifier: torch.Tenso
     gen = torch.Generator().manual_seed(seed)
     drafts = torch.multinomial(q_c, MC_DRAWS, replacement=True, generator=gen)[:, None]
     vocab = p.numel()
-    after = torch.softmax(torch.arange(vocab, dtype=torch.float64), dim=-1)  # p_{K+1}: any row will do
+    after = torch.softmax(
+        torch.arange(vocab, dtype=torch.float64), dim=-1
+    )  # p_{K+1}: any row will do
     target = torch.stack([p, after]).float().expand(MC_DRAWS, 2, vocab)
     draft_rows = q_for_verifier.float().expand(MC_DRAWS, 1, vocab)
     result = verify(drafts, draft_rows, target, [None] * MC_DRAWS, default_generator=gen)
@@ -143,8 +147,9 @@ def crossover_holds(b_star: float, p: float, e_p: float, e_f: float, t_p: float)
         elif b > b_star * (1 + 1e-9):
             assert fast >= slow * (1 - 1e-12), (p, e_p, e_f, t_p, b_star, b, slow, fast)
     if 0 < b_star < math.inf:
-        assert math.isclose(speedup_slow(b_star, p, e_p, t_p), speedup_fast(b_star, p, e_p, e_f, t_p),
-                            rel_tol=1e-9)
+        assert math.isclose(
+            speedup_slow(b_star, p, e_p, t_p), speedup_fast(b_star, p, e_p, e_f, t_p), rel_tol=1e-9
+        )
 
 
 # --------------------------------------------------------------------------- 1. fan-out (Theorem 12)
@@ -176,7 +181,12 @@ def test_fanout_real_closed_form_and_lagrange_condition(alpha):
         # Maximising sum_k P(k)(1 - c F_k^-r) s.t. sum F_k = B: P(k) F_k^-(1+r) is the same for all k
         # (the multiplier lambda / (c r)).
         marginal = [pk * f ** -(1 + r) for pk, f in zip(outcome_probabilities(alpha, k), real)]
-        assert all(math.isclose(m, marginal[0], rel_tol=1e-9) for m in marginal), (alpha, r, budget, k)
+        assert all(math.isclose(m, marginal[0], rel_tol=1e-9) for m in marginal), (
+            alpha,
+            r,
+            budget,
+            k,
+        )
 
 
 def test_fanout_becomes_uniform_as_r_grows():
@@ -190,7 +200,7 @@ def test_fanout_becomes_uniform_as_r_grows():
         probs = outcome_probabilities(alpha, k)
         order = sorted(range(k + 1), key=lambda j: (-probs[j], j))
         expected = [budget // (k + 1)] * (k + 1)
-        for j in order[:budget % (k + 1)]:
+        for j in order[: budget % (k + 1)]:
             expected[j] += 1
         assert fan == expected, (alpha, budget, k, fan)
         if alpha < 0.5:
@@ -217,23 +227,30 @@ def test_fanout_edge_cases():
     # B < K + 1: fewer branches than outcomes still spends exactly B, on the likeliest outcomes.
     for alpha, budget in itertools.product(ALPHAS, range(0, 7)):
         fan = geometric_fanout(alpha, 1.0, budget, 6)
-        assert sum(fan) == budget and all(fan[j] >= fan[j + 1] for j in range(5)), (alpha, budget, fan)
+        assert sum(fan) == budget and all(fan[j] >= fan[j + 1] for j in range(5)), (
+            alpha,
+            budget,
+            fan,
+        )
     assert geometric_fanout(0.01, 1.0, 2, 6) == [2, 0, 0, 0, 0, 0, 0]  # F_1 / F_0 = 0.1
     assert geometric_fanout(0.3, 1.0, 2, 6) == [1, 1, 0, 0, 0, 0, 0]
     assert geometric_fanout(0.9, 1.0, 1, 4) == [0, 0, 0, 0, 1]  # P(K) = 0.656 is the largest
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    (dict(alpha=-0.1, r=1.0, budget=4, k=3), "alpha"),
-    (dict(alpha=1.1, r=1.0, budget=4, k=3), "alpha"),
-    (dict(alpha=float("nan"), r=1.0, budget=4, k=3), "alpha"),
-    (dict(alpha=0.5, r=0.0, budget=4, k=3), r"\br\b"),
-    (dict(alpha=0.5, r=-2.0, budget=4, k=3), r"\br\b"),
-    (dict(alpha=0.5, r=1.0, budget=-1, k=3), r"budget B"),
-    (dict(alpha=0.5, r=1.0, budget=2.5, k=3), r"budget B"),
-    (dict(alpha=0.5, r=1.0, budget=4.0, k=3), r"budget B"),
-    (dict(alpha=0.5, r=1.0, budget=True, k=3), r"budget B"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        (dict(alpha=-0.1, r=1.0, budget=4, k=3), "alpha"),
+        (dict(alpha=1.1, r=1.0, budget=4, k=3), "alpha"),
+        (dict(alpha=float("nan"), r=1.0, budget=4, k=3), "alpha"),
+        (dict(alpha=0.5, r=0.0, budget=4, k=3), r"\br\b"),
+        (dict(alpha=0.5, r=-2.0, budget=4, k=3), r"\br\b"),
+        (dict(alpha=0.5, r=1.0, budget=-1, k=3), r"budget B"),
+        (dict(alpha=0.5, r=1.0, budget=2.5, k=3), r"budget B"),
+        (dict(alpha=0.5, r=1.0, budget=4.0, k=3), r"budget B"),
+        (dict(alpha=0.5, r=1.0, budget=True, k=3), r"budget B"),
+    ],
+)
 def test_fanout_rejects_invalid_arguments(kwargs, named):
     with pytest.raises(ValueError, match=named):
         geometric_fanout(**kwargs)
@@ -243,9 +260,11 @@ def test_fanout_rejects_invalid_arguments(kwargs, named):
 
 
 def test_expected_hit_rate_matches_objective():
-    miss = lambda f: 0.4 * f ** -0.8  # noqa: E731
+    miss = lambda f: 0.4 * f**-0.8  # noqa: E731
     for fan in ([3, 2, 0, 5], [0, 0, 0, 0], [10, 0, 0, 0], [1, 1, 1, 1]):
-        assert math.isclose(expected_hit_rate(fan, 0.7, miss), hit_objective(fan, 0.7, 0.8, c=0.4), rel_tol=1e-12)
+        assert math.isclose(
+            expected_hit_rate(fan, 0.7, miss), hit_objective(fan, 0.7, 0.8, c=0.4), rel_tol=1e-12
+        )
 
 
 @pytest.mark.parametrize("alpha", (0.6, 0.8, 0.9))
@@ -260,7 +279,14 @@ def test_fanout_near_integer_optimum(alpha, r):
     for budget in range(5, 9):
         best = max(hit_objective(f, alpha, r, c) for f in compositions(budget, k + 1))
         got = hit_objective(geometric_fanout(alpha, r, budget, k), alpha, r, c)
-        assert got >= 0.98 * best, (alpha, r, budget, geometric_fanout(alpha, r, budget, k), got, best)
+        assert got >= 0.98 * best, (
+            alpha,
+            r,
+            budget,
+            geometric_fanout(alpha, r, budget, k),
+            got,
+            best,
+        )
 
 
 def test_geometric_beats_uniform_on_realistic_case():
@@ -277,41 +303,52 @@ def test_geometric_beats_uniform_on_realistic_case():
 
 # (p, E_p, E_f, T_p) -> which outcome is expected: "finite", "inf" (slow always) or "zero" (fast always)
 B_STAR_CASES = [
-    (0.8, 3.0, 1.2, 0.2, "finite"),   # T_p < 1
+    (0.8, 3.0, 1.2, 0.2, "finite"),  # T_p < 1
     (0.9, 3.0, 1.2, 0.5, "finite"),
     (0.95, 4.0, 1.0, 0.3, "finite"),
-    (0.8, 3.0, 1.2, 1.0, "finite"),   # T_p = 1
-    (0.8, 3.0, 1.2, 1.5, "finite"),   # T_p > 1
+    (0.8, 3.0, 1.2, 1.0, "finite"),  # T_p = 1
+    (0.8, 3.0, 1.2, 1.5, "finite"),  # T_p > 1
     (0.6, 2.0, 1.0, 3.0, "finite"),
-    (0.5, 3.0, 1.2, 0.2, "inf"),      # misses are common and the fast backup is poor
-    (0.0, 3.0, 1.2, 0.5, "inf"),      # p = 0: every round is a miss, slow still better
-    (0.9, 3.0, 1.0, 0.0, "inf"),      # T_p = 0: the slow backup costs nothing
-    (0.8, 2.0, 2.5, 0.5, "zero"),     # the fast backup drafts better and costs less
-    (0.9, 2.0, 2.5, 0.0, "zero"),     # T_p = 0 but the fast backup drafts better
+    (0.5, 3.0, 1.2, 0.2, "inf"),  # misses are common and the fast backup is poor
+    (0.0, 3.0, 1.2, 0.5, "inf"),  # p = 0: every round is a miss, slow still better
+    (0.9, 3.0, 1.0, 0.0, "inf"),  # T_p = 0: the slow backup costs nothing
+    (0.8, 2.0, 2.5, 0.5, "zero"),  # the fast backup drafts better and costs less
+    (0.9, 2.0, 2.5, 0.0, "zero"),  # T_p = 0 but the fast backup drafts better
     (0.3, 2.0, 1.9, 2.0, "finite"),  # b* = 0.03: fast wins at every real batch size
-    (0.3, 2.0, 2.2, 2.0, "zero"),     # T_p > 1, E_f > E_p
+    (0.3, 2.0, 2.2, 2.0, "zero"),  # T_p > 1, E_f > E_p
 ]
 
 
 @pytest.mark.parametrize("p, e_p, e_f, t_p, kind", B_STAR_CASES)
 def test_critical_batch_is_the_crossover(p, e_p, e_f, t_p, kind):
     b_star = critical_batch_size(p, e_p, e_f, t_p)
-    assert {"finite": 0 < b_star < math.inf, "inf": b_star == math.inf, "zero": b_star == 0.0}[kind], b_star
+    assert {"finite": 0 < b_star < math.inf, "inf": b_star == math.inf, "zero": b_star == 0.0}[
+        kind
+    ], b_star
     crossover_holds(b_star, p, e_p, e_f, t_p)
 
 
-@pytest.mark.parametrize("p, e_p, e_f, t_p, kind", [c for c in B_STAR_CASES if c[3] <= 1 and c[4] == "finite"])
+@pytest.mark.parametrize(
+    "p, e_p, e_f, t_p, kind", [c for c in B_STAR_CASES if c[3] <= 1 and c[4] == "finite"]
+)
 def test_critical_batch_matches_simplified_m1_expression(p, e_p, e_f, t_p, kind):
     e_h = p * e_p + (1 - p) * e_f
     x_star = (e_h * (1 + t_p) - e_p) / (e_h * t_p)  # docs/saguaro.md, M = 1
     assert 0 < x_star < 1
-    assert math.isclose(critical_batch_size(p, e_p, e_f, t_p), math.log(x_star) / math.log(p), rel_tol=1e-12)
+    assert math.isclose(
+        critical_batch_size(p, e_p, e_f, t_p), math.log(x_star) / math.log(p), rel_tol=1e-12
+    )
 
 
 def test_critical_batch_decreases_as_t_p_grows():
     for p, e_p, e_f in itertools.product((0.6, 0.8, 0.9, 0.95), (2.0, 3.0, 4.0), (1.0, 1.2)):
-        values = [critical_batch_size(p, e_p, e_f, t) for t in (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)]
-        assert all(b >= a * (1 - 1e-12) or a == math.inf for b, a in zip(values[:-1], values[1:])), values
+        values = [
+            critical_batch_size(p, e_p, e_f, t)
+            for t in (0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.5, 2.0, 3.0)
+        ]
+        assert all(
+            b >= a * (1 - 1e-12) or a == math.inf for b, a in zip(values[:-1], values[1:])
+        ), values
     finite = [critical_batch_size(0.8, 3.0, 1.2, t) for t in (0.2, 0.5, 1.0, 1.5)]
     assert all(0 < b < math.inf for b in finite) and finite == sorted(finite, reverse=True)
     assert finite[0] > finite[-1] * 5
@@ -330,8 +367,13 @@ def test_critical_batch_direction_in_p():
 
 
 def test_critical_batch_rejects_invalid_arguments():
-    for args in ((-0.1, 3.0, 1.0, 0.5), (1.1, 3.0, 1.0, 0.5), (0.8, 0.0, 1.0, 0.5), (0.8, 3.0, 0.0, 0.5),
-                 (0.8, 3.0, 1.0, -0.1)):
+    for args in (
+        (-0.1, 3.0, 1.0, 0.5),
+        (1.1, 3.0, 1.0, 0.5),
+        (0.8, 0.0, 1.0, 0.5),
+        (0.8, 3.0, 0.0, 0.5),
+        (0.8, 3.0, 1.0, -0.1),
+    ):
         with pytest.raises(ValueError):
             critical_batch_size(*args)
 
@@ -366,7 +408,7 @@ def test_policy_pinned_critical_batch_is_never_recomputed():
 @pytest.mark.parametrize("mode", ("jit", "fast"))
 def test_policy_fixed_modes_ignore_batch_size(mode):
     policy = FallbackPolicy(mode, PRIOR, period=2)
-    for batch_size in (1, 2, 5, 6, 100, 10 ** 6):
+    for batch_size in (1, 2, 5, 6, 100, 10**6):
         assert policy.choose(batch_size) == Source[mode.upper()]
         assert not policy.due()
 
@@ -376,11 +418,13 @@ def test_policy_update_blends_prior_by_sample_count():
     before = policy.critical_batch
     policy.update(p_hit=(0.9, 24), e_primary=(2.0, 8), e_fast=(1.0, 0), t_p=(0.5, 72))
     est = policy.estimates
-    assert math.isclose(est.p_hit, (0.8 * 8 + 0.9 * 24) / 32)      # 0.875
-    assert math.isclose(est.e_primary, (3.0 * 8 + 2.0 * 8) / 16)    # 2.5: equal weights
-    assert est.e_fast == 1.2                                        # no samples: the prior
-    assert math.isclose(est.t_p, (0.2 * 8 + 0.5 * 72) / 80)         # 0.47
-    assert math.isclose(policy.critical_batch, critical_batch_size(est.p_hit, est.e_primary, est.e_fast, est.t_p))
+    assert math.isclose(est.p_hit, (0.8 * 8 + 0.9 * 24) / 32)  # 0.875
+    assert math.isclose(est.e_primary, (3.0 * 8 + 2.0 * 8) / 16)  # 2.5: equal weights
+    assert est.e_fast == 1.2  # no samples: the prior
+    assert math.isclose(est.t_p, (0.2 * 8 + 0.5 * 72) / 80)  # 0.47
+    assert math.isclose(
+        policy.critical_batch, critical_batch_size(est.p_hit, est.e_primary, est.e_fast, est.t_p)
+    )
     assert policy.critical_batch != before
     # Measurements are cumulative: a second update blends with the prior again, not with the
     # previous estimate.
@@ -461,9 +505,11 @@ def test_saguaro_per_row_fanout_matches_single_rows():
     fanout = torch.tensor([0, 1, 3, 2])
     batched = saguaro_probs(probs, fanout, 0.3)
     for i, f in enumerate(fanout.tolist()):
-        alone = saguaro_probs(probs[i:i + 1], f, 0.3)[0]
+        alone = saguaro_probs(probs[i : i + 1], f, 0.3)[0]
         assert torch.allclose(batched[i], alone, rtol=1e-12, atol=1e-15)
-        assert torch.allclose(batched[i], reference_q_c(probs[i], f, 0.3) if f else probs[i], atol=1e-15)
+        assert torch.allclose(
+            batched[i], reference_q_c(probs[i], f, 0.3) if f else probs[i], atol=1e-15
+        )
 
 
 # --------------------------------------------------------------------------- 5. Theorem 15 (exact)
@@ -474,7 +520,10 @@ def test_theorem15_lower_c_puts_rejection_bonus_in_cache():
     for seed, fanout in itertools.product(range(12), (1, 2, 3)):
         p, q = random_pair(seed)
         in_top = top_set(q, fanout)
-        values = [bonus_in_top_given_rejection(p, saguaro_probs(q[None], fanout, c)[0], in_top) for c in C_SEQUENCE]
+        values = [
+            bonus_in_top_given_rejection(p, saguaro_probs(q[None], fanout, c)[0], in_top)
+            for c in C_SEQUENCE
+        ]
         assert all(b >= a - 1e-12 for a, b in zip(values, values[1:])), (seed, fanout, values)
         strictly_better += values[C_SEQUENCE.index(0.3)] > values[0] + 1e-6
     # In the other cases q exceeds p on all of T even at C = 0.3, so no residual falls there yet.
@@ -532,8 +581,14 @@ def test_mc_rejected_bonus_lands_in_cache_at_exact_rate(mc_case, mc_run):
     assert math.isclose(exact, float(residual[in_top].sum()), rel_tol=1e-12)
     assert 0.02 < exact < 0.98  # a meaningful rate, not a trivial 0 or 1
     se = math.sqrt(exact * (1 - exact) / MC_DRAWS)
-    print(f"  rejected and bonus in T: observed {float(hit.double().mean()):.5f} exact {exact:.5f} SE {se:.2g}")
-    assert abs(float(hit.double().mean()) - exact) <= 5 * se, (float(hit.double().mean()), exact, se)
+    print(
+        f"  rejected and bonus in T: observed {float(hit.double().mean()):.5f} exact {exact:.5f} SE {se:.2g}"
+    )
+    assert abs(float(hit.double().mean()) - exact) <= 5 * se, (
+        float(hit.double().mean()),
+        exact,
+        se,
+    )
 
 
 # --------------------------------------------------------------------------- 7. calibration helpers
@@ -549,7 +604,7 @@ def test_miss_curve_tail_fractions():
 
 def test_fit_power_law_recovers_exact_law():
     r, c = 0.8, 0.4
-    exact = [c * f ** -r for f in range(1, 9)]
+    exact = [c * f**-r for f in range(1, 9)]
     fit_r, fit_c = fit_power_law(exact)
     assert math.isclose(fit_r, r, rel_tol=1e-9) and math.isclose(fit_c, c, rel_tol=1e-9)
     # A zero (no miss observed at that F) cannot be on a log-log line: it is skipped.
@@ -572,7 +627,7 @@ def test_budget_from_timings():
 
 
 def test_best_budget_extends_the_fitting_budget_only_when_branches_pay():
-    miss = lambda f: 0.4 * f ** -1.0
+    miss = lambda f: 0.4 * f**-1.0
     step = lambda rows: 0.05 + 0.002 * rows
     # the draft keeps up: more branches are free until the build outlasts verification
     fits = budget_from_timings(1.0, 0.1, step, 4)
@@ -585,31 +640,45 @@ def test_best_budget_extends_the_fitting_budget_only_when_branches_pay():
     assert best_budget(0.2, 0.1, costly, 4, 0.8, 1.0, miss, miss_cost_s=0.2) == 1
 
 
-@pytest.mark.parametrize("p, e_p, e_f, t_p, t_slow", [(0.9, 3.5, 1.05, 1.5, 1.2), (0.8, 3.0, 1.2, 0.6, 0.3),
-                                                     (0.95, 4.0, 1.0, 1.3, 0.9)])
+@pytest.mark.parametrize(
+    "p, e_p, e_f, t_p, t_slow",
+    [(0.9, 3.5, 1.05, 1.5, 1.2), (0.8, 3.0, 1.2, 0.6, 0.3), (0.95, 4.0, 1.0, 1.3, 0.9)],
+)
 def test_critical_batch_with_a_measured_slow_backup_cost_is_the_crossover(p, e_p, e_f, t_p, t_slow):
     b_star = critical_batch_size(p, e_p, e_f, t_p, t_slow)
     assert 0 < b_star < math.inf
-    assert math.isclose(speedup_slow(b_star, p, e_p, t_p, t_slow), speedup_fast(b_star, p, e_p, e_f, t_p), rel_tol=1e-9)
+    assert math.isclose(
+        speedup_slow(b_star, p, e_p, t_p, t_slow),
+        speedup_fast(b_star, p, e_p, e_f, t_p),
+        rel_tol=1e-9,
+    )
     for b in (b_star * 0.5, b_star * 0.9):
         assert speedup_slow(b, p, e_p, t_p, t_slow) > speedup_fast(b, p, e_p, e_f, t_p)
-    assert speedup_slow(b_star * 1.2, p, e_p, t_p, t_slow) < speedup_fast(b_star * 1.2, p, e_p, e_f, t_p)
-    assert critical_batch_size(p, e_p, e_f, t_p, t_p) == critical_batch_size(p, e_p, e_f, t_p)  # T_b = T_p default
+    assert speedup_slow(b_star * 1.2, p, e_p, t_p, t_slow) < speedup_fast(
+        b_star * 1.2, p, e_p, e_f, t_p
+    )
+    assert critical_batch_size(p, e_p, e_f, t_p, t_p) == critical_batch_size(
+        p, e_p, e_f, t_p
+    )  # T_b = T_p default
 
 
 def test_rounds_with_first_round_sequences_compare_both_backups_directly():
     # E_p / (1 + T_slow) = 3.5 / 2.2 = 1.59 against the fast backup's mean tokens for this batch
     policy = FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5, 1.2))
     assert policy.critical_batch < 2
-    assert policy.choose(8, cold=8) == JIT   # all cold: fast gives E_fast = 1.05
+    assert policy.choose(8, cold=8) == JIT  # all cold: fast gives E_fast = 1.05
     assert policy.choose(8, cold=1) == FAST  # mostly warm: (7 * 3.255 + 1.05) / 8 = 2.98
-    assert policy.choose(8, cold=0) == FAST and policy.choose(1, cold=0) == (JIT if 1 < policy.critical_batch
-                                                                            else FAST)
-    assert FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5), pinned=4).choose(8, cold=8) == FAST  # pinned wins
+    assert policy.choose(8, cold=0) == FAST and policy.choose(1, cold=0) == (
+        JIT if 1 < policy.critical_batch else FAST
+    )
+    assert (
+        FallbackPolicy("auto", Estimates(0.9, 3.5, 1.05, 1.5), pinned=4).choose(8, cold=8) == FAST
+    )  # pinned wins
 
 
 def test_theorem_7_reduces_to_its_corollaries():
     from ssd_engine.saguaro.speedup import sd_speedup, ssd_speedup, stationary_hit_rate
+
     # the two-state chain's stationary distribution: P(hit) = P(hit) P(hit|hit) + P(miss) P(hit|miss)
     for p_p, p_b in [(0.9, 0.6), (0.5, 0.2), (0.99, 0.01)]:
         p = stationary_hit_rate(p_p, p_b)
@@ -630,7 +699,9 @@ def test_a_scaled_fanout_sums_to_its_budget_and_keeps_the_plans_order():
         scaled = scale_fanout(planned, budget)
         assert sum(scaled) == budget and all(0 <= s <= p for s, p in zip(scaled, planned))
         # a likelier outcome (more planned branches) never keeps fewer than a less likely one
-        assert all(scaled[i] >= scaled[j] for i in range(5) for j in range(5) if planned[i] > planned[j])
+        assert all(
+            scaled[i] >= scaled[j] for i in range(5) for j in range(5) if planned[i] > planned[j]
+        )
     assert scale_fanout(planned, 13) == planned and scale_fanout(planned, 20) == planned
     assert scale_fanout(planned, 1) == [0, 0, 0, 0, 1]
 
@@ -667,5 +738,7 @@ def test_the_build_budget_cuts_in_proportion_and_grows_by_one_row():
     budget.update(window_s=0.01, build_s=0.49, glue_s=0.1, rows=2, planned_rows=10)
     assert budget.cap == 1
     before = budget.cap
-    budget.update(window_s=0.0, build_s=5.0, glue_s=0.1, rows=1, planned_rows=10)  # no window: nothing learnt
+    budget.update(
+        window_s=0.0, build_s=5.0, glue_s=0.1, rows=1, planned_rows=10
+    )  # no window: nothing learnt
     assert budget.cap == before

@@ -17,7 +17,9 @@ def test_frequencies_match_probs():
     probs = torch.softmax(torch.randn(50, generator=torch.Generator().manual_seed(0)) * 2, -1)
     probs[[3, 17, 41]] = 0.0  # zero-probability tokens must never appear
     n = 100_000
-    tokens = sample(probs.expand(n, -1), [None] * n, default_generator=torch.Generator().manual_seed(1))
+    tokens = sample(
+        probs.expand(n, -1), [None] * n, default_generator=torch.Generator().manual_seed(1)
+    )
     counts = torch.bincount(tokens, minlength=50)
     stat, dof, p_value = chi_square_pvalue(counts, probs)
     print(f"\nsampler chi2: stat={stat:.2f} dof={dof} p={p_value:.3g}")
@@ -64,7 +66,9 @@ def test_unseeded_rows_use_the_default_generator():
 
 
 def test_inverse_cdf_top_end_never_returns_zero_probability_token():
-    probs = torch.tensor([[0.0, 0.3, 0.7, 0.0, 0.0], [0.1, 0.0, 0.0, 0.0, 0.0], [1e-30, 0.5, 0.0, 0.5, 0.0]])
+    probs = torch.tensor(
+        [[0.0, 0.3, 0.7, 0.0, 0.0], [0.1, 0.0, 0.0, 0.0, 0.0], [1e-30, 0.5, 0.0, 0.5, 0.0]]
+    )
     top = torch.full((3,), 1.0 - 2.0**-53, dtype=torch.float64)
     assert inverse_cdf(probs, top).tolist() == [2, 0, 3]
     assert inverse_cdf(probs, torch.zeros(3, dtype=torch.float64)).tolist() == [1, 0, 0]
@@ -74,7 +78,9 @@ def test_inverse_cdf_top_end_never_returns_zero_probability_token():
 
 def test_draw_uniforms_per_row_order():
     gen = torch.Generator().manual_seed(9)
-    u = draw_uniforms([gen, None], [3, 2], 4, "cpu", default_generator=torch.Generator().manual_seed(1))
+    u = draw_uniforms(
+        [gen, None], [3, 2], 4, "cpu", default_generator=torch.Generator().manual_seed(1)
+    )
     expected = torch.rand(3, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
     assert torch.equal(u[0, :3], expected) and u[0, 3] == 0
 
@@ -88,5 +94,7 @@ def test_rows_of_one_generator_draw_as_if_each_row_drew_alone():
     a, b = (torch.Generator().manual_seed(s) for s in (5, 6))
     shared = torch.rand(1, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)[0]
     for row, (gen, count) in enumerate(zip([a, a, a, b, None, a, b], counts)):
-        drawn = shared[:count] if gen is None else torch.rand(count, generator=gen, dtype=torch.float64)
+        drawn = (
+            shared[:count] if gen is None else torch.rand(count, generator=gen, dtype=torch.float64)
+        )
         assert torch.equal(u[row, :count], drawn) and not u[row, count:].any(), row

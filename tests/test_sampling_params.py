@@ -79,14 +79,25 @@ def test_stop_lists_are_copied():
 
 def test_from_optional_fills_what_is_unset_from_the_defaults():
     defaults = SamplingParams(temperature=0.7, top_p=0.8, top_k=20, min_p=0.05)
-    p = SamplingParams.from_optional(defaults, temperature=None, top_p=0.5, top_k=None, seed=3, max_tokens=9, stop=None)
-    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed, p.max_tokens, p.stop) == (0.7, 0.5, 20, 0.05, 3, 9, [])
+    p = SamplingParams.from_optional(
+        defaults, temperature=None, top_p=0.5, top_k=None, seed=3, max_tokens=9, stop=None
+    )
+    assert (p.temperature, p.top_p, p.top_k, p.min_p, p.seed, p.max_tokens, p.stop) == (
+        0.7,
+        0.5,
+        20,
+        0.05,
+        3,
+        9,
+        [],
+    )
     assert SamplingParams.from_optional(defaults, temperature=0).greedy  # 0 is a value, not unset
     assert SamplingParams.from_optional(None, temperature=None, max_tokens=None) == SamplingParams()
 
 
 def _folder_with(tmp_path, name: str, generation_config: dict | None) -> str:
     import json
+
     folder = tmp_path / name
     folder.mkdir()
     if generation_config is not None:
@@ -98,17 +109,34 @@ def test_model_defaults_are_the_sampling_fields_generation_config_sets(tmp_path)
     """vLLM's rule: temperature / top_p / top_k / min_p / repetition_penalty where the file sets them; do_sample and the other
     fields are ignored, so a file with `do_sample: false` alone, or no file, sets nothing."""
     from ssd_engine.core.sampling_params import model_sampling_defaults
+
     assert model_sampling_defaults(_folder_with(tmp_path, "none", None)) == {}
-    assert model_sampling_defaults(_folder_with(tmp_path, "greedy_flag", {"do_sample": False, "eos_token_id": 2})) == {}
-    sampled = {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": 20, "repetition_penalty": 1.1,
-               "max_new_tokens": 99, "eos_token_id": 2}
-    assert model_sampling_defaults(_folder_with(tmp_path, "sampled", sampled)) == dict(temperature=0.7, top_p=0.8,
-                                                                                        top_k=20, repetition_penalty=1.1)
-    assert model_sampling_defaults(_folder_with(tmp_path, "min_p", {"min_p": 0.05})) == {"min_p": 0.05}
+    assert (
+        model_sampling_defaults(
+            _folder_with(tmp_path, "greedy_flag", {"do_sample": False, "eos_token_id": 2})
+        )
+        == {}
+    )
+    sampled = {
+        "do_sample": True,
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "repetition_penalty": 1.1,
+        "max_new_tokens": 99,
+        "eos_token_id": 2,
+    }
+    assert model_sampling_defaults(_folder_with(tmp_path, "sampled", sampled)) == dict(
+        temperature=0.7, top_p=0.8, top_k=20, repetition_penalty=1.1
+    )
+    assert model_sampling_defaults(_folder_with(tmp_path, "min_p", {"min_p": 0.05})) == {
+        "min_p": 0.05
+    }
 
 
 def test_a_model_default_no_request_could_take_names_the_file_and_field(tmp_path):
     from ssd_engine.core.sampling_params import model_sampling_defaults
+
     folder = _folder_with(tmp_path, "bad", {"do_sample": True, "top_p": 1.5})
     with pytest.raises(ValueError, match="top_p") as info:
         model_sampling_defaults(folder)

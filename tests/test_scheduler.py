@@ -4,6 +4,7 @@ No model: each "step" schedules a batch, advances every scheduled sequence's
 num_computed_tokens by its num_new_tokens and, when a sequence's computed tokens reach its end
 (the step that would sample), appends one token and finishes it at max_tokens.
 """
+
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import Sequence, SequenceStatus
 from ssd_engine.engine.scheduler import Scheduler
@@ -14,11 +15,18 @@ NEXT_TOKEN = 7
 
 
 def make_seq(num_prompt_tokens, max_tokens=4, start=10):
-    return Sequence(list(range(start, start + num_prompt_tokens)), SamplingParams(max_tokens=max_tokens), BS)
+    return Sequence(
+        list(range(start, start + num_prompt_tokens)), SamplingParams(max_tokens=max_tokens), BS
+    )
 
 
-def make_scheduler(num_blocks=64, max_num_seqs=16, max_num_batched_tokens=256, prefix_caching=False,
-                   prefill_tokens_while_decoding=None):
+def make_scheduler(
+    num_blocks=64,
+    max_num_seqs=16,
+    max_num_batched_tokens=256,
+    prefix_caching=False,
+    prefill_tokens_while_decoding=None,
+):
     bm = BlockManager(num_blocks, BS, enable_prefix_caching=prefix_caching)
     return Scheduler(bm, max_num_seqs, max_num_batched_tokens, prefill_tokens_while_decoding)
 
@@ -31,7 +39,9 @@ def check_batch(sched, batch):
     for seq, n in zip(batch.seqs, batch.num_new_tokens):
         assert n >= 1
         assert seq.status == SequenceStatus.RUNNING and seq in sched.running
-        assert len(seq.block_table) * BS >= seq.num_computed_tokens + n  # slots exist for the new tokens
+        assert (
+            len(seq.block_table) * BS >= seq.num_computed_tokens + n
+        )  # slots exist for the new tokens
     for seq in sched.waiting:
         assert len(seq.block_table) == 0 and seq.status == SequenceStatus.WAITING
 
@@ -156,7 +166,10 @@ def test_decodes_are_scheduled_before_new_prefills():
 
 def test_fcfs_requests_start_in_arrival_order():
     sched = make_scheduler(max_num_seqs=2, max_num_batched_tokens=6)
-    seqs = [make_seq(n, max_tokens=m, start=10 + 20 * i) for i, (n, m) in enumerate([(9, 2), (2, 5), (7, 1), (1, 3), (5, 2)])]
+    seqs = [
+        make_seq(n, max_tokens=m, start=10 + 20 * i)
+        for i, (n, m) in enumerate([(9, 2), (2, 5), (7, 1), (1, 3), (5, 2)])
+    ]
     for s in seqs:
         sched.add(s)
     first_seen = []
@@ -169,9 +182,9 @@ def test_fcfs_requests_start_in_arrival_order():
 
 def test_head_of_queue_is_not_overtaken_when_it_does_not_fit():
     sched = make_scheduler(num_blocks=6)
-    a = make_seq(16, max_tokens=2)   # 4 blocks
-    big = make_seq(10, start=50)     # 3 blocks: does not fit in the 2 left
-    small = make_seq(2, start=80)    # 1 block: would fit, but arrived later
+    a = make_seq(16, max_tokens=2)  # 4 blocks
+    big = make_seq(10, start=50)  # 3 blocks: does not fit in the 2 left
+    small = make_seq(2, start=80)  # 1 block: would fit, but arrived later
     sched.add(a)
     sched.add(big)
     sched.add(small)
@@ -187,9 +200,9 @@ def test_head_of_queue_is_not_overtaken_when_it_does_not_fit():
 # ---- preemption ----------------------------------------------------------------------------------
 def test_preemption_takes_newest_puts_it_in_front_and_recomputes():
     sched = make_scheduler(num_blocks=2, max_num_seqs=2)
-    a = make_seq(4, max_tokens=2, start=10)   # after its first token it needs a second block
+    a = make_seq(4, max_tokens=2, start=10)  # after its first token it needs a second block
     b = make_seq(3, max_tokens=2, start=50)
-    c = make_seq(1, max_tokens=1, start=90)   # arrives while the two slots are full
+    c = make_seq(1, max_tokens=1, start=90)  # arrives while the two slots are full
     for s in (a, b, c):
         sched.add(s)
     batch, _ = step(sched)
@@ -217,7 +230,7 @@ def test_preemption_takes_newest_puts_it_in_front_and_recomputes():
 def test_sequence_never_preempts_an_older_one():
     sched = make_scheduler(num_blocks=2)
     a = make_seq(3, max_tokens=3, start=10)
-    b = make_seq(4, max_tokens=3, start=50)   # b crosses a block boundary first
+    b = make_seq(4, max_tokens=3, start=50)  # b crosses a block boundary first
     sched.add(a)
     sched.add(b)
     step(sched)

@@ -4,6 +4,7 @@ simulated in a child interpreter by `sys.modules[name] = None`, which makes impo
 A real server says at start how its engine runs (`[engine]`) and what unset sampling fields take
 (`[sampling]`); a first Ctrl-C says it drains the requests in flight and lets them finish, a second
 stops at once."""
+
 import http.client
 import json
 import os
@@ -19,14 +20,22 @@ import urllib.request
 import pytest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HIDE = "import runpy, sys\nfor name in {names!r}: sys.modules[name] = None\n" \
-       "runpy.run_module('ssd_engine.serve', run_name='__main__', alter_sys=True)"
+HIDE = (
+    "import runpy, sys\nfor name in {names!r}: sys.modules[name] = None\n"
+    "runpy.run_module('ssd_engine.serve', run_name='__main__', alter_sys=True)"
+)
 
 
 def serve_without(names: tuple[str, ...], *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    return subprocess.run([sys.executable, "-c", HIDE.format(names=names), *args], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", HIDE.format(names=names), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_help_works_without_the_server_packages():
@@ -40,7 +49,11 @@ def test_starting_without_the_server_packages_is_one_line_naming_the_install():
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
-    assert lines[0].startswith("error: ") and "pip install" in lines[0] and "ssd_engine[serve]" in lines[0]
+    assert (
+        lines[0].startswith("error: ")
+        and "pip install" in lines[0]
+        and "ssd_engine[serve]" in lines[0]
+    )
     assert "uvicorn" in lines[0] and "fastapi" in lines[0]
 
 
@@ -50,15 +63,37 @@ class Served:
     its stderr and stdout (uvicorn's access log), merged, read line by line on a thread and kept in `said`."""
 
     def __init__(self, model: str, *args: str, env: dict | None = None) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "ssd_engine.serve", "--model", model, "--port", "0",
-                                      "--served-model-name", "tiny", *args], cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     env={**{k: v for k, v in os.environ.items() if k != "SSD_ENGINE_API_KEY"},
-                                          "SSD_ENGINE_PROGRESS": "0", **(env or {})})
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "ssd_engine.serve",
+                "--model",
+                model,
+                "--port",
+                "0",
+                "--served-model-name",
+                "tiny",
+                *args,
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **{k: v for k, v in os.environ.items() if k != "SSD_ENGINE_API_KEY"},
+                "SSD_ENGINE_PROGRESS": "0",
+                **(env or {}),
+            },
+        )
         self.lines: queue.SimpleQueue = queue.SimpleQueue()
         self.said: list[str] = []
-        self.reader = threading.Thread(target=lambda: [(self.said.append(line), self.lines.put(line))
-                                                       for line in self.proc.stdout], daemon=True)
+        self.reader = threading.Thread(
+            target=lambda: [
+                (self.said.append(line), self.lines.put(line)) for line in self.proc.stdout
+            ],
+            daemon=True,
+        )
         self.reader.start()
         self.before_start: list[str] = []
         try:
@@ -84,10 +119,21 @@ class Served:
 
     def stream(self, max_tokens: int):
         """A greedy stream that ignores EOS, its first chunk already read (the request is in flight)."""
-        body = json.dumps({"model": "tiny", "prompt": "hello", "max_tokens": max_tokens, "temperature": 0,
-                           "ignore_eos": True, "stream": True}).encode()
-        request = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", body,
-                                         {"Content-Type": "application/json"})
+        body = json.dumps(
+            {
+                "model": "tiny",
+                "prompt": "hello",
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            body,
+            {"Content-Type": "application/json"},
+        )
         response = urllib.request.urlopen(request, timeout=60)
         assert response.readline().startswith(b"data: ")
         return response
@@ -115,9 +161,15 @@ def test_start_prints_the_engine_line_and_the_sampling_defaults(tiny_qwen2):
     served = Served(tiny_qwen2)
     try:
         engine = [line for line in served.before_start if line.startswith("[engine] ")]
-        assert len(engine) == 1 and "mode=" in engine[0] and "device=cpu" in engine[0], served.before_start
+        assert len(engine) == 1 and "mode=" in engine[0] and "device=cpu" in engine[0], (
+            served.before_start
+        )
         sampling = [line for line in served.before_start if line.startswith("[sampling] ")]
-        assert len(sampling) == 1 and "temperature=1.0" in sampling[0] and "temperature=0 is greedy" in sampling[0]
+        assert (
+            len(sampling) == 1
+            and "temperature=1.0" in sampling[0]
+            and "temperature=0 is greedy" in sampling[0]
+        )
         # no API key on loopback: as before, nothing said about access
         assert not [line for line in served.before_start if "API key" in line], served.before_start
     finally:

@@ -12,6 +12,7 @@ stop_token_ids, max_tokens) that fall inside an accepted run cut it exactly wher
 Distribution at T > 0 (seeded and unseeded, every path, with negative controls) is in
 test_distribution.py; seeded reproducibility alone and in a batch is here.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,13 +32,17 @@ from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
 from ssd_engine.speculative.sd import SyncDraft
 
 NEW_TOKENS = 48
-TOKENIZER_IDS = 259  # byte-level test tokenizer: 3 specials + 256 bytes (transformers' Qwen2Tokenizer
-                     # adds <|endoftext|> as id 259, so len() is 260 for qwen2); models have vocab 320
+TOKENIZER_IDS = (
+    259  # byte-level test tokenizer: 3 specials + 256 bytes (transformers' Qwen2Tokenizer
+)
+# adds <|endoftext|> as id 259, so len() is 260 for qwen2); models have vocab 320
 GREEDY = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
 COMMON = dict(num_threads=1, block_size=8, speculation_per_step="off")  # SD drafting every step
 
-NEEDS_Q4K = pytest.mark.skipif(not gguf_cpu.panels_available(int8_activations=True),
-                               reason="the q4k draft format needs AVX-512 VNNI and a C++ compiler")
+NEEDS_Q4K = pytest.mark.skipif(
+    not gguf_cpu.panels_available(int8_activations=True),
+    reason="the q4k draft format needs AVX-512 VNNI and a C++ compiler",
+)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -78,18 +83,26 @@ def noisy_draft(target, tmp_path_factory) -> str:
     gen = torch.Generator().manual_seed(1)
 
     def perturb(state):
-        return {k: v + 0.005 * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v for k, v in state.items()}
+        return {
+            k: v + 0.005 * torch.randn(v.shape, generator=gen) if v.dim() == 2 else v
+            for k, v in state.items()
+        }
+
     return _derived(target, str(tmp_path_factory.mktemp("noisy_draft")), perturb)
 
 
 @pytest.fixture(scope="module")
 def random_draft(tiny_model_dir) -> str:
-    return tiny_model_dir("qwen2", seed=1, num_hidden_layers=1)  # unrelated: different seed and depth
+    return tiny_model_dir(
+        "qwen2", seed=1, num_hidden_layers=1
+    )  # unrelated: different seed and depth
 
 
 @pytest.fixture(scope="module")
 def target_nopad(tiny_model_dir) -> str:
-    return tiny_model_dir("qwen2", vocab_size=TOKENIZER_IDS)  # no padding: a self-draft proposes anything
+    return tiny_model_dir(
+        "qwen2", vocab_size=TOKENIZER_IDS
+    )  # no padding: a self-draft proposes anything
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +116,13 @@ def greedy_oracle(path: str) -> list[list[int]]:
 
 
 def _sd(target: str, draft: str, k: int, **options) -> LLM:
-    return LLM(target, draft_model=draft, speculative_mode="sd", num_speculative_tokens=k, **{**COMMON, **options})
+    return LLM(
+        target,
+        draft_model=draft,
+        speculative_mode="sd",
+        num_speculative_tokens=k,
+        **{**COMMON, **options},
+    )
 
 
 def _check_metrics(outputs, k: int) -> None:
@@ -112,11 +131,16 @@ def _check_metrics(outputs, k: int) -> None:
         m = out.spec_metrics
         hist = m["accepted_length_histogram"]
         assert len(hist) == k + 1 and sum(hist) == m["rounds"] > 0
-        assert sum(a * c for a, c in enumerate(hist)) == m["accepted"] and m["drafted"] == k * m["rounds"]
+        assert (
+            sum(a * c for a, c in enumerate(hist)) == m["accepted"]
+            and m["drafted"] == k * m["rounds"]
+        )
         assert m["acceptance_rate"] == pytest.approx(m["accepted"] / m["drafted"])
         assert m["mean_acceptance_length"] == pytest.approx(1 + m["accepted"] / m["rounds"])
         per_pos = m["per_position_acceptance_rate"]
-        assert all(a >= b for a, b in zip(per_pos, per_pos[1:]))  # accepted prefixes: non-increasing
+        assert all(
+            a >= b for a, b in zip(per_pos, per_pos[1:])
+        )  # accepted prefixes: non-increasing
         # the prefill gives token 1; each round a + 1 more, the last round possibly cut by a stop
         produced = 1 + m["rounds"] + m["accepted"]
         assert produced - (k + 1) < len(out.token_ids) <= produced
@@ -142,16 +166,23 @@ def test_greedy_sd_matches_transformers(target, noisy_draft, oracle, batch, k):
             assert sum(1 for c in totals["accepted_length_histogram"][1:k] if c) >= 1
 
 
-@pytest.mark.parametrize("draft_dtype", [pytest.param("bf16", marks=NEEDS_BF16), "int4",
-                                         pytest.param("q4k", marks=NEEDS_Q4K)])
-def test_greedy_sd_with_a_low_precision_draft_matches_transformers(target, noisy_draft, oracle, draft_dtype):
+@pytest.mark.parametrize(
+    "draft_dtype",
+    [pytest.param("bf16", marks=NEEDS_BF16), "int4", pytest.param("q4k", marks=NEEDS_Q4K)],
+)
+def test_greedy_sd_with_a_low_precision_draft_matches_transformers(
+    target, noisy_draft, oracle, draft_dtype
+):
     """The draft in bf16, int4 (bf16 activations, bf16 KV) or q4k (int8-rounded activations): its q
     rows change, the output does not."""
     with _sd(target, noisy_draft, 3, draft_dtype=draft_dtype) as llm:
         assert llm.engine.plan.draft_format.name == draft_dtype
         assert llm.engine.execution()["draft_format"].startswith(draft_dtype)
         draft = llm.engine.speculator.runner
-        assert draft.dtype == ACTIVATION_DTYPE[draft_dtype] and llm.engine.runner.dtype == torch.float32  # the target stays fp32
+        assert (
+            draft.dtype == ACTIVATION_DTYPE[draft_dtype]
+            and llm.engine.runner.dtype == torch.float32
+        )  # the target stays fp32
         outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
         assert 0 < llm.speculation_metrics()["acceptance_rate"] < 1
     assert [o.token_ids for o in outputs] == oracle
@@ -215,11 +246,15 @@ def test_sd_rejects_budget_below_one_verification(target, noisy_draft):
 @pytest.mark.parametrize("k", [1, 4])
 def test_self_speculation_accepts_everything(target_nopad, k):
     rounds = 9
-    params = SamplingParams(temperature=0, max_tokens=1 + rounds * (k + 1), ignore_eos=True)  # no cut round
+    params = SamplingParams(
+        temperature=0, max_tokens=1 + rounds * (k + 1), ignore_eos=True
+    )  # no cut round
     prompts = _prompts(3)
     with LLM(target_nopad, **COMMON) as ar:
         expected = [o.token_ids for o in ar.generate(prompts, params, use_tqdm=False)]
-    with _sd(target_nopad, target_nopad, k, draft_dtype="fp32") as llm:  # the draft is the target, bit for bit
+    with _sd(
+        target_nopad, target_nopad, k, draft_dtype="fp32"
+    ) as llm:  # the draft is the target, bit for bit
         outputs = llm.generate(prompts, params, use_tqdm=False)
         totals = llm.speculation_metrics()
     assert [o.token_ids for o in outputs] == expected
@@ -250,8 +285,10 @@ def test_unrelated_draft_accepts_little_and_changes_nothing(target, random_draft
     with _sd(target, random_draft, 4) as llm:
         outputs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
         totals = llm.speculation_metrics()
-    print(f"\nunrelated draft: acceptance rate {totals['acceptance_rate']:.3f}, "
-          f"histogram {totals['accepted_length_histogram']}")
+    print(
+        f"\nunrelated draft: acceptance rate {totals['acceptance_rate']:.3f}, "
+        f"histogram {totals['accepted_length_histogram']}"
+    )
     assert totals["acceptance_rate"] < 0.2
     assert [o.token_ids for o in outputs] == oracle
     _check_metrics(outputs, 4)
@@ -283,6 +320,7 @@ def test_draft_never_proposes_embedding_padding(target, noisy_draft, monkeypatch
         if proposal is not None:
             proposals.append(proposal)
         return proposal
+
     monkeypatch.setattr(SyncDraft, "propose", recording)
     sampled = SamplingParams(temperature=1.5, max_tokens=NEW_TOKENS, ignore_eos=True)
     with _sd(target, noisy_draft, 4) as llm:
@@ -299,7 +337,11 @@ def test_draft_never_proposes_embedding_padding(target, noisy_draft, monkeypatch
         if prop.probs is not None:  # the q rows the tokens were drawn from give padding no mass
             assert prop.probs.shape[-1] == 320
             assert float(prop.probs[..., bound:].abs().sum()) == 0.0
-            assert torch.allclose(prop.probs.sum(-1), torch.ones(prop.probs.shape[:2], device=prop.probs.device), atol=1e-5)
+            assert torch.allclose(
+                prop.probs.sum(-1),
+                torch.ones(prop.probs.shape[:2], device=prop.probs.device),
+                atol=1e-5,
+            )
     assert any(p.probs is not None for p in proposals[n_greedy:])
     # the padding is live in these random models (the target itself emits padding ids), so the
     # draft's restriction is doing something
@@ -323,8 +365,10 @@ def test_seeded_sd_reproducible_alone_and_in_batch(target, noisy_draft, oracle):
     assert mixed[1].token_ids == alone
     assert again[1].token_ids == alone
     assert mixed[3].token_ids == oracle[3][:32]  # greedy stays exact inside a sampled SD batch
-    assert len({tuple(o.token_ids) for o in (mixed[0], mixed[2], mixed[4])}) > 1 or \
-        mixed[0].token_ids != again[0].token_ids  # unseeded requests really sample
+    assert (
+        len({tuple(o.token_ids) for o in (mixed[0], mixed[2], mixed[4])}) > 1
+        or mixed[0].token_ids != again[0].token_ids
+    )  # unseeded requests really sample
     assert mixed[1].spec_metrics["rounds"] > 0
 
 
@@ -340,25 +384,40 @@ def _first_fresh_index(ids: list[int], candidates) -> int:
 
 
 @pytest.mark.parametrize("draft_kind", ["self", "noisy"])
-def test_stops_inside_accepted_runs_match_ar(target, target_nopad, noisy_draft, tmp_path, draft_kind):
+def test_stops_inside_accepted_runs_match_ar(
+    target, target_nopad, noisy_draft, tmp_path, draft_kind
+):
     tgt, drf = (target_nopad, target_nopad) if draft_kind == "self" else (target, noisy_draft)
     prompts = _prompts(3)
     with LLM(tgt, **COMMON) as ar:
-        refs = [o.token_ids for o in ar.generate(prompts, SamplingParams(temperature=0, max_tokens=STOP_N,
-                                                                          ignore_eos=True), use_tqdm=False)]
+        refs = [
+            o.token_ids
+            for o in ar.generate(
+                prompts,
+                SamplingParams(temperature=0, max_tokens=STOP_N, ignore_eos=True),
+                use_tqdm=False,
+            )
+        ]
     # With a self-draft every round accepts all K, so output index j sits at position j - 1 - (K+1)r of
     # an accepted run; indices 1..K and K+2..2K+1 are inside a run (K+1 is the first round's bonus).
     inside = [2, 3, 1, 4, 7, 8, 9, 6]
-    cases = {tgt: [], None: []}  # checkpoint -> [(prompt index, params, expected cut index or None)]
+    cases = {
+        tgt: [],
+        None: [],
+    }  # checkpoint -> [(prompt index, params, expected cut index or None)]
     for i, ref in enumerate(refs):
         j = _first_fresh_index(ref, inside)
-        cases[tgt].append((i, SamplingParams(temperature=0, max_tokens=STOP_N, stop_token_ids=[ref[j]]), j))
+        cases[tgt].append(
+            (i, SamplingParams(temperature=0, max_tokens=STOP_N, stop_token_ids=[ref[j]]), j)
+        )
         cases[tgt].append((i, SamplingParams(temperature=0, max_tokens=j + 1, ignore_eos=True), j))
     # EOS: a copy of the target whose EOS is a token its greedy run emits inside an accepted run
     j = _first_fresh_index(refs[0], inside)
     eos_target = _with_eos(tgt, str(tmp_path / "eos_target"), refs[0][j])
-    cases[eos_target] = [(0, SamplingParams(temperature=0, max_tokens=STOP_N), j),
-                         (0, SamplingParams(temperature=0, max_tokens=STOP_N, ignore_eos=True), None)]
+    cases[eos_target] = [
+        (0, SamplingParams(temperature=0, max_tokens=STOP_N), j),
+        (0, SamplingParams(temperature=0, max_tokens=STOP_N, ignore_eos=True), None),
+    ]
     del cases[None]
 
     for checkpoint, group in cases.items():
@@ -366,14 +425,19 @@ def test_stops_inside_accepted_runs_match_ar(target, target_nopad, noisy_draft, 
         batch_params = [params for _, params, _ in group]
         with LLM(checkpoint, **COMMON) as ar:
             wants = ar.generate(batch_prompts, batch_params, use_tqdm=False)
-        with _sd(checkpoint, drf, STOP_K, draft_dtype="fp32" if draft_kind == "self" else "auto") as sd:
+        with _sd(
+            checkpoint, drf, STOP_K, draft_dtype="fp32" if draft_kind == "self" else "auto"
+        ) as sd:
             gots = sd.generate(batch_prompts, batch_params, use_tqdm=False)
         for (i, params, j), want, got in zip(group, wants, gots):
-            assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason), (params, j)
+            assert (got.token_ids, got.finish_reason) == (want.token_ids, want.finish_reason), (
+                params,
+                j,
+            )
             if j is None:
                 assert got.token_ids == refs[i] and got.finish_reason == "length"
                 continue
-            assert got.token_ids == refs[i][:j + 1]
+            assert got.token_ids == refs[i][: j + 1]
             assert got.finish_reason == ("length" if params.max_tokens == j + 1 else "stop")
             if draft_kind == "self":  # the stop really fell inside a fully accepted run
                 m = got.spec_metrics

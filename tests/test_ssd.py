@@ -11,6 +11,7 @@ Regimes, each at batch 1, 3 and 8 (one engine per regime, the three batches in t
 Also: preemption and draft block shortage; EOS / max_tokens inside an accepted run; killing the
 draft by pid mid-batch; stalling it (SIGSTOP) past its deadline.
 """
+
 import os
 import signal
 import time
@@ -48,7 +49,10 @@ def _children() -> set[int]:
 
 
 REGIMES = {
-    "forced_hit": ("nopad", dict(ssd_fanout="1,1,1,2", ssd_fallback="jit", draft_dtype="fp32")),  # draft = target
+    "forced_hit": (
+        "nopad",
+        dict(ssd_fanout="1,1,1,2", ssd_fallback="jit", draft_dtype="fp32"),
+    ),  # draft = target
     "forced_miss_jit": ("noisy", dict(ssd_fanout=0, ssd_fallback="jit")),
     "forced_miss_fast": ("noisy", dict(ssd_fanout=0, ssd_fallback="fast")),
     "natural": ("noisy", dict(ssd_fanout=1)),
@@ -75,11 +79,17 @@ def test_greedy_ssd_matches_transformers(target, target_nopad, noisy_draft, orac
     elif regime.startswith("forced_miss"):
         assert m["cache_hit_rate"] == 0 and set(sources) == {regime.rsplit("_", 1)[1]}
     else:
-        assert 0 < m["cache_hit_rate"] < 1 and 0 < m["acceptance_on_hits"] and 0 < m["acceptance_on_misses"]
+        assert (
+            0 < m["cache_hit_rate"] < 1
+            and 0 < m["acceptance_on_hits"]
+            and 0 < m["acceptance_on_misses"]
+        )
 
 
 @pytest.mark.parametrize("draft_dtype", [pytest.param("bf16", marks=NEEDS_BF16), "int4"])
-def test_greedy_ssd_with_a_low_precision_draft_matches_transformers(target, noisy_draft, oracles, draft_dtype):
+def test_greedy_ssd_with_a_low_precision_draft_matches_transformers(
+    target, noisy_draft, oracles, draft_dtype
+):
     with _ssd(target, noisy_draft, ssd_fanout=2, draft_dtype=draft_dtype) as llm:
         assert llm.engine.execution()["draft_format"].startswith(draft_dtype)
         outs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
@@ -89,7 +99,9 @@ def test_greedy_ssd_with_a_low_precision_draft_matches_transformers(target, nois
 
 
 @pytest.mark.parametrize("num_kv_blocks", [14, 18])
-def test_greedy_ssd_under_preemption_and_draft_block_shortage(target, noisy_draft, oracles, num_kv_blocks):
+def test_greedy_ssd_under_preemption_and_draft_block_shortage(
+    target, noisy_draft, oracles, num_kv_blocks
+):
     """Few blocks: the target preempts (the draft forgets the sequence and relearns it) and the
     draft's trunks run short (it replies 'no speculation' for a sequence: a plain target step)."""
     with _ssd(target, noisy_draft, num_kv_blocks=num_kv_blocks, ssd_fanout=1) as llm:
@@ -114,7 +126,9 @@ def test_stops_inside_accepted_runs_match_ar(target_nopad, oracles, tmp_path):
     with _ssd(with_eos, with_eos, ssd_fanout=2) as llm:
         got = llm.generate(prompts, params, use_tqdm=False)
     assert [o.token_ids for o in got] == expected
-    assert any(o.finish_reason == "stop" for o in got) and any(o.finish_reason == "length" for o in got)
+    assert any(o.finish_reason == "stop" for o in got) and any(
+        o.finish_reason == "length" for o in got
+    )
 
 
 def _run_with_fault(llm: LLM, prompts, fault, after_steps: int = 4):
@@ -155,8 +169,11 @@ def test_a_stalled_draft_is_abandoned_after_its_deadline(target, noisy_draft, or
 
 
 def test_ssd_needs_a_matching_tokenizer_and_reports_a_failed_start(target, noisy_draft, tmp_path):
-    broken = _derived(noisy_draft, str(tmp_path / "broken"), lambda s: {k: v for k, v in s.items() if "lm_head" not in k
-                                                                        and "layers.0." not in k})
+    broken = _derived(
+        noisy_draft,
+        str(tmp_path / "broken"),
+        lambda s: {k: v for k, v in s.items() if "lm_head" not in k and "layers.0." not in k},
+    )
     before = _children()
     with pytest.raises(RuntimeError, match="draft process .* exited with code"):
         _ssd(target, broken)
@@ -180,4 +197,6 @@ def test_seeded_ssd_reproducible_alone_and_in_batch(target, noisy_draft, fallbac
         again = fresh.generate([prompts[3], prompts[1]], [other, seeded], use_tqdm=False)
     assert mixed[1].token_ids == alone.token_ids == again[1].token_ids
     assert alone.spec_metrics["rounds"] > 0 and metrics["draft_failures"] == []
-    assert len({tuple(o.token_ids) for o in (mixed[0], mixed[2], mixed[3], again[0])}) > 1  # unseeded ones sample
+    assert (
+        len({tuple(o.token_ids) for o in (mixed[0], mixed[2], mixed[3], again[0])}) > 1
+    )  # unseeded ones sample

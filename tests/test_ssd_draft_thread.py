@@ -5,6 +5,7 @@ guarantees must hold: greedy output equal to transformers', seeded sampling iden
 host's token for token (same streams, same rounds), no child process, nothing left running after
 close(), and a draft that raises mid-batch loses no request (the engine falls back).
 """
+
 import threading
 
 import pytest
@@ -21,7 +22,13 @@ from test_ssd import _children
 from ssd_engine import LLM, SamplingParams
 from ssd_engine.speculative.ssd.draft.server import DraftServer
 
-COMMON = dict(num_threads=1, block_size=8, speculative_mode="ssd", num_speculative_tokens=3, ssd_fallback="jit")
+COMMON = dict(
+    num_threads=1,
+    block_size=8,
+    speculative_mode="ssd",
+    num_speculative_tokens=3,
+    ssd_fallback="jit",
+)
 
 # these run on CPU only (a GPU runs the thread in test_cuda_path.py, through scripts/gpu_check.sh); the
 # placement checker fails each in CI where a host tensor would meet the device
@@ -37,8 +44,14 @@ def test_greedy_ssd_on_a_draft_thread_matches_transformers(target, target_nopad,
     tgt, drf = (target_nopad, target_nopad) if kind == "self_draft" else (target, noisy_draft)
     expected = greedy_oracle(tgt)
     before = _children()
-    with LLM(tgt, draft_model=drf, ssd_draft_host="thread", ssd_fanout="1,1,1,2", draft_dtype="fp32",
-             **COMMON) as llm:
+    with LLM(
+        tgt,
+        draft_model=drf,
+        ssd_draft_host="thread",
+        ssd_fanout="1,1,1,2",
+        draft_dtype="fp32",
+        **COMMON,
+    ) as llm:
         assert llm.engine.speculator.pid is None and _children() == before  # no process was started
         assert len(_draft_threads()) == 1
         for batch in (1, 3):
@@ -57,11 +70,19 @@ def test_seeded_sampling_is_the_same_on_a_thread_as_in_a_process(target, noisy_d
     The draft's format is pinned (auto picks one per CPU, and an int draft of this tiny pair hit no
     cache entry on one), and T = 0.3 with 32 tokens gives the hits this test is about: ~8 of ~36 rounds
     (a flatter T = 0.8 gave 0 or 1 in 16)."""
-    params = [SamplingParams(temperature=0.3, seed=s, max_tokens=32, ignore_eos=True) for s in (1, 2, 3)]
+    params = [
+        SamplingParams(temperature=0.3, seed=s, max_tokens=32, ignore_eos=True) for s in (1, 2, 3)
+    ]
     outputs, sources = {}, {}
     for host in ("process", "thread"):
-        with LLM(target, draft_model=noisy_draft, ssd_draft_host=host, ssd_fanout=4, draft_dtype="fp32",
-                 **COMMON) as llm:
+        with LLM(
+            target,
+            draft_model=noisy_draft,
+            ssd_draft_host=host,
+            ssd_fanout=4,
+            draft_dtype="fp32",
+            **COMMON,
+        ) as llm:
             outputs[host] = [o.token_ids for o in llm.generate(_prompts(3), params, use_tqdm=False)]
             sources[host] = llm.speculation_metrics()["speculations_by_source"]
     assert sources["process"].get("hit", 0) >= 2, sources
@@ -79,7 +100,9 @@ def test_a_draft_thread_that_raises_loses_no_request(target, noisy_draft, monkey
         return real_lookup(self, *args, **kwargs)
 
     monkeypatch.setattr(DraftServer, "lookup", failing_lookup)
-    with LLM(target, draft_model=noisy_draft, ssd_draft_host="thread", ssd_fanout=1, **COMMON) as llm:
+    with LLM(
+        target, draft_model=noisy_draft, ssd_draft_host="thread", ssd_fanout=1, **COMMON
+    ) as llm:
         outs = llm.generate(_prompts(8), GREEDY, use_tqdm=False)
         m = llm.speculation_metrics()
         assert not llm.engine.speculator.alive
@@ -89,14 +112,24 @@ def test_a_draft_thread_that_raises_loses_no_request(target, noisy_draft, monkey
     assert sum("local n-gram" in r.getMessage() for r in caplog.records) == 1
     assert not _draft_threads()
 
-@pytest.mark.parametrize("choice, draft, target, host", [
-    ("auto", "cuda:0", "cuda", "thread"),      # one GPU lent: the draft shares it, a stream overlaps the target
-    ("auto", "cuda", "cuda:0", "thread"),
-    ("auto", "cuda:1", "cuda:0", "process"),   # its own GPU: the production shape
-    ("auto", "cpu", "cpu", "process"),         # its own cores
-    ("process", "cuda:0", "cuda:0", "process"),
-    ("thread", "cpu", "cpu", "thread"),
-])
+
+@pytest.mark.parametrize(
+    "choice, draft, target, host",
+    [
+        (
+            "auto",
+            "cuda:0",
+            "cuda",
+            "thread",
+        ),  # one GPU lent: the draft shares it, a stream overlaps the target
+        ("auto", "cuda", "cuda:0", "thread"),
+        ("auto", "cuda:1", "cuda:0", "process"),  # its own GPU: the production shape
+        ("auto", "cpu", "cpu", "process"),  # its own cores
+        ("process", "cuda:0", "cuda:0", "process"),
+        ("thread", "cpu", "cpu", "thread"),
+    ],
+)
 def test_auto_draft_host_is_a_thread_only_on_a_shared_gpu(choice, draft, target, host):
     from ssd_engine.speculative.setup import draft_host
+
     assert draft_host(choice, draft, target) == host

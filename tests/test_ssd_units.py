@@ -1,5 +1,6 @@
 """SSD building blocks without the engine: the round's messages and their codec, tree masks, branch decoding against
 transformers, the fast backup, mixed one-hot verification, the draft channel's overflow and deadline."""
+
 import datetime
 import threading
 from dataclasses import replace
@@ -46,16 +47,31 @@ from ssd_engine.speculative.ssd.protocol import (
 
 def test_request_round_trip_with_new_sequences_and_overflow():
     params = DraftParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, seed=1234)
-    long_prompt = list(range(3, 3 + REQUEST_CAPACITY // 8 + 100))  # longer than the link's preallocated buffer
-    req = Request(finished=[4, 9], entries=[Entry(7, -1, long_prompt, params), Entry(8, 2, [11, 12, 13])],
-                  wanted=[Wanted(8, 0), Wanted(7, 80)], backup=Source.FAST, window_s=0.3125)
+    long_prompt = list(
+        range(3, 3 + REQUEST_CAPACITY // 8 + 100)
+    )  # longer than the link's preallocated buffer
+    req = Request(
+        finished=[4, 9],
+        entries=[Entry(7, -1, long_prompt, params), Entry(8, 2, [11, 12, 13])],
+        wanted=[Wanted(8, 0), Wanted(7, 80)],
+        backup=Source.FAST,
+        window_s=0.3125,
+    )
     frame = encode_request(req)
-    assert frame.dtype == torch.uint8 and frame.numel() > REQUEST_CAPACITY and request_size(frame) == frame.numel()
+    assert (
+        frame.dtype == torch.uint8
+        and frame.numel() > REQUEST_CAPACITY
+        and request_size(frame) == frame.numel()
+    )
     back = decode_request(frame)
     assert back.kind == Kind.ROUND and back.finished == [4, 9] and back.backup == Source.FAST
     assert back.window_s == 0.3125  # exact in float32
     assert back.wanted == req.wanted and back.wanted_ids == [8, 7]
-    assert back.entries[0].tokens == long_prompt and back.entries[1].accepted == 2 and back.entries[1].params is None
+    assert (
+        back.entries[0].tokens == long_prompt
+        and back.entries[1].accepted == 2
+        and back.entries[1].params is None
+    )
     got = back.entries[0].params
     assert (got.top_k, got.seed) == (40, 1234)
     # sampling parameters travel as float32, the values the draft samples with
@@ -83,30 +99,57 @@ def test_reply_round_trip_every_q_mode(device):
     gen = torch.Generator().manual_seed(0)
     full = torch.stack([_row(vocab, vocab, gen) for _ in range(k)])
     compact = torch.stack([_row(vocab, s, gen) for s in (4, 2, 1)])
-    tied = torch.stack([_row(vocab, s, gen) for s in (4, 5, 3)])  # one row has more than top_k = 4 tokens
-    params = [DraftParams(1.0), DraftParams(0.8, top_k=4), DraftParams(0.8, top_k=4), DraftParams(0.0),
-              DraftParams(1.0), DraftParams(1.0, top_k=4)]
+    tied = torch.stack(
+        [_row(vocab, s, gen) for s in (4, 5, 3)]
+    )  # one row has more than top_k = 4 tokens
+    params = [
+        DraftParams(1.0),
+        DraftParams(0.8, top_k=4),
+        DraftParams(0.8, top_k=4),
+        DraftParams(0.0),
+        DraftParams(1.0),
+        DraftParams(1.0, top_k=4),
+    ]
     on = torch.device(device)
-    specs = [Speculation(Source.HIT, [1, 2, 3], full.to(on), bonus_rank=0),
-             Speculation(Source.JIT, [4, 5, 6], compact.to(on), bonus_rank=32),
-             Speculation(Source.HIT, [7, 8, 9], tied.to(on)),
-             Speculation(Source.HIT, [10, 11, 12]), Speculation(Source.FAST, [13, 14, 15]),
-             Speculation(Source.NONE, [])]
+    specs = [
+        Speculation(Source.HIT, [1, 2, 3], full.to(on), bonus_rank=0),
+        Speculation(Source.JIT, [4, 5, 6], compact.to(on), bonus_rank=32),
+        Speculation(Source.HIT, [7, 8, 9], tied.to(on)),
+        Speculation(Source.HIT, [10, 11, 12]),
+        Speculation(Source.FAST, [13, 14, 15]),
+        Speculation(Source.NONE, []),
+    ]
     widths = [q_width(p, vocab) for p in params]
     assert widths == [vocab, 8, 8, 0, vocab, 8]
-    assert [m for m, _ in q_slots(specs, tuple(widths), vocab)] == [QMode.FULL, QMode.COMPACT] + [QMode.ONE_HOT] * 4
+    assert [m for m, _ in q_slots(specs, tuple(widths), vocab)] == [QMode.FULL, QMode.COMPACT] + [
+        QMode.ONE_HOT
+    ] * 4
     layout = ReplyLayout(k, tuple(widths), vocab)
     # narrow slots first, in wanted order, then the wide ones: the host part ends where they begin
     slot = 4 * k
     narrow_end = layout.q_at + slot * 8 * 3
     assert layout.wide_at == narrow_end and layout.size == narrow_end + slot * vocab * 2
-    assert layout.slots_at == (narrow_end, layout.q_at, layout.q_at + slot * 8, layout.q_at + slot * 16,
-                               narrow_end + slot * vocab, layout.q_at + slot * 16)
+    assert layout.slots_at == (
+        narrow_end,
+        layout.q_at,
+        layout.q_at + slot * 8,
+        layout.q_at + slot * 16,
+        narrow_end + slot * vocab,
+        layout.q_at + slot * 16,
+    )
     timings = DraftTimings(0.25, 0.5, 0.125, 1 / 3, 12)
-    host = encode_reply(Reply(timings, specs), layout, out=torch.full((layout.size + 10,), 7, dtype=torch.uint8))
+    host = encode_reply(
+        Reply(timings, specs), layout, out=torch.full((layout.size + 10,), 7, dtype=torch.uint8)
+    )
     assert host.dtype == torch.uint8 and host.numel() == layout.size and host.device.type == "cpu"
-    assert torch.equal(encode_reply(Reply(timings, specs), layout), host)  # a buffer of its own (pinned on a GPU)
-    on_device = encode_reply(Reply(timings, specs), layout, out=torch.full((layout.size,), 7, dtype=torch.uint8, device=on))
+    assert torch.equal(
+        encode_reply(Reply(timings, specs), layout), host
+    )  # a buffer of its own (pinned on a GPU)
+    on_device = encode_reply(
+        Reply(timings, specs),
+        layout,
+        out=torch.full((layout.size,), 7, dtype=torch.uint8, device=on),
+    )
     assert on_device.device.type == on.type and torch.equal(on_device.cpu(), host)
     for buf in (host.clone(), on_device):
         back = decode_reply(buf, layout)
@@ -115,17 +158,27 @@ def test_reply_round_trip_every_q_mode(device):
         assert [s.source for s in back.speculations] == [s.source for s in specs]
         assert [s.tokens for s in back.speculations] == [s.tokens for s in specs]
         whole = back.speculations[0].q
-        assert whole.device == buf.device and whole.data_ptr() == buf.data_ptr() + layout.slots_at[0]  # not copied
-        assert torch.equal(whole.cpu(), full) and torch.equal(back.speculations[1].q.dense(vocab), compact)  # bit-exact
+        assert (
+            whole.device == buf.device and whole.data_ptr() == buf.data_ptr() + layout.slots_at[0]
+        )  # not copied
+        assert torch.equal(whole.cpu(), full) and torch.equal(
+            back.speculations[1].q.dense(vocab), compact
+        )  # bit-exact
         assert all(s.q is None for s in back.speculations[2:])  # verified as one-hot: still exact
     # the host reads nothing past wide_at: garbage there changes only the whole rows
     spoiled = host.clone()
-    spoiled[layout.wide_at:] = 255
+    spoiled[layout.wide_at :] = 255
     back = decode_reply(spoiled, layout)
-    assert back.timings == timings and [s.tokens for s in back.speculations] == [s.tokens for s in specs]
-    assert torch.equal(back.speculations[1].q.dense(vocab), compact) and not torch.equal(back.speculations[0].q, full)
+    assert back.timings == timings and [s.tokens for s in back.speculations] == [
+        s.tokens for s in specs
+    ]
+    assert torch.equal(back.speculations[1].q.dense(vocab), compact) and not torch.equal(
+        back.speculations[0].q, full
+    )
     with pytest.raises(ValueError, match="2 tokens"):
-        encode_reply(Reply(timings, [Speculation(Source.FAST, [1, 2])]), ReplyLayout(k, (0,), vocab))
+        encode_reply(
+            Reply(timings, [Speculation(Source.FAST, [1, 2])]), ReplyLayout(k, (0,), vocab)
+        )
 
 
 # --------------------------------------------------------------------------- tree mask
@@ -135,7 +188,9 @@ def test_branch_metadata_dense_view_sees_its_trunk_prefix_and_own_path_only():
     tables = torch.tensor([[0, 1]], dtype=torch.int32)  # one sequence, blocks 0 and 1 of 4 slots
     visible = torch.tensor([2, 5, 0])
     scratch = torch.tensor([[20, 21, 22], [23, 24, 25], [26, 27, 28]])
-    meta = branch_metadata(tables, torch.tensor([0, 0, 0]), visible, 6, scratch, step=1, block_size=4)
+    meta = branch_metadata(
+        tables, torch.tensor([0, 0, 0]), visible, 6, scratch, step=1, block_size=4
+    )
     dense = meta.dense()
     mask = dense.mask[:, 0]
     assert mask.shape == (3, 9)
@@ -158,11 +213,11 @@ def test_branch_metadata_never_reaches_a_sibling():
         dense = meta.dense()
         for r in range(4):
             seen = set(dense.gather_slots[r][dense.mask[r, 0]].tolist())
-            trunk = set(trunk_slots[seq_of_branch[r], :visible[r]].tolist())
-            path = set(scratch[r, :step + 1].tolist())
+            trunk = set(trunk_slots[seq_of_branch[r], : visible[r]].tolist())
+            path = set(scratch[r, : step + 1].tolist())
             assert seen == trunk | path  # every branch sees its trunk prefix and its own path ...
             others = set(scratch.flatten().tolist()) - set(scratch[r].tolist())
-            assert not seen & others     # ... and never a sibling's
+            assert not seen & others  # ... and never a sibling's
 
 
 @pytest.fixture(scope="module")
@@ -172,11 +227,24 @@ def nopad(tiny_model_dir) -> str:
 
 def _server(path: str, fanout: list[int], k: int, fit_window: bool = False):
     fanouts = [(0.0, fanout)]
-    runner = tiny_runner(path, num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8), block_size=8, max_position=128)
-    parts = EngineConfig(speculative_mode="ssd", num_speculative_tokens=k, ssd_fit_window=fit_window,
-                         block_size=8).parts()
-    draft_spec = DraftSpec(RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=32), 128), parts.speculative,
-                           ((0.0, tuple(fanout)),), (), vocab=259, max_num_seqs=2, seed=0)
+    runner = tiny_runner(
+        path,
+        num_kv_blocks=32 + -(-scratch_slots(fanouts, k, 2) // 8),
+        block_size=8,
+        max_position=128,
+    )
+    parts = EngineConfig(
+        speculative_mode="ssd", num_speculative_tokens=k, ssd_fit_window=fit_window, block_size=8
+    ).parts()
+    draft_spec = DraftSpec(
+        RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=32), 128),
+        parts.speculative,
+        ((0.0, tuple(fanout)),),
+        (),
+        vocab=259,
+        max_num_seqs=2,
+        seed=0,
+    )
     return new_server(draft_spec, runner)
 
 
@@ -204,7 +272,7 @@ def test_every_cached_branch_equals_decoding_its_context_with_transformers(nopad
             context = seq.tokens + spec.tokens[:accepted] + [bonus]
             ids = torch.tensor([context + branch.tokens[:-1]])
             with torch.no_grad():
-                logits = hf(ids).logits[0, len(context) - 1:, :259]
+                logits = hf(ids).logits[0, len(context) - 1 :, :259]
             if temperature == 0:
                 assert branch.q is None and branch.tokens == logits.argmax(-1).tolist()
             else:
@@ -222,7 +290,7 @@ def test_a_hit_replies_with_the_cached_branch(nopad):
     first = server.lookup([0])[0]
     server.build([0])
     cached = dict(server.seqs[0].cache)
-    (outcome, branch), = [(key, b) for key, b in cached.items() if key[0] == 1]
+    ((outcome, branch),) = [(key, b) for key, b in cached.items() if key[0] == 1]
     # the target accepted one draft token and chose the predicted bonus: a hit
     server.apply(Request(entries=[Entry(0, 1, first.tokens[:1] + [outcome[1]])]))
     second = server.lookup([0])[0]
@@ -238,19 +306,24 @@ def test_a_just_in_time_draft_reads_the_device_once(nopad, temperature):
     """Each draft token is fed to the next step from the device; the K drafts come back in one read,
     and the trunk then holds them: what drafting the same tokens one by one from lists would hold."""
     from instrumentation.sync_count import SyncCounter
+
     k = 3
     server = _server(nopad, [1, 1, 1, 1], k)
-    server.apply(Request(entries=[Entry(0, -1, [5, 6, 7, 8], DraftParams(temperature=temperature))]))
+    server.apply(
+        Request(entries=[Entry(0, -1, [5, 6, 7, 8], DraftParams(temperature=temperature))])
+    )
     server.build([])
     server.apply(Request(entries=[Entry(0, -1, [9])]))
     with SyncCounter() as syncs:
         spec = server.lookup([0])[0]
     assert spec.source == Source.JIT and sum(syncs.counts.values()) == 1, dict(syncs.counts)
-    assert server.seqs[0].trunk == [5, 6, 7, 8, 9] + spec.tokens[:k - 1]
+    assert server.seqs[0].trunk == [5, 6, 7, 8, 9] + spec.tokens[: k - 1]
     if temperature == 0:
         hf = AutoModelForCausalLM.from_pretrained(nopad, dtype=torch.float32).eval()
         with torch.no_grad():
-            want = hf.generate(torch.tensor([[5, 6, 7, 8, 9]]), max_new_tokens=k, do_sample=False)[0, 5:]
+            want = hf.generate(torch.tensor([[5, 6, 7, 8, 9]]), max_new_tokens=k, do_sample=False)[
+                0, 5:
+            ]
         assert spec.tokens == want.tolist()
 
 
@@ -264,7 +337,7 @@ def _hit_then_build(path: str, reuse: bool):
     server.apply(Request(entries=[Entry(0, -1, [14])]))
     first = server.lookup([0])[0]
     server.build([0])
-    (outcome, _), = [(key, b) for key, b in server.seqs[0].cache.items() if key[0] == 1]
+    ((outcome, _),) = [(key, b) for key, b in server.seqs[0].cache.items() if key[0] == 1]
     server.apply(Request(entries=[Entry(0, 1, first.tokens[:1] + [outcome[1]])]))
     second = server.lookup([0])[0]
     assert second.source == Source.HIT
@@ -279,12 +352,16 @@ def _hit_then_build(path: str, reuse: bool):
 def test_a_hit_reuses_its_branch_path_instead_of_recomputing_the_glue(nopad):
     reused_server, reused, kv_reused = _hit_then_build(nopad, reuse=True)
     glued_server, glued, kv_glued = _hit_then_build(nopad, reuse=False)
-    assert reused_server.builder.glue_rows == 1 and glued_server.builder.glue_rows == 4  # K + 1 rows
+    assert (
+        reused_server.builder.glue_rows == 1 and glued_server.builder.glue_rows == 4
+    )  # K + 1 rows
     assert reused.trunk == glued.trunk and reused.sent.tokens == glued.sent.tokens
     # the copied path's K/V (t*, x_1, x_2) and x_3's are what the glue computes, to fp32 rounding
     assert torch.allclose(kv_reused, kv_glued, atol=1e-5)
     assert [r[:5] for r in reused.ranked] == [r[:5] for r in glued.ranked]
-    assert {key: spec.tokens for key, spec in reused.cache.items()} == {key: spec.tokens for key, spec in glued.cache.items()}
+    assert {key: spec.tokens for key, spec in reused.cache.items()} == {
+        key: spec.tokens for key, spec in glued.cache.items()
+    }
 
 
 def test_a_build_that_outlasts_the_verification_shrinks_the_next_and_keeps_its_shape(nopad):
@@ -320,7 +397,11 @@ def test_a_build_that_outlasts_the_verification_shrinks_the_next_and_keeps_its_s
 
 def test_ngram_proposes_what_followed_the_latest_match():
     assert ngram_proposal([1, 2, 3, 9, 1, 2, 3, 7, 1, 2, 3], 3) == [7, 1, 2]
-    assert ngram_proposal([5, 6, 5, 6], 3) == [5, 6, 6]  # short continuation padded with its last token
+    assert ngram_proposal([5, 6, 5, 6], 3) == [
+        5,
+        6,
+        6,
+    ]  # short continuation padded with its last token
     assert ngram_proposal([1, 2, 3, 4], 3) is None
     gen = torch.Generator().manual_seed(0)
     tokens = fast_proposal([1, 2, 3, 4], 4, 10, gen)
@@ -342,8 +423,12 @@ def test_verify_one_hot_rows_equal_verifying_them_alone():
     seeds = [torch.Generator().manual_seed(100 + i) for i in range(n)]
     mixed = verify(tokens, draft, target, seeds, one_hot_rows=one_hot)
     for i in range(n):
-        alone = verify(tokens[i:i + 1], None if one_hot[i] else draft[i:i + 1], target[i:i + 1],
-                       [torch.Generator().manual_seed(100 + i)])
+        alone = verify(
+            tokens[i : i + 1],
+            None if one_hot[i] else draft[i : i + 1],
+            target[i : i + 1],
+            [torch.Generator().manual_seed(100 + i)],
+        )
         assert mixed.output_tokens[i] == alone.output_tokens[0]
 
 
@@ -356,20 +441,25 @@ def test_link_carries_overflowing_requests_and_enforces_the_deadline():
 
     def make(rank):
         links[rank] = DraftLink(store, rank, timeout_s=1.0)
+
     threads = [threading.Thread(target=make, args=(r,)) for r in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     coordinator, draft = links[0], links[1]
-    req = encode_request(Request(entries=[Entry(1, -1, list(range(REQUEST_CAPACITY // 8 + 5)), DraftParams())],
-                                 wanted=[Wanted(1, 0)]))
+    req = encode_request(
+        Request(
+            entries=[Entry(1, -1, list(range(REQUEST_CAPACITY // 8 + 5)), DraftParams())],
+            wanted=[Wanted(1, 0)],
+        )
+    )
     received = {}
     t = threading.Thread(target=lambda: received.update(words=draft.recv_request()))
     t.start()
     coordinator.send_request(req)
     t.join()
-    assert torch.equal(received["words"][:req.numel()], req)
+    assert torch.equal(received["words"][: req.numel()], req)
     t = threading.Thread(target=draft.send_reply, args=(torch.arange(6, dtype=torch.uint8),))
     t.start()
     assert coordinator.recv_reply(6).tolist() == list(range(6))

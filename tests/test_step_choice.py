@@ -10,6 +10,7 @@
 - Negative control: a broken switch, whose first speculated step after a plain one reports q rows
   that are not the ones its drafts were drawn from (uniform), is rejected.
 """
+
 from __future__ import annotations
 
 import random
@@ -27,8 +28,13 @@ from ssd_engine.engine import step_choice
 from ssd_engine.engine.step_choice import StepChoice
 from ssd_engine.speculative.sd import SyncDraft
 
-STRONG = dict(temperature=1.0, repetition_penalty=1.6, presence_penalty=1.2, frequency_penalty=0.8,
-              logit_bias={4: 1.5, 8: -1.0})
+STRONG = dict(
+    temperature=1.0,
+    repetition_penalty=1.6,
+    presence_penalty=1.2,
+    frequency_penalty=0.8,
+    logit_bias={4: 1.5, 8: -1.0},
+)
 ALPHA, DESIGN_POWER, TV = 1e-3, 0.8, 0.03
 K, N, WAVE = 2, 15_000, 1_500
 
@@ -51,19 +57,32 @@ def test_both_arms_are_tried_then_the_faster_runs_and_the_other_is_retried():
     choice, steady = StepChoice(k=3), _Draft()
     batch = _seqs(5)
     tried = []
-    for _ in range(2 * step_choice.MIN_SAMPLES):  # each arm runs a few steady steps before it is compared
+    for _ in range(
+        2 * step_choice.MIN_SAMPLES
+    ):  # each arm runs a few steady steps before it is compared
         tried.append(choice.choose(batch, steady))
-        choice.record(tried[-1], 5, 20 if tried[-1] == 0 else 5, 1.0)  # plain decoding emits more per second here
-    assert sorted(Counter(tried).items()) == [(0, step_choice.MIN_SAMPLES), (3, step_choice.MIN_SAMPLES)]
-    assert tried[:step_choice.MIN_SAMPLES] == [tried[0]] * step_choice.MIN_SAMPLES  # one arm's run, then the other's
+        choice.record(
+            tried[-1], 5, 20 if tried[-1] == 0 else 5, 1.0
+        )  # plain decoding emits more per second here
+    assert sorted(Counter(tried).items()) == [
+        (0, step_choice.MIN_SAMPLES),
+        (3, step_choice.MIN_SAMPLES),
+    ]
+    assert (
+        tried[: step_choice.MIN_SAMPLES] == [tried[0]] * step_choice.MIN_SAMPLES
+    )  # one arm's run, then the other's
     every = step_choice.EXPLORE_EVERY["speculate"]
     runs = []
     for _ in range(every):
         runs.append(choice.choose(batch, steady))
         choice.record(runs[-1], 5, 20 if runs[-1] == 0 else 5, 1.0)
-    assert tried[0] == 3 and runs.count(3) == 1  # K ran first; re-tried once, EXPLORE_EVERY steps after its last
+    assert (
+        tried[0] == 3 and runs.count(3) == 1
+    )  # K ran first; re-tried once, EXPLORE_EVERY steps after its last
     assert runs.index(3) == every - step_choice.MIN_SAMPLES
-    assert choice.choose(_seqs(5) + _seqs(1, seeded=True), steady) == 3  # a seeded request's batch runs K
+    assert (
+        choice.choose(_seqs(5) + _seqs(1, seeded=True), steady) == 3
+    )  # a seeded request's batch runs K
     assert choice.choose(_seqs(40), steady) == 0  # a new batch size reads the nearest one's rates
 
 
@@ -84,18 +103,27 @@ def test_a_catch_up_runs_only_where_the_tokens_left_pay_for_it():
     assert choice.choose(long, behind) == 3 and choice.caught_up
     choice.record(3, 5, 1.0, 10.0)  # the catch-up step's own rate: 0.1 tokens/s, not K's
     assert choice.arms[(5).bit_length(), 3].rate == 30.0
-    assert choice.choose(long + long, behind) == 0  # ten sequences: five's rates promise nothing there
-    assert choice.choose(short, _Draft(lag=1000)) == 3  # the catch-up's cost not measured yet: K measures it
-    later = step_choice.time.monotonic() + 10.0 / step_choice.EXPLORE_SHARE + 1  # 10 s of catch-up: a share
+    assert (
+        choice.choose(long + long, behind) == 0
+    )  # ten sequences: five's rates promise nothing there
+    assert (
+        choice.choose(short, _Draft(lag=1000)) == 3
+    )  # the catch-up's cost not measured yet: K measures it
+    later = (
+        step_choice.time.monotonic() + 10.0 / step_choice.EXPLORE_SHARE + 1
+    )  # 10 s of catch-up: a share
     with pytest.MonkeyPatch.context() as patch:  # of the time since K last ran at this batch size
         patch.setattr(step_choice.time, "monotonic", lambda: later)
         assert choice.choose(short, behind) == 3  # re-measured, although its rates say plain
-    assert choice.choose(short, _Draft(lag=2 * 5, s_per_token=0.01)) == 3  # steady: no catch-up to pay for
+    assert (
+        choice.choose(short, _Draft(lag=2 * 5, s_per_token=0.01)) == 3
+    )  # steady: no catch-up to pay for
 
 
 def test_k_is_not_first_tried_at_a_larger_batch_than_one_where_it_lost():
     """K lost at 5 sequences (10 against 20 tokens/s): at 12 it is never first tried (its first try
     would catch the draft up over all 12); at 2, below, it is; where K won at 5, it is tried at 12."""
+
     def measured(k_rate: float) -> StepChoice:
         choice = StepChoice(k=3)
         for k, rate in ((3, k_rate), (0, 20.0)):
@@ -118,6 +146,7 @@ def random_switches(monkeypatch):
     def choose(self, running):
         drawn.append(rng.choice((self.k, 0)))
         return drawn[-1]
+
     monkeypatch.setattr(StepChoice, "_choose", choose)
     monkeypatch.setattr(StepChoice, "_catch_up_pays", lambda *_: True)  # every drawn K runs
     return drawn
@@ -129,8 +158,14 @@ def test_greedy_sd_switching_at_random_steps_gives_ars_tokens(tiny_model_dir, ra
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=1.3)
     with LLM(target, num_threads=1) as llm:
         expected = [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
-    with LLM(target, draft_model=draft, speculative_mode="sd", num_speculative_tokens=3, num_threads=1,
-             speculation_per_step="goodput") as llm:
+    with LLM(
+        target,
+        draft_model=draft,
+        speculative_mode="sd",
+        num_speculative_tokens=3,
+        num_threads=1,
+        speculation_per_step="goodput",
+    ) as llm:
         assert [o.token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)] == expected
         steps = llm.engine.speculation_metrics()["steps_by_k"]
         llm.engine.reset_speculation_metrics()
@@ -141,8 +176,13 @@ def test_greedy_sd_switching_at_random_steps_gives_ars_tokens(tiny_model_dir, ra
 def _sample_in_waves(small_pair) -> tuple[Counter, dict]:
     target, draft = small_pair
     params = SamplingParams(max_tokens=3, ignore_eos=True, **STRONG)
-    options = engine_options(seed=41, draft_model=draft, speculative_mode="sd", num_speculative_tokens=K,
-                             speculation_per_step="goodput")
+    options = engine_options(
+        seed=41,
+        draft_model=draft,
+        speculative_mode="sd",
+        num_speculative_tokens=K,
+        speculation_per_step="goodput",
+    )
     outputs = []
     with LLM(target, **options) as llm:
         engine = llm.engine
@@ -159,15 +199,26 @@ def penalised_law(small_pair):
     return law_table(small_pair[0], DIST_PROMPT, STRONG)
 
 
-def test_sd_switching_at_random_steps_follows_the_penalised_law(small_pair, penalised_law, random_switches):
+def test_sd_switching_at_random_steps_follows_the_penalised_law(
+    small_pair, penalised_law, random_switches
+):
     sample, metrics = _sample_in_waves(small_pair)
     assert set(metrics["steps_by_k"]) == {0, K}
-    check_law("SD, K or 0 at random steps", sample, penalised_law(3), metrics, TV, ALPHA, DESIGN_POWER,
-              acceptance=(0.1, 0.95))
+    check_law(
+        "SD, K or 0 at random steps",
+        sample,
+        penalised_law(3),
+        metrics,
+        TV,
+        ALPHA,
+        DESIGN_POWER,
+        acceptance=(0.1, 0.95),
+    )
 
 
-def test_negative_control_a_switch_reporting_other_q_rows_is_rejected(small_pair, penalised_law, random_switches,
-                                                                       monkeypatch):
+def test_negative_control_a_switch_reporting_other_q_rows_is_rejected(
+    small_pair, penalised_law, random_switches, monkeypatch
+):
     real = SyncDraft.propose
 
     def propose(self, batch, decoding):
@@ -175,13 +226,16 @@ def test_negative_control_a_switch_reporting_other_q_rows_is_rejected(small_pair
         after_plain = len(random_switches) >= 2 and random_switches[-2] == 0
         if proposal is not None and proposal.probs is not None and after_plain:
             uniform = torch.full_like(proposal.probs, 0.0)
-            uniform[..., :self.proposable_vocab] = 1.0 / self.proposable_vocab
+            uniform[..., : self.proposable_vocab] = 1.0 / self.proposable_vocab
             proposal = type(proposal)(proposal.tokens, uniform, proposal.num_draft)
         return proposal
+
     monkeypatch.setattr(SyncDraft, "propose", propose)
     sample, _ = _sample_in_waves(small_pair)
     stat, dof, p, _ = fit(sample, penalised_law(3))
-    print(f"\nNEGATIVE CONTROL [q rows not the drafts' after a switch]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}")
+    print(
+        f"\nNEGATIVE CONTROL [q rows not the drafts' after a switch]: chi2 = {stat:.2f}, dof = {dof}, p = {p:.3g}"
+    )
     assert p < ALPHA
 
 
@@ -197,8 +251,10 @@ def test_an_arms_first_steps_one_time_costs_do_not_decide_it():
         seconds = 1.0
         if runs[-1] and first_k:
             seconds, first_k = 50.0, False
-        choice.record(runs[-1], 1, 3 if runs[-1] else 1, seconds)  # K: 3 tokens a step, plain 1, same time
-    assert runs[-2 * step_choice.MIN_SAMPLES:] == [3] * (2 * step_choice.MIN_SAMPLES)
+        choice.record(
+            runs[-1], 1, 3 if runs[-1] else 1, seconds
+        )  # K: 3 tokens a step, plain 1, same time
+    assert runs[-2 * step_choice.MIN_SAMPLES :] == [3] * (2 * step_choice.MIN_SAMPLES)
 
 
 def test_k_losing_a_close_call_is_retried_sooner():

@@ -1,5 +1,6 @@
 """Stop conditions on a tiny random model at temperature 0 (greedy output is deterministic, so an
 unrestricted run tells us what each stop condition must cut)."""
+
 import pytest
 
 from ssd_engine import LLM, SamplingParams
@@ -38,10 +39,15 @@ def unused_token(ids):
 def test_conditions_that_never_trigger_change_nothing(llm, references):
     prompt = PROMPTS[0]
     ids, text = references[prompt]
-    outs = llm.generate([prompt] * 3, [greedy(max_tokens=N, ignore_eos=True),  # rerun: deterministic
-                                       greedy(max_tokens=N, stop_token_ids=[unused_token(ids)], ignore_eos=True),
-                                       greedy(max_tokens=N, stop="zzzz-not-there", ignore_eos=True)],
-                        use_tqdm=False)
+    outs = llm.generate(
+        [prompt] * 3,
+        [
+            greedy(max_tokens=N, ignore_eos=True),  # rerun: deterministic
+            greedy(max_tokens=N, stop_token_ids=[unused_token(ids)], ignore_eos=True),
+            greedy(max_tokens=N, stop="zzzz-not-there", ignore_eos=True),
+        ],
+        use_tqdm=False,
+    )
     for out in outs:
         assert out.finish_reason == "length" and out.token_ids == ids and out.text == text
 
@@ -53,8 +59,11 @@ def test_stop_token_id_stops_at_fifth_token(llm, references):
     ids = references[prompt][0]
     stops = [unused_token(ids), ids[4]]
     # ignore_eos does not switch off explicit stop ids
-    outs = llm.generate([prompt] * 2, [greedy(max_tokens=N, stop_token_ids=stops, ignore_eos=flag)
-                                       for flag in (False, True)], use_tqdm=False)
+    outs = llm.generate(
+        [prompt] * 2,
+        [greedy(max_tokens=N, stop_token_ids=stops, ignore_eos=flag) for flag in (False, True)],
+        use_tqdm=False,
+    )
     for out in outs:
         assert out.finish_reason == "stop"
         assert out.token_ids == ids[:5]  # the stop token itself is included
@@ -65,9 +74,12 @@ def _ascii_stop_string(text):
     """(p, text[p:p+2]): an ASCII 2-char string from the middle of `text` at its first occurrence,
     whose second char also first occurs there (so both complete on the same token)."""
     for p in range(3, len(text) - 3):
-        candidate = text[p:p + 2]
-        if (all(33 <= ord(c) < 127 for c in candidate) and text.find(candidate) == p
-                and text.find(candidate[1]) == p + 1):
+        candidate = text[p : p + 2]
+        if (
+            all(33 <= ord(c) < 127 for c in candidate)
+            and text.find(candidate) == p
+            and text.find(candidate[1]) == p + 1
+        ):
             return p, candidate
     return None
 
@@ -79,13 +91,24 @@ def test_stop_string_truncates_text_before_it(llm, references):
     # the generation ends at the first token whose text completes the stop string
     k = next(k for k in range(1, N + 1) if stop in decode(llm, ids[:k]))
     # a stop string first occurring after the first one
-    later = next((text[q:q + 2] for q in range(pos + 2, len(text) - 1)
-                  if "\ufffd" not in text[q:q + 2] and text.find(text[q:q + 2]) == q), "\x00never")
-    outs = llm.generate([prompt] * 3, [
-        greedy(max_tokens=N, stop=stop, ignore_eos=True),
-        greedy(max_tokens=N, stop=[later, "\x00never", stop], ignore_eos=True),
-        # stop[1] alone completes on the same token, one char later: the earliest position wins
-        greedy(max_tokens=N, stop=[stop[1], stop], ignore_eos=True)], use_tqdm=False)
+    later = next(
+        (
+            text[q : q + 2]
+            for q in range(pos + 2, len(text) - 1)
+            if "\ufffd" not in text[q : q + 2] and text.find(text[q : q + 2]) == q
+        ),
+        "\x00never",
+    )
+    outs = llm.generate(
+        [prompt] * 3,
+        [
+            greedy(max_tokens=N, stop=stop, ignore_eos=True),
+            greedy(max_tokens=N, stop=[later, "\x00never", stop], ignore_eos=True),
+            # stop[1] alone completes on the same token, one char later: the earliest position wins
+            greedy(max_tokens=N, stop=[stop[1], stop], ignore_eos=True),
+        ],
+        use_tqdm=False,
+    )
     for out in outs:
         assert out.finish_reason == "stop"
         assert out.text == text[:pos] and stop not in out.text
@@ -127,11 +150,13 @@ def test_eos_stops_unless_ignore_eos(llm, references, monkeypatch):
 def test_each_request_in_a_batch_obeys_its_own_stop_conditions(llm, references):
     prompt = PROMPTS[0]
     ids, text = references[prompt]
-    params = [greedy(max_tokens=3, ignore_eos=True),
-              greedy(max_tokens=N, stop_token_ids=[ids[5]], ignore_eos=True),
-              greedy(max_tokens=N, ignore_eos=True)]
+    params = [
+        greedy(max_tokens=3, ignore_eos=True),
+        greedy(max_tokens=N, stop_token_ids=[ids[5]], ignore_eos=True),
+        greedy(max_tokens=N, ignore_eos=True),
+    ]
     outs = llm.generate([prompt] * 3, params, use_tqdm=False)
     assert [o.finish_reason for o in outs] == ["length", "stop", "length"]
     assert outs[0].token_ids == ids[:3]
-    assert outs[1].token_ids == ids[:ids.index(ids[5]) + 1]
+    assert outs[1].token_ids == ids[: ids.index(ids[5]) + 1]
     assert outs[2].token_ids == ids and outs[2].text == text

@@ -1,6 +1,7 @@
 """LLM.generate_stream: increments join to exactly what generate() returns (stop strings and
 incomplete UTF-8 included), several streams interleave on one engine, and a stream closed early
 cancels its request and returns its blocks."""
+
 import pytest
 
 from ssd_engine import LLM, SamplingParams
@@ -28,7 +29,10 @@ def test_increments_join_to_the_offline_text(llm, temperature):
         offline = llm.generate([prompt], params, use_tqdm=False)[0]
         pieces, out = _stream(llm, prompt, params)
         assert "".join(pieces) == offline.text == out.text
-        assert out.token_ids == offline.token_ids and out.finish_reason == offline.finish_reason == "length"
+        assert (
+            out.token_ids == offline.token_ids
+            and out.finish_reason == offline.finish_reason == "length"
+        )
         assert len(pieces) > 1  # text arrives as it is generated, not in one piece at the end
 
 
@@ -42,7 +46,7 @@ def test_stop_string_is_never_streamed(llm):
     assert "".join(pieces) == offline.text == out.text and stop not in out.text
     assert out.finish_reason == "stop"
     # no piece ever contained text past the cut
-    assert all(stop not in "".join(pieces[:i + 1]) for i in range(len(pieces)))
+    assert all(stop not in "".join(pieces[: i + 1]) for i in range(len(pieces)))
 
 
 def test_interleaved_streams_each_equal_their_offline_output(llm):
@@ -64,18 +68,35 @@ def test_interleaved_streams_each_equal_their_offline_output(llm):
 def test_closing_a_stream_early_cancels_it_and_frees_its_blocks(llm):
     engine = llm.engine
     free = engine.block_manager.num_free_blocks
-    stream = iter(llm.generate_stream(PROMPTS[1] * 8, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)))
+    stream = iter(
+        llm.generate_stream(
+            PROMPTS[1] * 8, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+        )
+    )
     next(stream)
     assert engine.block_manager.num_free_blocks < free
     stream.close()
     assert not engine.has_unfinished() and engine.block_manager.num_free_blocks == free
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)  # the engine carries on
-    assert "".join(llm.generate_stream(PROMPTS[0], params)) == llm.generate([PROMPTS[0]], params, use_tqdm=False)[0].text
+    assert (
+        "".join(llm.generate_stream(PROMPTS[0], params))
+        == llm.generate([PROMPTS[0]], params, use_tqdm=False)[0].text
+    )
 
 
 def test_cli_stream_prints_the_completion(tiny_qwen2, capsys):
-    argv = ["--model", tiny_qwen2, "--prompt", "hello", "--max-tokens", "12", "--ignore-eos", "--no-progress",
-            "--temperature", "0"]  # the CLI samples by default: greedy, so both runs print the same text
+    argv = [
+        "--model",
+        tiny_qwen2,
+        "--prompt",
+        "hello",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+        "--no-progress",
+        "--temperature",
+        "0",
+    ]  # the CLI samples by default: greedy, so both runs print the same text
     assert generate_main(argv + ["--stream"]) in (0, None)
     streamed = capsys.readouterr().out
     assert generate_main(argv) in (0, None)
@@ -89,7 +110,8 @@ def test_an_incomplete_character_is_held_back_until_it_completes():
     from types import SimpleNamespace
 
     from ssd_engine.engine.streaming import TextIncrements
-    texts = ["ab\ufffd", "ab\ufffd\ufffd", "ab\U0001F600c"]  # a 4-byte emoji arriving byte by byte
+
+    texts = ["ab\ufffd", "ab\ufffd\ufffd", "ab\U0001f600c"]  # a 4-byte emoji arriving byte by byte
     increments = TextIncrements(SimpleNamespace(params=SamplingParams(max_tokens=4)))
-    assert [increments.delta(text) for text in texts] == ["ab", "", "\U0001F600c"]
-    assert increments.rest("ab\U0001F600cd") == "d"
+    assert [increments.delta(text) for text in texts] == ["ab", "", "\U0001f600c"]
+    assert increments.rest("ab\U0001f600cd") == "d"

@@ -4,6 +4,7 @@ Statistical checks use a 5-sigma binomial bound: a count X ~ Binomial(n, p) lies
 n p +- 5 sqrt(n p (1 - p)) except with probability < 6e-7 (normal approximation; n p (1 - p) is
 in the hundreds here), so a test fails by chance about never, while a wrong rate (the real
 acceptance of an identical draft, 1.0; an off-by-one position) lands many sigmas away."""
+
 import math
 
 import pytest
@@ -35,7 +36,9 @@ def _logits(n: int, k: int, vocab: int = 64) -> torch.Tensor:
 
 def test_each_position_is_accepted_with_probability_alpha_given_the_ones_before():
     n, k, alpha = 20000, 4, 0.7
-    result = verify_synthetic(_proposal(n, k), _logits(n, k), BernoulliDraws(alpha, seed=0, purpose="test"))
+    result = verify_synthetic(
+        _proposal(n, k), _logits(n, k), BernoulliDraws(alpha, seed=0, purpose="test")
+    )
     accepted = result.num_accepted
     for j in range(1, k + 1):
         reached = int((accepted >= j - 1).sum())  # rows that got to draft j
@@ -54,16 +57,34 @@ def test_alpha_0_accepts_nothing_and_alpha_1_everything_drafted():
     proposal = _proposal(n, k, drafted)
     every = verify_synthetic(proposal, logits, BernoulliDraws(1.0, 0, "test"))
     assert every.num_accepted.tolist() == drafted  # never past a row's real drafts
-    assert every.output_tokens == [proposal.tokens[i, :d].tolist() + [int(argmax[i, d])] for i, d in enumerate(drafted)]
+    assert every.output_tokens == [
+        proposal.tokens[i, :d].tolist() + [int(argmax[i, d])] for i, d in enumerate(drafted)
+    ]
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(synthetic=Synthetic(acceptance=1.5)), "synthetic acceptance must be in [0, 1], got 1.5"),
-    (dict(synthetic=Synthetic(acceptance=True)), "synthetic acceptance must be in [0, 1], got True"),
-    (dict(synthetic=Synthetic(hit=-0.1)), "synthetic hit must be in [0, 1], got -0.1"),
-    (dict(synthetic=0.5), "synthetic must be a Synthetic or None, got 0.5"),
-    (dict(speculative_mode="ar", synthetic=Synthetic(acceptance=0.5)), "needs speculative_mode sd, ssd or auto, not ar"),
-    (dict(speculative_mode="sd", synthetic=Synthetic(hit=0.5)), "needs speculative_mode ssd (or auto), not sd")])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (
+            dict(synthetic=Synthetic(acceptance=1.5)),
+            "synthetic acceptance must be in [0, 1], got 1.5",
+        ),
+        (
+            dict(synthetic=Synthetic(acceptance=True)),
+            "synthetic acceptance must be in [0, 1], got True",
+        ),
+        (dict(synthetic=Synthetic(hit=-0.1)), "synthetic hit must be in [0, 1], got -0.1"),
+        (dict(synthetic=0.5), "synthetic must be a Synthetic or None, got 0.5"),
+        (
+            dict(speculative_mode="ar", synthetic=Synthetic(acceptance=0.5)),
+            "needs speculative_mode sd, ssd or auto, not ar",
+        ),
+        (
+            dict(speculative_mode="sd", synthetic=Synthetic(hit=0.5)),
+            "needs speculative_mode ssd (or auto), not sd",
+        ),
+    ],
+)
 def test_bad_synthetic_values_are_one_clear_error(options, message):
     with pytest.raises(ValueError) as error:
         EngineConfig(**options)
@@ -73,24 +94,49 @@ def test_bad_synthetic_values_are_one_clear_error(options, message):
 def test_engine_acceptance_follows_alpha_not_the_weights(tmp_path):
     """The draft is the target (same dummy weights): real verification would accept every draft."""
     folder, k, alpha = shape_folder(tmp_path / "shape"), 4, 0.6
-    with LLM(folder, draft_model=folder, load_format="dummy", speculative_mode="sd", num_speculative_tokens=k,
-             draft_dtype="fp32", synthetic=Synthetic(acceptance=alpha), speculation_per_step="off", **SMALL) as llm:
-        llm.generate([[5, 6, 7, 8]] * 4, SamplingParams(temperature=0, max_tokens=160, ignore_eos=True),
-                     use_tqdm=False)
+    with LLM(
+        folder,
+        draft_model=folder,
+        load_format="dummy",
+        speculative_mode="sd",
+        num_speculative_tokens=k,
+        draft_dtype="fp32",
+        synthetic=Synthetic(acceptance=alpha),
+        speculation_per_step="off",
+        **SMALL,
+    ) as llm:
+        llm.generate(
+            [[5, 6, 7, 8]] * 4,
+            SamplingParams(temperature=0, max_tokens=160, ignore_eos=True),
+            use_tqdm=False,
+        )
         metrics = llm.speculation_metrics()
     rounds = metrics["rounds"]
     assert rounds > 150
-    for j, rate in enumerate(metrics["per_position_acceptance_rate"], start=1):  # P(accepted >= j) = alpha^j
-        assert within_5_sigma(round(rate * rounds), rounds, alpha ** j), (j, rate)
+    for j, rate in enumerate(
+        metrics["per_position_acceptance_rate"], start=1
+    ):  # P(accepted >= j) = alpha^j
+        assert within_5_sigma(round(rate * rounds), rounds, alpha**j), (j, rate)
 
 
 @pytest.mark.parametrize("alpha, accepted", [(0.0, 0), (1.0, 2)])
 def test_engine_alpha_0_and_1(tmp_path, alpha, accepted):
     target, draft = shape_folder(tmp_path / "t"), shape_folder(tmp_path / "d", num_hidden_layers=1)
-    with LLM(target, draft_model=draft, load_format="dummy", speculative_mode="sd", num_speculative_tokens=2,
-             draft_dtype="fp32", synthetic=Synthetic(acceptance=alpha), **SMALL) as llm:
-        out = llm.generate([[5, 6, 7, 8]], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
-                           use_tqdm=False)[0]
+    with LLM(
+        target,
+        draft_model=draft,
+        load_format="dummy",
+        speculative_mode="sd",
+        num_speculative_tokens=2,
+        draft_dtype="fp32",
+        synthetic=Synthetic(acceptance=alpha),
+        **SMALL,
+    ) as llm:
+        out = llm.generate(
+            [[5, 6, 7, 8]],
+            SamplingParams(temperature=0, max_tokens=12, ignore_eos=True),
+            use_tqdm=False,
+        )[0]
         metrics = llm.speculation_metrics()
     assert len(out.token_ids) == 12
     assert metrics["accepted_length_histogram"][accepted] == metrics["rounds"] > 0
@@ -119,11 +165,23 @@ def test_synthetic_hit_overrides_what_the_cache_holds():
 @pytest.mark.parametrize("p", [1.0, 0.0])
 def test_ssd_hit_rate_is_the_synthetic_one(tmp_path, p):
     target, draft = shape_folder(tmp_path / "t"), shape_folder(tmp_path / "d", num_hidden_layers=1)
-    with LLM(target, draft_model=draft, load_format="dummy", speculative_mode="ssd", num_speculative_tokens=2,
-             draft_dtype="fp32", synthetic=Synthetic(acceptance=0.7, hit=p), ssd_budget=2, ssd_fallback="jit",
-             **SMALL) as llm:
-        llm.generate([[5, 6, 7, 8]] * 2, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
-                     use_tqdm=False)
+    with LLM(
+        target,
+        draft_model=draft,
+        load_format="dummy",
+        speculative_mode="ssd",
+        num_speculative_tokens=2,
+        draft_dtype="fp32",
+        synthetic=Synthetic(acceptance=0.7, hit=p),
+        ssd_budget=2,
+        ssd_fallback="jit",
+        **SMALL,
+    ) as llm:
+        llm.generate(
+            [[5, 6, 7, 8]] * 2,
+            SamplingParams(temperature=0, max_tokens=24, ignore_eos=True),
+            use_tqdm=False,
+        )
         metrics = llm.speculation_metrics()
     assert metrics["lookups"] > 10 and metrics["cache_hit_rate_warm"] == p
 
@@ -131,9 +189,10 @@ def test_ssd_hit_rate_is_the_synthetic_one(tmp_path, p):
 def test_auto_predicts_with_the_synthetic_rates():
     from ssd_engine.planning.predict import Acceptance
     from ssd_engine.planning.survey import with_synthetic
+
     base = Acceptance.from_calibration(None)
     assert with_synthetic(base, EngineConfig()) == base
     drawn = with_synthetic(base, EngineConfig(synthetic=Synthetic(acceptance=0.9, hit=0.8)))
     assert drawn.rate(1) == drawn.rate(5) == 0.9
     assert drawn.miss(1) == drawn.miss(20) == pytest.approx(0.2) and drawn.miss(0) == 1.0
-    assert drawn.tokens_per_round(4) == pytest.approx((1 - 0.9 ** 5) / (1 - 0.9))
+    assert drawn.tokens_per_round(4) == pytest.approx((1 - 0.9**5) / (1 - 0.9))

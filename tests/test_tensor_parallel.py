@@ -10,6 +10,7 @@ identical (and equal to transformers').
 The runtime: two engines at once, a killed worker raising a clear error within a bound, and no
 process left behind after close(), after interpreter exit without close(), and after Ctrl-C.
 """
+
 import os
 import signal
 import subprocess
@@ -32,7 +33,12 @@ from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.tensor_parallel.executor import TensorParallelError
 
 TOL = 1e-4
-PROMPTS = [list(range(5, 12)), list(range(40, 53)), [7, 8, 9], [(7 * i) % 250 + 3 for i in range(37)]]
+PROMPTS = [
+    list(range(5, 12)),
+    list(range(40, 53)),
+    [7, 8, 9],
+    [(7 * i) % 250 + 3 for i in range(37)],
+]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 SPLITS = {
     "llama": dict(hidden_size=96, num_attention_heads=6, num_key_value_heads=3, head_dim=16),
@@ -51,8 +57,10 @@ def _step_logits(runner, blocks: BlockManager, prompts: list[list[int]]) -> torc
     seqs = [Sequence(p, SamplingParams(), blocks.block_size) for p in prompts]
     for seq in seqs:
         blocks.allocate(seq)
-    prefill = runner.forward(ScheduledBatch(seqs, [len(p) for p in prompts]), [list(range(len(p))) for p in prompts])
-    last = torch.tensor([sum(map(len, prompts[:i + 1])) - 1 for i in range(len(prompts))])
+    prefill = runner.forward(
+        ScheduledBatch(seqs, [len(p) for p in prompts]), [list(range(len(p))) for p in prompts]
+    )
+    last = torch.tensor([sum(map(len, prompts[: i + 1])) - 1 for i in range(len(prompts))])
     for seq, token in zip(seqs, prefill[last].argmax(-1).tolist()):
         seq.num_computed_tokens = len(seq)
         seq.token_ids.append(token)
@@ -118,8 +126,13 @@ def test_tp2_speculative_decoding_is_exact(tiny_model_dir):
     draft = tiny_model_dir("qwen2", seed=1, num_hidden_layers=1)
     with LLM(target, num_threads=1) as llm:
         expected = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-    with LLM(target, draft_model=draft, speculative_mode="sd", num_speculative_tokens=3,
-             tensor_parallel_size=2) as llm:
+    with LLM(
+        target,
+        draft_model=draft,
+        speculative_mode="sd",
+        num_speculative_tokens=3,
+        tensor_parallel_size=2,
+    ) as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)] == expected
 
 
@@ -143,7 +156,9 @@ def test_two_engines_at_once_and_no_child_left(tiny_qwen2):
     assert not any(os.path.exists(f"/proc/{pid}") for pid in workers)
     # the engine names nothing there (its shared memory is memfds); multiprocessing's semaphores
     # (sem.mp-*) come and go with whatever the other xdist worker runs meanwhile
-    assert {name for name in set(os.listdir("/dev/shm")) - shm_before if not name.startswith("sem.mp-")} == set()
+    assert {
+        name for name in set(os.listdir("/dev/shm")) - shm_before if not name.startswith("sem.mp-")
+    } == set()
 
 
 def test_killed_worker_raises_a_clear_error_without_hanging(tiny_qwen2):
@@ -152,7 +167,9 @@ def test_killed_worker_raises_a_clear_error_without_hanging(tiny_qwen2):
     worker = llm.engine.runner.processes[1]
     os.kill(worker.pid, signal.SIGKILL)
     start = time.monotonic()
-    with pytest.raises(TensorParallelError, match=rf"worker rank 1 \(pid {worker.pid}\) died with exit code -9"):
+    with pytest.raises(
+        TensorParallelError, match=rf"worker rank 1 \(pid {worker.pid}\) died with exit code -9"
+    ):
         llm.generate(PROMPTS[0], GREEDY, use_tqdm=False)
     assert time.monotonic() - start < 10  # detected by the closed connection, not the deadline
     with pytest.raises(TensorParallelError):  # the engine stays failed, loudly
@@ -192,8 +209,13 @@ if {loop}:
 
 def _run_script(path: str, loop: bool) -> tuple[subprocess.Popen, list[int]]:
     """The script in its own session; callers kill that session by pid in a finally (kill_session)."""
-    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(SCRIPT.format(path=path, loop=loop))],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT.format(path=path, loop=loop))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     workers = [int(pid) for pid in read_line(proc, timeout_s=120).split()]
     if not workers:
         pytest.fail(f"the script started no worker: {kill_session(proc)}")
@@ -213,29 +235,67 @@ def test_ctrl_c_stops_every_process(tiny_qwen2):
     proc, workers = _run_script(tiny_qwen2, loop=True)
     try:
         time.sleep(1.0)  # let it get into the generate loop
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        os.killpg(
+            proc.pid, signal.SIGINT
+        )  # what a terminal's Ctrl-C does: the whole foreground group
         proc.wait(timeout=60)
         assert "KeyboardInterrupt" in proc.stderr.read()
         assert gone_within(workers, 15)
     finally:
-        kill_session(proc, workers)  # also when an assertion failed: nothing keeps spinning after pytest
+        kill_session(
+            proc, workers
+        )  # also when an assertion failed: nothing keeps spinning after pytest
 
 
 def test_torchrun_joins_instead_of_spawning(tiny_qwen2):
     """`torchrun --nproc-per-node 2 -m ssd_engine.generate --tp 2`: rank 0 prints the text, rank 1
     serves it and exits; the text is the TP=1 text. --standalone picks a free rendezvous port."""
-    args = ["-m", "ssd_engine.generate", "--model", tiny_qwen2, "--prompt", "hello world", "--temperature", "0",
-            "--max-tokens", "12", "--ignore-eos"]
+    args = [
+        "-m",
+        "ssd_engine.generate",
+        "--model",
+        tiny_qwen2,
+        "--prompt",
+        "hello world",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "12",
+        "--ignore-eos",
+    ]
     single = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
     assert single.returncode == 0, single.stderr
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    joined = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             *args, "--tp", "2"], capture_output=True, text=True, timeout=180, env=env)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    }
+    joined = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            *args,
+            "--tp",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=env,
+    )
     assert joined.returncode == 0, joined.stderr
     assert joined.stdout == single.stdout and single.stdout.strip()
-    attention = "cpu-kernel" if gguf_cpu.available() else "torch"  # CPU auto's backend (layers/attention_backends.py)
+    attention = (
+        "cpu-kernel" if gguf_cpu.available() else "torch"
+    )  # CPU auto's backend (layers/attention_backends.py)
     for run in (single, joined):  # how the target ran, read through the TP runner too
-        assert f"[engine] device=cpu dtype=float32 attention={attention} cuda_graphs=off" in run.stderr
+        assert (
+            f"[engine] device=cpu dtype=float32 attention={attention} cuda_graphs=off" in run.stderr
+        )
 
 
 def test_each_rank_gets_its_own_gpu_or_a_clear_error():
@@ -243,5 +303,8 @@ def test_each_rank_gets_its_own_gpu_or_a_clear_error():
 
     assert rank_gpus("cuda", 2, 2) == ["cuda:0", "cuda:1"]
     assert rank_gpus("cuda:1", 2, 4) == ["cuda:1", "cuda:2"]
-    with pytest.raises(ValueError, match=r"tensor_parallel_size=2 from cuda needs GPUs cuda:0..cuda:1; this machine has 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"tensor_parallel_size=2 from cuda needs GPUs cuda:0..cuda:1; this machine has 1",
+    ):
         rank_gpus("cuda", 2, 1)

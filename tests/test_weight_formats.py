@@ -1,4 +1,5 @@
 """The draft's weight formats (layers/weight_formats.py) and how one is picked (planning/formats.py)."""
+
 import json
 import os
 
@@ -18,8 +19,11 @@ from ssd_engine.planning.formats import choose_draft as choose
 def resolve(option, hf_config, device, workload, cores, threads, cache):
     """The draft format resolved with the model cache at `cache`."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(probe_cache, "cache_dir", lambda: cache)  # the probes' folder alone (kernels stay cached)
+        patch.setattr(
+            probe_cache, "cache_dir", lambda: cache
+        )  # the probes' folder alone (kernels stay cached)
         return formats.resolve_draft(option, hf_config, device, workload, cores, threads)
+
 
 # worst output error against x @ w.T for unit-variance x and weights of std 0.05 over 256 columns
 # (output std 0.8): bf16 rounding of x and w (~2^-8 relative each), int8's 1/254 of the row range,
@@ -56,8 +60,14 @@ def test_choose_prefers_precision_within_the_tie_margin():
 
 
 def _tiny_config() -> Qwen2Config:
-    return Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2)
+    return Qwen2Config(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
 
 
 def test_linear_shapes_follow_the_config():
@@ -70,13 +80,20 @@ def test_auto_probes_once_then_reads_the_cache(tmp_path, monkeypatch):
     real_probe = formats.probe_draft
     monkeypatch.setattr(formats, "probe_draft", lambda *a: probes.append(a) or real_probe(*a))
     first = resolve("auto", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path))
-    assert first.how == "probe" and set(first.step_ms) <= set(FORMATS) and first.name == choose(first.step_ms)
+    assert (
+        first.how == "probe"
+        and set(first.step_ms) <= set(FORMATS)
+        and first.name == choose(first.step_ms)
+    )
     again = resolve("auto", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path))
     assert again == DraftFormat(first.name, "cached probe", first.step_ms) and len(probes) == 1
     other_workload = resolve("auto", _tiny_config(), "cpu", [(8, 2)], None, 1, str(tmp_path))
     assert other_workload.how == "probe" and len(probes) == 2
-    (cached,) = [f for f in os.listdir(tmp_path / "probes") if json.load(open(tmp_path / "probes" / f))["workload"]
-                 == [[1, 2]]]
+    (cached,) = [
+        f
+        for f in os.listdir(tmp_path / "probes")
+        if json.load(open(tmp_path / "probes" / f))["workload"] == [[1, 2]]
+    ]
     assert cached.startswith("draft-format-")
 
 
@@ -86,7 +103,9 @@ def test_the_probe_skips_a_format_this_cpu_lacks(tmp_path, monkeypatch):
 
     def prepare_without_bf16(weight, fmt):
         if fmt == "bf16":
-            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw")
+            raise RuntimeError(
+                "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx512bw"
+            )
         return real_prepare(weight, fmt)
 
     monkeypatch.setattr(formats, "prepare", prepare_without_bf16)
@@ -98,13 +117,22 @@ def test_the_probe_skips_a_format_this_cpu_lacks(tmp_path, monkeypatch):
 def test_an_explicit_format_is_taken_without_a_probe(tmp_path):
     chosen = resolve("int8", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path))
     assert chosen == DraftFormat("int8", "draft_dtype") and chosen.dtype == "bfloat16"
-    assert resolve("fp32", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path)).dtype == "float32"
-    assert resolve("auto", _tiny_config(), "cuda:0", [(1, 2)], None, 1, str(tmp_path)).name == "bf16"
+    assert (
+        resolve("fp32", _tiny_config(), "cpu", [(1, 2)], None, 1, str(tmp_path)).dtype == "float32"
+    )
+    assert (
+        resolve("auto", _tiny_config(), "cuda:0", [(1, 2)], None, 1, str(tmp_path)).name == "bf16"
+    )
     assert not (tmp_path / "probes").exists()
 
 
-@pytest.mark.parametrize("options, fragment", [(dict(draft_dtype="fp16"), "draft_dtype must be one of"),
-                                               (dict(draft_dtype="int4", device="cuda"), "CPU-only")])
+@pytest.mark.parametrize(
+    "options, fragment",
+    [
+        (dict(draft_dtype="fp16"), "draft_dtype must be one of"),
+        (dict(draft_dtype="int4", device="cuda"), "CPU-only"),
+    ],
+)
 def test_bad_draft_dtype_is_one_clear_error(options, fragment):
     with pytest.raises(ValueError, match=fragment):
         EngineConfig(**options)

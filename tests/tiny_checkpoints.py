@@ -1,4 +1,5 @@
 """Tiny random checkpoints built with transformers' own config classes; transformers is the oracle."""
+
 import os
 
 import torch
@@ -15,16 +16,34 @@ from transformers import (
 # checkpoints whose vocab_size exceeds len(tokenizer)).
 VOCAB = 320
 
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-6,
-              bos_token_id=1, eos_token_id=2, pad_token_id=0)
+COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 
 
 def llama_config(**overrides):
-    kwargs = dict(COMMON, rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                            "original_max_position_embeddings": 64},
-                  tie_word_embeddings=True)
+    kwargs = dict(
+        COMMON,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        tie_word_embeddings=True,
+    )
     kwargs.update(overrides)
     return LlamaConfig(**kwargs)
 
@@ -48,7 +67,9 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
 
 
 def build_checkpoint(path: str, arch: str, seed: int = 0, **overrides) -> str:

@@ -20,6 +20,7 @@ closer figure for a GPU's host. In that pass `ReadToLaunch` also times the one s
 hide behind its own work: from the round's read of its emitted tokens (the host waits for the
 device to drain) to the next round's first launch, the device idle in between.
 """
+
 import argparse
 import datetime
 import os
@@ -65,13 +66,17 @@ def skip_replays(graphs: list) -> None:
     interpreter's work between two steps evicting the host's caches (the run's tokens are then
     meaningless; a step's host work does not depend on them beyond the accepted counts)."""
     from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
+
     for g in graphs:
         if isinstance(g, PiecewiseGraphs):
             g.graphs = {size: [_nothing] * len(replays) for size, replays in g.graphs.items()}
             continue
         g.graphs = {key: (_nothing, out) for key, (_, out) in g.graphs.items()}
         capture = g._capture
-        g._capture = lambda family, size, capture=capture: (_nothing, _ran_once(*capture(family, size)))
+        g._capture = lambda family, size, capture=capture: (
+            _nothing,
+            _ran_once(*capture(family, size)),
+        )
 
 
 def _nothing() -> None:
@@ -99,6 +104,7 @@ class ReadToLaunch:
 
     def __enter__(self) -> "ReadToLaunch":
         import torch
+
         self._tolist, self._copy = torch.Tensor.tolist, torch.Tensor.copy_
         tolist, copy = self._tolist, self._copy
 
@@ -117,6 +123,7 @@ class ReadToLaunch:
 
     def __exit__(self, *exc) -> None:
         import torch
+
         torch.Tensor.tolist, torch.Tensor.copy_ = self._tolist, self._copy
         ReadToLaunch.active = None
 
@@ -157,25 +164,38 @@ def _launches(engine) -> int:
     """Compute ops one step dispatches outside the (skipped) replays, row padding off as on a GPU: each
     a kernel launch there. Counted, so it does not drift with the machine as the times do."""
     from instrumentation.op_count import OpCounter, without_row_padding
+
     ops = OpCounter()
     with without_row_padding(), ops:
         engine.step()
     return ops.total(kind="compute")
 
 
-def measure(target: str, draft: str, mode: str, temperature: float, k: int, steps: int, device: str = "cpu") -> dict:
+def measure(
+    target: str, draft: str, mode: str, temperature: float, k: int, steps: int, device: str = "cpu"
+) -> dict:
     from ssd_engine import LLM, SamplingParams
     from ssd_engine.runtime.cuda_graphs import emulated
-    options = dict(speculative_mode=mode, num_threads=1, max_model_len=512, attention_backend="triton",
-                   fused_kernels="on", device=device, dtype="float32")
+
+    options = dict(
+        speculative_mode=mode,
+        num_threads=1,
+        max_model_len=512,
+        attention_backend="triton",
+        fused_kernels="on",
+        device=device,
+        dtype="float32",
+    )
     if mode == "sd":
         options.update(draft_model=draft, num_speculative_tokens=k, draft_dtype="fp32")
     with emulated(device == "cpu"):  # a GPU captures real graphs
         llm = LLM(target, **options)
     with llm:
         engine = llm.engine
-        engine.add_request(list(range(3, 20)), SamplingParams(temperature=temperature, seed=0, max_tokens=400,
-                                                               ignore_eos=True))
+        engine.add_request(
+            list(range(3, 20)),
+            SamplingParams(temperature=temperature, seed=0, max_tokens=400, ignore_eos=True),
+        )
         for _ in range(3):  # prefill, first rounds: graphs made
             engine.step()
         graphs = _graph_runners(engine)
@@ -189,41 +209,63 @@ def measure(target: str, draft: str, mode: str, temperature: float, k: int, step
     without_head = statistics.median(h - m for h, m in zip(host, head))
     per_forward = statistics.median((h - m) / f for h, m, f in zip(host, head, forwards) if f)
     warm = statistics.median(h - m for h, m in zip(skipped, skipped_head))
-    return {"mode": mode, "temperature": temperature, "k": k if mode == "sd" else None,
-            "host_us_per_step": round(per_step * 1e6), "lm_head_us_per_step": round(statistics.median(head) * 1e6),
-            "host_us_per_step_without_head": round(without_head * 1e6),
-            "forwards_per_step": statistics.median(forwards), "host_us_per_forward": round(per_forward * 1e6),
-            "host_us_per_step_replays_skipped": round(warm * 1e6), "launches_outside_replays": launches,
-            "read_to_launch_us": round(statistics.median(gaps) * 1e6)}
+    return {
+        "mode": mode,
+        "temperature": temperature,
+        "k": k if mode == "sd" else None,
+        "host_us_per_step": round(per_step * 1e6),
+        "lm_head_us_per_step": round(statistics.median(head) * 1e6),
+        "host_us_per_step_without_head": round(without_head * 1e6),
+        "forwards_per_step": statistics.median(forwards),
+        "host_us_per_forward": round(per_forward * 1e6),
+        "host_us_per_step_replays_skipped": round(warm * 1e6),
+        "launches_outside_replays": launches,
+        "read_to_launch_us": round(statistics.median(gaps) * 1e6),
+    }
 
 
 def render(rows: list[dict], machine: str, command: str, device: str = "cpu") -> str:
-    where = "GPU path emulated" if device == "cpu" else f"on {device} (the 'host us per step' columns then " \
+    where = (
+        "GPU path emulated"
+        if device == "cpu"
+        else f"on {device} (the 'host us per step' columns then "
         "hold the step's wall time: the round's read waits for the GPU; replays skipped: the host's own work)"
-    lines = [f"# Host time per step outside graph replays, {where}, {datetime.date.today()}", "",
-             f"- Machine: {machine}", f"- Command: `{command}`",
-             "- Tiny pair (bench_ops.tiny_pair), batch 1, 1 thread; medians over the measured steps", "",
-             "| mode | T | K | host us per step | of which LM head matmuls (CPU only) | host us per step "
-             "without them | forwards per step | host us per forward without the LM head "
-             "| host us per step without them, replays skipped | launches outside the replays per step "
-             "| host us from the read to the next launch (the device idle) |",
-             "|---" * 11 + "|"]
-    lines += [f"| {r['mode']} | {r['temperature']} | {r['k'] or '-'} | {r['host_us_per_step']} "
-              f"| {r['lm_head_us_per_step']} | **{r['host_us_per_step_without_head']}** "
-              f"| {r['forwards_per_step']:g} | {r['host_us_per_forward']} "
-              f"| {r['host_us_per_step_replays_skipped']} | {r['launches_outside_replays']:g} "
-              f"| {r['read_to_launch_us']} |" for r in rows]
+    )
+    lines = [
+        f"# Host time per step outside graph replays, {where}, {datetime.date.today()}",
+        "",
+        f"- Machine: {machine}",
+        f"- Command: `{command}`",
+        "- Tiny pair (bench_ops.tiny_pair), batch 1, 1 thread; medians over the measured steps",
+        "",
+        "| mode | T | K | host us per step | of which LM head matmuls (CPU only) | host us per step "
+        "without them | forwards per step | host us per forward without the LM head "
+        "| host us per step without them, replays skipped | launches outside the replays per step "
+        "| host us from the read to the next launch (the device idle) |",
+        "|---" * 11 + "|",
+    ]
+    lines += [
+        f"| {r['mode']} | {r['temperature']} | {r['k'] or '-'} | {r['host_us_per_step']} "
+        f"| {r['lm_head_us_per_step']} | **{r['host_us_per_step_without_head']}** "
+        f"| {r['forwards_per_step']:g} | {r['host_us_per_forward']} "
+        f"| {r['host_us_per_step_replays_skipped']} | {r['launches_outside_replays']:g} "
+        f"| {r['read_to_launch_us']} |"
+        for r in rows
+    ]
     return "\n".join(lines) + "\n"
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python benchmarks/gpu/bench_host_overhead.py",
-                                     description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python benchmarks/gpu/bench_host_overhead.py", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--modes", default="ar,sd")
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
-    parser.add_argument("--device", default="cpu", help="cpu (the GPU path emulated) or cuda (real graphs)")
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (the GPU path emulated) or cuda (real graphs)"
+    )
     opts = parser.parse_args(argv)
     if unknown := [m for m in opts.modes.split(",") if m not in ("ar", "sd")]:
         parser.error(f"--modes: unknown mode {unknown[0]!r}; choose from ar, sd")
@@ -239,16 +281,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are imported
     from profiling.bench_ops import tiny_pair
     from suite.machine import machine_line
+
     with tempfile.TemporaryDirectory() as root:
         target, draft = tiny_pair(root)
-        rows = [measure(target, draft, mode, t, opts.k, opts.steps, opts.device)
-                for mode in opts.modes.split(",") for t in (0.0, 0.7)]
-    text = render(rows, machine_line(opts.device), " ".join(["python benchmarks/gpu/bench_host_overhead.py", *argv]),
-                  opts.device)
+        rows = [
+            measure(target, draft, mode, t, opts.k, opts.steps, opts.device)
+            for mode in opts.modes.split(",")
+            for t in (0.0, 0.7)
+        ]
+    text = render(
+        rows,
+        machine_line(opts.device),
+        " ".join(["python benchmarks/gpu/bench_host_overhead.py", *argv]),
+        opts.device,
+    )
     print(text)
     os.makedirs(opts.out, exist_ok=True)
     suffix = "" if opts.device == "cpu" else f"-{opts.device.split(':')[0]}"
-    with open(os.path.join(opts.out, f"{datetime.date.today()}-host-overhead{suffix}.md"), "w") as f:
+    with open(
+        os.path.join(opts.out, f"{datetime.date.today()}-host-overhead{suffix}.md"), "w"
+    ) as f:
         f.write(text)
     return rows
 

@@ -8,6 +8,7 @@ neighbour's load on a shared machine hits both alike): --new-tokens greedy token
 150-token prompt, decode tok/s timed after the first token. Medians count. Writes
 results/DATE-layer-ops[-TAG].md.
 """
+
 import argparse
 import datetime
 import os
@@ -18,15 +19,22 @@ import time
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
 sys.path.insert(0, HERE)
 PROMPT = [3 + i % 250 for i in range(150)]  # ids every vocabulary has; 150 tokens
-CASES = {"ar": dict(speculative_mode="ar"), "sd-k1": dict(speculative_mode="sd", num_speculative_tokens=1),
-         "sd-k4-gguf-int8": dict(speculative_mode="sd", num_speculative_tokens=4, target_dtype="gguf-int8")}
+CASES = {
+    "ar": dict(speculative_mode="ar"),
+    "sd-k1": dict(speculative_mode="sd", num_speculative_tokens=1),
+    "sd-k4-gguf-int8": dict(
+        speculative_mode="sd", num_speculative_tokens=4, target_dtype="gguf-int8"
+    ),
+}
 
 
 def decode_rate(llm, new_tokens: int) -> float:
     from ssd_engine import SamplingParams
 
     engine = llm.engine
-    engine.add_request(PROMPT, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True))
+    engine.add_request(
+        PROMPT, SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    )
     engine.step()  # the prefill and the first token
     start = time.perf_counter()
     while engine.has_unfinished():
@@ -53,7 +61,9 @@ def run_case(options: dict, threads: int, rounds: int, new_tokens: int) -> dict[
 
 
 def main(argv: list[str] | None = None) -> str:
-    p = argparse.ArgumentParser(prog="python benchmarks/micro/bench_layer_ops.py", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/micro/bench_layer_ops.py", description=__doc__.splitlines()[0]
+    )
     p.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--rounds", type=int, default=5)
@@ -62,21 +72,34 @@ def main(argv: list[str] | None = None) -> str:
     a = p.parse_args(argv)
     from suite.machine import machine_line
 
-    lines = [f"# A layer's elementwise ops: torch's against the fused C++ ops ({datetime.date.today()})", "",
-             f"`python benchmarks/micro/bench_layer_ops.py {' '.join(argv if argv is not None else sys.argv[1:])}`", "",
-             f"{machine_line('cpu')}; {a.threads} thread(s) on cores 0..{a.threads - 1}; the default pair, greedy, "
-             f"batch 1, {a.new_tokens} tokens after a {len(PROMPT)}-token prompt; both engines loaded, decoding in "
-             f"turn, median of {a.rounds} rounds.", "",
-             "| case | off tok/s | auto (C++ ops) tok/s | auto / off |", "|---|---|---|---|"]
+    lines = [
+        f"# A layer's elementwise ops: torch's against the fused C++ ops ({datetime.date.today()})",
+        "",
+        f"`python benchmarks/micro/bench_layer_ops.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        "",
+        f"{machine_line('cpu')}; {a.threads} thread(s) on cores 0..{a.threads - 1}; the default pair, greedy, "
+        f"batch 1, {a.new_tokens} tokens after a {len(PROMPT)}-token prompt; both engines loaded, decoding in "
+        f"turn, median of {a.rounds} rounds.",
+        "",
+        "| case | off tok/s | auto (C++ ops) tok/s | auto / off |",
+        "|---|---|---|---|",
+    ]
     from ssd_engine import LLM
 
     # the first engine a process builds decodes a few percent slower than an identical one built after
     # it (AR on the default pair: 20.35 against 21.86 tok/s; 21.11 against 21.61 behind a throwaway
     # build): one is built and closed first, so no compared engine is that one
-    LLM(None, num_threads=a.threads, cpu_cores=",".join(map(str, range(a.threads))), speculative_mode="ar").close()
+    LLM(
+        None,
+        num_threads=a.threads,
+        cpu_cores=",".join(map(str, range(a.threads))),
+        speculative_mode="ar",
+    ).close()
     for case in a.cases.split(","):
         rates = run_case(CASES[case], a.threads, a.rounds, a.new_tokens)
-        lines.append(f"| {case} | {rates['off']:.2f} | {rates['auto']:.2f} | {rates['auto'] / rates['off']:.3f}x |")
+        lines.append(
+            f"| {case} | {rates['off']:.2f} | {rates['auto']:.2f} | {rates['auto'] / rates['off']:.3f}x |"
+        )
         print(lines[-1], flush=True)
     report = "\n".join(lines) + "\n"
     name = f"{datetime.date.today()}-layer-ops{'-' + a.tag if a.tag else ''}.md"

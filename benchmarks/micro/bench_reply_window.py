@@ -10,6 +10,7 @@ request; the draft writes the reply (K x vocab floats a sequence, as its encode 
 buffer or into the window, and sends it. Timed: the coordinator's send -> reply in hand, the
 stretch the verification waits for. Milliseconds, median over the rounds.
 """
+
 import argparse
 import os
 import statistics
@@ -25,13 +26,18 @@ from ssd_engine.speculative.ssd.link import DraftLink
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 
-def _side(rank: int, path: str, fd: int, capacity: int, layouts: list[ReplyLayout], rounds: int, results) -> None:
+def _side(
+    rank: int, path: str, fd: int, capacity: int, layouts: list[ReplyLayout], rounds: int, results
+) -> None:
     os.sched_setaffinity(0, {rank % os.cpu_count()})
     torch.set_num_threads(1)
     store = dist.FileStore(path, 2)
-    links = {"gloo": DraftLink(store, rank, 60.0),
-             "window": DraftLink(dist.PrefixStore("window", store), rank, 60.0,
-                                 reply_window=ReplyWindow(fd, capacity))}
+    links = {
+        "gloo": DraftLink(store, rank, 60.0),
+        "window": DraftLink(
+            dist.PrefixStore("window", store), rank, 60.0, reply_window=ReplyWindow(fd, capacity)
+        ),
+    }
     request = torch.zeros(64, dtype=torch.uint8)
     request.view(torch.int64)[0] = 64  # request_size: its own length
     for layout in layouts:
@@ -72,16 +78,25 @@ def main() -> None:
     results = mp.Manager().dict()
     try:
         # forked: the children inherit the window's fd, as the draft process does through pass_fds
-        mp.start_processes(_side, args=(path, fd, capacity, layouts, args.rounds, results), nprocs=2, start_method="fork")
+        mp.start_processes(
+            _side,
+            args=(path, fd, capacity, layouts, args.rounds, results),
+            nprocs=2,
+            start_method="fork",
+        )
     finally:
         os.close(fd)
         if os.path.exists(path):
             os.remove(path)
-    print(f"K = {args.k}, vocab {args.vocab}, whole q rows; coordinator on core 0, draft on core 1; "
-          f"median of {args.rounds} rounds\n")
+    print(
+        f"K = {args.k}, vocab {args.vocab}, whole q rows; coordinator on core 0, draft on core 1; "
+        f"median of {args.rounds} rounds\n"
+    )
     print("| batch | reply MB | gloo ms | window ms |\n|---|---|---|---|")
     for batch, size in zip(batches, sizes):
-        print(f"| {batch} | {size / 1e6:.1f} | {results[('gloo', size)]:.2f} | {results[('window', size)]:.2f} |")
+        print(
+            f"| {batch} | {size / 1e6:.1f} | {results[('gloo', size)]:.2f} | {results[('window', size)]:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """Where a one-off benchmark script writes its Markdown report: OUT/DATE-NAME.md."""
+
 import datetime
 import json
 import os
@@ -15,7 +16,7 @@ def write_dated_report(out_dir: str, name: str, text: str) -> str:
 
 def write_dated_result(out_dir: str, name: str, text: str, result: dict) -> str:
     """Write `text` to out_dir/DATE-name.md and `result` to DATE-name.json; their common path, no suffix."""
-    base = write_dated_report(out_dir, name, text)[:-len(".md")]
+    base = write_dated_report(out_dir, name, text)[: -len(".md")]
     with open(base + ".json", "w") as f:
         json.dump(result, f, indent=1)
     return base

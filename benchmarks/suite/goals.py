@@ -3,6 +3,7 @@ averaged over the prompt sets, one column per batch size. A ratio is listed only
 ran; `auto` is also set against the best fixed mode on the same cores, and its choice is named.
 SD's round efficiency (measured tok/s over what its acceptance and forward costs predict) closes
 the table: how much of a round goes outside the forwards."""
+
 from suite.report import best_k, round_efficiency, rows_of
 
 # (numerator, denominators: the fastest of those that ran, what the ratio says)
@@ -12,7 +13,11 @@ GOALS = (
     ("ssd", ("sd",), "the paper's SSD over SD"),
     ("ssd", ("ar-all",), "SSD vs AR on the same cores"),
     ("auto", ("ar-all",), "auto vs AR on the same cores"),
-    ("auto", ("ar-all", "sd-all", "ssd"), "auto vs the best fixed mode on the same cores (1.00x: it picked right)"),
+    (
+        "auto",
+        ("ar-all", "sd-all", "ssd"),
+        "auto vs the best fixed mode on the same cores (1.00x: it picked right)",
+    ),
     ("sd", ("hf-assisted",), "our SD vs transformers' assisted generation"),
 )
 
@@ -63,12 +68,16 @@ def goal_lines(raw: dict) -> list[str]:
         lines.append(f"| {_label(top, ran, bottoms)} | {meaning} | {cells} |")
     if "sd" in results:
         cells = " | ".join(efficiency_cell(raw, "sd", batch) for batch in raw["batch"])
-        lines.append(f"| SD round efficiency | measured SD tok/s / (E / (K t_draft + t_verify)), the run's own "
-                     f"acceptance and forward costs (goal >= 0.9; batch 1 only) | {cells} |")
+        lines.append(
+            f"| SD round efficiency | measured SD tok/s / (E / (K t_draft + t_verify)), the run's own "
+            f"acceptance and forward costs (goal >= 0.9; batch 1 only) | {cells} |"
+        )
     if not lines:
         return []
-    head = ["| ratio | what it says | " + " | ".join(f"batch {b}" for b in raw["batch"]) + " |",
-            "|---|---|" + "---|" * len(raw["batch"])]
+    head = [
+        "| ratio | what it says | " + " | ".join(f"batch {b}" for b in raw["batch"]) + " |",
+        "|---|---|" + "---|" * len(raw["batch"]),
+    ]
     return head + lines + [""] + auto_lines(raw)
 
 
@@ -79,10 +88,19 @@ def auto_lines(raw: dict) -> list[str]:
         return []
     row = result["rows"][0]
     ran = row.get("chosen_mode")
-    lines = [f"auto ran {ran or 'an unreported mode'}" + (f" at K = {row['chosen_k']}" if row.get("chosen_k") else "")
-             + (f": {result['mode_choice']}" if result.get("mode_choice") else ".")]
+    lines = [
+        f"auto ran {ran or 'an unreported mode'}"
+        + (f" at K = {row['chosen_k']}" if row.get("chosen_k") else "")
+        + (f": {result['mode_choice']}" if result.get("mode_choice") else ".")
+    ]
     predicted = (row.get("predicted_tok_s") or {}).get(ran)
-    measured = [f"{v:.2f} at batch {b}" for b in raw["batch"] if (v := mean_tok_s(raw, "auto", b)) is not None]
-    if predicted and measured:  # the prediction's batch is the engine's business: no ratio, both numbers
+    measured = [
+        f"{v:.2f} at batch {b}"
+        for b in raw["batch"]
+        if (v := mean_tok_s(raw, "auto", b)) is not None
+    ]
+    if (
+        predicted and measured
+    ):  # the prediction's batch is the engine's business: no ratio, both numbers
         lines.append(f"Predicted {predicted:.2f} tok/s for {ran}; measured {', '.join(measured)}.")
     return lines + [""]

@@ -8,6 +8,7 @@ torch took 105 s. Timings measured on such a host say little, and a ratio whose 
 different host speeds says less. So the benchmarks write these figures next to their machine
 line: the reader sees a slowed host, and a run whose host changed speed while it ran is marked.
 """
+
 import time
 from dataclasses import asdict, dataclass
 
@@ -16,17 +17,20 @@ import torch
 # Each figure times one sustained run of fixed work, about 0.2 s on a healthy host. Short intervals
 # mislead: this host's vCPUs ran at full speed for a few milliseconds at a time and then stood still,
 # so a median of 5 ms timings looked healthy while any 100 ms of work took 25x longer.
-GEMM_SIZE, GEMM_RUNS = 512, 128           # fp32, one thread: compute-bound, like a verification's matmuls
-COPY_BYTES, COPY_RUNS = 64 * 2**20, 32    # larger than any last-level cache: memory-bound, like a decode step
-PYTHON_STEPS = 5_000_000                  # interpreter-bound, like the engine's host work between steps
-DRIFT = 0.2                 # a figure that moved more than this between before and after marks the run
+GEMM_SIZE, GEMM_RUNS = 512, 128  # fp32, one thread: compute-bound, like a verification's matmuls
+COPY_BYTES, COPY_RUNS = (
+    64 * 2**20,
+    32,
+)  # larger than any last-level cache: memory-bound, like a decode step
+PYTHON_STEPS = 5_000_000  # interpreter-bound, like the engine's host work between steps
+DRIFT = 0.2  # a figure that moved more than this between before and after marks the run
 
 
 @dataclass(frozen=True)
 class HostSpeed:
-    gemm_gflops: float      # one-thread fp32 GEMM
-    copy_gbps: float      # one-thread tensor copy, bytes read + written per second
-    python_msteps: float    # million pure-Python loop steps per second
+    gemm_gflops: float  # one-thread fp32 GEMM
+    copy_gbps: float  # one-thread tensor copy, bytes read + written per second
+    python_msteps: float  # million pure-Python loop steps per second
 
 
 def _seconds(work, runs: int) -> float:
@@ -57,9 +61,11 @@ def measure() -> HostSpeed:
     start = time.perf_counter()
     _python_loop()
     python_s = time.perf_counter() - start
-    return HostSpeed(gemm_gflops=GEMM_RUNS * 2 * GEMM_SIZE**3 / gemm_s / 1e9,
-                     copy_gbps=COPY_RUNS * 2 * COPY_BYTES / copy_s / 1e9,
-                     python_msteps=PYTHON_STEPS / python_s / 1e6)
+    return HostSpeed(
+        gemm_gflops=GEMM_RUNS * 2 * GEMM_SIZE**3 / gemm_s / 1e9,
+        copy_gbps=COPY_RUNS * 2 * COPY_BYTES / copy_s / 1e9,
+        python_msteps=PYTHON_STEPS / python_s / 1e6,
+    )
 
 
 def drift(before: HostSpeed, after: HostSpeed) -> float:
@@ -70,9 +76,11 @@ def drift(before: HostSpeed, after: HostSpeed) -> float:
 
 def describe(before: HostSpeed, after: HostSpeed) -> str:
     """One clause for a machine line: the three figures before / after the run."""
-    text = (f"host speed before / after the run: fp32 GEMM {before.gemm_gflops:.1f} / {after.gemm_gflops:.1f} GFLOP/s, "
-            f"copy {before.copy_gbps:.1f} / {after.copy_gbps:.1f} GB/s (1 thread), "
-            f"Python {before.python_msteps:.1f} / {after.python_msteps:.1f} M loop steps/s")
+    text = (
+        f"host speed before / after the run: fp32 GEMM {before.gemm_gflops:.1f} / {after.gemm_gflops:.1f} GFLOP/s, "
+        f"copy {before.copy_gbps:.1f} / {after.copy_gbps:.1f} GB/s (1 thread), "
+        f"Python {before.python_msteps:.1f} / {after.python_msteps:.1f} M loop steps/s"
+    )
     moved = drift(before, after)
     if moved > DRIFT:
         text += f" (the host's speed moved {moved:.0%} while it ran: compare this run's figures with care)"

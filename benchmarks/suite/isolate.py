@@ -3,6 +3,7 @@ is its own, and a crash names the mode. The processes fork from one multiprocess
 that imported torch, transformers and the runners once (a fresh interpreter pays ~3 s for them per
 mode); importing starts no thread pool, so each mode still sets up its own threads. Results come back through a file (they carry every
 output's token ids, more than a pipe buffer holds); progress through a queue to the parent's bar."""
+
 import multiprocessing as mp
 import os
 import pickle
@@ -16,6 +17,7 @@ from suite import passes
 
 def _runner(mode: str):
     from suite import hf, ours
+
     return {**ours.RUNNERS, **hf.RUNNERS}[mode]
 
 
@@ -27,7 +29,9 @@ def _child(mode: str, opts, prompt_sets: dict, path: str, progress_queue) -> Non
 
 def cells_of(mode: str, opts, num_sets: int) -> int:
     """How many cells a mode measures (the progress bar's total)."""
-    ks = len(opts.k) if mode in ("sd", "sd-all", "ssd", "hf-assisted") else 1  # auto picks its own K
+    ks = (
+        len(opts.k) if mode in ("sd", "sd-all", "ssd", "hf-assisted") else 1
+    )  # auto picks its own K
     batch_sizes = 1 if mode == "hf-assisted" else len(opts.batch)
     return ks * batch_sizes * num_sets
 
@@ -38,13 +42,18 @@ def run_modes(modes: list[str], opts, prompt_sets: dict) -> dict[str, dict]:
     ctx.set_forkserver_preload(["torch", "transformers", "suite.ours", "suite.hf"])
     total = opts.passes * sum(cells_of(mode, opts, len(prompt_sets)) for mode in modes)
     per_pass: dict[str, list[dict]] = {mode: [] for mode in modes}
-    with tqdm(total=total, desc="bench", unit="cell", dynamic_ncols=True) as bar, \
-            tempfile.TemporaryDirectory() as tmp:
+    with (
+        tqdm(total=total, desc="bench", unit="cell", dynamic_ncols=True) as bar,
+        tempfile.TemporaryDirectory() as tmp,
+    ):
         for index in range(opts.passes):
             for mode in passes.order(modes, index):
                 bar.set_postfix_str(f"{mode}: loading")
-                per_pass[mode].append(_run_one(ctx, mode, opts, prompt_sets, os.path.join(tmp, f"{mode}-{index}.pkl"),
-                                               bar))
+                per_pass[mode].append(
+                    _run_one(
+                        ctx, mode, opts, prompt_sets, os.path.join(tmp, f"{mode}-{index}.pkl"), bar
+                    )
+                )
     return {mode: passes.merge(results) for mode, results in per_pass.items()}
 
 

@@ -5,6 +5,7 @@ Every engine reports, per request, seconds from the batch's start to its first o
 prefill as the paper's does: per batch, the tokens after each request's first one divided by
 the time from the batch's last first token to its end.
 """
+
 import os
 import resource
 from dataclasses import dataclass
@@ -23,14 +24,17 @@ def batches(prompts: list[str], batch: int) -> list[list[str]]:
     a batch (so every batch is full: a batch-size sweep never measures a half-empty batch)."""
     count = -(-max(len(prompts), batch) // batch) * batch
     cycled = [prompts[i % len(prompts)] for i in range(count)]
-    return [cycled[i:i + batch] for i in range(0, count, batch)]
+    return [cycled[i : i + batch] for i in range(0, count, batch)]
 
 
 def cell(requests_by_batch: list[list[Request]], wall_s: float) -> dict:
     """Aggregate one cell's requests: decode tok/s (no prefill), e2e tok/s, mean TTFT / TPOT / latency."""
     flat = [r for batch in requests_by_batch for r in batch]
     decode_tokens = sum(max(r.tokens - 1, 0) for r in flat)
-    decode_s = sum(max(r.latency_s for r in batch) - max(r.ttft_s for r in batch) for batch in requests_by_batch)
+    decode_s = sum(
+        max(r.latency_s for r in batch) - max(r.ttft_s for r in batch)
+        for batch in requests_by_batch
+    )
     tpots = [(r.latency_s - r.ttft_s) / (r.tokens - 1) for r in flat if r.tokens > 1]
     tokens = sum(r.tokens for r in flat)
     return {
@@ -72,6 +76,7 @@ def engine_peaks(llm) -> dict[str, float]:
             peaks[f"TP rank {rank}"] = gb
     if llm.config.device.startswith("cuda"):
         import torch
+
         peaks["engine GPU"] = torch.cuda.max_memory_allocated() / 2**30
     return peaks
 
@@ -83,6 +88,7 @@ def merge_peaks(total: dict[str, float], more: dict[str, float]) -> dict[str, fl
 def pin(cores: set[int], threads: int, device: str) -> None:
     """Pin this process to its cores and thread count (CPU runs; a GPU run keeps torch's threads)."""
     import torch
+
     if device == "cpu":
         os.sched_setaffinity(0, cores)
         torch.set_num_threads(threads)

@@ -51,8 +51,11 @@ def _merge_values(values: list):
         return _merge_dicts(values)
     if all(v == head for v in values):
         return head  # settings (K, batch) and anything the passes agree on keep their type
-    if isinstance(head, (int, float)) and not isinstance(head, bool) and all(
-            isinstance(v, (int, float)) for v in values):
+    if (
+        isinstance(head, (int, float))
+        and not isinstance(head, bool)
+        and all(isinstance(v, (int, float)) for v in values)
+    ):
         return sum(values) / len(values)
     return head
 

@@ -1,16 +1,27 @@
 """PNG plots of one bench.py run (matplotlib, headless): tok/s per mode per prompt set, SSD/SD
 against batch size, and tok/s against K when several K ran. `python benchmarks/plot.py RESULT.json`
 redraws them from the raw JSON."""
+
 from suite.report import best_k, rows_of
 
-COLORS = {"ar": "tab:blue", "ar-all": "tab:gray", "sd": "tab:orange", "sd-all": "tab:brown", "ssd": "tab:green",
-          "auto": "tab:olive", "hf-ar": "tab:purple", "hf-assisted": "tab:red"}
+COLORS = {
+    "ar": "tab:blue",
+    "ar-all": "tab:gray",
+    "sd": "tab:orange",
+    "sd-all": "tab:brown",
+    "ssd": "tab:green",
+    "auto": "tab:olive",
+    "hf-ar": "tab:purple",
+    "hf-assisted": "tab:red",
+}
 
 
 def _pyplot():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -24,6 +35,7 @@ def fitted_suptitle(fig, text: str, fontsize: float = 10):
     title (a date, settings) over a narrow figure (one prompt set) is never clipped. Call
     fig.tight_layout() after it, which makes room for the lines."""
     import textwrap
+
     renderer = fig.canvas.get_renderer()
     title = fig.suptitle(text, fontsize=fontsize)
     for width in range(len(text) - 1, 8, -1):
@@ -40,8 +52,12 @@ def throughput_figure(raw: dict, batch: int = 1):
     width = 0.8 / len(modes)
     legend_columns = min(len(modes), 4)
     legend_rows = -(-len(modes) // legend_columns)
-    fig, ax = plt.subplots(figsize=(min(14.0, max(5.0, 2.0 + len(sets) * (0.5 + 0.35 * len(modes)))),
-                                    4.4 + 0.2 * (legend_rows - 1)))
+    fig, ax = plt.subplots(
+        figsize=(
+            min(14.0, max(5.0, 2.0 + len(sets) * (0.5 + 0.35 * len(modes)))),
+            4.4 + 0.2 * (legend_rows - 1),
+        )
+    )
     for i, mode in enumerate(modes):
         cells = [_cell(raw, mode, name, batch) for name in sets]
         xs = [j + (i - (len(modes) - 1) / 2) * width for j in range(len(sets))]
@@ -50,10 +66,25 @@ def throughput_figure(raw: dict, batch: int = 1):
         ax.bar_label(bars, labels=[f"{v:.1f}" if v else "" for v in values], fontsize=7, padding=2)
     ax.set_xticks(range(len(sets)), sets)
     ax.set_ylabel(f"decode tok/s (batch {batch})")
-    fitted_suptitle(fig, f"Throughput per mode, {raw['date']} (T = {raw['temperature']}, {raw['new_tokens']} tokens)")
-    ax.set_ylim(0, 1.15 * max([c["decode_tok_s"] for m in modes for n in sets if (c := _cell(raw, m, n, batch))] or [1]))
-    legend = fig.legend(*ax.get_legend_handles_labels(), loc="lower center", ncol=legend_columns, fontsize=8,
-                        frameon=False)
+    fitted_suptitle(
+        fig,
+        f"Throughput per mode, {raw['date']} (T = {raw['temperature']}, {raw['new_tokens']} tokens)",
+    )
+    ax.set_ylim(
+        0,
+        1.15
+        * max(
+            [c["decode_tok_s"] for m in modes for n in sets if (c := _cell(raw, m, n, batch))]
+            or [1]
+        ),
+    )
+    legend = fig.legend(
+        *ax.get_legend_handles_labels(),
+        loc="lower center",
+        ncol=legend_columns,
+        fontsize=8,
+        frameon=False,
+    )
     ax.grid(True, axis="y", alpha=0.3)
     legend_height = legend.get_window_extent(fig.canvas.get_renderer()).height / fig.bbox.height
     fig.tight_layout(rect=(0, legend_height + 0.01, 1, 1))
@@ -107,11 +138,20 @@ def by_k(raw: dict, path: str) -> str | None:
     for ax, name in zip(axes[0], sets):
         for mode in raw["results"]:
             rows = rows_of(raw, mode, set=name, batch=1)
-            if rows and (rows[0]["k"] is None or mode == "auto"):  # one K (auto's own): a level, not a curve
-                ax.axhline(rows[0]["decode_tok_s"], color=COLORS.get(mode), linestyle=":", label=mode)
+            if rows and (
+                rows[0]["k"] is None or mode == "auto"
+            ):  # one K (auto's own): a level, not a curve
+                ax.axhline(
+                    rows[0]["decode_tok_s"], color=COLORS.get(mode), linestyle=":", label=mode
+                )
             elif rows:
-                ax.plot([r["k"] for r in rows], [r["decode_tok_s"] for r in rows], marker="o", label=mode,
-                        color=COLORS.get(mode))
+                ax.plot(
+                    [r["k"] for r in rows],
+                    [r["decode_tok_s"] for r in rows],
+                    marker="o",
+                    label=mode,
+                    color=COLORS.get(mode),
+                )
         ax.set_title(name)
         ax.set_xlabel("K (draft tokens per round)")
         ax.set_xticks(raw["k"])
@@ -126,5 +166,9 @@ def by_k(raw: dict, path: str) -> str | None:
 
 def draw_all(raw: dict, base: str) -> list[str]:
     """Every plot this run's data supports; -> the files written."""
-    made = [throughput(raw, base + "-throughput.png"), batch_ratio(raw, base + "-batch.png"), by_k(raw, base + "-k.png")]
+    made = [
+        throughput(raw, base + "-throughput.png"),
+        batch_ratio(raw, base + "-batch.png"),
+        by_k(raw, base + "-k.png"),
+    ]
     return [path for path in made if path]

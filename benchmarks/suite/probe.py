@@ -1,5 +1,6 @@
 """Time single forwards of one of our models: n new tokens after a fixed prefix, on the model's
 own paged KV (the forward-cost tables and the contention benchmark use it)."""
+
 import time
 
 
@@ -13,17 +14,25 @@ class ForwardProbe:
         from ssd_engine import SamplingParams
         from ssd_engine.core.structures import ScheduledBatch, Sequence
 
-        self.runner, self.blocks, self.prefix, self.batch_type = runner, blocks, prefix, ScheduledBatch
+        self.runner, self.blocks, self.prefix, self.batch_type = (
+            runner,
+            blocks,
+            prefix,
+            ScheduledBatch,
+        )
         self.sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
-        self.seq = Sequence([3 + i % 250 for i in range(prefix)],  # ids every vocabulary has
-                            SamplingParams(temperature=0), blocks.block_size)
+        self.seq = Sequence(
+            [3 + i % 250 for i in range(prefix)],  # ids every vocabulary has
+            SamplingParams(temperature=0),
+            blocks.block_size,
+        )
         blocks.grow(self.seq, prefix)
         runner.forward(ScheduledBatch([self.seq], [prefix]), [[prefix - 1]])
         self.seq.num_computed_tokens = prefix
 
     def __call__(self, n: int) -> float:
         self.blocks.grow(self.seq, self.prefix + n)
-        self.seq.token_ids = self.seq.token_ids[:self.prefix] + [42] * n
+        self.seq.token_ids = self.seq.token_ids[: self.prefix] + [42] * n
         started = time.perf_counter()
         self.runner.forward(self.batch_type([self.seq], [n]), [list(range(n))])
         self.sync()

@@ -1,7 +1,16 @@
 """The Markdown report of one bench.py run: headline in the paper's column order (Appendix B.3),
 per-set details, SSD next to Theorem 7 and Corollary 9, a per-round profile of each side, memory."""
-REFERENCE = {"ar": None, "ar-all": "ar", "sd": "ar", "sd-all": "ar", "ssd": "ar", "auto": "ar", "hf-ar": "ar",
-             "hf-assisted": "hf-ar"}
+
+REFERENCE = {
+    "ar": None,
+    "ar-all": "ar",
+    "sd": "ar",
+    "sd-all": "ar",
+    "ssd": "ar",
+    "auto": "ar",
+    "hf-ar": "ar",
+    "hf-assisted": "hf-ar",
+}
 
 
 def _fmt(value, spec: str = ".2f", suffix: str = "") -> str:
@@ -40,15 +49,28 @@ def headline(raw: dict, batch: int) -> dict[str, dict[str, float | None]]:
             hit = rows_of(raw, mode, batch=batch, set=name, k=k)
             table[name][mode] = hit[0]["decode_tok_s"] if hit else None
     if len(table) > 1:
-        table["average"] = {m: (sum(v[m] for v in table.values()) / len(table)
-                                if all(v[m] is not None for v in table.values()) else None) for m in ("ar", "sd", "ssd")}
+        table["average"] = {
+            m: (
+                sum(v[m] for v in table.values()) / len(table)
+                if all(v[m] is not None for v in table.values())
+                else None
+            )
+            for m in ("ar", "sd", "ssd")
+        }
     return table
 
 
 def draft_format(raw: dict, mode: str, batch: int, k: int | None) -> str | None:
     """The draft weight format a mode ran at this batch size and K (None: not recorded, e.g. an
     older result file, or no draft)."""
-    return next((r.get("draft_format") for r in rows_of(raw, mode, batch=batch, k=k) if r.get("draft_format")), None)
+    return next(
+        (
+            r.get("draft_format")
+            for r in rows_of(raw, mode, batch=batch, k=k)
+            if r.get("draft_format")
+        ),
+        None,
+    )
 
 
 def _at_k(raw: dict, mode: str, batch: int) -> str:
@@ -60,18 +82,28 @@ def _at_k(raw: dict, mode: str, batch: int) -> str:
 def headline_heading(raw: dict, batch: int) -> str:
     """The batch's heading, naming the K (and draft format) of SD and SSD where each ran: a mode
     not run gets no "at K = n/a"."""
-    ran = [_at_k(raw, mode, batch) for mode in ("sd", "ssd") if best_k(raw, mode, batch) is not None]
-    return f"### Batch {batch} (decode tok/s, prefill excluded{''.join('; ' + part for part in ran)})"
+    ran = [
+        _at_k(raw, mode, batch) for mode in ("sd", "ssd") if best_k(raw, mode, batch) is not None
+    ]
+    return (
+        f"### Batch {batch} (decode tok/s, prefill excluded{''.join('; ' + part for part in ran)})"
+    )
 
 
 def headline_lines(raw: dict) -> list[str]:
     lines = []
     for batch in raw["batch"]:
-        lines += [headline_heading(raw, batch), "",
-                  "| prompts | AR tok/s | SD tok/s | SSD tok/s | SSD/SD | SSD/AR |", "|---|---|---|---|---|---|"]
+        lines += [
+            headline_heading(raw, batch),
+            "",
+            "| prompts | AR tok/s | SD tok/s | SSD tok/s | SSD/SD | SSD/AR |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, v in headline(raw, batch).items():
-            lines.append(f"| {name} | {_fmt(v['ar'])} | {_fmt(v['sd'])} | {_fmt(v['ssd'])} "
-                         f"| {_fmt(_ratio(v['ssd'], v['sd']), '.2f', 'x')} | {_fmt(_ratio(v['ssd'], v['ar']), '.2f', 'x')} |")
+            lines.append(
+                f"| {name} | {_fmt(v['ar'])} | {_fmt(v['sd'])} | {_fmt(v['ssd'])} "
+                f"| {_fmt(_ratio(v['ssd'], v['sd']), '.2f', 'x')} | {_fmt(_ratio(v['ssd'], v['ar']), '.2f', 'x')} |"
+            )
         lines.append("")
     return lines
 
@@ -80,7 +112,9 @@ def _same_as(raw: dict, row: dict) -> str:
     ref_mode = REFERENCE.get(row["mode"])
     if ref_mode is None or raw["temperature"] > 0:
         return "-"
-    ref = rows_of(raw, ref_mode, set=row["set"], batch=row["batch"]) or rows_of(raw, ref_mode, set=row["set"], batch=1)
+    ref = rows_of(raw, ref_mode, set=row["set"], batch=row["batch"]) or rows_of(
+        raw, ref_mode, set=row["set"], batch=1
+    )
     if not ref or "outputs" not in row:
         return "-"
     same = sum(a == b for a, b in zip(row["outputs"], ref[0]["outputs"]))
@@ -89,15 +123,23 @@ def _same_as(raw: dict, row: dict) -> str:
 
 def _mode_cell(row: dict) -> str:
     """The row's mode; `auto` rows name the mode the engine chose (their K column is its K)."""
-    return f"auto: {row['chosen_mode']}" if row["mode"] == "auto" and row.get("chosen_mode") else row["mode"]
+    return (
+        f"auto: {row['chosen_mode']}"
+        if row["mode"] == "auto" and row.get("chosen_mode")
+        else row["mode"]
+    )
 
 
 def detail_lines(raw: dict) -> list[str]:
     lines = []
     for name in raw["prompt_sets"]:
-        lines += [f"### {name}", "",
-                  "| mode | K | draft | batch | decode tok/s | e2e tok/s | TTFT ms | TPOT ms | latency s | acceptance "
-                  "| mean acc. length | hit rate | T_p | same output as |", "|---" * 14 + "|"]
+        lines += [
+            f"### {name}",
+            "",
+            "| mode | K | draft | batch | decode tok/s | e2e tok/s | TTFT ms | TPOT ms | latency s | acceptance "
+            "| mean acc. length | hit rate | T_p | same output as |",
+            "|---" * 14 + "|",
+        ]
         for mode in raw["results"]:
             for r in rows_of(raw, mode, set=name):
                 ssd = r.get("ssd") or {}
@@ -108,7 +150,8 @@ def detail_lines(raw: dict) -> list[str]:
                     f"| {_fmt(r.get('acceptance_rate'), '.3f') if r['k'] else '-'} "
                     f"| {_fmt(r.get('mean_acceptance_length')) if r['k'] else '-'} "
                     f"| {_fmt(ssd.get('cache_hit_rate_warm'), '.3f') if ssd else '-'} "
-                    f"| {_fmt(ssd.get('T_p')) if ssd else '-'} | {_same_as(raw, r)} |")
+                    f"| {_fmt(ssd.get('T_p')) if ssd else '-'} | {_same_as(raw, r)} |"
+                )
         lines.append("")
     return lines
 
@@ -116,11 +159,19 @@ def detail_lines(raw: dict) -> list[str]:
 def theorem7(m: dict) -> float | None:
     """Theorem 7's SSD/AR from one cell's SSD metrics (None when a needed number is missing)."""
     from ssd_engine.saguaro.speedup import ssd_speedup
-    if not m.get("verify_s_per_round") or (m["cache_hit_rate_warm"] > 0 and not m.get("tokens_per_round_hit")):
+
+    if not m.get("verify_s_per_round") or (
+        m["cache_hit_rate_warm"] > 0 and not m.get("tokens_per_round_hit")
+    ):
         return None
     t_b = (m.get("jit_s_per_round") or 0.0) / m["verify_s_per_round"]
-    return ssd_speedup(m["cache_hit_rate_warm"], m["tokens_per_round_hit"], m.get("tokens_per_round_miss") or 1.0,
-                       m["T_p"], t_b)
+    return ssd_speedup(
+        m["cache_hit_rate_warm"],
+        m["tokens_per_round_hit"],
+        m.get("tokens_per_round_miss") or 1.0,
+        m["T_p"],
+        t_b,
+    )
 
 
 def corollary9(raw: dict, row: dict) -> tuple[float | None, float | None]:
@@ -132,22 +183,29 @@ def corollary9(raw: dict, row: dict) -> tuple[float | None, float | None]:
     verify = cost(costs.get("target_forward_s", {}), k + 1)
     if not sd or not verify or not costs.get("draft_step_s") or not m["acceptance_on_hits"]:
         return None, None
-    t_sd, e_sd, e_p = k * costs["draft_step_s"] / verify, sd[0]["mean_acceptance_length"], 1 + k * m["acceptance_on_hits"]
+    t_sd, e_sd, e_p = (
+        k * costs["draft_step_s"] / verify,
+        sd[0]["mean_acceptance_length"],
+        1 + k * m["acceptance_on_hits"],
+    )
     p = m["cache_hit_rate"]
     return (1 + t_sd) * (p * e_p + 1 - p) / e_sd, (1 + t_sd) * e_p / e_sd
 
 
 def ssd_lines(raw: dict) -> list[str]:
-    lines = ["Theorem 7: predicted SSD/AR = [p E_p + (1-p) E_b] / [p max(1, T_p) + (1-p)(1 + T_b)] with this cell's "
-             "warm hit rate p, tokens per hit / miss round E_p / E_b, T_p = draft build / verification time, "
-             "T_b = just-in-time drafting / verification time (0 with the fast backup). Measured SSD/AR uses "
-             "decode tok/s. Theorem 7 counts time in verifications and takes one to cost one AR step; c = this "
-             "cell's verification round time / AR's time per token (TPOT) says what one costs here, and "
-             "Thm 7 / c is the prediction in AR steps. Corollary 9 bounds SSD/SD with SD's costs and acceptance "
-             "from the same run.", "",
-             "| prompts | K | batch | SSD/AR | Thm 7 SSD/AR | c | Thm 7 / c | measured ÷ (Thm 7 / c) | p (warm) | E_p "
-             "| E_b | T_p | T_b | SSD/SD | Cor. 9 lower | Cor. 9 upper | speculations | B planned -> built |",
-             "|---" * 18 + "|"]
+    lines = [
+        "Theorem 7: predicted SSD/AR = [p E_p + (1-p) E_b] / [p max(1, T_p) + (1-p)(1 + T_b)] with this cell's "
+        "warm hit rate p, tokens per hit / miss round E_p / E_b, T_p = draft build / verification time, "
+        "T_b = just-in-time drafting / verification time (0 with the fast backup). Measured SSD/AR uses "
+        "decode tok/s. Theorem 7 counts time in verifications and takes one to cost one AR step; c = this "
+        "cell's verification round time / AR's time per token (TPOT) says what one costs here, and "
+        "Thm 7 / c is the prediction in AR steps. Corollary 9 bounds SSD/SD with SD's costs and acceptance "
+        "from the same run.",
+        "",
+        "| prompts | K | batch | SSD/AR | Thm 7 SSD/AR | c | Thm 7 / c | measured ÷ (Thm 7 / c) | p (warm) | E_p "
+        "| E_b | T_p | T_b | SSD/SD | Cor. 9 lower | Cor. 9 upper | speculations | B planned -> built |",
+        "|---" * 18 + "|",
+    ]
     for r in rows_of(raw, "ssd"):
         m = r["ssd"]
         ar = rows_of(raw, "ar", set=r["set"], batch=r["batch"])
@@ -164,7 +222,8 @@ def ssd_lines(raw: dict) -> list[str]:
             f"| {_fmt(m['tokens_per_round_miss'])} | {m['T_p']:.2f} | {_fmt(t_b)} "
             f"| {_fmt(_ratio(r['decode_tok_s'], sd[0]['decode_tok_s']) if sd else None, '.2f', 'x')} "
             f"| {_fmt(lower, '.2f', 'x')} | {_fmt(upper, '.2f', 'x')} | {m['speculations_by_source']} "
-            f"| {_budgets(m)} |")
+            f"| {_budgets(m)} |"
+        )
     return lines + [""]
 
 
@@ -183,7 +242,10 @@ def round_efficiency(raw: dict, row: dict) -> dict | None:
     / predicted (goal >= 0.9). None when a number is missing (another batch size: the probes time
     one sequence). The probes keep their best of `reps`, so the prediction leans optimistic."""
     costs = raw["results"].get(row["mode"], {}).get("costs", {})
-    verify, draft = cost(costs.get("target_forward_s", {}), (row["k"] or 0) + 1), costs.get("draft_step_s")
+    verify, draft = (
+        cost(costs.get("target_forward_s", {}), (row["k"] or 0) + 1),
+        costs.get("draft_step_s"),
+    )
     e = row.get("mean_acceptance_length")
     if row["batch"] != 1 or not row["k"] or not verify or not draft or not e:
         return None
@@ -192,20 +254,26 @@ def round_efficiency(raw: dict, row: dict) -> dict | None:
 
 
 def efficiency_lines(raw: dict) -> list[str]:
-    lines = ["Round efficiency: measured decode tok/s / (E / (K t_draft + t_verify)), E = the cell's mean "
-             "acceptance length, t_draft and t_verify = the probes below (goal >= 0.9; below it, time goes "
-             "outside the forwards: sampling, verification, bookkeeping, or forwards slower than their probes).",
-             "", "| mode | K | prompts | E | t_draft ms | t_verify ms | predicted tok/s | measured tok/s "
-             "| round efficiency |", "|---" * 9 + "|"]
+    lines = [
+        "Round efficiency: measured decode tok/s / (E / (K t_draft + t_verify)), E = the cell's mean "
+        "acceptance length, t_draft and t_verify = the probes below (goal >= 0.9; below it, time goes "
+        "outside the forwards: sampling, verification, bookkeeping, or forwards slower than their probes).",
+        "",
+        "| mode | K | prompts | E | t_draft ms | t_verify ms | predicted tok/s | measured tok/s "
+        "| round efficiency |",
+        "|---" * 9 + "|",
+    ]
     for mode in ("sd", "sd-all"):
         costs = raw["results"].get(mode, {}).get("costs", {})
         for r in rows_of(raw, mode, batch=1):
             eff = round_efficiency(raw, r)
             if eff is None:
                 continue
-            lines.append(f"| {mode} | {r['k']} | {r['set']} | {eff['E']:.2f} | {1e3 * costs['draft_step_s']:.0f} "
-                         f"| {1e3 * cost(costs['target_forward_s'], r['k'] + 1):.0f} | {eff['predicted_tok_s']:.2f} "
-                         f"| {r['decode_tok_s']:.2f} | **{eff['efficiency']:.2f}** |")
+            lines.append(
+                f"| {mode} | {r['k']} | {r['set']} | {eff['E']:.2f} | {1e3 * costs['draft_step_s']:.0f} "
+                f"| {1e3 * cost(costs['target_forward_s'], r['k'] + 1):.0f} | {eff['predicted_tok_s']:.2f} "
+                f"| {r['decode_tok_s']:.2f} | **{eff['efficiency']:.2f}** |"
+            )
     return lines + [""] if len(lines) > 4 else []
 
 
@@ -214,38 +282,61 @@ def profile_lines(raw: dict) -> list[str]:
     round is its decode time per verification round; its forwards are the probes below (best of
     `reps`: the run's forwards vary around them). SSD's sides are the coordinator's and the draft
     process's own clocks."""
-    lines = ["| mode | K | prompts | round ms | side | phase | ms per round |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "| mode | K | prompts | round ms | side | phase | ms per round |",
+        "|---|---|---|---|---|---|---|",
+    ]
     costs = raw["results"].get("sd", {}).get("costs", {})
     for r in rows_of(raw, "sd", batch=1):
         if not r.get("rounds") or not costs.get("draft_step_s"):
             continue
-        round_ms = 1e3 * r["tpot_s"] * (r["tokens"] - r["requests"]) / r["rounds"]  # decode time, no prefill
+        round_ms = (
+            1e3 * r["tpot_s"] * (r["tokens"] - r["requests"]) / r["rounds"]
+        )  # decode time, no prefill
         draft_ms = 1e3 * r["k"] * costs["draft_step_s"]
         verify_ms = 1e3 * (cost(costs["target_forward_s"], r["k"] + 1) or 0.0)
-        for side, phase, ms in (("draft (same process)", f"{r['k']} draft steps (probe)", draft_ms),
-                                ("target", f"verify forward of {r['k'] + 1} tokens (probe)", verify_ms),
-                                ("both", "the rest: sampling, verification, bookkeeping, and the probes' best-of vs the run's typical forward", round_ms - draft_ms - verify_ms)):
-            lines.append(f"| sd | {r['k']} | {r['set']} | {round_ms:.0f} | {side} | {phase} | {ms:.0f} |")
+        for side, phase, ms in (
+            ("draft (same process)", f"{r['k']} draft steps (probe)", draft_ms),
+            ("target", f"verify forward of {r['k'] + 1} tokens (probe)", verify_ms),
+            (
+                "both",
+                "the rest: sampling, verification, bookkeeping, and the probes' best-of vs the run's typical forward",
+                round_ms - draft_ms - verify_ms,
+            ),
+        ):
+            lines.append(
+                f"| sd | {r['k']} | {r['set']} | {round_ms:.0f} | {side} | {phase} | {ms:.0f} |"
+            )
     for r in rows_of(raw, "ssd", batch=1):
         m = r["ssd"]
         wait, verify = 1e3 * m["coordinator_wait_s_per_round"], 1e3 * m["verify_s_per_round"]
         build, glue = 1e3 * m["draft_build_s_per_round"], 1e3 * m["glue_s_per_round"]
         jit_rounds = sum(n for s, n in (m.get("backup_rounds") or {}).items() if s == "jit")
-        for side, phase, ms in (("target", "waiting for the draft's reply (send -> reply)", wait),
-                                ("target", "verification: forward, sampling, bookkeeping (reply -> next send)", verify),
-                                ("draft", "glue forward of the outcome's tokens", glue),
-                                ("draft", "branch decoding: K steps over all fan-out branches", build - glue),
-                                ("draft", f"just-in-time drafts (on {jit_rounds} backup rounds; mean over those)",
-                                 1e3 * (m.get("jit_s_per_round") or 0.0))):
-            lines.append(f"| ssd | {r['k']} | {r['set']} | {wait + verify:.0f} | {side} | {phase} | {ms:.0f} |")
+        for side, phase, ms in (
+            ("target", "waiting for the draft's reply (send -> reply)", wait),
+            ("target", "verification: forward, sampling, bookkeeping (reply -> next send)", verify),
+            ("draft", "glue forward of the outcome's tokens", glue),
+            ("draft", "branch decoding: K steps over all fan-out branches", build - glue),
+            (
+                "draft",
+                f"just-in-time drafts (on {jit_rounds} backup rounds; mean over those)",
+                1e3 * (m.get("jit_s_per_round") or 0.0),
+            ),
+        ):
+            lines.append(
+                f"| ssd | {r['k']} | {r['set']} | {wait + verify:.0f} | {side} | {phase} | {ms:.0f} |"
+            )
     return lines + [""] if len(lines) > 2 else []
 
 
 def memory_lines(raw: dict) -> list[str]:
     # the host sum is what the kernel's OOM killer weighs; processes peak at different moments, so
     # the sum of their peaks bounds the simultaneous total from above
-    lines = ["| mode | peak memory per process (GB = 2^30 B; RSS high-water mark, GPU: allocated) "
-             "| host processes summed (GB) |", "|---|---|---|"]
+    lines = [
+        "| mode | peak memory per process (GB = 2^30 B; RSS high-water mark, GPU: allocated) "
+        "| host processes summed (GB) |",
+        "|---|---|---|",
+    ]
     for mode, result in raw["results"].items():
         peaks = result.get("peaks", {})
         listed = ", ".join(f"{name} {gb:.2f}" for name, gb in sorted(peaks.items()))
@@ -261,19 +352,36 @@ def costs_lines(raw: dict) -> list[str]:
         return []
     step = cost(forward, 1)
     draft = raw["results"].get("sd", {}).get("costs", {}).get("draft_step_s")
-    lines = [f"Our target: one forward of n new tokens after a {raw['prefix']}-token prefix (best of {raw['reps']})"
-             + (f"; one draft step costs {draft * 1e3:.0f} ms = {draft / step:.2f}x a target step." if draft else "."),
-             "", "| n | ms | vs n = 1 |", "|---|---|---|"]
-    lines += [f"| {n} | {s * 1e3:.0f} | {s / step:.2f}x |" for n, s in sorted(forward.items(), key=lambda x: int(x[0]))]
+    lines = [
+        f"Our target: one forward of n new tokens after a {raw['prefix']}-token prefix (best of {raw['reps']})"
+        + (
+            f"; one draft step costs {draft * 1e3:.0f} ms = {draft / step:.2f}x a target step."
+            if draft
+            else "."
+        ),
+        "",
+        "| n | ms | vs n = 1 |",
+        "|---|---|---|",
+    ]
+    lines += [
+        f"| {n} | {s * 1e3:.0f} | {s / step:.2f}x |"
+        for n, s in sorted(forward.items(), key=lambda x: int(x[0]))
+    ]
     return lines + [""]
 
 
 def _draft_setting(raw: dict) -> str:
-    target = raw.get("target_dtype", "fp32")  # older result files: fp32, the only target format then
+    target = raw.get(
+        "target_dtype", "fp32"
+    )  # older result files: fp32, the only target format then
     # auto, fp32 and gguf keep the checkpoint's values; the others re-quantize it
-    how = {"auto": "gguf for a GGUF target on CPU, else fp32", "gguf": "the GGUF's own blocks"}.get(target, "re-quantized")
+    how = {"auto": "gguf for a GGUF target on CPU, else fp32", "gguf": "the GGUF's own blocks"}.get(
+        target, "re-quantized"
+    )
     retargeted = f", target weights {target} (--target-dtype: {how})" if target != "fp32" else ""
-    return (f", draft weights {raw['draft_dtype']} (--draft-dtype)" if raw.get("draft_dtype") else "") + retargeted
+    return (
+        f", draft weights {raw['draft_dtype']} (--draft-dtype)" if raw.get("draft_dtype") else ""
+    ) + retargeted
 
 
 def _synthetic_setting(raw: dict) -> str:
@@ -286,26 +394,45 @@ def _synthetic_setting(raw: dict) -> str:
     if raw.get("synthetic_hit") is not None:
         parts.append(f"synthetic SSD hit rate p = {raw['synthetic_hit']}")
     synthetic = raw.get("synthetic_acceptance") is not None or raw.get("synthetic_hit") is not None
-    return "; **" + ", ".join(parts) + (": speculative outputs are not the target's" if synthetic else "") + "**" \
-        if parts else ""
+    return (
+        "; **"
+        + ", ".join(parts)
+        + (": speculative outputs are not the target's" if synthetic else "")
+        + "**"
+        if parts
+        else ""
+    )
 
 
 def render(raw: dict) -> str:
-    lines = [f"# Benchmark, {raw['date']}", "",
-             f"- Machine: {raw['machine']}", f"- Placement: {raw['placement']}",
-             f"- Target: `{raw['target']}`", f"- Draft: `{raw['draft']}`", f"- Command: `{raw['command']}`",
-             f"- Settings: temperature {raw['temperature']}, {raw['new_tokens']} new tokens per prompt (EOS ignored), "
-             f"{raw['num_prompts']} prompts per set, batch sizes {raw['batch']}, K {raw['k']}, {raw['dtype']}"
-             f"{_draft_setting(raw)}{_synthetic_setting(raw)}; "
-             "decode tok/s = tokens after each request's first / time after the batch's last first token; "
-             "e2e tok/s includes prefill; acceptance = accepted / drafted, mean acceptance length = tokens per "
-             "verification round incl. the bonus (vLLM definitions); hit rate = SSD cache hits after a sequence's "
-             "first round.", "", "## Headline (the paper's columns)", ""]
+    lines = [
+        f"# Benchmark, {raw['date']}",
+        "",
+        f"- Machine: {raw['machine']}",
+        f"- Placement: {raw['placement']}",
+        f"- Target: `{raw['target']}`",
+        f"- Draft: `{raw['draft']}`",
+        f"- Command: `{raw['command']}`",
+        f"- Settings: temperature {raw['temperature']}, {raw['new_tokens']} new tokens per prompt (EOS ignored), "
+        f"{raw['num_prompts']} prompts per set, batch sizes {raw['batch']}, K {raw['k']}, {raw['dtype']}"
+        f"{_draft_setting(raw)}{_synthetic_setting(raw)}; "
+        "decode tok/s = tokens after each request's first / time after the batch's last first token; "
+        "e2e tok/s includes prefill; acceptance = accepted / drafted, mean acceptance length = tokens per "
+        "verification round incl. the bonus (vLLM definitions); hit rate = SSD cache hits after a sequence's "
+        "first round.",
+        "",
+        "## Headline (the paper's columns)",
+        "",
+    ]
     lines += headline_lines(raw)
     from suite.goals import goal_lines  # goals.py builds on this module's helpers
+
     goals = goal_lines(raw)
     if goals:
-        lines += ["## Goals (decode tok/s ratios, each mode at its best K, mean over the prompt sets)", ""] + goals
+        lines += [
+            "## Goals (decode tok/s ratios, each mode at its best K, mean over the prompt sets)",
+            "",
+        ] + goals
     lines += ["## Every cell", ""] + detail_lines(raw)
     if rows_of(raw, "ssd"):
         lines += ["## SSD against Theorem 7 and Corollary 9", ""] + ssd_lines(raw)
@@ -315,6 +442,7 @@ def render(raw: dict) -> str:
     lines += ["## Peak memory", ""] + memory_lines(raw) + costs_lines(raw)
     skipped = [b for b in raw["batch"] if b != 1] if "hf-assisted" in raw["results"] else []
     if skipped:
-        lines.append(f"hf-assisted is batch 1 only (transformers' assisted generation); batch {skipped} not measured.")
+        lines.append(
+            f"hf-assisted is batch 1 only (transformers' assisted generation); batch {skipped} not measured."
+        )
     return "\n".join(lines).rstrip() + "\n"
-

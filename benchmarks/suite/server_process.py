@@ -1,5 +1,6 @@
 """The server processes the serving benchmarks start: a free local port to give one, and stopping
 one as its user would (Ctrl-C, then a kill if it does not end)."""
+
 import os
 import signal
 import socket

@@ -9,7 +9,9 @@ def parse_core_sets(cpu_cores: str) -> list[list[int]]:
         for item in filter(None, (p.strip() for p in part.split(","))):
             lo, _, hi = item.partition("-")
             if not lo.isdigit() or (hi and not hi.isdigit()) or (hi and int(hi) < int(lo)):
-                raise ValueError(f"cpu_cores: cannot read {item!r} in {cpu_cores!r}; write core sets like '0-3;4-7' or '0,2;1'")
+                raise ValueError(
+                    f"cpu_cores: cannot read {item!r} in {cpu_cores!r}; write core sets like '0-3;4-7' or '0,2;1'"
+                )
             cores.extend(range(int(lo), int(hi or lo) + 1))
         if not cores:
             raise ValueError(f"cpu_cores: empty core set in {cpu_cores!r}")

@@ -1,5 +1,6 @@
 """Documented dataclass fields: each option's meaning and valid values live on the field itself
 (`option(default, help, choices)`), so `--help` is generated from the same place the API reads."""
+
 from dataclasses import Field, field
 
 

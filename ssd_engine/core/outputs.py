@@ -1,14 +1,15 @@
 """What a finished request gives back to the caller."""
+
 from dataclasses import dataclass, field
 
 
 @dataclass
 class RequestMetrics:
-    ttft_s: float            # arrival -> first output token
-    e2e_s: float             # arrival -> finish
+    ttft_s: float  # arrival -> first output token
+    e2e_s: float  # arrival -> finish
     num_prompt_tokens: int
     num_output_tokens: int
-    num_cached_tokens: int   # prompt tokens served by the prefix cache at the last admission
+    num_cached_tokens: int  # prompt tokens served by the prefix cache at the last admission
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -23,6 +24,7 @@ class RequestMetrics:
 @dataclass
 class CompletionOutput:
     """One sample of a request (vLLM's name and fields)."""
+
     index: int
     text: str
     token_ids: list[int]
@@ -37,7 +39,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     text: str
     token_ids: list[int]
-    finish_reason: str | None          # "stop" | "length"
+    finish_reason: str | None  # "stop" | "length"
     metrics: RequestMetrics
     spec_metrics: dict = field(default_factory=dict)  # filled by speculative modes
     # per output token {token id: log-probability}, the chosen token first, then the top N (params.logprobs)
@@ -47,4 +49,6 @@ class RequestOutput:
 
     def __post_init__(self) -> None:
         if not self.outputs:
-            self.outputs = [CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)]
+            self.outputs = [
+                CompletionOutput(0, self.text, self.token_ids, self.finish_reason, self.logprobs)
+            ]

@@ -2,6 +2,7 @@
 draft's tokens independent of the verifier's uniforms, so every generator is seeded with a hash of
 (seed, stream, salt...), never with the user's number. The salt separates generators of one stream
 that must not repeat each other (a re-learned sequence, each process's BACKUP)."""
+
 from __future__ import annotations
 
 import enum
@@ -14,6 +15,7 @@ class Stream(enum.Enum):
     """TARGET: target sampling, acceptance uniforms and residual / bonus draws (one generator,
     fixed order); DRAFT: draft token sampling; BACKUP: the fast backup's proposals; SYNTHETIC:
     benchmarking draws, kept apart so those options never shift a request's streams."""
+
     TARGET = "target"
     DRAFT = "draft"
     BACKUP = "backup"
@@ -26,6 +28,7 @@ def stream_seed(seed: int, stream: Stream, *salt: int | str) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") & (2**63 - 1)
 
 
-def stream_generator(seed: int, stream: Stream, *salt: int | str,
-                     device: torch.device | str = "cpu") -> torch.Generator:
+def stream_generator(
+    seed: int, stream: Stream, *salt: int | str, device: torch.device | str = "cpu"
+) -> torch.Generator:
     return torch.Generator(device=device).manual_seed(stream_seed(seed, stream, *salt))

@@ -2,6 +2,7 @@
 `Sequence` (one request's state), `ScheduledBatch` (a step's sequences and tokens; builds its feed),
 `Proposal` (a speculator's K tokens and q rows), `Outcome` (verification's result for a sequence),
 `Runner` (what runs the target) and `Speculator` (SD's draft, SSD's coordinator, or n-gram)."""
+
 import array
 import enum
 import functools
@@ -29,6 +30,7 @@ class Paged(Protocol):
     """What owns KV blocks in a BlockManager (runtime/block_manager.py): a target `Sequence`, or a
     draft's own record of one (SD's DraftView, the SSD draft process's DraftSeq), whose blocks and
     computed count are the draft's while its length is the sequence's."""
+
     block_table: BlockTable
     num_computed_tokens: int  # tokens whose K/V sit in the blocks; dropping the blocks zeroes it
 
@@ -52,8 +54,15 @@ _ids = itertools.count()
 
 
 class Sequence:
-    def __init__(self, prompt_token_ids: list[int], params: SamplingParams, block_size: int,
-                 prompt: str | None = None, sample_index: int = 0, leader: "Sequence | None" = None) -> None:
+    def __init__(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        block_size: int,
+        prompt: str | None = None,
+        sample_index: int = 0,
+        leader: "Sequence | None" = None,
+    ) -> None:
         """sample_index / leader: sample i of a request with params.n > 1; samples after the first wait
         for the leader's prompt to be computed, then find its pages in the prefix cache."""
         self.seq_id = next(_ids)
@@ -63,8 +72,8 @@ class Sequence:
         self.block_size = block_size
         self.token_ids = list(prompt_token_ids)
         self.num_prompt_tokens = len(prompt_token_ids)
-        self.num_computed_tokens = 0   # tokens whose K/V is in the cache
-        self.num_cached_tokens = 0     # of those, how many came from the prefix cache
+        self.num_computed_tokens = 0  # tokens whose K/V is in the cache
+        self.num_cached_tokens = 0  # of those, how many came from the prefix cache
         self.block_table: BlockTable = new_block_table()
         self.status = SequenceStatus.WAITING
         self.finish_reason: str | None = None
@@ -83,13 +92,20 @@ class Sequence:
     @functools.cached_property
     def draft_generator(self) -> torch.Generator | None:
         """The colocated (SD) draft's sampling stream of a seeded request."""
-        return None if self.params.seed is None else stream_generator(self.params.seed, Stream.DRAFT, *self._salt)
+        return (
+            None
+            if self.params.seed is None
+            else stream_generator(self.params.seed, Stream.DRAFT, *self._salt)
+        )
 
     @functools.cached_property
     def backup_generator(self) -> torch.Generator | None:
         """The coordinator's fast backup's stream of a seeded request (after a draft failure)."""
-        return None if self.params.seed is None else stream_generator(self.params.seed, Stream.BACKUP, "coordinator",
-                                                                       *self._salt)
+        return (
+            None
+            if self.params.seed is None
+            else stream_generator(self.params.seed, Stream.BACKUP, "coordinator", *self._salt)
+        )
 
     @property
     def _salt(self) -> tuple:
@@ -99,12 +115,15 @@ class Sequence:
     @property
     def waits_for_leader(self) -> bool:
         leader = self.leader
-        return leader is not None and leader.status != SequenceStatus.FINISHED and \
-            leader.num_computed_tokens < leader.num_prompt_tokens
+        return (
+            leader is not None
+            and leader.status != SequenceStatus.FINISHED
+            and leader.num_computed_tokens < leader.num_prompt_tokens
+        )
 
     @property
     def output_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_output_tokens(self) -> int:
@@ -119,15 +138,17 @@ class Sequence:
         return (len(self.token_ids) + self.block_size - 1) // self.block_size
 
     def block_tokens(self, index: int) -> list[int]:
-        return self.token_ids[index * self.block_size:(index + 1) * self.block_size]
+        return self.token_ids[index * self.block_size : (index + 1) * self.block_size]
 
 
 @dataclass
 class Proposal:
-    tokens: torch.Tensor                 # [n, K] draft tokens of the decoding sequences (batch order)
-    probs: torch.Tensor | None           # [n, K, V] rows they were sampled from; None when all greedy
-    num_draft: torch.Tensor              # [n] real drafts per row (0: no drafts this round)
-    one_hot: torch.Tensor | None = None  # [n] bool: verify this row as deterministic proposals (probs row unused)
+    tokens: torch.Tensor  # [n, K] draft tokens of the decoding sequences (batch order)
+    probs: torch.Tensor | None  # [n, K, V] rows they were sampled from; None when all greedy
+    num_draft: torch.Tensor  # [n] real drafts per row (0: no drafts this round)
+    one_hot: torch.Tensor | None = (
+        None  # [n] bool: verify this row as deterministic proposals (probs row unused)
+    )
 
     @property
     def k(self) -> int:
@@ -137,7 +158,7 @@ class Proposal:
 @dataclass
 class ScheduledBatch:
     seqs: list[Sequence]
-    num_new_tokens: list[int]   # tokens each sequence computes this step
+    num_new_tokens: list[int]  # tokens each sequence computes this step
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -149,11 +170,14 @@ class ScheduledBatch:
     def decoding(self, k: int) -> list[bool]:
         """Which sequences decode with `k` draft slots reserved. A sequence admitted with
         all but its last token from the prefix cache also has one token left, but got n = 1."""
-        return [len(seq) - seq.num_computed_tokens == 1 and n == 1 + k
-                for seq, n in zip(self.seqs, self.num_new_tokens)]
+        return [
+            len(seq) - seq.num_computed_tokens == 1 and n == 1 + k
+            for seq, n in zip(self.seqs, self.num_new_tokens)
+        ]
 
-    def feed(self, speculated: list[bool], proposal: Proposal | None
-             ) -> tuple[list[list[int]], list[list[int]], tuple[list[int], torch.Tensor] | None]:
+    def feed(
+        self, speculated: list[bool], proposal: Proposal | None
+    ) -> tuple[list[list[int]], list[list[int]], tuple[list[int], torch.Tensor] | None]:
         """(tokens fed, logit rows) per sequence, and the fed tokens that stay on the device: a
         speculated one feeds its last committed token and its K drafts (K + 1 rows to verify);
         others feed their own tokens and want the last row only at the end of the sequence.
@@ -168,7 +192,7 @@ class ScheduledBatch:
                 logit_rows.append(list(range(n)))
                 draft_at.extend(range(base + 1, base + n))
             else:
-                feed.append(seq.token_ids[start:start + n])
+                feed.append(seq.token_ids[start : start + n])
                 logit_rows.append([n - 1] if start + n == len(seq) else [])
             base += n
         if not draft_at:
@@ -181,9 +205,10 @@ class ScheduledBatch:
 @dataclass(frozen=True)
 class Outcome:
     """One speculated sequence after verification and appending its tokens."""
+
     seq: Sequence
-    accepted: int | None   # drafts accepted; None when the round had no drafts for it
-    num_kept: int          # tokens whose K/V stays valid (the last emitted one has none yet)
+    accepted: int | None  # drafts accepted; None when the round had no drafts for it
+    num_kept: int  # tokens whose K/V stays valid (the last emitted one has none yet)
 
 
 class Runner(Protocol):
@@ -192,8 +217,13 @@ class Runner(Protocol):
     @property
     def local(self): ...  # this process's own ModelRunner (rank 0's under tensor parallelism)
 
-    def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids: list[list[int]] | None = None,
-                on_device: tuple[list[int], torch.Tensor] | None = None) -> torch.Tensor: ...
+    def forward(
+        self,
+        batch: ScheduledBatch,
+        logit_rows: list[list[int]],
+        token_ids: list[list[int]] | None = None,
+        on_device: tuple[list[int], torch.Tensor] | None = None,
+    ) -> torch.Tensor: ...
     def capture_graphs(self, keys: list[tuple]) -> None: ...
     def release(self, seq: Sequence) -> None: ...
     def close(self) -> None: ...

@@ -2,6 +2,7 @@
 store (never a default group): `data` (forward all-reduce, logits gather; NCCL or gloo, with a
 deadline so a stuck rank raises) and `control` (gloo; rank 0's pickled commands, awaited between
 requests, so its deadline is long). CPU ranks on one x86 machine add shm_collectives.py."""
+
 import datetime
 import pickle
 
@@ -19,7 +20,14 @@ SHM_CAPACITY = 4 * 2**20  # floats per rank and buffer: decode/verify activation
 class TPGroup:
     """Rank, size and collectives of one tensor-parallel model; size 1 needs no processes."""
 
-    def __init__(self, rank: int = 0, size: int = 1, data=None, control=None, shm: ShmCollectives | None = None) -> None:
+    def __init__(
+        self,
+        rank: int = 0,
+        size: int = 1,
+        data=None,
+        control=None,
+        shm: ShmCollectives | None = None,
+    ) -> None:
         self.rank, self.size = rank, size
         self._data, self._control, self.shm = data, control, shm
 
@@ -28,11 +36,22 @@ class TPGroup:
         return cls()
 
     @classmethod
-    def create(cls, store, rank: int, size: int, device: torch.device, timeout_s: float,
-               loopback: bool, shm_fd: int | None = None, peers_alive=None) -> "TPGroup":
+    def create(
+        cls,
+        store,
+        rank: int,
+        size: int,
+        device: torch.device,
+        timeout_s: float,
+        loopback: bool,
+        shm_fd: int | None = None,
+        peers_alive=None,
+    ) -> "TPGroup":
         shm = None
         if shm_fd is not None and device.type == "cpu":
-            shm = ShmCollectives(shm_fd, rank, size, SHM_CAPACITY, timeout_s, peers_alive or (lambda: True))
+            shm = ShmCollectives(
+                shm_fd, rank, size, SHM_CAPACITY, timeout_s, peers_alive or (lambda: True)
+            )
         timeout = datetime.timedelta(seconds=timeout_s)
         control = _gloo(dist.PrefixStore("control", store), rank, size, timeout, loopback)
         if device.type == "cuda":
@@ -58,14 +77,20 @@ class TPGroup:
         if self.size == 1:
             return local
         width = max(sizes)
-        padded = local if local.shape[1] == width else torch.nn.functional.pad(local, (0, width - local.shape[1]))
+        padded = (
+            local
+            if local.shape[1] == width
+            else torch.nn.functional.pad(local, (0, width - local.shape[1]))
+        )
         padded = padded.contiguous()
         if self.shm is not None and self.shm.fits(padded):
             parts = self.shm.gather_columns(padded, width)
         else:
             options = dist.GatherOptions()
             options.rootRank = 0
-            outputs = [[torch.empty_like(padded) for _ in range(self.size)]] if self.rank == 0 else []
+            outputs = (
+                [[torch.empty_like(padded) for _ in range(self.size)]] if self.rank == 0 else []
+            )
             self._data.gather(outputs, [padded], options).wait()
             parts = outputs[0] if self.rank == 0 else None
         if parts is None:
@@ -84,18 +109,18 @@ class TPGroup:
         data = pickle.dumps((method, args))
         head = torch.zeros(COMMAND_BYTES, dtype=torch.uint8)
         head[:8] = torch.tensor([len(data)], dtype=torch.int64).view(torch.uint8)
-        inline = data[:COMMAND_BYTES - 8]
-        head[8:8 + len(inline)] = torch.frombuffer(bytearray(inline), dtype=torch.uint8)
+        inline = data[: COMMAND_BYTES - 8]
+        head[8 : 8 + len(inline)] = torch.frombuffer(bytearray(inline), dtype=torch.uint8)
         self._control.broadcast([head], _root0()).wait()
         if len(data) > len(inline):
-            rest = torch.frombuffer(bytearray(data[len(inline):]), dtype=torch.uint8)
+            rest = torch.frombuffer(bytearray(data[len(inline) :]), dtype=torch.uint8)
             self._control.broadcast([rest], _root0()).wait()
 
     def recv_command(self) -> tuple[str, tuple]:
         head = torch.empty(COMMAND_BYTES, dtype=torch.uint8)
         self._control.broadcast([head], _root0()).wait()
         length = int(head[:8].view(torch.int64).item())
-        data = head[8:8 + length].numpy().tobytes()
+        data = head[8 : 8 + length].numpy().tobytes()
         if length > len(data):
             rest = torch.empty(length - len(data), dtype=torch.uint8)
             self._control.broadcast([rest], _root0()).wait()
@@ -120,6 +145,9 @@ def _gloo(store, rank: int, size: int, timeout: datetime.timedelta, loopback: bo
     options = dist.ProcessGroupGloo._Options()
     options._timeout = timeout
     host = "127.0.0.1" if loopback else ""
-    options._devices = [dist.ProcessGroupGloo.create_device(hostname=host) if host
-                        else dist.ProcessGroupGloo.create_default_device()]
+    options._devices = [
+        dist.ProcessGroupGloo.create_device(hostname=host)
+        if host
+        else dist.ProcessGroupGloo.create_default_device()
+    ]
     return dist.ProcessGroupGloo(store, rank, size, options)

@@ -2,6 +2,7 @@
 already imported torch, behind a `subprocess.Popen`-like handle. One server per engine process,
 started through lifeline.start (so it dies with this process) and reused; Linux only.
 `SSD_ENGINE_FORKSERVER=0` starts fresh interpreters instead."""
+
 from __future__ import annotations
 
 import atexit
@@ -14,13 +15,18 @@ import subprocess
 import sys
 import threading
 
-MAX_PACKET = 1 << 20  # the largest message either side sends (a child's request with its environment)
+MAX_PACKET = (
+    1 << 20
+)  # the largest message either side sends (a child's request with its environment)
 ENV = "SSD_ENGINE_FORKSERVER"
 
 
 def usable() -> bool:
-    return (sys.platform.startswith("linux") and hasattr(socket, "send_fds")
-            and os.environ.get(ENV, "1") != "0")
+    return (
+        sys.platform.startswith("linux")
+        and hasattr(socket, "send_fds")
+        and os.environ.get(ENV, "1") != "0"
+    )
 
 
 class ForkedChild:
@@ -60,8 +66,11 @@ class ForkServer:
         """`start_server(module, args, pass_fds) -> Popen`: lifeline.start, which ties the server to this process."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.process = start_server("ssd_engine.distributed.forkserver_main", {"fd": theirs.fileno()},
-                                        pass_fds=(theirs.fileno(),))
+            self.process = start_server(
+                "ssd_engine.distributed.forkserver_main",
+                {"fd": theirs.fileno()},
+                pass_fds=(theirs.fileno(),),
+            )
         finally:
             theirs.close()
         self._sock = ours
@@ -76,15 +85,23 @@ class ForkServer:
     def start(self, module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> ForkedChild:
         """Fork `python -m module` as the server's child, with this process's stdout, stderr,
         environment, directory and cores, and `pass_fds` at the same numbers."""
-        request = dict(module=module, args=args, env=dict(os.environ), cwd=os.getcwd(),
-                       affinity=sorted(os.sched_getaffinity(0)), pass_fds=list(pass_fds))
+        request = dict(
+            module=module,
+            args=args,
+            env=dict(os.environ),
+            cwd=os.getcwd(),
+            affinity=sorted(os.sched_getaffinity(0)),
+            pass_fds=list(pass_fds),
+        )
         with self._request_lock:
             if not self.alive:
                 raise ChildProcessError("the fork server has exited")
             socket.send_fds(self._sock, [json.dumps(request).encode()], [1, 2, *pass_fds])
             reply = self._replies.get()
         if "started" not in reply:
-            raise ChildProcessError(f"the fork server could not start {module}: {reply.get('failed', 'it exited')}")
+            raise ChildProcessError(
+                f"the fork server could not start {module}: {reply.get('failed', 'it exited')}"
+            )
         pid = reply["started"]
         with self._exited:
             child = self._children[pid] = ForkedChild(pid, self._exited)

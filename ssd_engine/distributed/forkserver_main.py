@@ -2,6 +2,7 @@
 It imports torch once and forks each child the engine asks for; it dies with the engine
 (lifeline.py), each child with it. Only modules whose import reads no engine setting load before a
 fork: a child reads its environment (sent with the request) when it imports the engine."""
+
 import json
 import os
 import select
@@ -20,7 +21,9 @@ def serve(sock: socket.socket) -> None:
     with the engine's stdout, stderr and pass_fds as SCM_RIGHTS. Answers {"started": pid} or
     {"failed": why} in order, later {"exited": pid, "code": Popen-style returncode} per reaped
     child. Returns at EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the engine stops us
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN
+    )  # Ctrl-C reaches the whole group: the engine stops us
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
@@ -92,9 +95,12 @@ def _become_child(request: dict, fds: list[int], server_fds: list[int]) -> None:
         os.sched_setaffinity(0, request["affinity"])
         sys.argv = [request["module"], str(os.getppid()), json.dumps(request["args"])]
         import runpy
+
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
-    except SystemExit as stop:  # as the interpreter ends it: None is 0, an int itself, else printed and 1
+    except (
+        SystemExit
+    ) as stop:  # as the interpreter ends it: None is 0, an int itself, else printed and 1
         if stop.code is None or isinstance(stop.code, int):
             code = stop.code or 0
         else:
@@ -129,7 +135,10 @@ def _place_fds(received: list[int], targets: list[int]) -> None:
 
 if __name__ == "__main__":
     from ssd_engine.distributed.lifeline import child_args
-    args = child_args("fork server")  # before anything slow: from here on we die with the engine process
+
+    args = child_args(
+        "fork server"
+    )  # before anything slow: from here on we die with the engine process
 
     import numpy  # noqa: F401  (what every child imports first, once)
     import torch  # noqa: F401

@@ -2,6 +2,7 @@
 them, even on SIGKILL, in any phase: a child's entry point asks for PR_SET_PDEATHSIG on Linux (else
 a thread polls). The kernel signals when the forking *thread* exits, so `start` forks from one that
 lives as long as the process. Imports nothing heavy: children run it before importing torch."""
+
 import json
 import os
 import queue
@@ -15,7 +16,9 @@ from concurrent.futures import Future
 from ssd_engine.distributed import forkserver
 from ssd_engine.distributed.forkserver import ForkedChild
 
-ChildProcess = subprocess.Popen | ForkedChild  # what `start` returns: both poll, wait, terminate, kill
+ChildProcess = (
+    subprocess.Popen | ForkedChild
+)  # what `start` returns: both poll, wait, terminate, kill
 
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 0.5
@@ -33,8 +36,11 @@ def start(module: str, args: dict, pass_fds: tuple[int, ...] = ()) -> ChildProce
         try:
             return forkserver.shared(start_interpreter).start(module, args, pass_fds)
         except (OSError, ChildProcessError) as error:  # e.g. a request larger than the socket takes
-            print(f"the fork server could not start {module} ({error}); starting a fresh interpreter",
-                  file=sys.stderr, flush=True)
+            print(
+                f"the fork server could not start {module} ({error}); starting a fresh interpreter",
+                file=sys.stderr,
+                flush=True,
+            )
     return start_interpreter(module, args, pass_fds)
 
 
@@ -67,7 +73,9 @@ def exit_done() -> None:
 
 def die_with_parent(parent: int, label: str) -> None:
     if not _kernel_kills_orphans():
-        threading.Thread(target=_watch, args=(parent, label), daemon=True, name="parent-watch").start()
+        threading.Thread(
+            target=_watch, args=(parent, label), daemon=True, name="parent-watch"
+        ).start()
     if os.getppid() != parent:  # the parent died before the kernel knew to tell us
         _orphaned(parent, label)
 
@@ -76,6 +84,7 @@ def _kernel_kills_orphans() -> bool:
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
+
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
@@ -90,7 +99,11 @@ def _watch(parent: int, label: str) -> None:
 
 
 def _orphaned(parent: int, label: str) -> None:
-    print(f"{label} {os.getpid()}: its engine process {parent} is gone, exiting", file=sys.stderr, flush=True)
+    print(
+        f"{label} {os.getpid()}: its engine process {parent} is gone, exiting",
+        file=sys.stderr,
+        flush=True,
+    )
     os._exit(1)
 
 
@@ -101,7 +114,9 @@ def _spawner() -> "queue.SimpleQueue":
     with _spawn_lock:
         if _spawn_requests is None:
             _spawn_requests = queue.SimpleQueue()
-            threading.Thread(target=_serve_spawns, args=(_spawn_requests,), daemon=True, name="child-spawner").start()
+            threading.Thread(
+                target=_serve_spawns, args=(_spawn_requests,), daemon=True, name="child-spawner"
+            ).start()
         return _spawn_requests
 
 

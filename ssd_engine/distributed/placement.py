@@ -1,5 +1,6 @@
 """Which CPU cores each rank runs on: on CPU, processes pinned to disjoint core sets stand in for
 devices, so a rank's matmuls never compete with another rank's for a core."""
+
 import os
 
 import torch
@@ -10,7 +11,7 @@ from ssd_engine.distributed.partition import even_spans
 
 def split_evenly(cores: list[int], parts: int) -> list[list[int]]:
     """Even contiguous core sets, one per part."""
-    return [cores[s.start:s.end] for s in even_spans(len(cores), parts, "cores")]
+    return [cores[s.start : s.end] for s in even_spans(len(cores), parts, "cores")]
 
 
 def plan_core_sets(num_ranks: int, cpu_cores: str | None) -> list[list[int]]:
@@ -18,19 +19,27 @@ def plan_core_sets(num_ranks: int, cpu_cores: str | None) -> list[list[int]]:
     available = available_cores()
     if cpu_cores is None:
         if len(available) < num_ranks:
-            raise ValueError(f"{num_ranks} ranks need {num_ranks} disjoint core sets but this process may use only "
-                             f"{len(available)} cores {available}; pass cpu_cores to place them explicitly")
+            raise ValueError(
+                f"{num_ranks} ranks need {num_ranks} disjoint core sets but this process may use only "
+                f"{len(available)} cores {available}; pass cpu_cores to place them explicitly"
+            )
         return split_evenly(available, num_ranks)
     sets = parse_core_sets(cpu_cores)
     if len(sets) != num_ranks:
-        raise ValueError(f"cpu_cores {cpu_cores!r} gives {len(sets)} core sets for {num_ranks} ranks")
+        raise ValueError(
+            f"cpu_cores {cpu_cores!r} gives {len(sets)} core sets for {num_ranks} ranks"
+        )
     seen: set[int] = set()
     for cores in sets:
         outside = [c for c in cores if c not in available]
         if outside:
-            raise ValueError(f"cpu_cores {cpu_cores!r}: cores {outside} are not available to this process ({available})")
+            raise ValueError(
+                f"cpu_cores {cpu_cores!r}: cores {outside} are not available to this process ({available})"
+            )
         if seen & set(cores):
-            raise ValueError(f"cpu_cores {cpu_cores!r}: core sets overlap on {sorted(seen & set(cores))}")
+            raise ValueError(
+                f"cpu_cores {cpu_cores!r}: core sets overlap on {sorted(seen & set(cores))}"
+            )
         seen |= set(cores)
     return sets
 
@@ -65,8 +74,10 @@ def unpin(token: object) -> None:
 
 
 def describe(core_sets: list[list[int]], threads: list[int]) -> str:
-    return ", ".join(f"rank {r}: cores {_ranges(c)} ({t} thread{'s' * (t > 1)})"
-                     for r, (c, t) in enumerate(zip(core_sets, threads)))
+    return ", ".join(
+        f"rank {r}: cores {_ranges(c)} ({t} thread{'s' * (t > 1)})"
+        for r, (c, t) in enumerate(zip(core_sets, threads))
+    )
 
 
 def _ranges(cores: list[int]) -> str:

@@ -2,6 +2,7 @@
 make gloo's transport thread compete with compute). One anonymous memfd from rank 0, inherited by
 its workers, freed with its last holder: a flags row (int64 per rank, a cache line each), then two
 [world, capacity] float32 buffers (round parity). Weakly ordered CPUs stay on gloo."""
+
 import mmap
 import os
 import platform
@@ -19,15 +20,25 @@ def supported() -> bool:
 
 
 class ShmCollectives:
-    def __init__(self, fd: int, rank: int, world: int, capacity: int, timeout_s: float, peers_alive) -> None:
+    def __init__(
+        self, fd: int, rank: int, world: int, capacity: int, timeout_s: float, peers_alive
+    ) -> None:
         self.rank, self.world, self.capacity = rank, world, capacity
         self.timeout_s, self.peers_alive = timeout_s, peers_alive
         self._map = mmap.mmap(fd, self.nbytes(world, capacity))
         flag_bytes = 64 * world  # one cache line per rank's flag: no false sharing while spinning
-        self._flags = np.frombuffer(self._map, dtype=np.int64, count=8 * world).reshape(world, 8)[:, 0]
-        self._data = [torch.frombuffer(self._map, dtype=torch.float32, count=world * capacity,
-                                       offset=flag_bytes + parity * world * capacity * 4).view(world, capacity)
-                      for parity in (0, 1)]
+        self._flags = np.frombuffer(self._map, dtype=np.int64, count=8 * world).reshape(world, 8)[
+            :, 0
+        ]
+        self._data = [
+            torch.frombuffer(
+                self._map,
+                dtype=torch.float32,
+                count=world * capacity,
+                offset=flag_bytes + parity * world * capacity * 4,
+            ).view(world, capacity)
+            for parity in (0, 1)
+        ]
         self._round = 0
 
     @staticmethod
@@ -41,7 +52,11 @@ class ShmCollectives:
         return fd
 
     def fits(self, tensor: torch.Tensor) -> bool:
-        return tensor.device.type == "cpu" and tensor.dtype == torch.float32 and tensor.numel() <= self.capacity
+        return (
+            tensor.device.type == "cpu"
+            and tensor.dtype == torch.float32
+            and tensor.numel() <= self.capacity
+        )
 
     def all_reduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sums the slots in rank order, so every rank holds the identical result."""
@@ -88,5 +103,7 @@ class ShmCollectives:
                 if not self.peers_alive():
                     raise RuntimeError(f"shared-memory all-reduce: rank(s) {late} exited")
                 if now > deadline:
-                    raise RuntimeError(f"shared-memory all-reduce: rank(s) {late} did not arrive within "
-                                       f"{self.timeout_s:.0f} s (distributed_timeout_s)")
+                    raise RuntimeError(
+                        f"shared-memory all-reduce: rank(s) {late} did not arrive within "
+                        f"{self.timeout_s:.0f} s (distributed_timeout_s)"
+                    )

@@ -1,5 +1,6 @@
 """The step loop: schedule -> speculate -> verify -> postprocess (AR: no speculation; the results
 applied by engine/postprocess.py). Requests join and leave between steps (continuous batching)."""
+
 import logging
 import time
 from dataclasses import replace
@@ -40,7 +41,9 @@ log = logging.getLogger("ssd_engine")
 class LLMEngine:
     def __init__(self, options: EngineConfig) -> None:
         self._pinned, self.runner, self.speculator = None, None, None  # built below
-        self.step_choice: StepChoice | None = None  # SD's K chosen every step (engine/step_choice.py)
+        self.step_choice: StepChoice | None = (
+            None  # SD's K chosen every step (engine/step_choice.py)
+        )
         try:
             self.plan = plan(options)
             self.parts = self.plan.parts
@@ -57,39 +60,67 @@ class LLMEngine:
         self.model_path = parts.model.path
         self.hf_config = load_config(self.model_path, parts.model.load_format)
         check_splittable(self.hf_config, parts.parallel.tensor_parallel_size)
-        self.tokenizer = load_tokenizer(self.model_path, parts.model.tokenizer, parts.model.load_format,
-                                        self.hf_config.vocab_size)
+        self.tokenizer = load_tokenizer(
+            self.model_path,
+            parts.model.tokenizer,
+            parts.model.load_format,
+            self.hf_config.vocab_size,
+        )
         self.max_model_len = max_model_len(self.hf_config, parts.scheduler.max_model_len)
         self.device = torch.device(parts.model.device)
         dtype = DTYPES[parts.model.dtype]
         num_blocks = num_kv_blocks(parts, self.hf_config, self.max_model_len, dtype)
         # verification and drafting run up to K positions past the last token
         max_position = self.max_model_len + parts.speculative.k + 1
-        target = RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=num_blocks), max_position)
+        target = RunnerSpec(
+            parts.model, replace(parts.cache, num_kv_blocks=num_blocks), max_position
+        )
         if parts.parallel.tensor_parallel_size > 1 or torchrun_world() is not None:
-            self.runner = start_tensor_parallel(parts.parallel, target, core_sets and core_sets[:-1])
+            self.runner = start_tensor_parallel(
+                parts.parallel, target, core_sets and core_sets[:-1]
+            )
         else:
             self.runner = target.build()
-        self.block_manager = BlockManager(num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching
+        )
         stall = parts.scheduler.max_decode_stall
-        self.scheduler = Scheduler(self.block_manager, parts.scheduler.max_num_seqs,
-                                   parts.scheduler.max_num_batched_tokens, parts.scheduler.prefill_tokens_while_decoding,
-                                   PrefillPacer(stall) if stall else None)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            parts.scheduler.max_num_seqs,
+            parts.scheduler.max_num_batched_tokens,
+            parts.scheduler.prefill_tokens_while_decoding,
+            PrefillPacer(stall) if stall else None,
+        )
         self.scheduler.tell_on_release(self.runner)  # tensor-parallel workers forget freed tables
         eos_ids = eos_token_ids(self.model_path, self.hf_config, self.tokenizer)
         self.output_processor = OutputProcessor(self.tokenizer, eos_ids, self.max_model_len)
         eos = self.output_processor.eos_token_ids
-        self.verifier = Verifier(stream_generator(parts.seed, Stream.TARGET, device=self.device),  # unseeded requests
-                                 synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed), eos,
-                                 Grammars(self.tokenizer, self.hf_config.vocab_size, eos))
+        self.verifier = Verifier(
+            stream_generator(parts.seed, Stream.TARGET, device=self.device),  # unseeded requests
+            synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed),
+            eos,
+            Grammars(self.tokenizer, self.hf_config.vocab_size, eos),
+        )
         self.scheduler.tell_on_release(self.verifier.grammars)
         self.spec_metrics = SpecMetrics(parts.speculative.k)
-        side = TargetSide(parts, self.plan.draft, self.plan.saguaro, self.model_path, self.tokenizer,
-                          self.hf_config.vocab_size, tuple(eos), self.device, self.verifier.grammars)
+        side = TargetSide(
+            parts,
+            self.plan.draft,
+            self.plan.saguaro,
+            self.model_path,
+            self.tokenizer,
+            self.hf_config.vocab_size,
+            tuple(eos),
+            self.device,
+            self.verifier.grammars,
+        )
         if parts.speculative.mode == "sd":
             self.speculator = build_sync_draft(side, target)
             self.scheduler.tell_on_release(self.speculator)
-            self.step_choice = StepChoice(parts.speculative.k) if parts.speculative.per_step == "goodput" else None
+            self.step_choice = (
+                StepChoice(parts.speculative.k) if parts.speculative.per_step == "goodput" else None
+            )
         elif parts.speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             self.speculator = start_async_draft(side, target, cores, threads_on(parts.model, cores))
@@ -100,7 +131,11 @@ class LLMEngine:
 
     def _capture_graphs(self) -> None:
         """CUDA graphs for the target's repeated steps: decode and verification of K + 1 tokens."""
-        shapes = [("paged", 1)] if self.parts.speculative.mode == "ar" else [("paged", 1), ("paged", self.k + 1)]
+        shapes = (
+            [("paged", 1)]
+            if self.parts.speculative.mode == "ar"
+            else [("paged", 1), ("paged", self.k + 1)]
+        )
         self.runner.capture_graphs(shapes)
 
     def _place(self) -> list[list[int]] | None:
@@ -120,30 +155,48 @@ class LLMEngine:
 
     def validate(self, token_ids: list[int], params: SamplingParams) -> None:
         """A one-line ValueError naming what makes this request impossible here (engine/request_checks.py)."""
-        check_request(token_ids, params, self.hf_config.vocab_size, self.max_model_len, self.block_manager,
-                      self.scheduler.max_num_seqs, self.k)
+        check_request(
+            token_ids,
+            params,
+            self.hf_config.vocab_size,
+            self.max_model_len,
+            self.block_manager,
+            self.scheduler.max_num_seqs,
+            self.k,
+        )
         if params.structured_outputs is not None:
-            self.verifier.grammars.compile(params.structured_outputs)  # once per spec: a bad one fails here
+            self.verifier.grammars.compile(
+                params.structured_outputs
+            )  # once per spec: a bad one fails here
 
     @property
     def k(self) -> int:
         """Draft tokens a round: the plan's K, 0 without a speculator."""
         return self.parts.speculative.k if self.speculator else 0
 
-    def make_sequence(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
+    def make_sequence(
+        self, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Sequence:
         """Tokenize and validate one request without queuing it; raises ValueError if it can never run."""
         return self.make_samples(prompt, params)[0]
 
-    def make_samples(self, prompt: str | list[int], params: SamplingParams | None = None) -> list[Sequence]:
+    def make_samples(
+        self, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> list[Sequence]:
         """One request's params.n samples (the first leads: the others wait for its prompt's pages)."""
         params = params or SamplingParams()
         token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
         text = prompt if isinstance(prompt, str) else None
         first = Sequence(token_ids, params, self.parts.cache.block_size, text)
-        return [first] + [Sequence(token_ids, params, self.parts.cache.block_size, text, i, first) for i in range(1, params.n)]
+        return [first] + [
+            Sequence(token_ids, params, self.parts.cache.block_size, text, i, first)
+            for i in range(1, params.n)
+        ]
 
-    def add_request(self, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams | None = None
+    ) -> Sequence:
         """Queue one request; raises ValueError (and changes nothing) if it can never run."""
         seq = self.make_sequence(prompt, params)
         self.add(seq)
@@ -186,21 +239,31 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """One round: schedule, propose, forward, sample or verify; -> the sequences it finished."""
         started = time.perf_counter()
-        k = self.step_choice.choose(self.scheduler.running, self.speculator) if self.step_choice else self.k
+        k = (
+            self.step_choice.choose(self.scheduler.running, self.speculator)
+            if self.step_choice
+            else self.k
+        )
         batch = self.scheduler.schedule(k)
         if not batch.seqs:
             if self.scheduler.has_unfinished():
-                raise RuntimeError("scheduler made no progress")  # admission checks should make this impossible
+                raise RuntimeError(
+                    "scheduler made no progress"
+                )  # admission checks should make this impossible
             return []
         decoding = batch.decoding(k)
         proposal = self.speculator.propose(batch, decoding) if self.speculator and k else None
         speculated = [dec and proposal is not None for dec in decoding]
         feed, logit_rows, drafts = batch.feed(speculated, proposal)
         logits = self.runner.forward(batch, logit_rows, token_ids=feed, on_device=drafts)
-        results = self.verifier.sample_or_verify(batch.seqs, logit_rows, logits, speculated, proposal)
+        results = self.verifier.sample_or_verify(
+            batch.seqs, logit_rows, logits, speculated, proposal
+        )
         finished = apply_results(self, batch, speculated, results)
         seconds = time.perf_counter() - started
-        if self.step_choice and all(decoding):  # a step with a prefill chunk says nothing of decode rates
+        if self.step_choice and all(
+            decoding
+        ):  # a step with a prefill chunk says nothing of decode rates
             emitted = sum(len(result.tokens) for result in results)
             self.step_choice.record(k, len(decoding), emitted, seconds)
         if self.scheduler.pacer is not None:
@@ -224,4 +287,3 @@ class LLMEngine:
 
     def to_output(self, seq: Sequence) -> RequestOutput:
         return self.output_processor.to_output(seq, self.spec_metrics.pop(seq.seq_id))
-

@@ -1,5 +1,6 @@
 """What an engine reads off its checkpoint and options before it builds: the longest sequence, the
 KV blocks that fit, the EOS ids."""
+
 import os
 
 import torch
@@ -16,7 +17,9 @@ def max_model_len(hf_config, wanted: int | None) -> int:
     if wanted is None:
         return min(limit, 4096)
     if wanted > limit:
-        raise ValueError(f"max_model_len={wanted} exceeds the model's max_position_embeddings={limit}")
+        raise ValueError(
+            f"max_model_len={wanted} exceeds the model's max_position_embeddings={limit}"
+        )
     return wanted
 
 
@@ -27,8 +30,9 @@ def num_kv_blocks(parts: Config, hf_config, model_len: int, dtype: torch.dtype) 
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
     # kv_cache_memory_gb is per rank, as GPU memory limits are per device
-    per_block = ModelRunner.kv_bytes_per_block(hf_config, cache.block_size, dtype,
-                                               parts.parallel.tensor_parallel_size)
+    per_block = ModelRunner.kv_bytes_per_block(
+        hf_config, cache.block_size, dtype, parts.parallel.tensor_parallel_size
+    )
     by_memory = int(cache.kv_cache_memory_gb * 2**30 // per_block)
     # more blocks than every slot of every sequence at full length can never be used
     useful = parts.scheduler.max_num_seqs * -(-model_len // cache.block_size) + 1

@@ -3,6 +3,7 @@
 Tokens are appended one by one and the first stop condition wins, so no token beyond a stop, EOS or
 max_tokens is ever emitted. Stop strings are searched in a tail's text; the whole output is decoded
 only to confirm a hit, as decoding it every token costs O(length)."""
+
 from ssd_engine.core.outputs import RequestMetrics, RequestOutput
 from ssd_engine.core.structures import Sequence
 
@@ -17,14 +18,18 @@ class OutputProcessor:
         self.eos_token_ids = eos_token_ids
         self.max_model_len = max_model_len
 
-    def append(self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None) -> int:
+    def append(
+        self, seq: Sequence, tokens: list[int], logprobs: list[dict[int, float]] | None = None
+    ) -> int:
         """Append tokens (and logprobs, where asked) until one finishes `seq`; -> how many were."""
         params = seq.params
         for count, token in enumerate(tokens, start=1):
             seq.token_ids.append(token)
             if logprobs is not None and seq.logprobs is not None:
                 seq.logprobs.append(logprobs[count - 1])
-            if (token in self.eos_token_ids and not params.ignore_eos) or token in params.stop_token_ids:
+            if (
+                token in self.eos_token_ids and not params.ignore_eos
+            ) or token in params.stop_token_ids:
                 seq.finish_reason = "stop"
             elif params.stop and self._hit_stop_string(seq):
                 seq.finish_reason = "stop"
@@ -39,9 +44,15 @@ class OutputProcessor:
         tail covering the longest stop plus the last token's text decides "no"; "yes" is confirmed
         on the whole text, so the answer is the whole text's either way."""
         stops, ids = seq.params.stop, seq.output_token_ids
-        needed = max(map(len, stops)) + len(self.tokenizer.decode(ids[-1:], skip_special_tokens=True)) + 4 \
+        needed = (
+            max(map(len, stops))
+            + len(self.tokenizer.decode(ids[-1:], skip_special_tokens=True))
+            + 4
             + UNTRUSTED_CHARS
-        tokens = needed  # most tokens decode to one character or more; byte tokens may take up to 4 each
+        )
+        tokens = (
+            needed  # most tokens decode to one character or more; byte tokens may take up to 4 each
+        )
         while tokens < len(ids):
             tail = self.tokenizer.decode(ids[-tokens:], skip_special_tokens=True)
             if len(tail) >= needed:
@@ -62,14 +73,26 @@ class OutputProcessor:
     def to_output(self, seq: Sequence, spec_metrics) -> RequestOutput:
         """The finished (or aborted) request's output, with its speculation counters."""
         m = seq.metrics
-        metrics = RequestMetrics(ttft_s=(m.first_token_time or m.finish_time) - m.arrival_time,
-                                 e2e_s=m.finish_time - m.arrival_time, num_prompt_tokens=seq.num_prompt_tokens,
-                                 num_output_tokens=seq.num_output_tokens,
-                                 num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens))
-        return RequestOutput(seq.seq_id, seq.prompt, seq.token_ids[:seq.num_prompt_tokens], self.final_text(seq),
-                             seq.output_token_ids, seq.finish_reason, metrics, spec_metrics, seq.logprobs)
+        metrics = RequestMetrics(
+            ttft_s=(m.first_token_time or m.finish_time) - m.arrival_time,
+            e2e_s=m.finish_time - m.arrival_time,
+            num_prompt_tokens=seq.num_prompt_tokens,
+            num_output_tokens=seq.num_output_tokens,
+            num_cached_tokens=min(seq.num_cached_tokens, seq.num_prompt_tokens),
+        )
+        return RequestOutput(
+            seq.seq_id,
+            seq.prompt,
+            seq.token_ids[: seq.num_prompt_tokens],
+            self.final_text(seq),
+            seq.output_token_ids,
+            seq.finish_reason,
+            metrics,
+            spec_metrics,
+            seq.logprobs,
+        )
 
 
 def _cut_at_stop(text: str, stops: list[str]) -> str | None:
     positions = [text.find(stop) for stop in stops if stop and stop in text]
-    return text[:min(positions)] if positions else None
+    return text[: min(positions)] if positions else None

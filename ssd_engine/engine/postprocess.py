@@ -1,16 +1,21 @@
 """A step's results applied to its sequences: tokens appended, stops checked, finished ones released."""
+
 import time
 
 from ssd_engine.core.structures import Outcome, ScheduledBatch, Sequence
 from ssd_engine.sampling.verifier import StepResult
 
 
-def apply_results(engine, batch: ScheduledBatch, speculated: list[bool], results: list[StepResult]) -> list[Sequence]:
+def apply_results(
+    engine, batch: ScheduledBatch, speculated: list[bool], results: list[StepResult]
+) -> list[Sequence]:
     """Each sequence of `batch` after its result (tokens emitted, drafts accepted) in LLMEngine
     `engine`: its computed tokens, the scheduler's pages, the acceptance metrics and the speculator
     told; -> the sequences it finished."""
     finished = []
-    for seq, n, was_speculated, result in zip(batch.seqs, batch.num_new_tokens, speculated, results):
+    for seq, n, was_speculated, result in zip(
+        batch.seqs, batch.num_new_tokens, speculated, results
+    ):
         engine.stats["decode_tokens" if n == 1 or was_speculated else "prefill_tokens"] += n
         if result.tokens is None:  # a prefill chunk that does not reach the end of the prompt
             seq.num_computed_tokens += n

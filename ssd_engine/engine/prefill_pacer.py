@@ -5,6 +5,7 @@ batching, with a time budget instead of a fixed token count).
 Both costs are measured as the engine runs, per batch of decoding sequences: an unloaded decode
 step's time, and a prompt token's extra time in a step that also decodes. Until a batch size has
 both, a step takes FIRST_CHUNK prompt tokens, and the measurement of that step sets the next."""
+
 from dataclasses import dataclass, field
 
 FIRST_CHUNK = 8  # prompt tokens in a step before the cost of one is known

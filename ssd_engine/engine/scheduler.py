@@ -3,6 +3,7 @@
 Running sequences go first (oldest first), then waiting ones while the token budget and
 `max_num_seqs` allow. When blocks run out, the newest running sequence is preempted: its blocks are
 freed and it returns to the front of the queue (FCFS fairness)."""
+
 from collections import deque
 from typing import Protocol
 
@@ -20,8 +21,14 @@ class SequenceHolder(Protocol):
 
 
 class Scheduler:
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 prefill_tokens_while_decoding: int | None = None, pacer: PrefillPacer | None = None) -> None:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        prefill_tokens_while_decoding: int | None = None,
+        pacer: PrefillPacer | None = None,
+    ) -> None:
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -70,7 +77,11 @@ class Scheduler:
             budget -= want
             prefill_budget -= 0 if decoding else want
             index += 1
-        while self.waiting and min(budget, prefill_budget) > 0 and len(self.running) < self.max_num_seqs:
+        while (
+            self.waiting
+            and min(budget, prefill_budget) > 0
+            and len(self.running) < self.max_num_seqs
+        ):
             seq = self.waiting[0]
             if seq.waits_for_leader or not self.block_manager.can_allocate(seq):
                 break  # FIFO: a sample waits a step for its leader's pages, those behind it too

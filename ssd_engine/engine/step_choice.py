@@ -4,6 +4,7 @@ Per batch-size bucket, each arm's tokens/s over steady steps is its running mean
 over its running mean of step time; a step runs the faster arm and re-tries the other now and then.
 Exactness is the verifier's; a batch holding a seeded request always runs K, so its tokens do not
 depend on the batch."""
+
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -13,19 +14,28 @@ from ssd_engine.core.structures import Sequence
 
 # steps of one batch size between tries of the arm not chosen; K's try pays the draft's catch-up
 EXPLORE_EVERY = {"plain": 64, "speculate": 256}
-FIRST_LOOK = 4      # steps at a batch size before an arm never run at it is tried there
-MIN_SAMPLES = 8     # steady steps an arm tried at a batch size runs for there before its rate is compared
-CLOSE = 0.25        # K losing to plain decoding by less than this share is re-tried sooner, in proportion:
-                    # a speculated step emits 1..K+1 tokens by chance, so a few steps can misjudge a close call
-STEP_WEIGHT = 0.25     # of the newest step in an arm's running step time (the host's speed moves)
-TOKENS_WEIGHT = 0.05   # of the newest step in its running tokens per step: a speculated step emits
-                       # 1..K+1 tokens a row by chance, so its mean needs many steps; a step's time does not
-STEADY_LAG = 2      # draft tokens a sequence behind in a steady speculated round (the bonus, the last draft)
-EXPLORE_SHARE = 0.1  # of the time since K last ran at a batch size, spent on a catch-up to re-measure it
+FIRST_LOOK = 4  # steps at a batch size before an arm never run at it is tried there
+MIN_SAMPLES = (
+    8  # steady steps an arm tried at a batch size runs for there before its rate is compared
+)
+CLOSE = (
+    0.25  # K losing to plain decoding by less than this share is re-tried sooner, in proportion:
+)
+# a speculated step emits 1..K+1 tokens by chance, so a few steps can misjudge a close call
+STEP_WEIGHT = 0.25  # of the newest step in an arm's running step time (the host's speed moves)
+TOKENS_WEIGHT = 0.05  # of the newest step in its running tokens per step: a speculated step emits
+# 1..K+1 tokens a row by chance, so its mean needs many steps; a step's time does not
+STEADY_LAG = (
+    2  # draft tokens a sequence behind in a steady speculated round (the bonus, the last draft)
+)
+EXPLORE_SHARE = (
+    0.1  # of the time since K last ran at a batch size, spent on a catch-up to re-measure it
+)
 
 
 class Draft(Protocol):
     """What the choice reads of SD's draft (speculative/sd.py)."""
+
     catch_up_s_per_token: float | None
 
     def lag(self, seqs: list[Sequence]) -> int: ...
@@ -33,11 +43,13 @@ class Draft(Protocol):
 
 @dataclass
 class Arm:
-    step_s: float | None = None    # running average of a steady step's seconds
-    tokens: float | None = None    # running average of the tokens a steady step emitted
-    samples: int = 0               # steady steps averaged into them
-    last_step: int = -1            # the step count when it last ran
-    last_time: float = field(default_factory=time.monotonic)  # when it last ran (or was first wanted)
+    step_s: float | None = None  # running average of a steady step's seconds
+    tokens: float | None = None  # running average of the tokens a steady step emitted
+    samples: int = 0  # steady steps averaged into them
+    last_step: int = -1  # the step count when it last ran
+    last_time: float = field(
+        default_factory=time.monotonic
+    )  # when it last ran (or was first wanted)
 
     @property
     def rate(self) -> float | None:
@@ -66,7 +78,9 @@ class StepChoice:
         self.arms: dict[tuple[int, int], Arm] = {}  # (batch-size bucket, K) -> its measurements
         self.steps = 0
         self.steps_by_k: Counter = Counter()
-        self.caught_up = False  # whether the step last chosen started with a catch-up (its rate is not steady)
+        self.caught_up = (
+            False  # whether the step last chosen started with a catch-up (its rate is not steady)
+        )
 
     def choose(self, running: list[Sequence], draft: Draft) -> int:
         """K for the step about to run over (at most) `running`."""
@@ -105,13 +119,21 @@ class StepChoice:
             return self.k
         bucket = len(running).bit_length()
         for k in (self.k, 0):
-            arm = self.arms.setdefault((bucket, k), Arm(last_step=self.steps))  # new here: its wait starts now
+            arm = self.arms.setdefault(
+                (bucket, k), Arm(last_step=self.steps)
+            )  # new here: its wait starts now
             if not any(a.rate is not None for (_, arm_k), a in self.arms.items() if arm_k == k):
                 return k  # never measured at any batch size
             if arm.rate is not None and arm.samples < MIN_SAMPLES:
                 return k  # one step's rate is noise: an arm tried here runs until it has a few
-            every = (self._retry_every(bucket) if k else EXPLORE_EVERY["plain"]) if arm.rate is not None else FIRST_LOOK
-            if self.steps - arm.last_step > every and not (k and arm.rate is None and self._lost_below(bucket)):
+            every = (
+                (self._retry_every(bucket) if k else EXPLORE_EVERY["plain"])
+                if arm.rate is not None
+                else FIRST_LOOK
+            )
+            if self.steps - arm.last_step > every and not (
+                k and arm.rate is None and self._lost_below(bucket)
+            ):
                 return k
         rates = self._nearest_pair(bucket)
         return max(rates, key=rates.get) if rates else self.k
@@ -148,7 +170,9 @@ class StepChoice:
 
     def record(self, k: int, decoding: int, emitted: int, seconds: float) -> None:
         """A step that decoded `decoding` sequences (and prefilled none) and emitted `emitted` tokens."""
-        if decoding == 0 or seconds <= 0 or (k and self.caught_up):  # a catch-up is not a steady round
+        if (
+            decoding == 0 or seconds <= 0 or (k and self.caught_up)
+        ):  # a catch-up is not a steady round
             return
         bucket = decoding.bit_length()
         arm = self.arms.setdefault((bucket, k), Arm())

@@ -1,4 +1,5 @@
 """Streaming one request's text while the engine steps, releasing text only once it is final."""
+
 from collections.abc import Iterator
 
 from ssd_engine.core.outputs import RequestOutput
@@ -23,12 +24,12 @@ class TextIncrements:
                 end -= 1
         if end <= self.sent:
             return ""
-        delta, self.sent = text[self.sent:end], end
+        delta, self.sent = text[self.sent : end], end
         return delta
 
     def rest(self, final_text: str) -> str:
         """Everything not yet handed out, once the request has finished with `final_text`."""
-        rest, self.sent = final_text[self.sent:], len(final_text)
+        rest, self.sent = final_text[self.sent :], len(final_text)
         return rest
 
 

@@ -1,5 +1,6 @@
 """Pick the attention backend for a device (torch reference, CPU kernel, Triton, or flash-attn);
 one that cannot run here is an error naming why, never a silent switch."""
+
 import os
 
 import torch
@@ -36,22 +37,54 @@ def flash_attn_available() -> bool:
     return True
 
 
-def triton_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                     scale: float) -> torch.Tensor:
+def triton_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
     from ssd_engine.kernels.paged_attention import paged_attention, tree_attention
 
     if q.device.type == "cpu" and q.dtype != torch.float32:
         # Triton's CPU interpreter (tests only) computes bf16 wrongly, so it runs in fp32 there
-        return triton_attention(q.float(), k_cache.float(), v_cache.float(), meta, scale).to(q.dtype)
+        return triton_attention(q.float(), k_cache.float(), v_cache.float(), meta, scale).to(
+            q.dtype
+        )
     if meta.is_tree:
-        return tree_attention(q, k_cache, v_cache, meta.block_tables, meta.table_rows, meta.kv_lens,
-                              meta.path_slots, meta.path_lens, meta.block_size, scale, meta.query_start)
-    return paged_attention(q, k_cache, v_cache, meta.block_tables, meta.kv_lens, meta.query_start,
-                           meta.max_query_len, meta.block_size, scale)
+        return tree_attention(
+            q,
+            k_cache,
+            v_cache,
+            meta.block_tables,
+            meta.table_rows,
+            meta.kv_lens,
+            meta.path_slots,
+            meta.path_lens,
+            meta.block_size,
+            scale,
+            meta.query_start,
+        )
+    return paged_attention(
+        q,
+        k_cache,
+        v_cache,
+        meta.block_tables,
+        meta.kv_lens,
+        meta.query_start,
+        meta.max_query_len,
+        meta.block_size,
+        scale,
+    )
 
 
-def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+def flash_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
     """Paged steps on flash-attn's kernel (one uniform query length per step); others on Triton."""
     rows = meta.kv_lens.shape[0]
     if meta.is_tree or q.shape[0] != rows * meta.max_query_len:
@@ -60,10 +93,15 @@ def flash_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
 
     # flash-attn aligns the causal mask at the bottom right: query i of n sees keys < kv_len - n + i + 1
     blocks = k_cache.view(-1, meta.block_size, *k_cache.shape[1:])
-    out = flash_attn_with_kvcache(q.view(rows, meta.max_query_len, *q.shape[1:]), blocks,
-                                  v_cache.view(-1, meta.block_size, *v_cache.shape[1:]),
-                                  cache_seqlens=meta.kv_lens, block_table=meta.block_tables, softmax_scale=scale,
-                                  causal=True)
+    out = flash_attn_with_kvcache(
+        q.view(rows, meta.max_query_len, *q.shape[1:]),
+        blocks,
+        v_cache.view(-1, meta.block_size, *v_cache.shape[1:]),
+        cache_seqlens=meta.kv_lens,
+        block_table=meta.block_tables,
+        softmax_scale=scale,
+        causal=True,
+    )
     return out.reshape(q.shape)
 
 
@@ -81,22 +119,32 @@ def select_backend(name: str, device: torch.device, block_size: int) -> Backend:
         return torch_attention
     if name == "triton":
         if not triton_available():
-            raise ValueError("attention_backend='triton' needs the triton package (pip install triton)")
+            raise ValueError(
+                "attention_backend='triton' needs the triton package (pip install triton)"
+            )
         if not on_cuda and not _interpreting():
-            raise ValueError("attention_backend='triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, "
-                             "for testing the kernels); use 'torch' or 'auto' for CPU inference")
+            raise ValueError(
+                "attention_backend='triton' on CPU needs TRITON_INTERPRET=1 (Triton's interpreter, "
+                "for testing the kernels); use 'torch' or 'auto' for CPU inference"
+            )
         return triton_attention
     if not on_cuda:
         raise ValueError("attention_backend='flash-attn' needs a CUDA device")
     if not flash_attn_available():
-        raise ValueError("attention_backend='flash-attn' needs the flash-attn package (pip install flash-attn)")
+        raise ValueError(
+            "attention_backend='flash-attn' needs the flash-attn package (pip install flash-attn)"
+        )
     if block_size % FLASH_ATTN_BLOCK:
-        raise ValueError(f"attention_backend='flash-attn' needs block_size to be a multiple of {FLASH_ATTN_BLOCK}, "
-                         f"got {block_size}")
+        raise ValueError(
+            f"attention_backend='flash-attn' needs block_size to be a multiple of {FLASH_ATTN_BLOCK}, "
+            f"got {block_size}"
+        )
     return flash_attention
 
 
 def backend_name(backend: Backend, device: torch.device) -> str:
     if backend is row_independent_attention:
         return "cpu-kernel" if cpu_kernel_attends(device) else "torch-fixed-blocks"
-    return {torch_attention: "torch", triton_attention: "triton", flash_attention: "flash-attn"}[backend]
+    return {torch_attention: "torch", triton_attention: "triton", flash_attention: "flash-attn"}[
+        backend
+    ]

@@ -2,6 +2,7 @@
 - `onednn_linear`: inductor lowers `mkldnn._linear_pointwise` only for weights it packed itself.
 - `paged_attention`: K/V write and attention stay eager, so the paged cache never becomes a graph
   input (its writes would become copies). Pure: no graph op reads the cache; q, k, v order it."""
+
 import threading
 from contextlib import contextmanager
 from typing import Optional
@@ -26,8 +27,10 @@ def attention_step(attentions, meta):
 def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
     current = getattr(_step, "current", None)
     if current is None:
-        raise RuntimeError("ssd_engine::paged_attention ran outside attention_step: compile the model through "
-                           "runtime/compiled_model.py, which provides the step's metadata")
+        raise RuntimeError(
+            "ssd_engine::paged_attention ran outside attention_step: compile the model through "
+            "runtime/compiled_model.py, which provides the step's metadata"
+        )
     attentions, meta = current
     return attentions[layer].run(q, k, v, meta)
 
@@ -38,7 +41,9 @@ def _(q, k, v, layer):
 
 
 @torch.library.custom_op("ssd_engine::onednn_linear", mutates_args=())
-def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+def onednn_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: Optional[torch.Tensor]
+) -> torch.Tensor:
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 

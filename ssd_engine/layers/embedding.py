@@ -1,6 +1,7 @@
 """Vocabulary-parallel token embedding: each rank holds a span of the vocabulary's rows (shared
 by a tied LM head); ids outside it give zeros and the all-reduce sums the ranks' parts.
 On CPU the table is mapped from the checkpoint rather than copied: a lookup touches few rows."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn

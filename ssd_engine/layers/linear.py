@@ -2,6 +2,7 @@
 the input's dtype. Prepacking exists because eager `F.linear` costs nearly M times one row for the
 small M of verification; layout "dual" keeps the plain weight too, for M = 1.
 Under tensor parallelism a Linear holds this rank's rows (`shards`) or input columns (`cols`)."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -12,9 +13,15 @@ from ssd_engine.layers.weight_formats import PreparedWeight, prepare
 
 
 class Linear(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 shards: dict[str | None, Span] | None = None, cols: Span | None = None,
-                 reduce: TPGroup | None = None) -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        shards: dict[str | None, Span] | None = None,
+        cols: Span | None = None,
+        reduce: TPGroup | None = None,
+    ) -> None:
         """shards: HF tensor name (None: the layer's one tensor) -> the span of its rows kept here.
         cols: the span of input columns kept here; reduce: the group to all-reduce outputs over."""
         super().__init__()
@@ -42,10 +49,14 @@ class Linear(nn.Module):
         start, size = self.shard_offsets[shard]
         target = (self.bias if is_bias else self.weight).narrow(0, start, size)
         if target.shape != loaded.shape:
-            raise ValueError(f"weight shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}")
+            raise ValueError(
+                f"weight shape {tuple(loaded.shape)} does not fit {tuple(target.shape)}"
+            )
         target.copy_(loaded)
 
-    def pack_for_cpu(self, keep_plain: bool, fmt: str = "fp32", row_independent: bool = False) -> None:
+    def pack_for_cpu(
+        self, keep_plain: bool, fmt: str = "fp32", row_independent: bool = False
+    ) -> None:
         """Prepare the weight in format `fmt`; drop the plain one unless `keep_plain` ("dual")."""
         if self.weight.device.type != "cpu":
             return

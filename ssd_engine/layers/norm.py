@@ -1,4 +1,5 @@
 """RMSNorm as torch's fused op; with the residual add, one layer op (layers/layer_ops.py)."""
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,7 +18,9 @@ class RMSNorm(nn.Module):
         # fp32: the reference's bits. bf16: accumulates in fp32 and rounds once, after the weight
         return F.rms_norm(x, self.shape, self.weight, self.eps)
 
-    def add_forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def add_forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(x + residual), x + residual); residual None: (norm(x), x)."""
         if self.layer_ops is not None:
             return self.layer_ops.add_rms_norm(x, residual, self.weight, self.eps)

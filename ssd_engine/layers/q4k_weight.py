@@ -1,14 +1,15 @@
 """Weight format "q4k" (a draft's, needs AVX-512 VNNI): the weight quantized into GGUF Q4_K
 super-blocks by a plain min / max quantizer, input columns zero-padded to whole super-blocks, and
 run through the gguf-int8 panel kernel. A draft's precision affects acceptance, never output."""
+
 import torch
 import torch.nn.functional as F
 
 from ssd_engine.kernels import gguf_cpu
 
-SUPER = 256      # values a super-block
+SUPER = 256  # values a super-block
 BLOCK_BYTES = 144
-KIND = 12        # GGML's Q4_K id
+KIND = 12  # GGML's Q4_K id
 CHUNK_ROWS = 4096  # rows quantized at a time: bounds the fp32 temporaries
 
 
@@ -18,8 +19,8 @@ def quantize_q4_k(weight: torch.Tensor) -> torch.Tensor:
     padded = -(-cols // SUPER) * SUPER
     out = torch.empty(rows, padded // SUPER, BLOCK_BYTES, dtype=torch.uint8)
     for start in range(0, rows, CHUNK_ROWS):
-        w = F.pad(weight[start:start + CHUNK_ROWS].float(), (0, padded - cols))
-        out[start:start + CHUNK_ROWS] = _blocks(w.reshape(w.shape[0], padded // SUPER, 8, 32))
+        w = F.pad(weight[start : start + CHUNK_ROWS].float(), (0, padded - cols))
+        out[start : start + CHUNK_ROWS] = _blocks(w.reshape(w.shape[0], padded // SUPER, 8, 32))
     return out.reshape(rows, -1)
 
 
@@ -35,7 +36,10 @@ def _blocks(w: torch.Tensor) -> torch.Tensor:
     q = _ratio(w + offset[..., None], scale[..., None]).round().clamp(0, 15).to(torch.uint8)
     q = q.reshape(*q.shape[:2], 4, 2, 32)  # value 64 jj + 32 half + l
     qs = (q[:, :, :, 0] | (q[:, :, :, 1] << 4)).reshape(*q.shape[:2], 128)
-    return torch.cat([_halves(d), _halves(dmin), _packed_scales(sc.to(torch.uint8), mn.to(torch.uint8)), qs], dim=-1)
+    return torch.cat(
+        [_halves(d), _halves(dmin), _packed_scales(sc.to(torch.uint8), mn.to(torch.uint8)), qs],
+        dim=-1,
+    )
 
 
 def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
@@ -60,10 +64,14 @@ class Q4KWeight:
 
     def __init__(self, weight: torch.Tensor) -> None:
         if not gguf_cpu.panels_available(int8_activations=True):
-            raise RuntimeError("the q4k format needs the GGUF kernels built for a CPU with AVX-512 VNNI")
+            raise RuntimeError(
+                "the q4k format needs the GGUF kernels built for a CPU with AVX-512 VNNI"
+            )
         self.rows, self.cols = weight.shape
         self.padded = -(-self.cols // SUPER) * SUPER
-        self.panels = torch.ops.ssd_engine_gguf.pack_panels(quantize_q4_k(weight), KIND, self.padded)
+        self.panels = torch.ops.ssd_engine_gguf.pack_panels(
+            quantize_q4_k(weight), KIND, self.padded
+        )
         self.nbytes = self.panels.numel()
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -72,7 +80,9 @@ class Q4KWeight:
             rows = rows.float()
         if self.padded > self.cols:
             rows = F.pad(rows, (0, self.padded - self.cols))
-        out = torch.ops.ssd_engine_gguf.linear_int8_panels(rows, self.panels, KIND, self.padded, self.rows)
+        out = torch.ops.ssd_engine_gguf.linear_int8_panels(
+            rows, self.panels, KIND, self.padded, self.rows
+        )
         if bias is not None:
             out = out + bias
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], -1)
@@ -80,4 +90,6 @@ class Q4KWeight:
     def dequantized(self) -> torch.Tensor:
         """The fp32 weight it multiplies by."""
         eye = torch.eye(self.padded)
-        return torch.ops.ssd_engine_gguf.linear_panels(eye, self.panels, KIND, self.padded, self.rows).T[:, :self.cols]
+        return torch.ops.ssd_engine_gguf.linear_panels(
+            eye, self.panels, KIND, self.padded, self.rows
+        ).T[:, : self.cols]

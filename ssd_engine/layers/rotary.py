@@ -1,5 +1,6 @@
 """Rotary position embedding. Scaled variants take transformers' ROPE_INIT_FUNCTIONS (matching the
 reference by construction); the default is computed here so child processes skip transformers."""
+
 import torch
 from torch import nn
 
@@ -14,6 +15,7 @@ def _inv_freq(config) -> tuple[torch.Tensor, float]:
         dim = head_dim(config)
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim)), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
     if rope_type not in ROPE_INIT_FUNCTIONS or rope_type in ("dynamic", "longrope"):
         # dynamic/longrope change frequencies with sequence length: a static table can't hold that
         raise ValueError(f"unsupported rope_type {rope_type!r}")
@@ -26,16 +28,22 @@ class RotaryEmbedding(nn.Module):
         inv_freq, scaling = _inv_freq(config)
         # computed on CPU so every device gets bit-identical tables
         inv_freq = inv_freq.cpu()
-        freqs = torch.arange(max_position, dtype=torch.float, device="cpu")[:, None] * inv_freq[None, :]
+        freqs = (
+            torch.arange(max_position, dtype=torch.float, device="cpu")[:, None] * inv_freq[None, :]
+        )
         emb = torch.cat((freqs, freqs), dim=-1)
         half = emb.shape[-1] // 2
         sin = emb.sin() * scaling
         # the rotate-half sign folded into the table: bit-exact, as a sign flip is exact
         sin[:, :half] = -sin[:, :half]
         device = torch.empty(0).device
-        self.register_buffer("cos_sin", torch.stack([emb.cos() * scaling, sin], dim=1).to(device), persistent=False)
+        self.register_buffer(
+            "cos_sin", torch.stack([emb.cos() * scaling, sin], dim=1).to(device), persistent=False
+        )
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def tables(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, sin_signed) rows of `positions` as [T, 1, D] views in `dtype`."""
         rows = self.cos_sin[positions]
         if rows.dtype != dtype:

@@ -2,6 +2,7 @@
 path than three or more, so a decode step is padded with zero rows (the weight is read once either
 way); only the real rows' outputs are kept. The table is measured before any model is built
 (planning/row_padding_probe.py) and installed by the runner that uses it."""
+
 import torch
 
 _padded: dict[torch.dtype, dict[int, int]] = {}

@@ -11,5 +11,6 @@ def transformers_config(config):
     if hasattr(config, "to_dict"):
         return config
     from transformers import AutoConfig
+
     values = dict(vars(config))
     return AutoConfig.for_model(values.pop("model_type"), **values)

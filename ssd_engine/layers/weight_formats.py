@@ -4,6 +4,7 @@ vectorised only for bf16); "q4k": layers/q4k_weight.py. A draft's format changes
 acceptance, never output. A target in a lossy format is a different model whose AR output SD must
 reproduce, so `row_independent=True` keeps every call within [2, ROW_TILE] rows (int8 / int4:
 [1, ROW_TILE]): the libraries pick kernels, and so summation order, by row count."""
+
 from typing import Protocol
 
 import torch
@@ -13,10 +14,15 @@ from ssd_engine.layers.q4k_weight import Q4KWeight
 from ssd_engine.layers.row_padding import padded_rows
 
 FORMATS = ("fp32", "bf16", "int8", "int4", "q4k")  # most precise first
-ACTIVATION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.bfloat16, "int4": torch.bfloat16,
-                    "q4k": torch.float32}
+ACTIVATION_DTYPE = {
+    "fp32": torch.float32,
+    "bf16": torch.bfloat16,
+    "int8": torch.bfloat16,
+    "int4": torch.bfloat16,
+    "q4k": torch.float32,
+}
 INT4_GROUP = 32  # input columns per scale
-INT4_ROWS = 16   # the packed int4 layout tiles output rows by 16
+INT4_ROWS = 16  # the packed int4 layout tiles output rows by 16
 CHUNK_ROWS = 4096  # rows quantized at a time: bounds the fp32 / int32 temporaries
 # the most rows a row-independent format multiplies in one call: one kernel for every count up to it
 ROW_TILE = 16
@@ -31,8 +37,13 @@ class PreparedWeight(Protocol):
 class OneDNNWeight:
     """fp32 or bf16 in oneDNN's blocked layout: small row counts share one pass over the weight."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, batch_hint: int = 8,
-                 row_independent: bool = False) -> None:
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        dtype: torch.dtype,
+        batch_hint: int = 8,
+        row_independent: bool = False,
+    ) -> None:
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.to(dtype), batch_hint)
         self.dtype = dtype
         self.row_independent = row_independent
@@ -70,8 +81,12 @@ def row_tiled(matmul, x: torch.Tensor, min_rows: int = 1) -> torch.Tensor:
     elif count <= ROW_TILE:
         out = matmul(rows)
     else:
-        out = torch.cat([row_tiled(matmul, rows[start:start + ROW_TILE], min_rows)
-                         for start in range(0, count, ROW_TILE)])
+        out = torch.cat(
+            [
+                row_tiled(matmul, rows[start : start + ROW_TILE], min_rows)
+                for start in range(0, count, ROW_TILE)
+            ]
+        )
     return out if x.dim() == 2 else out.reshape(*x.shape[:-1], -1)
 
 
@@ -81,15 +96,19 @@ class Int8Weight:
         self.q = torch.empty(weight.shape, dtype=torch.int8)
         self.scales = torch.empty(weight.shape[0], dtype=torch.bfloat16)
         for start in range(0, weight.shape[0], CHUNK_ROWS):
-            chunk = weight[start:start + CHUNK_ROWS].float()
+            chunk = weight[start : start + CHUNK_ROWS].float()
             scales = (chunk.abs().amax(dim=1) / 127).clamp_min(1e-12)
-            self.q[start:start + CHUNK_ROWS] = (chunk / scales[:, None]).round().clamp(-128, 127)
-            self.scales[start:start + CHUNK_ROWS] = scales
+            self.q[start : start + CHUNK_ROWS] = (chunk / scales[:, None]).round().clamp(-128, 127)
+            self.scales[start : start + CHUNK_ROWS] = scales
         self.nbytes = self.q.numel() + self.scales.numel() * 2
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _rows_through(lambda rows: torch._weight_int8pack_mm(rows, self.q, self.scales), x, bias,
-                             self.row_independent)
+        return _rows_through(
+            lambda rows: torch._weight_int8pack_mm(rows, self.q, self.scales),
+            x,
+            bias,
+            self.row_independent,
+        )
 
 
 class Int4Weight:
@@ -101,7 +120,7 @@ class Int4Weight:
         packed, scales_and_zeros = [], []
         # CHUNK_ROWS is a multiple of the layout's 64-row blocks, so packed chunks concatenate
         for start in range(0, weight.shape[0], CHUNK_ROWS):
-            chunk = weight[start:start + CHUNK_ROWS].float()
+            chunk = weight[start : start + CHUNK_ROWS].float()
             rows, cols = chunk.shape
             grouped = chunk.reshape(rows, cols // self.group, self.group)
             low, high = grouped.amin(-1, keepdim=True), grouped.amax(-1, keepdim=True)
@@ -109,17 +128,29 @@ class Int4Weight:
             q = ((grouped - low) / scales).round().clamp(0, 15).to(torch.int32).reshape(rows, cols)
             packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
             # [groups, rows, 2]: the op's scales_and_zeros layout
-            scales_and_zeros.append(torch.cat([scales, low + 8 * scales], -1).transpose(0, 1).to(torch.bfloat16))
+            scales_and_zeros.append(
+                torch.cat([scales, low + 8 * scales], -1).transpose(0, 1).to(torch.bfloat16)
+            )
         self.packed = torch.cat(packed)
         self.scales_and_zeros = torch.cat(scales_and_zeros, dim=1).contiguous()
-        self.nbytes = self.packed.numel() * self.packed.element_size() + self.scales_and_zeros.numel() * 2
+        self.nbytes = (
+            self.packed.numel() * self.packed.element_size() + self.scales_and_zeros.numel() * 2
+        )
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return _rows_through(lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(
-            rows, self.packed, self.group, self.scales_and_zeros), x, bias, self.row_independent)
+        return _rows_through(
+            lambda rows: torch.ops.aten._weight_int4pack_mm_for_cpu(
+                rows, self.packed, self.group, self.scales_and_zeros
+            ),
+            x,
+            bias,
+            self.row_independent,
+        )
 
 
-def _rows_through(matmul, x: torch.Tensor, bias: torch.Tensor | None, row_independent: bool) -> torch.Tensor:
+def _rows_through(
+    matmul, x: torch.Tensor, bias: torch.Tensor | None, row_independent: bool
+) -> torch.Tensor:
     """A weight-only op (bf16 rows in, bf16 out) on x's rows, then the bias."""
     rows = x if x.dim() == 2 else x.reshape(-1, x.shape[-1])
     rows = rows if rows.dtype == torch.bfloat16 else rows.to(torch.bfloat16)
@@ -165,8 +196,10 @@ def check_supported(fmt: str, option: str) -> None:
     try:
         prepare(torch.zeros(16, 64), fmt)(torch.zeros(1, 64, dtype=ACTIVATION_DTYPE[fmt]), None)
     except RuntimeError as error:
-        raise ValueError(f"{option}={fmt} is not supported by this CPU or torch build: "
-                         f"{str(error).splitlines()[0]}") from None
+        raise ValueError(
+            f"{option}={fmt} is not supported by this CPU or torch build: "
+            f"{str(error).splitlines()[0]}"
+        ) from None
 
 
 def describe_target_format(running: str | None, asked: str | None) -> str:

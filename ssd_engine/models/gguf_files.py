@@ -1,5 +1,6 @@
 """A GGUF file given as `model=` / `draft_model=`: converted once, like the built-in pair, into a
 cache folder keyed by the file's path, size and mtime. Standard library only at module level."""
+
 from __future__ import annotations
 
 import hashlib
@@ -36,7 +37,9 @@ def gguf_cache_name(path) -> str:
     so a file replaced in place converts again without hashing its content."""
     source = Path(path).resolve()
     stat = source.stat()
-    key = hashlib.sha256(f"{source}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[:KEY_CHARS]
+    key = hashlib.sha256(f"{source}\n{stat.st_size}\n{stat.st_mtime_ns}".encode()).hexdigest()[
+        :KEY_CHARS
+    ]
     stem = re.sub(r"[^a-z0-9._-]+", "-", source.stem.lower()).strip("-.") or "model"
     return f"{GGUF_PREFIX}{stem}-{key}"
 
@@ -53,14 +56,16 @@ def resolve_gguf(path) -> str:
 
     def make_gguf(root: Path) -> Path:
         _drop_superseded(root, source, name)  # converted from this path before it changed
-        return source  # converted straight from where it lies: no copy, never deleted (cleanup=False)
+        return (
+            source  # converted straight from where it lies: no copy, never deleted (cleanup=False)
+        )
 
     return _resolve_cached(name, make_gguf, cleanup=False)
 
 
 def _drop_superseded(root: Path, source: Path, keep: str) -> None:
     """Remove earlier conversions of the same path (since changed): nothing will look them up."""
-    stem = keep[:-KEY_CHARS - 1]  # the name less "-<key>"
+    stem = keep[: -KEY_CHARS - 1]  # the name less "-<key>"
     for folder in root.glob(f"{stem}-*"):
         if folder.name == keep or len(folder.name) != len(keep) or not is_complete(folder):
             continue
@@ -87,7 +92,11 @@ def source_gguf(folder) -> Path:
         return Path(info["path"])
     for model_spec in (DEFAULT_TARGET, DEFAULT_DRAFT):
         # the marker names the file converted: a folder standing in under the same name is not it
-        if folder.name == model_spec.name and is_complete(folder) and info.get("source") == model_spec.gguf_name:
+        if (
+            folder.name == model_spec.name
+            and is_complete(folder)
+            and info.get("source") == model_spec.gguf_name
+        ):
             joined = folder / model_spec.gguf_name  # appears only by an atomic rename, verified
             if not joined.is_file():
                 from filelock import FileLock
@@ -96,5 +105,7 @@ def source_gguf(folder) -> Path:
                     if not joined.is_file():
                         join_parts(model_spec, joined, progress=progress_enabled())
             return joined
-    raise ValueError(f"target_dtype=gguf needs the GGUF file {folder} was converted from, and none is known "
-                     f"(give the .gguf file itself as the model)")
+    raise ValueError(
+        f"target_dtype=gguf needs the GGUF file {folder} was converted from, and none is known "
+        f"(give the .gguf file itself as the model)"
+    )

@@ -2,6 +2,7 @@
 
 Peak memory is a few `chunk_bytes` chunks whatever the model's size. The file is byte-identical to
 what `save_pretrained` writes, so model fingerprints (calibration keys) hold."""
+
 from __future__ import annotations
 
 import json
@@ -18,14 +19,16 @@ from ssd_engine.layers.shapes import transformers_config
 # Llama's GGUF conversion interleaves the rotary halves of q and k rows; Qwen's keep HF's order
 PERMUTED_QK = {"llama"}
 SUPPORTED = ("llama", "qwen2", "qwen3")
-CHUNK_BYTES = 64 * 2**20  # fp32 output per dequantization call; numpy temporaries are a few times this
+CHUNK_BYTES = (
+    64 * 2**20
+)  # fp32 output per dequantization call; numpy temporaries are a few times this
 
 
 @dataclass(frozen=True)
 class TensorPlan:
     hf_name: str
     gguf_name: str
-    shape: tuple[int, ...]   # Hugging Face order (GGUF lists dimensions innermost first)
+    shape: tuple[int, ...]  # Hugging Face order (GGUF lists dimensions innermost first)
     row_order: np.ndarray | None  # rows to read in this order (llama q/k), None = as stored
 
     @property
@@ -40,7 +43,9 @@ def check_gguf(path) -> str:
 
     missing = [name for name in ("gguf", "accelerate") if importlib.util.find_spec(name) is None]
     if missing:  # accelerate: transformers reads a GGUF's config and tokenizer only with it
-        raise ValueError(f"converting GGUF file {path} needs {' and '.join(missing)}: pip install {' '.join(missing)}")
+        raise ValueError(
+            f"converting GGUF file {path} needs {' and '.join(missing)}: pip install {' '.join(missing)}"
+        )
     from gguf import GGUFReader
 
     try:
@@ -48,14 +53,20 @@ def check_gguf(path) -> str:
         field = reader.fields.get("general.architecture")
         arch = field.contents() if field is not None else None
     except Exception as error:  # a truncated or foreign file: gguf raises whatever it hits first
-        raise ValueError(f"cannot read GGUF file {path}: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None
+        raise ValueError(
+            f"cannot read GGUF file {path}: {str(error).splitlines()[0] if str(error) else type(error).__name__}"
+        ) from None
     if arch not in SUPPORTED:
-        raise ValueError(f"GGUF architecture {arch!r} of {path} is not supported (supported: {', '.join(SUPPORTED)})")
+        raise ValueError(
+            f"GGUF architecture {arch!r} of {path} is not supported (supported: {', '.join(SUPPORTED)})"
+        )
     kinds = {t.tensor_type for t in reader.tensors}
     bad = sorted(kind.name for kind in kinds if not _dequantizable(kind))
     if bad:
-        raise ValueError(f"GGUF file {path} holds tensors of type {', '.join(bad)}, which gguf {_gguf_version()} "
-                         f"cannot dequantize")
+        raise ValueError(
+            f"GGUF file {path} holds tensors of type {', '.join(bad)}, which gguf {_gguf_version()} "
+            f"cannot dequantize"
+        )
     if "tokenizer.ggml.model" not in reader.fields:
         raise ValueError(f"GGUF file {path} has no tokenizer (no tokenizer.ggml.model field)")
     return arch
@@ -101,14 +112,18 @@ def hf_name_map(config, arch: str) -> tuple[dict[str, str], set[str]]:
             mapping[f"{gguf_stem}.{suffix}"] = hf_name
     required = set(model.state_dict())
     if getattr(config, "tie_word_embeddings", False):
-        required.discard("lm_head.weight")  # the embedding is the head; save_pretrained drops it too
+        required.discard(
+            "lm_head.weight"
+        )  # the embedding is the head; save_pretrained drops it too
     return mapping, required
 
 
 def plan_tensors(reader, config, arch: str) -> list[TensorPlan]:
     """Every GGUF tensor the HF model has, sorted by HF name (save_pretrained's file order)."""
     if arch not in SUPPORTED:
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED)})")
+        raise ValueError(
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED)})"
+        )
     mapping, required = hf_name_map(config, arch)
     plans = []
     for tensor in reader.tensors:
@@ -118,12 +133,18 @@ def plan_tensors(reader, config, arch: str) -> list[TensorPlan]:
         shape = tuple(int(d) for d in reversed(tensor.shape.tolist()))
         order = None
         if arch in PERMUTED_QK and (".attn_q." in tensor.name or ".attn_k." in tensor.name):
-            heads = config.num_attention_heads if ".attn_q." in tensor.name else config.num_key_value_heads
+            heads = (
+                config.num_attention_heads
+                if ".attn_q." in tensor.name
+                else config.num_key_value_heads
+            )
             order = _unpermute_rows(shape[0], heads)
         plans.append(TensorPlan(hf_name, tensor.name, shape, order))
     missing = sorted(required - {p.hf_name for p in plans})
     if missing:
-        raise ValueError(f"GGUF lacks tensors for {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise ValueError(
+            f"GGUF lacks tensors for {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )
     return sorted(plans, key=lambda p: p.hf_name)
 
 
@@ -138,7 +159,11 @@ def safetensors_header(plans: list[TensorPlan]) -> bytes:
     header: dict[str, object] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for plan in plans:
-        header[plan.hf_name] = {"dtype": "F32", "shape": list(plan.shape), "data_offsets": [offset, offset + plan.nbytes]}
+        header[plan.hf_name] = {
+            "dtype": "F32",
+            "shape": list(plan.shape),
+            "data_offsets": [offset, offset + plan.nbytes],
+        }
         offset += plan.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
@@ -159,14 +184,27 @@ def dequantized_chunks(fd: int, tensor, plan: TensorPlan, chunk_bytes: int) -> I
             raw = os.pread(fd, (stop - start) * row_bytes, tensor.data_offset + start * row_bytes)
             stored = np.frombuffer(raw, dtype=np.uint8).reshape(stop - start, row_bytes)
         else:
-            stored = np.stack([np.frombuffer(os.pread(fd, row_bytes, tensor.data_offset + int(r) * row_bytes),
-                                             dtype=np.uint8) for r in plan.row_order[start:stop]])
+            stored = np.stack(
+                [
+                    np.frombuffer(
+                        os.pread(fd, row_bytes, tensor.data_offset + int(r) * row_bytes),
+                        dtype=np.uint8,
+                    )
+                    for r in plan.row_order[start:stop]
+                ]
+            )
         values = dequantize(stored.view(tensor.data.dtype), tensor.tensor_type)
         yield np.ascontiguousarray(values, dtype=np.float32)
 
 
-def write_safetensors(gguf_path: Path, reader, plans: list[TensorPlan], out_file: Path,
-                      chunk_bytes: int = CHUNK_BYTES, progress: Callable[[int], None] | None = None) -> None:
+def write_safetensors(
+    gguf_path: Path,
+    reader,
+    plans: list[TensorPlan],
+    out_file: Path,
+    chunk_bytes: int = CHUNK_BYTES,
+    progress: Callable[[int], None] | None = None,
+) -> None:
     tensors = {t.name: t for t in reader.tensors}
     fd = os.open(gguf_path, os.O_RDONLY)
     try:
@@ -180,12 +218,16 @@ def write_safetensors(gguf_path: Path, reader, plans: list[TensorPlan], out_file
                     if progress:
                         progress(values.nbytes)
                 if written != plan.nbytes:
-                    raise ValueError(f"{plan.gguf_name}: wrote {written} bytes, expected {plan.nbytes}")
+                    raise ValueError(
+                        f"{plan.gguf_name}: wrote {written} bytes, expected {plan.nbytes}"
+                    )
     finally:
         os.close(fd)
 
 
-def convert(gguf_path: Path, out_dir: Path, chunk_bytes: int = CHUNK_BYTES, show_progress: bool = True) -> None:
+def convert(
+    gguf_path: Path, out_dir: Path, chunk_bytes: int = CHUNK_BYTES, show_progress: bool = True
+) -> None:
     """Write config.json, generation_config.json, model.safetensors and the tokenizer into out_dir."""
     import torch
     from gguf import GGUFReader
@@ -202,9 +244,17 @@ def convert(gguf_path: Path, out_dir: Path, chunk_bytes: int = CHUNK_BYTES, show
     arch = reader.fields["general.architecture"].contents()
     plans = plan_tensors(reader, config, arch)
     total = sum(p.nbytes for p in plans)
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"converting {gguf_path.name}",
-              disable=not show_progress) as bar:
-        write_safetensors(gguf_path, reader, plans, out_dir / "model.safetensors", chunk_bytes, bar.update)
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        desc=f"converting {gguf_path.name}",
+        disable=not show_progress,
+    ) as bar:
+        write_safetensors(
+            gguf_path, reader, plans, out_dir / "model.safetensors", chunk_bytes, bar.update
+        )
     del reader
     config.save_pretrained(str(out_dir))
     GenerationConfig.from_model_config(config).save_pretrained(str(out_dir))

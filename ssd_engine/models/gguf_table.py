@@ -1,5 +1,6 @@
 """A GGUF file's tensor table, read without parsing its metadata arrays (gguf's GGUFReader parses
 the tokenizer's too, which is slow); tensor data is mapped lazily."""
+
 from __future__ import annotations
 
 import mmap
@@ -18,6 +19,7 @@ ALIGNMENT_KEY = "general.alignment"
 @dataclass
 class TableTensor:
     """The attributes of gguf's ReaderTensor that the engine reads."""
+
     name: str
     shape: np.ndarray  # dimensions, innermost first (GGUF's order)
     tensor_type: object  # gguf.GGMLQuantizationType
@@ -31,13 +33,23 @@ class TableTensor:
         from gguf import GGML_QUANT_SIZES
 
         block, size = GGML_QUANT_SIZES[self.tensor_type]
-        columns, rows = int(self.shape[0]), int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1
+        columns, rows = (
+            int(self.shape[0]),
+            int(np.prod(self.shape[1:])) if len(self.shape) > 1 else 1,
+        )
         typed = {"F32": np.float32, "F16": np.float16}.get(self.tensor_type.name)
         if typed is not None:
-            values = np.memmap(self.path, dtype=typed, mode="r", offset=self.data_offset, shape=(rows, columns))
+            values = np.memmap(
+                self.path, dtype=typed, mode="r", offset=self.data_offset, shape=(rows, columns)
+            )
             return values if len(self.shape) > 1 else values[0]
-        return np.memmap(self.path, dtype=np.uint8, mode="r", offset=self.data_offset,
-                         shape=(rows, columns // block * size))
+        return np.memmap(
+            self.path,
+            dtype=np.uint8,
+            mode="r",
+            offset=self.data_offset,
+            shape=(rows, columns // block * size),
+        )
 
 
 class GGUFTable:
@@ -59,14 +71,14 @@ class GGUFTable:
         at, self.fields = 24, {}
         for _ in range(field_count):
             key, at = _string(head, at)
-            kind, = struct.unpack_from("<I", head, at)
+            (kind,) = struct.unpack_from("<I", head, at)
             value, at = _value(head, at + 4, kind)
             self.fields[key] = value
         self.tensors = []
         infos = []
         for _ in range(tensor_count):
             name, at = _string(head, at)
-            dims, = struct.unpack_from("<I", head, at)
+            (dims,) = struct.unpack_from("<I", head, at)
             shape = np.array(struct.unpack_from(f"<{dims}Q", head, at + 4), dtype=np.int64)
             kind, offset = struct.unpack_from("<IQ", head, at + 4 + 8 * dims)
             at += 4 + 8 * dims + 12
@@ -83,8 +95,8 @@ class GGUFTable:
 
 
 def _string(buffer: bytes, at: int) -> tuple[str, int]:
-    length, = struct.unpack_from("<Q", buffer, at)
-    return buffer[at + 8:at + 8 + length].decode("utf-8", errors="replace"), at + 8 + length
+    (length,) = struct.unpack_from("<Q", buffer, at)
+    return buffer[at + 8 : at + 8 + length].decode("utf-8", errors="replace"), at + 8 + length
 
 
 def _value(buffer: bytes, at: int, kind: int):
@@ -100,5 +112,17 @@ def _value(buffer: bytes, at: int, kind: int):
             _, at = _value(buffer, at, item)
         return None, at
     size = FIXED[kind]
-    fmt = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}[kind]
+    fmt = {
+        0: "B",
+        1: "b",
+        2: "H",
+        3: "h",
+        4: "I",
+        5: "i",
+        6: "f",
+        7: "?",
+        10: "Q",
+        11: "q",
+        12: "d",
+    }[kind]
     return struct.unpack_from("<" + fmt, buffer, at)[0], at + size

@@ -1,5 +1,6 @@
 """The quantized blocks a target's Linears keep in target_dtype="gguf", read from the GGUF file its
 folder was converted from. Everything else loads from the fp32 folder (the same values)."""
+
 from pathlib import Path
 from typing import Protocol
 
@@ -16,16 +17,20 @@ from ssd_engine.layers.shapes import head_dim
 GGUF_FORMATS = ("gguf", "gguf-int8")  # the target_dtype values that keep a GGUF's blocks
 Q4_K, Q8_0 = 12, 8
 UNQUANTIZED = ("F32", "F16")  # kept as fp32 Linears
-LINEAR_WEIGHTS = tuple(f"{name}.weight" for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                     "down_proj"))
+LINEAR_WEIGHTS = tuple(
+    f"{name}.weight"
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+)
 DUMMY_SEED = 0
 
 
 def row_parallel_cols(config, tp: int) -> dict[str, list[Span]]:
     """Each rank's input columns of the row-parallel Linears (decoder.py's split), by module name."""
     shards = attention_head_shards(config.num_attention_heads, config.num_key_value_heads, tp)
-    return {"o_proj": [shard.q.scaled(head_dim(config)) for shard in shards],
-            "down_proj": intermediate_spans(config.intermediate_size, tp)}
+    return {
+        "o_proj": [shard.q.scaled(head_dim(config)) for shard in shards],
+        "down_proj": intermediate_spans(config.intermediate_size, tp),
+    }
 
 
 class BlockSource(Protocol):
@@ -72,13 +77,17 @@ class GGUFFile:
             values = BLOCKS[kind].values
             for span in cols[module]:
                 if span.start % values or span.size % values:
-                    raise ValueError(f"target_dtype=gguf: {hf_name}'s input columns {span.start}..{span.end} (a slice of "
-                                     f"tensor_parallel_size={tp}) do not fall on its {values}-value blocks")
+                    raise ValueError(
+                        f"target_dtype=gguf: {hf_name}'s input columns {span.start}..{span.end} (a slice of "
+                        f"tensor_parallel_size={tp}) do not fall on its {values}-value blocks"
+                    )
 
     def _check_readable(self, hf_name: str, tensor) -> None:
         if int(tensor.tensor_type) not in BLOCKS and tensor.tensor_type.name not in UNQUANTIZED:
-            raise ValueError(f"target_dtype=gguf: {hf_name} is stored as {tensor.tensor_type.name} in "
-                             f"{self.path.name}, which the GGUF kernels do not read (they read {_kind_names()})")
+            raise ValueError(
+                f"target_dtype=gguf: {hf_name} is stored as {tensor.tensor_type.name} in "
+                f"{self.path.name}, which the GGUF kernels do not read (they read {_kind_names()})"
+            )
 
     def kind(self, hf_name: str) -> int:
         return int(self.tensors[self.plans[hf_name].gguf_name].tensor_type)
@@ -89,21 +98,36 @@ class GGUFFile:
         self._check_readable(hf_name, tensor)
         kind = int(tensor.tensor_type)
         order = np.arange(plan.shape[0]) if plan.row_order is None else plan.row_order
-        picked = order[rows.start:rows.start + rows.size]
-        data = tensor.data[picked[0]:picked[-1] + 1] if plan.row_order is None else tensor.data[picked]
+        picked = order[rows.start : rows.start + rows.size]
+        data = (
+            tensor.data[picked[0] : picked[-1] + 1]
+            if plan.row_order is None
+            else tensor.data[picked]
+        )
         if tensor.tensor_type.name in UNQUANTIZED:
             dense = torch.from_numpy(np.array(data, dtype=np.float32))
-            return QuantizedRows(dense if cols is None else dense[:, cols.start:cols.start + cols.size].contiguous(),
-                                 DENSE, cols.size if cols else plan.shape[1])
+            return QuantizedRows(
+                dense
+                if cols is None
+                else dense[:, cols.start : cols.start + cols.size].contiguous(),
+                DENSE,
+                cols.size if cols else plan.shape[1],
+            )
         values, nbytes = BLOCKS[kind].values, BLOCKS[kind].bytes
         width = plan.shape[1]
         if cols is not None:
             if cols.start % values or cols.size % values:
-                raise ValueError(f"target_dtype=gguf: {hf_name}'s input columns {cols.start}..{cols.start + cols.size} "
-                                 f"(its tensor-parallel slice) do not fall on its {values}-value blocks; use fewer ranks")
-            data = data[:, cols.start // values * nbytes:(cols.start + cols.size) // values * nbytes]
+                raise ValueError(
+                    f"target_dtype=gguf: {hf_name}'s input columns {cols.start}..{cols.start + cols.size} "
+                    f"(its tensor-parallel slice) do not fall on its {values}-value blocks; use fewer ranks"
+                )
+            data = data[
+                :, cols.start // values * nbytes : (cols.start + cols.size) // values * nbytes
+            ]
             width = cols.size
-        return QuantizedRows(torch.from_numpy(np.array(data)), kind, width)  # a copy: the mapping may close
+        return QuantizedRows(
+            torch.from_numpy(np.array(data)), kind, width
+        )  # a copy: the mapping may close
 
 
 class DummyBlocks:
@@ -145,7 +169,9 @@ def gguf_blocks_for(model, config) -> BlockSource | None:
     except gguf_cpu.KernelUnavailable as error:
         if model.weight_format != "gguf":  # gguf-int8 is another model: no silent stand-in
             raise ValueError(f"target_dtype={model.weight_format}: {error}") from None
-        print(f"warning: target_dtype=gguf: {error}; the target runs its fp32 weights (the same values)")
+        print(
+            f"warning: target_dtype=gguf: {error}; the target runs its fp32 weights (the same values)"
+        )
         return None
     int8_activations = model.weight_format == "gguf-int8"
     if model.load_format == "dummy":
@@ -157,13 +183,17 @@ def gguf_blocks_for(model, config) -> BlockSource | None:
     return GGUFFile(source_gguf(model.path), config, int8_activations)
 
 
-def gguf_weight(source: BlockSource, module_name: str, linear: Linear, stacked_params: dict) -> GGUFWeight:
+def gguf_weight(
+    source: BlockSource, module_name: str, linear: Linear, stacked_params: dict
+) -> GGUFWeight:
     """The blocks of this rank's slice of every checkpoint tensor a (possibly fused) Linear holds."""
     fused = {(module, shard): hf_part for hf_part, (module, shard) in stacked_params.items()}
     stem, _, leaf = module_name.rpartition(".")
     parts = []
     for shard, span in linear.shards.items():
-        hf_name = f"{module_name}.weight" if shard is None else f"{stem}.{fused[(leaf, shard)]}.weight"
+        hf_name = (
+            f"{module_name}.weight" if shard is None else f"{stem}.{fused[(leaf, shard)]}.weight"
+        )
         parts.append(source.rows(hf_name, span, linear.cols))
     return GGUFWeight(parts, source.int8_activations)
 

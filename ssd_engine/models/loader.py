@@ -2,6 +2,7 @@
 
 Child processes get the config as plain values (`config_values`, `config_from_values`), so they
 never import transformers."""
+
 import json
 import os
 from glob import glob
@@ -30,16 +31,21 @@ def check_model_dir(path: str, load_format: str = "auto") -> None:
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise ValueError(f"no config.json in model directory {path}")
     if load_format != "dummy" and not glob(os.path.join(path, "*.safetensors")):
-        raise ValueError(f"no *.safetensors weights in model directory {path} (load_format='dummy' builds random "
-                         f"weights from config.json alone)")
+        raise ValueError(
+            f"no *.safetensors weights in model directory {path} (load_format='dummy' builds random "
+            f"weights from config.json alone)"
+        )
 
 
 def load_config(path: str, load_format: str = "auto"):
     from transformers import AutoConfig
+
     check_model_dir(path, load_format)
     config = AutoConfig.from_pretrained(path)
     if getattr(config, "use_sliding_window", False):
-        raise ValueError(f"sliding-window attention (use_sliding_window=true in {path}) is not supported")
+        raise ValueError(
+            f"sliding-window attention (use_sliding_window=true in {path}) is not supported"
+        )
     model_class_for(config)  # unsupported architecture: ValueError now, not later
     return config
 
@@ -56,9 +62,18 @@ def config_from_values(values: dict) -> SimpleNamespace:
     return SimpleNamespace(**values)
 
 
-def build_model(path: str, config, max_position: int, dtype: torch.dtype, device: torch.device, tp=None,
-                progress: bool = True, on_module_loaded: Callable[[str, nn.Module], None] | None = None,
-                load_format: str = "auto", skip: Callable[[str], bool] | None = None):
+def build_model(
+    path: str,
+    config,
+    max_position: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    tp=None,
+    progress: bool = True,
+    on_module_loaded: Callable[[str, nn.Module], None] | None = None,
+    load_format: str = "auto",
+    skip: Callable[[str], bool] | None = None,
+):
     """Build the model (this rank's slice when `tp` has more than one rank) and load its weights;
     `on_module_loaded(name, module)` runs once per module as soon as all its parameters are loaded.
     `load_format="dummy"`: nothing is read (fill_dummy_weights)."""
@@ -70,18 +85,28 @@ def build_model(path: str, config, max_position: int, dtype: torch.dtype, device
     if load_format == "dummy":
         fill_dummy_weights(model, on_module_loaded)
         return model.eval()
-    load_weights(model, path, progress=progress and progress_enabled(), on_module_loaded=on_module_loaded, skip=skip)
+    load_weights(
+        model,
+        path,
+        progress=progress and progress_enabled(),
+        on_module_loaded=on_module_loaded,
+        skip=skip,
+    )
     return model.eval()
 
 
 @torch.no_grad()
-def fill_dummy_weights(model: nn.Module, on_module_loaded: Callable[[str, nn.Module], None] | None = None) -> None:
+def fill_dummy_weights(
+    model: nn.Module, on_module_loaded: Callable[[str, nn.Module], None] | None = None
+) -> None:
     """Uniform(-1e-3, 1e-3) in every parameter, module by module (each module's hook runs as soon
     as it is filled). Normal floats (denormals run far slower), seeded: every build of a shape is
     the same model. Copied from one seeded pool, as drawing every value is slow."""
     device = next(model.parameters()).device
     generator = torch.Generator(device=device).manual_seed(DUMMY_SEED)
-    pool = torch.empty(DUMMY_POOL, device=device).uniform_(-DUMMY_RANGE, DUMMY_RANGE, generator=generator)
+    pool = torch.empty(DUMMY_POOL, device=device).uniform_(
+        -DUMMY_RANGE, DUMMY_RANGE, generator=generator
+    )
     pools = {torch.float32: pool}
     offset = 0
     for name, module in model.named_modules():
@@ -89,7 +114,9 @@ def fill_dummy_weights(model: nn.Module, on_module_loaded: Callable[[str, nn.Mod
             if param.dtype not in pools:
                 pools[param.dtype] = pool.to(param.dtype)
             _fill_tiled(param.data.view(-1), pools[param.dtype], offset)
-            offset += 1_000_003  # a prime: no two parameters start alike, no row aligns with the pool
+            offset += (
+                1_000_003  # a prime: no two parameters start alike, no row aligns with the pool
+            )
         if on_module_loaded is not None:
             on_module_loaded(name, module)
 
@@ -100,13 +127,18 @@ def _fill_tiled(flat: torch.Tensor, pool: torch.Tensor, offset: int) -> None:
     while done < flat.numel():
         start = (offset + done) % size
         take = min(flat.numel() - done, size - start)
-        flat[done:done + take].copy_(pool[start:start + take])
+        flat[done : done + take].copy_(pool[start : start + take])
         done += take
 
 
-def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bool = False,
-                 on_module_loaded: Callable[[str, nn.Module], None] | None = None,
-                 skip: Callable[[str], bool] | None = None) -> None:
+def load_weights(
+    model,
+    path: str,
+    window_bytes: int = 128 * 2**20,
+    progress: bool = False,
+    on_module_loaded: Callable[[str, nn.Module], None] | None = None,
+    skip: Callable[[str], bool] | None = None,
+) -> None:
     """Copy every checkpoint tensor into the model, except what a module maps from the file.
     Pages touched through a mapping stay resident until it closes, so each file is reopened every
     `window_bytes` of copied tensors. `skip(name)`: a tensor another source provides, never read;
@@ -127,22 +159,36 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
     files = sorted(glob(os.path.join(path, "*.safetensors")))
     headers = [safetensors_header(file)[0] for file in files]
     total = sum(_nbytes(entry) for header in headers for entry in header.values())
-    with tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress,
-              desc=f"loading {os.path.basename(os.path.normpath(path))}") as bar:
+    with tqdm(
+        total=total,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not progress,
+        desc=f"loading {os.path.basename(os.path.normpath(path))}",
+    ) as bar:
         for file, header in zip(files, headers):
-            names = sorted(header, key=lambda n: header[n]["data_offsets"][0])  # file order: pages read forward
+            names = sorted(
+                header, key=lambda n: header[n]["data_offsets"][0]
+            )  # file order: pages read forward
             while names:
                 with safe_open(file, "pt", "cpu") as f:
                     taken = 0
                     while names and taken < window_bytes:
                         name = names.pop(0)
                         bar.update(_nbytes(header[name]))
-                        if (model.tie_word_embeddings and name == "lm_head.weight") or "rotary_emb.inv_freq" in name:
+                        if (
+                            model.tie_word_embeddings and name == "lm_head.weight"
+                        ) or "rotary_emb.inv_freq" in name:
                             continue  # tied: the embedding is the head; rotary tables are recomputed
                         module = _owner(model, params, name)
                         if skip is not None and skip(name):
                             key = _param_key(model, name)
-                        elif module is not None and getattr(module, "map_from", None) and module.map_from(file, name):
+                        elif (
+                            module is not None
+                            and getattr(module, "map_from", None)
+                            and module.map_from(file, name)
+                        ):
                             key = (name, None)
                         else:
                             tensor = f.get_tensor(name)
@@ -152,11 +198,16 @@ def load_weights(model, path: str, window_bytes: int = 128 * 2**20, progress: bo
                         loaded.add(key)
                         finish_ready(key[0].rsplit(".", 1)[0])
                 release_freed_heap()  # the window's packed layers freed their plain copies
-    for module_name, _ in model.named_modules():  # e.g. a tied head, whose weight came with the embedding
+    for (
+        module_name,
+        _,
+    ) in model.named_modules():  # e.g. a tied head, whose weight came with the embedding
         finish_ready(module_name)
     missing = [n for n in params if not _covered(n, loaded, model)]
     if missing:
-        raise ValueError(f"checkpoint {path} lacks weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise ValueError(
+            f"checkpoint {path} lacks weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}"
+        )
 
 
 def _nbytes(entry: dict) -> int:

@@ -1,4 +1,5 @@
 """Resolve `model` / `draft_model` options to model folders."""
+
 from ssd_engine.models.default_models import resolve_default_model
 from ssd_engine.models.gguf_files import is_gguf_file, resolve_gguf
 

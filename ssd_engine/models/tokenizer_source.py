@@ -1,5 +1,6 @@
 """The engine's tokenizer: the `tokenizer` option's folder, else the model folder's files; a dummy
 model from config.json alone takes token ids only (`TokenIdsOnly`)."""
+
 import os
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -23,8 +24,10 @@ class TokenIdsOnly:
         return self.vocab_size
 
     def encode(self, text: str) -> list[int]:
-        raise ValueError(f"{self.folder} has no tokenizer (load_format='dummy' from config.json alone): pass "
-                         f"prompts as token ids, or tokenizer=FOLDER for text")
+        raise ValueError(
+            f"{self.folder} has no tokenizer (load_format='dummy' from config.json alone): pass "
+            f"prompts as token ids, or tokenizer=FOLDER for text"
+        )
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return ""
@@ -40,4 +43,5 @@ def load_tokenizer(model_path: str, tokenizer: str | None, load_format: str, voc
         return TokenIdsOnly(model_path, vocab_size)
     # imported here: a draft process without grammars never imports transformers
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(source)

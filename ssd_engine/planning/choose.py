@@ -3,6 +3,7 @@
 SSD is a candidate only where its draft gets cores (or a GPU) of its own: no prediction covers a
 draft sharing the target's. A speculative mode must beat AR by MARGIN, so a prediction error costs
 little where AR is nearly as fast. What nothing times runs unmeasured, and `how` says so."""
+
 import logging
 from dataclasses import dataclass, field, replace
 
@@ -26,9 +27,9 @@ FORMAT_TIE = 0.97  # SSD draft formats predicted this close are equals (planning
 
 @dataclass(frozen=True)
 class ModeChoice:
-    mode: str                                 # ar, sd or ssd
+    mode: str  # ar, sd or ssd
     k: int
-    how: str                                  # what the choice rests on
+    how: str  # what the choice rests on
     predicted_tok_s: dict = field(default_factory=dict)
     detail: dict = field(default_factory=dict)
 
@@ -36,8 +37,10 @@ class ModeChoice:
         if not self.predicted_tok_s:
             return f"{self.mode} ({self.how})"
         ar = self.predicted_tok_s.get("ar")
-        preds = ", ".join(f"{m} {v:.2f} tok/s" + (f" ({v / ar:.2f}x AR)" if ar and m != "ar" else "")
-                          for m, v in sorted(self.predicted_tok_s.items(), key=lambda kv: -kv[1]))
+        preds = ", ".join(
+            f"{m} {v:.2f} tok/s" + (f" ({v / ar:.2f}x AR)" if ar and m != "ar" else "")
+            for m, v in sorted(self.predicted_tok_s.items(), key=lambda kv: -kv[1])
+        )
         k = f" K={self.k}" if self.mode != "ar" else ""
         return f"{self.mode}{k} (predicted: {preds}; {self.how})"
 
@@ -49,15 +52,20 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
     world = torchrun_world()
     if world is not None and world[0] != 0:
         # this rank serves rank 0's plan: measuring here would only slow rank 0's measurement
-        return replace(config, speculative_mode="ar"), ModeChoice("ar", 0, f"torchrun rank {world[0]}: serves rank "
-                                                                            "0, which chooses the mode")
+        return replace(config, speculative_mode="ar"), ModeChoice(
+            "ar", 0, f"torchrun rank {world[0]}: serves rank 0, which chooses the mode"
+        )
     try:
         seen = survey(config)
     except NotMeasured as missing:
-        mode, where = ("ssd", "the draft on a device of its own") if placement_for(config)[0].ssd_draft else \
-            ("sd", "no device for an SSD draft of its own")
-        return replace(config, speculative_mode=mode), ModeChoice(mode, config.num_speculative_tokens,
-                                                                  f"not measured: {missing}; {mode.upper()}, {where}")
+        mode, where = (
+            ("ssd", "the draft on a device of its own")
+            if placement_for(config)[0].ssd_draft
+            else ("sd", "no device for an SSD draft of its own")
+        )
+        return replace(config, speculative_mode=mode), ModeChoice(
+            mode, config.num_speculative_tokens, f"not measured: {missing}; {mode.upper()}, {where}"
+        )
     choice = _choose(seen)
     if config.tensor_parallel_size > 1 and seen.placement.device == "cpu" and world is None:
         single = replace(config, tensor_parallel_size=1)
@@ -65,9 +73,11 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
         one = _choose(alone)
         ranks_s, one_s = choice.predicted_tok_s[choice.mode], one.predicted_tok_s[one.mode]
         if one_s > ranks_s:
-            line = (f"tensor parallelism predicted slower: {config.tensor_parallel_size} ranks {ranks_s:.2f} tok/s "
-                    f"({choice.mode}), one process {one_s:.2f} ({one.mode}); running one process (a mode given "
-                    f"with --mode keeps the ranks)")
+            line = (
+                f"tensor parallelism predicted slower: {config.tensor_parallel_size} ranks {ranks_s:.2f} tok/s "
+                f"({choice.mode}), one process {one_s:.2f} ({one.mode}); running one process (a mode given "
+                f"with --mode keeps the ranks)"
+            )
             log.warning(line)
             one = replace(one, how=f"{line}; {one.how}")
             return _apply(single, one, alone.placement, alone.measured), one
@@ -80,28 +90,53 @@ def _choose(seen: Survey) -> ModeChoice:
     best = max(predictions.values(), key=lambda p: p.tokens_per_s)
     if best.mode != "ar" and best.tokens_per_s < MARGIN * predictions["ar"].tokens_per_s:
         best = predictions["ar"]
-    return ModeChoice(best.mode, best.k, seen.how, {m: p.tokens_per_s for m, p in predictions.items()}, best.detail)
+    return ModeChoice(
+        best.mode,
+        best.k,
+        seen.how,
+        {m: p.tokens_per_s for m, p in predictions.items()},
+        best.detail,
+    )
 
 
 def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
     """A forced SSD on CPU without tensor parallelism: budget B, draft format and fallback timing
     from this machine's costs at K, unless given or the pair was calibrated on this kind of CPU."""
     pinned = config.draft_dtype != "auto" and not needs_calibration(config.parts().speculative.ssd)
-    if config.device != "cpu" or config.tensor_parallel_size > 1 or config.ssd_budget is not None or pinned:
+    if (
+        config.device != "cpu"
+        or config.tensor_parallel_size > 1
+        or config.ssd_budget is not None
+        or pinned
+    ):
         return config, None
-    calibrations = find_calibrations(resolve_model_path(config), resolve_model_path(config, "draft"),
-                                     config.calibration_dir or CONFIG_DIR)
+    calibrations = find_calibrations(
+        resolve_model_path(config),
+        resolve_model_path(config, "draft"),
+        config.calibration_dir or CONFIG_DIR,
+    )
     if calibrations and calibrations[0].measured.get("cpu_fingerprint") == cpu_fingerprint():
         return config, None  # calibrated on this kind of CPU: its measured budget stands
     seen = survey(config)
     if not seen.placement.ssd_draft:
         return config, None  # one core: the draft shares it, and no prediction covers that
     k = config.num_speculative_tokens
-    predicted = _best_format([(fmt, predict_ssd(seen.measured.costs(fmt), seen.acceptance, k))
-                              for fmt in _formats(seen.measured)])
-    choice = ModeChoice("ssd", k, "forced; budget and draft format sized from " + seen.how,
-                        {"ssd": predicted.tokens_per_s}, predicted.detail)
-    return replace(config, ssd_budget=predicted.detail["budget"], draft_dtype=predicted.detail["draft_format"]), choice
+    predicted = _best_format(
+        [
+            (fmt, predict_ssd(seen.measured.costs(fmt), seen.acceptance, k))
+            for fmt in _formats(seen.measured)
+        ]
+    )
+    choice = ModeChoice(
+        "ssd",
+        k,
+        "forced; budget and draft format sized from " + seen.how,
+        {"ssd": predicted.tokens_per_s},
+        predicted.detail,
+    )
+    return replace(
+        config, ssd_budget=predicted.detail["budget"], draft_dtype=predicted.detail["draft_format"]
+    ), choice
 
 
 def _formats(measured: MeasuredCosts) -> list[str]:
@@ -128,7 +163,9 @@ def _predict_all_formats(measured: MeasuredCosts, acceptance: Acceptance) -> dic
     return predictions
 
 
-def _apply(config: EngineConfig, choice: ModeChoice, placement: Placement, measured: MeasuredCosts) -> EngineConfig:
+def _apply(
+    config: EngineConfig, choice: ModeChoice, placement: Placement, measured: MeasuredCosts
+) -> EngineConfig:
     """The choice written into the config; on CPU the cores too, as the prediction placed them
     (except under torchrun, whose ranks the engine does not place)."""
     on_cpu = placement.device == "cpu"
@@ -141,8 +178,12 @@ def _apply(config: EngineConfig, choice: ModeChoice, placement: Placement, measu
                 changes["cpu_cores"] = format_core_sets(placement.ssd_ranks + [placement.ssd_draft])
         return replace(config, **changes)
     synthetic = config.synthetic or Synthetic()
-    kept = Synthetic(synthetic.acceptance if choice.mode == "sd" else None)  # SD draws no lookups, AR no drafts
-    changes = dict(speculative_mode=choice.mode, synthetic=kept if kept.acceptance is not None else None)
+    kept = Synthetic(
+        synthetic.acceptance if choice.mode == "sd" else None
+    )  # SD draws no lookups, AR no drafts
+    changes = dict(
+        speculative_mode=choice.mode, synthetic=kept if kept.acceptance is not None else None
+    )
     if choice.mode == "sd":
         changes["num_speculative_tokens"] = choice.k
         if on_cpu:

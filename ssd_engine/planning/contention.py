@@ -2,6 +2,7 @@
 
 Decoding is bandwidth-bound and cores share the memory bus. The neighbour is a child process looping
 the matrix-vector product that dominates a decode step; it exits with the block or its parent."""
+
 import contextlib
 import subprocess
 import sys
@@ -25,8 +26,12 @@ while os.getppid() == parent:
 @contextlib.contextmanager
 def memory_traffic(cores: list[int], dtype: str = "bfloat16"):
     """A neighbour on `cores` decoding with `dtype` weights for as long as the block lasts."""
-    child = subprocess.Popen([sys.executable, "-c", _NEIGHBOUR, ",".join(map(str, cores)), dtype],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", _NEIGHBOUR, ",".join(map(str, cores)), dtype],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         child.stdout.readline()  # "ready": its matrix is allocated and it streams from now on
         yield child.pid

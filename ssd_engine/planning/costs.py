@@ -4,6 +4,7 @@ Curves are timed on a few layers of dummy weights and scaled to the whole model
 (planning/forward_timing.py): a forward's cost does not depend on weight values and every layer
 costs the same. Each SSD side is timed beside the other side's memory traffic
 (planning/contention.py). CUDA: planning/gpu_costs.py."""
+
 import json
 import os
 import time
@@ -37,9 +38,14 @@ class NotMeasured(Exception):
 @dataclass(frozen=True)
 class Placement:
     """Where each mode runs, as the engine will place it. On CPU a unit is a core; on CUDA a GPU."""
-    ranks: list[list[int]]       # AR and SD: the target's units per rank (one set: one process); SD's draft on ranks[0]
-    ssd_ranks: list[list[int]]   # SSD: the target's units per rank
-    ssd_draft: list[int]         # SSD's draft process; empty: it would share the ranks', and SSD is no candidate
+
+    ranks: list[
+        list[int]
+    ]  # AR and SD: the target's units per rank (one set: one process); SD's draft on ranks[0]
+    ssd_ranks: list[list[int]]  # SSD: the target's units per rank
+    ssd_draft: list[
+        int
+    ]  # SSD's draft process; empty: it would share the ranks', and SSD is no candidate
     device: str = "cpu"
 
     @property
@@ -50,32 +56,42 @@ class Placement:
 @dataclass
 class MeasuredCosts:
     key: str
-    target_cores: list[int]         # SSD's target cores (every rank's)
-    draft_cores: list[int]          # SSD's draft cores; empty: no SSD
+    target_cores: list[int]  # SSD's target cores (every rank's)
+    draft_cores: list[int]  # SSD's draft cores; empty: no SSD
     target_all: dict[int, float]
     target_one: dict[int, float]
     draft_all: dict[int, float]
     draft_one: dict[str, dict[int, float]]  # SSD draft format -> its curve
     sd_format: str
-    ssd_format: str                 # the probe's pick for SSD's branch workload
-    seconds: float                  # how long measuring took
+    ssd_format: str  # the probe's pick for SSD's branch workload
+    seconds: float  # how long measuring took
     version: int = VERSION
 
     def costs(self, ssd_format: str | None = None) -> Costs:
         """The cost curves with the SSD draft in `ssd_format` (None: the probe's pick)."""
         draft_one = self.draft_one[ssd_format or self.ssd_format]
-        return Costs(_curve(self.target_all), _curve(self.target_one), _curve(self.draft_all), _curve(draft_one),
-                     ssd_possible=bool(self.draft_cores))
+        return Costs(
+            _curve(self.target_all),
+            _curve(self.target_one),
+            _curve(self.draft_all),
+            _curve(draft_one),
+            ssd_possible=bool(self.draft_cores),
+        )
 
     @classmethod
     def load(cls, path: str) -> "MeasuredCosts":
         with open(path) as f:
             raw = json.load(f)
         if raw.get("version") != VERSION:
-            raise ValueError(f"{path}: costs of version {raw.get('version')}, this engine reads {VERSION}")
+            raise ValueError(
+                f"{path}: costs of version {raw.get('version')}, this engine reads {VERSION}"
+            )
         for name in ("target_all", "target_one", "draft_all"):
             raw[name] = {int(rows): s for rows, s in raw[name].items()}
-        raw["draft_one"] = {fmt: {int(rows): s for rows, s in curve.items()} for fmt, curve in raw["draft_one"].items()}
+        raw["draft_one"] = {
+            fmt: {int(rows): s for rows, s in curve.items()}
+            for fmt, curve in raw["draft_one"].items()
+        }
         return cls(**raw)
 
     def save(self, path: str) -> None:
@@ -98,11 +114,19 @@ def _curve(measured: dict[int, float]):
             if n <= hi or hi == rows[-1]:
                 return points[lo] + (points[hi] - points[lo]) * (n - lo) / (hi - lo)
         raise AssertionError("unreachable")
+
     return at
 
 
-def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
-                    placement: Placement, measure_gpu=None) -> tuple[MeasuredCosts, bool]:
+def load_or_measure(
+    key: str,
+    cache_dir: str,
+    target: ModelConfig,
+    draft: ModelConfig,
+    draft_dtype: str,
+    placement: Placement,
+    measure_gpu=None,
+) -> tuple[MeasuredCosts, bool]:
     """-> (costs, whether cached). A GPU's are timed by `measure_gpu`."""
     path = os.path.join(cache_dir, "calibrations", f"mode-costs-{key}.json")
     try:
@@ -111,27 +135,42 @@ def load_or_measure(key: str, cache_dir: str, target: ModelConfig, draft: ModelC
             return cached, True
     except (OSError, ValueError, TypeError, KeyError):
         pass
-    measured = (measure_gpu(key, target, draft, draft_dtype, placement) if placement.device != "cpu" and measure_gpu
-                else measure(key, target, draft, draft_dtype, placement))
+    measured = (
+        measure_gpu(key, target, draft, draft_dtype, placement)
+        if placement.device != "cpu" and measure_gpu
+        else measure(key, target, draft, draft_dtype, placement)
+    )
     measured.save(path)
     return measured, False
 
 
-def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
-            placement: Placement) -> MeasuredCosts:
+def measure(
+    key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str, placement: Placement
+) -> MeasuredCosts:
     if placement.device != "cpu":
-        raise NotMeasured(f"planning/costs.py times CPU cores; {placement.device} is planning/gpu_costs.py's")
+        raise NotMeasured(
+            f"planning/costs.py times CPU cores; {placement.device} is planning/gpu_costs.py's"
+        )
     started = time.perf_counter()
     ranks, ssd_ranks, draft_cores = placement.ranks, placement.ssd_ranks, placement.ssd_draft
     sd_cores = ranks[0]  # the colocated draft runs in rank 0's process (one process: every core)
     ssd_target = sorted({c for s in ssd_ranks for c in s})
     draft_hf = load_config(draft.path, "dummy")
-    sd_format = formats.resolve_draft(draft_dtype, draft_hf, "cpu", [(1, 4)], sd_cores, len(sd_cores))
-    ssd_format = (formats.resolve_draft(draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores))
-                  if draft_cores else sd_format)
+    sd_format = formats.resolve_draft(
+        draft_dtype, draft_hf, "cpu", [(1, 4)], sd_cores, len(sd_cores)
+    )
+    ssd_format = (
+        formats.resolve_draft(
+            draft_dtype, draft_hf, "cpu", SSD_WORKLOAD, draft_cores, len(draft_cores)
+        )
+        if draft_cores
+        else sd_format
+    )
     ssd_formats = list({f.name: f for f in (sd_format, ssd_format)}.values()) if draft_cores else []
     steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) + 1 + len(DRAFT_ROWS) * len(ssd_formats)
-    with tqdm(total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()) as bar:
+    with tqdm(
+        total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()
+    ) as bar:
         target_all, target_one = _time_target(target, ranks, ssd_ranks, draft_cores, bar)
         runner = build_timed(draft, sd_format)
         draft_all = time_forwards(runner, (1,), sd_cores, bar)
@@ -145,24 +184,41 @@ def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
                 draft_one[fmt.name] = time_forwards(runner, DRAFT_ROWS, draft_cores, bar)
         del runner
         release_memory()
-    return MeasuredCosts(key, ssd_target, draft_cores, target_all, target_one or target_all, draft_all,
-                         draft_one or {sd_format.name: draft_all}, sd_format.name, ssd_format.name,
-                         time.perf_counter() - started)
+    return MeasuredCosts(
+        key,
+        ssd_target,
+        draft_cores,
+        target_all,
+        target_one or target_all,
+        draft_all,
+        draft_one or {sd_format.name: draft_all},
+        sd_format.name,
+        ssd_format.name,
+        time.perf_counter() - started,
+    )
 
 
-def _time_target(target: ModelConfig, ranks: list[list[int]], ssd_ranks: list[list[int]], draft_cores: list[int],
-                 bar) -> tuple[dict[int, float], dict[int, float]]:
+def _time_target(
+    target: ModelConfig,
+    ranks: list[list[int]],
+    ssd_ranks: list[list[int]],
+    draft_cores: list[int],
+    bar,
+) -> tuple[dict[int, float], dict[int, float]]:
     """The target on AR and SD's ranks, and on SSD's beside the draft cores' memory traffic when SSD
     is a candidate. One process is built once and timed on both; ranks start on each's cores."""
     one = build_timed(target) if len(ranks) == 1 else None
 
     def time_on(sets: list[list[int]]) -> dict[int, float]:
-        return time_forwards(one, TARGET_ROWS, sets[0], bar) if one else time_ranks(target, sets, bar)  # noqa: F821 (deleted after its last call)
+        if one is not None:
+            return time_forwards(one, TARGET_ROWS, sets[0], bar)
+        return time_ranks(target, sets, bar)
 
     target_all, target_one = time_on(ranks), {}
     if draft_cores:
-        with memory_traffic(draft_cores, "bfloat16"):  # what the SSD target meets: the draft beside it
+        # what the SSD target meets: the draft beside it
+        with memory_traffic(draft_cores, "bfloat16"):
             target_one = time_on(ssd_ranks)
-    del one, time_on
+    one = None  # the process's weights go now, not when the closure goes
     release_memory()  # the target's weights go before a draft loads
     return target_all, target_one

@@ -6,6 +6,7 @@ matmuls run faster padded with zero rows) through planning/row_padding_probe.py.
 per machine fingerprint in the model cache's `probes/` folder (planning/probe_cache.py), so a
 second engine on the same cores measures nothing. Runners only read the results from their
 `ModelConfig`."""
+
 import hashlib
 import logging
 import os
@@ -27,16 +28,20 @@ from ssd_engine.saguaro.plan import SaguaroPlan
 from ssd_engine.utils.machine import fingerprint
 
 log = logging.getLogger("ssd_engine")
-TIE = 1.10          # a more precise draft format within this factor of the fastest wins
-HEAD_SLICE = 16384  # LM-head rows the draft probe times; the full head costs vocab / HEAD_SLICE times that
-WORKING_SET_BYTES = 128 * 2**20  # the draft probe cycles through copies this large: weights stream from memory
+TIE = 1.10  # a more precise draft format within this factor of the fastest wins
+HEAD_SLICE = (
+    16384  # LM-head rows the draft probe times; the full head costs vocab / HEAD_SLICE times that
+)
+WORKING_SET_BYTES = (
+    128 * 2**20
+)  # the draft probe cycles through copies this large: weights stream from memory
 
 
 @dataclass(frozen=True)
 class DraftFormat:
     name: str
-    how: str                       # "probe", "cached probe", "draft_dtype", "gpu"
-    step_ms: dict | None = None    # format -> one weighted draft workload, ms (when probed)
+    how: str  # "probe", "cached probe", "draft_dtype", "gpu"
+    step_ms: dict | None = None  # format -> one weighted draft workload, ms (when probed)
 
     @property
     def dtype(self) -> str:
@@ -45,18 +50,22 @@ class DraftFormat:
     def describe(self) -> str:
         if not self.step_ms:
             return f"{self.name} ({self.how})"
-        times = ", ".join(f"{f} {ms:.1f}" for f, ms in sorted(self.step_ms.items(), key=lambda kv: kv[1]))
+        times = ", ".join(
+            f"{f} {ms:.1f}" for f, ms in sorted(self.step_ms.items(), key=lambda kv: kv[1])
+        )
         return f"{self.name} ({self.how}: ms per workload {times})"
 
 
 @dataclass(frozen=True)
 class Formats:
-    target: ModelConfig           # the target's part with its row padding
-    draft: ModelConfig | None     # the draft's: its folder, device, resolved format and row padding
+    target: ModelConfig  # the target's part with its row padding
+    draft: ModelConfig | None  # the draft's: its folder, device, resolved format and row padding
     draft_format: DraftFormat | None
 
 
-def decide(parts: Config, core_sets: list[list[int]] | None, saguaro: SaguaroPlan | None) -> Formats:
+def decide(
+    parts: Config, core_sets: list[list[int]] | None, saguaro: SaguaroPlan | None
+) -> Formats:
     """The target's and the draft's formats for where the engine will run them: SSD's draft on the
     last of `core_sets` (CPU) or the GPU after the target's ranks, SD's beside the target."""
     model, speculative = parts.model, parts.speculative
@@ -65,7 +74,9 @@ def decide(parts: Config, core_sets: list[list[int]] | None, saguaro: SaguaroPla
     target = with_row_padding(model, target_cores, target_threads)
     if speculative.mode == "ar":
         return Formats(target, None, None)
-    draft = replace(model, path=speculative.draft_model, row_independent=False)  # row_independent: the target's alone
+    draft = replace(
+        model, path=speculative.draft_model, row_independent=False
+    )  # row_independent: the target's alone
     if speculative.mode == "sd":
         cores, threads, workload = None, threads_on(model, None), [(1, speculative.k)]
         padding_cores, padding_threads = target_cores, target_threads
@@ -77,9 +88,17 @@ def decide(parts: Config, core_sets: list[list[int]] | None, saguaro: SaguaroPla
         # a round: the glue scores K+1 rows, then K branch steps of B rows; a miss drafts one row
         workload = [(1, 1), (speculative.k + 1, 1), (max(branch_rows, 1), speculative.k)]
         padding_cores, padding_threads = cores or target_cores, threads
-    chosen = resolve_draft(speculative.draft_dtype, load_config(draft.path, draft.load_format), draft.device,
-                           workload, cores, threads)
-    draft = replace(draft, dtype=chosen.dtype, weight_format=chosen.name if draft.device == "cpu" else None)
+    chosen = resolve_draft(
+        speculative.draft_dtype,
+        load_config(draft.path, draft.load_format),
+        draft.device,
+        workload,
+        cores,
+        threads,
+    )
+    draft = replace(
+        draft, dtype=chosen.dtype, weight_format=chosen.name if draft.device == "cpu" else None
+    )
     return Formats(target, with_row_padding(draft, padding_cores, padding_threads), chosen)
 
 
@@ -99,28 +118,44 @@ def ssd_draft_device(parts: Config) -> str:
 
 # ---------------------------------------------------------------- the draft's weight format
 
+
 def linear_shapes(hf_config) -> list[tuple[int, int, int]]:
     """(out, in, count) of the Linears one forward runs; the LM head last."""
     h, i = hf_config.hidden_size, hf_config.intermediate_size
     width = head_dim(hf_config)
     q, kv = hf_config.num_attention_heads * width, hf_config.num_key_value_heads * width
     layers = hf_config.num_hidden_layers
-    return [(q + 2 * kv, h, layers), (h, q, layers), (2 * i, h, layers), (h, i, layers),
-            (hf_config.vocab_size, h, 1)]
+    return [
+        (q + 2 * kv, h, layers),
+        (h, q, layers),
+        (2 * i, h, layers),
+        (h, i, layers),
+        (hf_config.vocab_size, h, 1),
+    ]
 
 
-def resolve_draft(option: str, hf_config, device: str, workload: list[tuple[int, int]], cores: list[int] | None,
-                  threads: int) -> DraftFormat:
+def resolve_draft(
+    option: str,
+    hf_config,
+    device: str,
+    workload: list[tuple[int, int]],
+    cores: list[int] | None,
+    threads: int,
+) -> DraftFormat:
     """The draft's format. `workload`: (rows, forwards per round) the draft runs, e.g. SD's
     [(1, K)]; `cores`/`threads`: where it will run (the probe runs there)."""
     assert option in DRAFT_DTYPES
     if device != "cpu":
-        return DraftFormat("fp32" if option == "fp32" else "bf16", "draft_dtype" if option != "auto" else "gpu")
+        return DraftFormat(
+            "fp32" if option == "fp32" else "bf16", "draft_dtype" if option != "auto" else "gpu"
+        )
     if option != "auto":
         check_supported(option, "draft_dtype")
         return DraftFormat(option, "draft_dtype")
     shapes = linear_shapes(hf_config)
-    measured = repr((shapes, workload, FORMATS, gguf_cpu.library_key()))  # hash() of a str differs per process
+    measured = repr(
+        (shapes, workload, FORMATS, gguf_cpu.library_key())
+    )  # hash() of a str differs per process
     key = f"draft-format-{fingerprint(cores, threads)}-{hashlib.blake2b(measured.encode(), digest_size=4).hexdigest()}"
     cached = read_probe(key)
     if cached is not None and "format" in cached:
@@ -146,7 +181,10 @@ def probe_draft(shapes, workload, cores: list[int] | None, threads: int) -> dict
         result = {}
         for fmt in FORMATS:
             try:
-                result[fmt] = sum(_time_shape(out, inp, count, fmt, workload, generator) for out, inp, count in shapes)
+                result[fmt] = sum(
+                    _time_shape(out, inp, count, fmt, workload, generator)
+                    for out, inp, count in shapes
+                )
             except RuntimeError as error:
                 log.info("draft format %s unavailable here: %s", fmt, str(error).splitlines()[0])
         log.info("draft format probe took %.1f s: %s", time.perf_counter() - started, result)

@@ -1,4 +1,5 @@
 """One forward's seconds by rows on given cores: a few dummy layers at real shapes, scaled up."""
+
 import contextlib
 import gc
 import io
@@ -24,10 +25,10 @@ from ssd_engine.utils.memory import release_freed_heap
 
 PREFIX = 128
 BLOCK = 16
-TARGET_ROWS = (1, 2, 3, 5, 9)            # AR's one row, verification of K + 1 (cost is concave in rows)
-DRAFT_ROWS = (1, 5, 9, 16, 32)           # one-row drafting, the glue (K + 1), branch steps (B)
-REPEATS = 5                              # after two warm-ups; the median counts
-TIMED_LAYERS = 4                         # decoder layers built and timed; the rest are scaled from them
+TARGET_ROWS = (1, 2, 3, 5, 9)  # AR's one row, verification of K + 1 (cost is concave in rows)
+DRAFT_ROWS = (1, 5, 9, 16, 32)  # one-row drafting, the glue (K + 1), branch steps (B)
+REPEATS = 5  # after two warm-ups; the median counts
+TIMED_LAYERS = 4  # decoder layers built and timed; the rest are scaled from them
 BLOCKS = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
 RANKS_TIMEOUT_S = 60.0  # the measuring ranks' collectives (distributed_timeout_s's default)
 
@@ -35,13 +36,18 @@ RANKS_TIMEOUT_S = 60.0  # the measuring ranks' collectives (distributed_timeout_
 def build_timed(model: ModelConfig, fmt: DraftFormat | None = None):
     """-> (runner, scale to the whole model): real format and shapes, TIMED_LAYERS dummy layers."""
     # eager: compiling throwaway models costs more than it changes a forward's time
-    changes = {"load_format": "dummy", "compile": False} | ({"dtype": fmt.dtype, "weight_format": fmt.name,
-                                                            "row_independent": False} if fmt else {})
+    changes = {"load_format": "dummy", "compile": False} | (
+        {"dtype": fmt.dtype, "weight_format": fmt.name, "row_independent": False} if fmt else {}
+    )
     hf_config = load_config(model.path, "dummy")
     layers = hf_config.num_hidden_layers
     hf_config.num_hidden_layers = min(layers, TIMED_LAYERS)
-    timed = with_row_padding(replace(model, **changes), sorted(os.sched_getaffinity(0)), torch.get_num_threads())
-    runner = RunnerSpec(timed, CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1).build(hf_config=hf_config)
+    timed = with_row_padding(
+        replace(model, **changes), sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    )
+    runner = RunnerSpec(timed, CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1).build(
+        hf_config=hf_config
+    )
     context = [(3 + i) % hf_config.vocab_size for i in range(PREFIX)]  # ids every vocabulary has
     runner.run(step_inputs.StepInputs([0], [context], [list(range(BLOCKS))], [[PREFIX - 1]]))
     return runner, layers / hf_config.num_hidden_layers
@@ -56,8 +62,12 @@ def time_forwards(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[i
         result = {}
         for n in rows:
             fed = [42 % runner.config.vocab_size] * n
-            ids, positions, meta = runner.prepare(step_inputs.StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))]))
-            times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][2:]
+            ids, positions, meta = runner.prepare(
+                step_inputs.StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))])
+            )
+            times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][
+                2:
+            ]
             result[n] = sorted(times)[REPEATS // 2]
             bar.update(1)
         return result
@@ -76,10 +86,15 @@ def time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, flo
         hf_config.layer_types = hf_config.layer_types[:timed]
     with tempfile.TemporaryDirectory(prefix="ssd-engine-costs-") as folder:
         hf_config.save_pretrained(folder)
-        spec = RunnerSpec(replace(model, path=folder, load_format="dummy", compile=False, num_threads=None),
-                          CacheConfig(BLOCK, BLOCKS), PREFIX + max(DRAFT_ROWS) + 1)
+        spec = RunnerSpec(
+            replace(model, path=folder, load_format="dummy", compile=False, num_threads=None),
+            CacheConfig(BLOCK, BLOCKS),
+            PREFIX + max(DRAFT_ROWS) + 1,
+        )
         parallel = ParallelConfig(len(ranks), format_core_sets(ranks), RANKS_TIMEOUT_S)
-        with contextlib.redirect_stderr(io.StringIO()):  # its placement line is the engine's to print
+        with contextlib.redirect_stderr(
+            io.StringIO()
+        ):  # its placement line is the engine's to print
             runner = spawn_ranks(parallel, spec, ranks)
         try:
             seq = Sequence([0], SamplingParams(), BLOCK)
@@ -92,9 +107,13 @@ def time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, flo
                 fed = [42 % hf_config.vocab_size] * n
                 timed_s = {}
                 for rows in (list(range(n)), []):
-                    times = [_ranks_forward_s(runner, seq, fed, rows) for _ in range(2 + REPEATS)][2:]
+                    times = [_ranks_forward_s(runner, seq, fed, rows) for _ in range(2 + REPEATS)][
+                        2:
+                    ]
                     timed_s[bool(rows)] = sorted(times)[REPEATS // 2]
-                result[n] = timed_s[False] * layers / timed + max(timed_s[True] - timed_s[False], 0.0)
+                result[n] = timed_s[False] * layers / timed + max(
+                    timed_s[True] - timed_s[False], 0.0
+                )
                 bar.update(1)
             return result
         finally:

@@ -2,6 +2,7 @@
 
 Two GPUs share no memory bus, so no contention is modelled: SSD's target costs what AR's does.
 A tensor-parallel target is not timed here (NotMeasured)."""
+
 import time
 from dataclasses import replace
 
@@ -25,29 +26,49 @@ from ssd_engine.utils.progress import progress_enabled
 REPEATS = 15  # after three warm-ups; the median counts
 
 
-def measure(key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str,
-            placement: costs.Placement) -> costs.MeasuredCosts:
+def measure(
+    key: str, target: ModelConfig, draft: ModelConfig, draft_dtype: str, placement: costs.Placement
+) -> costs.MeasuredCosts:
     if len(placement.ranks) > 1:
-        raise costs.NotMeasured(f"planning/gpu_costs.py times one GPU's target; {len(placement.ranks)} "
-                                f"tensor-parallel ranks are not timed")
+        raise costs.NotMeasured(
+            f"planning/gpu_costs.py times one GPU's target; {len(placement.ranks)} "
+            f"tensor-parallel ranks are not timed"
+        )
     started = time.perf_counter()
     gpu = placement.ranks[0][0]
     fmt = formats.resolve_draft(draft_dtype, load_config(draft.path, "dummy"), "cuda", [], None, 1)
     draft = replace(draft, dtype=fmt.dtype, weight_format=None, row_independent=False)
     steps = len(TARGET_ROWS) + 1 + (len(DRAFT_ROWS) if placement.ssd_draft else 0)
-    with tqdm(total=steps, desc="calibrating modes (once per GPU)", disable=not progress_enabled()) as bar:
+    with tqdm(
+        total=steps, desc="calibrating modes (once per GPU)", disable=not progress_enabled()
+    ) as bar:
         target_all = _time(target, f"cuda:{gpu}", TARGET_ROWS, bar)
         draft_all = _time(draft, f"cuda:{gpu}", (1,), bar)
-        draft_one = (_time(draft, f"cuda:{placement.ssd_draft[0]}", DRAFT_ROWS, bar) if placement.ssd_draft
-                     else draft_all)
-    return costs.MeasuredCosts(key, [gpu], list(placement.ssd_draft), target_all, target_all, draft_all,
-                               {fmt.name: draft_one}, fmt.name, fmt.name, time.perf_counter() - started)
+        draft_one = (
+            _time(draft, f"cuda:{placement.ssd_draft[0]}", DRAFT_ROWS, bar)
+            if placement.ssd_draft
+            else draft_all
+        )
+    return costs.MeasuredCosts(
+        key,
+        [gpu],
+        list(placement.ssd_draft),
+        target_all,
+        target_all,
+        draft_all,
+        {fmt.name: draft_one},
+        fmt.name,
+        fmt.name,
+        time.perf_counter() - started,
+    )
 
 
 def _time(model: ModelConfig, device: str, rows: tuple[int, ...], bar) -> dict[int, float]:
     """Median seconds of a forward of n new rows (logits for each) on `device`, per n in `rows`."""
     graphed = model.cuda_graph_max_batch > 0
-    one_row_bucket = replace(model, device=device, cuda_graph_max_batch=min(model.cuda_graph_max_batch, 1))
+    one_row_bucket = replace(
+        model, device=device, cuda_graph_max_batch=min(model.cuda_graph_max_batch, 1)
+    )
     runner, scale = build_timed(one_row_bucket)
     try:
         if graphed:
@@ -55,7 +76,9 @@ def _time(model: ModelConfig, device: str, rows: tuple[int, ...], bar) -> dict[i
         result = {}
         for n in rows:
             fed = [42 % runner.config.vocab_size] * n
-            inputs = step_inputs.StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))])
+            inputs = step_inputs.StepInputs(
+                [PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))]
+            )
             prepared = runner.prepare(inputs)
             times = [_forward_s(runner, *prepared, scale, device) for _ in range(3 + REPEATS)][3:]
             result[n] = sorted(times)[REPEATS // 2]

@@ -3,6 +3,7 @@
 The engine reads only the plan: K lives in `parts.speculative.k` alone, and the flat options are
 never read again. GGUF files are converted here, before any weights load, so a conversion's working
 memory never adds to a loaded target's."""
+
 import logging
 from dataclasses import dataclass, replace
 
@@ -22,12 +23,16 @@ log = logging.getLogger("ssd_engine")
 
 @dataclass(frozen=True)
 class Plan:
-    parts: Config               # model.path and speculative.draft_model are folders on disk; model: the target's, formats decided
-    choice: ModeChoice | None   # auto's choice, or a forced SSD's sizing; None when the mode was given
-    core_sets: list[list[int]] | None = None  # CPU: SSD's per target rank then the draft's, or the one given set
-    draft: ModelConfig | None = None          # SD / SSD: the draft's part, its format and device decided
+    parts: Config  # model.path and speculative.draft_model are folders on disk; model: the target's, formats decided
+    choice: (
+        ModeChoice | None
+    )  # auto's choice, or a forced SSD's sizing; None when the mode was given
+    core_sets: list[list[int]] | None = (
+        None  # CPU: SSD's per target rank then the draft's, or the one given set
+    )
+    draft: ModelConfig | None = None  # SD / SSD: the draft's part, its format and device decided
     draft_format: formats.DraftFormat | None = None
-    saguaro: SaguaroPlan | None = None        # SSD: fan-outs and the fallback rule
+    saguaro: SaguaroPlan | None = None  # SSD: fan-outs and the fallback rule
 
     @property
     def mode(self) -> str:
@@ -49,13 +54,28 @@ def plan(options: EngineConfig) -> Plan:
     parts = options.parts()
     model = replace(parts.model, path=resolve_model_path(options))
     draft_path = resolve_model_path(options, "draft") if parts.speculative.mode != "ar" else None
-    parts = replace(parts, model=model, speculative=replace(parts.speculative, draft_model=draft_path))
+    parts = replace(
+        parts, model=model, speculative=replace(parts.speculative, draft_model=draft_path)
+    )
     sets = core_sets(parts)
     detail = choice.detail if choice else {}
-    timing = (detail["t_p"], detail["t_jit"]) if "t_p" in detail else None  # auto's predicted SSD (T_p, T_jit)
-    saguaro = plan_saguaro(parts.speculative, model.path, draft_path, timing) if parts.speculative.mode == "ssd" else None
+    timing = (
+        (detail["t_p"], detail["t_jit"]) if "t_p" in detail else None
+    )  # auto's predicted SSD (T_p, T_jit)
+    saguaro = (
+        plan_saguaro(parts.speculative, model.path, draft_path, timing)
+        if parts.speculative.mode == "ssd"
+        else None
+    )
     decided = formats.decide(parts, sets, saguaro)
-    return Plan(replace(parts, model=decided.target), choice, sets, decided.draft, decided.draft_format, saguaro)
+    return Plan(
+        replace(parts, model=decided.target),
+        choice,
+        sets,
+        decided.draft,
+        decided.draft_format,
+        saguaro,
+    )
 
 
 def core_sets(parts: Config) -> list[list[int]] | None:
@@ -69,8 +89,12 @@ def core_sets(parts: Config) -> list[list[int]] | None:
         return sets if len(sets) == 1 and parallel.tensor_parallel_size == 1 else None
     needed = parallel.tensor_parallel_size + 1
     if parallel.cpu_cores is None and len(available_cores()) < needed:
-        log.warning("SSD wants %d disjoint core sets (target ranks + draft) but this process may use %d "
-                    "cores; the draft shares them", needed, len(available_cores()))
+        log.warning(
+            "SSD wants %d disjoint core sets (target ranks + draft) but this process may use %d "
+            "cores; the draft shares them",
+            needed,
+            len(available_cores()),
+        )
         return None
     return plan_core_sets(needed, parallel.cpu_cores)
 
@@ -103,8 +127,12 @@ def resolve_target_format(options: EngineConfig) -> EngineConfig:
     try:  # the cheap checks first: a plain folder never builds the kernels
         blocks = GGUFFile(source_gguf(path), load_config(path))
         blocks.check()
-        if options.tensor_parallel_size > 1:  # each rank keeps its slice's blocks: they must be whole
+        if (
+            options.tensor_parallel_size > 1
+        ):  # each rank keeps its slice's blocks: they must be whole
             blocks.check_split(options.tensor_parallel_size)
     except (ValueError, DefaultModelError):
-        return replace(options, target_dtype="fp32")  # no GGUF, or one whose blocks the kernels do not read
+        return replace(
+            options, target_dtype="fp32"
+        )  # no GGUF, or one whose blocks the kernels do not read
     return replace(options, target_dtype="gguf-int8" if gguf_cpu.available() else "fp32")

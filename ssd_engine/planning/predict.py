@@ -1,6 +1,7 @@
 """Predict AR, SD and SSD tokens/s from measured costs and the pair's acceptance, with the paper's
 formulas (docs/saguaro.md). SSD's budget B is the largest whose cache build (glue + K branch steps
 of B rows) fits one verification with HEADROOM."""
+
 import math
 from dataclasses import dataclass, field
 
@@ -18,17 +19,23 @@ MAX_BUDGET = 64
 @dataclass(frozen=True)
 class Acceptance:
     """What the pair accepts, from its calibration (or the documented defaults)."""
-    position_rates: tuple[float, ...]   # P(draft i accepted | drafts before it accepted), i = 1..K_cal
-    miss_by_fanout: tuple[float, ...]   # P(bonus not among the top F candidates), F = 1, 2, ...
+
+    position_rates: tuple[
+        float, ...
+    ]  # P(draft i accepted | drafts before it accepted), i = 1..K_cal
+    miss_by_fanout: tuple[float, ...]  # P(bonus not among the top F candidates), F = 1, 2, ...
     r: float
-    e_fast: float                       # tokens per round from the fast backup
+    e_fast: float  # tokens per round from the fast backup
 
     @classmethod
     def from_calibration(cls, cal: Calibration | None) -> "Acceptance":
         if cal is None:
             return cls((DEFAULT_ALPHA,), (), DEFAULT_R, DEFAULT_E_FAST)
         at_least = [sum(cal.outcome_probs[i:]) for i in range(len(cal.outcome_probs))]
-        rates = tuple(at_least[i] / at_least[i - 1] if at_least[i - 1] > 0 else 0.0 for i in range(1, len(at_least)))
+        rates = tuple(
+            at_least[i] / at_least[i - 1] if at_least[i - 1] > 0 else 0.0
+            for i in range(1, len(at_least))
+        )
         return cls(rates or (cal.alpha,), tuple(cal.miss_by_fanout), cal.r, cal.e_fast)
 
     def rate(self, position: int) -> float:
@@ -63,11 +70,12 @@ class Acceptance:
 @dataclass(frozen=True)
 class Costs:
     """Seconds of one forward by rows, as functions (planning/costs.py measures them)."""
-    target_all: object      # rows -> s, the target on every core
-    target_one: object      # rows -> s, the target on SSD's target cores, the draft's streaming memory
-    draft_all: object       # rows -> s, the SD draft on every core
-    draft_one: object       # rows -> s, the SSD draft on its own cores
-    ssd_possible: bool      # enough cores for disjoint target and draft sets
+
+    target_all: object  # rows -> s, the target on every core
+    target_one: object  # rows -> s, the target on SSD's target cores, the draft's streaming memory
+    draft_all: object  # rows -> s, the SD draft on every core
+    draft_one: object  # rows -> s, the SSD draft on its own cores
+    ssd_possible: bool  # enough cores for disjoint target and draft sets
 
 
 @dataclass
@@ -101,9 +109,21 @@ def predict_ssd(costs: Costs, acc: Acceptance, k: int) -> Prediction:
     # a miss takes the just-in-time primary or the fast backup, whichever Theorem 7 rates higher
     jit, fast = ssd_speedup(p_hit, e, e, t_p, t_jit), ssd_speedup(p_hit, e, acc.e_fast, t_p, 0.0)
     speedup = max(jit, fast)
-    return Prediction("ssd", k, speedup / verify,
-                      {"budget": budget, "floor_t_p": build(1) / verify, "fanout": fanout, "p_hit": p_hit, "t_p": t_p, "t_jit": t_jit,
-                       "tokens_per_round": e, "miss_backup": "jit" if jit >= fast else "fast"})
+    return Prediction(
+        "ssd",
+        k,
+        speedup / verify,
+        {
+            "budget": budget,
+            "floor_t_p": build(1) / verify,
+            "fanout": fanout,
+            "p_hit": p_hit,
+            "t_p": t_p,
+            "t_jit": t_jit,
+            "tokens_per_round": e,
+            "miss_backup": "jit" if jit >= fast else "fast",
+        },
+    )
 
 
 def predict_all(costs: Costs, acc: Acceptance, ks=K_RANGE) -> dict[str, Prediction]:
@@ -117,4 +137,3 @@ def predict_all(costs: Costs, acc: Acceptance, ks=K_RANGE) -> dict[str, Predicti
 def _best_k(predictions: list[Prediction]) -> Prediction:
     top = max(p.tokens_per_s for p in predictions)
     return min((p for p in predictions if p.tokens_per_s >= K_TIE * top), key=lambda p: p.k)
-

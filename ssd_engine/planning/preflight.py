@@ -1,4 +1,5 @@
 """Checks that need no weights, run before anything loads or any process starts."""
+
 import os
 import re
 
@@ -22,22 +23,33 @@ def check_model_source(path: str, option: str = "model", load_format: str = "aut
         if not is_complete(gguf_cache_folder(path)):
             check_gguf(path)  # header parsing is slow: worth it only before a conversion
     elif os.path.isfile(path):
-        raise ValueError(f"{option} {path} is a file but not a GGUF file (no GGUF magic bytes): pass {WHAT_TO_PASS}")
-    elif (HUB_ID.match(path) and not path.lower().endswith(".gguf")
-          and not os.path.isdir(os.path.dirname(path))):
-        raise ValueError(f"{option} {path!r} looks like a Hugging Face Hub id, but weights cannot be downloaded "
-                         f"here: pass {WHAT_TO_PASS}")
+        raise ValueError(
+            f"{option} {path} is a file but not a GGUF file (no GGUF magic bytes): pass {WHAT_TO_PASS}"
+        )
+    elif (
+        HUB_ID.match(path)
+        and not path.lower().endswith(".gguf")
+        and not os.path.isdir(os.path.dirname(path))
+    ):
+        raise ValueError(
+            f"{option} {path!r} looks like a Hugging Face Hub id, but weights cannot be downloaded "
+            f"here: pass {WHAT_TO_PASS}"
+        )
     else:
         raise ValueError(f"{option} not found: {path} (pass {WHAT_TO_PASS})")
 
 
 def check_before_loading(config: EngineConfig) -> None:
     """ValueError for a model source check_model_source refuses or a missing calibration_dir."""
-    sources = [("model", config.model)] + ([("draft_model", config.draft_model)]
-                                           if config.speculative_mode != "ar" else [])
+    sources = [("model", config.model)] + (
+        [("draft_model", config.draft_model)] if config.speculative_mode != "ar" else []
+    )
     for option, path in sources:
         if path is not None:
             check_model_source(path, option, config.load_format)
-    if config.speculative_mode in ("ssd", "auto") and config.calibration_dir is not None \
-            and not os.path.isdir(config.calibration_dir):
+    if (
+        config.speculative_mode in ("ssd", "auto")
+        and config.calibration_dir is not None
+        and not os.path.isdir(config.calibration_dir)
+    ):
         raise ValueError(f"calibration_dir not found: {config.calibration_dir}")

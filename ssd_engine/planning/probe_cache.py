@@ -1,4 +1,5 @@
 """The format probes' one cache: a JSON file per key in the model cache's `probes/` folder."""
+
 import json
 import os
 

@@ -1,4 +1,5 @@
 """oneDNN's row padding, probed on a model's cores: which small row counts run faster padded."""
+
 import time
 from dataclasses import replace
 
@@ -11,11 +12,11 @@ from ssd_engine.planning.probe_cache import read_probe, write_probe
 from ssd_engine.runtime.model_runner import matmul_dtype
 from ssd_engine.utils.machine import fingerprint
 
-PADDING_SHAPE = (8960, 1536)     # the row-padding probe's weight: large enough to stream from memory
+PADDING_SHAPE = (8960, 1536)  # the row-padding probe's weight: large enough to stream from memory
 PADDING_BYTES = 256 * 2**20
-PADDING_REPEATS = 7              # rounds over every row count in turn, so noise hits them all alike
+PADDING_REPEATS = 7  # rounds over every row count in turn, so noise hits them all alike
 PADDING_ROWS = (1, 2, 3, 4)
-PADDING_GAIN = 0.85              # pad only where it saves at least 15%: noise must not decide
+PADDING_GAIN = 0.85  # pad only where it saves at least 15%: noise must not decide
 
 
 def with_row_padding(model: ModelConfig, cores: list[int], threads: int) -> ModelConfig:
@@ -23,7 +24,9 @@ def with_row_padding(model: ModelConfig, cores: list[int], threads: int) -> Mode
     dtype = matmul_dtype(model, gguf=model.weight_format in GGUF_FORMATS)
     if dtype is None:
         return model
-    return replace(model, row_padding=tuple(sorted(measure_row_padding(dtype, cores, threads).items())))
+    return replace(
+        model, row_padding=tuple(sorted(measure_row_padding(dtype, cores, threads).items()))
+    )
 
 
 def measure_row_padding(dtype: torch.dtype, cores: list[int], threads: int) -> dict[int, int]:
@@ -56,7 +59,9 @@ def choose_padding(ms: dict[int, float]) -> dict[int, int]:
 
 
 def _probe_padding(dtype: torch.dtype) -> dict[int, float]:
-    weight = torch.randn(*PADDING_SHAPE, generator=torch.Generator().manual_seed(0)).to(dtype) * 0.02
+    weight = (
+        torch.randn(*PADDING_SHAPE, generator=torch.Generator().manual_seed(0)).to(dtype) * 0.02
+    )
     copies = max(1, PADDING_BYTES // (weight.numel() * 4))
     packed = [torch.ops.mkldnn._reorder_linear_weight(weight.clone(), 8) for _ in range(copies)]
     inputs = {rows: torch.randn(rows, PADDING_SHAPE[1]).to(dtype) for rows in PADDING_ROWS}

@@ -1,4 +1,5 @@
 """What a mode prediction rests on: placement, measured costs (cached per machine), acceptance."""
+
 from dataclasses import dataclass, replace
 
 from ssd_engine.core.config import EngineConfig
@@ -21,6 +22,7 @@ from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations, model_
 @dataclass(frozen=True)
 class Survey:
     """What a prediction rests on: where each mode runs and its measured costs."""
+
     placement: Placement
     measured: MeasuredCosts
     acceptance: Acceptance
@@ -35,38 +37,73 @@ def survey(config: EngineConfig) -> Survey:
     if tp > 1:  # an unsplittable target fails here, naming its sizes, before any rank is started
         check_splittable(load_config(target_path, "dummy"), tp)
     placement, no_ssd = placement_for(config)
-    key = "-".join([placement_key(placement, tp), model_fingerprint(target_path)[:8],
-                    model_fingerprint(draft_path)[:8], config.draft_dtype]
-                   + (["+".join(FORMATS)] if config.draft_dtype == "auto" else [])  # another candidate: measured anew
-                   + ([config.target_dtype] if config.target_weight_format else [])
-                   # a GGUF target's costs are its kernels': another build of them is measured anew
-                   + ([gguf_cpu.library_key()] if config.target_weight_format in ("gguf", "gguf-int8") else []))
-    model = ModelConfig(target_path, None, config.dtype, config.device, config.weight_layout,
-                        config.attention_backend, config.graph_max_batch if placement.device != "cpu" else 0,
-                        weight_format=config.target_weight_format, fused_kernels=config.fused_kernels,
-                        row_independent=config.target_weight_format is not None)
-    measured, cached = load_or_measure(key, str(cache_dir()), model, replace(model, path=draft_path),
-                                       config.draft_dtype, placement, measure_gpu=gpu_costs.measure)
+    key = "-".join(
+        [
+            placement_key(placement, tp),
+            model_fingerprint(target_path)[:8],
+            model_fingerprint(draft_path)[:8],
+            config.draft_dtype,
+        ]
+        + (
+            ["+".join(FORMATS)] if config.draft_dtype == "auto" else []
+        )  # another candidate: measured anew
+        + ([config.target_dtype] if config.target_weight_format else [])
+        # a GGUF target's costs are its kernels': another build of them is measured anew
+        + ([gguf_cpu.library_key()] if config.target_weight_format in ("gguf", "gguf-int8") else [])
+    )
+    model = ModelConfig(
+        target_path,
+        None,
+        config.dtype,
+        config.device,
+        config.weight_layout,
+        config.attention_backend,
+        config.graph_max_batch if placement.device != "cpu" else 0,
+        weight_format=config.target_weight_format,
+        fused_kernels=config.fused_kernels,
+        row_independent=config.target_weight_format is not None,
+    )
+    measured, cached = load_or_measure(
+        key,
+        str(cache_dir()),
+        model,
+        replace(model, path=draft_path),
+        config.draft_dtype,
+        placement,
+        measure_gpu=gpu_costs.measure,
+    )
     calibrations = find_calibrations(target_path, draft_path, config.calibration_dir or CONFIG_DIR)
-    how = (f"{'cached ' if cached else ''}costs measured on {len(placement.every)} "
-           f"{'core(s)' if placement.device == 'cpu' else 'GPU(s)'} in {measured.seconds:.0f} s")
+    how = (
+        f"{'cached ' if cached else ''}costs measured on {len(placement.every)} "
+        f"{'core(s)' if placement.device == 'cpu' else 'GPU(s)'} in {measured.seconds:.0f} s"
+    )
     if tp > 1:
-        how += (f", the target on {tp} tensor-parallel ranks ({_where(placement.ranks, placement.device)}), "
-                f"SD's draft in rank 0")
+        how += (
+            f", the target on {tp} tensor-parallel ranks ({_where(placement.ranks, placement.device)}), "
+            f"SD's draft in rank 0"
+        )
         if placement.ssd_draft:
-            how += f", SSD's ranks on {_where(placement.ssd_ranks, placement.device)} and its draft on " \
-                   f"{_where([placement.ssd_draft], placement.device)}"
+            how += (
+                f", SSD's ranks on {_where(placement.ssd_ranks, placement.device)} and its draft on "
+                f"{_where([placement.ssd_draft], placement.device)}"
+            )
     if no_ssd:
         how += f"; SSD not a candidate ({no_ssd})"
     how += f"; acceptance from {'the pair calibration' if calibrations else 'defaults (no calibration)'}"
-    acceptance = with_synthetic(Acceptance.from_calibration(calibrations[0] if calibrations else None), config)
+    acceptance = with_synthetic(
+        Acceptance.from_calibration(calibrations[0] if calibrations else None), config
+    )
     if config.synthetic is not None:
         how += " (the synthetic acceptance / hit rates replace what they set)"
     return Survey(placement, measured, acceptance, how)
 
 
 def _where(sets: list[list[int]], device: str) -> str:
-    return "cores " + format_core_sets(sets) if device == "cpu" else ", ".join(f"cuda:{g}" for s in sets for g in s)
+    return (
+        "cores " + format_core_sets(sets)
+        if device == "cpu"
+        else ", ".join(f"cuda:{g}" for s in sets for g in s)
+    )
 
 
 def with_synthetic(acceptance: Acceptance, config: EngineConfig) -> Acceptance:

@@ -1,6 +1,7 @@
 """Paged KV blocks: allocation, reference counts, prefix caching with chained hashes, rollback.
 A full committed block's hash chains from its predecessor's, so equal prefixes share blocks. Freed
 blocks keep their hash (oldest freed reused first), so a cached prefix survives until needed."""
+
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -22,7 +23,9 @@ class Block:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [Block(i) for i in range(num_blocks)]

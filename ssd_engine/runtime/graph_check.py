@@ -1,5 +1,6 @@
 """An optional checker wrapped around each emulated CUDA graph's forward, named by
 SSD_ENGINE_GRAPH_CHECKER ("module:function" taking (forward, graph name), returning the forward)."""
+
 import importlib
 import os
 

@@ -2,6 +2,7 @@
 (runtime/step_tensors.py), runs forward.
 Under tensor parallelism every rank runs `run()` on the same StepInputs in lockstep over its slice
 of the model and KV heads; only rank 0 gets logits."""
+
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,9 +37,10 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass(frozen=True)
 class RunnerSpec:
     """The one way to build a ModelRunner, in plain values so other processes can build one."""
-    model: ModelConfig     # path resolved
-    cache: CacheConfig     # num_kv_blocks resolved
-    max_position: int      # positions the model must cover: max_model_len + K + 1 (drafting and verifying run past it)
+
+    model: ModelConfig  # path resolved
+    cache: CacheConfig  # num_kv_blocks resolved
+    max_position: int  # positions the model must cover: max_model_len + K + 1 (drafting and verifying run past it)
     # model.path's config as plain values, so children never import transformers; None: read it
     checkpoint_config: dict | None = None
 
@@ -51,7 +53,10 @@ class RunnerSpec:
         """This spec with its checkpoint's config read here: what a child process is sent."""
         if self.checkpoint_config is not None:
             return self
-        return replace(self, checkpoint_config=config_values(load_config(self.model.path, self.model.load_format)))
+        return replace(
+            self,
+            checkpoint_config=config_values(load_config(self.model.path, self.model.load_format)),
+        )
 
     def build(self, tp: TPGroup | None = None, hf_config=None) -> "ModelRunner":
         return ModelRunner(self, tp or TPGroup.single(), hf_config)
@@ -60,8 +65,13 @@ class RunnerSpec:
 def matmul_dtype(model: ModelConfig, gguf: bool) -> torch.dtype | None:
     """The dtype of the oneDNN matmuls a runner of `model` packs (`gguf`: it reads GGUF blocks);
     None: it packs none."""
-    return weight_packing.choose(model.device, DTYPES[model.dtype], model.weight_layout, model.weight_format,
-                                 gguf_blocks=True if gguf else None).matmul_dtype
+    return weight_packing.choose(
+        model.device,
+        DTYPES[model.dtype],
+        model.weight_layout,
+        model.weight_format,
+        gguf_blocks=True if gguf else None,
+    ).matmul_dtype
 
 
 class ModelRunner:
@@ -69,7 +79,9 @@ class ModelRunner:
         model, cache = runner_spec.model, runner_spec.cache
         device = torch.device(model.device)
         if device.type == "cuda" and tp.rank > 0:
-            device = torch.device("cuda", torch.cuda.current_device())  # each worker selected its own GPU
+            device = torch.device(
+                "cuda", torch.cuda.current_device()
+            )  # each worker selected its own GPU
         dtype = DTYPES[model.dtype]
         self.device, self.dtype, self.block_size = device, dtype, cache.block_size
         if hf_config is None and runner_spec.checkpoint_config is not None:
@@ -79,21 +91,44 @@ class ModelRunner:
         self.weight_format = model.weight_format  # None: this dtype's own
         self.row_independent = model.row_independent
         self.gguf_blocks = gguf_blocks_for(model, self.config)
-        if self.weight_format in GGUF_FORMATS and self.gguf_blocks is None:  # no kernels: fp32, the same values
+        if (
+            self.weight_format in GGUF_FORMATS and self.gguf_blocks is None
+        ):  # no kernels: fp32, the same values
             self.weight_format = None
-        if self.weight_format not in (None, *GGUF_FORMATS) and device.type == "cpu" and model.row_independent:
-            check_supported(self.weight_format, "target_dtype")  # a one-line error before any weight loads
-        self.packing = weight_packing.choose(model.device, dtype, model.weight_layout, self.weight_format,
-                                             model.row_independent, self.gguf_blocks,
-                                             model_class_for(self.config).stacked_params,
-                                             tied_head=bool(getattr(self.config, "tie_word_embeddings", False)))
+        if (
+            self.weight_format not in (None, *GGUF_FORMATS)
+            and device.type == "cpu"
+            and model.row_independent
+        ):
+            check_supported(
+                self.weight_format, "target_dtype"
+            )  # a one-line error before any weight loads
+        self.packing = weight_packing.choose(
+            model.device,
+            dtype,
+            model.weight_layout,
+            self.weight_format,
+            model.row_independent,
+            self.gguf_blocks,
+            model_class_for(self.config).stacked_params,
+            tied_head=bool(getattr(self.config, "tie_word_embeddings", False)),
+        )
         if self.packing.matmul_dtype == torch.bfloat16 and self.weight_format is None:
             check_supported("bf16", "dtype")
         if self.packing.matmul_dtype is not None:
             row_padding.install(self.packing.matmul_dtype, dict(model.row_padding))
-        self.model = build_model(model.path, self.config, runner_spec.max_position, dtype, device, self.tp,
-                                 progress=self.tp.rank == 0, on_module_loaded=self.packing.pack, load_format=model.load_format,
-                                 skip=self.gguf_blocks.holds if self.gguf_blocks else None)  # read from the GGUF instead
+        self.model = build_model(
+            model.path,
+            self.config,
+            runner_spec.max_position,
+            dtype,
+            device,
+            self.tp,
+            progress=self.tp.rank == 0,
+            on_module_loaded=self.packing.pack,
+            load_format=model.load_format,
+            skip=self.gguf_blocks.holds if self.gguf_blocks else None,
+        )  # read from the GGUF instead
         self.attention_backend = select_backend(model.attention_backend, device, cache.block_size)
         if self.row_independent and self.attention_backend is torch_attention:
             self.attention_backend = row_independent_attention
@@ -102,11 +137,17 @@ class ModelRunner:
         self.layer_ops = layer_ops.select_layer_ops(model.fused_kernels, device, model.compile)
         self.model.use_layer_ops(self.layer_ops)
         # tensor parallelism stays eager: its all-reduces are not traced
-        self.compiled = CompiledModel(self.model.model) if model.compile and self.tp.size == 1 else None
+        self.compiled = (
+            CompiledModel(self.model.model) if model.compile and self.tp.size == 1 else None
+        )
         self.hidden = self.compiled or self.model
-        self.graphs = self._graph_runner(model.cuda_graph_max_batch, cache.num_kv_blocks, runner_spec.max_position)
+        self.graphs = self._graph_runner(
+            model.cuda_graph_max_batch, cache.num_kv_blocks, runner_spec.max_position
+        )
         self.piecewise = self._piecewise_graphs(model.cuda_graph_max_batch)
-        self._allocate_kv_cache(cache.num_kv_blocks + (self.graphs is not None))  # + the padding rows' block
+        self._allocate_kv_cache(
+            cache.num_kv_blocks + (self.graphs is not None)
+        )  # + the padding rows' block
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
 
@@ -115,19 +156,30 @@ class ModelRunner:
         dense = self.attention_backend in (torch_attention, row_independent_attention)
         if cap == 0 or dense or not (self.device.type == "cuda" or emulating()):
             return None
-        return GraphRunner(self.hidden, cap=cap, max_blocks=-(-max_position // self.block_size),
-                           block_size=self.block_size, pad_slot=num_kv_blocks * self.block_size, device=self.device,
-                           capture="cuda" if self.device.type == "cuda" else "emulate",
-                           recorded=self.compiled is None)
+        return GraphRunner(
+            self.hidden,
+            cap=cap,
+            max_blocks=-(-max_position // self.block_size),
+            block_size=self.block_size,
+            pad_slot=num_kv_blocks * self.block_size,
+            device=self.device,
+            capture="cuda" if self.device.type == "cuda" else "emulate",
+            recorded=self.compiled is None,
+        )
 
     def _piecewise_graphs(self, cap: int) -> PiecewiseGraphs | None:
         """Piecewise graphs for steps whole-step graphs cannot hold; none for a compiled forward."""
         if cap == 0 or self.compiled is not None or not (self.device.type == "cuda" or emulating()):
             return None
-        return PiecewiseGraphs(self.model.model, device=self.device,
-                               capture="cuda" if self.device.type == "cuda" else "emulate")
+        return PiecewiseGraphs(
+            self.model.model,
+            device=self.device,
+            capture="cuda" if self.device.type == "cuda" else "emulate",
+        )
 
-    def forward_hidden(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward_hidden(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """The last hidden states of a prepared step: a graph replay where one holds its shape."""
         tokens = input_ids.shape[0]
         key = self.graphs and self.graphs.family_key(meta, tokens)
@@ -158,7 +210,12 @@ class ModelRunner:
     @staticmethod
     def kv_bytes_per_block(hf_config, block_size: int, dtype: torch.dtype, tp_size: int = 1) -> int:
         """Bytes of one KV block on the rank holding the most KV heads."""
-        per_token = 2 * hf_config.num_hidden_layers * max_kv_heads_per_rank(hf_config, tp_size) * head_dim(hf_config)
+        per_token = (
+            2
+            * hf_config.num_hidden_layers
+            * max_kv_heads_per_rank(hf_config, tp_size)
+            * head_dim(hf_config)
+        )
         return per_token * block_size * torch.finfo(dtype).bits // 8
 
     def _allocate_kv_cache(self, num_blocks: int) -> None:
@@ -192,7 +249,9 @@ class ModelRunner:
     def close(self) -> None:
         """Nothing runs beside it: the model and its KV cache go with the object."""
 
-    def forward(self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids=None, on_device=None):
+    def forward(
+        self, batch: ScheduledBatch, logit_rows: list[list[int]], token_ids=None, on_device=None
+    ):
         """Run the batch; return fp32 logits [R, V] for the rows `logit_rows[i]` (offsets into
         sequence i's new tokens) names, in batch order."""
         return self.run(StepInputs.from_batch(batch, logit_rows, token_ids, on_device))
@@ -208,6 +267,10 @@ class ModelRunner:
         input_ids, positions, meta, logit_index = step_tensors(inputs, self.block_size, self.device)
         hidden = self.forward_hidden(input_ids, positions, meta)
         if not logit_index.shape[0]:  # same on every rank: no collective is skipped unevenly
-            return hidden.new_zeros(0, self.config.vocab_size, dtype=torch.float32) if self.tp.rank == 0 else None
+            return (
+                hidden.new_zeros(0, self.config.vocab_size, dtype=torch.float32)
+                if self.tp.rank == 0
+                else None
+            )
         logits = self.model.compute_logits(hidden[logit_index])
         return logits.float() if logits is not None else None

@@ -3,6 +3,7 @@ The model is cut at its attentions (`DecoderModel.piece`), whose work depends on
 and key counts. Each piece is one graph per token bucket; RoPE, K/V write and attention run eagerly
 between replays on the real tokens. A step of T tokens replays the smallest bucket >= T; padding
 rows are dropped (rows never mix outside attention, and attention sees only the real rows)."""
+
 import time
 
 import torch
@@ -22,7 +23,9 @@ def token_buckets(largest: int = MAX_TOKENS) -> list[int]:
 
 
 class PiecewiseGraphs:
-    def __init__(self, model, *, device: torch.device, capture: str, largest: int | None = None) -> None:
+    def __init__(
+        self, model, *, device: torch.device, capture: str, largest: int | None = None
+    ) -> None:
         self.model = model
         self.sizes = token_buckets(largest or MAX_TOKENS)
         self.device, self.capture = device, capture
@@ -87,10 +90,15 @@ class PiecewiseGraphs:
             return self.graphs[size]
         if not self._buffers_made:
             self._make_buffers()
-        pieces = [lambda index=index: self._piece(index, size) for index in range(len(self.model.layers) + 1)]
+        pieces = [
+            lambda index=index: self._piece(index, size)
+            for index in range(len(self.model.layers) + 1)
+        ]
         if self.capture == "emulate":
-            pieces = [emulated_graph(piece, f"piece {index} of the {size}-token bucket")
-                      for index, piece in enumerate(pieces)]
+            pieces = [
+                emulated_graph(piece, f"piece {index} of the {size}-token bucket")
+                for index, piece in enumerate(pieces)
+            ]
 
             def last():  # a real graph's output is one buffer that each replay rewrites
                 out = pieces[-1]()
@@ -98,6 +106,7 @@ class PiecewiseGraphs:
                     self.outputs[size].copy_(out)
                 else:
                     self.outputs[size] = out
+
             self.graphs[size] = pieces[:-1] + [last]
             return self.graphs[size]
         stream = torch.cuda.current_stream(self.device)

@@ -1,6 +1,7 @@
 """How a runner prepares each loaded Linear: one packing chosen per model (`choose`) from its
 resolved format, called layer by layer as the loader reads the weights. `matmul_dtype` is the
 dtype of the oneDNN matmuls it packs, whose row padding the plan measures (planning/row_padding_probe.py)."""
+
 from dataclasses import dataclass
 
 import torch
@@ -15,6 +16,7 @@ NATIVE_FORMAT = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 @dataclass(frozen=True)
 class Packing:
     """Weights left as loaded (a plain layout, or a dtype oneDNN does not pack)."""
+
     matmul_dtype: torch.dtype | None = None
 
     def pack(self, name: str, module) -> None:
@@ -28,6 +30,7 @@ class Packing:
 @dataclass(frozen=True)
 class GGUFPacking(Packing):
     """The Linear kept in its GGUF blocks, read from the GGUF file instead of the folder."""
+
     blocks: object = None
     stacked_params: tuple = ()
 
@@ -47,6 +50,7 @@ class GPURounding(Packing):
 @dataclass(frozen=True)
 class FormatPacking(Packing):
     """A weight format of layers/weight_formats.py (a draft's, or the target's target_dtype)."""
+
     fmt: str = "fp32"
     row_independent: bool = False
 
@@ -58,6 +62,7 @@ class FormatPacking(Packing):
 class LayoutPacking(Packing):
     """The dtype's own values oneDNN-packed; "dual" also keeps the plain copy. A tied head shares
     the embedding table, which must stay plain: only "dual" pays for its copy."""
+
     fmt: str = "fp32"
     dual: bool = False
     tied_head: bool = False
@@ -68,9 +73,16 @@ class LayoutPacking(Packing):
         module.pack_for_cpu(keep_plain=self.dual, fmt=self.fmt)
 
 
-def choose(device: str, dtype: torch.dtype, weight_layout: str, weight_format: str | None,
-           row_independent: bool = False, gguf_blocks=None, stacked_params: tuple = (),
-           tied_head: bool = False) -> Packing:
+def choose(
+    device: str,
+    dtype: torch.dtype,
+    weight_layout: str,
+    weight_format: str | None,
+    row_independent: bool = False,
+    gguf_blocks=None,
+    stacked_params: tuple = (),
+    tied_head: bool = False,
+) -> Packing:
     """The packing of a model on `device` in `dtype` with its resolved layout and format (None:
     the dtype's own); `gguf_blocks`: the GGUF blocks it reads, if any."""
     if gguf_blocks is not None:
@@ -78,7 +90,9 @@ def choose(device: str, dtype: torch.dtype, weight_layout: str, weight_format: s
     if torch.device(device).type != "cpu":
         return GPURounding() if weight_format == "bf16" else Packing()
     if weight_format is not None:
-        onednn = ACTIVATION_DTYPE[weight_format] if weight_format in NATIVE_FORMAT.values() else None
+        onednn = (
+            ACTIVATION_DTYPE[weight_format] if weight_format in NATIVE_FORMAT.values() else None
+        )
         return FormatPacking(onednn, weight_format, row_independent)
     native = NATIVE_FORMAT.get(dtype)
     if weight_layout == "plain" or native is None:

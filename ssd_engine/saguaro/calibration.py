@@ -1,5 +1,6 @@
 """Calibrated Saguaro parameters for one (target, draft, temperature), stored as JSON in configs/
 and matched by the model pair's fingerprints (not paths) and each request's temperature."""
+
 import hashlib
 import json
 import logging
@@ -18,22 +19,22 @@ DEFAULT_ALPHA, DEFAULT_R, DEFAULT_T_P, DEFAULT_E_FAST, DEFAULT_P_HIT = 0.7, 1.0,
 
 @dataclass
 class Calibration:
-    target: str                      # fingerprints (model_fingerprint) of the pair
+    target: str  # fingerprints (model_fingerprint) of the pair
     draft: str
     temperature: float
     k: int
-    alpha: float                     # per-token acceptance of the primary
-    outcome_probs: list[float]       # measured P(k accepted), k = 0..K
-    r: float                         # miss(F) ≈ miss_coeff * F^(-r)
+    alpha: float  # per-token acceptance of the primary
+    outcome_probs: list[float]  # measured P(k accepted), k = 0..K
+    r: float  # miss(F) ≈ miss_coeff * F^(-r)
     miss_coeff: float
-    miss_by_fanout: list[float]      # measured miss rate at F = 1, 2, ...
-    budget: int                      # B: branches per sequence (best_budget)
-    budget_fits: int                 # the most branches whose build fits inside one verification (>= 1)
-    t_p: float                       # draft cache build (at B) / verification
-    e_primary: float                 # tokens committed per round, primary speculation
-    e_fast: float                    # tokens committed per round, fast backup speculation
-    p_hit: float                     # hit rate expected at the geometric fan-out with budget B
-    t_slow: float | None = None      # just-in-time drafting on a miss / verification (None: assume T_p)
+    miss_by_fanout: list[float]  # measured miss rate at F = 1, 2, ...
+    budget: int  # B: branches per sequence (best_budget)
+    budget_fits: int  # the most branches whose build fits inside one verification (>= 1)
+    t_p: float  # draft cache build (at B) / verification
+    e_primary: float  # tokens committed per round, primary speculation
+    e_fast: float  # tokens committed per round, fast backup speculation
+    p_hit: float  # hit rate expected at the geometric fan-out with budget B
+    t_slow: float | None = None  # just-in-time drafting on a miss / verification (None: assume T_p)
     timings: dict = field(default_factory=dict)
     measured: dict = field(default_factory=dict)
 
@@ -69,7 +70,9 @@ def model_fingerprint(model_path: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def find_calibrations(target_path: str, draft_path: str, directory: Path = CONFIG_DIR) -> list[Calibration]:
+def find_calibrations(
+    target_path: str, draft_path: str, directory: Path = CONFIG_DIR
+) -> list[Calibration]:
     """Every stored calibration of this pair (any temperature), lowest temperature first."""
     target, draft = model_fingerprint(target_path), model_fingerprint(draft_path)
     found = []
@@ -109,14 +112,29 @@ def fit_power_law(miss_by_fanout: list[float]) -> tuple[float, float]:
     return r, math.exp(my + r * mx)
 
 
-def best_budget(verify_s: float, glue_s: float, step_s, k: int, alpha, r: float, miss_at,
-                miss_cost_s: float, limit: int = 64) -> int:
+def best_budget(
+    verify_s: float,
+    glue_s: float,
+    step_s,
+    k: int,
+    alpha,
+    r: float,
+    miss_at,
+    miss_cost_s: float,
+    limit: int = 64,
+) -> int:
     """B minimising the expected round time max(verify, glue + K step(B)) + (1 - hit(B)) * miss cost,
     with hit(B) the geometric fan-out's expected hit rate."""
+
     def round_time(b: int) -> float:  # alpha: a rate (Theorem 12's fan-out) or a measured P(k)
-        fan = geometric_fanout(alpha, r, b, k) if isinstance(alpha, float) else fanout_for_outcomes(alpha, r, b)
+        fan = (
+            geometric_fanout(alpha, r, b, k)
+            if isinstance(alpha, float)
+            else fanout_for_outcomes(alpha, r, b)
+        )
         hit = expected_hit_rate(fan, alpha, miss_at)
         return max(verify_s, glue_s + k * step_s(b)) + (1 - hit) * miss_cost_s
+
     return min(range(1, limit + 1), key=lambda b: (round(round_time(b), 9), b))
 
 

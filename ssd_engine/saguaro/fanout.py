@@ -1,11 +1,12 @@
 """Which verification outcomes the draft prepares: fan-out F_0..F_K per accepted count k.
 Theorem 12: with P(miss | F) ∝ F^(-r) and sum_k F_k = B, hits peak at F_k ∝ P(k)^(1/(1+r))."""
+
 import math
 
 
 def outcome_probabilities(alpha: float, k: int) -> list[float]:
     """P(exactly j drafts accepted), j = 0..k, for i.i.d. acceptance with rate alpha."""
-    return [alpha ** j * (1 - alpha) for j in range(k)] + [alpha ** k]
+    return [alpha**j * (1 - alpha) for j in range(k)] + [alpha**k]
 
 
 def geometric_weights(alpha: float, r: float, k: int) -> list[float]:
@@ -31,7 +32,7 @@ def round_to_budget(real: list[float], budget: int) -> list[int]:
     floors = [math.floor(x + 1e-9) for x in real]
     short = budget - sum(floors)
     order = sorted(range(len(real)), key=lambda j: (-(real[j] - floors[j]), j))
-    for j in order[:max(short, 0)]:
+    for j in order[: max(short, 0)]:
         floors[j] += 1
     return floors
 
@@ -52,7 +53,9 @@ def fanout_for_outcomes(probs: list[float], r: float, budget: int) -> list[int]:
     """Theorem 12's F_k ∝ P(k)^(1/(1+r)) for any outcome distribution, summing to `budget`."""
     _check_budget(budget)
     if not r > 0 or any(p < 0 for p in probs) or sum(probs) <= 0:
-        raise ValueError(f"need r > 0 and a non-negative, non-zero outcome distribution; got r={r}, P={probs}")
+        raise ValueError(
+            f"need r > 0 and a non-negative, non-zero outcome distribution; got r={r}, P={probs}"
+        )
     weights = [p ** (1 / (1 + r)) for p in probs]
     total = sum(weights)
     return round_to_budget([budget * w / total for w in weights], budget)
@@ -61,7 +64,9 @@ def fanout_for_outcomes(probs: list[float], r: float, budget: int) -> list[int]:
 def expected_hit_rate(fanout: list[int], alpha, miss_by_fanout) -> float:
     """sum_k P(k) (1 - miss(F_k)), miss(0) = 1: the per-round hit rate a fan-out should give.
     `alpha`: the acceptance rate (i.i.d. outcomes) or the outcome distribution P(0..K) itself."""
-    probs = outcome_probabilities(alpha, len(fanout) - 1) if isinstance(alpha, (int, float)) else alpha
+    probs = (
+        outcome_probabilities(alpha, len(fanout) - 1) if isinstance(alpha, (int, float)) else alpha
+    )
     return sum(p * (1 - (1.0 if f == 0 else miss_by_fanout(f))) for p, f in zip(probs, fanout))
 
 

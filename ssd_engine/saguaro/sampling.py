@@ -1,9 +1,12 @@
 """Saguaro sampling (Definition 14): the draft samples from q_C, its row with the top-F tokens'
 probabilities times C, renormalised; verification must use q_C (C = 1 or F = 0: plain sampling)."""
+
 import torch
 
 
-def saguaro_probs(probs: torch.Tensor, fanout: torch.Tensor | list[int] | int, c: float) -> torch.Tensor:
+def saguaro_probs(
+    probs: torch.Tensor, fanout: torch.Tensor | list[int] | int, c: float
+) -> torch.Tensor:
     """probs [n, V] (already processed), fanout F per row -> q_C [n, V]. A row whose mass lies
     entirely in its top-F tokens is left as it is (with C = 0 nothing would be left to sample)."""
     if c >= 1:
@@ -15,7 +18,9 @@ def saguaro_probs(probs: torch.Tensor, fanout: torch.Tensor | list[int] | int, c
         return probs
     top = probs.topk(widest, dim=-1).indices
     in_top = torch.arange(widest, device=probs.device) < fan[:, None]
-    weights = torch.full(in_top.shape, 1.0, dtype=probs.dtype, device=probs.device).masked_fill_(in_top, c)
+    weights = torch.full(in_top.shape, 1.0, dtype=probs.dtype, device=probs.device).masked_fill_(
+        in_top, c
+    )
     scale = torch.ones_like(probs).scatter_(1, top, weights)
     weighted = probs * scale
     total = weighted.sum(dim=-1, keepdim=True)

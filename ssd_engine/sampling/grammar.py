@@ -1,5 +1,6 @@
 """Structured outputs (xgrammar): verification row j is masked by the matcher after the first j
 drafts, so rejection sampling emits exactly the masked target law under SD and SSD."""
+
 from __future__ import annotations
 
 import json
@@ -29,15 +30,26 @@ class GrammarState:
         self.consumed, self.broken = 0, False
 
     def catch_up(self, outputs: list[int]) -> None:
-        for token in outputs[self.consumed:]:
-            if not self.broken and not self.matcher.is_terminated() and not self.matcher.accept_token(token):
-                log.error("grammar refused emitted token %d; the rest of this output is end-of-sequence", token)
+        for token in outputs[self.consumed :]:
+            if (
+                not self.broken
+                and not self.matcher.is_terminated()
+                and not self.matcher.accept_token(token)
+            ):
+                log.error(
+                    "grammar refused emitted token %d; the rest of this output is end-of-sequence",
+                    token,
+                )
                 self.broken = True
         self.consumed = len(outputs)
 
     def advance(self, token: int) -> bool:
         """Take one draft token; False (and no change) where the grammar forbids it."""
-        return not self.broken and not self.matcher.is_terminated() and self.matcher.accept_token(token)
+        return (
+            not self.broken
+            and not self.matcher.is_terminated()
+            and self.matcher.accept_token(token)
+        )
 
     def rollback(self, count: int) -> None:
         if count:
@@ -52,9 +64,12 @@ class GrammarState:
         """[vocab_size] bool: the tokens the grammar allows next (after its end: end-of-sequence only)."""
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
         if self.broken or self.matcher.is_terminated():
-            allowed[self.eos_token_ids or slice(None)] = True  # a model without an end token: nothing to force
+            allowed[self.eos_token_ids or slice(None)] = (
+                True  # a model without an end token: nothing to force
+            )
             return allowed
         import xgrammar as xgr
+
         bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
         self.matcher.fill_next_token_bitmask(bitmask)
         return unpack(bitmask[0], self.vocab_size)
@@ -66,7 +81,7 @@ class GrammarState:
         for j in range(rows):
             out[j] = self.allowed()
             if j == rows - 1 or j >= len(drafts) or not self.advance(drafts[j]):
-                out[j + 1:] = out[j]
+                out[j + 1 :] = out[j]
                 break
             taken += 1
         self.rollback(taken)
@@ -77,11 +92,17 @@ class Grammars:
     """Compiled grammars (cached by spec) and each structured request's matcher, for one engine."""
 
     def __init__(self, tokenizer, vocab_size: int, eos_token_ids: set[int]) -> None:
-        self.tokenizer, self.vocab_size, self.eos_token_ids = tokenizer, vocab_size, sorted(eos_token_ids)
+        self.tokenizer, self.vocab_size, self.eos_token_ids = (
+            tokenizer,
+            vocab_size,
+            sorted(eos_token_ids),
+        )
         self._compiler = None
         self._compiled: OrderedDict[tuple, object] = OrderedDict()
         self._states: dict[int, GrammarState] = {}
-        self._lock = threading.Lock()  # the server compiles on its event loop while the engine steps
+        self._lock = (
+            threading.Lock()
+        )  # the server compiles on its event loop while the engine steps
 
     def compile(self, spec: StructuredOutputsParams):
         """The spec's compiled grammar; a ValueError naming the field where it does not compile."""
@@ -97,10 +118,15 @@ class Grammars:
         try:
             import xgrammar as xgr
         except ImportError:
-            raise ValueError("structured_outputs needs xgrammar: pip install 'ssd_engine[structured]'") from None
+            raise ValueError(
+                "structured_outputs needs xgrammar: pip install 'ssd_engine[structured]'"
+            ) from None
         if self._compiler is None:
-            info = xgr.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self.vocab_size,
-                                                      stop_token_ids=self.eos_token_ids or None)
+            info = xgr.TokenizerInfo.from_huggingface(
+                self.tokenizer,
+                vocab_size=self.vocab_size,
+                stop_token_ids=self.eos_token_ids or None,
+            )
             self._compiler = xgr.GrammarCompiler(info, max_threads=1)
         compiler = self._compiler
         try:
@@ -110,11 +136,17 @@ class Grammars:
             if spec.kind == "regex":
                 return compiler.compile_regex(spec.regex)
             if spec.kind == "choice":
-                return compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in spec.choice))
+                return compiler.compile_grammar(
+                    "root ::= " + " | ".join(json.dumps(c) for c in spec.choice)
+                )
             return compiler.compile_grammar(spec.grammar)
         except Exception as error:  # xgrammar raises RuntimeError / ValueError with multi-line text
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)  # xgrammar's "[time] file.cc:line: " prefix
+            first = (
+                str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            )
+            first = re.sub(
+                r"^\[[\d:]+\] \S+:\d+: ", "", first
+            )  # xgrammar's "[time] file.cc:line: " prefix
             raise ValueError(f"structured_outputs.{spec.kind} does not compile: {first}") from None
 
     def state(self, key: int, spec: StructuredOutputsParams, outputs: list[int]) -> GrammarState:
@@ -122,7 +154,10 @@ class Grammars:
         state = self._states.get(key)
         if state is None:
             import xgrammar as xgr
-            state = GrammarState(xgr.GrammarMatcher(self.compile(spec)), self.vocab_size, self.eos_token_ids)
+
+            state = GrammarState(
+                xgr.GrammarMatcher(self.compile(spec)), self.vocab_size, self.eos_token_ids
+            )
             self._states[key] = state
         state.catch_up(outputs)
         return state
@@ -136,7 +171,9 @@ class Grammars:
     def forget(self, key: int) -> None:
         self._states.pop(key, None)
 
-    def masked(self, logits: Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None) -> Tensor:
+    def masked(
+        self, logits: Tensor, seqs: list[Sequence], drafts: list[list[int]] | None = None
+    ) -> Tensor:
         """logits [len(seqs) * rows, V]: row j of seqs[i] masked after drafts[i][:j], or as is."""
         if not any(seq.params.structured_outputs for seq in seqs):
             return logits
@@ -144,7 +181,9 @@ class Grammars:
         allowed = torch.ones(len(seqs), rows, logits.shape[-1], dtype=torch.bool)
         for i, seq in enumerate(seqs):
             if seq.params.structured_outputs:
-                allowed[i], _ = self._of(seq).along(drafts[i][:rows - 1] if drafts is not None else [], rows)
+                allowed[i], _ = self._of(seq).along(
+                    drafts[i][: rows - 1] if drafts is not None else [], rows
+                )
         allowed = allowed.view(-1, logits.shape[-1]).to(logits.device)
         return logits.float().masked_fill(~allowed, float("-inf"))
 
@@ -172,7 +211,9 @@ class DraftMasks:
     def __init__(self, states: list[GrammarState | None]) -> None:
         self.states = states
         self.taken = [0] * len(states)
-        self.alive = [True] * len(states)  # False once a draft left the grammar: later steps are not verified
+        self.alive = [True] * len(
+            states
+        )  # False once a draft left the grammar: later steps are not verified
 
     def apply(self, logits: Tensor) -> Tensor:
         """logits [len(states), V'] of this step, masked where structured (columns past the grammar's V kept)."""
@@ -199,10 +240,12 @@ class DraftMasks:
 
     def wrap(self, sampler):
         """Step sampler (step, logits) -> (tokens, q rows) that masks first; q rows are masked."""
+
         def masked(step: int, logits: Tensor):
             drawn, q = sampler(step, self.apply(logits))
             self.took(drawn)
             return drawn, q
+
         return masked
 
 

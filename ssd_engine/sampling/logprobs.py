@@ -1,5 +1,6 @@
 """Log-probabilities of emitted tokens under the law each was drawn from (the processed target row;
 greedy rows at temperature 1), the same in every mode; a token a filter removed gets -inf."""
+
 from __future__ import annotations
 
 from dataclasses import replace

@@ -15,8 +15,14 @@ from ssd_engine.utils.host_upload import upload
 
 
 def probs_from_logits(
-    logits: Tensor, temperature: Tensor, top_k: Tensor, top_p: Tensor, min_p: Tensor, *,
-    filtered: bool | None = None, any_greedy: bool | None = None,
+    logits: Tensor,
+    temperature: Tensor,
+    top_k: Tensor,
+    top_p: Tensor,
+    min_p: Tensor,
+    *,
+    filtered: bool | None = None,
+    any_greedy: bool | None = None,
 ) -> Tensor:
     """[n, V] logits and four [n] parameter tensors -> [n, V] float32 probability rows.
     filtered: some row may use top-k, top-p or min-p; any_greedy: some row has T == 0; None reads
@@ -28,7 +34,9 @@ def probs_from_logits(
         any_greedy = bool((temperature == 0).any())
     # greedy rows are replaced below; dividing them by 1 keeps the arithmetic finite
     greedy = temperature == 0 if any_greedy else None
-    scaled = logits / (torch.where(greedy, 1.0, temperature) if any_greedy else temperature).unsqueeze(1)
+    scaled = logits / (
+        torch.where(greedy, 1.0, temperature) if any_greedy else temperature
+    ).unsqueeze(1)
 
     if filtered is False:
         return _softmax_or_greedy(scaled, logits, greedy, any_greedy)
@@ -45,7 +53,9 @@ def probs_from_logits(
     return _softmax_or_greedy(scaled, logits, greedy, any_greedy)
 
 
-def _softmax_or_greedy(scaled: Tensor, logits: Tensor, greedy: Tensor | None, any_greedy: bool) -> Tensor:
+def _softmax_or_greedy(
+    scaled: Tensor, logits: Tensor, greedy: Tensor | None, any_greedy: bool
+) -> Tensor:
     """softmax of the scaled rows; greedy rows one-hot at the raw logits' argmax."""
     probs = torch.softmax(scaled, dim=-1)
     if any_greedy:
@@ -94,17 +104,29 @@ class SamplingTensors:
         """Each request's parameters `times` times in a row, for logits laid out [n * times, V]."""
         # float32 is exact for every enabled top-k (below the vocabulary size)
         rows = [p for p in params for _ in range(times)]
-        temperature, top_k, top_p, min_p = upload([[p.temperature for p in rows], [p.top_k for p in rows],
-                                                   [p.top_p for p in rows], [p.min_p for p in rows]],
-                                                  device, torch.float32)
+        temperature, top_k, top_p, min_p = upload(
+            [
+                [p.temperature for p in rows],
+                [p.top_k for p in rows],
+                [p.top_p for p in rows],
+                [p.min_p for p in rows],
+            ],
+            device,
+            torch.float32,
+        )
         return cls(
-            temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
             filtered=any(p.top_k > 0 or p.top_p < 1 or p.min_p > 0 for p in params),
             any_greedy=any(p.temperature == 0 for p in params),
         )
 
     def probs(self, logits: Tensor) -> Tensor:
-        return probs_from_logits(logits, *self._fields(), filtered=self.filtered, any_greedy=self.any_greedy)
+        return probs_from_logits(
+            logits, *self._fields(), filtered=self.filtered, any_greedy=self.any_greedy
+        )
 
     def _fields(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         return self.temperature, self.top_k, self.top_p, self.min_p

@@ -32,12 +32,12 @@ class VerifyResult:
         """Reads the packed rows and `other` ([m] int64) in one transfer -> other's values."""
         n, width = self.packed.shape
         values = torch.cat([self.packed.flatten(), other.to(torch.int64)]).tolist()
-        self._tokens = _emitted([values[i * width:(i + 1) * width] for i in range(n)])
-        return values[n * width:]
+        self._tokens = _emitted([values[i * width : (i + 1) * width] for i in range(n)])
+        return values[n * width :]
 
 
 def _emitted(packed_rows: list[list[int]]) -> list[list[int]]:
-    return [row[:row[-2]] + [row[-1]] for row in packed_rows]
+    return [row[: row[-2]] + [row[-1]] for row in packed_rows]
 
 
 def verify(
@@ -76,7 +76,11 @@ def verify(
     u = draw_uniforms(generators, counts, k_max + 1, device, default_generator)
 
     p_x = target_probs[:, :k_max].gather(2, x.unsqueeze(2)).squeeze(2).double()
-    one_hot_q = None if draft_probs is None or one_hot_rows is None else _on(device, one_hot_rows).unsqueeze(1)
+    one_hot_q = (
+        None
+        if draft_probs is None or one_hot_rows is None
+        else _on(device, one_hot_rows).unsqueeze(1)
+    )
     if draft_probs is None:
         q_x = torch.ones(n, k_max, dtype=torch.float64, device=device)
     else:
@@ -94,8 +98,11 @@ def verify(
             without_x = p_bonus.scatter(1, x[rows, at].unsqueeze(1), 0.0)  # one-hot q: p without x
         if draft_probs is not None:
             sampled = (p_bonus - draft_probs[rows, at].float()).clamp_min(0.0)
-        residual = without_x if draft_probs is None else (
-            sampled if one_hot_q is None else torch.where(one_hot_q, without_x, sampled))
+        residual = (
+            without_x
+            if draft_probs is None
+            else (sampled if one_hot_q is None else torch.where(one_hot_q, without_x, sampled))
+        )
         # an empty residual (p == q up to round-off) means a round-off rejection: fall back to p
         use_p = (num_accepted == nd) | (residual.sum(dim=-1) <= 0)
         dist = torch.where(use_p.unsqueeze(1), p_bonus, residual)

@@ -60,9 +60,13 @@ def draw_uniforms(
         raise ValueError(f"got {len(generators)} generators for {len(counts)} rows")
     device = torch.device(device)
     n = len(counts)
-    host = torch.zeros(2, n, width, dtype=torch.float64)  # [0]: host draws; [1]: 1 where the shared block goes
+    host = torch.zeros(
+        2, n, width, dtype=torch.float64
+    )  # [0]: host draws; [1]: 1 where the shared block goes
     on_device, shared, from_host = [], [], []
-    runs: list[list] = []  # [generator, uniforms]: consecutive host rows of one generator draw in one call
+    runs: list[
+        list
+    ] = []  # [generator, uniforms]: consecutive host rows of one generator draw in one call
     for row, (gen, count) in enumerate(zip(generators, counts)):
         if count == 0:
             continue
@@ -81,7 +85,8 @@ def draw_uniforms(
         drawing = torch.arange(width) < torch.tensor(counts).unsqueeze(1)
         if from_host:
             host[0][drawing & _rows_mask(from_host, n)] = torch.cat(
-                [torch.rand(count, generator=gen, dtype=torch.float64) for gen, count in runs])
+                [torch.rand(count, generator=gen, dtype=torch.float64) for gen, count in runs]
+            )
         if shared:
             host[1][drawing & _rows_mask(shared, n)] = 1.0
     block_device = default_generator.device if default_generator is not None else device
@@ -92,7 +97,9 @@ def draw_uniforms(
         shared = []
     u = to_device(host if shared else host[0], device)
     if shared:  # one block for the batch from the device generator, kept where a shared row draws
-        block = torch.rand(n, width, generator=default_generator, device=block_device, dtype=torch.float64)
+        block = torch.rand(
+            n, width, generator=default_generator, device=block_device, dtype=torch.float64
+        )
         u = torch.where(u[1] > 0, block, u[0])
     for row, gen, count in on_device:
         u[row, :count] = torch.rand(count, generator=gen, device=gen.device, dtype=torch.float64)

@@ -1,5 +1,6 @@
 """Benchmarking only: speculation outcomes drawn at a set rate instead of computed from weights,
 while every forward runs at its real shapes. The output is then NOT the target's."""
+
 import torch
 
 from ssd_engine.core.streams import Stream, stream_generator
@@ -28,7 +29,9 @@ def synthetic_acceptance(alpha: float | None, seed: int) -> BernoulliDraws | Non
     return synthetic_draws(alpha, seed, "acceptance")
 
 
-def verify_synthetic(proposal: Proposal, target_logits: torch.Tensor, draws: BernoulliDraws) -> VerifyResult:
+def verify_synthetic(
+    proposal: Proposal, target_logits: torch.Tensor, draws: BernoulliDraws
+) -> VerifyResult:
     """Accept each row's drafts by `draws` (up to the first failure and num_draft); the next token
     is the argmax of the target's row after them. target_logits: [n * (K + 1), V]."""
     n, k = proposal.tokens.shape

@@ -2,6 +2,7 @@
 text increments go back to its asyncio task, and a task that goes away aborts its request. Only the
 loop thread touches the engine, and `build` builds it there too: libgomp keeps a worker pool per
 thread, and more workers than cores cut every pool's spin-wait short, slowing all."""
+
 import asyncio
 import logging
 import queue
@@ -25,10 +26,12 @@ class Overloaded(RuntimeError):
 @dataclass
 class Delta:
     text: str
-    output: RequestOutput | None = None   # set on the last delta of a request
+    output: RequestOutput | None = None  # set on the last delta of a request
     num_prompt_tokens: int = 0
-    num_output_tokens: int = 0            # generated so far (the usage of a stream's chunk)
-    logprobs: list[dict[int, float]] | None = None  # of the tokens since the last delta (params.logprobs set)
+    num_output_tokens: int = 0  # generated so far (the usage of a stream's chunk)
+    logprobs: list[dict[int, float]] | None = (
+        None  # of the tokens since the last delta (params.logprobs set)
+    )
 
 
 @dataclass
@@ -36,14 +39,16 @@ class _Request:
     seq: Sequence
     loop: asyncio.AbstractEventLoop
     deltas: asyncio.Queue
-    text: IncrementalText | None  # None: not streamed, one Delta at the end and no decoding while it runs
+    text: (
+        IncrementalText | None
+    )  # None: not streamed, one Delta at the end and no decoding while it runs
     increments: TextIncrements = field(init=False)
     sent_logprobs: int = 0  # output tokens whose log-probabilities a delta carried
 
     def new_logprobs(self) -> list[dict[int, float]] | None:
         if self.seq.logprobs is None:
             return None
-        new, self.sent_logprobs = self.seq.logprobs[self.sent_logprobs:], len(self.seq.logprobs)
+        new, self.sent_logprobs = self.seq.logprobs[self.sent_logprobs :], len(self.seq.logprobs)
         return new
 
     def __post_init__(self) -> None:
@@ -78,6 +83,7 @@ class AsyncEngine:
             self.engine = self.llm.engine
             built.put(None)
             self._loop()
+
         self._thread = threading.Thread(target=build_then_loop, name="ssd-engine-loop", daemon=True)
         self._thread.start()
         error = built.get()
@@ -96,15 +102,22 @@ class AsyncEngine:
         self._stopping = False
         self.aborted = 0  # requests whose reader went away before they finished
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams,
-                       stream: bool = True, seq: Sequence | None = None) -> AsyncIterator[Delta]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        stream: bool = True,
+        seq: Sequence | None = None,
+    ) -> AsyncIterator[Delta]:
         """Text increments of one request; the last one carries the RequestOutput (stream=False: that
         one only, with the whole text). Raises ValueError for a request that can never run and
         Overloaded when the queue is full. `seq`: one of make_samples' sequences (n > 1), already checked."""
         seq = seq or self.engine.make_sequence(prompt, params)
         with self._lock:
             if self._in_flight >= self.max_pending:
-                raise Overloaded(f"{self._in_flight} requests in flight (limit {self.max_pending}); retry later")
+                raise Overloaded(
+                    f"{self._in_flight} requests in flight (limit {self.max_pending}); retry later"
+                )
             self._in_flight += 1
         text = IncrementalText(self.engine.tokenizer) if stream else None
         request = _Request(seq, asyncio.get_running_loop(), asyncio.Queue(), text)
@@ -115,7 +128,9 @@ class AsyncEngine:
                 item = await request.deltas.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = item.output is not None  # before yielding: the reader may close us at the yield
+                finished = (
+                    item.output is not None
+                )  # before yielding: the reader may close us at the yield
                 yield item
                 if finished:
                     return
@@ -166,7 +181,9 @@ class AsyncEngine:
             try:
                 self.engine.step()
                 self._publish()
-            except Exception as error:  # the engine failed: every live request gets the error, no reader hangs
+            except (
+                Exception
+            ) as error:  # the engine failed: every live request gets the error, no reader hangs
                 log.exception("engine step failed")
                 for request in self._live.values():
                     self.engine.abort(request.seq)
@@ -186,7 +203,9 @@ class AsyncEngine:
             elif kind == "add":
                 self._live[request.seq.seq_id] = request
                 self.engine.add(request.seq)
-            elif self._live.pop(request.seq.seq_id, None) is not None:  # abort: the reader went away
+            elif (
+                self._live.pop(request.seq.seq_id, None) is not None
+            ):  # abort: the reader went away
                 self.engine.abort(request.seq)
 
     def _publish(self) -> None:
@@ -194,10 +213,25 @@ class AsyncEngine:
             seq = request.seq
             if seq.status == SequenceStatus.FINISHED:
                 output = self.engine.to_output(seq)
-                request.push(Delta(request.increments.rest(output.text), output, seq.num_prompt_tokens,
-                                   seq.num_output_tokens, request.new_logprobs()))
+                request.push(
+                    Delta(
+                        request.increments.rest(output.text),
+                        output,
+                        seq.num_prompt_tokens,
+                        seq.num_output_tokens,
+                        request.new_logprobs(),
+                    )
+                )
                 del self._live[seq_id]
             elif request.text is not None:
                 delta = request.increments.delta(request.text.of(seq.output_token_ids))
                 if delta:
-                    request.push(Delta(delta, None, seq.num_prompt_tokens, seq.num_output_tokens, request.new_logprobs()))
+                    request.push(
+                        Delta(
+                            delta,
+                            None,
+                            seq.num_prompt_tokens,
+                            seq.num_output_tokens,
+                            request.new_logprobs(),
+                        )
+                    )

@@ -2,6 +2,7 @@
 every path but the open ones needs `Authorization: Bearer KEY`, else a 401; routes are closed by
 default, so one added later is never open by accident. Keys are kept only as SHA-256 digests, never
 in a message. Standard library only: the CLI resolves keys before importing the server packages."""
+
 import hashlib
 import hmac
 import ipaddress
@@ -18,7 +19,9 @@ class ApiKeys:
         self._digests = tuple(_digest(key) for key in keys)
         if not self._digests:
             raise ValueError("ApiKeys needs at least one key")
-        self.source = source  # where the keys came from, for the start line: the flag or the variable
+        self.source = (
+            source  # where the keys came from, for the start line: the flag or the variable
+        )
 
     def __len__(self) -> int:
         return len(self._digests)
@@ -94,11 +97,15 @@ def access_line(host: str, keys: ApiKeys | None, open_paths: Iterable[str]) -> s
     for an open one on loopback."""
     if keys is not None:
         n = len(keys)
-        return (f"[serve] API key required (Authorization: Bearer) on every request but {', '.join(open_paths)} "
-                f"({n} key{'s' if n != 1 else ''} from {keys.source})")
+        return (
+            f"[serve] API key required (Authorization: Bearer) on every request but {', '.join(open_paths)} "
+            f"({n} key{'s' if n != 1 else ''} from {keys.source})"
+        )
     if not is_loopback(host):
-        return (f"[serve] warning: listening on {host or 'every address'} with no API key: anyone who can reach "
-                f"this port can use the server (set {KEY_FLAG} or {ENV_VAR})")
+        return (
+            f"[serve] warning: listening on {host or 'every address'} with no API key: anyone who can reach "
+            f"this port can use the server (set {KEY_FLAG} or {ENV_VAR})"
+        )
     return None
 
 
@@ -111,14 +118,25 @@ class RequireApiKey:
     not BaseHTTPMiddleware, so streams and client disconnects pass through untouched."""
 
     def __init__(self, app, keys: ApiKeys, open_paths: Iterable[str], respond: Respond) -> None:
-        self.app, self.keys, self.open_paths, self.respond = app, keys, frozenset(open_paths), respond
+        self.app, self.keys, self.open_paths, self.respond = (
+            app,
+            keys,
+            frozenset(open_paths),
+            respond,
+        )
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
-        header = next((value.decode("latin-1") for name, value in scope.get("headers", ())
-                       if name.lower() == b"authorization"), None)
+        header = next(
+            (
+                value.decode("latin-1")
+                for name, value in scope.get("headers", ())
+                if name.lower() == b"authorization"
+            ),
+            None,
+        )
         token = bearer_token(header)
         if self.keys.accepts(token):
             await self.app(scope, receive, send)

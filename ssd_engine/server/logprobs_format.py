@@ -1,6 +1,7 @@
 """RequestOutput.logprobs ({token id: log-probability} per token, the chosen one first) in OpenAI's two
 shapes: the completions API's parallel lists and the chat API's `content` entries. A token a filter
 removed (-inf) is sent as -9999.0, as vLLM does: JSON has no infinity."""
+
 from __future__ import annotations
 
 import math
@@ -28,10 +29,18 @@ def completion_logprobs(tokenizer, entries: list[dict[int, float]], top: int) ->
         offset += len(text)
         ranked = sorted(entry.items(), key=lambda item: -item[1])[:top]
         texts: dict[str, float] = {}
-        for token, value in ranked:  # two ids may decode alike (a partial UTF-8 byte): the likelier one's value
+        for (
+            token,
+            value,
+        ) in ranked:  # two ids may decode alike (a partial UTF-8 byte): the likelier one's value
             texts.setdefault(_text(tokenizer, token), _value(value))
         tops.append(texts if top else None)
-    return {"tokens": tokens, "token_logprobs": values, "top_logprobs": tops, "text_offset": offsets}
+    return {
+        "tokens": tokens,
+        "token_logprobs": values,
+        "top_logprobs": tops,
+        "text_offset": offsets,
+    }
 
 
 def chat_logprobs(tokenizer, entries: list[dict[int, float]], top: int) -> dict:
@@ -43,5 +52,7 @@ def chat_logprobs(tokenizer, entries: list[dict[int, float]], top: int) -> dict:
     for entry in entries:
         chosen, logprob = next(iter(entry.items()))
         ranked = sorted(entry.items(), key=lambda item: -item[1])[:top]
-        content.append({**described(chosen, logprob), "top_logprobs": [described(t, v) for t, v in ranked]})
+        content.append(
+            {**described(chosen, logprob), "top_logprobs": [described(t, v) for t, v in ranked]}
+        )
     return {"content": content, "refusal": None}

@@ -3,6 +3,7 @@
 (the bodies and chunks: openai_bodies.py).
 Errors have OpenAI's shape {"error": {"message", "type", "param", "code"}}; unimplemented fields are
 a 400 naming them, never ignored. API keys: auth.py."""
+
 import asyncio
 import time
 import uuid
@@ -19,9 +20,17 @@ from ssd_engine.server.openai_bodies import OpenAIBodies
 from ssd_engine.server.requests import BadRequest, ChatRequest, CompletionRequest, SamplingRequest
 
 
-def error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
-          code: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}}, status_code=status)
+def error(
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | None = None,
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": code}},
+        status_code=status,
+    )
 
 
 def open_paths(metrics_require_key: bool = False) -> tuple[str, ...]:
@@ -29,8 +38,13 @@ def open_paths(metrics_require_key: bool = False) -> tuple[str, ...]:
     return ("/health",) if metrics_require_key else ("/health", "/metrics")
 
 
-def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | None = None,
-              metrics_require_key: bool = False, every_replicas_metrics=None) -> FastAPI:
+def build_app(
+    async_engine: AsyncEngine,
+    model_name: str,
+    api_keys: ApiKeys | None = None,
+    metrics_require_key: bool = False,
+    every_replicas_metrics=None,
+) -> FastAPI:
     """The OpenAI app in front of one engine. `every_replicas_metrics`: an async callable whose bytes
     /metrics answers instead of this engine's own (server/replica_metrics.py); `app.state.own_metrics`
     renders this engine's."""
@@ -38,7 +52,9 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
         raise ValueError("metrics_require_key needs API keys")
     app = FastAPI(title="ssd_engine")
     tokenizer = async_engine.llm.tokenizer
-    defaults = async_engine.llm.get_default_sampling_params()  # what a request's unset sampling fields take
+    defaults = (
+        async_engine.llm.get_default_sampling_params()
+    )  # what a request's unset sampling fields take
     request_fields = set(CompletionRequest.model_fields) | set(ChatRequest.model_fields)
     metrics = ServerMetrics()
     bodies = OpenAIBodies(model_name, tokenizer, metrics)
@@ -48,12 +64,18 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
         return error(status, message, **fields)
 
     if api_keys is not None:
+
         def unauthorized(message: str) -> JSONResponse:
             response = reject(401, message, code="invalid_api_key")
             response.headers["WWW-Authenticate"] = "Bearer"  # RFC 6750
             return response
-        app.add_middleware(RequireApiKey, keys=api_keys, open_paths=open_paths(metrics_require_key),
-                           respond=unauthorized)
+
+        app.add_middleware(
+            RequireApiKey,
+            keys=api_keys,
+            open_paths=open_paths(metrics_require_key),
+            respond=unauthorized,
+        )
 
     async def _indexed(firsts: list, streams: list):
         """(sample index, Delta) as each of a request's samples produces them, each sample's in order."""
@@ -64,8 +86,11 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
                 await queue.put((index, firsts[index]))
                 async for delta in streams[index]:
                     await queue.put((index, delta))
-            except Exception as exc:  # an engine failure reaches the reader, not the event loop's log
+            except (
+                Exception
+            ) as exc:  # an engine failure reaches the reader, not the event loop's log
                 await queue.put((index, exc))
+
         tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
         try:
             ended = 0
@@ -89,17 +114,24 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
         if first.get("type") == "json_invalid":
             return reject(400, f"malformed JSON: {first.get('msg')}", code="malformed_json")
         if first.get("type") == "extra_forbidden":
-            return reject(400, f"unsupported field {where!r}: this server does not implement it", param=where,
-                         code="unsupported_field")
+            return reject(
+                400,
+                f"unsupported field {where!r}: this server does not implement it",
+                param=where,
+                code="unsupported_field",
+            )
         return reject(400, f"invalid {where!r}: {first.get('msg')}", param=where or None)
 
     async def own_metrics() -> bytes:
         return metrics.render(await async_engine.snapshot(), async_engine.aborted)
+
     app.state.own_metrics = own_metrics
 
     @app.get("/metrics")
     async def prometheus() -> Response:
-        return Response(await (every_replicas_metrics or own_metrics)(), media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            await (every_replicas_metrics or own_metrics)(), media_type=CONTENT_TYPE_LATEST
+        )
 
     @app.get("/health")
     async def health() -> dict:
@@ -107,21 +139,36 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "ssd_engine"}]}
+        return {
+            "object": "list",
+            "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "ssd_engine"}],
+        }
 
     async def _serve(body: SamplingRequest, prompt, kind: str):
         if body.model != model_name:
-            return reject(404, f"model {body.model!r} does not exist; this server serves {model_name!r}",
-                         param="model", code="model_not_found")
+            return reject(
+                404,
+                f"model {body.model!r} does not exist; this server serves {model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         try:
             body.check()
             max_tokens = body.requested_max_tokens()
-            params = body.params(defaults, max_tokens if max_tokens is not None else async_engine.max_tokens_room(prompt))
-            samples = async_engine.engine.make_samples(prompt, params)  # checked once, before any is queued
+            params = body.params(
+                defaults,
+                max_tokens if max_tokens is not None else async_engine.max_tokens_room(prompt),
+            )
+            samples = async_engine.engine.make_samples(
+                prompt, params
+            )  # checked once, before any is queued
             if params.n > 1 and not body.stream:
                 answered = await asyncio.gather(*(_whole(prompt, params, seq) for seq in samples))
             else:
-                streams = [async_engine.generate(prompt, params, stream=body.stream, seq=seq) for seq in samples]
+                streams = [
+                    async_engine.generate(prompt, params, stream=body.stream, seq=seq)
+                    for seq in samples
+                ]
                 try:  # overload errors surface here, before any byte is sent
                     firsts = [await anext(stream) for stream in streams]
                 except BaseException:
@@ -130,23 +177,41 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
                     raise
         except BadRequest as exc:
             return reject(400, str(exc), param=exc.param)
-        except ValueError as exc:  # SamplingParams' and the engine's messages start with the field they are about
+        except (
+            ValueError
+        ) as exc:  # SamplingParams' and the engine's messages start with the field they are about
             named = str(exc).split(" ", 1)[0]
             if named == "max_tokens" and body.max_completion_tokens is not None:
                 named = "max_completion_tokens"
-            elif named.startswith("structured_outputs"):  # the engine's compile error: name the field the spec came in
+            elif named.startswith(
+                "structured_outputs"
+            ):  # the engine's compile error: name the field the spec came in
                 named = body.structure_field() or named
             return reject(400, str(exc), param=named if named in request_fields else None)
         except Overloaded as exc:
             return reject(503, str(exc), kind="server_overloaded", code="overloaded")
-        rid, created = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time())
+        rid, created = (
+            f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}",
+            int(time.time()),
+        )
         if params.n > 1 and not body.stream:
             return bodies.response(rid, created, kind, answered, params.logprobs or 0)
         if body.stream:
-            return StreamingResponse(bodies.stream(_indexed(firsts, streams), params.n, rid, created, kind,
-                                                   body.stream_options, params.logprobs or 0),
-                                     media_type="text/event-stream")
-        return bodies.response(rid, created, kind, [await _joined(firsts[0], streams[0])], params.logprobs or 0)
+            return StreamingResponse(
+                bodies.stream(
+                    _indexed(firsts, streams),
+                    params.n,
+                    rid,
+                    created,
+                    kind,
+                    body.stream_options,
+                    params.logprobs or 0,
+                ),
+                media_type="text/event-stream",
+            )
+        return bodies.response(
+            rid, created, kind, [await _joined(firsts[0], streams[0])], params.logprobs or 0
+        )
 
     async def _joined(first, stream) -> tuple[str, object]:
         """(the whole text, the RequestOutput) of a request's deltas."""
@@ -169,8 +234,9 @@ def build_app(async_engine: AsyncEngine, model_name: str, api_keys: ApiKeys | No
     async def chat(body: ChatRequest):
         if not tokenizer.chat_template:
             return reject(400, f"model {model_name!r} has no chat template; use /v1/completions")
-        prompt = tokenizer.apply_chat_template([m.model_dump() for m in body.messages], tokenize=False,
-                                               add_generation_prompt=True)
+        prompt = tokenizer.apply_chat_template(
+            [m.model_dump() for m in body.messages], tokenize=False, add_generation_prompt=True
+        )
         return await _serve(body, prompt, "chat")
 
     return app

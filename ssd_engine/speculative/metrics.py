@@ -1,6 +1,7 @@
 """Speculation metrics with vLLM's definitions: acceptance rate = accepted / drafted; mean
 acceptance length = 1 + accepted / rounds (bonus included); per-position rate = P(draft i accepted)
 over rounds; histogram[a] = rounds that accepted exactly a drafts."""
+
 from dataclasses import dataclass, field
 
 
@@ -28,7 +29,9 @@ class SpecCounters:
     def summary(self) -> dict:
         rounds = max(self.rounds, 1)
         return {
-            "rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
+            "rounds": self.rounds,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else 0.0,
             "mean_acceptance_length": 1 + self.accepted / rounds if self.rounds else 0.0,
             "per_position_acceptance_rate": [a / rounds for a in self.accepted_per_position],

@@ -2,6 +2,7 @@
 whose blocks cannot be reserved drops its draft K/V rather than fail the round. Decode steps feed
 draws from the device, never reading them on the host; sampling is the caller's (`StepSampler`),
 so each keeps its own random-stream order and seeded requests reproduce their outputs."""
+
 from typing import Generic, Protocol, TypeVar
 
 import torch
@@ -38,21 +39,34 @@ class PagedDraft(Generic[S]):
     def drop(self, seq: S) -> None:
         self.blocks.deallocate(seq)
 
-    def extend_kv(self, seqs: list[S], starts: list[int], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
+    def extend_kv(
+        self, seqs: list[S], starts: list[int], feeds: list[list[int]], rows: list[int]
+    ) -> torch.Tensor:
         """Feed feeds[i] into seqs[i]'s blocks from position starts[i] -> fp32 logits of the last
         rows[i] fed positions of each, concatenated in order: [sum(rows), V]. A target wider than the
         draft (embedding padding past the tokenizer) can emit ids the draft has no row for: the draft
         reads those as id 0, which changes only its proposals, never the output (the verifier's)."""
         vocab = self.runner.config.vocab_size
         feeds = [[t if t < vocab else 0 for t in f] for f in feeds]
-        return self.runner.run(StepInputs(starts, feeds, [s.block_table for s in seqs],
-                                          [list(range(len(f) - n, len(f))) for f, n in zip(feeds, rows)]))
+        return self.runner.run(
+            StepInputs(
+                starts,
+                feeds,
+                [s.block_table for s in seqs],
+                [list(range(len(f) - n, len(f))) for f, n in zip(feeds, rows)],
+            )
+        )
 
-    def decode(self, seqs: list[S], starts: list[int], logits: torch.Tensor,
-               sample: StepSampler) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def decode(
+        self, seqs: list[S], starts: list[int], logits: torch.Tensor, sample: StepSampler
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """K draft tokens per sequence from next-token `logits` [n, V]; the first K - 1 are fed at
         starts[i] .. starts[i] + K - 2 (blocks reserved). -> tokens [n, K], q [n, K, V'] or None."""
-        feed = DecodeFeed(self.runner, starts, [s.block_table for s in seqs], self.k - 1) if self.k > 1 else None
+        feed = (
+            DecodeFeed(self.runner, starts, [s.block_table for s in seqs], self.k - 1)
+            if self.k > 1
+            else None
+        )
         tokens, rows = [], []
         for step in range(self.k):
             drawn, q = sample(step, logits)

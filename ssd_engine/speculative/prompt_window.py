@@ -25,14 +25,20 @@ def draft_length(n: int, skipped: int) -> int:
     return n if n <= SINK else max(SINK, n - skipped)
 
 
-def windowed(token_ids: list[int], skipped: int, start: int = 0, end: int | None = None) -> list[int]:
+def windowed(
+    token_ids: list[int], skipped: int, start: int = 0, end: int | None = None
+) -> list[int]:
     """The tokens at draft positions [start, end) (end None: all): draft position i holds token i
     below SINK, else token i + skipped."""
     end = draft_length(len(token_ids), skipped) if end is None else end
     if not skipped:
         return token_ids[start:end]
-    return token_ids[start:min(end, SINK)] + token_ids[max(start, SINK) + skipped:end + skipped]
+    return token_ids[start : min(end, SINK)] + token_ids[max(start, SINK) + skipped : end + skipped]
 
 
 def describe(window: int | None) -> str:
-    return "the whole prompt" if window is None else f"a prompt's first {SINK} and last {window} tokens"
+    return (
+        "the whole prompt"
+        if window is None
+        else f"a prompt's first {SINK} and last {window} tokens"
+    )

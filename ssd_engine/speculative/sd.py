@@ -2,6 +2,7 @@
 Each round the draft catches up (the bonus token, plus x_K after a fully accepted round), then
 decodes K tokens keeping each one's exact probability row. A round's uniforms come in one draw per
 request, so the K steps read nothing on the host: the round's one read is the verifier's."""
+
 import time
 
 import torch
@@ -50,15 +51,28 @@ class DraftView:
 
 
 class SyncDraft(PagedDraft[DraftView]):
-    def __init__(self, runner: ModelRunner, num_blocks: int, block_size: int, k: int,
-                 proposable_vocab: int, generator: torch.Generator, grammars: Grammars | None = None,
-                 reads_prompts_ahead: bool = True, prompt_window: int | None = None) -> None:
-        super().__init__(runner, BlockManager(num_blocks, block_size, enable_prefix_caching=False), k)
+    def __init__(
+        self,
+        runner: ModelRunner,
+        num_blocks: int,
+        block_size: int,
+        k: int,
+        proposable_vocab: int,
+        generator: torch.Generator,
+        grammars: Grammars | None = None,
+        reads_prompts_ahead: bool = True,
+        prompt_window: int | None = None,
+    ) -> None:
+        super().__init__(
+            runner, BlockManager(num_blocks, block_size, enable_prefix_caching=False), k
+        )
         self.views: dict[int, DraftView] = {}
         self.proposable_vocab = proposable_vocab
         self.generator = generator
         self.grammars = grammars
-        self.catch_up_s_per_token: float | None = None  # running average over catch-ups of CATCH_UP_SAMPLE+ tokens
+        self.catch_up_s_per_token: float | None = (
+            None  # running average over catch-ups of CATCH_UP_SAMPLE+ tokens
+        )
         # False: read a prompt only once the draft drafts for it (engine/step_choice.py)
         self.reads_prompts_ahead = reads_prompts_ahead
         self.prompt_window = prompt_window
@@ -70,8 +84,12 @@ class SyncDraft(PagedDraft[DraftView]):
 
     def lag(self, seqs: list[Sequence]) -> int:
         """Tokens the draft must read before it can draft for every one of `seqs`."""
-        views = [self.views[seq.seq_id] if seq.seq_id in self.views else DraftView(seq, self.prompt_window)
-                 for seq in seqs]
+        views = [
+            self.views[seq.seq_id]
+            if seq.seq_id in self.views
+            else DraftView(seq, self.prompt_window)
+            for seq in seqs
+        ]
         return sum(len(view) - view.num_computed_tokens for view in views)
 
     def release(self, seq: Sequence) -> None:
@@ -101,15 +119,21 @@ class SyncDraft(PagedDraft[DraftView]):
                 ends.append(end)
             if dec:
                 drafting.append(view)
-        started, read = time.perf_counter(), sum(end - v.num_computed_tokens for v, end in zip(extend, ends))
+        started, read = (
+            time.perf_counter(),
+            sum(end - v.num_computed_tokens for v, end in zip(extend, ends)),
+        )
         logits = self._extend(extend, ends, drafting)
         if read >= CATCH_UP_SAMPLE:
             per_token = (time.perf_counter() - started) / read
             before = self.catch_up_s_per_token
             # a first catch-up can carry one-time costs (kernel compiles on a GPU): a sample under a
             # quarter of the estimate replaces it, others are averaged in
-            self.catch_up_s_per_token = per_token if before is None or per_token < before / 4 else \
-                0.5 * (before + per_token)
+            self.catch_up_s_per_token = (
+                per_token
+                if before is None or per_token < before / 4
+                else 0.5 * (before + per_token)
+            )
         if not dec_views:
             return None
         device, vocab = self.runner.device, self.runner.config.vocab_size
@@ -122,11 +146,13 @@ class SyncDraft(PagedDraft[DraftView]):
         tokens = torch.zeros(len(dec_views), self.k, dtype=torch.long, device=device)
         probs = None if greedy else torch.zeros(len(dec_views), self.k, vocab, device=device)
         if drafting:
-            (rows,) = upload([[dec_views.index(v) for v in drafting]], device)  # queued work keeps running
+            (rows,) = upload(
+                [[dec_views.index(v) for v in drafting]], device
+            )  # queued work keeps running
             drawn_tokens, drawn_probs = self._draft(drafting, logits, greedy)
             tokens[rows] = drawn_tokens
             if probs is not None:
-                probs[rows, :, :drawn_probs.shape[-1]] = drawn_probs
+                probs[rows, :, : drawn_probs.shape[-1]] = drawn_probs
         return Proposal(tokens, probs, num_draft)
 
     def _draft(self, views: list[DraftView], logits: torch.Tensor, greedy: bool):
@@ -146,36 +172,54 @@ class SyncDraft(PagedDraft[DraftView]):
         params = [v.seq.params for v in views]
         sampling = SamplingTensors.from_params(params, self.runner.device)
         # each random row's K uniforms in one draw from its draft stream: one call a round
-        u = draw_uniforms([v.seq.draft_generator for v in views], [self.k if not p.greedy else 0 for p in params],
-                          self.k, self.runner.device, self.generator)
+        u = draw_uniforms(
+            [v.seq.draft_generator for v in views],
+            [self.k if not p.greedy else 0 for p in params],
+            self.k,
+            self.runner.device,
+            self.generator,
+        )
 
         def draw(step: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             probs = sampling.probs(logits[:, :vocab])
-            return inverse_cdf(probs, u[:, step]), probs  # a one-hot (greedy) row's u = 0 picks its token
+            return inverse_cdf(
+                probs, u[:, step]
+            ), probs  # a one-hot (greedy) row's u = 0 picks its token
+
         return draw
 
-    def _extend(self, views: list[DraftView], ends: list[int], drafting: list[DraftView]) -> torch.Tensor:
+    def _extend(
+        self, views: list[DraftView], ends: list[int], drafting: list[DraftView]
+    ) -> torch.Tensor:
         """Compute draft KV for views[i] up to ends[i]; return the last position's logits of
         each drafting view, in `drafting` order."""
         if not views:
             return torch.empty(0)
         wanted = {id(v) for v in drafting}
         rows = [1 if id(v) in wanted else 0 for v in views]
-        logits = self.extend_kv(views, [v.num_computed_tokens for v in views],
-                                [v.feed(v.num_computed_tokens, end) for v, end in zip(views, ends)], rows)
+        logits = self.extend_kv(
+            views,
+            [v.num_computed_tokens for v in views],
+            [v.feed(v.num_computed_tokens, end) for v, end in zip(views, ends)],
+            rows,
+        )
         for view, end in zip(views, ends):
             view.num_computed_tokens = end
         row_of = {id(v): j for j, v in enumerate(v for v, n in zip(views, rows) if n)}
         if not drafting:
             return logits
-        (index,) = upload([[row_of[id(v)] for v in drafting]], logits.device)  # a list index would cross blocking
+        (index,) = upload(
+            [[row_of[id(v)] for v in drafting]], logits.device
+        )  # a list index would cross blocking
         return logits[index]
 
     def on_outcome(self, outcome: Outcome) -> None:
         """After verification: the draft KV is valid up to the accepted prefix of the sequence."""
         view = self.views.get(outcome.seq.seq_id)
         if view is not None:
-            view.num_computed_tokens = min(view.num_computed_tokens, view.draft_length(outcome.num_kept))
+            view.num_computed_tokens = min(
+                view.num_computed_tokens, view.draft_length(outcome.num_kept)
+            )
             self.blocks.trim(view)
 
     def summary(self) -> dict:

@@ -1,4 +1,5 @@
 """Build the SD draft (colocated) or start the SSD draft process: load it, check it shares the target's tokenizer, size its KV like the target's."""
+
 import filecmp
 import os
 from dataclasses import dataclass, replace
@@ -21,9 +22,10 @@ from ssd_engine.speculative.ssd.process import DraftSpec
 @dataclass(frozen=True)
 class TargetSide:
     """What building a draft needs from the engine that will verify it."""
+
     parts: Config
-    draft: ModelConfig                      # the plan's: the draft's folder, device and decided formats
-    saguaro: SaguaroPlan | None             # SSD: the plan's fan-outs and fallback rule
+    draft: ModelConfig  # the plan's: the draft's folder, device and decided formats
+    saguaro: SaguaroPlan | None  # SSD: the plan's fan-outs and fallback rule
     model_path: str
     tokenizer: object
     vocab_size: int
@@ -34,8 +36,10 @@ class TargetSide:
 
 def check_same_tokenizer(target_tok, draft_tok, target_path: str, draft_path: str) -> None:
     if len(target_tok) != len(draft_tok) or target_tok.get_vocab() != draft_tok.get_vocab():
-        raise ValueError(f"draft and target tokenizers differ: target {target_path} has {len(target_tok)} tokens, "
-                         f"draft {draft_path} has {len(draft_tok)}; speculative decoding needs the same vocabulary")
+        raise ValueError(
+            f"draft and target tokenizers differ: target {target_path} has {len(target_tok)} tokens, "
+            f"draft {draft_path} has {len(draft_tok)}; speculative decoding needs the same vocabulary"
+        )
 
 
 def same_tokenizer_files(target_path: str, draft_path: str) -> bool:
@@ -43,7 +47,10 @@ def same_tokenizer_files(target_path: str, draft_path: str) -> bool:
     not be loaded (and stay resident) to compare vocabularies."""
     names = ("tokenizer.json", "tokenizer_config.json")
     paths = [(os.path.join(target_path, n), os.path.join(draft_path, n)) for n in names]
-    return all(os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False) for a, b in paths)
+    return all(
+        os.path.isfile(a) and os.path.isfile(b) and filecmp.cmp(a, b, shallow=False)
+        for a, b in paths
+    )
 
 
 def draft_path_and_vocab(side: TargetSide) -> tuple[str, int]:
@@ -54,14 +61,19 @@ def draft_path_and_vocab(side: TargetSide) -> tuple[str, int]:
     draft_config = load_config(draft_path, load_format)
     tokenizer_source = parts.model.tokenizer or side.model_path
     # dummy models may lack tokenizers: the vocabulary sizes below still bound the proposals
-    tokenizer_less = load_format == "dummy" and not (has_tokenizer_files(tokenizer_source)
-                                                     and has_tokenizer_files(draft_path))
+    tokenizer_less = load_format == "dummy" and not (
+        has_tokenizer_files(tokenizer_source) and has_tokenizer_files(draft_path)
+    )
     if not tokenizer_less and not same_tokenizer_files(tokenizer_source, draft_path):
-        check_same_tokenizer(side.tokenizer, AutoTokenizer.from_pretrained(draft_path), side.model_path, draft_path)
+        check_same_tokenizer(
+            side.tokenizer, AutoTokenizer.from_pretrained(draft_path), side.model_path, draft_path
+        )
     k, budget = parts.speculative.k, parts.scheduler.max_num_batched_tokens
     if budget < k + 1:
-        raise ValueError(f"max_num_batched_tokens={budget} cannot fit one verification of "
-                         f"num_speculative_tokens+1={k + 1} tokens")
+        raise ValueError(
+            f"max_num_batched_tokens={budget} cannot fit one verification of "
+            f"num_speculative_tokens+1={k + 1} tokens"
+        )
     return draft_path, min(len(side.tokenizer), draft_config.vocab_size, side.vocab_size)
 
 
@@ -75,22 +87,40 @@ def draft_host(choice: str, draft_device: str, target_device: str) -> str:
     return "thread" if shared_gpu else "process"
 
 
-def start_async_draft(side: TargetSide, target: RunnerSpec, cores: list[int] | None,
-                      threads: int) -> AsyncDraftClient:
+def start_async_draft(
+    side: TargetSide, target: RunnerSpec, cores: list[int] | None, threads: int
+) -> AsyncDraftClient:
     """Spawn the SSD draft on the plan's device (its own cores on CPU, the GPU after the target's
     ranks). Its KV cache and positions are sized like `target`'s."""
     _, vocab = draft_path_and_vocab(side)
     parts, plan = side.parts, side.saguaro
     runner = replace(target, model=side.draft)
-    draft_spec = DraftSpec(runner, parts.speculative, tuple((t, tuple(f)) for t, f in plan.fanouts),
-                           tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables),
-                           vocab, parts.scheduler.max_num_seqs, parts.seed,
-                           parts.model.tokenizer or side.model_path, tuple(sorted(side.eos_token_ids)))
+    draft_spec = DraftSpec(
+        runner,
+        parts.speculative,
+        tuple((t, tuple(f)) for t, f in plan.fanouts),
+        tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables),
+        vocab,
+        parts.scheduler.max_num_seqs,
+        parts.seed,
+        parts.model.tokenizer or side.model_path,
+        tuple(sorted(side.eos_token_ids)),
+    )
     device = side.draft.device
-    return AsyncDraftClient(draft_spec, side.vocab_size, cores, threads, parts.speculative.draft_timeout_s,
-                            stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=side.device),
-                            side.device, plan, host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device),
-                            prompt_window=prompt_window.resolve(parts.speculative.prompt_window, device, overlaps_target=True))
+    return AsyncDraftClient(
+        draft_spec,
+        side.vocab_size,
+        cores,
+        threads,
+        parts.speculative.draft_timeout_s,
+        stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=side.device),
+        side.device,
+        plan,
+        host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device),
+        prompt_window=prompt_window.resolve(
+            parts.speculative.prompt_window, device, overlaps_target=True
+        ),
+    )
 
 
 def build_sync_draft(side: TargetSide, target: RunnerSpec) -> SyncDraft:
@@ -100,7 +130,17 @@ def build_sync_draft(side: TargetSide, target: RunnerSpec) -> SyncDraft:
     runner = replace(target, model=side.draft).build()
     # draft steps, and the catch-up: two tokens a row after a fully accepted round, else one
     runner.capture_graphs([("paged", 1), ("paged", 2)])
-    window = prompt_window.resolve(side.parts.speculative.prompt_window, target.model.device, overlaps_target=False)
-    return SyncDraft(runner, target.cache.num_kv_blocks, target.cache.block_size, k, proposable,
-                     stream_generator(side.parts.seed, Stream.DRAFT, device=side.device), side.grammars,
-                     reads_prompts_ahead=side.parts.speculative.per_step == "off", prompt_window=window)
+    window = prompt_window.resolve(
+        side.parts.speculative.prompt_window, target.model.device, overlaps_target=False
+    )
+    return SyncDraft(
+        runner,
+        target.cache.num_kv_blocks,
+        target.cache.block_size,
+        k,
+        proposable,
+        stream_generator(side.parts.seed, Stream.DRAFT, device=side.device),
+        side.grammars,
+        reads_prompts_ahead=side.parts.speculative.per_step == "off",
+        prompt_window=window,
+    )

@@ -1,4 +1,5 @@
 """Rank 0's side of a tensor-parallel model, a ModelRunner to the engine; errors name the worker."""
+
 import contextlib
 import subprocess
 import threading
@@ -19,8 +20,10 @@ class TensorParallelError(RuntimeError):
 
 
 class TensorParallelRunner:
-    def __init__(self, tp: TPGroup, runner_spec: RunnerSpec, processes: dict, restore_placement=None) -> None:
-        self.tp, self.processes = tp, processes   # rank -> subprocess.Popen (empty under torchrun)
+    def __init__(
+        self, tp: TPGroup, runner_spec: RunnerSpec, processes: dict, restore_placement=None
+    ) -> None:
+        self.tp, self.processes = tp, processes  # rank -> subprocess.Popen (empty under torchrun)
         self._restore = restore_placement
         self.mirror = BlockTableMirror()
         self.freed: list[int] = []
@@ -37,7 +40,9 @@ class TensorParallelRunner:
                 self.tp.barrier_status(True)  # the workers drop their shards and exit
                 raise
             if self.tp.barrier_status(False):
-                raise TensorParallelError("a tensor-parallel worker failed to load its shard (its traceback is above)")
+                raise TensorParallelError(
+                    "a tensor-parallel worker failed to load its shard (its traceback is above)"
+                )
 
     @property
     def model(self):
@@ -60,7 +65,9 @@ class TensorParallelRunner:
         message = step_message([seq.seq_id for seq in batch.seqs], inputs, self.mirror, self.freed)
         self.freed = []
         with self._guard("a forward step"):
-            self.in_step = True  # still set if interrupted (Ctrl-C): workers then wait inside a collective
+            self.in_step = (
+                True  # still set if interrupted (Ctrl-C): workers then wait inside a collective
+            )
             self.tp.send_command("forward", message)
             if inputs.on_device is not None:  # device-held drafts go device to device: no host read
                 at, values = inputs.on_device
@@ -71,7 +78,9 @@ class TensorParallelRunner:
             return logits
 
     def capture_graphs(self, keys: list[tuple]) -> None:
-        with self._guard("capturing CUDA graphs"):  # every rank captures: the graphs hold the all-reduces
+        with self._guard(
+            "capturing CUDA graphs"
+        ):  # every rank captures: the graphs hold the all-reduces
             self.tp.send_command("capture_graphs", keys)
             self.runner.capture_graphs(keys)
 
@@ -90,8 +99,10 @@ class TensorParallelRunner:
             if isinstance(error, TensorParallelError):
                 self.error = error
             else:
-                self.error = TensorParallelError(f"tensor parallelism failed during {what}: {self._diagnose()}; "
-                                                 f"close this engine and start a new one ({error})")
+                self.error = TensorParallelError(
+                    f"tensor parallelism failed during {what}: {self._diagnose()}; "
+                    f"close this engine and start a new one ({error})"
+                )
             raise self.error from error
 
     def _send_shutdown(self) -> None:
@@ -107,7 +118,9 @@ class TensorParallelRunner:
                 process.wait(timeout=2.0)
             except subprocess.TimeoutExpired:
                 continue
-            dead.append(f"worker rank {rank} (pid {process.pid}) died with exit code {process.returncode}")
+            dead.append(
+                f"worker rank {rank} (pid {process.pid}) died with exit code {process.returncode}"
+            )
         return "; ".join(dead) or "a collective failed or missed the distributed_timeout_s deadline"
 
     def close(self) -> None:

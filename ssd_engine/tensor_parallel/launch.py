@@ -1,4 +1,5 @@
 """Start a tensor-parallel model: spawn worker ranks here, or join a torchrun group."""
+
 import atexit
 import os
 import sys
@@ -27,8 +28,9 @@ def torchrun_world() -> tuple[int, int] | None:
     return None
 
 
-def start_tensor_parallel(parallel: ParallelConfig, runner_spec: RunnerSpec,
-                          core_sets: list[list[int]] | None = None) -> TensorParallelRunner:
+def start_tensor_parallel(
+    parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[list[int]] | None = None
+) -> TensorParallelRunner:
     """`core_sets`: the ranks' cores when the caller planned them (SSD adds the draft's set)."""
     joined = torchrun_world()
     if joined is not None:
@@ -40,12 +42,16 @@ def rank_gpus(device: str, size: int, available: int) -> list[str]:
     """Each rank's GPU, consecutive from `device`'s (NCCL cannot put two ranks on one GPU)."""
     first = torch.device(device).index or 0
     if first + size > available:
-        raise ValueError(f"tensor_parallel_size={size} from {device} needs GPUs cuda:{first}..cuda:{first + size - 1}; "
-                         f"this machine has {available}")
+        raise ValueError(
+            f"tensor_parallel_size={size} from {device} needs GPUs cuda:{first}..cuda:{first + size - 1}; "
+            f"this machine has {available}"
+        )
     return [f"cuda:{first + rank}" for rank in range(size)]
 
 
-def _spawn(parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[list[int]] | None) -> TensorParallelRunner:
+def _spawn(
+    parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[list[int]] | None
+) -> TensorParallelRunner:
     size = parallel.tensor_parallel_size
     on_cpu = runner_spec.model.device == "cpu"
     if on_cpu:
@@ -53,7 +59,10 @@ def _spawn(parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[li
     else:
         core_sets = [None] * size
         gpus = rank_gpus(runner_spec.model.device, size, torch.cuda.device_count())
-    threads = [runner_spec.model.num_threads or (len(c) if c else torch.get_num_threads()) for c in core_sets]
+    threads = [
+        runner_spec.model.num_threads or (len(c) if c else torch.get_num_threads())
+        for c in core_sets
+    ]
     store = supervise.host_store(size)
     # SSD_ENGINE_TP_SHM=0 keeps every collective on gloo
     use_shm = on_cpu and shm_supported() and os.environ.get("SSD_ENGINE_TP_SHM", "1") != "0"
@@ -62,20 +71,48 @@ def _spawn(parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[li
     for rank in range(1, size):
         # lifeline.start, not multiprocessing: the user's __main__ is never re-imported
         device = runner_spec.model.device if on_cpu else gpus[rank]
-        args = dict(port=store.port, rank=rank, size=size, cores=core_sets[rank], threads=threads[rank],
-                    device=device, timeout_s=parallel.distributed_timeout_s, shm_fd=shm_fd)
-        workers[rank] = supervise.start(f"tensor-parallel worker rank {rank}", "ssd_engine.tensor_parallel.worker_main",
-                                        args, ready_key(rank), pass_fds=() if shm_fd is None else (shm_fd,))
+        args = dict(
+            port=store.port,
+            rank=rank,
+            size=size,
+            cores=core_sets[rank],
+            threads=threads[rank],
+            device=device,
+            timeout_s=parallel.distributed_timeout_s,
+            shm_fd=shm_fd,
+        )
+        workers[rank] = supervise.start(
+            f"tensor-parallel worker rank {rank}",
+            "ssd_engine.tensor_parallel.worker_main",
+            args,
+            ready_key(rank),
+            pass_fds=() if shm_fd is None else (shm_fd,),
+        )
     processes = {rank: worker.process for rank, worker in workers.items()}
     restore = pin(core_sets[0], threads[0]) if on_cpu else None
-    where = describe(core_sets, threads) if on_cpu else ", ".join(f"rank {r}: {gpu}" for r, gpu in enumerate(gpus))
+    where = (
+        describe(core_sets, threads)
+        if on_cpu
+        else ", ".join(f"rank {r}: {gpu}" for r, gpu in enumerate(gpus))
+    )
     transport = ("shared memory + gloo" if use_shm else "gloo") if on_cpu else "nccl"
-    print(f"tensor parallel: {size} ranks ({transport}); {where}; "
-          f"worker pids {[p.pid for p in processes.values()]}", file=sys.stderr)
+    print(
+        f"tensor parallel: {size} ranks ({transport}); {where}; "
+        f"worker pids {[p.pid for p in processes.values()]}",
+        file=sys.stderr,
+    )
     try:
         supervise.wait_ready(store, list(workers.values()), TensorParallelError)
-        tp = TPGroup.create(store, 0, size, torch.device(runner_spec.model.device), parallel.distributed_timeout_s, loopback=True,
-                            shm_fd=shm_fd, peers_alive=lambda: all(p.poll() is None for p in processes.values()))
+        tp = TPGroup.create(
+            store,
+            0,
+            size,
+            torch.device(runner_spec.model.device),
+            parallel.distributed_timeout_s,
+            loopback=True,
+            shm_fd=shm_fd,
+            peers_alive=lambda: all(p.poll() is None for p in processes.values()),
+        )
         runner = TensorParallelRunner(tp, runner_spec, processes, restore)
     except BaseException:
         _stop(processes)
@@ -84,16 +121,22 @@ def _spawn(parallel: ParallelConfig, runner_spec: RunnerSpec, core_sets: list[li
         raise
     finally:
         if shm_fd is not None:
-            os.close(shm_fd)  # the mappings keep the memory; it goes when the last process holding it exits
+            os.close(
+                shm_fd
+            )  # the mappings keep the memory; it goes when the last process holding it exits
     runner._store = store  # the store lives as long as the group
     close_at_exit(runner)
     return runner
 
 
-def _join_torchrun(parallel: ParallelConfig, runner_spec: RunnerSpec, rank: int, size: int) -> TensorParallelRunner:
+def _join_torchrun(
+    parallel: ParallelConfig, runner_spec: RunnerSpec, rank: int, size: int
+) -> TensorParallelRunner:
     if size != parallel.tensor_parallel_size:
-        raise ValueError(f"torchrun started WORLD_SIZE={size} processes but tensor_parallel_size="
-                         f"{parallel.tensor_parallel_size}; pass --tensor-parallel-size {size}")
+        raise ValueError(
+            f"torchrun started WORLD_SIZE={size} processes but tensor_parallel_size="
+            f"{parallel.tensor_parallel_size}; pass --tensor-parallel-size {size}"
+        )
     device = runner_spec.model.device
     if device.startswith("cuda"):
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', rank))}"
@@ -104,10 +147,14 @@ def _join_torchrun(parallel: ParallelConfig, runner_spec: RunnerSpec, rank: int,
         cores = plan_core_sets(size, parallel.cpu_cores)[rank]
         restore = pin(cores, runner_spec.model.num_threads or len(cores))
     store, _, _ = next(dist.rendezvous("env://", rank, size))
-    tp = TPGroup.create(store, rank, size, torch.device(device), parallel.distributed_timeout_s, loopback=False)
+    tp = TPGroup.create(
+        store, rank, size, torch.device(device), parallel.distributed_timeout_s, loopback=False
+    )
     if rank != 0:
         serve(tp)
-        raise SystemExit(0)  # this process only served rank 0; the script's remaining work is rank 0's
+        raise SystemExit(
+            0
+        )  # this process only served rank 0; the script's remaining work is rank 0's
     runner = TensorParallelRunner(tp, runner_spec, {}, restore)
     close_at_exit(runner)
     return runner

@@ -1,4 +1,5 @@
 """A tensor-parallel worker (ranks 1..N-1): runs rank 0's commands, mirroring its block tables."""
+
 import os
 import traceback
 
@@ -81,8 +82,12 @@ class Worker:
         tables = [self.mirror.apply(i, keep, new) for i, (keep, new) in zip(seq_ids, deltas)]
         on_device = None
         if held_at is not None:
-            on_device = (held_at, self.tp.broadcast(torch.empty(len(held_at), dtype=torch.long,
-                                                                device=self.runner.device)))
+            on_device = (
+                held_at,
+                self.tp.broadcast(
+                    torch.empty(len(held_at), dtype=torch.long, device=self.runner.device)
+                ),
+            )
         self.runner.run(StepInputs(starts, token_ids, tables, logit_rows, on_device))
 
 
@@ -100,8 +105,16 @@ def ready_key(rank: int) -> str:
     return f"started/{rank}"
 
 
-def worker_process(port: int, rank: int, size: int, cores: list[int] | None, threads: int, device: str,
-                   timeout_s: float, shm_fd: int | None = None) -> None:
+def worker_process(
+    port: int,
+    rank: int,
+    size: int,
+    cores: list[int] | None,
+    threads: int,
+    device: str,
+    timeout_s: float,
+    shm_fd: int | None = None,
+) -> None:
     """A spawned worker (ranks 1..N-1 on this machine): join rank 0's store, then serve."""
     parent = os.getppid()  # rank 0, or its fork server, which dies with it
     if cores is not None:
@@ -111,7 +124,14 @@ def worker_process(port: int, rank: int, size: int, cores: list[int] | None, thr
         torch.cuda.set_device(torch.device(device))
     store = supervise.join_store(port, size, timeout_s)
     supervise.announce_ready(store, ready_key(rank))
-    tp = TPGroup.create(store, rank, size, torch.device(device), timeout_s, loopback=True, shm_fd=shm_fd,
-                        peers_alive=lambda: os.getppid() == parent)
+    tp = TPGroup.create(
+        store,
+        rank,
+        size,
+        torch.device(device),
+        timeout_s,
+        loopback=True,
+        shm_fd=shm_fd,
+        peers_alive=lambda: os.getppid() == parent,
+    )
     serve(tp)
-

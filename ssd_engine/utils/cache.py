@@ -1,4 +1,5 @@
 """Where the engine keeps what it makes once per machine. Standard library only: hits stay cheap."""
+
 import os
 from pathlib import Path
 
@@ -9,7 +10,6 @@ KERNEL_CACHE_ENV = "SSD_ENGINE_KERNEL_CACHE"
 
 def cache_dir() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "ssd_engine").expanduser()
-
 
 
 def kernel_cache_dir() -> Path:

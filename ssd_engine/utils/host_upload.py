@@ -1,4 +1,5 @@
 """Host lists to the device in one pinned, non-blocking copy (pageable ones wait for the stream)."""
+
 import array
 
 import torch
@@ -7,18 +8,24 @@ import torch
 TYPECODES = {torch.long: "q", torch.int32: "i", torch.float32: "f", torch.float64: "d"}
 
 
-def upload(columns: list, device: torch.device, dtype: torch.dtype = torch.long) -> list[torch.Tensor]:
+def upload(
+    columns: list, device: torch.device, dtype: torch.dtype = torch.long
+) -> list[torch.Tensor]:
     """One `dtype` tensor per column on `device` (an `array.array` of its kind: a memory copy)."""
     device = torch.device(device)
     packed = array.array(TYPECODES[dtype])
     for column in columns:
         same_kind = isinstance(column, array.array) and column.typecode == packed.typecode
-        packed.extend(column if same_kind or not isinstance(column, array.array) else column.tolist())
+        packed.extend(
+            column if same_kind or not isinstance(column, array.array) else column.tolist()
+        )
     flat = torch.frombuffer(packed, dtype=dtype) if packed else torch.empty(0, dtype=dtype)
     if device.type == "cuda":
         flat = flat.pin_memory()
     flat = flat.to(device, non_blocking=True)
-    return list(flat.split_with_sizes([len(column) for column in columns]))  # not Tensor.split's Python wrapper
+    return list(
+        flat.split_with_sizes([len(column) for column in columns])
+    )  # not Tensor.split's Python wrapper
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Triton launches (and other work a GPU runs as one kernel) as the op counter sees them: one kernel each.
 Under TRITON_INTERPRET launches are serialised: the interpreter keeps the grid in module globals."""
+
 import os
 import threading
 from contextlib import ExitStack, contextmanager

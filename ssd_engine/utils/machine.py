@@ -1,11 +1,21 @@
 """This CPU's model, its kernel-relevant flags, and fingerprints that key cached measurements."""
+
 import functools
 import hashlib
 import os
 import platform
 
 # flags that change which weight formats and matmul paths are fast
-KERNEL_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+KERNEL_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 @functools.cache
@@ -24,7 +34,9 @@ def _cpuinfo() -> dict[str, str]:
 
 
 def cpu_model() -> str:
-    return _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown cpu"
+    return (
+        _cpuinfo().get("model name") or platform.processor() or platform.machine() or "unknown cpu"
+    )
 
 
 def cpu_flags() -> list[str]:
@@ -36,14 +48,20 @@ def cpu_flags() -> list[str]:
 def describe() -> dict:
     """For result files: what the numbers next to it were measured on."""
     import torch
-    return {"cpu_model": cpu_model(), "cpu_flags": cpu_flags(),
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "visible_cores": os.cpu_count(), "torch": torch.__version__}
+
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "visible_cores": os.cpu_count(),
+        "torch": torch.__version__,
+    }
 
 
 def cpu_fingerprint() -> str:
     """A short key for this kind of CPU (model, flags) under this torch, whatever cores are used."""
     import torch
+
     key = "|".join([cpu_model(), ",".join(cpu_flags()), torch.__version__])
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()
 
@@ -51,6 +69,14 @@ def cpu_fingerprint() -> str:
 def fingerprint(cores: list[int] | None, threads: int) -> str:
     """A short key for measurements made on these cores with this many threads on this machine."""
     import torch
-    key = "|".join([cpu_model(), ",".join(cpu_flags()), torch.__version__,
-                    str(len(cores) if cores else os.cpu_count()), str(threads)])
+
+    key = "|".join(
+        [
+            cpu_model(),
+            ",".join(cpu_flags()),
+            torch.__version__,
+            str(len(cores) if cores else os.cpu_count()),
+            str(threads),
+        ]
+    )
     return hashlib.blake2b(key.encode(), digest_size=6).hexdigest()

@@ -1,5 +1,6 @@
 """Host memory that costs RSS only where it is used: the KV cache as an anonymous private mapping,
 the token embedding as a private mapping of its rows in the safetensors file."""
+
 from __future__ import annotations
 
 import ctypes
@@ -22,7 +23,9 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
         return torch.zeros(shape, dtype=dtype)
     nbytes = count * torch.empty((), dtype=dtype).element_size()
     region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return torch.frombuffer(region, dtype=dtype, count=count).view(shape)  # the tensor keeps `region` alive
+    return torch.frombuffer(region, dtype=dtype, count=count).view(
+        shape
+    )  # the tensor keeps `region` alive
 
 
 def safetensors_header(path: str) -> tuple[dict, int]:
@@ -39,7 +42,11 @@ def map_rows(path: str, name: str, start: int, rows: int) -> torch.Tensor | None
     bytes of the file (nothing is read yet); None when the dtype is not one we map."""
     header, data_start = safetensors_header(path)
     entry = header[name]
-    dtype, shape, offset = _SAFETENSORS_DTYPES.get(entry["dtype"]), entry["shape"], data_start + entry["data_offsets"][0]
+    dtype, shape, offset = (
+        _SAFETENSORS_DTYPES.get(entry["dtype"]),
+        entry["shape"],
+        data_start + entry["data_offsets"][0],
+    )
     if dtype is None or len(shape) != 2 or start + rows > shape[0]:
         return None
     row_bytes = shape[1] * torch.empty((), dtype=dtype).element_size()
@@ -49,7 +56,9 @@ def map_rows(path: str, name: str, start: int, rows: int) -> torch.Tensor | None
     with open(path, "rb") as f:
         # ACCESS_COPY = MAP_PRIVATE: writable for torch, never written back, clean until written
         region = mmap.mmap(f.fileno(), length, access=mmap.ACCESS_COPY, offset=aligned)
-    return torch.frombuffer(region, dtype=dtype, count=rows * shape[1], offset=first - aligned).view(rows, shape[1])
+    return torch.frombuffer(
+        region, dtype=dtype, count=rows * shape[1], offset=first - aligned
+    ).view(rows, shape[1])
 
 
 def release_freed_heap() -> None:

@@ -1,4 +1,5 @@
 """Whether to draw progress bars: an environment variable, which spawned processes inherit."""
+
 import os
 
 PROGRESS_ENV = "SSD_ENGINE_PROGRESS"  # "0" hides the bars

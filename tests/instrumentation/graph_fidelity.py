@@ -21,6 +21,7 @@ graph, the op and its call site. The engine calls it for each emulated graph whe
 names it (`SPEC`, ssd_engine/runtime/graph_check.py): the tests turn it on; benchmarks time the
 emulation without it.
 """
+
 import threading
 from contextlib import contextmanager
 
@@ -56,8 +57,10 @@ class _HostReads(TorchFunctionMode):
         if func in (T.__getitem__, T.__setitem__) and len(args) > 1 and bool_index(args[1]):
             read = "mask_index"
         if read:
-            raise GraphInfidelity(f"graph {self.name}: host read '{read}' inside the captured region "
-                                  f"at {call_site()} (CUDA refuses it while capturing)")
+            raise GraphInfidelity(
+                f"graph {self.name}: host read '{read}' inside the captured region "
+                f"at {call_site()} (CUDA refuses it while capturing)"
+            )
         return func(*args, **kwargs)
 
 
@@ -75,7 +78,13 @@ class _Recorder(TorchDispatchMode):
         address = storage_address(t)
         origin = ("made", self.made[address]) if address in self.made else ("outside", address)
         strides = t.stride() if t.layout == torch.strided else None
-        return origin, tuple(t.shape), strides, t.dtype, t.storage_offset() if address is not None else None
+        return (
+            origin,
+            tuple(t.shape),
+            strides,
+            t.dtype,
+            t.storage_offset() if address is not None else None,
+        )
 
     def _signature(self, value):
         if isinstance(value, torch.Tensor):
@@ -96,7 +105,9 @@ class _Recorder(TorchDispatchMode):
         index = len(self.launches)
         self.launches.append((str(func), call_site(), signature))
         for t in tensors_in(out):
-            if (address := storage_address(t)) is not None and address not in inputs:  # new memory, not a write in place
+            if (
+                address := storage_address(t)
+            ) is not None and address not in inputs:  # new memory, not a write in place
                 self.made[address] = index
         return out
 
@@ -127,13 +138,21 @@ def _record(fn, name: str):
 def _compare(name: str, captured: list, replayed: list) -> None:
     for index, (was, now) in enumerate(zip(captured, replayed)):
         if was[0] != now[0] or was[2] != now[2]:
-            how = "" if was[0] != now[0] else f" with other arguments ({_first_difference(was[2], now[2])})"
-            raise GraphInfidelity(f"graph {name}: replay diverged from the capture at launch {index}: captured "
-                                  f"{was[0]} at {was[1]}, replayed {now[0]} at {now[1]}{how}; a real CUDA graph "
-                                  "replays the capture's")
+            how = (
+                ""
+                if was[0] != now[0]
+                else f" with other arguments ({_first_difference(was[2], now[2])})"
+            )
+            raise GraphInfidelity(
+                f"graph {name}: replay diverged from the capture at launch {index}: captured "
+                f"{was[0]} at {was[1]}, replayed {now[0]} at {now[1]}{how}; a real CUDA graph "
+                "replays the capture's"
+            )
     if len(captured) != len(replayed):
-        raise GraphInfidelity(f"graph {name}: the capture launched {len(captured)} kernels and ops, the replay "
-                              f"{len(replayed)}; a real CUDA graph replays the capture's")
+        raise GraphInfidelity(
+            f"graph {name}: the capture launched {len(captured)} kernels and ops, the replay "
+            f"{len(replayed)}; a real CUDA graph replays the capture's"
+        )
 
 
 def _first_difference(was, now) -> str:

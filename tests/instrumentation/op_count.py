@@ -17,6 +17,7 @@ inside are not seen), by op name, kind, call site and scope:
 Under `torch.inference_mode` (how the engine runs its forwards) the dispatcher shows composite
 ops such as `to` or `reshape` as they are called, not what they decompose into.
 """
+
 import contextlib
 import os
 import sys
@@ -43,7 +44,11 @@ def call_site() -> str:
     while frame is not None:
         path = os.path.abspath(frame.f_code.co_filename)
         if not path.startswith((TORCH_DIR, HERE, CONTEXTLIB)):
-            shown = os.path.relpath(path, REPO) if path.startswith(REPO + os.sep) else os.path.basename(path)
+            shown = (
+                os.path.relpath(path, REPO)
+                if path.startswith(REPO + os.sep)
+                else os.path.basename(path)
+            )
             return f"{shown}:{frame.f_lineno} {frame.f_code.co_name}"
         frame = frame.f_back
     return "?"
@@ -63,7 +68,10 @@ def tensors_in(value) -> list[torch.Tensor]:
 def storage_address(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # opaque tensors (oneDNN's packed weights) have none
+    except (
+        RuntimeError,
+        NotImplementedError,
+    ):  # opaque tensors (oneDNN's packed weights) have none
         return None
 
 
@@ -72,7 +80,9 @@ def kind_of(func, args, kwargs, out) -> str:
     name = func.overloadpacket.__name__
     if name in METADATA_OPS:
         return "view"
-    if any(arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments):
+    if any(
+        arg.alias_info is not None and arg.alias_info.is_write for arg in func._schema.arguments
+    ):
         return "compute"  # in place (index_put_, copy_, fill_): writes memory
     outputs = tensors_in(out)
     if not outputs:
@@ -90,7 +100,9 @@ class OpCounter(launches.HearsLaunches, TorchDispatchMode):
         self.counts: Counter = Counter()
         self.calls: Counter = Counter()  # scope -> forwards entered (e.g. decoder layers run)
         self._scopes: list[str] = ["step"]
-        self._in_kernel = 0  # inside a Triton launch (utils/launches.py): its host ops are not kernels
+        self._in_kernel = (
+            0  # inside a Triton launch (utils/launches.py): its host ops are not kernels
+        )
 
     @contextmanager
     def kernel(self, name: str, tensors=()):
@@ -107,8 +119,14 @@ class OpCounter(launches.HearsLaunches, TorchDispatchMode):
         out = func(*args, **kwargs)
         if self._in_kernel:
             return out
-        self.counts[(self._scopes[-1], func.overloadpacket.__name__, kind_of(func, args, kwargs, out),
-                     call_site())] += 1
+        self.counts[
+            (
+                self._scopes[-1],
+                func.overloadpacket.__name__,
+                kind_of(func, args, kwargs, out),
+                call_site(),
+            )
+        ] += 1
         return out
 
     @contextmanager
@@ -117,7 +135,9 @@ class OpCounter(launches.HearsLaunches, TorchDispatchMode):
         names = [names] * len(modules) if isinstance(names, str) else names
         handles = []
         for module, name in zip(modules, names):
-            handles.append(module.register_forward_pre_hook(lambda *_, name=name: self._enter(name)))
+            handles.append(
+                module.register_forward_pre_hook(lambda *_, name=name: self._enter(name))
+            )
             handles.append(module.register_forward_hook(lambda *_: self._leave()))
         try:
             yield self
@@ -138,13 +158,18 @@ class OpCounter(launches.HearsLaunches, TorchDispatchMode):
         self._scopes.append(scope)
         self.calls[scope] += 1
 
-    def _leave(self) -> None:  # returns None: a forward hook's return value would replace the output
+    def _leave(
+        self,
+    ) -> None:  # returns None: a forward hook's return value would replace the output
         self._scopes.pop()
 
     def total(self, scope: str | None = None, kind: str | None = None) -> int:
         """Ops in `scope` (None: every scope) of `kind` (None: both kinds)."""
-        return sum(n for (s, _, k, _), n in self.counts.items()
-                   if (scope is None or s == scope) and (kind is None or k == kind))
+        return sum(
+            n
+            for (s, _, k, _), n in self.counts.items()
+            if (scope is None or s == scope) and (kind is None or k == kind)
+        )
 
     def by(self, field: str, scope: str | None = None) -> Counter:
         """Ops per op name ("op") or per call site ("site") in `scope` (None: every scope), each
@@ -167,8 +192,11 @@ def without_row_padding():
     between machines (+3 per padded Linear) and from what a GPU runs. A runner built inside
     never measures it either."""
     from ssd_engine.layers import row_padding
+
     saved = dict(row_padding._padded)
-    row_padding._padded.update({dtype: {} for dtype in (torch.float32, torch.bfloat16, torch.float16)})
+    row_padding._padded.update(
+        {dtype: {} for dtype in (torch.float32, torch.bfloat16, torch.float16)}
+    )
     try:
         yield
     finally:

@@ -34,6 +34,7 @@ started, or by memory it never saw made (a file mapped by safetensors), are host
 engine inside it. The mode is thread-local: a thread of one's own enters the same checker to be
 checked. CPU-only branches are not a GPU's: tests take the GPU's branch (tests/placement_harness.py).
 """
+
 import linecache
 import os
 import re
@@ -57,7 +58,15 @@ TORCH_LIBRARY = os.path.join(TORCH_DIR, "testing") + os.sep
 # functions whose tensors may sit on different devices
 CROSSING = {T.copy_, T.to, T.cpu, T.cuda, T.pin_memory, T.new_tensor}
 DEVICE_OF = re.compile(r"(?:device=|\.to\()\s*([A-Za-z_][\w.]*)\.device\b")
-IN_PLACE_DUNDERS = {"__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ior__", "__iand__"}
+IN_PLACE_DUNDERS = {
+    "__setitem__",
+    "__iadd__",
+    "__isub__",
+    "__imul__",
+    "__itruediv__",
+    "__ior__",
+    "__iand__",
+}
 
 
 class Place(Enum):
@@ -83,7 +92,9 @@ def _our_caller():
         if path.startswith(TORCH_LIBRARY):
             return None
         if not path.startswith((TORCH_DIR, HERE, CONTEXTLIB)):
-            ours = path.startswith(PACKAGE) or not any(d in path for d in ("site-packages", "dist-packages"))
+            ours = path.startswith(PACKAGE) or not any(
+                d in path for d in ("site-packages", "dist-packages")
+            )
             return frame if ours else None
         frame = frame.f_back
     return None
@@ -103,7 +114,11 @@ def _device_source(frame) -> torch.Tensor | None:
 
 def _writes_in_place(func, kwargs) -> bool:
     name = getattr(func, "__name__", "")
-    return "out" in kwargs or name in IN_PLACE_DUNDERS or (name.endswith("_") and not name.startswith("__"))
+    return (
+        "out" in kwargs
+        or name in IN_PLACE_DUNDERS
+        or (name.endswith("_") and not name.startswith("__"))
+    )
 
 
 class PlacementChecker(launches.HearsLaunches, TorchFunctionMode):
@@ -127,7 +142,9 @@ class PlacementChecker(launches.HearsLaunches, TorchFunctionMode):
             ptr = _storage(t)
             if ptr is None:
                 continue
-            if place is Place.HOST:  # also forgets a freed tensor whose memory the allocator handed out again
+            if (
+                place is Place.HOST
+            ):  # also forgets a freed tensor whose memory the allocator handed out again
                 self.places.pop(ptr, None)
             else:
                 self.places[ptr] = place
@@ -149,8 +166,15 @@ class PlacementChecker(launches.HearsLaunches, TorchFunctionMode):
         elif func is T.__setitem__:
             if not tensors_in(args[1]):
                 return  # a slice assignment is a copy, which may cross
-            args = (args[0], *args[2:])  # an index_put: host indices are fine, the values must be on self's device
-        places = {self.place(t) for t in tensors_in((args, kwargs)) if t.dim() > 0 or self.place(t) is not Place.HOST}
+            args = (
+                args[0],
+                *args[2:],
+            )  # an index_put: host indices are fine, the values must be on self's device
+        places = {
+            self.place(t)
+            for t in tensors_in((args, kwargs))
+            if t.dim() > 0 or self.place(t) is not Place.HOST
+        }
         if Place.DEVICE in places and Place.HOST in places:
             self.findings[("mixed", getattr(func, "__name__", str(func)), call_site())] += 1
 
@@ -182,22 +206,40 @@ class PlacementChecker(launches.HearsLaunches, TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.OpOverload) or getattr(self._launching, "depth", 0):
-            return func(*args, **kwargs)  # an aten op called from a dispatch mode's code, or inside a launch
+            return func(
+                *args, **kwargs
+            )  # an aten op called from a dispatch mode's code, or inside a launch
         caller = _our_caller()
         if caller is not None:
             self._check_mixed(func, args, kwargs)
         inputs = {self.place(t) for t in tensors_in((args, kwargs))}
         named_place = lambda value: self._named_place(value, caller)
         out = func(*args, **kwargs)
-        if (func in READS and func is not T.cpu) or not isinstance(out, (torch.Tensor, list, tuple)) or \
-                _writes_in_place(func, kwargs):
+        if (
+            (func in READS and func is not T.cpu)
+            or not isinstance(out, (torch.Tensor, list, tuple))
+            or _writes_in_place(func, kwargs)
+        ):
             return out  # a host value, or a destination that keeps its place
-        named = [named_place(a) for a in (*args[1:], kwargs.get("device"))] if func is T.to else \
-            [named_place(kwargs.get("device"))]
-        moved = Place.HOST if func is T.cpu or (func is T.to and _moves_to_host(args, kwargs)) else \
-            Place.DEVICE if func is T.cuda else next((p for p in named if p is not None), None)
-        if func in (T.to, T.cpu, T.cuda) and moved is not None and isinstance(out, torch.Tensor) \
-                and _storage(out) == _storage(args[0]) and self.place(args[0]) is not moved:
+        named = (
+            [named_place(a) for a in (*args[1:], kwargs.get("device"))]
+            if func is T.to
+            else [named_place(kwargs.get("device"))]
+        )
+        moved = (
+            Place.HOST
+            if func is T.cpu or (func is T.to and _moves_to_host(args, kwargs))
+            else Place.DEVICE
+            if func is T.cuda
+            else next((p for p in named if p is not None), None)
+        )
+        if (
+            func in (T.to, T.cpu, T.cuda)
+            and moved is not None
+            and isinstance(out, torch.Tensor)
+            and _storage(out) == _storage(args[0])
+            and self.place(args[0]) is not moved
+        ):
             out = out.clone()  # on a GPU a move makes a new tensor; the original stays where it was
         if moved is None:
             moved = next((p for p in (Place.DEVICE, Place.UNKNOWN) if p in inputs), Place.HOST)
@@ -205,4 +247,7 @@ class PlacementChecker(launches.HearsLaunches, TorchFunctionMode):
         return out
 
     def report(self) -> list[str]:
-        return [f"{kind} {what} x{n} at {site}" for (kind, what, site), n in sorted(self.findings.items())]
+        return [
+            f"{kind} {what} x{n} at {site}"
+            for (kind, what, site), n in sorted(self.findings.items())
+        ]

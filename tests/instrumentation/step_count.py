@@ -7,6 +7,7 @@ split into decoder-layer ops and the rest (input preparation, LM head, sampling,
 sync counter's bookkeeping would show up among the ops. An SSD draft runs in its own process:
 only the coordinator's side is counted.
 """
+
 from instrumentation.op_count import OpCounter
 from instrumentation.sync_count import SyncCounter
 
@@ -44,12 +45,21 @@ def count_syncs(engine) -> SyncCounter:
 def op_summary(ops: OpCounter) -> dict:
     """One step's op counts as plain numbers (JSON-ready)."""
     layer_ops = ops.total(TARGET_LAYER) + ops.total(DRAFT_LAYER)
-    return {"ops": ops.total(), "compute_ops": ops.total(kind="compute"), "layer_ops": layer_ops,
-            "other_ops": ops.total() - layer_ops, "target_layer_calls": ops.calls[TARGET_LAYER],
-            "draft_layer_calls": ops.calls[DRAFT_LAYER]}
+    return {
+        "ops": ops.total(),
+        "compute_ops": ops.total(kind="compute"),
+        "layer_ops": layer_ops,
+        "other_ops": ops.total() - layer_ops,
+        "target_layer_calls": ops.calls[TARGET_LAYER],
+        "draft_layer_calls": ops.calls[DRAFT_LAYER],
+    }
 
 
 def sync_summary(syncs: SyncCounter) -> dict:
     """One step's syncs as plain numbers (JSON-ready): the total and `kind @ site` -> count."""
-    return {"syncs": sum(syncs.counts.values()),
-            "syncs_by_site": {f"{kind} @ {site}": n for (kind, site), n in sorted(syncs.counts.items())}}
+    return {
+        "syncs": sum(syncs.counts.values()),
+        "syncs_by_site": {
+            f"{kind} @ {site}": n for (kind, site), n in sorted(syncs.counts.items())
+        },
+    }

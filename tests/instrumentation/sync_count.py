@@ -26,6 +26,7 @@ into a device tensor, and a device tensor indexed by a Python list or a host ten
 index with a blocking copy). A host tensor is one made while counting without a device (or computed
 from such tensors only): a tensor from before counting may live anywhere and is never counted.
 """
+
 from collections import Counter
 
 import torch
@@ -37,14 +38,31 @@ MARK = "_ssd_would_be_on_device"
 HOST_MARK = "_ssd_made_on_the_host"
 T = torch.Tensor
 # a host read of the values: the host waits for the device to produce them
-READS = {T.item: "item", T.tolist: "tolist", T.numpy: "numpy", T.cpu: "cpu", T.__bool__: "bool",
-         T.__int__: "int", T.__float__: "float", T.__index__: "index", T.__format__: "format",
-         T.__repr__: "repr", T.__array__: "numpy"}
+READS = {
+    T.item: "item",
+    T.tolist: "tolist",
+    T.numpy: "numpy",
+    T.cpu: "cpu",
+    T.__bool__: "bool",
+    T.__int__: "int",
+    T.__float__: "float",
+    T.__index__: "index",
+    T.__format__: "format",
+    T.__repr__: "repr",
+    T.__array__: "numpy",
+}
 # output shapes that depend on the values: the host must read them to allocate
-DATA_DEPENDENT = {torch.nonzero: "nonzero", T.nonzero: "nonzero", torch.argwhere: "nonzero",
-                  torch.masked_select: "masked_select", T.masked_select: "masked_select",
-                  torch.unique: "unique", T.unique: "unique", torch.unique_consecutive: "unique",
-                  T.unique_consecutive: "unique"}
+DATA_DEPENDENT = {
+    torch.nonzero: "nonzero",
+    T.nonzero: "nonzero",
+    torch.argwhere: "nonzero",
+    torch.masked_select: "masked_select",
+    T.masked_select: "masked_select",
+    torch.unique: "unique",
+    T.unique: "unique",
+    torch.unique_consecutive: "unique",
+    T.unique_consecutive: "unique",
+}
 
 
 def on_device(t: torch.Tensor) -> bool:
@@ -95,7 +113,9 @@ class SyncCounter(TorchFunctionMode):
             out = out.view_as(out)
         if to_device:
             _mark(out)
-        elif func not in READS and all(on_host(t) for t in inputs):  # made here, from host values only
+        elif func not in READS and all(
+            on_host(t) for t in inputs
+        ):  # made here, from host values only
             _mark(out, HOST_MARK)
         return out
 
@@ -113,8 +133,11 @@ class SyncCounter(TorchFunctionMode):
             return "cpu"
         if func in (T.__getitem__, T.__setitem__) and len(args) > 1 and bool_index(args[1]):
             return "mask_index"
-        if func in (torch.repeat_interleave, T.repeat_interleave) and "output_size" not in kwargs and \
-                isinstance(args[-1] if len(args) <= 2 else args[1], torch.Tensor):
+        if (
+            func in (torch.repeat_interleave, T.repeat_interleave)
+            and "output_size" not in kwargs
+            and isinstance(args[-1] if len(args) <= 2 else args[1], torch.Tensor)
+        ):
             return "repeat_interleave"  # tensor repeats: the output's length is their sum
         if func is torch.where and len(args) == 1 and not kwargs:
             return "nonzero"
@@ -139,7 +162,9 @@ def _uploads_blocking(func, args, kwargs, device_in: bool) -> bool:
         return _is_device_arg(kwargs.get("device"))
     if func in (T.to, T.cuda) and _host_tensor(args[0]):
         targets = (*args[1:], kwargs.get("device"))
-        return (func is T.cuda or any(_is_device_arg(a) for a in targets)) and kwargs.get("non_blocking") is not True
+        return (func is T.cuda or any(_is_device_arg(a) for a in targets)) and kwargs.get(
+            "non_blocking"
+        ) is not True
     if not device_in or not args or not on_device(args[0]):
         return False
     if func is T.copy_:

@@ -3,6 +3,7 @@ process or thread. Per round it sends one request (the round's news) and, when s
 receives one reply with their next K tokens and q rows. If the draft dies or misses its deadline
 the client warns once, stops it and proposes with the local n-gram backup from then on: every
 request still finishes exactly, because every proposal is verified."""
+
 import json
 import logging
 import time
@@ -31,14 +32,31 @@ def draft_params(seq: Sequence, skipped: int = 0) -> DraftParams:
     """`skipped`: prompt tokens the draft never reads, not counted in its prompt."""
     p = seq.params
     grammar = json.dumps(p.structured_outputs.key) if p.structured_outputs is not None else ""
-    return DraftParams(p.temperature, p.top_k, p.top_p, p.min_p, -1 if p.seed is None else p.seed, grammar,
-                       seq.num_prompt_tokens - skipped)
+    return DraftParams(
+        p.temperature,
+        p.top_k,
+        p.top_p,
+        p.min_p,
+        -1 if p.seed is None else p.seed,
+        grammar,
+        seq.num_prompt_tokens - skipped,
+    )
 
 
 class AsyncDraftClient:
-    def __init__(self, draft_spec: DraftSpec, target_vocab: int, cores: list[int] | None, threads: int,
-                 timeout_s: float, generator: torch.Generator, device: torch.device, plan: SaguaroPlan,
-                 host: str = "process", prompt_window: int | None = None) -> None:
+    def __init__(
+        self,
+        draft_spec: DraftSpec,
+        target_vocab: int,
+        cores: list[int] | None,
+        threads: int,
+        timeout_s: float,
+        generator: torch.Generator,
+        device: torch.device,
+        plan: SaguaroPlan,
+        host: str = "process",
+        prompt_window: int | None = None,
+    ) -> None:
         self.k, self.vocab, self.target_vocab = draft_spec.k, draft_spec.vocab, target_vocab
         self.prompt_window = prompt_window
         self.device = device  # the target's: proposals are verified there
@@ -54,13 +72,17 @@ class AsyncDraftClient:
             self.process, self._store, window = spawn(draft_spec, cores, threads, timeout_s)
             self.pid, self.name = self.process.pid, f"SSD draft process (pid {self.process.pid})"
             try:
-                self.link = DraftLink(self._store, 0, timeout_s, payload_device=device, reply_window=window)
+                self.link = DraftLink(
+                    self._store, 0, timeout_s, payload_device=device, reply_window=window
+                )
             except BaseException:
                 self.close()
                 raise
         self.metrics = SSDMetrics(self.k)
-        self.known: dict[int, int] = {}        # seq_id -> committed tokens the draft has
-        self.last_accepted: dict[int, int] = {}  # seq_id -> drafts accepted in its last verified round
+        self.known: dict[int, int] = {}  # seq_id -> committed tokens the draft has
+        self.last_accepted: dict[
+            int, int
+        ] = {}  # seq_id -> drafts accepted in its last verified round
         self.source: dict[int, Source] = {}
         self.finished: list[int] = []
         self.replied_at: float | None = None
@@ -89,9 +111,13 @@ class AsyncDraftClient:
             raise DraftLinkError(f"exited with code {self.process.returncode}")
         cold = sum(s.seq_id not in self.last_accepted for s in wanted)
         backup = self._backup(len(wanted), cold) if wanted else Source.JIT
-        request = Request(finished=self.finished, entries=[e for e in map(self._news, seqs) if e],
-                          wanted=[Wanted(s.seq_id, q_width(draft_params(s), self.vocab)) for s in wanted],
-                          backup=backup, window_s=self.window_s)
+        request = Request(
+            finished=self.finished,
+            entries=[e for e in map(self._news, seqs) if e],
+            wanted=[Wanted(s.seq_id, q_width(draft_params(s), self.vocab)) for s in wanted],
+            backup=backup,
+            window_s=self.window_s,
+        )
         started = time.perf_counter()
         self.link.send_request(encode_request(request))
         self.finished = []
@@ -101,14 +127,21 @@ class AsyncDraftClient:
         reply = decode_reply(self.link.recv_reply(layout.size), layout)
         speculations, t = reply.speculations, reply.timings
         self.replied_at = time.perf_counter()
-        self.metrics.record_round(t.build_s, self.replied_at - started, t.glue_s, t.step_s, t.step_rows)
+        self.metrics.record_round(
+            t.build_s, self.replied_at - started, t.glue_s, t.step_s, t.step_rows
+        )
         if any(speculation.source == Source.JIT for speculation in speculations):
             self.metrics.record_jit(t.lookup_s)
         for seq, speculation in zip(wanted, speculations):
-            self.metrics.record_lookup(self.last_accepted.pop(seq.seq_id, -1), speculation.source, speculation.bonus_rank)
+            self.metrics.record_lookup(
+                self.last_accepted.pop(seq.seq_id, -1), speculation.source, speculation.bonus_rank
+            )
             self.source[seq.seq_id] = speculation.source
-        return self._proposal([s.tokens or [0] * self.k for s in speculations], [s.q for s in speculations],
-                              [s.source != Source.NONE for s in speculations])
+        return self._proposal(
+            [s.tokens or [0] * self.k for s in speculations],
+            [s.q for s in speculations],
+            [s.source != Source.NONE for s in speculations],
+        )
 
     def _backup(self, batch_size: int, cold: int) -> Source:
         """Saguaro fallback: what a miss takes this round (`cold`: certain misses)."""
@@ -120,31 +153,42 @@ class AsyncDraftClient:
         return choice
 
     def summary(self) -> dict:
-        return {**self.metrics.summary(), **self.plan.describe(), "estimates": vars(self.policy.estimates)}
+        return {
+            **self.metrics.summary(),
+            **self.plan.describe(),
+            "estimates": vars(self.policy.estimates),
+        }
 
     def _news(self, seq: Sequence) -> Entry | None:
         have = self.known.get(seq.seq_id)
         self.known[seq.seq_id] = len(seq)
         if have is None:  # new, or back after preemption: its prompt windowed, its outputs whole
             skipped = skipped_span(seq.num_prompt_tokens, self.prompt_window)
-            return Entry(seq.seq_id, -1, windowed(seq.token_ids, skipped), draft_params(seq, skipped))
+            return Entry(
+                seq.seq_id, -1, windowed(seq.token_ids, skipped), draft_params(seq, skipped)
+            )
         if len(seq) == have:
             return None
         return Entry(seq.seq_id, self.last_accepted.get(seq.seq_id, -1), seq.token_ids[have:])
 
     def _proposal(self, tokens: list[list[int]], qs: list[QRows], drafted: list[bool]) -> Proposal:
         n = len(tokens)
-        return Proposal(torch.tensor(tokens, dtype=torch.long).view(n, self.k),
-                        proposal_probs(qs, self.k, self.target_vocab, self.device),
-                        torch.tensor([self.k if d else 0 for d in drafted]),
-                        one_hot=torch.tensor([q is None for q in qs]))
+        return Proposal(
+            torch.tensor(tokens, dtype=torch.long).view(n, self.k),
+            proposal_probs(qs, self.k, self.target_vocab, self.device),
+            torch.tensor([self.k if d else 0 for d in drafted]),
+            one_hot=torch.tensor([q is None for q in qs]),
+        )
 
     def _local(self, wanted: list[Sequence]) -> Proposal:
         """Without a draft: n-gram (else random) proposals, verified as one-hot."""
         self.metrics.record_local(len(wanted))
         for seq in wanted:
             self.source[seq.seq_id] = Source.LOCAL
-        tokens = [fast_proposal(s.token_ids, self.k, self.vocab, s.backup_generator or self.generator) for s in wanted]
+        tokens = [
+            fast_proposal(s.token_ids, self.k, self.vocab, s.backup_generator or self.generator)
+            for s in wanted
+        ]
         return self._proposal(tokens, [None] * len(wanted), [True] * len(wanted))
 
     def on_outcome(self, outcome: Outcome) -> None:
@@ -152,7 +196,9 @@ class AsyncDraftClient:
         if outcome.accepted is None:  # no drafts were verified
             return
         self.last_accepted[outcome.seq.seq_id] = outcome.accepted
-        self.metrics.record_verified(self.source.pop(outcome.seq.seq_id, Source.LOCAL), outcome.accepted)
+        self.metrics.record_verified(
+            self.source.pop(outcome.seq.seq_id, Source.LOCAL), outcome.accepted
+        )
 
     def release(self, seq: Sequence) -> None:
         """Finished or preempted: the draft forgets it (a preempted one comes back as new)."""

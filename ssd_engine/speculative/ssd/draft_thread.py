@@ -3,6 +3,7 @@ A thread shares the target's CUDA context and launches on its own stream, so its
 the verification (a process's context would be time-sliced); the cost is one interpreter lock for
 both sides' host work. The round protocol is the process's, byte for byte (codec.py), over two
 queues. A draft that raises fails the coordinator's wait at once, as a dead process does."""
+
 import queue
 import threading
 
@@ -28,11 +29,17 @@ class QueueLink:
         try:
             reply = self.replies.get(timeout=self.timeout_s)
         except queue.Empty:
-            raise DraftLinkError(f"timed out after {self.timeout_s:g} s waiting for the draft thread") from None
+            raise DraftLinkError(
+                f"timed out after {self.timeout_s:g} s waiting for the draft thread"
+            ) from None
         if isinstance(reply, BaseException):
-            raise DraftLinkError(f"the draft thread failed: {type(reply).__name__}: {reply}") from reply
+            raise DraftLinkError(
+                f"the draft thread failed: {type(reply).__name__}: {reply}"
+            ) from reply
         if reply.numel() != size:
-            raise DraftLinkError(f"the draft announced a reply of {reply.numel()} bytes, expected {size}")
+            raise DraftLinkError(
+                f"the draft announced a reply of {reply.numel()} bytes, expected {size}"
+            )
         return reply
 
     def recv_request(self) -> torch.Tensor:
@@ -57,12 +64,15 @@ class DraftThread:
         self.returncode: int | None = None
         self.error: BaseException | None = None
         self._loaded = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(draft_spec,), name="ssd-draft", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(draft_spec,), name="ssd-draft", daemon=True
+        )
         self._thread.start()
         self._loaded.wait()
         if self.error is not None:
-            raise RuntimeError(f"SSD draft thread failed to start: {type(self.error).__name__}: {self.error}") \
-                from self.error
+            raise RuntimeError(
+                f"SSD draft thread failed to start: {type(self.error).__name__}: {self.error}"
+            ) from self.error
 
     def _run(self, draft_spec: DraftSpec) -> None:
         from ssd_engine.speculative.ssd.draft.loop import build_server

@@ -5,6 +5,7 @@ a reply's size); between two GPUs NCCL carries payloads and gloo stays the contr
 raises DraftLinkError. NCCL waits take none and hang on a dead peer, so the coordinator posts a NCCL
 receive only after the draft's gloo "doorbell" (the reply's size), then polls it against the
 deadline; on any failure the NCCL group is aborted, so no kernel waits on a gone peer."""
+
 import datetime
 import time
 from typing import Protocol
@@ -27,6 +28,7 @@ class DraftLinkError(RuntimeError):
 
 class CoordinatorEnd(Protocol):
     """What the coordinator calls: DraftLink, or draft_thread.QueueLink for a draft thread."""
+
     def send_request(self, frame: torch.Tensor) -> None: ...
     def recv_reply(self, size: int) -> torch.Tensor: ...
 
@@ -53,21 +55,34 @@ def _gloo(store, rank: int):
 
 
 class DraftLink:
-    def __init__(self, store, rank: int, timeout_s: float, payload_device=None, payload_backend: str | None = None,
-                 reply_window: ReplyWindow | None = None):
+    def __init__(
+        self,
+        store,
+        rank: int,
+        timeout_s: float,
+        payload_device=None,
+        payload_backend: str | None = None,
+        reply_window: ReplyWindow | None = None,
+    ):
         self.peer = 1 - rank
         self.timeout = datetime.timedelta(seconds=timeout_s)
         mine = _device_name(payload_device)
         store.set(f"ssd-draft/device/{rank}", mine)
-        self.group = _gloo(dist.PrefixStore("ssd-draft", store), rank)  # control (and payload unless split)
+        self.group = _gloo(
+            dist.PrefixStore("ssd-draft", store), rank
+        )  # control (and payload unless split)
         theirs = store.get(f"ssd-draft/device/{self.peer}").decode()
         # "cpu" as a string (tests/instrumentation/placement.py reads it) unless on distinct GPUs
         self.device: torch.device | str = "cpu"
         if mine.startswith("cuda") and theirs.startswith("cuda") and mine != theirs:
             self.transport, self.device = "nccl", torch.device(mine)
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = IDLE  # as gloo's: the watchdog must not abort the idle draft's receive
-            self.payload = dist.ProcessGroupNCCL(dist.PrefixStore("ssd-draft-nccl", store), rank, 2, options)
+            options._timeout = (
+                IDLE  # as gloo's: the watchdog must not abort the idle draft's receive
+            )
+            self.payload = dist.ProcessGroupNCCL(
+                dist.PrefixStore("ssd-draft-nccl", store), rank, 2, options
+            )
         elif payload_backend == "gloo-split":
             self.transport = "gloo-split"
             self.payload = _gloo(dist.PrefixStore("ssd-draft-payload", store), rank)
@@ -75,11 +90,15 @@ class DraftLink:
             self.transport, self.payload = "gloo", self.group
         self.split = self.payload is not self.group
         self.window = reply_window if self.transport == "gloo" else None
-        self.bell = torch.zeros(1, dtype=torch.int64)  # the doorbell: the size of the reply that follows
+        self.bell = torch.zeros(
+            1, dtype=torch.int64
+        )  # the doorbell: the size of the reply that follows
         self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device)
         self.reply_buf = torch.zeros(0, dtype=torch.uint8, device=self.device)
         # the draft posts receives only after building: sends go out async from two buffers
-        self.out_bufs = [torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device) for _ in range(2)]
+        self.out_bufs = [
+            torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device) for _ in range(2)
+        ]
         self.in_flight: list[tuple[list, torch.Tensor | None]] = [([], None), ([], None)]
         self.turn = 0
         if self.split:  # connect now (NCCL builds its communicator on the first op), not mid-round
@@ -97,7 +116,9 @@ class DraftLink:
         buf[:n] = frame[:n]
         works, rest = [self.payload.send([buf], self.peer, REQUEST)], None
         if frame.numel() > REQUEST_CAPACITY:
-            rest = frame[REQUEST_CAPACITY:].to(self.device).contiguous()  # held until its send completes
+            rest = (
+                frame[REQUEST_CAPACITY:].to(self.device).contiguous()
+            )  # held until its send completes
             works.append(self.payload.send([rest], self.peer, REST))
         self.in_flight[self.turn] = (works, rest)
 
@@ -107,12 +128,16 @@ class DraftLink:
         if self.window is not None and self.window.fits(size):
             self._wait(self.group.recv([self.bell], self.peer, REPLY))
             if int(self.bell) != size:
-                self._fail(f"the draft announced a reply of {int(self.bell)} bytes, expected {size}")
+                self._fail(
+                    f"the draft announced a reply of {int(self.bell)} bytes, expected {size}"
+                )
             return self.window.buffer[:size]
         if self.split:  # the doorbell first: once it rang, the draft's send is posted
             self._wait(self.group.recv([self.bell], self.peer, DOORBELL))
             if int(self.bell) != size:
-                self._fail(f"the draft announced a reply of {int(self.bell)} bytes, expected {size}")
+                self._fail(
+                    f"the draft announced a reply of {int(self.bell)} bytes, expected {size}"
+                )
         view = self._reply_view(size)
         self._wait_payload(self.payload.recv([view], self.peer, REPLY))
         return view
@@ -130,7 +155,7 @@ class DraftLink:
 
     def reply_buffer(self, layout: ReplyLayout) -> torch.Tensor | None:
         if self.window is not None and self.window.fits(layout.size):
-            return self.window.buffer[:layout.size]
+            return self.window.buffer[: layout.size]
         return self._reply_view(layout.size) if self.split else None
 
     def _reply_view(self, size: int) -> torch.Tensor:
@@ -141,7 +166,7 @@ class DraftLink:
     def send_reply(self, frame: torch.Tensor) -> None:
         if self.window is not None and self.window.fits(frame.numel()):
             if not self.window.holds(frame):
-                self.window.buffer[:frame.numel()] = frame
+                self.window.buffer[: frame.numel()] = frame
             self.bell[0] = frame.numel()
             return self._wait(self.group.send([self.bell], self.peer, REPLY), patient=True)
         out = frame.contiguous().to(self.device)
@@ -172,7 +197,9 @@ class DraftLink:
         pause = 0.0
         while not work.is_completed():
             if deadline is not None and time.monotonic() > deadline:
-                self._fail(f"timed out after {self.timeout.total_seconds():g} s waiting for the draft (nccl)")
+                self._fail(
+                    f"timed out after {self.timeout.total_seconds():g} s waiting for the draft (nccl)"
+                )
             time.sleep(pause)
             pause = min(2 * pause + 1e-5, POLL_S)
 

@@ -1,6 +1,7 @@
 """SSD counters: cache hits, acceptance by `Source` (dictionaries keyed by its label), fallbacks,
 draft failures, and T_p = cache-build time / the coordinator's verification time per round
 (T_p <= 1: the draft keeps up and a hit costs the target nothing)."""
+
 from dataclasses import dataclass, field, fields
 
 from ssd_engine.saguaro.calibration import miss_curve
@@ -11,17 +12,21 @@ from ssd_engine.speculative.ssd.protocol import RANK_DEPTH
 @dataclass
 class SSDMetrics:
     k: int
-    lookups_by_accepted: list[int] = field(default_factory=list)   # index accepted + 1; 0: none
+    lookups_by_accepted: list[int] = field(default_factory=list)  # index accepted + 1; 0: none
     hits_by_accepted: list[int] = field(default_factory=list)
-    drafted: dict = field(default_factory=dict)               # source -> draft tokens verified
+    drafted: dict = field(default_factory=dict)  # source -> draft tokens verified
     accepted: dict = field(default_factory=dict)
     speculations: dict = field(default_factory=dict)
     draft_failures: list[str] = field(default_factory=list)
-    bonus_ranks_by_accepted: list = field(default_factory=list)     # [accepted][rank]
+    bonus_ranks_by_accepted: list = field(default_factory=list)  # [accepted][rank]
     rounds: dict = field(default_factory=dict)
-    rounds_by_accepted: dict = field(default_factory=dict)    # source -> [rounds that accepted a], a = 0..K
+    rounds_by_accepted: dict = field(
+        default_factory=dict
+    )  # source -> [rounds that accepted a], a = 0..K
     backups: dict = field(default_factory=dict)
-    step_samples: list = field(default_factory=list)          # (branch rows, seconds per branch-decode step)
+    step_samples: list = field(
+        default_factory=list
+    )  # (branch rows, seconds per branch-decode step)
     glue_s: float = 0.0
     jit_s: float = 0.0
     jit_rounds: int = 0
@@ -34,7 +39,9 @@ class SSDMetrics:
     def __post_init__(self) -> None:
         self.lookups_by_accepted = self.lookups_by_accepted or [0] * (self.k + 2)
         self.hits_by_accepted = self.hits_by_accepted or [0] * (self.k + 2)
-        self.bonus_ranks_by_accepted = self.bonus_ranks_by_accepted or [[0] * (RANK_DEPTH + 1) for _ in range(self.k + 1)]
+        self.bonus_ranks_by_accepted = self.bonus_ranks_by_accepted or [
+            [0] * (RANK_DEPTH + 1) for _ in range(self.k + 1)
+        ]
 
     def reset(self) -> None:
         """Drop every count; K stays. In place: the coordinator holds this object."""
@@ -65,8 +72,14 @@ class SSDMetrics:
         self.rounds[name] = self.rounds.get(name, 0) + 1
         self.rounds_by_accepted.setdefault(name, [0] * (self.k + 1))[accepted] += 1
 
-    def record_round(self, build_s: float, wait_s: float, glue_s: float = 0.0, step_s: float = 0.0,
-                     step_rows: int = 0) -> None:
+    def record_round(
+        self,
+        build_s: float,
+        wait_s: float,
+        glue_s: float = 0.0,
+        step_s: float = 0.0,
+        step_rows: int = 0,
+    ) -> None:
         self.build_s += build_s
         self.wait_s += wait_s
         self.glue_s += glue_s
@@ -93,14 +106,18 @@ class SSDMetrics:
     def estimates(self) -> dict:
         """The fallback rule's inputs as measured so far: (value, samples) each."""
         warm, hits = sum(self.lookups_by_accepted[1:]), sum(self.hits_by_accepted[1:])
-        verify = self.verify_s / self.verify_rounds if self.verify_rounds and self.verify_s > 0 else 0.0
+        verify = (
+            self.verify_s / self.verify_rounds if self.verify_rounds and self.verify_s > 0 else 0.0
+        )
         t_p = self.build_s / self.timed_rounds / verify if self.timed_rounds and verify else 0.0
         t_slow = self.jit_s / self.jit_rounds / verify if self.jit_rounds and verify else 0.0
-        return dict(p_hit=(hits / warm if warm else 0.0, warm),
-                    e_primary=self.tokens_per_round((Source.HIT, Source.JIT)),
-                    e_fast=self.tokens_per_round((Source.FAST,)),
-                    t_p=(t_p, min(self.timed_rounds, self.verify_rounds)),
-                    t_slow=(t_slow, self.jit_rounds if verify else 0))
+        return dict(
+            p_hit=(hits / warm if warm else 0.0, warm),
+            e_primary=self.tokens_per_round((Source.HIT, Source.JIT)),
+            e_fast=self.tokens_per_round((Source.FAST,)),
+            t_p=(t_p, min(self.timed_rounds, self.verify_rounds)),
+            t_slow=(t_slow, self.jit_rounds if verify else 0),
+        )
 
     def record_verify(self, seconds: float) -> None:
         self.verify_s += seconds
@@ -118,13 +135,21 @@ class SSDMetrics:
         return {
             "cache_hit_rate": rate(hits, lookups),
             "cache_hit_rate_warm": rate(hits, warm),
-            "cache_hit_rate_by_accepted": {str(accepted): rate(self.hits_by_accepted[accepted + 1],
-                                                               self.lookups_by_accepted[accepted + 1])
-                                           for accepted in range(self.k + 1) if self.lookups_by_accepted[accepted + 1]},
+            "cache_hit_rate_by_accepted": {
+                str(accepted): rate(
+                    self.hits_by_accepted[accepted + 1], self.lookups_by_accepted[accepted + 1]
+                )
+                for accepted in range(self.k + 1)
+                if self.lookups_by_accepted[accepted + 1]
+            },
             "lookups": lookups,
             "acceptance_on_hits": hit_acc,
-            "acceptance_on_misses": rate(sum(self.accepted[s] for s in miss), sum(self.drafted[s] for s in miss)),
-            "acceptance_by_source": {s: rate(self.accepted[s], self.drafted[s]) for s in self.drafted},
+            "acceptance_on_misses": rate(
+                sum(self.accepted[s] for s in miss), sum(self.drafted[s] for s in miss)
+            ),
+            "acceptance_by_source": {
+                s: rate(self.accepted[s], self.drafted[s]) for s in self.drafted
+            },
             "speculations_by_source": dict(self.speculations),
             "draft_failures": list(self.draft_failures),
             "draft_build_s_per_round": mean_build,
@@ -132,12 +157,15 @@ class SSDMetrics:
             "verify_s_per_round": mean_verify,
             "T_p": rate(mean_build, mean_verify),
             "glue_s_per_round": rate(self.glue_s, self.timed_rounds),
-            "branch_rows_per_build": rate(sum(rows for rows, _ in self.step_samples), len(self.step_samples)),
+            "branch_rows_per_build": rate(
+                sum(rows for rows, _ in self.step_samples), len(self.step_samples)
+            ),
             "miss_rate_by_fanout": miss_curve(self.rank_counts())[:8],
             "backup_rounds": dict(self.backups),
             # Theorem 7's inputs
             "tokens_per_round_hit": self._tokens_per_round((hit,))[0],
-            "tokens_per_round_miss": self._tokens_per_round(tuple(s for s in self.rounds if s != hit))[0],
+            "tokens_per_round_miss": self._tokens_per_round(
+                tuple(s for s in self.rounds if s != hit)
+            )[0],
             "jit_s_per_round": rate(self.jit_s, self.jit_rounds),
         }
-

@@ -1,5 +1,6 @@
 """The draft's q rows of one SSD round as the verifier's dense [n, K, vocab] proposal on the
 target's device: only whole rows cross densely; a support is scattered into it there."""
+
 import torch
 
 from ssd_engine.speculative.ssd.protocol import SupportRows
@@ -8,7 +9,9 @@ from ssd_engine.utils.host_upload import to_device
 QRows = torch.Tensor | SupportRows | None
 
 
-def proposal_probs(qs: list[QRows], k: int, vocab: int, device: torch.device) -> torch.Tensor | None:
+def proposal_probs(
+    qs: list[QRows], k: int, vocab: int, device: torch.device
+) -> torch.Tensor | None:
     """[n, K, vocab] float32 on `device`, row i from qs[i] (zeros where None: verified as one-hot);
     None when no row carries q. Ids past the draft's vocabulary have probability 0."""
     full = [i for i, q in enumerate(qs) if isinstance(q, torch.Tensor)]
@@ -33,7 +36,9 @@ def _copy_full(probs: torch.Tensor, rows: list[int], qs: list[torch.Tensor]) -> 
     staged = torch.empty(len(rows), *qs[0].shape, pin_memory=True)
     for j, q in enumerate(qs):
         staged[j] = q
-    probs[to_device(torch.tensor(rows), probs.device), :, :width] = staged.to(probs.device, non_blocking=True)
+    probs[to_device(torch.tensor(rows), probs.device), :, :width] = staged.to(
+        probs.device, non_blocking=True
+    )
 
 
 def _scatter_supports(probs: torch.Tensor, rows: list[int], qs: list[SupportRows]) -> None:
@@ -44,9 +49,11 @@ def _scatter_supports(probs: torch.Tensor, rows: list[int], qs: list[SupportRows
     ids = torch.zeros(len(rows), k, width, dtype=torch.int64)
     values = torch.zeros(len(rows), k, width)
     for j, q in enumerate(qs):
-        ids[j, :, :q.ids.shape[1]] = q.ids
-        values[j, :, :q.ids.shape[1]] = q.probs
+        ids[j, :, : q.ids.shape[1]] = q.ids
+        values[j, :, : q.ids.shape[1]] = q.probs
     device = probs.device
     at_row = to_device(torch.tensor(rows).view(-1, 1, 1), device)
     at_position = torch.arange(k, device=device).view(1, -1, 1)
-    probs.index_put_((at_row, at_position, to_device(ids, device)), to_device(values, device), accumulate=True)
+    probs.index_put_(
+        (at_row, at_position, to_device(ids, device)), to_device(values, device), accumulate=True
+    )

@@ -1,6 +1,7 @@
 """The messages of an SSD round as typed values (their byte layout is codec.py's): once a round a
 `Request` (the round's news, and the sequences `Wanted` now); when any is wanted, a `Reply` whose
 size follows from the request alone, so the coordinator knows what to receive."""
+
 import enum
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ class Kind(enum.IntEnum):
 class QMode(enum.IntEnum):
     """How a speculation's q rows travel. Every q sent is the exact row its token was sampled from;
     ONE_HOT sends none and the tokens are verified as deterministic proposals, still exactly."""
+
     ONE_HOT = 0
     COMPACT = 1  # top-k rows as top_k (id, prob) pairs
     FULL = 2
@@ -58,8 +60,8 @@ def q_mode_of_width(width: int, vocab: int) -> QMode:
 @dataclass
 class Entry:
     seq_id: int
-    accepted: int       # drafts accepted in the round just verified (-1: it had no draft speculation)
-    tokens: list[int]   # new committed tokens (the bonus token t* last); all tokens so far when new
+    accepted: int  # drafts accepted in the round just verified (-1: it had no draft speculation)
+    tokens: list[int]  # new committed tokens (the bonus token t* last); all tokens so far when new
     params: DraftParams | None = None  # set for a sequence new to the draft
 
 
@@ -86,7 +88,8 @@ class Request:
 @dataclass(frozen=True)
 class SupportRows:
     """K q rows given by their supports, as a COMPACT slot carries them."""
-    ids: torch.Tensor    # [K, n] int32; ids past a row's support carry probability 0
+
+    ids: torch.Tensor  # [K, n] int32; ids past a row's support carry probability 0
     probs: torch.Tensor  # [K, n] float32
 
     def dense(self, vocab: int) -> torch.Tensor:
@@ -97,6 +100,7 @@ class SupportRows:
 @dataclass
 class Speculation:
     """One sequence's next K tokens and the rows they were sampled from (None: verify as one-hot)."""
+
     source: Source
     tokens: list[int]
     q: torch.Tensor | SupportRows | None = None  # [K, vocab] float32
@@ -107,6 +111,7 @@ class Speculation:
 @dataclass
 class DraftTimings:
     """The draft's last cache build (glue; one branch step over step_rows rows), this lookup."""
+
     build_s: float = 0.0
     lookup_s: float = 0.0
     glue_s: float = 0.0

@@ -3,6 +3,7 @@ the draft encodes in place, the coordinator decodes in place, and gloo (TCP) car
 One anonymous memfd the draft inherits, freed when the last holder exits; pages are allocated on
 first touch. Ordering: the draft writes, then sends the size by system call, which orders memory;
 it rewrites the window only for the next request, sent after the coordinator copied this reply."""
+
 import mmap
 import os
 

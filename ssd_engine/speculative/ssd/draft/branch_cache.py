@@ -1,6 +1,7 @@
 """One sequence's built speculation cache: (k, t*) -> the Speculation of that branch. It holds only
 its rows' spans in the build's shared tensors; entries are made when read and stay the same objects
 once made (server.py compares them by identity)."""
+
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from ssd_engine.speculative.ssd.protocol import Speculation
 @dataclass(frozen=True)
 class DecodedBranches:
     """One decode pass's branches: row r's outcome (k, t*), K tokens and their [K, vocab] rows."""
+
     keys: list[tuple[int, int]]
     tokens: torch.Tensor  # [rows, K] on the host
     q: torch.Tensor | None  # [rows, K, vocab]; None: every branch greedy

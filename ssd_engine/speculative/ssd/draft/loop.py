@@ -1,5 +1,6 @@
 """The SSD draft's main loop: load the draft, then each round receive the request, apply the
 outcomes, reply (cache hit or fallback), and build the next cache while the target verifies."""
+
 import os
 import sys
 from dataclasses import replace
@@ -15,8 +16,15 @@ from ssd_engine.speculative.ssd.protocol import Kind, Reply
 from ssd_engine.speculative.ssd.reply_window import ReplyWindow
 
 
-def draft_main(port: int, cores: list[int] | None, threads: int, timeout_s: float, draft_args: dict,
-               reply_fd: int | None = None, reply_capacity: int = 0) -> None:
+def draft_main(
+    port: int,
+    cores: list[int] | None,
+    threads: int,
+    timeout_s: float,
+    draft_args: dict,
+    reply_fd: int | None = None,
+    reply_capacity: int = 0,
+) -> None:
     draft_spec = DraftSpec.from_args(draft_args)
     device = draft_spec.runner.model.device
     if cores is not None:
@@ -42,7 +50,9 @@ def build_server(draft_spec: DraftSpec) -> DraftServer:
     cache, k = draft_spec.runner.cache, draft_spec.k
     fanouts = [(t, list(f)) for t, f in draft_spec.fanouts]
     scratch_blocks = -(-scratch_slots(fanouts, k, draft_spec.max_num_seqs) // cache.block_size)
-    runner_spec = replace(draft_spec.runner, cache=replace(cache, num_kv_blocks=cache.num_kv_blocks + scratch_blocks))
+    runner_spec = replace(
+        draft_spec.runner, cache=replace(cache, num_kv_blocks=cache.num_kv_blocks + scratch_blocks)
+    )
     runner = runner_spec.build()
     server = new_server(draft_spec, runner)
     # just-in-time draft steps, a glue that cannot reuse a hit's path, branch steps

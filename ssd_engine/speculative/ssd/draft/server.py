@@ -1,5 +1,6 @@
 """The draft's state and round steps: apply the outcomes, look each wanted sequence up (a hit
 replies at once, a miss after the fallback), build the next cache while the target verifies."""
+
 import json
 import logging
 import time
@@ -20,14 +21,22 @@ from ssd_engine.speculative.ssd.protocol import DraftParams, DraftTimings, Reque
 
 log = logging.getLogger("ssd_engine")
 
+
 class DraftServer:
-    def __init__(self, trunk: Trunk, builder: CacheBuilder, fanouts: list, seed: int,
-                 budget: BuildBudget | None = None, synthetic_hits: BernoulliDraws | None = None,
-                 fanout_tables: list | None = None) -> None:
+    def __init__(
+        self,
+        trunk: Trunk,
+        builder: CacheBuilder,
+        fanouts: list,
+        seed: int,
+        budget: BuildBudget | None = None,
+        synthetic_hits: BernoulliDraws | None = None,
+        fanout_tables: list | None = None,
+    ) -> None:
         self.trunk, self.builder, self.seed = trunk, builder, seed
         self.synthetic_hits = synthetic_hits  # benchmarking: hit or miss drawn, not looked up
         self.fanouts = fanouts
-        self.budget = budget    # None: every build prepares the planned fan-out
+        self.budget = budget  # None: every build prepares the planned fan-out
         self.fanout_tables = fanout_tables or []
         self.seqs: dict[int, DraftSeq] = {}
         self.grammar_source: DraftSpec | None = None
@@ -43,7 +52,9 @@ class DraftServer:
         """Forget finished sequences, learn new ones, append tokens; size the next build."""
         if self.budget is not None:
             b = self.builder  # the cache build's own time, without prompt prefills
-            self.budget.update(req.window_s, b.seconds, b.glue_seconds, b.branch_rows, self.planned_rows)
+            self.budget.update(
+                req.window_s, b.seconds, b.glue_seconds, b.branch_rows, self.planned_rows
+            )
         for seq_id in req.finished:
             seq = self.seqs.pop(seq_id, None)
             if seq is not None:
@@ -57,9 +68,21 @@ class DraftServer:
                     self.trunk.drop(old)
                 draft_gen, backup_gen = self._generators(e.seq_id, e.params, len(e.tokens))
                 planned = fanout_for(self.fanouts, e.params.temperature)
-                table = fanout_for(self.fanout_tables, e.params.temperature) if self.fanout_tables else []
-                seq = self.seqs[e.seq_id] = DraftSeq(e.seq_id, list(e.tokens), e.params, draft_gen, backup_gen,
-                                                     planned_fanout=planned, fanout=list(planned), fanout_table=table)
+                table = (
+                    fanout_for(self.fanout_tables, e.params.temperature)
+                    if self.fanout_tables
+                    else []
+                )
+                seq = self.seqs[e.seq_id] = DraftSeq(
+                    e.seq_id,
+                    list(e.tokens),
+                    e.params,
+                    draft_gen,
+                    backup_gen,
+                    planned_fanout=planned,
+                    fanout=list(planned),
+                    fanout_table=table,
+                )
                 seq.grammar = self._grammar(seq)
                 continue
             seq = self.seqs[e.seq_id]
@@ -81,12 +104,20 @@ class DraftServer:
             if self._grammars is None:
                 spec = self.grammar_source
                 tokenizer = load_tokenizer(spec.tokenizer, None, "auto", self.trunk.vocab)
-                self._grammars = Grammars(tokenizer, self.trunk.runner.config.vocab_size, set(spec.eos_token_ids))
+                self._grammars = Grammars(
+                    tokenizer, self.trunk.runner.config.vocab_size, set(spec.eos_token_ids)
+                )
             kind, value = json.loads(seq.params.grammar)
             self._grammars.forget(seq.seq_id)
-            return self._grammars.state(seq.seq_id, StructuredOutputsParams(**{kind: value}), seq.outputs)
+            return self._grammars.state(
+                seq.seq_id, StructuredOutputsParams(**{kind: value}), seq.outputs
+            )
         except (ValueError, OSError) as error:
-            log.warning("SSD draft: no grammar for sequence %d (%s); its drafts are unmasked", seq.seq_id, error)
+            log.warning(
+                "SSD draft: no grammar for sequence %d (%s); its drafts are unmasked",
+                seq.seq_id,
+                error,
+            )
             return None
 
     def _kept(self, cache: dict, key) -> dict:
@@ -144,12 +175,14 @@ class DraftServer:
         behind = [s for s in self.seqs.values() if s.sent is None and len(s.trunk) < len(s) - 1]
         behind = [s for s in behind if self.trunk.reserve(s, len(s))]
         if behind:  # all but the last token, which the first round feeds
-            self.trunk.extend(behind, [s.tokens[len(s.trunk):-1] for s in behind], 1)
+            self.trunk.extend(behind, [s.tokens[len(s.trunk) : -1] for s in behind], 1)
         self.build_seconds = time.perf_counter() - started
 
     def timings(self) -> DraftTimings:
         b = self.builder
-        return DraftTimings(self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, b.step_rows)
+        return DraftTimings(
+            self.build_seconds, self.lookup_seconds, b.glue_seconds, b.step_seconds, b.step_rows
+        )
 
     def _generators(self, seq_id: int, params: DraftParams, num_tokens: int) -> tuple:
         """The sequence's draft and backup streams, unrelated to the target's. Salted with the token
@@ -157,7 +190,9 @@ class DraftServer:
         device = self.trunk.runner.device
         salt = ("request", num_tokens) if params.seed >= 0 else ("engine", seq_id, num_tokens)
         seed = params.seed if params.seed >= 0 else self.seed
-        draft = None if params.greedy else stream_generator(seed, Stream.DRAFT, *salt, device=device)
+        draft = (
+            None if params.greedy else stream_generator(seed, Stream.DRAFT, *salt, device=device)
+        )
         return draft, stream_generator(seed, Stream.BACKUP, "draft process", *salt, device=device)
 
 
@@ -174,10 +209,21 @@ def new_server(draft_spec: DraftSpec, runner) -> DraftServer:
     fanouts = [(t, list(f)) for t, f in draft_spec.fanouts]
     blocks = BlockManager(cache.num_kv_blocks, cache.block_size, enable_prefix_caching=False)
     trunk = Trunk(runner, blocks, draft_spec.k, draft_spec.vocab, ssd.saguaro_c)
-    builder = CacheBuilder(trunk, cache.num_kv_blocks * cache.block_size, max_branches(fanouts, draft_spec.max_num_seqs))
+    builder = CacheBuilder(
+        trunk,
+        cache.num_kv_blocks * cache.block_size,
+        max_branches(fanouts, draft_spec.max_num_seqs),
+    )
     tables = [(t, [list(f) for f in table]) for t, table in draft_spec.fanout_tables]
-    server = DraftServer(trunk, builder, fanouts, seed, BuildBudget() if ssd.fit_window else None,
-                         synthetic_draws(ssd.synthetic_hit, seed, "cache hits"), tables)
+    server = DraftServer(
+        trunk,
+        builder,
+        fanouts,
+        seed,
+        BuildBudget() if ssd.fit_window else None,
+        synthetic_draws(ssd.synthetic_hit, seed, "cache hits"),
+        tables,
+    )
     server.grammar_source = draft_spec
     return server
 

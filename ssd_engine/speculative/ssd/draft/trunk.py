@@ -1,6 +1,7 @@
 """The draft process's view of each sequence and its trunk: the tokens whose K/V sit in slots
 0..len(trunk)-1 of its blocks. After an outcome the trunk is cut back to its longest prefix still
 true (committed tokens, then the speculation sent), so accepted drafts are never recomputed."""
+
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -23,24 +24,24 @@ class DraftSeq:  # a Paged: its blocks are the draft's, its length the committed
     seq_id: int
     tokens: list[int]
     params: DraftParams
-    generator: torch.Generator | None         # draft sampling (None: greedy)
+    generator: torch.Generator | None  # draft sampling (None: greedy)
     backup_generator: torch.Generator
     block_table: BlockTable = field(default_factory=new_block_table)
-    num_computed_tokens: int = 0              # BlockManager bookkeeping; the trunk is the truth
+    num_computed_tokens: int = 0  # BlockManager bookkeeping; the trunk is the truth
     trunk: list[int] = field(default_factory=list)
-    sent: Speculation | None = None           # the speculation the target is verifying
-    hit_key: tuple | None = None              # the outcome whose own cached branch `sent` is
+    sent: Speculation | None = None  # the speculation the target is verifying
+    hit_key: tuple | None = None  # the outcome whose own cached branch `sent` is
     cache: Mapping = field(default_factory=dict)  # (k, t*) -> Speculation for the next round
     planned_fanout: list[int] = field(default_factory=list)
     fanout: list[int] = field(default_factory=list)  # F_0..F_K this build prepares (<= planned)
     fanout_table: list = field(default_factory=list)
-    ranked: list | None = None                # per position 1..K+1 of `sent`: the draft's top ids
+    ranked: list | None = None  # per position 1..K+1 of `sent`: the draft's top ids
     bonus_rank: int = -1
     grammar: GrammarState | None = None
 
     @property
     def outputs(self) -> list[int]:
-        return self.tokens[self.params.num_prompt_tokens:]
+        return self.tokens[self.params.num_prompt_tokens :]
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -60,9 +61,9 @@ def sampling_of(params: list[DraftParams], device) -> SamplingTensors:
 
 
 class Trunk(PagedDraft[DraftSeq]):
-
-    def __init__(self, runner: ModelRunner, blocks: BlockManager, k: int, vocab: int,
-                 saguaro_c: float = 1.0) -> None:
+    def __init__(
+        self, runner: ModelRunner, blocks: BlockManager, k: int, vocab: int, saguaro_c: float = 1.0
+    ) -> None:
         super().__init__(runner, blocks, k)
         self.vocab, self.saguaro_c = vocab, saguaro_c
 
@@ -74,21 +75,30 @@ class Trunk(PagedDraft[DraftSeq]):
         """Append feeds[i] to seqs[i]'s trunk; logits of the last `rows` fed positions, [n, rows, V]."""
         return self._extend(seqs, feeds, [rows] * len(seqs)).view(len(seqs), rows, -1)
 
-    def extend_rows(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
+    def extend_rows(
+        self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]
+    ) -> torch.Tensor:
         """extend() with rows[i] logit rows for sequence i, concatenated: [sum(rows), V]."""
         return self._extend(seqs, feeds, rows)
 
-    def _extend(self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]) -> torch.Tensor:
+    def _extend(
+        self, seqs: list[DraftSeq], feeds: list[list[int]], rows: list[int]
+    ) -> torch.Tensor:
         logits = self.extend_kv(seqs, [len(s.trunk) for s in seqs], feeds, rows)
         for seq, fed in zip(seqs, feeds):
             seq.trunk.extend(fed)
         return logits
 
-    def sample(self, logits: torch.Tensor, params: list[DraftParams], generators: list[torch.Generator | None],
-               fanouts: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def sample(
+        self,
+        logits: torch.Tensor,
+        params: list[DraftParams],
+        generators: list[torch.Generator | None],
+        fanouts: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """[n, V] logits -> tokens [n] and the rows they were drawn from [n, vocab] (None if all greedy).
         fanouts[i]: the top tokens Saguaro sampling down-weights. Ids past `vocab` never drawn."""
-        logits = logits[:, :self.vocab]
+        logits = logits[:, : self.vocab]
         if all(p.greedy for p in params):
             return logits.argmax(dim=-1), None
         probs = sampling_of(params, logits.device).probs(logits)
@@ -101,13 +111,17 @@ class Trunk(PagedDraft[DraftSeq]):
             seq.cut_trunk(len(seq) - 1)  # the bonus token's logits start the draft
         params = [s.params for s in seqs]
         gens = [s.generator for s in seqs]
-        logits = self.extend(seqs, [s.tokens[len(s.trunk):] for s in seqs], 1)[:, 0]
+        logits = self.extend(seqs, [s.tokens[len(s.trunk) :] for s in seqs], 1)[:, 0]
 
         def draw(step: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
             return self.sample(logits, params, gens, [s.fanout[step] for s in seqs])
+
         with masked_steps([s.grammar for s in seqs], draw) as step:
             tokens, q = self.decode(seqs, [len(s.trunk) for s in seqs], logits, step)
         tokens = tokens.tolist()
         for seq, drafted in zip(seqs, tokens):
-            seq.trunk.extend(drafted[:self.k - 1])  # their K/V were written as they were drawn
-        return [Speculation(Source.JIT, drafted, None if q is None else q[i]) for i, drafted in enumerate(tokens)]
+            seq.trunk.extend(drafted[: self.k - 1])  # their K/V were written as they were drawn
+        return [
+            Speculation(Source.JIT, drafted, None if q is None else q[i])
+            for i, drafted in enumerate(tokens)
+        ]
