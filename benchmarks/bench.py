@@ -157,9 +157,8 @@ def main(argv: list[str] | None = None) -> dict:
     }
     os.makedirs(opts.out, exist_ok=True)
     base = os.path.join(opts.out, f"{stamp}-bench" + (f"-{opts.tag}" if opts.tag else ""))
-    with open(
-        base + ".json", "w"
-    ) as f:  # first: a run's measurements outlive any bug in the tables
+    # first: a run's measurements outlive any bug in the tables
+    with open(base + ".json", "w") as f:
         json.dump(
             raw, f
         )  # every output's token ids included: `--report` re-renders the tables from it

@@ -123,10 +123,11 @@ def main(argv: list[str] | None = None) -> None:
     runs = [(budget, None) for budget in a.budgets]
     if a.max_decode_stall:
         runs += [(budget, a.max_decode_stall) for budget in a.budgets]
+    # each engine in a fresh process: only one in memory, none runs second
     for (
         budget,
         stall,
-    ) in runs:  # each engine in a fresh process: only one in memory, none runs second
+    ) in runs:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             rows.append(pool.submit(run_one, a, budget, stall).result())
         print(rows[-1], flush=True)

@@ -346,9 +346,8 @@ def main() -> None:
                 dict(date=raw["date"], parts=args.parts, args=raw["args"], command=raw["command"])
             )
         raw = earlier
-    for part in filter(
-        None, args.parts.split(",")
-    ):  # --parts "" --update F: just redraw F's report and plot
+    # --parts "" --update F: just redraw F's report and plot
+    for part in filter(None, args.parts.split(",")):
         raw.setdefault("settings", {})[part] = dict(
             num_prompts=args.num_prompts, new_tokens=args.new_tokens, batch_tokens=args.batch_tokens
         )

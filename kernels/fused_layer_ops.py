@@ -88,9 +88,8 @@ if triton is not None:
         else:
             dtype = x1.dtype
             a, b = x1.to(tl.float32), x2.to(tl.float32)
-            if (
-                QK_NORM
-            ):  # Qwen3: each q / k head RMS-normed, then rounded as the torch op's output is
+            # Qwen3: each q / k head RMS-normed, then rounded as the torch op's output is
+            if QK_NORM:
                 is_q = head < HQ
                 w1 = tl.where(
                     is_q,

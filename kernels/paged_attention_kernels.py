@@ -6,9 +6,8 @@ BLOCK_Q queries, the GROUP query heads stacked into M so each K/V tile is read o
 try:
     import triton
     import triton.language as tl
-except (
-    ImportError
-):  # CPU-only installs without triton: no kernels (callers use the torch reference)
+# CPU-only installs without triton: no kernels (callers use the torch reference)
+except ImportError:
     triton = None
 
 if triton is not None:

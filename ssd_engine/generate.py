@@ -136,9 +136,8 @@ def run(llm, prompts: list[str], params: SamplingParams, args) -> list:
                 if len(samples) == 1
                 else f"--- [{label}] finish={sample.finish_reason}\n{sample.text}"
             )
-            for entry in (
-                sample.logprobs or []
-            ):  # --logprobs N: a line a token, the chosen one first
+            # --logprobs N: a line a token, the chosen one first
+            for entry in sample.logprobs or []:
                 print(
                     "logprobs "
                     + "  ".join(f"{llm.tokenizer.decode([t])!r} {v:.4f}" for t, v in entry.items())

@@ -60,9 +60,8 @@ def _on_device(checker: PlacementChecker, slots: torch.Tensor) -> torch.Tensor:
 def _weights_on_device(checker: PlacementChecker, init):
     def on_device_init(self, weight: torch.Tensor, *options) -> None:
         init(self, weight, *options)
-        if (
-            checker.place(weight) is Place.DEVICE
-        ):  # a model's weight; the format probe's stay on the host
+        # a model's weight; the format probe's stay on the host
+        if checker.place(weight) is Place.DEVICE:
             checker.assume_on_device(
                 [v for v in vars(self).values() if isinstance(v, torch.Tensor)]
             )

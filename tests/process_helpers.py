@@ -139,10 +139,11 @@ def kill_session(proc: subprocess.Popen, extra_pids=()) -> str:
             pass
     try:
         _, err = proc.communicate(timeout=10)
+    # ValueError: its pipes were already read and closed
     except (
         subprocess.TimeoutExpired,
         ValueError,
-    ):  # ValueError: its pipes were already read and closed
+    ):
         proc.kill()
         proc.wait()
         err = None

@@ -294,9 +294,8 @@ def test_tp_auto_predicts_from_measured_ranks_and_never_runs_a_shared_draft(
             choice.mode == ("sd" if predicted["sd"] >= choose.MARGIN * predicted["ar"] else "ar")
             or "ssd" in predicted
         )
-        if (
-            parts.parallel.tensor_parallel_size == 2
-        ):  # the ranks were predicted at least as fast as one process
+        # the ranks were predicted at least as fast as one process
+        if parts.parallel.tensor_parallel_size == 2:
             assert (
                 "2 tensor-parallel ranks (cores " in choice.how
                 and "SSD not a candidate" in choice.how

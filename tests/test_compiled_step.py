@@ -62,9 +62,8 @@ def test_compiled_logits_match_eager_without_recompiling(tiny_model_dir, arch):
     eager, compiled = _runner(path, False), _runner(path, True)
     assert compiled.compiled is not None and eager.compiled is None
     prompts = [list(range(5, 12)), list(range(40, 53)), [7, 8, 9]]
-    with torch.compiler.set_stance(
-        "fail_on_recompile"
-    ):  # warm_up compiled every graph a step needs
+    # warm_up compiled every graph a step needs
+    with torch.compiler.set_stance("fail_on_recompile"):
         for step in _steps(prompts):
             want, got = eager.run(step), compiled.run(step)
             assert _relative_error(got, want) < REL_TOL

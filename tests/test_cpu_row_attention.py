@@ -12,9 +12,8 @@ from ssd_engine.speculative.ssd.draft.tree_mask import branch_metadata
 
 @pytest.fixture(autouse=True)
 def kernels():
-    if (
-        not gguf_cpu.available()
-    ):  # asked when a test runs, not at collection: a first build takes ~40 s
+    # asked when a test runs, not at collection: a first build takes ~40 s
+    if not gguf_cpu.available():
         pytest.skip("the CPU kernels cannot be built here")
 
 

@@ -183,9 +183,8 @@ def test_a_step_filling_its_bucket_goes_in_with_one_copy(model, emulated):
     torch.testing.assert_close(logits, eager.run(step))
     feeds = [DecodeFeed(runner, [4, 3], tables, 2) for runner in (graphed, eager)]
     tokens = torch.tensor([15, 16], device=DEVICE)
-    for s, want in enumerate(
-        [3, 2]
-    ):  # the drawn ids, [positions | slots | key counts], the tables once
+    # the drawn ids, [positions | slots | key counts], the tables once
+    for s, want in enumerate([3, 2]):
         n, logits = copies(lambda: feeds[0].step(s, tokens))
         assert n == want
         torch.testing.assert_close(logits, feeds[1].step(s, tokens))

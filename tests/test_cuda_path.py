@@ -36,9 +36,8 @@ def test_cuda_greedy_matches_transformers(tiny_model_dir, arch):
         )  # auto: the Triton layer kernels on CUDA (compiled: inductor's instead)
         assert (runner.layer_ops is None) == (runner.compiled is not None)
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
-    with LLM(
-        path, device="cuda", dtype="float32", fused_kernels="off"
-    ) as llm:  # torch's ops, graphed
+    # torch's ops, graphed
+    with LLM(path, device="cuda", dtype="float32", fused_kernels="off") as llm:
         assert [o.token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)] == expected
     draft = tiny_model_dir(arch, seed=1, num_hidden_layers=1)
     with LLM(

@@ -157,13 +157,14 @@ def test_llm_loads_a_gguf_through_the_cache(tmp_path, cache, conversions, tiny_q
         assert Path(llm.engine.model_path).parent == cache
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
     assert len(conversions) == 1
+    # the draft's GGUF: the same cache hit
     with LLM(
         tiny_qwen2,
         draft_model=str(source),
         speculative_mode="sd",
         draft_dtype="fp32",
         num_speculative_tokens=2,
-    ) as llm:  # the draft's GGUF: the same cache hit
+    ) as llm:
         assert [o.token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)] == expected
     assert len(conversions) == 1
 
@@ -245,9 +246,8 @@ def test_smollm2_gguf_loads_directly_and_matches_the_folder_route(
     monkeypatch.setenv(dm.CACHE_ENV, str(tmp_path / "cache"))
     converted = []
 
-    def convert(
-        gguf_path, out_dir
-    ):  # the session's conversion of this very file (the same child's output), copied:
+    # the session's conversion of this very file (the same child's output), copied:
+    def convert(gguf_path, out_dir):
         converted.append(
             gguf_path
         )  # what is tested here is the route to it and its caching, not a second ~14 s run

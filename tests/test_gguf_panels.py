@@ -32,6 +32,7 @@ INT8 = pytest.mark.skipif(
 
 
 def same_bits_at_every_row_count(linear, x: torch.Tensor, whole: torch.Tensor) -> None:
+    # passes of 6 rows; AMX tiles of 16 (from 32 / 48 rows)
     for rows in (
         1,
         2,
@@ -44,7 +45,7 @@ def same_bits_at_every_row_count(linear, x: torch.Tensor, whole: torch.Tensor) -
         33,
         48,
         50,
-    ):  # passes of 6 rows; AMX tiles of 16 (from 32 / 48 rows)
+    ):
         for start in (0, x.shape[0] - rows):
             assert torch.equal(linear(x[start : start + rows]), whole[start : start + rows]), (
                 rows,

@@ -81,9 +81,8 @@ def test_a_fused_linear_of_mixed_types_at_decode_and_prefill_row_counts():
         [QuantizedRows(q4k, 12, cols), QuantizedRows(q6k, 14, cols), QuantizedRows(more, 12, cols)]
     )
     assert [p.kind for p in weight.parts] == [12, 14, 12]
-    if gguf_cpu.panels_available(
-        int8_activations=False
-    ):  # 16 outputs a panel, 2368 / 3360 bytes a super-block
+    # 16 outputs a panel, 2368 / 3360 bytes a super-block
+    if gguf_cpu.panels_available(int8_activations=False):
         assert weight.nbytes == (2 * 2368 + 1 * 3360 + 1 * 2368) * 2
     else:
         assert weight.nbytes == q4k.numel() + q6k.numel() + more.numel()
@@ -221,9 +220,8 @@ def test_sd_and_ssd_equal_ar_with_the_target_in_its_blocks(gguf_model, tiny_mode
         options.update(ssd_budget=4)
     ar = _generate(folder, fmt, speculative_mode="ar")
     assert _generate(folder, fmt, **options) == ar
-    if (
-        fmt == "gguf-int8" and mode == "sd"
-    ):  # another model: its greedy path parts from the checkpoint's
+    # another model: its greedy path parts from the checkpoint's
+    if fmt == "gguf-int8" and mode == "sd":
         assert ar != _generate(folder, "gguf", speculative_mode="ar")
 
 
@@ -325,9 +323,8 @@ def test_auto_keeps_a_gguf_targets_blocks_and_a_plain_folders_fp32(
         ).target_dtype
         == "fp32"
     )
-    with LLM(
-        folder, num_threads=1, speculative_mode="ar"
-    ) as llm:  # target_dtype left to its default
+    # target_dtype left to its default
+    with LLM(folder, num_threads=1, speculative_mode="ar") as llm:
         assert llm.engine.execution()["target_dtype"] == DESCRIBED["gguf-int8"]
 
 

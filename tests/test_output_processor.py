@@ -87,9 +87,8 @@ def _case(rng: random.Random, tokenizer):
     whole = tokenizer.decode(ids, skip_special_tokens=True)
     stops = []
     for _ in range(rng.randint(1, 3)):
-        if (
-            rng.random() < 0.75 and whole
-        ):  # one that occurs: a piece of the text, multibyte ones too
+        # one that occurs: a piece of the text, multibyte ones too
+        if rng.random() < 0.75 and whole:
             start = rng.randrange(len(whole))
             stops.append(whole[start : start + rng.randint(1, 12)])
         else:

@@ -113,8 +113,7 @@ def test_after_the_first_body_bytes_or_on_other_errors_nothing_is_retried(monkey
         asyncio.run(_relayed(call))
     assert len(calls) == 1
     call, calls = _replicas(["dies"] * relay_module.ATTEMPTS + ["ok"])
-    with pytest.raises(
-        ReplicaDied
-    ):  # every attempt's replica died: the error, after ATTEMPTS tries
+    # every attempt's replica died: the error, after ATTEMPTS tries
+    with pytest.raises(ReplicaDied):
         asyncio.run(_relayed(call))
     assert len(calls) == relay_module.ATTEMPTS

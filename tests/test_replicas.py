@@ -339,9 +339,8 @@ def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
         started = set().union(*(descendants_of(p.pid) for p in processes))
         os.killpg(server.pid, signal.SIGINT)
         assert server.wait(timeout=120) == 0
-        for node in reversed(
-            processes[:2]
-        ):  # the second node, then the head: Ctrl-C stops what each started
+        # the second node, then the head: Ctrl-C stops what each started
+        for node in reversed(processes[:2]):
             os.killpg(node.pid, signal.SIGINT)
             node.wait(timeout=60)
         assert gone_within(started, 30), [p for p in started if alive(p)]

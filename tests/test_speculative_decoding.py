@@ -252,9 +252,8 @@ def test_self_speculation_accepts_everything(target_nopad, k):
     prompts = _prompts(3)
     with LLM(target_nopad, **COMMON) as ar:
         expected = [o.token_ids for o in ar.generate(prompts, params, use_tqdm=False)]
-    with _sd(
-        target_nopad, target_nopad, k, draft_dtype="fp32"
-    ) as llm:  # the draft is the target, bit for bit
+    # the draft is the target, bit for bit
+    with _sd(target_nopad, target_nopad, k, draft_dtype="fp32") as llm:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         totals = llm.speculation_metrics()
     assert [o.token_ids for o in outputs] == expected

@@ -57,9 +57,8 @@ def test_both_arms_are_tried_then_the_faster_runs_and_the_other_is_retried():
     choice, steady = StepChoice(k=3), _Draft()
     batch = _seqs(5)
     tried = []
-    for _ in range(
-        2 * step_choice.MIN_SAMPLES
-    ):  # each arm runs a few steady steps before it is compared
+    # each arm runs a few steady steps before it is compared
+    for _ in range(2 * step_choice.MIN_SAMPLES):
         tried.append(choice.choose(batch, steady))
         choice.record(
             tried[-1], 5, 20 if tried[-1] == 0 else 5, 1.0

@@ -94,9 +94,8 @@ def test_ssd_follows_the_masked_law(small_pair, masked_law, path):
         set(metrics["speculations_by_source"])
         == {"hit": {"hit", "jit"}, "jit": {"jit"}, "fast": {"fast"}}[path]
     )
-    if (
-        path != "fast"
-    ):  # the draft process follows the grammar too (0.18 when its drafts went unmasked)
+    # the draft process follows the grammar too (0.18 when its drafts went unmasked)
+    if path != "fast":
         assert metrics["acceptance_rate"] > 0.4
 
 
@@ -168,9 +167,8 @@ def test_greedy_is_the_same_in_every_mode_matches_transformers_and_parses(tiny_m
         ("regex", StructuredOutputsParams(regex=REGEX)),
         ("choice", StructuredOutputsParams(grammar=choice)),
     ):
-        for prompt, out in zip(
-            PROMPTS, outputs["ar", kind]
-        ):  # the oracle compiles regexes and grammars
+        # the oracle compiles regexes and grammars
+        for prompt, out in zip(PROMPTS, outputs["ar", kind]):
             ids = tokenizer.encode(prompt)
             mask = GrammarMask(spec, tokenizer, len(ids), [2])
             theirs = model.generate(

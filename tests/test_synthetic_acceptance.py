@@ -113,9 +113,8 @@ def test_engine_acceptance_follows_alpha_not_the_weights(tmp_path):
         metrics = llm.speculation_metrics()
     rounds = metrics["rounds"]
     assert rounds > 150
-    for j, rate in enumerate(
-        metrics["per_position_acceptance_rate"], start=1
-    ):  # P(accepted >= j) = alpha^j
+    # P(accepted >= j) = alpha^j
+    for j, rate in enumerate(metrics["per_position_acceptance_rate"], start=1):
         assert within_5_sigma(round(rate * rounds), rounds, alpha**j), (j, rate)
 
 

@@ -182,9 +182,8 @@ def gpu_kernels(runner, step, device: torch.device) -> tuple[str, list[str]]:
             runner.run(step)
             torch.cuda.synchronize()
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    except (
-        Exception
-    ) as error:  # a profiler that cannot trace here must not cost the bandwidth figures
+    # a profiler that cannot trace here must not cost the bandwidth figures
+    except Exception as error:
         return f"failed: {type(error).__name__}", []
     return (
         f"{len(kernels)} ({len(kernels) / runner.config.num_hidden_layers:.1f} per layer)",
@@ -312,9 +311,8 @@ def main(argv: list[str] | None = None) -> str:
                 f"| {args.context} | {total / 1e6:.1f} | {r['kv'] / 1e6:.1f} | {r['seconds'] * 1e3:.2f} "
                 f"| {achieved / 1e9:.1f} | {best / 1e9:.1f} | {pct(achieved, best)} | {pct(achieved, peak)} | {r['kernels']} |"
             )
-            if r["profile"] and r["batch"] == min(
-                args.batch
-            ):  # where the smallest batch's step time goes
+            # where the smallest batch's step time goes
+            if r["profile"] and r["batch"] == min(args.batch):
                 profiles += [
                     f"{role}, batch {r['batch']}: one step's GPU kernels by time (CUPTI; the step took "
                     f"{r['seconds'] * 1e6:.0f} us on the wall)",

@@ -169,9 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     for name in ("ar", "sd", "sd-plain"):
         lines += engine_steps(a, name)
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-        with open(
-            a.out, "w"
-        ) as f:  # after each engine: a run stopped at its limit keeps what it measured
+        # after each engine: a run stopped at its limit keeps what it measured
+        with open(a.out, "w") as f:
             f.write("\n".join(lines) + "\n")
 
 

@@ -99,8 +99,7 @@ def auto_lines(raw: dict) -> list[str]:
         for b in raw["batch"]
         if (v := mean_tok_s(raw, "auto", b)) is not None
     ]
-    if (
-        predicted and measured
-    ):  # the prediction's batch is the engine's business: no ratio, both numbers
+    # the prediction's batch is the engine's business: no ratio, both numbers
+    if predicted and measured:
         lines.append(f"Predicted {predicted:.2f} tok/s for {ran}; measured {', '.join(measured)}.")
     return lines + [""]

@@ -138,9 +138,8 @@ def by_k(raw: dict, path: str) -> str | None:
     for ax, name in zip(axes[0], sets):
         for mode in raw["results"]:
             rows = rows_of(raw, mode, set=name, batch=1)
-            if rows and (
-                rows[0]["k"] is None or mode == "auto"
-            ):  # one K (auto's own): a level, not a curve
+            # one K (auto's own): a level, not a curve
+            if rows and (rows[0]["k"] is None or mode == "auto"):
                 ax.axhline(
                     rows[0]["decode_tok_s"], color=COLORS.get(mode), linestyle=":", label=mode
                 )

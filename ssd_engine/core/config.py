@@ -270,9 +270,8 @@ class EngineConfig:
         )  # every closed set of values, as each option declares it, and the device
         if self.dtype == "auto":
             object.__setattr__(self, "dtype", "float32" if self.device == "cpu" else "bfloat16")
-        if (
-            self.max_num_batched_tokens is None
-        ):  # CPU: a long prompt's chunks beat one step (docs/CPU.md)
+        # CPU: a long prompt's chunks beat one step (docs/CPU.md)
+        if self.max_num_batched_tokens is None:
             object.__setattr__(
                 self, "max_num_batched_tokens", 512 if self.device == "cpu" else 2048
             )

@@ -98,9 +98,8 @@ def _become_child(request: dict, fds: list[int], server_fds: list[int]) -> None:
 
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
-    except (
-        SystemExit
-    ) as stop:  # as the interpreter ends it: None is 0, an int itself, else printed and 1
+    # as the interpreter ends it: None is 0, an int itself, else printed and 1
+    except SystemExit as stop:
         if stop.code is None or isinstance(stop.code, int):
             code = stop.code or 0
         else:

@@ -24,9 +24,8 @@ class IncrementalText:
         """The text of `ids` from the last call's and a tail's decode; None where the whole output must
         be decoded (a short one, or a tail whose overlap does not match)."""
         old, start, untrusted = self.text, self.tokens, UNTRUSTED_CHARS
-        if (
-            len(old) < 4 * untrusted or len(ids) < start
-        ):  # short, or not an extension of the last call's
+        # short, or not an extension of the last call's
+        if len(old) < 4 * untrusted or len(ids) < start:
             return None
         width = (
             2 * untrusted

@@ -261,9 +261,8 @@ class LLMEngine:
         )
         finished = apply_results(self, batch, speculated, results)
         seconds = time.perf_counter() - started
-        if self.step_choice and all(
-            decoding
-        ):  # a step with a prefill chunk says nothing of decode rates
+        # a step with a prefill chunk says nothing of decode rates
+        if self.step_choice and all(decoding):
             emitted = sum(len(result.tokens) for result in results)
             self.step_choice.record(k, len(decoding), emitted, seconds)
         if self.scheduler.pacer is not None:

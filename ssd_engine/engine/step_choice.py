@@ -170,9 +170,8 @@ class StepChoice:
 
     def record(self, k: int, decoding: int, emitted: int, seconds: float) -> None:
         """A step that decoded `decoding` sequences (and prefilled none) and emitted `emitted` tokens."""
-        if (
-            decoding == 0 or seconds <= 0 or (k and self.caught_up)
-        ):  # a catch-up is not a steady round
+        # a catch-up is not a steady round
+        if decoding == 0 or seconds <= 0 or (k and self.caught_up):
             return
         bucket = decoding.bit_length()
         arm = self.arms.setdefault((bucket, k), Arm())

@@ -198,10 +198,11 @@ def load_weights(
                         loaded.add(key)
                         finish_ready(key[0].rsplit(".", 1)[0])
                 release_freed_heap()  # the window's packed layers freed their plain copies
+    # e.g. a tied head, whose weight came with the embedding
     for (
         module_name,
         _,
-    ) in model.named_modules():  # e.g. a tied head, whose weight came with the embedding
+    ) in model.named_modules():
         finish_ready(module_name)
     missing = [n for n in params if not _covered(n, loaded, model)]
     if missing:

@@ -92,9 +92,8 @@ def time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, flo
             PREFIX + max(DRAFT_ROWS) + 1,
         )
         parallel = ParallelConfig(len(ranks), format_core_sets(ranks), RANKS_TIMEOUT_S)
-        with contextlib.redirect_stderr(
-            io.StringIO()
-        ):  # its placement line is the engine's to print
+        # its placement line is the engine's to print
+        with contextlib.redirect_stderr(io.StringIO()):
             runner = spawn_ranks(parallel, spec, ranks)
         try:
             seq = Sequence([0], SamplingParams(), BLOCK)

@@ -127,9 +127,8 @@ def resolve_target_format(options: EngineConfig) -> EngineConfig:
     try:  # the cheap checks first: a plain folder never builds the kernels
         blocks = GGUFFile(source_gguf(path), load_config(path))
         blocks.check()
-        if (
-            options.tensor_parallel_size > 1
-        ):  # each rank keeps its slice's blocks: they must be whole
+        # each rank keeps its slice's blocks: they must be whole
+        if options.tensor_parallel_size > 1:
             blocks.check_split(options.tensor_parallel_size)
     except (ValueError, DefaultModelError):
         return replace(

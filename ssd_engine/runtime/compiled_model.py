@@ -38,9 +38,8 @@ class CompiledModel:
             default=0,
         )
         options = {}
-        if hasattr(
-            torch.compiler, "skip_guard_on_all_nn_modules_unsafe"
-        ):  # older torch: every guard stays
+        # older torch: every guard stays
+        if hasattr(torch.compiler, "skip_guard_on_all_nn_modules_unsafe"):
             options["guard_filter_fn"] = torch.compiler.skip_guard_on_all_nn_modules_unsafe
         self.compiled = torch.compile(
             _own_copy(type(model).forward), fullgraph=True, options=options

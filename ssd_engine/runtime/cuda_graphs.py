@@ -212,9 +212,8 @@ class GraphRunner:
                 (kv_lens[:rows], meta.kv_lens),
             ]
         )
-        if (
-            rows < size
-        ):  # padding rows: no keys, K/V to the padding slot; ids and positions in range
+        # padding rows: no keys, K/V to the padding slot; ids and positions in range
+        if rows < size:
             ids[tokens:].zero_()
             pos[tokens:].zero_()
             slots[tokens:].fill_(self.pad_slot)

@@ -91,9 +91,8 @@ class ModelRunner:
         self.weight_format = model.weight_format  # None: this dtype's own
         self.row_independent = model.row_independent
         self.gguf_blocks = gguf_blocks_for(model, self.config)
-        if (
-            self.weight_format in GGUF_FORMATS and self.gguf_blocks is None
-        ):  # no kernels: fp32, the same values
+        # no kernels: fp32, the same values
+        if self.weight_format in GGUF_FORMATS and self.gguf_blocks is None:
             self.weight_format = None
         if (
             self.weight_format not in (None, *GGUF_FORMATS)

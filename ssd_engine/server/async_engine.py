@@ -181,9 +181,8 @@ class AsyncEngine:
             try:
                 self.engine.step()
                 self._publish()
-            except (
-                Exception
-            ) as error:  # the engine failed: every live request gets the error, no reader hangs
+            # the engine failed: every live request gets the error, no reader hangs
+            except Exception as error:
                 log.exception("engine step failed")
                 for request in self._live.values():
                     self.engine.abort(request.seq)
@@ -203,9 +202,8 @@ class AsyncEngine:
             elif kind == "add":
                 self._live[request.seq.seq_id] = request
                 self.engine.add(request.seq)
-            elif (
-                self._live.pop(request.seq.seq_id, None) is not None
-            ):  # abort: the reader went away
+            # abort: the reader went away
+            elif self._live.pop(request.seq.seq_id, None) is not None:
                 self.engine.abort(request.seq)
 
     def _publish(self) -> None:

@@ -29,10 +29,11 @@ def completion_logprobs(tokenizer, entries: list[dict[int, float]], top: int) ->
         offset += len(text)
         ranked = sorted(entry.items(), key=lambda item: -item[1])[:top]
         texts: dict[str, float] = {}
+        # two ids may decode alike (a partial UTF-8 byte): the likelier one's value
         for (
             token,
             value,
-        ) in ranked:  # two ids may decode alike (a partial UTF-8 byte): the likelier one's value
+        ) in ranked:
             texts.setdefault(_text(tokenizer, token), _value(value))
         tops.append(texts if top else None)
     return {

@@ -86,9 +86,8 @@ def build_app(
                 await queue.put((index, firsts[index]))
                 async for delta in streams[index]:
                     await queue.put((index, delta))
-            except (
-                Exception
-            ) as exc:  # an engine failure reaches the reader, not the event loop's log
+            # an engine failure reaches the reader, not the event loop's log
+            except Exception as exc:
                 await queue.put((index, exc))
 
         tasks = [asyncio.create_task(pump(i)) for i in range(len(streams))]
@@ -177,15 +176,13 @@ def build_app(
                     raise
         except BadRequest as exc:
             return reject(400, str(exc), param=exc.param)
-        except (
-            ValueError
-        ) as exc:  # SamplingParams' and the engine's messages start with the field they are about
+        # SamplingParams' and the engine's messages start with the field they are about
+        except ValueError as exc:
             named = str(exc).split(" ", 1)[0]
             if named == "max_tokens" and body.max_completion_tokens is not None:
                 named = "max_completion_tokens"
-            elif named.startswith(
-                "structured_outputs"
-            ):  # the engine's compile error: name the field the spec came in
+            # the engine's compile error: name the field the spec came in
+            elif named.startswith("structured_outputs"):
                 named = body.structure_field() or named
             return reject(400, str(exc), param=named if named in request_fields else None)
         except Overloaded as exc:

@@ -79,9 +79,8 @@ def push_forever(board, rank: int, render, stop: threading.Event) -> threading.T
             while not stop.is_set():
                 try:
                     board.put.remote(rank, os.getpid(), loop.run_until_complete(render()).decode())
-                except (
-                    Exception
-                ):  # the board or the engine is going away: the next push says so or stops
+                # the board or the engine is going away: the next push says so or stops
+                except Exception:
                     pass
                 stop.wait(PUSH_S)
         finally:

@@ -43,9 +43,8 @@ class EngineReplica:
             options = {**options, "cpu_cores": format_core_sets([core_sets[rank % len(core_sets)]])}
         self.async_engine = AsyncEngine.build(lambda: make_llm(**options), max_pending=max_pending)
 
-        async def every_replicas_metrics() -> (
-            bytes
-        ):  # /metrics, wherever the scrape lands: the board's merge
+        # /metrics, wherever the scrape lands: the board's merge
+        async def every_replicas_metrics() -> bytes:
             return await board.render.remote()
 
         self.app = build_app(

@@ -78,9 +78,8 @@ class TensorParallelRunner:
             return logits
 
     def capture_graphs(self, keys: list[tuple]) -> None:
-        with self._guard(
-            "capturing CUDA graphs"
-        ):  # every rank captures: the graphs hold the all-reduces
+        # every rank captures: the graphs hold the all-reduces
+        with self._guard("capturing CUDA graphs"):
             self.tp.send_command("capture_graphs", keys)
             self.runner.capture_graphs(keys)
 

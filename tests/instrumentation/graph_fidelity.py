@@ -105,9 +105,8 @@ class _Recorder(TorchDispatchMode):
         index = len(self.launches)
         self.launches.append((str(func), call_site(), signature))
         for t in tensors_in(out):
-            if (
-                address := storage_address(t)
-            ) is not None and address not in inputs:  # new memory, not a write in place
+            # new memory, not a write in place
+            if (address := storage_address(t)) is not None and address not in inputs:
                 self.made[address] = index
         return out
 

@@ -68,10 +68,11 @@ def tensors_in(value) -> list[torch.Tensor]:
 def storage_address(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr()
+    # opaque tensors (oneDNN's packed weights) have none
     except (
         RuntimeError,
         NotImplementedError,
-    ):  # opaque tensors (oneDNN's packed weights) have none
+    ):
         return None
 
 
@@ -158,9 +159,10 @@ class OpCounter(launches.HearsLaunches, TorchDispatchMode):
         self._scopes.append(scope)
         self.calls[scope] += 1
 
+    # returns None: a forward hook's return value would replace the output
     def _leave(
         self,
-    ) -> None:  # returns None: a forward hook's return value would replace the output
+    ) -> None:
         self._scopes.pop()
 
     def total(self, scope: str | None = None, kind: str | None = None) -> int:

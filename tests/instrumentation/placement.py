@@ -142,9 +142,8 @@ class PlacementChecker(launches.HearsLaunches, TorchFunctionMode):
             ptr = _storage(t)
             if ptr is None:
                 continue
-            if (
-                place is Place.HOST
-            ):  # also forgets a freed tensor whose memory the allocator handed out again
+            # also forgets a freed tensor whose memory the allocator handed out again
+            if place is Place.HOST:
                 self.places.pop(ptr, None)
             else:
                 self.places[ptr] = place

@@ -113,9 +113,8 @@ class SyncCounter(TorchFunctionMode):
             out = out.view_as(out)
         if to_device:
             _mark(out)
-        elif func not in READS and all(
-            on_host(t) for t in inputs
-        ):  # made here, from host values only
+        # made here, from host values only
+        elif func not in READS and all(on_host(t) for t in inputs):
             _mark(out, HOST_MARK)
         return out
 
