@@ -1,5 +1,5 @@
-"""The step loop: schedule -> speculate -> verify -> postprocess (AR: no speculation; the results
-applied by engine/postprocess.py). Requests join and leave between steps (continuous batching)."""
+"""The step loop: schedule -> speculate -> verify -> postprocess (AR: no speculation; the scheduler
+applies the results). Requests join and leave between steps (continuous batching)."""
 
 import logging
 import time
@@ -11,13 +11,12 @@ from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.outputs import RequestOutput
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.streams import Stream, stream_generator
-from ssd_engine.core.structures import Sequence, SequenceStatus
+from ssd_engine.core.structures import Outcome, Sequence, SequenceStatus
 from ssd_engine.distributed.partition import check_splittable
 from ssd_engine.distributed.placement import pin, unpin
 from ssd_engine.engine.execution import describe_execution
 from ssd_engine.engine.model_limits import eos_token_ids, max_model_len, num_kv_blocks
 from ssd_engine.engine.output_processor import OutputProcessor
-from ssd_engine.engine.postprocess import apply_results
 from ssd_engine.engine.prefill_pacer import PrefillPacer
 from ssd_engine.engine.request_checks import check_request
 from ssd_engine.engine.scheduler import Scheduler
@@ -30,7 +29,7 @@ from ssd_engine.runtime.block_manager import BlockManager
 from ssd_engine.runtime.model_runner import DTYPES, RunnerSpec
 from ssd_engine.sampling.grammar import Grammars
 from ssd_engine.sampling.synthetic import synthetic_acceptance
-from ssd_engine.sampling.verifier import Verifier
+from ssd_engine.sampling.verifier import StepResult, Verifier
 from ssd_engine.speculative.metrics import SpecMetrics
 from ssd_engine.speculative.setup import TargetSide, build_sync_draft, start_async_draft
 from ssd_engine.tensor_parallel.launch import close_at_exit, start_tensor_parallel, torchrun_world
@@ -246,10 +245,8 @@ class LLMEngine:
         )
         batch = self.scheduler.schedule(k)
         if not batch.seqs:
-            if self.scheduler.has_unfinished():
-                raise RuntimeError(
-                    "scheduler made no progress"
-                )  # admission checks should make this impossible
+            if self.scheduler.has_unfinished():  # admission checks should make this impossible
+                raise RuntimeError("scheduler made no progress")
             return []
         decoding = batch.decoding(k)
         proposal = self.speculator.propose(batch, decoding) if self.speculator and k else None
@@ -259,7 +256,11 @@ class LLMEngine:
         results = self.verifier.sample_or_verify(
             batch.seqs, logit_rows, logits, speculated, proposal
         )
-        finished = apply_results(self, batch, speculated, results)
+        for n, verified in zip(batch.num_new_tokens, speculated):
+            self.stats["decode_tokens" if n == 1 or verified else "prefill_tokens"] += n
+        finished = self.scheduler.postprocess(
+            batch, speculated, results, self._append, self._on_verified
+        )
         seconds = time.perf_counter() - started
         # a step with a prefill chunk says nothing of decode rates
         if self.step_choice and all(decoding):
@@ -269,6 +270,14 @@ class LLMEngine:
             prompt_tokens = sum(n for n, dec in zip(batch.num_new_tokens, decoding) if not dec)
             self.scheduler.pacer.record(sum(decoding), k, prompt_tokens, seconds)
         return finished
+
+    def _append(self, seq: Sequence, result: StepResult) -> None:
+        self.output_processor.append(seq, result.tokens, result.logprobs)
+
+    def _on_verified(self, seq: Sequence, result: StepResult) -> None:
+        if result.accepted is not None:
+            self.spec_metrics.record(seq.seq_id, result.accepted)
+        self.speculator.on_outcome(Outcome(seq, result.accepted, seq.num_computed_tokens))
 
     def execution(self) -> dict:
         """How this engine runs its target (engine/execution.py)."""

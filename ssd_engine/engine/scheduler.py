@@ -4,12 +4,14 @@ Running sequences go first (oldest first), then waiting ones while the token bud
 `max_num_seqs` allow. When blocks run out, the newest running sequence is preempted: its blocks are
 freed and it returns to the front of the queue (FCFS fairness)."""
 
+import time
 from collections import deque
-from typing import Protocol
+from typing import Callable, Protocol
 
 from ssd_engine.core.structures import ScheduledBatch, Sequence, SequenceStatus
 from ssd_engine.engine.prefill_pacer import PrefillPacer
 from ssd_engine.runtime.block_manager import BlockManager
+from ssd_engine.sampling.verifier import StepResult
 
 
 class SequenceHolder(Protocol):
@@ -116,6 +118,36 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def postprocess(
+        self,
+        batch: ScheduledBatch,
+        speculated: list[bool],
+        results: list[StepResult],
+        append: Callable[[Sequence, StepResult], None],
+        on_verified: Callable[[Sequence, StepResult], None],
+    ) -> list[Sequence]:
+        """After a step's forward, each sequence of `batch` with its result: `append` adds its emitted
+        tokens (and checks its stops); its computed tokens and pages follow; a verified sequence's
+        outcome goes to `on_verified` before a finished one is released. -> the finished ones."""
+        finished = []
+        for seq, n, verified, result in zip(batch.seqs, batch.num_new_tokens, speculated, results):
+            if result.tokens is None:  # a prefill chunk that does not reach the end of the prompt
+                seq.num_computed_tokens += n
+                continue
+            if seq.metrics.first_token_time is None:
+                seq.metrics.first_token_time = time.perf_counter()
+            append(seq, result)
+            # every emitted token but the last has its K/V computed; rejected drafts' slots are dropped
+            seq.num_computed_tokens = len(seq) - 1
+            self.settle(seq, verified)
+            if verified:
+                on_verified(seq, result)
+            if seq.finish_reason is not None:
+                seq.metrics.finish_time = time.perf_counter()
+                self.finish(seq)
+                finished.append(seq)
+        return finished
 
     def settle(self, seq: Sequence, verified: bool) -> None:
         """After a step appended `seq`'s tokens: a verified sequence frees the slots of its rejected
