@@ -19,6 +19,11 @@ def is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def is_number(value) -> bool:
+    """An int or a float, not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def all_ints(text: str) -> bool:
     return all(v.strip().isdigit() for v in text.split(",")) and bool(text.strip())
 
@@ -93,8 +98,7 @@ def check_values(config) -> None:
         )
     stall = config.max_decode_stall
     require(
-        stall is None
-        or (isinstance(stall, (int, float)) and not isinstance(stall, bool) and stall > 1),
+        stall is None or (is_number(stall) and stall > 1),
         f"max_decode_stall must be a number > 1, got {stall!r}",
     )
     require(
@@ -109,7 +113,7 @@ def check_values(config) -> None:
     for name in ("distributed_timeout_s", "draft_timeout_s"):
         value = getattr(config, name)
         require(
-            isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0,
+            is_number(value) and value > 0,
             f"{name} must be > 0, got {value!r}",
         )
     require(
@@ -127,17 +131,11 @@ def check_values(config) -> None:
     )
     require(
         config.ssd_critical_batch is None
-        or (
-            isinstance(config.ssd_critical_batch, (int, float))
-            and not isinstance(config.ssd_critical_batch, bool)
-            and config.ssd_critical_batch >= 0
-        ),
+        or (is_number(config.ssd_critical_batch) and config.ssd_critical_batch >= 0),
         f"ssd_critical_batch must be a number >= 0, got {config.ssd_critical_batch!r}",
     )
     require(
-        isinstance(config.saguaro_c, (int, float))
-        and not isinstance(config.saguaro_c, bool)
-        and 0 <= config.saguaro_c <= 1,
+        is_number(config.saguaro_c) and 0 <= config.saguaro_c <= 1,
         f"saguaro_c must be in [0, 1], got {config.saguaro_c!r}",
     )
     require(

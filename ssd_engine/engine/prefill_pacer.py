@@ -38,9 +38,9 @@ class PrefillPacer:
 
     def record(self, decoding: int, k: int, prompt_tokens: int, seconds: float) -> None:
         """A step of `decoding` decoding sequences (K = `k`) and `prompt_tokens` prompt tokens took `seconds`."""
-        key = (decoding, k)
         if decoding == 0:
             return
+        key = (decoding, k)
         if prompt_tokens == 0:
             self.decode_s[key] = _blend(self.decode_s.get(key), seconds)
         elif key in self.decode_s:
