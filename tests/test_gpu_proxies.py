@@ -1,4 +1,4 @@
-"""The GPU-cost proxies count what they say (tests/instrumentation/, benchmarks/profiling/bench_ops.py): the op counter counts a known
+"""The GPU-cost proxies count what they say (tests/instrumentation/: the counters, proxy_counts.py and gpu_proxies.py's report): the op counter counts a known
 function op by op, kind by kind and line by line, and a tiny model's ops per decoder layer are
 stable, > 0, and exactly 3 more per Linear when row padding is on; the sync counter sees host
 reads of would-be device tensors and nothing else; one engine step's ops are finite measured
@@ -9,10 +9,10 @@ from collections import Counter
 
 import pytest
 import torch
+from instrumentation import gpu_proxies, proxy_counts
 from instrumentation.op_count import OpCounter, without_row_padding
 from instrumentation.step_count import count_ops, count_syncs, op_summary, sync_summary
 from instrumentation.sync_count import SyncCounter
-from profiling import bench_ops
 
 from ssd_engine import LLM, SamplingParams
 
@@ -71,12 +71,12 @@ def test_a_tiny_models_ops_per_layer_are_stable_and_row_padding_adds_three_per_l
 
     with without_row_padding():
         first, again = (
-            bench_ops.layer_counts(tiny_qwen2, None),
-            bench_ops.layer_counts(tiny_qwen2, None),
+            proxy_counts.layer_counts(tiny_qwen2, None),
+            proxy_counts.layer_counts(tiny_qwen2, None),
         )
-        int4 = bench_ops.layer_counts(tiny_qwen2, "int4")
+        int4 = proxy_counts.layer_counts(tiny_qwen2, "int4")
         row_padding._padded[torch.float32] = {1: 4}  # pad one-row fp32 matmuls to four rows
-        padded = bench_ops.layer_counts(tiny_qwen2, None)
+        padded = proxy_counts.layer_counts(tiny_qwen2, None)
     assert first == again
     assert 0 < first["per_layer_compute"] < first["per_layer"] and first["torch_attention"] > 0
     assert first["sampling_greedy"] >= 1 and first["sampling_t07"] > first["sampling_greedy"]
@@ -141,7 +141,7 @@ def test_sync_counter_counts_host_reads_of_would_be_device_tensors_only():
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    return bench_ops.tiny_pair(str(tmp_path_factory.mktemp("proxy_pair")))
+    return proxy_counts.tiny_pair(str(tmp_path_factory.mktemp("proxy_pair")))
 
 
 def _steps(llm, temperature: float, n: int = 2) -> tuple[list[dict], list[dict]]:
@@ -213,8 +213,8 @@ def test_the_gpu_path_runs_a_layer_in_ten_kernels(tiny_qwen2):
     """Triton attention (split-KV as an H100 splits a batch-1 decode) and the fused layer kernels,
     each launch one kernel: issue 22's <= 10 per decoder layer. The torch path's count is the control."""
     with without_row_padding():
-        gpu = bench_ops.layer_counts(tiny_qwen2, None, gpu_path=True)
-        eager = bench_ops.layer_counts(tiny_qwen2, None)
+        gpu = proxy_counts.layer_counts(tiny_qwen2, None, gpu_path=True)
+        eager = proxy_counts.layer_counts(tiny_qwen2, None)
     kernels = {op for op in gpu["by_op"] if op.startswith("triton:")}
     assert kernels == {
         f"triton:{name} (compute)"
@@ -227,7 +227,7 @@ def test_the_gpu_path_runs_a_layer_in_ten_kernels(tiny_qwen2):
         )
     }
     assert gpu["by_op"]["triton:add_rms_norm (compute)"] == 2 and gpu["torch_attention"] == 0
-    assert gpu["per_layer_compute"] <= bench_ops.GOAL_OPS_PER_LAYER < eager["per_layer_compute"]
+    assert gpu["per_layer_compute"] <= gpu_proxies.GOAL_OPS_PER_LAYER < eager["per_layer_compute"]
 
 
 def test_piecewise_graphs_leave_attention_and_its_input_to_the_host(tiny_qwen2):
@@ -235,18 +235,18 @@ def test_piecewise_graphs_leave_attention_and_its_input_to_the_host(tiny_qwen2):
     write, attention, SiLU-mul); with piecewise graphs 4 (RoPE + K/V write, attention, the copy of its
     output into the next piece's input, that piece's replay)."""
     with without_row_padding():
-        row = bench_ops.prefill_launches(tiny_qwen2)
+        row = proxy_counts.prefill_launches(tiny_qwen2)
     assert (row["eager_launches_per_layer"], row["piecewise_launches_per_layer"]) == (9, 4)
     assert row["piecewise_launches"] < row["eager_launches"]
     assert (
         f"| target | {row['layers']} | 9 / {row['eager_launches']} | **4 / {row['piecewise_launches']}** |"
-        in "\n".join(bench_ops.prefill_lines([{"model": "target", **row}]))
+        in "\n".join(gpu_proxies.prefill_lines([{"model": "target", **row}]))
     )
 
 
-def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
+def test_gpu_proxies_writes_its_tables(tiny_qwen2, pair, tmp_path):
     # the GPU path's rows and the prefill section: the two tests above (interpreted, slow to repeat)
-    raw = bench_ops.main(
+    raw = gpu_proxies.main(
         [
             "--target",
             tiny_qwen2,
@@ -269,7 +269,7 @@ def test_bench_ops_writes_its_tables(tiny_qwen2, pair, tmp_path):
     ]
     assert [(r["mode"], r["temperature"]) for r in raw["engine"]] == [("ar", 0.0), ("ar", 0.7)]
     text = (tmp_path / f"{raw['date']}-ops.md").read_text()
-    assert text == bench_ops.render(raw) and raw["cpu"]["cpu_model"] in text
+    assert text == gpu_proxies.render(raw) and raw["cpu"]["cpu_model"] in text
     assert f"| target | fp32 | 2 | **{raw['layers'][0]['per_layer']}** |" in text
     assert raw["prefill"] == []
     assert (tmp_path / f"{raw['date']}-ops.json").is_file()

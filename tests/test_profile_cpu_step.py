@@ -1,8 +1,8 @@
-"""benchmarks/profiling/profile_cpu_step.py on a tiny pair: both tables, their ops sorted by time."""
+"""benchmarks/profile_cpu_step.py on a tiny pair: both tables, their ops sorted by time."""
 
 import re
 
-from profiling import profile_cpu_step
+import profile_cpu_step
 
 
 def test_the_profile_has_an_ar_and_an_sd_table_sorted_by_time(tiny_model_dir):

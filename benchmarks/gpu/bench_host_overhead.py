@@ -236,7 +236,7 @@ def render(rows: list[dict], machine: str, command: str, device: str = "cpu") ->
         "",
         f"- Machine: {machine}",
         f"- Command: `{command}`",
-        "- Tiny pair (bench_ops.tiny_pair), batch 1, 1 thread; medians over the measured steps",
+        "- Tiny pair (proxy_counts.tiny_pair), batch 1, 1 thread; medians over the measured steps",
         "",
         "| mode | T | K | host us per step | of which LM head matmuls (CPU only) | host us per step "
         "without them | forwards per step | host us per forward without the LM head "
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     opts = parse(argv)
     if opts.device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are imported
-    from profiling.bench_ops import tiny_pair
+    from instrumentation.proxy_counts import tiny_pair
     from suite.machine import machine_line
 
     with tempfile.TemporaryDirectory() as root:

@@ -1,7 +1,7 @@
 """Where a CPU decode step's time goes, by op (torch.profiler): an AR step and an SD round of the default
 pair (or --model / --draft), the ops taking the most time first. Not a test.
 
-    python benchmarks/profiling/profile_cpu_step.py --threads 2 --out benchmarks/results/DATE-cpu-step-profile.md
+    python benchmarks/profile_cpu_step.py --threads 2 --out benchmarks/results/DATE-cpu-step-profile.md
 """
 
 import argparse
@@ -12,12 +12,8 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/
-sys.path.insert(0, HERE)
-
-PROMPT = [
-    3 + i % 250 for i in range(150)
-]  # ids every vocabulary has (tiny test models too); 150 tokens
+# 150 token ids every vocabulary has (tiny test models too)
+PROMPT = [3 + i % 250 for i in range(150)]
 TOP_OPS = 12
 
 
@@ -65,7 +61,7 @@ def profile_mode(
 
 def main(argv: list[str] | None = None) -> str:
     p = argparse.ArgumentParser(
-        prog="python benchmarks/profiling/profile_cpu_step.py", description=__doc__.splitlines()[0]
+        prog="python benchmarks/profile_cpu_step.py", description=__doc__.splitlines()[0]
     )
     p.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--k", type=int, default=4, help="K of the SD round")
@@ -79,7 +75,7 @@ def main(argv: list[str] | None = None) -> str:
     lines = [
         f"# Where a CPU step's time goes ({datetime.date.today()})",
         "",
-        f"`python benchmarks/profiling/profile_cpu_step.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        f"`python benchmarks/profile_cpu_step.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
         "",
         f"{machine_line('cpu')}; {a.threads} thread(s) on cores 0..{a.threads - 1}; greedy, batch 1, a "
         f"{len(PROMPT)}-token prompt; torch.profiler's self CPU time (a kernel's threads count once, in "
