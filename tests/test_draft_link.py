@@ -377,38 +377,3 @@ def test_distinct_gpus_use_nccl():
 
     torch.cuda.set_device(0)
     assert _run_child("echo", "cuda:1", torch.device("cuda:0"), body) == 0
-
-
-def test_reply_window_benchmark_runs():
-    """benchmarks/micro/bench_reply_window.py: both transports are timed for every batch (the child
-    processes map the window through the inherited fd)."""
-    bench = subprocess.run(
-        [
-            sys.executable,
-            os.path.join(
-                os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                "benchmarks",
-                "micro",
-                "bench_reply_window.py",
-            ),
-            "--batch",
-            "1,2",
-            "--vocab",
-            "1000",
-            "--rounds",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-    )
-    assert bench.returncode == 0, bench.stderr[-2000:]
-    rows = [
-        line
-        for line in bench.stdout.splitlines()
-        if line.startswith("| 1 ") or line.startswith("| 2 ")
-    ]
-    assert len(rows) == 2 and all(
-        float(cell) > 0 for row in rows for cell in row.strip("| ").split(" | ")[2:]
-    )
