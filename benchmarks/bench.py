@@ -32,7 +32,6 @@ import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)  # prompt_sets.py and suite/
 
 README_START, README_END = "<!-- bench:start -->", "<!-- bench:end -->"
 

@@ -14,13 +14,12 @@ arrival's TTFT. Greedy, EOS ignored. Writes DATE-arrival[-TAG].md and .json unde
 
 import argparse
 import multiprocessing
-import os
 import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from suite.dated_report import add_output_flags, header, write_dated_result
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -39,8 +38,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         default=None,
         help="also run each budget with this max_decode_stall (prompt tokens paced by step time)",
     )
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--tag", default="")
+    add_output_flags(p)
     a = p.parse_args(argv)
     a.budgets = [int(b) for b in a.budgets.split(",")]
     return a
@@ -94,13 +92,12 @@ def _timed(step) -> float:
 
 
 def markdown(a, rows: list[dict], machine: str) -> str:
-    lines = [
-        f"# A {a.prompt_tokens}-token prompt arriving while {a.decoding} requests decode ({a.mode})",
-        "",
-        f"- Machine: {machine}",
-        "- Model: the built-in pair; greedy; one engine per budget, each in its own process",
-        f"- Command: `python benchmarks/bench_arrival.py {' '.join(sys.argv[1:])}`",
-        "",
+    lines = header(
+        f"A {a.prompt_tokens}-token prompt arriving while {a.decoding} requests decode ({a.mode})",
+        machine,
+        f"python benchmarks/bench_arrival.py {' '.join(sys.argv[1:])}",
+        "Model: the built-in pair; greedy; one engine per budget, each in its own process",
+    ) + [
         "| max_num_batched_tokens | max_decode_stall | unloaded step ms | steps until its first token "
         "| longest step (x unloaded) | p99 step (x unloaded) | arrival TTFT s |",
         "|---|---|---|---|---|---|---|",
@@ -116,7 +113,6 @@ def markdown(a, rows: list[dict], machine: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(sys.argv[1:] if argv is None else argv)
-    from suite.dated_report import write_dated_result
     from suite.machine import machine_line
 
     rows = []
@@ -124,17 +120,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.max_decode_stall:
         runs += [(budget, a.max_decode_stall) for budget in a.budgets]
     # each engine in a fresh process: only one in memory, none runs second
-    for (
-        budget,
-        stall,
-    ) in runs:
+    for budget, stall in runs:
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
             rows.append(pool.submit(run_one, a, budget, stall).result())
         print(rows[-1], flush=True)
     text = markdown(a, rows, machine_line())
-    base = write_dated_result(
-        a.out, "arrival" + (f"-{a.tag}" if a.tag else ""), text, {"rows": rows}
-    )
+    base = write_dated_result(a.out, "arrival", text, {"rows": rows}, a.tag)
     print(text + f"\nwrote {base}.md, {base}.json")
 
 

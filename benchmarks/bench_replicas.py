@@ -19,10 +19,8 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # suite/
-from suite.server_process import free_port, interrupt  # noqa: E402
+from suite.dated_report import REPO, add_output_flags, header, write_dated_result
+from suite.server_process import free_port, interrupt
 
 PROMPT = 'def fibonacci_{i}(n):\n    """Return the n-th Fibonacci number, request {i}."""\n'
 
@@ -37,8 +35,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--clients", default="8,16", help="concurrent clients, comma-separated")
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--seconds", type=float, default=40.0, help="measured time per client count")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--tag", default=None)
+    add_output_flags(p)
     return p.parse_args(argv)
 
 
@@ -173,7 +170,6 @@ def run_layout(args, name: str, cores: str, replicas: int) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse(argv if argv is not None else sys.argv[1:])
-    from suite.dated_report import write_dated_result
     from suite.machine import machine_line
 
     n = args.replicas
@@ -185,14 +181,13 @@ def main(argv: list[str] | None = None) -> dict:
     ]
     runs = [run_layout(args, *layout) for layout in layouts]
     one = {lv["clients"]: lv["tok_s"] for lv in runs[0]["levels"]}
-    lines = [
-        f"# Replicas against one engine, {time.strftime('%Y-%m-%d')}",
-        "",
-        f"- Machine: {machine_line()}",
-        f"- Model: {args.model or 'the built-in pair'}, mode {args.mode}, greedy, {args.new_tokens} tokens a "
+    lines = header(
+        f"Replicas against one engine, {time.strftime('%Y-%m-%d')}",
+        machine_line(),
+        f"python benchmarks/bench_replicas.py {' '.join(argv or sys.argv[1:])}",
+        f"Model: {args.model or 'the built-in pair'}, mode {args.mode}, greedy, {args.new_tokens} tokens a "
         f"request, EOS ignored, {args.seconds:.0f} s per client count",
-        f"- Command: `python benchmarks/bench_replicas.py {' '.join(argv or sys.argv[1:])}`",
-        "",
+    ) + [
         "| layout | start s | clients | aggregate tok/s | vs 1 replica x 1 core | requests | mean latency s |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -217,9 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
         "copy_gbps": {"alone": alone, "together": together},
         "args": {k: v for k, v in vars(args).items() if k != "out"},
     }
-    base = write_dated_result(
-        args.out, "replicas" + (f"-{args.tag}" if args.tag else ""), text, result
-    )
+    base = write_dated_result(args.out, "replicas", text, result, args.tag)
     print(text)
     print(f"wrote {base}.md", file=sys.stderr)
     return result

@@ -18,13 +18,17 @@ into TTFT and decode), with the CPU named.
 import argparse
 import datetime
 import json
-import os
-import subprocess
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # suite/, prompt_sets
+from suite.dated_report import (
+    BENCHMARKS,
+    add_output_flags,
+    child_result,
+    core_list,
+    header,
+    pinned,
+    write_dated_result,
+)
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -44,15 +48,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--draft", default=None, help="draft for sd / ssd / auto (default: the built-in pair's)"
     )
-    p.add_argument("--cores", default=None, help="cores of every runner (default: all visible)")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--tag", default="")
+    add_output_flags(p, "cores of every runner (default: all visible)")
     a = p.parse_args(argv)
     a.runners = [r.strip() for r in a.runners.split(",") if r.strip()]
     a.lengths = [int(x) for x in a.lengths.split(",") if x.strip()]
-    a.cores = (
-        sorted(int(c) for c in a.cores.split(",")) if a.cores else sorted(os.sched_getaffinity(0))
-    )
+    a.cores = core_list(a.cores)
     for runner in a.runners:
         try:
             split_runner(runner)
@@ -143,7 +143,7 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
         from llamacpp_mode import gguf_for, require_llama_cpp
 
         require_llama_cpp()
-        spec["gguf"], spec["benchmarks"], code = gguf_for(a.model), HERE, LLAMACPP
+        spec["gguf"], spec["benchmarks"], code = gguf_for(a.model), BENCHMARKS, LLAMACPP
     else:
         options = {"speculative_mode": mode, "enable_prefix_caching": False}
         if a.model:
@@ -154,22 +154,12 @@ def run_child(a, runner: str, prompts: list[list[int]]) -> tuple[list[dict], dic
             options["target_dtype"] = fmt
         options.update(extras)
         spec["options"], code = options, OURS
-    argv = [
-        "taskset",
-        "-c",
-        ",".join(map(str, a.cores)),
-        sys.executable,
-        "-c",
-        code,
-        json.dumps(spec),
-    ]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
-    line = next((out for out in done.stdout.splitlines() if out.startswith("RESULT ")), None)
-    if line is None:
+    rows, done = child_result(pinned(a.cores) + [sys.executable, "-c", code, json.dumps(spec)])
+    if rows is None:
         raise SystemExit(
             f"error: runner {runner} failed: {done.stderr.strip().splitlines()[-1:] or done.returncode}"
         )
-    *rows, chosen = json.loads(line[len("RESULT ") :])
+    *rows, chosen = rows
     return rows, chosen
 
 
@@ -181,15 +171,14 @@ def _json_or_text(value: str):
 
 
 def markdown(result: dict) -> str:
-    lines = [
-        f"# A request end to end: prompt + {result['new_tokens']}-token answer, {result['date']}",
-        "",
-        f"- Machine: {result['machine']}",
-        f"- Cores: {result['cores']} (every runner, in turn)",
-        f"- Model: {result['model']}; greedy, EOS ignored, one request at a time after a warm-up; "
+    lines = header(
+        f"A request end to end: prompt + {result['new_tokens']}-token answer, {result['date']}",
+        result["machine"],
+        result["command"],
+        f"Cores: {result['cores']} (every runner, in turn)",
+        f"Model: {result['model']}; greedy, EOS ignored, one request at a time after a warm-up; "
         "prompts: the last L tokens of HumanEval's prompts joined, the same ids for every runner",
-        f"- Command: `{result['command']}`",
-        "",
+    ) + [
         "| prompt tokens | runner | ran as | TTFT s | decode tok/s | latency s | llama.cpp's latency / this |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -251,7 +240,6 @@ def plot(result: dict, path: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
-    from suite.dated_report import write_dated_result
     from suite.machine import machine_line
 
     ids = prompt_ids(a.lengths, a.model)
@@ -281,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     text = markdown(result)
     print(text)
-    base = write_dated_result(a.out, "request" + (f"-{a.tag}" if a.tag else ""), text, result)
+    base = write_dated_result(a.out, "request", text, result, a.tag)
     written = [base + ".md", base + ".json"]
     try:
         written.append(plot(result, base + "-latency.png"))

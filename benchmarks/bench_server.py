@@ -24,10 +24,16 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # suite/
-from suite.server_process import interrupt  # noqa: E402
+from suite.dated_report import (
+    REPO,
+    add_output_flags,
+    child_result,
+    core_list,
+    header,
+    pinned,
+    write_dated_result,
+)
+from suite.server_process import interrupt
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
@@ -47,19 +53,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--repeats", type=int, default=2, help="timed requests per side (the best counts)"
     )
-    p.add_argument(
-        "--cores",
-        default=None,
-        help="cores for the engine process and the client (default: all visible)",
-    )
     p.add_argument("--prompt", default=PROMPT)
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--tag", default="")
+    add_output_flags(p, "cores for the engine process and the client (default: all visible)")
     a = p.parse_args(argv)
     a.mode = [m.strip() for m in a.mode.split(",") if m.strip()]
-    a.cores = (
-        sorted(int(c) for c in a.cores.split(",")) if a.cores else sorted(os.sched_getaffinity(0))
-    )
+    a.cores = core_list(a.cores)
     if a.new_tokens < 2 or a.repeats < 1:
         p.error("--new-tokens >= 2 and --repeats >= 1 are needed")
     return a
@@ -93,22 +91,11 @@ print("RESULT " + json.dumps(rates[1:]))
 
 def run_in_process(a, mode: str) -> list[dict]:
     code = f"PROMPT = {a.prompt!r}\n" + IN_PROCESS
-    argv = [
-        "taskset",
-        "-c",
-        ",".join(map(str, a.cores)),
-        sys.executable,
-        "-c",
-        code,
-        str(a.repeats),
-        str(a.new_tokens),
-        *engine_flags(a, mode),
-    ]
-    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
-    line = next((out for out in done.stdout.splitlines() if out.startswith("RESULT ")), None)
-    if line is None:
+    argv = [sys.executable, "-c", code, str(a.repeats), str(a.new_tokens), *engine_flags(a, mode)]
+    rates, done = child_result(pinned(a.cores) + argv)
+    if rates is None:
         raise RuntimeError(f"in-process run failed: {done.stderr[-2000:]}")
-    return json.loads(line[len("RESULT ") :])
+    return rates
 
 
 def stream_once(port: int, a) -> dict:
@@ -146,19 +133,8 @@ def stream_once(port: int, a) -> dict:
 
 
 def run_server(a, mode: str) -> list[dict]:
-    argv = [
-        "taskset",
-        "-c",
-        ",".join(map(str, a.cores)),
-        sys.executable,
-        "-m",
-        "ssd_engine.serve",
-        "--port",
-        "0",
-        "--served-model-name",
-        "m",
-        *engine_flags(a, mode),
-    ]
+    serve = [sys.executable, "-m", "ssd_engine.serve", "--port", "0", "--served-model-name", "m"]
+    argv = pinned(a.cores) + serve + engine_flags(a, mode)
     env = {k: v for k, v in os.environ.items() if k != "SSD_ENGINE_API_KEY"}
     proc = subprocess.Popen(
         argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO, env=env
@@ -183,15 +159,14 @@ def best(rates: list[dict]) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = [
-        f"# Server against in-process, one streamed request, {result['date']}",
-        "",
-        f"- Machine: {result['machine']}",
-        f"- Cores: {result['cores']} (engine process and client)",
-        f"- Model: {result['model']}; greedy, {result['new_tokens']} new tokens (EOS ignored), "
+    lines = header(
+        f"Server against in-process, one streamed request, {result['date']}",
+        result["machine"],
+        result["command"],
+        f"Cores: {result['cores']} (engine process and client)",
+        f"Model: {result['model']}; greedy, {result['new_tokens']} new tokens (EOS ignored), "
         f"best of {result['repeats']} after a warm-up",
-        f"- Command: `{result['command']}`",
-        "",
+    ) + [
         "| mode | in-process decode tok/s | server decode tok/s (client) | server / in-process | "
         "in-process TTFT s | server TTFT s |",
         "|---|---|---|---|---|---|",
@@ -209,7 +184,6 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
-    from suite.dated_report import write_dated_result
     from suite.machine import machine_line
 
     modes = {}
@@ -233,7 +207,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     text = markdown(result)
     print(text)
-    base = write_dated_result(a.out, "server" + (f"-{a.tag}" if a.tag else ""), text, result)
+    base = write_dated_result(a.out, "server", text, result, a.tag)
     print(f"wrote {base}.md, {base}.json", file=sys.stderr)
     return result
 

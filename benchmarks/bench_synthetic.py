@@ -23,7 +23,6 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # suite/
 SHAPES = os.path.join(REPO, "configs", "shapes")
 
 

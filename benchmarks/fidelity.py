@@ -23,8 +23,6 @@ from dataclasses import replace
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
 BLOCK = 16
 
 

@@ -6,10 +6,7 @@ bench.py draws them itself at the end of a run.
 """
 
 import json
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:

@@ -30,10 +30,15 @@ import tempfile
 import time
 import urllib.request
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path.insert(0, HERE)  # suite/
-from suite.server_process import free_port, interrupt  # noqa: E402
+from suite.dated_report import (
+    REPO,
+    add_output_flags,
+    core_list,
+    header,
+    pinned,
+    write_dated_result,
+)
+from suite.server_process import free_port, interrupt
 
 NAME = "m"  # the model name every server answers to
 METRICS = {
@@ -85,11 +90,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="guidellm's synthetic text, or windows of HumanEval's prompts (code: what the built-in "
         "coder pair drafts well) of --prompt-tokens tokens, fresh ones each level",
     )
-    p.add_argument(
-        "--cores", default=None, help="cores of each server and the client (default: all visible)"
-    )
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
-    p.add_argument("--tag", default="")
+    add_output_flags(p, "cores of each server and the client (default: all visible)")
     a = p.parse_args(argv)
     a.servers, a.concurrency, a.rates = (
         _csv(a.servers),
@@ -97,7 +98,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         _csv(a.rates, float),
     )
     a.prompt_tokens = _csv(a.prompt_tokens, int)
-    a.cores = sorted(os.sched_getaffinity(0)) if a.cores is None else _csv(a.cores, int)
+    # in the order given (taskset's list); none given: every core this process may use
+    a.cores = _csv(a.cores, int) if a.cores else core_list(None)
     if "llamacpp" in a.servers and not a.llama_server:
         p.error(
             "llamacpp needs --llama-server PATH (built from llama-cpp-python's source, --target llama-server)"
@@ -119,7 +121,7 @@ def levels(a) -> list[tuple[str, str, int]]:
 
 
 def server_argv(a, server: str, port: int) -> list[str]:
-    pin = ["taskset", "-c", ",".join(map(str, a.cores))]
+    pin = pinned(a.cores)
     if server == "llamacpp":
         from llamacpp_mode import gguf_for
 
@@ -200,10 +202,7 @@ def measure(
     """One guidellm level against the server on `port`: its summary row."""
     with tempfile.TemporaryDirectory() as folder:
         report = os.path.join(folder, "report.json")
-        argv = [
-            "taskset",
-            "-c",
-            ",".join(map(str, a.cores)),
+        argv = pinned(a.cores) + [
             a.guidellm,
             "run",
             # JSON: guidellm's key=value form would split a body at its commas; guidellm itself sets
@@ -302,17 +301,15 @@ def summarize(benchmark: dict) -> dict:
 
 
 def markdown(result: dict) -> str:
-    servers, lines = result["servers"], []
-    lines += [
-        f"# Serving under load: {', '.join(servers)} ({result['date']})",
-        "",
-        f"- Machine: {result['machine']}",
-        f"- Cores: {result['cores']} (every server and the client)",
-        f"- Model: {result['model']}; greedy, {result['output_tokens']} output tokens, EOS ignored; "
+    servers = result["servers"]
+    lines = header(
+        f"Serving under load: {', '.join(servers)} ({result['date']})",
+        result["machine"],
+        result["command"],
+        f"Cores: {result['cores']} (every server and the client)",
+        f"Model: {result['model']}; greedy, {result['output_tokens']} output tokens, EOS ignored; "
         f"guidellm 0.8.1, {result.get('prompts', 'synthetic')} prompts",
-        f"- Command: `{result['command']}`",
-        "",
-    ]
+    )
     for length, by_level in result["cells"].items():
         lines += [
             f"## {length}-token prompts",
@@ -381,7 +378,6 @@ def plot(result: dict, path: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
-    from suite.dated_report import write_dated_result
     from suite.machine import machine_line
 
     from ssd_engine.models.model_paths import resolve_model_arg
@@ -415,7 +411,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cells": cells,
     }
     text = markdown(result)
-    base = write_dated_result(a.out, "serve" + (f"-{a.tag}" if a.tag else ""), text, result)
+    base = write_dated_result(a.out, "serve", text, result, a.tag)
     plot(result, base + ".png")
     print(text)
     print(f"wrote {base}.md, .json, .png", file=sys.stderr)

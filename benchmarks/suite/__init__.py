@@ -11,5 +11,6 @@
 | `report.py` | the Markdown: headline in the paper's columns, details, Theorem 7, per-round profile, SD's round efficiency |
 | `goals.py` | the ratio table (SD/AR, SSD/AR, SSD/SD, SSD/ar-all, auto against the fixed modes, SD/hf-assisted, SD round efficiency) and auto's choice |
 | `plots.py` | PNGs: tok/s per mode per prompt set, SSD/SD vs batch size, tok/s vs K |
+| `dated_report.py` | what the scripts beside bench.py share: --out / --tag / --cores, a child's RESULT line, a report's header, the DATE-NAME[-TAG].md / .json they write |
 | `server_process.py` | the serving benchmarks' server processes (bench_server, bench_replicas, serve_bench): a free local port, Ctrl-C then a kill |
 """
