@@ -16,7 +16,6 @@ into TTFT and decode), with the CPU named.
 """
 
 import argparse
-import datetime
 import json
 import sys
 
@@ -27,6 +26,7 @@ from suite.dated_report import (
     core_list,
     header,
     pinned,
+    run_facts,
     write_dated_result,
 )
 
@@ -240,8 +240,6 @@ def plot(result: dict, path: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
-    from suite.machine import machine_line
-
     ids = prompt_ids(a.lengths, a.model)
     prompts = [ids[n] for n in a.lengths]
     runs = {}
@@ -258,13 +256,9 @@ def main(argv: list[str] | None = None) -> dict:
             flush=True,
         )
     result = {
-        "date": datetime.date.today().isoformat(),
-        "machine": machine_line("cpu"),
-        "cores": a.cores,
-        "model": a.model or "the built-in pair",
+        **run_facts("bench_request.py", argv, a),
         "lengths": a.lengths,
         "new_tokens": a.new_tokens,
-        "command": "python benchmarks/bench_request.py " + " ".join(argv),
         "runs": runs,
     }
     text = markdown(result)

@@ -15,7 +15,6 @@ request each. Writes benchmarks/results/DATE-server[-TAG].md and .json, with the
 """
 
 import argparse
-import datetime
 import http.client
 import json
 import os
@@ -31,6 +30,7 @@ from suite.dated_report import (
     core_list,
     header,
     pinned,
+    run_facts,
     write_dated_result,
 )
 from suite.server_process import interrupt
@@ -184,8 +184,6 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
-    from suite.machine import machine_line
-
     modes = {}
     for mode in a.mode:
         in_process, server = best(run_in_process(a, mode)), best(run_server(a, mode))
@@ -196,13 +194,9 @@ def main(argv: list[str] | None = None) -> dict:
             flush=True,
         )
     result = {
-        "date": datetime.date.today().isoformat(),
-        "machine": machine_line("cpu"),
-        "cores": a.cores,
-        "model": a.model or "the built-in pair",
+        **run_facts("bench_server.py", argv, a),
         "new_tokens": a.new_tokens,
         "repeats": a.repeats,
-        "command": "python benchmarks/bench_server.py " + " ".join(argv),
         "modes": modes,
     }
     text = markdown(result)

@@ -19,7 +19,6 @@ DATE-serve[-TAG].md, .json and .png under --out, the CPU named.
 """
 
 import argparse
-import datetime
 import functools
 import json
 import os
@@ -36,6 +35,7 @@ from suite.dated_report import (
     core_list,
     header,
     pinned,
+    run_facts,
     write_dated_result,
 )
 from suite.server_process import free_port, interrupt
@@ -378,8 +378,6 @@ def plot(result: dict, path: str) -> None:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
-    from suite.machine import machine_line
-
     from ssd_engine.models.model_paths import resolve_model_arg
 
     tokenizer = resolve_model_arg(a.model)  # the target's folder: its tokenizer builds the prompts
@@ -400,14 +398,10 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             interrupt(proc)
     result = {
-        "date": datetime.date.today().isoformat(),
-        "machine": machine_line("cpu"),
-        "cores": a.cores,
-        "model": a.model or "the built-in pair",
+        **run_facts("serve_bench.py", argv, a),
         "servers": a.servers,
         "output_tokens": a.output_tokens,
         "prompts": a.prompts,
-        "command": "python benchmarks/serve_bench.py " + " ".join(argv),
         "cells": cells,
     }
     text = markdown(result)

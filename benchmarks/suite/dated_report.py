@@ -40,6 +40,19 @@ def child_result(argv: list[str]) -> tuple[object, subprocess.CompletedProcess]:
     return (None if line is None else json.loads(line[len(RESULT) :])), done
 
 
+def run_facts(script: str, argv: list[str], a) -> dict:
+    """A result's first keys: date, machine, --cores, --model and the command that reproduces it."""
+    from suite.machine import machine_line  # imports torch
+
+    return {
+        "date": datetime.date.today().isoformat(),
+        "machine": machine_line("cpu"),
+        "cores": a.cores,
+        "model": a.model or "the built-in pair",
+        "command": " ".join([f"python benchmarks/{script}", *argv]),
+    }
+
+
 def header(title: str, machine: str, command: str, *facts: str) -> list[str]:
     """A report's first lines: its title, the machine, `facts` (one bullet each), the command."""
     facts_lines = [f"- {fact}" for fact in facts]
