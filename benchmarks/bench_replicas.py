@@ -5,7 +5,9 @@
 
 Each layout is a `python -m ssd_engine.serve` started for it, measured, and stopped: one replica on
 core 0; N replicas on cores 0..N-1, one core each (the issue's "each replica its own device");
-one replica on all N cores. At each client count, every client sends requests one after another
+one replica on all N cores; and N plain one-engine servers without Ray, one per core, the clients
+split between them (what the cores give N engines with no Ray Serve in their path: the replicas'
+gap to it is Ray's, its gap to N x one is the hardware's). At each client count, every client sends requests one after another
 (greedy, EOS ignored, `--new-tokens` each, prompts varied so no prefix cache answers) for
 `--seconds`; aggregate output tok/s is the tokens completed over the wall time, after one warm-up
 request per client. Then the memory bandwidth the replicas share: a one-thread copy on core 0 alone,
@@ -81,11 +83,12 @@ def _wait_ready(client, proc: subprocess.Popen, timeout_s: float = 600) -> float
     raise RuntimeError("the server did not start")
 
 
-def _load(client, clients: int, args) -> dict:
-    """`clients` clients back to back for args.seconds: completed output tokens over the wall time."""
+def _load(servers: list, clients: int, args) -> dict:
+    """`clients` clients back to back for args.seconds: completed output tokens over the wall time.
+    Client c talks to servers[c % len(servers)] (one server: every client to it)."""
 
-    def one(i: int) -> int:
-        reply = client.completions.create(
+    def one(c: int, i: int) -> int:
+        reply = servers[c % len(servers)].completions.create(
             model="m",
             prompt=PROMPT.format(i=i),
             max_tokens=args.new_tokens,
@@ -95,13 +98,13 @@ def _load(client, clients: int, args) -> dict:
         return reply.usage.completion_tokens
 
     with concurrent.futures.ThreadPoolExecutor(clients) as pool:
-        list(pool.map(one, range(10_000, 10_000 + clients)))  # warm-up
+        list(pool.map(one, range(clients), range(10_000, 10_000 + clients)))  # warm-up
         deadline, started = time.monotonic() + args.seconds, time.monotonic()
 
         def client_loop(c: int) -> tuple[int, int]:
             tokens = requests = 0
             while time.monotonic() < deadline:
-                tokens += one(c * 1000 + requests)
+                tokens += one(c, c * 1000 + requests)
                 requests += 1
             return tokens, requests
 
@@ -146,26 +149,34 @@ def copy_bandwidth(cores: list[int]) -> list[float]:
     return [float(child.communicate()[0]) for child in children]
 
 
-def run_layout(args, name: str, cores: str, replicas: int) -> dict:
+def run_layout(args, name: str, cores: str, replicas: int, servers: int = 1) -> dict:
+    """One server of `replicas` replicas on `cores`; or, with servers > 1, that many one-engine
+    servers without Ray, one per core set of `cores` (";"-separated), the clients split between them:
+    what the hardware gives N engines with no Ray Serve in their path."""
     import openai
 
-    port = free_port()
-    proc = _start(args, port, cores, replicas)
+    core_sets = cores.split(";") if servers > 1 else [cores]
+    ports = [free_port() for _ in core_sets]
+    procs = [_start(args, port, c, replicas) for port, c in zip(ports, core_sets)]
     try:
-        client = openai.OpenAI(
-            base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600
-        )
-        start_s = _wait_ready(client, proc)
-        levels = [_load(client, int(c), args) for c in args.clients.split(",")]
+        clients = [
+            openai.OpenAI(
+                base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600
+            )
+            for port in ports
+        ]
+        start_s = max(_wait_ready(client, proc) for client, proc in zip(clients, procs))
+        levels = [_load(clients, int(c), args) for c in args.clients.split(",")]
         return {
             "layout": name,
             "cores": cores,
-            "replicas": replicas,
+            "replicas": replicas * len(procs),
             "start_s": start_s,
             "levels": levels,
         }
     finally:
-        interrupt(proc, timeout_s=120, group=True)
+        for proc in procs:
+            interrupt(proc, timeout_s=120, group=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -178,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
         ("1 replica x 1 core", "0", 1),
         (f"{n} replicas x 1 core", ";".join(map(str, range(n))), n),
         (f"1 replica x {n} cores", every, 1),
+        (f"{n} plain servers x 1 core, no Ray", ";".join(map(str, range(n))), 1, n),
     ]
     runs = [run_layout(args, *layout) for layout in layouts]
     one = {lv["clients"]: lv["tok_s"] for lv in runs[0]["levels"]}
