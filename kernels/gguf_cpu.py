@@ -10,6 +10,10 @@ import platform
 from pathlib import Path
 from typing import NamedTuple
 
+from ssd_engine.utils import test_hooks
+
+DISABLE_ENV = test_hooks.NO_GGUF_KERNEL  # moving to test_hooks
+
 SOURCES = [
     Path(__file__).with_name(name)
     for name in (
@@ -37,9 +41,6 @@ FLAGS = [
     "-fno-math-errno",
     "-fopenmp",
 ]
-DISABLE_ENV = (
-    "SSD_ENGINE_NO_GGUF_KERNEL"  # 1: behave as if no compiler were installed (tests, debugging)
-)
 
 
 class BlockShape(NamedTuple):
@@ -94,8 +95,10 @@ def library_key() -> str:
 def load() -> None:
     """Build (once per machine and source) and load the kernels; KernelUnavailable if that fails.
     Builds hold an OS file lock, which a killed builder releases (torch's lock file outlives it)."""
-    if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
-        raise KernelUnavailable(f"the GGUF kernels are switched off ({DISABLE_ENV}=1)")
+    if test_hooks.gguf_kernel_switched_off():
+        raise KernelUnavailable(
+            f"the GGUF kernels are switched off ({test_hooks.NO_GGUF_KERNEL}=1)"
+        )
     import torch
     from filelock import FileLock
 

@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 
+from ssd_engine import testing
 from ssd_engine.utils.cache import KERNEL_CACHE_ENV, kernel_cache_dir
 
 # Without a GPU the Triton kernels' tests run them under Triton's interpreter, which `@triton.jit`
@@ -28,7 +29,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 # emulated CUDA graphs fail a test where a real capture would refuse the code or replay other launches
 # (tests/instrumentation/graph_fidelity.py)
-os.environ.setdefault("SSD_ENGINE_GRAPH_CHECKER", "instrumentation.graph_fidelity:emulated_graph")
+os.environ.setdefault(testing.GRAPH_CHECKER, "instrumentation.graph_fidelity:emulated_graph")
 # tests that point the model cache elsewhere still share the GGUF kernels compiled for this CPU (~30 s a build)
 os.environ.setdefault(KERNEL_CACHE_ENV, str(kernel_cache_dir()))
 

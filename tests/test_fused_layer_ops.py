@@ -21,7 +21,7 @@ import hf_oracle  # noqa: E402
 from instrumentation.op_count import OpCounter, without_row_padding  # noqa: E402
 from ssd_engine.kernels import fused_layer_ops, paged_attention  # noqa: E402
 
-from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine import LLM, SamplingParams, testing  # noqa: E402
 from ssd_engine.layers.rotary import rotate  # noqa: E402
 
 # an object, as the engine names its device: what tests/instrumentation/placement.py takes for the accelerator
@@ -108,7 +108,7 @@ def test_engine_with_fused_kernels_matches_transformers(
     tiny_model_dir, monkeypatch, arch, mode, graphs
 ):
     if graphs:  # the static-buffer path CUDA graphs capture, emulated on CPU
-        monkeypatch.setenv("SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1")
+        monkeypatch.setenv(testing.EMULATE_CUDA_GRAPHS, "1")
     path = tiny_model_dir(arch, vocab_size=259)
     expected = _expected(path, PROMPTS, 10)
     # a real GPU captures graphs unless told not to; on CPU only the emulation above turns them on

@@ -12,7 +12,7 @@ import torch
 from instrumentation import graph_fidelity
 from instrumentation.graph_fidelity import GraphInfidelity, emulated_graph
 
-from ssd_engine.runtime import graph_check
+from ssd_engine import testing
 from ssd_engine.runtime.cuda_graphs import GraphRunner
 from ssd_engine.utils.launches import kernel_launch
 
@@ -33,10 +33,10 @@ def test_a_forward_reading_only_its_static_buffers_replays_clean():
 
 def test_the_engine_checks_its_graphs_only_when_a_checker_is_named(monkeypatch):
     forward = lambda: None  # noqa: E731
-    monkeypatch.delenv(graph_check.CHECKER, raising=False)
-    assert graph_check.emulated_graph(forward, "off") is forward
-    monkeypatch.setenv(graph_check.CHECKER, graph_fidelity.SPEC)
-    checked = graph_check.emulated_graph(lambda: torch.ones(1).item(), "on")
+    monkeypatch.delenv(testing.GRAPH_CHECKER, raising=False)
+    assert testing.checked_graph(forward, "off") is forward
+    monkeypatch.setenv(testing.GRAPH_CHECKER, graph_fidelity.SPEC)
+    checked = testing.checked_graph(lambda: torch.ones(1).item(), "on")
     with pytest.raises(GraphInfidelity, match="graph on: host read"):
         checked()
 

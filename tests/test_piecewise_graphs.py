@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 import hf_oracle  # noqa: E402
 from runners import tiny_runner
 
-from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine import LLM, SamplingParams, testing  # noqa: E402
 from ssd_engine.runtime import piecewise_graphs  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
 from ssd_engine.runtime.piecewise_graphs import SMALLEST, token_buckets  # noqa: E402
@@ -30,7 +30,7 @@ CHECK_PLACEMENT = True  # a GPU runs these tests: a host tensor meeting the devi
 @pytest.fixture
 def emulated(monkeypatch):
     if DEVICE.type == "cpu":
-        monkeypatch.setenv("SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1")
+        monkeypatch.setenv(testing.EMULATE_CUDA_GRAPHS, "1")
 
 
 def test_token_buckets_pad_under_a_quarter_or_8_rows():
@@ -50,7 +50,7 @@ def _runner(model, graphs: int, fused: str) -> ModelRunner:
         max_position=256,
         device=DEVICE,
         attention_backend="triton",
-        cuda_graph_max_batch=graphs,
+        graph_max_batch=graphs,
         fused_kernels=fused,
     )
 

@@ -20,7 +20,7 @@ from cpu_features import GPU_DRAFT_DTYPE_ON_CPU  # noqa: E402
 from instrumentation.placement import Place, PlacementChecker  # noqa: E402
 from placement_harness import gpu_placement  # noqa: E402
 
-from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine import LLM, SamplingParams, testing  # noqa: E402
 from ssd_engine.runtime import step_tensors  # noqa: E402
 from ssd_engine.utils.launches import kernel_launch  # noqa: E402
 
@@ -98,9 +98,7 @@ def test_modules_built_on_the_device_hold_device_parameters_and_their_views():
 
 @pytest.fixture
 def emulated(monkeypatch):
-    monkeypatch.setenv(
-        "SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1"
-    )  # the graphed steps' static-buffer path
+    monkeypatch.setenv(testing.EMULATE_CUDA_GRAPHS, "1")  # the graphed steps' static-buffer path
 
 
 def _engine_options(path: str, mode: str) -> dict:

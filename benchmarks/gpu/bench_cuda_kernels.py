@@ -170,7 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parse(sys.argv[1:] if argv is None else argv)
     if args.smoke:  # before any kernel is imported; graphs emulated so every row's path runs
         os.environ["TRITON_INTERPRET"] = "1"
-        os.environ["SSD_ENGINE_EMULATE_CUDA_GRAPHS"] = "1"
+        from ssd_engine.testing import EMULATE_CUDA_GRAPHS
+
+        os.environ[EMULATE_CUDA_GRAPHS] = "1"
     from transformers import Qwen2Config
 
     if args.smoke:

@@ -175,7 +175,7 @@ def measure(
     target: str, draft: str, mode: str, temperature: float, k: int, steps: int, device: str = "cpu"
 ) -> dict:
     from ssd_engine import LLM, SamplingParams
-    from ssd_engine.runtime.cuda_graphs import emulated
+    from ssd_engine.testing import emulated_cuda_graphs as emulated
 
     options = dict(
         speculative_mode=mode,

@@ -3,35 +3,16 @@ steps, since eager small-model steps are launch-bound. A step replays the graph 
 bucket holding it; padding rows are empty (no keys, K/V to a reserved slot), outputs dropped.
 `capture="emulate"` runs the same static-buffer path without CUDA, for CPU tests."""
 
-import os
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 import torch
 
 from ssd_engine.layers.attention import AttentionMetadata
-from ssd_engine.runtime.graph_check import emulated_graph
-
-EMULATE = "SSD_ENGINE_EMULATE_CUDA_GRAPHS"  # "1": the static-buffer path on CPU too (read as runners are built)
-
-
-def emulating() -> bool:
-    return os.environ.get(EMULATE) == "1"
-
-
-@contextmanager
-def emulated(on: bool = True):
-    """Runners built inside emulate CUDA graphs (on) or build none on CPU (off)."""
-    saved = os.environ.get(EMULATE)
-    os.environ[EMULATE] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        os.environ.pop(EMULATE)
-        if saved is not None:
-            os.environ[EMULATE] = saved
+from ssd_engine.utils.test_hooks import checked_graph
+from ssd_engine.utils.test_hooks import emulated_cuda_graphs as emulated  # noqa: F401 (moving)
+from ssd_engine.utils.test_hooks import emulating_cuda_graphs as emulating  # noqa: F401 (moving)
 
 
 def bucket_sizes(cap: int) -> list[int]:
@@ -97,7 +78,7 @@ class GraphRunner:
         recorded: bool = True,
     ) -> None:
         self.forward = forward  # (input_ids, positions, meta) -> hidden [T, H]
-        # emulated replays are checked (graph_check) unless the forward is compiled
+        # emulated replays are checked (utils/test_hooks.py) unless the forward is compiled
         self.recorded = recorded
         self.sizes = bucket_sizes(cap)
         self.max_blocks, self.block_size, self.pad_slot, self.device = (
@@ -266,7 +247,7 @@ class GraphRunner:
         if self.capture == "emulate":
             if self.recorded:
                 kind = "tree" if family.meta.is_tree else "paged"
-                run = emulated_graph(
+                run = checked_graph(
                     run, f"{family.meta.max_query_len}-token {kind} step x {size} rows"
                 )
             out = run()

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ssd_engine.runtime.graph_check import emulated_graph
+from ssd_engine.utils.test_hooks import checked_graph
 
 MAX_TOKENS = 512
 SMALLEST = 8
@@ -96,7 +96,7 @@ class PiecewiseGraphs:
         ]
         if self.capture == "emulate":
             pieces = [
-                emulated_graph(piece, f"piece {index} of the {size}-token bucket")
+                checked_graph(piece, f"piece {index} of the {size}-token bucket")
                 for index, piece in enumerate(pieces)
             ]
 

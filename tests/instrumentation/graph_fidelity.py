@@ -18,7 +18,7 @@ and where it came from: made inside the region by the n-th op, or an outside sto
 and each Triton launch (name and tensors, the ops inside it not counted); every later call records
 the same way and must match. Any difference, and any host read, raises `GraphInfidelity` naming the
 graph, the op and its call site. The engine calls it for each emulated graph when SSD_ENGINE_GRAPH_CHECKER
-names it (`SPEC`, ssd_engine/runtime/graph_check.py): the tests turn it on; benchmarks time the
+names it (`SPEC`, ssd_engine/utils/test_hooks.py): the tests turn it on; benchmarks time the
 emulation without it.
 """
 
