@@ -89,9 +89,10 @@ def path_laws(fmt: str, prompts: list[list[int]], paths: list[list[int]]) -> lis
 
     longest = max(len(p) + len(c) for p, c in zip(prompts, paths))
     blocks = -(-longest // BLOCK)
-    parts = plan(EngineConfig(speculative_mode="ar", target_dtype=fmt, block_size=BLOCK)).parts
+    options = EngineConfig.from_kwargs(speculative_mode="ar", target_dtype=fmt, block_size=BLOCK)
+    config = plan(options).config
     runner = RunnerSpec(
-        parts.model, replace(parts.cache, num_kv_blocks=blocks), longest + 1
+        config.model, replace(config.cache, num_kv_blocks=blocks), longest + 1
     ).build()
     laws = []
     for prompt, path in zip(prompts, paths):

@@ -112,7 +112,7 @@ def _median_step(metrics) -> tuple[int, float]:
 
 def calibrate(options: dict, temperature: float, num_prompts: int, new_tokens: int) -> Calibration:
     prompts = load_prompts(num_prompts)
-    k = EngineConfig.from_kwargs(**options).parts().speculative.k
+    k = EngineConfig.from_kwargs(**options).speculative.k
     main, target_path, draft_path = _run(
         options, prompts, temperature, new_tokens, ssd_fanout=1, ssd_fallback="jit"
     )

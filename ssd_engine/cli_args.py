@@ -1,4 +1,5 @@
-"""Flags generated from EngineConfig and SamplingParams fields, so the CLI maps 1:1 onto them."""
+"""Flags generated from EngineConfig's options and SamplingParams' fields, so the CLI maps 1:1 onto
+them: an option's flag is its public name (core/options.py), whichever section declares it."""
 
 import argparse
 import difflib
@@ -9,7 +10,7 @@ import typing
 from dataclasses import MISSING, fields
 
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.core.options import choices_of, help_of, is_hook
+from ssd_engine.core.options import choices_of, help_of, is_hook, option_fields
 from ssd_engine.core.sampling_params import DEFAULTS_RULE, MODEL_DEFAULT_FIELDS, SamplingParams
 from ssd_engine.core.structured_outputs import KINDS, StructuredOutputsParams
 
@@ -76,23 +77,23 @@ def add_engine_args(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("s
     group = parser.add_argument_group(
         "engine", "options of the engine (ssd_engine/core/config.py, EngineConfig)"
     )
-    for f in fields(EngineConfig):
-        if f.name in skip or is_hook(f):  # benchmarks' and tests' hooks are no flags
+    for name, (_, f) in option_fields(EngineConfig).items():
+        if name in skip or is_hook(f):  # benchmarks' and tests' hooks are no flags
             continue
-        names = [_flag(f.name)] + ALIASES.get(f.name, [])
+        names = [_flag(name)] + ALIASES.get(name, [])
         kind = _base_type(f.type)
         help = help_of(f) + ("" if f.default is None else f" (default: {_shown(f.default)})")
         if kind is bool:
             group.add_argument(
-                *names, dest=f.name, action=argparse.BooleanOptionalAction, default=None, help=help
+                *names, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help
             )
         elif choices_of(f):
             group.add_argument(
-                *names, dest=f.name, type=kind, default=None, choices=choices_of(f), help=help
+                *names, dest=name, type=kind, default=None, choices=choices_of(f), help=help
             )
         else:
             group.add_argument(
-                *names, dest=f.name, type=kind, default=None, metavar=f.name.upper(), help=help
+                *names, dest=name, type=kind, default=None, metavar=name.upper(), help=help
             )
 
 
@@ -204,7 +205,7 @@ def _shown(default) -> str:
 
 def engine_options(args: argparse.Namespace) -> dict:
     """Only the engine flags the user set, so EngineConfig's defaults stay in one place."""
-    names = {f.name for f in fields(EngineConfig)} - {"seed"}
+    names = set(option_fields(EngineConfig)) - {"seed"}
     return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
 

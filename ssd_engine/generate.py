@@ -187,7 +187,7 @@ def report(llm, outputs: list, load_s: float) -> None:
                 file=sys.stderr,
             )
             print(
-                f"[saguaro] fanouts={metrics['fanouts']} C={llm.config.saguaro_c} fallback={metrics['fallback']} "
+                f"[saguaro] fanouts={metrics['fanouts']} C={llm.config.speculative.ssd.saguaro_c} fallback={metrics['fallback']} "
                 f"b*={metrics['critical_batch_size']:.2f} backup_rounds={metrics['backup_rounds']} "
                 f"miss_rate_by_fanout={[round(m, 3) for m in metrics['miss_rate_by_fanout']]}",
                 file=sys.stderr,

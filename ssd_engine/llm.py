@@ -16,7 +16,8 @@ Prompt = str | list[int]
 
 class LLM:
     """`LLM(model=None, **options)`; model=None runs the built-in default pair's target. Options
-    are EngineConfig fields; an unknown one raises ValueError naming the closest."""
+    are EngineConfig's, by their public (flat) names; an unknown one raises ValueError naming the
+    closest. `config` is the EngineConfig as given; `engine.plan.config` is what planning resolved."""
 
     def __init__(self, model: str | None = None, **options) -> None:
         self.config = EngineConfig.from_kwargs(model=model, **options)

@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:  # while loading: children started so far die with this process
         print("interrupted", file=sys.stderr)
         sys.exit(130)
-    name = served_name(args, llm.config.model)
+    name = served_name(args, llm.config.model.path)
     print(describe_engine(llm), file=sys.stderr)
     print(sampling, file=sys.stderr, flush=True)
     access = access_line(args.host, api_keys, open_paths(args.metrics_require_key))

@@ -69,13 +69,13 @@ def engine_logit_error(
     each sequence fed in the engine's three step shapes: one prefill of everything, the prompt then
     one token per step (decode), the prompt then K + 1 tokens per step (verification)."""
     path, longest = reference.path, max(len(p) + len(e) for p, e in runs)
-    options = EngineConfig(
+    # the weight layout and attention backend the engine itself uses
+    config = EngineConfig.from_kwargs(
         model=path, dtype="bfloat16", device=device, speculative_mode="ar", block_size=block_size
     )
-    parts = options.parts()  # the weight layout and attention backend the engine itself uses
     blocks = -(-longest // block_size)
     runner = RunnerSpec(
-        replace(parts.model, path=path), replace(parts.cache, num_kv_blocks=blocks), longest + 1
+        replace(config.model, path=path), replace(config.cache, num_kv_blocks=blocks), longest + 1
     ).build()
     table = list(range(blocks))  # runs go one after another: each rewrites every slot it reads
     worst = 0.0

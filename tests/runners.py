@@ -2,7 +2,7 @@
 
 import torch
 
-from ssd_engine.core.config_parts import CacheConfig, ModelConfig
+from ssd_engine.core.config_sections import CacheConfig, ModelConfig
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.runtime.model_runner import DTYPES, ModelRunner, RunnerSpec
 
@@ -20,8 +20,14 @@ def runner_spec(
     weight_layout: str = "plain",
     **model_fields,
 ) -> RunnerSpec:
-    """`model_fields`: any other ModelConfig field (attention_backend, cuda_graph_max_batch, compile, ...)."""
-    model = ModelConfig(path, None, DTYPE_NAMES[dtype], str(device), weight_layout, **model_fields)
+    """`model_fields`: any other ModelConfig field (attention_backend, graph_max_batch, compile, ...)."""
+    model = ModelConfig(
+        path,
+        dtype=DTYPE_NAMES[dtype],
+        device=str(device),
+        weight_layout=weight_layout,
+        **model_fields,
+    )
     return RunnerSpec(model, CacheConfig(block_size, num_kv_blocks), max_position)
 
 

@@ -144,7 +144,7 @@ def test_auto_measures_once_then_reuses_and_stays_exact(target, noisy_draft, pri
     oracle = greedy_oracle(target)[:3]
     with LLM(target, draft_model=noisy_draft, num_threads=1, block_size=8) as llm:
         choice = llm.engine.plan.choice
-        assert llm.config.speculative_mode == "auto" and llm.engine.plan.mode == choice.mode
+        assert llm.config.speculative.mode == "auto" and llm.engine.plan.mode == choice.mode
         assert choice.mode in ("ar", "sd", "ssd") and not choice.how.startswith("cached")
         assert set(choice.predicted_tok_s) >= {"ar", "sd"} and choice.describe().startswith(
             choice.mode
@@ -180,13 +180,15 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
     )
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     with LLM(target, draft_model=noisy_draft, block_size=8, draft_dtype="int8") as llm:
-        parts = llm.engine.parts
-        assert parts.speculative.mode == mode and llm.engine.plan.choice.mode == mode
+        resolved = llm.engine.config
+        assert resolved.speculative.mode == mode and llm.engine.plan.choice.mode == mode
         outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
         if mode == "ssd":
-            assert llm.engine.k == parts.speculative.k == 3 and parts.speculative.ssd.budget == 5
             assert (
-                parts.parallel.cpu_cores == f"{first};{second}"
+                llm.engine.k == resolved.speculative.k == 3 and resolved.speculative.ssd.budget == 5
+            )
+            assert (
+                resolved.parallel.cpu_cores == f"{first};{second}"
                 and llm.engine.plan.draft_format.name == "int8"
             )
             prior = (
@@ -194,12 +196,14 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
             )  # the fallback rule starts from this machine's timing
             assert (prior.t_p, prior.t_slow) == (0.8, 0.3)
         elif mode == "sd":
-            assert llm.engine.k == 2 and parts.parallel.cpu_cores == f"{first},{second}"
-            assert parts.model.num_threads == 2
+            assert llm.engine.k == 2 and resolved.parallel.cpu_cores == f"{first},{second}"
+            assert resolved.model.num_threads == 2
             assert llm.engine.plan.draft_format.name == "int8"
         else:
             assert (
-                llm.engine.speculator is None and llm.engine.k == 0 and parts.model.num_threads == 2
+                llm.engine.speculator is None
+                and llm.engine.k == 0
+                and resolved.model.num_threads == 2
             )
     assert [o.token_ids for o in outs] == greedy_oracle(target)[:3]
 
@@ -216,13 +220,15 @@ def test_a_near_tie_goes_to_ar(target, noisy_draft, private_cache, monkeypatch):
 
 def test_a_forced_ssd_is_sized_from_this_machine(target, noisy_draft, private_cache):
     with LLM(target, draft_model=noisy_draft, speculative_mode="ssd", block_size=8) as llm:
-        choice, budget = llm.engine.plan.choice, llm.engine.parts.speculative.ssd.budget
+        choice, budget = llm.engine.plan.choice, llm.engine.config.speculative.ssd.budget
         assert choice.how.startswith("forced") and budget == choice.detail["budget"] >= 1
         assert sum(llm.engine.speculator.plan.fanouts[0][1]) == budget
     with LLM(
         target, draft_model=noisy_draft, speculative_mode="ssd", ssd_budget=2, block_size=8
     ) as pinned:
-        assert pinned.engine.plan.choice is None and pinned.engine.parts.speculative.ssd.budget == 2
+        assert (
+            pinned.engine.plan.choice is None and pinned.engine.config.speculative.ssd.budget == 2
+        )
     # nothing left to size (a fan-out, a draft format, a fallback needing no timing): nothing measured
     with LLM(
         target,
@@ -284,7 +290,7 @@ def test_tp_auto_predicts_from_measured_ranks_and_never_runs_a_shared_draft(
     with LLM(
         target, draft_model=noisy_draft, tensor_parallel_size=2, cpu_cores=cpu_cores, block_size=8
     ) as llm:
-        choice, parts = llm.engine.plan.choice, llm.engine.parts
+        choice, resolved = llm.engine.plan.choice, llm.engine.config
         assert (
             set(choice.predicted_tok_s) <= {"ar", "sd", "ssd"}
             and choice.mode in choice.predicted_tok_s
@@ -295,16 +301,16 @@ def test_tp_auto_predicts_from_measured_ranks_and_never_runs_a_shared_draft(
             or "ssd" in predicted
         )
         # the ranks were predicted at least as fast as one process
-        if parts.parallel.tensor_parallel_size == 2:
+        if resolved.parallel.tensor_parallel_size == 2:
             assert (
                 "2 tensor-parallel ranks (cores " in choice.how
                 and "SSD not a candidate" in choice.how
             )
-            assert set(predicted) == {"ar", "sd"} and parts.parallel.cpu_cores == cpu_cores
+            assert set(predicted) == {"ar", "sd"} and resolved.parallel.cpu_cores == cpu_cores
         else:  # one process was predicted faster: said in the choice, run on the same cores
             assert choice.how.startswith("tensor parallelism predicted slower: 2 ranks ")
         assert (
-            parts.speculative.mode == choice.mode
+            resolved.speculative.mode == choice.mode
             and llm.engine.execution()["mode"] == choice.describe()
         )
         outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
@@ -343,16 +349,23 @@ def test_tp_runs_one_process_where_that_is_predicted_faster(
         config, choice = choose.resolve_auto(_tp_config(target, noisy_draft, cpu_cores=cpu_cores))
     lines = [r.getMessage() for r in caplog.records if "tensor parallelism" in r.getMessage()]
     if faster == "ranks":
-        assert config.tensor_parallel_size == 2 and config.cpu_cores == cpu_cores and not lines
+        assert (
+            config.parallel.tensor_parallel_size == 2
+            and config.parallel.cpu_cores == cpu_cores
+            and not lines
+        )
     else:
-        assert config.tensor_parallel_size == 1 and config.cpu_cores == cpu_cores.replace(";", ",")
+        assert (
+            config.parallel.tensor_parallel_size == 1
+            and config.parallel.cpu_cores == cpu_cores.replace(";", ",")
+        )
         assert lines == [
             "tensor parallelism predicted slower: 2 ranks 10.00 tok/s (ar), one process 20.00 (ar); "
             "running one process (a mode given with --mode keeps the ranks)"
         ]
-        assert choice.how.startswith(lines[0]) and config.speculative_mode == choice.mode == "ar"
+        assert choice.how.startswith(lines[0]) and config.speculative.mode == choice.mode == "ar"
     forced = _tp_config(target, noisy_draft, cpu_cores=cpu_cores, speculative_mode="ar")
-    assert plan(forced).parts.parallel.tensor_parallel_size == 2
+    assert plan(forced).config.parallel.tensor_parallel_size == 2
 
 
 @pytest.mark.parametrize("mode", ["ar", "sd"])
@@ -367,9 +380,9 @@ def test_a_fixed_prediction_is_applied_whole_under_tp(
     with LLM(
         target, draft_model=noisy_draft, tensor_parallel_size=2, cpu_cores=cpu_cores, block_size=8
     ) as llm:
-        parts = llm.engine.parts
-        assert parts.speculative.mode == mode and parts.parallel.tensor_parallel_size == 2
-        assert parts.parallel.cpu_cores == cpu_cores and len(llm.engine.runner.processes) == 1
+        resolved = llm.engine.config
+        assert resolved.speculative.mode == mode and resolved.parallel.tensor_parallel_size == 2
+        assert resolved.parallel.cpu_cores == cpu_cores and len(llm.engine.runner.processes) == 1
         if mode == "sd":
             assert llm.engine.k == 2 and llm.engine.plan.draft_format.name == "int8"
         else:
@@ -381,7 +394,7 @@ def test_a_fixed_prediction_is_applied_whole_under_tp(
 def _tp_config(target, draft, **options):
     from ssd_engine.core.config import EngineConfig
 
-    return EngineConfig(
+    return EngineConfig.from_kwargs(
         model=target, draft_model=draft, tensor_parallel_size=2, block_size=8, **options
     )
 
@@ -419,16 +432,20 @@ def test_tp_with_a_core_set_for_the_draft_predicts_ssd_too(
         "SSD's ranks on cores 0,1;2 and its draft on cores 3" in choice.how
         and "not a candidate" not in choice.how
     )
-    assert choice.mode == config.speculative_mode == fastest
+    assert choice.mode == config.speculative.mode == fastest
     if fastest == "ssd":
-        assert (config.num_speculative_tokens, config.ssd_budget, config.draft_dtype) == (
+        assert (
+            config.speculative.k,
+            config.speculative.ssd.budget,
+            config.speculative.draft_dtype,
+        ) == (
             3,
             5,
             "int8",
         )
-        assert config.cpu_cores == "0,1;2;3"
+        assert config.parallel.cpu_cores == "0,1;2;3"
     else:
-        assert config.cpu_cores == "0,1;2,3" and config.num_threads is None
+        assert config.parallel.cpu_cores == "0,1;2,3" and config.model.num_threads is None
 
 
 def test_torchrun_ranks_do_not_place_a_draft_and_only_rank_0_measures(
@@ -442,7 +459,7 @@ def test_torchrun_ranks_do_not_place_a_draft_and_only_rank_0_measures(
         survey, "load_or_measure", lambda *args, **_: pytest.fail("rank 1 measured")
     )
     config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
-    assert config.speculative_mode == "ar" and "torchrun rank 1" in choice.how
+    assert config.speculative.mode == "ar" and "torchrun rank 1" in choice.how
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(mode_placement, "available_cores", lambda: [0, 1, 2, 3])
     monkeypatch.setattr(
@@ -452,7 +469,7 @@ def test_torchrun_ranks_do_not_place_a_draft_and_only_rank_0_measures(
     monkeypatch.setattr(choose, "predict_all", lambda costs, acc: fixed)
     config, choice = choose.resolve_auto(_tp_config(target, noisy_draft))
     assert (
-        config.speculative_mode == "sd" and config.cpu_cores is None
+        config.speculative.mode == "sd" and config.parallel.cpu_cores is None
     )  # torchrun's ranks are not placed
     assert "under torchrun the SSD draft gets no cores of its own" in choice.how
 
@@ -469,11 +486,13 @@ def test_cuda_is_placed_by_gpu_and_measured_where_one_gpu_holds_the_target(
 
     gpus = ["fake GPU"] * 3
     monkeypatch.setattr(mode_placement, "_gpus", lambda: gpus)
-    config = EngineConfig(model=target, draft_model=noisy_draft, device="cuda", block_size=8)
+    config = EngineConfig.from_kwargs(
+        model=target, draft_model=noisy_draft, device="cuda", block_size=8
+    )
     for count, mode in ((3, "ssd"), (2, "sd")):
         del gpus[count:]
-        chosen, choice = choose.resolve_auto(replace(config, tensor_parallel_size=2))
-        assert chosen.speculative_mode == mode and choice.how.startswith(
+        chosen, choice = choose.resolve_auto(config.with_options(tensor_parallel_size=2))
+        assert chosen.speculative.mode == mode and choice.how.startswith(
             "not measured: planning/gpu_costs.py"
         )
     placements = []
@@ -489,14 +508,14 @@ def test_cuda_is_placed_by_gpu_and_measured_where_one_gpu_holds_the_target(
         and placements[0].device == "cuda"
     )
     assert set(choice.predicted_tok_s) == {"ar", "sd", "ssd"} and "GPU(s)" in choice.how
-    assert chosen.speculative_mode == choice.mode != "auto"
+    assert chosen.speculative.mode == choice.mode != "auto"
     assert (
-        chosen.draft_dtype == "auto" and chosen.cpu_cores is None
+        chosen.speculative.draft_dtype == "auto" and chosen.parallel.cpu_cores is None
     )  # the int formats and cores are CPU-only
     best = max(choice.predicted_tok_s, key=choice.predicted_tok_s.get)
     assert (
         choice.mode == best
         or choice.predicted_tok_s[best] < choose.MARGIN * choice.predicted_tok_s["ar"]
     )
-    _, two_ranks = choose.resolve_auto(replace(config, tensor_parallel_size=2))
+    _, two_ranks = choose.resolve_auto(config.with_options(tensor_parallel_size=2))
     assert "ssd" not in two_ranks.predicted_tok_s and "SSD not a candidate" in two_ranks.how

@@ -179,19 +179,19 @@ def test_the_option_reaches_the_drafts_specs():
     """compile_model travels in ModelConfig: the SD draft's spec is the target's with another path,
     and the SSD draft process rebuilds its spec from plain values."""
     from ssd_engine.core.config import EngineConfig
-    from ssd_engine.core.config_parts import CacheConfig
+    from ssd_engine.core.config_sections import CacheConfig
     from ssd_engine.runtime.model_runner import RunnerSpec
     from ssd_engine.speculative.ssd.process import DraftSpec
 
-    assert EngineConfig(compile_model="on").parts().model.compile
-    assert not EngineConfig(compile_model="on", enforce_eager=True).parts().model.compile
-    assert not EngineConfig().parts().model.compile  # auto: off
+    assert EngineConfig.from_kwargs(compile_model="on").model.compile
+    assert not EngineConfig.from_kwargs(compile_model="on", enforce_eager=True).model.compile
+    assert not EngineConfig().model.compile  # auto: off
     with pytest.raises(ValueError, match="tensor_parallel_size"):
-        EngineConfig(compile_model="on", tensor_parallel_size=2)
-    target = RunnerSpec(EngineConfig(compile_model="on").parts().model, CacheConfig(16, 8), 64)
+        EngineConfig.from_kwargs(compile_model="on", tensor_parallel_size=2)
+    target = RunnerSpec(EngineConfig.from_kwargs(compile_model="on").model, CacheConfig(16, 8), 64)
     draft = DraftSpec(
         target.with_model(path="/draft"),
-        EngineConfig().parts().speculative,
+        EngineConfig().speculative,
         ((0.0, (1, 1, 1, 1, 1)),),
         (),
         vocab=320,

@@ -12,8 +12,8 @@ from ssd_engine.cli_args import (
     engine_options,
     sampling_params,
 )
-from ssd_engine.core.config import EngineConfig, field_names
-from ssd_engine.core.options import help_of, is_hook
+from ssd_engine.core.config import EngineConfig, option_names
+from ssd_engine.core.options import help_of, is_hook, is_option, is_section, option_fields
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.generate import build_parser
 from ssd_engine.testing import Synthetic
@@ -22,16 +22,69 @@ from ssd_engine.testing import Synthetic
 def test_defaults_are_valid_and_frozen():
     config = EngineConfig()
     assert (
-        config.speculative_mode == "auto" and config.model is None
+        config.speculative.mode == "auto" and config.model.path is None
     )  # the built-in pair: the fastest mode
-    assert EngineConfig(model="/t").speculative_mode == "ar"  # a target alone: no draft
-    assert EngineConfig(model="/t", draft_model="/d").speculative_mode == "auto"
+    assert EngineConfig.from_kwargs(model="/t").speculative.mode == "ar"  # a target alone: no draft
+    assert EngineConfig.from_kwargs(model="/t", draft_model="/d").speculative.mode == "auto"
+    ssd = config.speculative.ssd
     assert (
-        config.fanout() is None and config.ssd_fallback == "auto"
+        ssd.fanout_counts is None and ssd.fanout_rule == "auto" and ssd.fallback == "auto"
     )  # Saguaro: resolved from the calibration
-    assert EngineConfig(ssd_fanout="2").fanout() == [2] * (config.num_speculative_tokens + 1)
+    counts = EngineConfig.from_kwargs(ssd_fanout="2").speculative.ssd.fanout_counts
+    assert counts == (2,) * (config.speculative.k + 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        config.block_size = 8
+        config.cache.block_size = 8
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.cache = None
+
+
+def test_each_option_is_declared_once_in_its_section():
+    """Public names are unique across the sections (each is one keyword and one flag), and every
+    field of a section is an option, a hook, a resolved value or a section."""
+    declared = []
+
+    def walk(kind):
+        for f in dataclasses.fields(kind):
+            if is_section(f):
+                walk(f.default_factory)
+            elif is_option(f):
+                declared.append(f)
+            else:
+                assert f.metadata.get("resolved"), f"{kind.__name__}.{f.name} is undeclared"
+
+    walk(EngineConfig)
+    assert len(declared) == len(option_fields(EngineConfig))
+    assert option_names() == [f for f in option_fields(EngineConfig) if f != "synthetic"]
+    assert option_fields(EngineConfig)["num_speculative_tokens"][0] == ("speculative", "k")
+    assert option_fields(EngineConfig)["ssd_fanout"][0] == ("speculative", "ssd", "fanout")
+
+
+def test_options_are_replaced_by_their_public_names_and_checked_again():
+    config = EngineConfig.from_kwargs(ssd_fanout=3)
+    longer = config.with_options(num_speculative_tokens=6, max_num_seqs=2)
+    assert (longer.speculative.k, longer.scheduler.max_num_seqs) == (6, 2)
+    assert longer.speculative.ssd.fanout_counts == (3,) * 7  # resolved again for the new K
+    assert config.speculative.k == 4 and longer.option_value("ssd_fanout") == 3
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        config.with_options(max_num_seqs=0)
+    with pytest.raises(ValueError, match="did you mean 'max_num_seqs'"):
+        config.with_options(max_num_seq=2)
+    with pytest.raises(ValueError, match="unknown option 'weight_layout'"):
+        EngineConfig.from_kwargs(weight_layout="dual")  # a resolved value is never given
+
+
+def test_derived_values_are_resolved_from_the_options():
+    model = EngineConfig.from_kwargs(enforce_eager=True, compile_model="on").model
+    assert (model.weight_layout, model.graph_max_batch, model.compile) == ("plain", 0, False)
+    model = EngineConfig.from_kwargs(cpu_weight_layout="dual", cuda_graph_max_batch=8).model
+    assert (model.weight_layout, model.graph_max_batch, model.dtype) == ("dual", 8, "float32")
+    cuda = EngineConfig.from_kwargs(device="cuda", compile_model="on")
+    assert (cuda.model.weight_layout, cuda.model.dtype, cuda.model.compile) == (
+        "plain",
+        "bfloat16",
+        True,
+    )
+    assert cuda.scheduler.max_num_batched_tokens == 2048
 
 
 @pytest.mark.parametrize(
@@ -65,11 +118,11 @@ def test_defaults_are_valid_and_frozen():
 )
 def test_invalid_values_raise_one_line_value_error(kwargs, needle):
     with pytest.raises(ValueError) as info:
-        EngineConfig(**kwargs)
+        EngineConfig.from_kwargs(**kwargs)
     message = str(info.value)
     assert needle in message and "\n" not in message
     with pytest.raises(ValueError):
-        EngineConfig.from_kwargs(**kwargs)
+        EngineConfig().with_options(**kwargs)
 
 
 @pytest.mark.parametrize(
@@ -88,7 +141,7 @@ def test_invalid_values_raise_one_line_value_error(kwargs, needle):
 def test_valid_values_are_accepted(kwargs):
     config = EngineConfig.from_kwargs(**kwargs)
     for key, value in kwargs.items():
-        assert getattr(config, key) == value
+        assert config.option_value(key) == value
 
 
 def test_from_kwargs_unknown_option_names_closest():
@@ -103,7 +156,8 @@ def test_from_kwargs_unknown_option_names_closest():
     with pytest.raises(ValueError) as info:  # nothing close: list the valid options
         EngineConfig.from_kwargs(zzzz=1)
     assert "'zzzz'" in str(info.value)
-    assert all(name in str(info.value) for name in field_names())
+    assert all(name in str(info.value) for name in option_names())
+    assert "synthetic" not in str(info.value)  # a hook is a keyword, not a public option
 
 
 # ---- CLI -----------------------------------------------------------------------------------------
@@ -119,8 +173,8 @@ def _option_dest_map(parser):
 
 def test_every_engine_field_but_seed_has_a_flag():
     flags = _option_dest_map(_engine_parser())
-    hooks = {f.name for f in dataclasses.fields(EngineConfig) if is_hook(f)}
-    for name in field_names():
+    hooks = {name for name, (_, f) in option_fields(EngineConfig).items() if is_hook(f)}
+    for name in option_fields(EngineConfig):
         flag = "--" + name.replace("_", "-")
         if name == "seed" or name in hooks:
             assert (
@@ -134,7 +188,7 @@ def test_every_engine_field_but_seed_has_a_flag():
 
 def test_generate_parser_has_engine_and_sampling_flags():
     flags = _option_dest_map(build_parser())
-    for name in set(field_names()) - {"seed", "synthetic"}:
+    for name in set(option_names()) - {"seed"}:
         assert flags["--" + name.replace("_", "-")] == name
     for name in (
         "temperature",
@@ -170,13 +224,14 @@ STRING_VALUES = {
 }
 
 
-def _non_default_argv(f):
-    """(argv, expected value) that sets field `f` to a valid non-default value through its flag."""
-    flag = "--" + f.name.replace("_", "-")
+def _non_default_argv(name, f):
+    """(argv, expected value) that sets option `name` (field `f`) to a valid non-default value
+    through its flag."""
+    flag = "--" + name.replace("_", "-")
     default = f.default
     kind = type(default) if default is not None else None
     if kind is bool:
-        return ([flag] if not default else ["--no-" + f.name.replace("_", "-")]), not default
+        return ([flag] if not default else ["--no-" + name.replace("_", "-")]), not default
     if kind is float:
         return [flag, str(default / 2)], default / 2
     if default is None and str(f.type).startswith("float"):
@@ -184,24 +239,24 @@ def _non_default_argv(f):
     if kind is int or (default is None and "int" in str(f.type)):
         value = (default or 2) + 1
         return [flag, str(value)], value
-    value = STRING_VALUES.get(f.name, f"/path/{f.name}" if default is None else default)
+    value = STRING_VALUES.get(name, f"/path/{name}" if default is None else default)
     return [flag, value], value
 
 
 def test_flags_map_onto_config_fields_one_to_one():
     argv, expected = [], {}
-    for f in dataclasses.fields(EngineConfig):
-        if f.name == "seed" or is_hook(f):
+    for name, (_, f) in option_fields(EngineConfig).items():
+        if name == "seed" or is_hook(f):
             continue
-        args, value = _non_default_argv(f)
+        args, value = _non_default_argv(name, f)
         argv += args
-        expected[f.name] = value
+        expected[name] = value
     options = engine_options(_engine_parser().parse_args(argv))
     assert options == expected
     config = EngineConfig.from_kwargs(**options)  # every value passes validation
     for key, value in expected.items():
-        assert getattr(config, key) == value
-        assert value != getattr(EngineConfig(), key)  # each flag really changed its field
+        assert config.option_value(key) == value
+        assert value != EngineConfig().option_value(key)  # each flag really changed its field
 
     aliases = _engine_parser().parse_args(["--mode", "ssd", "--k", "6"])
     long_names = _engine_parser().parse_args(
@@ -215,12 +270,14 @@ def test_flags_map_onto_config_fields_one_to_one():
 
 
 def test_a_hook_is_a_keyword_and_no_flag():
-    hooks = [f.name for f in dataclasses.fields(EngineConfig) if is_hook(f)]
+    hooks = [name for name, (_, f) in option_fields(EngineConfig).items() if is_hook(f)]
     assert hooks == ["synthetic"]
     with pytest.raises(SystemExit):
         _engine_parser().parse_args(["--synthetic", "0.5"])
     assert (
-        EngineConfig(synthetic=Synthetic(acceptance=0.5)).parts().speculative.synthetic_acceptance
+        EngineConfig.from_kwargs(
+            synthetic=Synthetic(acceptance=0.5)
+        ).speculative.synthetic_acceptance
         == 0.5
     )
 
@@ -297,7 +354,8 @@ def test_unknown_flag_names_closest_and_exits_2(capsys):
 
 
 def test_every_field_is_documented_where_the_help_reads_it():
-    for f in dataclasses.fields(EngineConfig) + dataclasses.fields(SamplingParams):
+    engine = [f for _, f in option_fields(EngineConfig).values()]
+    for f in engine + list(dataclasses.fields(SamplingParams)):
         assert help_of(f).strip(), f"{f.name} has no help"
 
 
@@ -308,10 +366,10 @@ def test_help_gives_every_flag_a_description_default_and_choices():
         assert action.help and action.help != argparse.SUPPRESS, (
             f"{action.option_strings} has no description"
         )
-    for f in dataclasses.fields(EngineConfig):
-        if f.name == "seed" or is_hook(f):
+    for name, (_, f) in option_fields(EngineConfig).items():
+        if name == "seed" or is_hook(f):
             continue
-        text = by_dest[f.name].help
+        text = by_dest[name].help
         # a field without a default says what leaving it unset means instead
         assert (
             ("unset" in text)

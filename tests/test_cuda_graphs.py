@@ -106,7 +106,7 @@ def _runner(model, graphs: int, shapes=(("paged", 1),)) -> ModelRunner:
         max_position=64,
         device=DEVICE,
         attention_backend="triton",
-        cuda_graph_max_batch=graphs,
+        graph_max_batch=graphs,
     )
     runner.capture_graphs(list(shapes))  # what the engine does at start-up
     return runner

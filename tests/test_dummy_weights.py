@@ -118,7 +118,7 @@ def test_bad_load_format_is_one_clear_error():
     with pytest.raises(
         ValueError, match=r"load_format must be one of \('auto', 'dummy'\), got 'random'"
     ):
-        EngineConfig(load_format="random")
+        EngineConfig.from_kwargs(load_format="random")
 
 
 @pytest.mark.parametrize(

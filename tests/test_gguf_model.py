@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ssd_engine import LLM, SamplingParams
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.models import default_models as dm
 from ssd_engine.models import gguf_files, model_paths
 
@@ -89,14 +90,8 @@ def test_a_gguf_converts_once_and_again_only_when_the_file_changes(tmp_path, cac
 
     # a second resolution (a second LLM) is a cache hit: nothing converts
     assert Path(model_paths.resolve_model_arg(str(source))) == folder and len(conversions) == 1
-    assert (
-        Path(
-            model_paths.resolve_model_path(
-                type("Cfg", (), {"model": str(source), "draft_model": None})()
-            )
-        )
-        == folder
-    )
+    config = EngineConfig.from_kwargs(model=str(source))
+    assert Path(model_paths.resolve_model_path(config)) == folder
 
     # the file replaced in place (size and mtime change): converted again, the old conversion dropped
     source.write_bytes(b"GGUF" + b"\1" * 80)
@@ -285,7 +280,6 @@ def test_a_tensor_parallel_slice_off_the_blocks_is_refused(smollm2_dir):
     MLP of 1520 hidden units splits 760 + 760, which is not whole 32-value blocks (SmolLM2's Q4_1)."""
     from transformers import AutoConfig
 
-    from ssd_engine.core.config import EngineConfig
     from ssd_engine.models.gguf_weights import GGUFFile
     from ssd_engine.planning.plan import resolve_target_format
 
@@ -297,7 +291,7 @@ def test_a_tensor_parallel_slice_off_the_blocks_is_refused(smollm2_dir):
         GGUFFile(gguf, config).check_split(2)
     from ssd_engine.kernels import gguf_cpu
 
-    options = EngineConfig(model=smollm2_dir, tensor_parallel_size=2)
-    assert resolve_target_format(options).target_dtype == (
+    options = EngineConfig.from_kwargs(model=smollm2_dir, tensor_parallel_size=2)
+    assert resolve_target_format(options).model.target_dtype == (
         "gguf-int8" if gguf_cpu.available() else "fp32"
     )

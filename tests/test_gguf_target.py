@@ -236,15 +236,15 @@ def test_an_int8_activation_targets_logits_do_not_depend_on_the_other_rows(gguf_
     folder, _ = gguf_model("qwen2")
     tokens, prompt_len = PROMPTS[3] + PROMPTS[2][:9], len(PROMPTS[3])
     blocks = -(-len(tokens) // BLOCK_SIZE)
-    parts = EngineConfig(
+    config = EngineConfig.from_kwargs(
         model=folder,
         target_dtype="gguf-int8",
         speculative_mode="ar",
         block_size=BLOCK_SIZE,
         num_threads=1,
-    ).parts()
+    )
     runner = RunnerSpec(
-        parts.model, replace(parts.cache, num_kv_blocks=blocks), len(tokens) + 2
+        config.model, replace(config.cache, num_kv_blocks=blocks), len(tokens) + 2
     ).build()
     table = list(range(blocks))
     prefill = _logits(runner, tokens, prompt_len, len(tokens), table)
@@ -312,15 +312,15 @@ def test_auto_keeps_a_gguf_targets_blocks_and_a_plain_folders_fp32(
     (stand_in / default_models.MARKER).write_text("{}\n")
     chosen = {
         path: resolve_target_format(
-            EngineConfig(model=str(path), speculative_mode="ar")
-        ).target_dtype
+            EngineConfig.from_kwargs(model=str(path), speculative_mode="ar")
+        ).model.target_dtype
         for path in (folder, plain, stand_in)
     }
     assert chosen == {folder: "gguf-int8", plain: "fp32", stand_in: "fp32"}
     assert (
         resolve_target_format(
-            EngineConfig(model=folder, speculative_mode="ar", target_dtype="fp32")
-        ).target_dtype
+            EngineConfig.from_kwargs(model=folder, speculative_mode="ar", target_dtype="fp32")
+        ).model.target_dtype
         == "fp32"
     )
     # target_dtype left to its default

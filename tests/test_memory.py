@@ -57,16 +57,19 @@ def mapping_rss(tensor: torch.Tensor) -> int:
 
 @pytest.mark.parametrize("threads", [1, 2, 8])
 def test_default_layout_keeps_one_copy(threads):
-    assert EngineConfig(num_threads=threads).weight_layout == "packed"
-    assert EngineConfig(num_threads=threads, cpu_weight_layout="dual").weight_layout == "dual"
-    assert EngineConfig(num_threads=threads, enforce_eager=True).weight_layout == "plain"
+    layout = lambda **options: (
+        EngineConfig.from_kwargs(num_threads=threads, **options).model.weight_layout
+    )
+    assert layout() == "packed"
+    assert layout(cpu_weight_layout="dual") == "dual"
+    assert layout(enforce_eager=True) == "plain"
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])  # untied head; tied head (llama)
 def test_default_layout_holds_the_checkpoint_once(tiny_model_dir, arch):
     path = tiny_model_dir(arch)
     size = checkpoint_bytes(path)
-    model = runner(path, EngineConfig().weight_layout).model
+    model = runner(path, EngineConfig().model.weight_layout).model
     assert all(
         m.weight is None
         for m in model.modules()

@@ -8,7 +8,6 @@ exactness at T > 0 with C < 1 is in test_distribution.py.
 
 import logging
 import math
-from dataclasses import replace
 
 import pytest
 from small_pair import DIST_PROMPT
@@ -73,19 +72,19 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
     assert summary["fanouts"]["T=0"] == cal.measured["fanout_at_budget"] and sum(
         cal.outcome_probs
     ) == pytest.approx(1)
-    config = EngineConfig(
+    config = EngineConfig.from_kwargs(
         model=target,
         draft_model=noisy_draft,
         num_speculative_tokens=3,
         ssd_fanout="geometric",
         calibration_dir=str(out),
     )
-    assert plan_saguaro(config.parts().speculative, target, noisy_draft).fanouts == [
+    assert plan_saguaro(config.speculative, target, noisy_draft).fanouts == [
         (0.0, geometric_fanout(cal.alpha, cal.r, cal.budget, 3))
     ]
     # a build cut to b rows takes the rule's own optimum at b
     auto_plan = plan_saguaro(
-        replace(config, ssd_fanout="auto").parts().speculative, target, noisy_draft
+        config.with_options(ssd_fanout="auto").speculative, target, noisy_draft
     )
     assert auto_plan.fanout_tables == [
         (0.0, [fanout_for_outcomes(cal.outcome_probs, cal.r, b) for b in range(1, cal.budget + 1)])
@@ -102,7 +101,7 @@ def test_calibration_on_a_tiny_pair_is_written_then_loaded(target, noisy_draft, 
             target, draft_model=noisy_draft, calibration_dir=str(tmp_path / "empty"), **COMMON
         ) as llm:
             budget = (
-                llm.engine.parts.speculative.ssd.budget
+                llm.engine.config.speculative.ssd.budget
             )  # no calibration: B from this machine's costs
             assert budget >= 1 and llm.engine.plan.choice.how.startswith("forced")
             assert llm.speculation_metrics()["fanouts"] == {

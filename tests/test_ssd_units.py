@@ -233,12 +233,12 @@ def _server(path: str, fanout: list[int], k: int, fit_window: bool = False):
         block_size=8,
         max_position=128,
     )
-    parts = EngineConfig(
+    config = EngineConfig.from_kwargs(
         speculative_mode="ssd", num_speculative_tokens=k, ssd_fit_window=fit_window, block_size=8
-    ).parts()
+    )
     draft_spec = DraftSpec(
-        RunnerSpec(parts.model, replace(parts.cache, num_kv_blocks=32), 128),
-        parts.speculative,
+        RunnerSpec(config.model, replace(config.cache, num_kv_blocks=32), 128),
+        config.speculative,
         ((0.0, tuple(fanout)),),
         (),
         vocab=259,

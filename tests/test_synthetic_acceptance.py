@@ -87,7 +87,7 @@ def test_alpha_0_accepts_nothing_and_alpha_1_everything_drafted():
 )
 def test_bad_synthetic_values_are_one_clear_error(options, message):
     with pytest.raises(ValueError) as error:
-        EngineConfig(**options)
+        EngineConfig.from_kwargs(**options)
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
@@ -191,7 +191,9 @@ def test_auto_predicts_with_the_synthetic_rates():
 
     base = Acceptance.from_calibration(None)
     assert with_synthetic(base, EngineConfig()) == base
-    drawn = with_synthetic(base, EngineConfig(synthetic=Synthetic(acceptance=0.9, hit=0.8)))
+    drawn = with_synthetic(
+        base, EngineConfig.from_kwargs(synthetic=Synthetic(acceptance=0.9, hit=0.8))
+    )
     assert drawn.rate(1) == drawn.rate(5) == 0.9
     assert drawn.miss(1) == drawn.miss(20) == pytest.approx(0.2) and drawn.miss(0) == 1.0
     assert drawn.tokens_per_round(4) == pytest.approx((1 - 0.9**5) / (1 - 0.9))

@@ -77,18 +77,20 @@ WIDE = dict(
 )
 def test_bad_values_are_one_line_errors(options, named):
     with pytest.raises(ValueError) as error:
-        EngineConfig(**options)
+        EngineConfig.from_kwargs(**options)
     assert str(error.value).startswith(named) and "\n" not in str(error.value)
 
 
 def test_the_option_reaches_the_target_and_not_the_draft():
     assert (
-        EngineConfig().target_dtype == "auto" and EngineConfig().parts().model.weight_format is None
+        EngineConfig().model.target_dtype == "auto" and EngineConfig().model.weight_format is None
     )
     for fmt in QUANTIZED:
-        model = EngineConfig(target_dtype=fmt).parts().model
+        model = EngineConfig.from_kwargs(target_dtype=fmt).model
         assert (model.weight_format, model.row_independent) == (fmt, True)
-    assert EngineConfig(target_dtype="bf16", device="cuda").parts().model.weight_format == "bf16"
+    assert (
+        EngineConfig.from_kwargs(target_dtype="bf16", device="cuda").model.weight_format == "bf16"
+    )
     from ssd_engine.cli_args import ArgumentParser, add_engine_args, engine_options
 
     parser = ArgumentParser()
@@ -182,11 +184,11 @@ def test_a_target_format_never_hands_its_kernel_a_row_count_outside_one_tile(fmt
 
 
 def _runner(path: str, fmt: str, blocks: int, positions: int):
-    parts = EngineConfig(
+    config = EngineConfig.from_kwargs(
         model=path, target_dtype=fmt, speculative_mode="ar", block_size=BLOCK_SIZE, num_threads=1
-    ).parts()
+    )
     return RunnerSpec(
-        replace(parts.model, path=path), replace(parts.cache, num_kv_blocks=blocks), positions
+        replace(config.model, path=path), replace(config.cache, num_kv_blocks=blocks), positions
     ).build()
 
 

@@ -82,7 +82,7 @@ def _check_tp2_matches_tp1(path: str, weight_format: str | None = None) -> None:
         greedy_tp1 = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     with LLM(path, tensor_parallel_size=2, **fmt) as llm:
         engine = llm.engine
-        assert engine.parts.model.weight_format == weight_format
+        assert engine.config.model.weight_format == weight_format
         logits = _step_logits(engine.runner, engine.block_manager, PROMPTS)
         greedy_tp2 = [o.token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
     # 1e-4 relative to the logits' scale: tiny models' logits are below 1 (so 1e-4 absolute), SmolLM2's

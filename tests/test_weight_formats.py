@@ -135,7 +135,7 @@ def test_an_explicit_format_is_taken_without_a_probe(tmp_path):
 )
 def test_bad_draft_dtype_is_one_clear_error(options, fragment):
     with pytest.raises(ValueError, match=fragment):
-        EngineConfig(**options)
+        EngineConfig.from_kwargs(**options)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4"])

@@ -72,7 +72,7 @@ def run_mode(a, mode: str, k: int | None, prompts: list[list[int]], batches: lis
     with LLM(a.target, **options) as llm:
         row["start_s"] = time.perf_counter() - started
         plan = llm.engine.plan
-        row.update(ran=plan.mode, k=plan.parts.speculative.k if plan.mode != "ar" else 0)
+        row.update(ran=plan.mode, k=plan.config.speculative.k if plan.mode != "ar" else 0)
         if plan.choice is not None:
             row["choice"] = plan.choice.describe()
             row["predicted_tok_s"] = plan.choice.predicted_tok_s

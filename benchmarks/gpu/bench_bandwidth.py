@@ -100,11 +100,11 @@ def measure_ceiling(device: torch.device, gib: float = 1.0, reps: int = 5) -> di
 def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
     """Rows of the table for one model: one per batch size."""
     from ssd_engine.core.config import EngineConfig
-    from ssd_engine.core.config_parts import CacheConfig
+    from ssd_engine.core.config_sections import CacheConfig
     from ssd_engine.runtime.model_runner import RunnerSpec
     from ssd_engine.runtime.step_inputs import StepInputs
 
-    config = EngineConfig(
+    config = EngineConfig.from_kwargs(
         model=model_path,
         speculative_mode="ar",
         device=args.device,
@@ -114,11 +114,11 @@ def time_decode(model_path: str, args, device: torch.device) -> list[dict]:
         compile_model="on" if args.compile else "off",
         fused_kernels=args.fused_kernels,
     )
-    layout = config.weight_layout
+    layout = config.model.weight_layout
     blocks = -(-(args.context + 1) // BLOCK_SIZE)
     max_batch = max(args.batch)
     # the engine's own choices (layout, attention backend, CUDA graphs, compile, fused kernels), this dtype
-    model = replace(config.parts().model, dtype=args.dtype, device=str(device))
+    model = replace(config.model, dtype=args.dtype, device=str(device))
     runner = RunnerSpec(
         model, CacheConfig(BLOCK_SIZE, max_batch * blocks), args.context + 2
     ).build()

@@ -74,7 +74,7 @@ def engine_peaks(llm) -> dict[str, float]:
     for rank, process in getattr(llm.engine.runner, "processes", {}).items():
         if (gb := vm_hwm_gb(process.pid)) is not None:
             peaks[f"TP rank {rank}"] = gb
-    if llm.config.device.startswith("cuda"):
+    if llm.config.model.device.startswith("cuda"):
         import torch
 
         peaks["engine GPU"] = torch.cuda.max_memory_allocated() / 2**30

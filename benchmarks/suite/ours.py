@@ -288,7 +288,7 @@ def auto_tags(llm) -> tuple[str, int | None, dict]:
     """(the mode an `auto` engine runs, its K, the row tags), from the engine's plan."""
     plan = llm.engine.plan
     choice, ran = plan.choice, plan.mode
-    k = plan.parts.speculative.k if ran in ("sd", "ssd") else None
+    k = plan.config.speculative.k if ran in ("sd", "ssd") else None
     predicted = dict(choice.predicted_tok_s) if choice is not None else None
     return (
         ran,

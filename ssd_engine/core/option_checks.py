@@ -1,11 +1,13 @@
-"""EngineConfig's value checks: types and ranges, and option combinations that cannot run."""
+"""EngineConfig's value checks, in one place: each option's declared choices and range (core/options.py
+`option`), and option combinations that cannot run."""
 
 import difflib
-from dataclasses import fields
+import typing
+from dataclasses import Field
 
 from ssd_engine.core.core_sets import parse_core_sets
 from ssd_engine.core.option_choices import FANOUT_RULES
-from ssd_engine.core.options import choices_of
+from ssd_engine.core.options import bounds_of, choices_of, option_fields, value_at
 from ssd_engine.core.synthetic_hook import Synthetic
 
 
@@ -58,97 +60,78 @@ def parse_fanout(given, k: int) -> list[int] | None:
 def check_choices(config) -> None:
     """Each option of EngineConfig `config` within its closed set of values, as it declares it
     (`option(..., choices)`), and a device torch names."""
-    for f in fields(config):
-        value, choices = getattr(config, f.name), choices_of(f)
+    for name, (path, f) in option_fields(type(config)).items():
+        value, choices = value_at(config, path), choices_of(f)
         require(
-            choices is None or value in choices, f"{f.name} must be one of {choices}, got {value!r}"
+            choices is None or value in choices, f"{name} must be one of {choices}, got {value!r}"
         )
+    device = config.model.device
     require(
-        config.device == "cpu" or config.device.startswith("cuda"),
-        f"device must be 'cpu' or 'cuda[:N]', got {config.device!r}",
+        device == "cpu" or device.startswith("cuda"),
+        f"device must be 'cpu' or 'cuda[:N]', got {device!r}",
     )
+
+
+def check_range(name: str, f: Field, value) -> None:
+    """`value` of option `name` (field `f`) of the kind its type declares (an integer, or any
+    number) and within the bounds it declares; None where its type allows it."""
+    bounds = {k: v for k, v in bounds_of(f).items() if v is not None}
+    if not bounds:
+        return
+    kinds = typing.get_args(f.type) or (f.type,)
+    if value is None and type(None) in kinds:
+        return
+    integer = int in kinds and float not in kinds
+    low, above, high = bounds.get("at_least"), bounds.get("above"), bounds.get("at_most")
+    ok = (is_int(value) if integer else is_number(value)) and (
+        (low is None or value >= low)
+        and (above is None or value > above)
+        and (high is None or value <= high)
+    )
+    if low is not None and high is not None:
+        wanted = f"in [{low:g}, {high:g}]"
+    else:
+        wanted = f"{'an integer' if integer else 'a number'} " + (
+            f">= {low:g}" if low is not None else f"> {above:g}"
+        )
+    require(ok, f"{name} must be {wanted}, got {value!r}")
 
 
 def check_values(config) -> None:
     """A ValueError naming the first option of EngineConfig `config` (its closed sets of values
     already checked, its defaults filled in) whose value, or combination with another, cannot run."""
+    model, speculative, parallel = config.model, config.speculative, config.parallel
     require(
-        not (config.compile_model == "on" and config.tensor_parallel_size > 1),
+        not (model.compile_model == "on" and parallel.tensor_parallel_size > 1),
         "compile_model='on' needs tensor_parallel_size=1: tensor parallelism's all-reduces are not compiled",
     )
     require(
-        not (config.fused_kernels == "on" and config.compiled),
+        not (model.fused_kernels == "on" and config.compiled),
         "fused_kernels='on' and compile_model='on' are two ways to fuse a layer's ops: choose one",
     )
-    for name in (
-        "num_speculative_tokens",
-        "max_num_seqs",
-        "max_num_batched_tokens",
-        "block_size",
-        "tensor_parallel_size",
-        "cuda_graph_max_batch",
-    ):
-        value = getattr(config, name)
-        require(is_int(value) and value >= 1, f"{name} must be an integer >= 1, got {value!r}")
-    for name in ("max_model_len", "num_kv_blocks", "num_threads", "prefill_tokens_while_decoding"):
-        value = getattr(config, name)
-        require(
-            value is None or (is_int(value) and value >= 1),
-            f"{name} must be an integer >= 1, got {value!r}",
-        )
-    stall = config.max_decode_stall
+    for name, (path, f) in option_fields(type(config)).items():
+        check_range(name, f, value_at(config, path))
     require(
-        stall is None or (is_number(stall) and stall > 1),
-        f"max_decode_stall must be a number > 1, got {stall!r}",
+        model.device == "cpu" or speculative.draft_dtype not in ("int8", "int4", "q4k"),
+        f"draft_dtype={speculative.draft_dtype} is CPU-only; on {model.device} use auto, bf16 or fp32",
     )
     require(
-        config.draft_prompt_window is None
-        or (is_int(config.draft_prompt_window) and config.draft_prompt_window >= 0),
-        f"draft_prompt_window must be an integer >= 0, got {config.draft_prompt_window!r}",
+        model.device == "cpu" or model.target_dtype not in ("gguf", "gguf-int8", "int8", "int4"),
+        f"target_dtype={model.target_dtype} is CPU-only; on {model.device} use fp32 or bf16",
     )
+    parse_fanout(speculative.ssd.fanout, speculative.k)  # validates
+    synthetic = speculative.synthetic
     require(
-        isinstance(config.kv_cache_memory_gb, (int, float)) and config.kv_cache_memory_gb > 0,
-        f"kv_cache_memory_gb must be > 0, got {config.kv_cache_memory_gb!r}",
+        synthetic is None or isinstance(synthetic, Synthetic),
+        f"synthetic must be a Synthetic or None, got {synthetic!r}",
     )
-    for name in ("distributed_timeout_s", "draft_timeout_s"):
-        value = getattr(config, name)
-        require(
-            is_number(value) and value > 0,
-            f"{name} must be > 0, got {value!r}",
-        )
+    if synthetic is not None:
+        synthetic.check(speculative.mode)
+    if parallel.cpu_cores is not None:
+        parse_core_sets(parallel.cpu_cores)  # a malformed spec fails here, naming itself
     require(
-        config.device == "cpu" or config.draft_dtype not in ("int8", "int4", "q4k"),
-        f"draft_dtype={config.draft_dtype} is CPU-only; on {config.device} use auto, bf16 or fp32",
-    )
-    require(
-        config.device == "cpu" or config.target_dtype not in ("gguf", "gguf-int8", "int8", "int4"),
-        f"target_dtype={config.target_dtype} is CPU-only; on {config.device} use fp32 or bf16",
-    )
-    config.fanout()  # validates
-    require(
-        config.ssd_budget is None or (is_int(config.ssd_budget) and config.ssd_budget >= 0),
-        f"ssd_budget must be an integer >= 0, got {config.ssd_budget!r}",
-    )
-    require(
-        config.ssd_critical_batch is None
-        or (is_number(config.ssd_critical_batch) and config.ssd_critical_batch >= 0),
-        f"ssd_critical_batch must be a number >= 0, got {config.ssd_critical_batch!r}",
-    )
-    require(
-        is_number(config.saguaro_c) and 0 <= config.saguaro_c <= 1,
-        f"saguaro_c must be in [0, 1], got {config.saguaro_c!r}",
-    )
-    require(
-        config.synthetic is None or isinstance(config.synthetic, Synthetic),
-        f"synthetic must be a Synthetic or None, got {config.synthetic!r}",
-    )
-    if config.synthetic is not None:
-        config.synthetic.check(config.speculative_mode)
-    if config.cpu_cores is not None:
-        parse_core_sets(config.cpu_cores)  # a malformed spec fails here, naming itself
-    require(
-        config.speculative_mode == "ar" or config.model is None or config.draft_model is not None,
-        f"speculative_mode={config.speculative_mode!r} needs draft_model when model is given",
+        speculative.mode == "ar" or model.path is None or speculative.draft_model is not None,
+        f"speculative_mode={speculative.mode!r} needs draft_model when model is given",
     )
 
 

@@ -11,14 +11,14 @@ def describe_execution(engine) -> dict:
     graphs = runner.graphs
     described = {
         "device": str(engine.device),
-        "dtype": engine.parts.model.dtype,
+        "dtype": engine.config.model.dtype,
         "attention": backend_name(runner.attention_backend, runner.device),
         "cuda_graphs": f"batch <= {graphs.sizes[-1]} ({graphs.capture})" if graphs else "off",
         "compiled": f"on ({runner.compiled.compile_seconds:.0f}s)" if runner.compiled else "off",
         "fused_kernels": "on" if runner.layer_ops is not None else "off",
     }
     described["target_dtype"] = describe_target_format(
-        runner.weight_format, engine.parts.model.weight_format
+        runner.weight_format, engine.config.model.weight_format
     )
     described["mode"] = engine.plan.describe_mode()
     if engine.step_choice is not None:

@@ -45,50 +45,50 @@ class LLMEngine:
         )
         try:
             self.plan = plan(options)
-            self.parts = self.plan.parts
+            self.config = self.plan.config
             self._build()
         except BaseException:
             self.close()  # a half-built engine leaves no child process and no pinned cores behind
             raise
 
     def _build(self) -> None:
-        parts = self.parts
-        if parts.model.num_threads:
-            torch.set_num_threads(parts.model.num_threads)
+        config = self.config
+        if config.model.num_threads:
+            torch.set_num_threads(config.model.num_threads)
         core_sets = self._place()
-        self.model_path = parts.model.path
-        self.hf_config = load_config(self.model_path, parts.model.load_format)
-        check_splittable(self.hf_config, parts.parallel.tensor_parallel_size)
+        self.model_path = config.model.path
+        self.hf_config = load_config(self.model_path, config.model.load_format)
+        check_splittable(self.hf_config, config.parallel.tensor_parallel_size)
         self.tokenizer = load_tokenizer(
             self.model_path,
-            parts.model.tokenizer,
-            parts.model.load_format,
+            config.model.tokenizer,
+            config.model.load_format,
             self.hf_config.vocab_size,
         )
-        self.max_model_len = max_model_len(self.hf_config, parts.scheduler.max_model_len)
-        self.device = torch.device(parts.model.device)
-        dtype = DTYPES[parts.model.dtype]
-        num_blocks = num_kv_blocks(parts, self.hf_config, self.max_model_len, dtype)
+        self.max_model_len = max_model_len(self.hf_config, config.scheduler.max_model_len)
+        self.device = torch.device(config.model.device)
+        dtype = DTYPES[config.model.dtype]
+        num_blocks = num_kv_blocks(config, self.hf_config, self.max_model_len, dtype)
         # verification and drafting run up to K positions past the last token
-        max_position = self.max_model_len + parts.speculative.k + 1
+        max_position = self.max_model_len + config.speculative.k + 1
         target = RunnerSpec(
-            parts.model, replace(parts.cache, num_kv_blocks=num_blocks), max_position
+            config.model, replace(config.cache, num_kv_blocks=num_blocks), max_position
         )
-        if parts.parallel.tensor_parallel_size > 1 or torchrun_world() is not None:
+        if config.parallel.tensor_parallel_size > 1 or torchrun_world() is not None:
             self.runner = start_tensor_parallel(
-                parts.parallel, target, core_sets and core_sets[:-1]
+                config.parallel, target, core_sets and core_sets[:-1]
             )
         else:
             self.runner = target.build()
         self.block_manager = BlockManager(
-            num_blocks, parts.cache.block_size, parts.cache.enable_prefix_caching
+            num_blocks, config.cache.block_size, config.cache.enable_prefix_caching
         )
-        stall = parts.scheduler.max_decode_stall
+        stall = config.scheduler.max_decode_stall
         self.scheduler = Scheduler(
             self.block_manager,
-            parts.scheduler.max_num_seqs,
-            parts.scheduler.max_num_batched_tokens,
-            parts.scheduler.prefill_tokens_while_decoding,
+            config.scheduler.max_num_seqs,
+            config.scheduler.max_num_batched_tokens,
+            config.scheduler.prefill_tokens_while_decoding,
             PrefillPacer(stall) if stall else None,
         )
         self.scheduler.tell_on_release(self.runner)  # tensor-parallel workers forget freed tables
@@ -96,15 +96,15 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, eos_ids, self.max_model_len)
         eos = self.output_processor.eos_token_ids
         self.verifier = Verifier(
-            stream_generator(parts.seed, Stream.TARGET, device=self.device),  # unseeded requests
-            synthetic_acceptance(parts.speculative.synthetic_acceptance, parts.seed),
+            stream_generator(config.seed, Stream.TARGET, device=self.device),  # unseeded requests
+            synthetic_acceptance(config.speculative.synthetic_acceptance, config.seed),
             eos,
             Grammars(self.tokenizer, self.hf_config.vocab_size, eos),
         )
         self.scheduler.tell_on_release(self.verifier.grammars)
-        self.spec_metrics = SpecMetrics(parts.speculative.k)
+        self.spec_metrics = SpecMetrics(config.speculative.k)
         side = TargetSide(
-            parts,
+            config,
             self.plan.draft,
             self.plan.saguaro,
             self.model_path,
@@ -114,15 +114,17 @@ class LLMEngine:
             self.device,
             self.verifier.grammars,
         )
-        if parts.speculative.mode == "sd":
+        speculative = config.speculative
+        if speculative.mode == "sd":
             self.speculator = build_sync_draft(side, target)
             self.scheduler.tell_on_release(self.speculator)
-            self.step_choice = (
-                StepChoice(parts.speculative.k) if parts.speculative.per_step == "goodput" else None
-            )
-        elif parts.speculative.mode == "ssd":
+            per_step = speculative.per_step == "goodput"
+            self.step_choice = StepChoice(speculative.k) if per_step else None
+        elif speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
-            self.speculator = start_async_draft(side, target, cores, threads_on(parts.model, cores))
+            self.speculator = start_async_draft(
+                side, target, cores, threads_on(config.model, cores)
+            )
             self.scheduler.tell_on_release(self.speculator)
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
@@ -132,7 +134,7 @@ class LLMEngine:
         """CUDA graphs for the target's repeated steps: decode and verification of K + 1 tokens."""
         shapes = (
             [("paged", 1)]
-            if self.parts.speculative.mode == "ar"
+            if self.config.speculative.mode == "ar"
             else [("paged", 1), ("paged", self.k + 1)]
         )
         self.runner.capture_graphs(shapes)
@@ -141,9 +143,9 @@ class LLMEngine:
         """Pins this process (rank 0) to the first of the plan's core sets until close(); -> SSD's
         core sets (one per target rank, then the draft's), None otherwise."""
         sets = self.plan.core_sets
-        if sets and self.parts.parallel.tensor_parallel_size == 1:
-            self._pinned = pin(sets[0], threads_on(self.parts.model, sets[0]))
-        return sets if self.parts.speculative.mode == "ssd" else None
+        if sets and self.config.parallel.tensor_parallel_size == 1:
+            self._pinned = pin(sets[0], threads_on(self.config.model, sets[0]))
+        return sets if self.config.speculative.mode == "ssd" else None
 
     def tokenize(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str):
@@ -171,7 +173,7 @@ class LLMEngine:
     @property
     def k(self) -> int:
         """Draft tokens a round: the plan's K, 0 without a speculator."""
-        return self.parts.speculative.k if self.speculator else 0
+        return self.config.speculative.k if self.speculator else 0
 
     def make_sequence(
         self, prompt: str | list[int], params: SamplingParams | None = None
@@ -187,9 +189,9 @@ class LLMEngine:
         token_ids = self.tokenize(prompt)
         self.validate(token_ids, params)
         text = prompt if isinstance(prompt, str) else None
-        first = Sequence(token_ids, params, self.parts.cache.block_size, text)
+        first = Sequence(token_ids, params, self.config.cache.block_size, text)
         return [first] + [
-            Sequence(token_ids, params, self.parts.cache.block_size, text, i, first)
+            Sequence(token_ids, params, self.config.cache.block_size, text, i, first)
             for i in range(1, params.n)
         ]
 

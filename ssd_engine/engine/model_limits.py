@@ -6,7 +6,7 @@ import os
 import torch
 from transformers import GenerationConfig
 
-from ssd_engine.core.config_parts import Config
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.runtime.model_runner import ModelRunner
 
 
@@ -23,19 +23,19 @@ def max_model_len(hf_config, wanted: int | None) -> int:
     return wanted
 
 
-def num_kv_blocks(parts: Config, hf_config, model_len: int, dtype: torch.dtype) -> int:
+def num_kv_blocks(config: EngineConfig, hf_config, model_len: int, dtype: torch.dtype) -> int:
     """The option's KV blocks, else those kv_cache_memory_gb holds, capped at what every sequence at
     full length can use."""
-    cache = parts.cache
+    cache = config.cache
     if cache.num_kv_blocks is not None:
         return cache.num_kv_blocks
     # kv_cache_memory_gb is per rank, as GPU memory limits are per device
     per_block = ModelRunner.kv_bytes_per_block(
-        hf_config, cache.block_size, dtype, parts.parallel.tensor_parallel_size
+        hf_config, cache.block_size, dtype, config.parallel.tensor_parallel_size
     )
     by_memory = int(cache.kv_cache_memory_gb * 2**30 // per_block)
     # more blocks than every slot of every sequence at full length can never be used
-    useful = parts.scheduler.max_num_seqs * -(-model_len // cache.block_size) + 1
+    useful = config.scheduler.max_num_seqs * -(-model_len // cache.block_size) + 1
     return max(1, min(by_memory, useful))
 
 

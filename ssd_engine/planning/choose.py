@@ -47,12 +47,12 @@ class ModeChoice:
 
 def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
     """The config with speculative_mode="auto" replaced by the chosen mode and its settings."""
-    if config.model is not None and config.draft_model is None:
-        return replace(config, speculative_mode="ar"), ModeChoice("ar", 0, "no draft model")
+    if config.model.path is not None and config.speculative.draft_model is None:
+        return config.with_options(speculative_mode="ar"), ModeChoice("ar", 0, "no draft model")
     world = torchrun_world()
     if world is not None and world[0] != 0:
         # this rank serves rank 0's plan: measuring here would only slow rank 0's measurement
-        return replace(config, speculative_mode="ar"), ModeChoice(
+        return config.with_options(speculative_mode="ar"), ModeChoice(
             "ar", 0, f"torchrun rank {world[0]}: serves rank 0, which chooses the mode"
         )
     try:
@@ -63,18 +63,19 @@ def resolve_auto(config: EngineConfig) -> tuple[EngineConfig, ModeChoice]:
             if placement_for(config)[0].ssd_draft
             else ("sd", "no device for an SSD draft of its own")
         )
-        return replace(config, speculative_mode=mode), ModeChoice(
-            mode, config.num_speculative_tokens, f"not measured: {missing}; {mode.upper()}, {where}"
+        return config.with_options(speculative_mode=mode), ModeChoice(
+            mode, config.speculative.k, f"not measured: {missing}; {mode.upper()}, {where}"
         )
     choice = _choose(seen)
-    if config.tensor_parallel_size > 1 and seen.placement.device == "cpu" and world is None:
-        single = replace(config, tensor_parallel_size=1)
+    ranks = config.parallel.tensor_parallel_size
+    if ranks > 1 and seen.placement.device == "cpu" and world is None:
+        single = config.with_options(tensor_parallel_size=1)
         alone = survey(single)
         one = _choose(alone)
         ranks_s, one_s = choice.predicted_tok_s[choice.mode], one.predicted_tok_s[one.mode]
         if one_s > ranks_s:
             line = (
-                f"tensor parallelism predicted slower: {config.tensor_parallel_size} ranks {ranks_s:.2f} tok/s "
+                f"tensor parallelism predicted slower: {ranks} ranks {ranks_s:.2f} tok/s "
                 f"({choice.mode}), one process {one_s:.2f} ({one.mode}); running one process (a mode given "
                 f"with --mode keeps the ranks)"
             )
@@ -102,25 +103,26 @@ def _choose(seen: Survey) -> ModeChoice:
 def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
     """A forced SSD on CPU without tensor parallelism: budget B, draft format and fallback timing
     from this machine's costs at K, unless given or the pair was calibrated on this kind of CPU."""
-    pinned = config.draft_dtype != "auto" and not needs_calibration(config.parts().speculative.ssd)
+    speculative, ssd = config.speculative, config.speculative.ssd
+    pinned = speculative.draft_dtype != "auto" and not needs_calibration(ssd)
     if (
-        config.device != "cpu"
-        or config.tensor_parallel_size > 1
-        or config.ssd_budget is not None
+        config.model.device != "cpu"
+        or config.parallel.tensor_parallel_size > 1
+        or ssd.budget is not None
         or pinned
     ):
         return config, None
     calibrations = find_calibrations(
         resolve_model_path(config),
         resolve_model_path(config, "draft"),
-        config.calibration_dir or CONFIG_DIR,
+        ssd.calibration_dir or CONFIG_DIR,
     )
     if calibrations and calibrations[0].measured.get("cpu_fingerprint") == cpu_fingerprint():
         return config, None  # calibrated on this kind of CPU: its measured budget stands
     seen = survey(config)
     if not seen.placement.ssd_draft:
         return config, None  # one core: the draft shares it, and no prediction covers that
-    k = config.num_speculative_tokens
+    k = speculative.k
     predicted = _best_format(
         [
             (fmt, predict_ssd(seen.measured.costs(fmt), seen.acceptance, k))
@@ -134,8 +136,8 @@ def size_ssd(config: EngineConfig) -> tuple[EngineConfig, ModeChoice | None]:
         {"ssd": predicted.tokens_per_s},
         predicted.detail,
     )
-    return replace(
-        config, ssd_budget=predicted.detail["budget"], draft_dtype=predicted.detail["draft_format"]
+    return config.with_options(
+        ssd_budget=predicted.detail["budget"], draft_dtype=predicted.detail["draft_format"]
     ), choice
 
 
@@ -170,14 +172,15 @@ def _apply(
     (except under torchrun, whose ranks the engine does not place)."""
     on_cpu = placement.device == "cpu"
     if choice.mode == "ssd":
-        budget = config.ssd_budget if config.ssd_budget is not None else choice.detail["budget"]
+        budget = config.speculative.ssd.budget
+        budget = budget if budget is not None else choice.detail["budget"]
         changes = dict(speculative_mode="ssd", num_speculative_tokens=choice.k, ssd_budget=budget)
         if on_cpu:
             changes["draft_dtype"] = choice.detail.get("draft_format", measured.ssd_format)
             if torchrun_world() is None:
                 changes["cpu_cores"] = format_core_sets(placement.ssd_ranks + [placement.ssd_draft])
-        return replace(config, **changes)
-    synthetic = config.synthetic or Synthetic()
+        return config.with_options(**changes)
+    synthetic = config.speculative.synthetic or Synthetic()
     kept = Synthetic(
         synthetic.acceptance if choice.mode == "sd" else None
     )  # SD draws no lookups, AR no drafts
@@ -191,5 +194,5 @@ def _apply(
     if on_cpu and torchrun_world() is None:
         changes["cpu_cores"] = format_core_sets(placement.ranks)
         if len(placement.ranks) == 1:
-            changes["num_threads"] = config.num_threads or len(placement.ranks[0])
-    return replace(config, **changes)
+            changes["num_threads"] = config.model.num_threads or len(placement.ranks[0])
+    return config.with_options(**changes)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 
 from tqdm import tqdm
 
-from ssd_engine.core.config_parts import ModelConfig
+from ssd_engine.core.config_sections import ModelConfig
 from ssd_engine.models.loader import load_config
 from ssd_engine.planning import formats
 from ssd_engine.planning.contention import memory_traffic

@@ -15,7 +15,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ssd_engine.core.config_parts import Config, ModelConfig
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.config_sections import ModelConfig
 from ssd_engine.core.option_choices import DRAFT_DTYPES
 from ssd_engine.distributed.placement import pin, unpin
 from ssd_engine.kernels import gguf_cpu
@@ -58,17 +59,17 @@ class DraftFormat:
 
 @dataclass(frozen=True)
 class Formats:
-    target: ModelConfig  # the target's part with its row padding
+    target: ModelConfig  # the target's model with its row padding
     draft: ModelConfig | None  # the draft's: its folder, device, resolved format and row padding
     draft_format: DraftFormat | None
 
 
 def decide(
-    parts: Config, core_sets: list[list[int]] | None, saguaro: SaguaroPlan | None
+    config: EngineConfig, core_sets: list[list[int]] | None, saguaro: SaguaroPlan | None
 ) -> Formats:
     """The target's and the draft's formats for where the engine will run them: SSD's draft on the
     last of `core_sets` (CPU) or the GPU after the target's ranks, SD's beside the target."""
-    model, speculative = parts.model, parts.speculative
+    model, speculative = config.model, config.speculative
     target_cores = core_sets[0] if core_sets else sorted(os.sched_getaffinity(0))
     target_threads = threads_on(model, core_sets[0] if core_sets else None)
     target = with_row_padding(model, target_cores, target_threads)
@@ -83,7 +84,7 @@ def decide(
     else:
         cores = core_sets[-1] if core_sets else None
         threads = threads_on(model, cores)
-        draft = replace(draft, device=ssd_draft_device(parts))
+        draft = replace(draft, device=ssd_draft_device(config))
         branch_rows = max(sum(fanout) for _, fanout in saguaro.fanouts)
         # a round: the glue scores K+1 rows, then K branch steps of B rows; a miss drafts one row
         workload = [(1, 1), (speculative.k + 1, 1), (max(branch_rows, 1), speculative.k)]
@@ -107,12 +108,12 @@ def threads_on(model: ModelConfig, cores: list[int] | None) -> int:
     return model.num_threads or (len(cores) if cores else torch.get_num_threads())
 
 
-def ssd_draft_device(parts: Config) -> str:
+def ssd_draft_device(config: EngineConfig) -> str:
     """The SSD draft's device: the GPU after the target's ranks (the last one when too few), or the CPU."""
-    device = parts.model.device
+    device = config.model.device
     if not device.startswith("cuda"):
         return device
-    wanted = (torch.device(device).index or 0) + parts.parallel.tensor_parallel_size
+    wanted = (torch.device(device).index or 0) + config.parallel.tensor_parallel_size
     return f"cuda:{min(wanted, torch.cuda.device_count() - 1)}"
 
 

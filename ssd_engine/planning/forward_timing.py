@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import torch
 
-from ssd_engine.core.config_parts import CacheConfig, ModelConfig, ParallelConfig
+from ssd_engine.core.config_sections import CacheConfig, ModelConfig, ParallelConfig
 from ssd_engine.core.core_sets import format_core_sets
 from ssd_engine.core.sampling_params import SamplingParams
 from ssd_engine.core.structures import ScheduledBatch, Sequence, new_block_table

@@ -9,7 +9,7 @@ from dataclasses import replace
 import torch
 from tqdm import tqdm
 
-from ssd_engine.core.config_parts import ModelConfig
+from ssd_engine.core.config_sections import ModelConfig
 from ssd_engine.models.loader import load_config
 from ssd_engine.planning import costs, formats
 from ssd_engine.planning.forward_timing import (
@@ -65,10 +65,8 @@ def measure(
 
 def _time(model: ModelConfig, device: str, rows: tuple[int, ...], bar) -> dict[int, float]:
     """Median seconds of a forward of n new rows (logits for each) on `device`, per n in `rows`."""
-    graphed = model.cuda_graph_max_batch > 0
-    one_row_bucket = replace(
-        model, device=device, cuda_graph_max_batch=min(model.cuda_graph_max_batch, 1)
-    )
+    graphed = model.graph_max_batch > 0
+    one_row_bucket = replace(model, device=device, graph_max_batch=min(model.graph_max_batch, 1))
     runner, scale = build_timed(one_row_bucket)
     try:
         if graphed:

@@ -14,10 +14,10 @@ from ssd_engine.utils.machine import fingerprint
 
 def placement_for(config: EngineConfig) -> tuple[Placement, str]:
     """Where AR, SD and SSD would run, as the engine places them; why SSD is no candidate ("")."""
-    if config.device != "cpu":
+    if config.model.device != "cpu":
         return _gpu_placement(config)
-    tp = config.tensor_parallel_size
-    sets = parse_core_sets(config.cpu_cores) if config.cpu_cores else [available_cores()]
+    tp, cpu_cores = config.parallel.tensor_parallel_size, config.parallel.cpu_cores
+    sets = parse_core_sets(cpu_cores) if cpu_cores else [available_cores()]
     every = sorted({c for s in sets for c in s})
     if tp == 1:
         half = len(every) // 2
@@ -27,9 +27,9 @@ def placement_for(config: EngineConfig) -> tuple[Placement, str]:
             (sets[0], sets[1]) if len(sets) == 2 else (every[:half], every[half:])
         )
         return Placement([every], [target_cores], draft_cores), ""
-    if config.cpu_cores:
+    if cpu_cores:
         plan_core_sets(
-            len(sets), config.cpu_cores
+            len(sets), cpu_cores
         )  # the engine's checks (available, disjoint) before any pinning
     if len(every) < tp:
         raise ValueError(
@@ -50,16 +50,17 @@ def placement_for(config: EngineConfig) -> tuple[Placement, str]:
 
 def _gpu_placement(config: EngineConfig) -> tuple[Placement, str]:
     """Rank r on the config's GPU + r; SSD's draft on the next, a candidate only where it exists."""
+    device = config.model.device
     first, tp, count = (
-        torch.device(config.device).index or 0,
-        config.tensor_parallel_size,
+        torch.device(device).index or 0,
+        config.parallel.tensor_parallel_size,
         len(_gpus()),
     )
     ranks = [[first + r] for r in range(tp)]
     if first + tp < count:
-        return Placement(ranks, ranks, [first + tp], config.device), ""
+        return Placement(ranks, ranks, [first + tp], device), ""
     why = f"{tp} rank GPU(s) + the draft's need GPUs up to cuda:{first + tp}, {count} here: the draft would share one"
-    return Placement(ranks, ranks, [], config.device), why
+    return Placement(ranks, ranks, [], device), why
 
 
 def _gpus() -> list[

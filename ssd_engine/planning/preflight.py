@@ -41,15 +41,16 @@ def check_model_source(path: str, option: str = "model", load_format: str = "aut
 
 def check_before_loading(config: EngineConfig) -> None:
     """ValueError for a model source check_model_source refuses or a missing calibration_dir."""
-    sources = [("model", config.model)] + (
-        [("draft_model", config.draft_model)] if config.speculative_mode != "ar" else []
+    speculative, ssd = config.speculative, config.speculative.ssd
+    sources = [("model", config.model.path)] + (
+        [("draft_model", speculative.draft_model)] if speculative.mode != "ar" else []
     )
     for option, path in sources:
         if path is not None:
-            check_model_source(path, option, config.load_format)
+            check_model_source(path, option, config.model.load_format)
     if (
-        config.speculative_mode in ("ssd", "auto")
-        and config.calibration_dir is not None
-        and not os.path.isdir(config.calibration_dir)
+        speculative.mode in ("ssd", "auto")
+        and ssd.calibration_dir is not None
+        and not os.path.isdir(ssd.calibration_dir)
     ):
-        raise ValueError(f"calibration_dir not found: {config.calibration_dir}")
+        raise ValueError(f"calibration_dir not found: {ssd.calibration_dir}")

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import torch
 
-from ssd_engine.core.config_parts import ModelConfig
+from ssd_engine.core.config_sections import ModelConfig
 from ssd_engine.distributed.placement import pin, unpin
 from ssd_engine.models.gguf_weights import GGUF_FORMATS
 from ssd_engine.planning.probe_cache import read_probe, write_probe

@@ -3,7 +3,7 @@
 from dataclasses import dataclass, replace
 
 from ssd_engine.core.config import EngineConfig
-from ssd_engine.core.config_parts import ModelConfig
+from ssd_engine.core.config_sections import ModelConfig
 from ssd_engine.core.core_sets import format_core_sets
 from ssd_engine.core.synthetic_hook import Synthetic
 from ssd_engine.distributed.partition import check_splittable
@@ -33,7 +33,8 @@ def survey(config: EngineConfig) -> Survey:
     """This machine's costs for the config's pair and placement (measured once, then cached).
     Raises NotMeasured where planning/costs.py cannot time the device."""
     target_path, draft_path = resolve_model_path(config), resolve_model_path(config, "draft")
-    tp = config.tensor_parallel_size
+    model, speculative = config.model, config.speculative
+    tp, draft_dtype = config.parallel.tensor_parallel_size, speculative.draft_dtype
     if tp > 1:  # an unsplittable target fails here, naming its sizes, before any rank is started
         check_splittable(load_config(target_path, "dummy"), tp)
     placement, no_ssd = placement_for(config)
@@ -42,37 +43,37 @@ def survey(config: EngineConfig) -> Survey:
             placement_key(placement, tp),
             model_fingerprint(target_path)[:8],
             model_fingerprint(draft_path)[:8],
-            config.draft_dtype,
+            draft_dtype,
         ]
-        + (
-            ["+".join(FORMATS)] if config.draft_dtype == "auto" else []
-        )  # another candidate: measured anew
-        + ([config.target_dtype] if config.target_weight_format else [])
+        + (["+".join(FORMATS)] if draft_dtype == "auto" else [])  # another candidate: measured anew
+        + ([model.target_dtype] if model.weight_format else [])
         # a GGUF target's costs are its kernels': another build of them is measured anew
-        + ([gguf_cpu.library_key()] if config.target_weight_format in ("gguf", "gguf-int8") else [])
+        + ([gguf_cpu.library_key()] if model.weight_format in ("gguf", "gguf-int8") else [])
     )
-    model = ModelConfig(
+    # the target as the engine would run it, less what a timing leaves out (its own threads,
+    # tokenizer and load format, compiling, graphs on a CPU)
+    timed = ModelConfig(
         target_path,
-        None,
-        config.dtype,
-        config.device,
-        config.weight_layout,
-        config.attention_backend,
-        config.graph_max_batch if placement.device != "cpu" else 0,
-        weight_format=config.target_weight_format,
-        fused_kernels=config.fused_kernels,
-        row_independent=config.target_weight_format is not None,
+        dtype=model.dtype,
+        device=model.device,
+        attention_backend=model.attention_backend,
+        fused_kernels=model.fused_kernels,
+        weight_layout=model.weight_layout,
+        graph_max_batch=model.graph_max_batch if placement.device != "cpu" else 0,
+        weight_format=model.weight_format,
+        row_independent=model.row_independent,
     )
     measured, cached = load_or_measure(
         key,
         str(cache_dir()),
-        model,
-        replace(model, path=draft_path),
-        config.draft_dtype,
+        timed,
+        replace(timed, path=draft_path),
+        draft_dtype,
         placement,
         measure_gpu=gpu_costs.measure,
     )
-    calibrations = find_calibrations(target_path, draft_path, config.calibration_dir or CONFIG_DIR)
+    ssd = speculative.ssd
+    calibrations = find_calibrations(target_path, draft_path, ssd.calibration_dir or CONFIG_DIR)
     how = (
         f"{'cached ' if cached else ''}costs measured on {len(placement.every)} "
         f"{'core(s)' if placement.device == 'cpu' else 'GPU(s)'} in {measured.seconds:.0f} s"
@@ -93,7 +94,7 @@ def survey(config: EngineConfig) -> Survey:
     acceptance = with_synthetic(
         Acceptance.from_calibration(calibrations[0] if calibrations else None), config
     )
-    if config.synthetic is not None:
+    if speculative.synthetic is not None:
         how += " (the synthetic acceptance / hit rates replace what they set)"
     return Survey(placement, measured, acceptance, how)
 
@@ -109,7 +110,7 @@ def _where(sets: list[list[int]], device: str) -> str:
 def with_synthetic(acceptance: Acceptance, config: EngineConfig) -> Acceptance:
     """Benchmarking: under a synthetic acceptance every draft is accepted with probability alpha, and
     under a synthetic hit rate a lookup hits with probability p whatever the fan-out (r = 0)."""
-    synthetic = config.synthetic or Synthetic()
+    synthetic = config.speculative.synthetic or Synthetic()
     if synthetic.acceptance is not None:
         acceptance = replace(acceptance, position_rates=(float(synthetic.acceptance),))
     if synthetic.hit is not None:

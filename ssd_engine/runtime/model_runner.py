@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ssd_engine.core.config_parts import CacheConfig, ModelConfig
+from ssd_engine.core.config_sections import CacheConfig, ModelConfig
 from ssd_engine.core.structures import ScheduledBatch
 from ssd_engine.distributed.comm import TPGroup
 from ssd_engine.distributed.partition import max_kv_heads_per_rank
@@ -141,9 +141,9 @@ class ModelRunner:
         )
         self.hidden = self.compiled or self.model
         self.graphs = self._graph_runner(
-            model.cuda_graph_max_batch, cache.num_kv_blocks, runner_spec.max_position
+            model.graph_max_batch, cache.num_kv_blocks, runner_spec.max_position
         )
-        self.piecewise = self._piecewise_graphs(model.cuda_graph_max_batch)
+        self.piecewise = self._piecewise_graphs(model.graph_max_batch)
         self._allocate_kv_cache(
             cache.num_kv_blocks + (self.graphs is not None)
         )  # + the padding rows' block

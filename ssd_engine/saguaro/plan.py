@@ -4,7 +4,7 @@ import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ssd_engine.core.config_parts import SpeculativeConfig, SSDConfig
+from ssd_engine.core.speculative_config import SpeculativeConfig, SSDConfig
 from ssd_engine.saguaro import calibration as cal_mod
 from ssd_engine.saguaro.calibration import Calibration, find_calibrations
 from ssd_engine.saguaro.fallback import Estimates, FallbackPolicy
@@ -38,7 +38,7 @@ class SaguaroPlan:
 def needs_calibration(ssd: SSDConfig) -> bool:
     """Whether this SSD leaves something to a calibration or this machine's timing: a fan-out rule,
     or an auto fallback whose b* is not pinned."""
-    return ssd.fanout is None or (ssd.fallback == "auto" and ssd.critical_batch is None)
+    return ssd.fanout_counts is None or (ssd.fallback == "auto" and ssd.critical_batch is None)
 
 
 def plan_saguaro(
@@ -86,8 +86,9 @@ def _fanout(
     """The fan-out at the planned budget, or at `budget`: each rule's own optimum there (scaling the
     planned integers cannot tell which of two single branches is likelier); a user's, scaled."""
     planned = ssd.budget if ssd.budget is not None else (cal.budget if cal else k + 1)
-    if ssd.fanout is not None:
-        return list(ssd.fanout) if budget is None else scale_fanout(list(ssd.fanout), budget)
+    if ssd.fanout_counts is not None:
+        counts = list(ssd.fanout_counts)
+        return counts if budget is None else scale_fanout(counts, budget)
     budget = planned if budget is None else budget
     if ssd.fanout_rule == "uniform":
         return uniform_fanout(budget, k)

@@ -151,9 +151,8 @@ def serve_replicas(
             f"--data-parallel-size {replicas} runs on Ray Serve, which is not installed: "
             f"{RAY_INSTALL}"
         ) from None
-    max_num_seqs = EngineConfig.from_kwargs(
-        **options
-    ).max_num_seqs  # bad options fail here, before Ray starts
+    # bad options fail here, before Ray starts
+    max_num_seqs = EngineConfig.from_kwargs(**options).scheduler.max_num_seqs
     core_sets = None if ray_address else replica_core_sets(replicas, options.get("cpu_cores"))
     if ray_address:
         ray.init(address=ray_address, log_to_driver=True)

@@ -7,7 +7,8 @@ from dataclasses import dataclass, replace
 import torch
 from transformers import AutoTokenizer
 
-from ssd_engine.core.config_parts import Config, ModelConfig
+from ssd_engine.core.config import EngineConfig
+from ssd_engine.core.config_sections import ModelConfig
 from ssd_engine.core.streams import Stream, stream_generator
 from ssd_engine.models.loader import load_config
 from ssd_engine.models.tokenizer_source import has_tokenizer_files
@@ -23,7 +24,7 @@ from ssd_engine.speculative.ssd.process import DraftSpec
 class TargetSide:
     """What building a draft needs from the engine that will verify it."""
 
-    parts: Config
+    config: EngineConfig
     draft: ModelConfig  # the plan's: the draft's folder, device and decided formats
     saguaro: SaguaroPlan | None  # SSD: the plan's fan-outs and fallback rule
     model_path: str
@@ -56,10 +57,10 @@ def same_tokenizer_files(target_path: str, draft_path: str) -> bool:
 def draft_path_and_vocab(side: TargetSide) -> tuple[str, int]:
     """The draft's folder (checked against the target's tokenizer) and the ids it may propose:
     ids past the tokenizer (embedding padding) or past either model's vocabulary never are."""
-    parts = side.parts
-    draft_path, load_format = parts.speculative.draft_model, parts.model.load_format
+    config = side.config
+    draft_path, load_format = config.speculative.draft_model, config.model.load_format
     draft_config = load_config(draft_path, load_format)
-    tokenizer_source = parts.model.tokenizer or side.model_path
+    tokenizer_source = config.model.tokenizer or side.model_path
     # dummy models may lack tokenizers: the vocabulary sizes below still bound the proposals
     tokenizer_less = load_format == "dummy" and not (
         has_tokenizer_files(tokenizer_source) and has_tokenizer_files(draft_path)
@@ -68,7 +69,7 @@ def draft_path_and_vocab(side: TargetSide) -> tuple[str, int]:
         check_same_tokenizer(
             side.tokenizer, AutoTokenizer.from_pretrained(draft_path), side.model_path, draft_path
         )
-    k, budget = parts.speculative.k, parts.scheduler.max_num_batched_tokens
+    k, budget = config.speculative.k, config.scheduler.max_num_batched_tokens
     if budget < k + 1:
         raise ValueError(
             f"max_num_batched_tokens={budget} cannot fit one verification of "
@@ -93,17 +94,17 @@ def start_async_draft(
     """Spawn the SSD draft on the plan's device (its own cores on CPU, the GPU after the target's
     ranks). Its KV cache and positions are sized like `target`'s."""
     _, vocab = draft_path_and_vocab(side)
-    parts, plan = side.parts, side.saguaro
+    config, plan = side.config, side.saguaro
     runner = replace(target, model=side.draft)
     draft_spec = DraftSpec(
         runner,
-        parts.speculative,
+        config.speculative,
         tuple((t, tuple(f)) for t, f in plan.fanouts),
         tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables),
         vocab,
-        parts.scheduler.max_num_seqs,
-        parts.seed,
-        parts.model.tokenizer or side.model_path,
+        config.scheduler.max_num_seqs,
+        config.seed,
+        config.model.tokenizer or side.model_path,
         tuple(sorted(side.eos_token_ids)),
     )
     device = side.draft.device
@@ -112,13 +113,13 @@ def start_async_draft(
         side.vocab_size,
         cores,
         threads,
-        parts.speculative.draft_timeout_s,
-        stream_generator(parts.seed, Stream.BACKUP, "coordinator", device=side.device),
+        config.speculative.draft_timeout_s,
+        stream_generator(config.seed, Stream.BACKUP, "coordinator", device=side.device),
         side.device,
         plan,
-        host=draft_host(parts.speculative.ssd.draft_host, device, parts.model.device),
+        host=draft_host(config.speculative.ssd.draft_host, device, config.model.device),
         prompt_window=prompt_window.resolve(
-            parts.speculative.prompt_window, device, overlaps_target=True
+            config.speculative.prompt_window, device, overlaps_target=True
         ),
     )
 
@@ -126,12 +127,12 @@ def start_async_draft(
 def build_sync_draft(side: TargetSide, target: RunnerSpec) -> SyncDraft:
     """SD's draft in this process, on the target's device and settings."""
     _, proposable = draft_path_and_vocab(side)
-    k = side.parts.speculative.k
+    k = side.config.speculative.k
     runner = replace(target, model=side.draft).build()
     # draft steps, and the catch-up: two tokens a row after a fully accepted round, else one
     runner.capture_graphs([("paged", 1), ("paged", 2)])
     window = prompt_window.resolve(
-        side.parts.speculative.prompt_window, target.model.device, overlaps_target=False
+        side.config.speculative.prompt_window, target.model.device, overlaps_target=False
     )
     return SyncDraft(
         runner,
@@ -139,8 +140,8 @@ def build_sync_draft(side: TargetSide, target: RunnerSpec) -> SyncDraft:
         target.cache.block_size,
         k,
         proposable,
-        stream_generator(side.parts.seed, Stream.DRAFT, device=side.device),
+        stream_generator(side.config.seed, Stream.DRAFT, device=side.device),
         side.grammars,
-        reads_prompts_ahead=side.parts.speculative.per_step == "off",
+        reads_prompts_ahead=side.config.speculative.per_step == "off",
         prompt_window=window,
     )

@@ -8,7 +8,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from ssd_engine.core.config_parts import ParallelConfig
+from ssd_engine.core.config_sections import ParallelConfig
 from ssd_engine.distributed import supervise
 from ssd_engine.distributed.comm import SHM_CAPACITY, TPGroup
 from ssd_engine.distributed.placement import describe, pin, plan_core_sets, unpin

@@ -32,7 +32,7 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
     CUDA graphs' row cap (emulated on CPU; 0: none)."""
     import torch
 
-    from ssd_engine.core.config_parts import CacheConfig, ModelConfig
+    from ssd_engine.core.config_sections import CacheConfig, ModelConfig
     from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
     from ssd_engine.models.loader import load_config
     from ssd_engine.runtime.cuda_graphs import emulated
@@ -44,15 +44,14 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
     dtype = "float32" if fmt is None or ACTIVATION_DTYPE[fmt] == torch.float32 else "bfloat16"
     model = ModelConfig(
         path,
-        None,
-        dtype,
-        "cpu",
-        "packed",
+        dtype=dtype,
+        device="cpu",
+        weight_layout="packed",
         weight_format=fmt,
         load_format="dummy",
         attention_backend="triton" if gpu_path else "torch",
         fused_kernels="on" if gpu_path else "off",
-        cuda_graph_max_batch=graphs,
+        graph_max_batch=graphs,
     )
     blocks = -(-(PREFIX + 2) // BLOCK)
     with emulated(bool(graphs)):

@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass, replace
 
 import torch.distributed as dist
 
-from ssd_engine.core.config_parts import CacheConfig, ModelConfig, SpeculativeConfig, SSDConfig
+from ssd_engine.core.config_sections import CacheConfig, ModelConfig
+from ssd_engine.core.speculative_config import SpeculativeConfig, SSDConfig
+from ssd_engine.core.synthetic_hook import Synthetic
 from ssd_engine.distributed import supervise
 from ssd_engine.runtime.model_runner import RunnerSpec
 from ssd_engine.speculative.ssd import reply_window
@@ -50,7 +52,14 @@ class DraftSpec:
             runner["max_position"],
             runner["checkpoint_config"],
         )
-        speculative = SpeculativeConfig(**{**speculative, "ssd": SSDConfig(**speculative["ssd"])})
+        synthetic = speculative["synthetic"]
+        speculative = SpeculativeConfig(
+            **{
+                **speculative,
+                "ssd": SSDConfig(**speculative["ssd"]),
+                "synthetic": None if synthetic is None else Synthetic(**synthetic),
+            }
+        )
         return cls(**{**args, "runner": runner_spec, "speculative": speculative})
 
 

@@ -220,8 +220,8 @@ def new_server(draft_spec: DraftSpec, runner) -> DraftServer:
         builder,
         fanouts,
         seed,
-        BuildBudget() if ssd.fit_window else None,
-        synthetic_draws(ssd.synthetic_hit, seed, "cache hits"),
+        BuildBudget() if ssd.fits_window else None,
+        synthetic_draws(draft_spec.speculative.synthetic_hit, seed, "cache hits"),
         tables,
     )
     server.grammar_source = draft_spec
