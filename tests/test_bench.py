@@ -403,7 +403,9 @@ class FakeLLM:
         self.kwargs = kwargs
         FakeLLM.built.append(self)
         mode, k = kwargs["speculative_mode"], kwargs.get("num_speculative_tokens", 4)
-        self.config = SimpleNamespace(device="cpu", speculative_mode=mode, num_speculative_tokens=k)
+        self.config = SimpleNamespace(
+            model=SimpleNamespace(device="cpu"), speculative=SimpleNamespace(mode=mode, k=k)
+        )
         chosen = (
             SimpleNamespace(
                 mode="ssd",
@@ -419,7 +421,7 @@ class FakeLLM:
         plan = SimpleNamespace(
             choice=chosen,
             mode=ran,
-            parts=SimpleNamespace(speculative=SimpleNamespace(k=self.k)),
+            config=SimpleNamespace(speculative=SimpleNamespace(k=self.k)),
             draft_format=SimpleNamespace(name="int4"),
         )
         self.engine = SimpleNamespace(

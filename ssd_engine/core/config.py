@@ -85,7 +85,7 @@ class EngineConfig:
         """This config with these options (public names) replaced, validated again."""
         return _replaced(self, _routed(flat), ())
 
-    def option_value(self, name: str):
+    def option_value(self, name: str) -> object:
         """The value of the option with public name `name` (`config.option_value("max_num_seqs")`)."""
         return value_at(self, next(iter(_routed({name: None}))))
 
@@ -106,7 +106,7 @@ def _routed(flat: dict) -> dict[Path, object]:
     return {known[name][0]: value for name, value in flat.items()}
 
 
-def _build(kind: type, given: dict[Path, object], at: Path):
+def _build(kind: type, given: dict[Path, object], at: Path) -> object:
     """A `kind` (config or section) of the `given` values below path `at`, defaults elsewhere."""
     values = {}
     for f in fields(kind):
@@ -118,7 +118,7 @@ def _build(kind: type, given: dict[Path, object], at: Path):
     return kind(**values)
 
 
-def _replaced(obj, given: dict[Path, object], at: Path):
+def _replaced(obj: object, given: dict[Path, object], at: Path) -> object:
     """`obj` with the `given` values below path `at` replaced (a section only where one changes)."""
     changes = {}
     for f in fields(obj):

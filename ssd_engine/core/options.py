@@ -95,7 +95,7 @@ def option_fields(kind: type, path: Path = ()) -> dict[str, tuple[Path, Field]]:
     return found
 
 
-def value_at(config, path: Path):
+def value_at(config: object, path: Path) -> object:
     """The value at `path` (attribute names) below `config`."""
     for name in path:
         config = getattr(config, name)
