@@ -12,8 +12,6 @@ from typing import NamedTuple
 
 from ssd_engine.utils import test_hooks
 
-DISABLE_ENV = test_hooks.NO_GGUF_KERNEL  # moving to test_hooks
-
 SOURCES = [
     Path(__file__).with_name(name)
     for name in (

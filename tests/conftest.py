@@ -160,5 +160,5 @@ def _compile_every_runner(request):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(ModelRunner, "__init__", compiled_init)  # runners built in this process
         # the SSD draft process builds its runner from the spec's ModelConfig.compile
-        patch.setattr(EngineConfig, "compiled", property(lambda self: not self.enforce_eager))
+        patch.setattr(EngineConfig, "compiled", property(lambda self: not self.model.enforce_eager))
         yield

@@ -18,7 +18,7 @@ import hf_oracle  # noqa: E402
 from cpu_features import GPU_DRAFT_DTYPE_ON_CPU
 from runners import tiny_runner
 
-from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine import LLM, SamplingParams, testing  # noqa: E402
 from ssd_engine.runtime.cuda_graphs import bucket_sizes  # noqa: E402
 from ssd_engine.runtime.model_runner import ModelRunner  # noqa: E402
 from ssd_engine.runtime.step_inputs import StepInputs  # noqa: E402
@@ -35,9 +35,7 @@ CHECK_PLACEMENT = True
 @pytest.fixture
 def emulated(monkeypatch):
     if DEVICE.type == "cpu":
-        monkeypatch.setenv(
-            "SSD_ENGINE_EMULATE_CUDA_GRAPHS", "1"
-        )  # the SSD draft process inherits it
+        monkeypatch.setenv(testing.EMULATE_CUDA_GRAPHS, "1")  # the SSD draft process inherits it
 
 
 @pytest.fixture(scope="module")

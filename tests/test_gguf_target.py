@@ -24,7 +24,7 @@ from gguf_checkpoints import gguf_checkpoint, random_blocks  # noqa: E402
 from ssd_engine.kernels import gguf_cpu  # noqa: E402
 from test_greedy_generation import _oracle, _prompts  # noqa: E402
 
-from ssd_engine import LLM, SamplingParams  # noqa: E402
+from ssd_engine import LLM, SamplingParams, testing  # noqa: E402
 from ssd_engine.distributed.partition import Span  # noqa: E402
 from ssd_engine.layers.gguf_weight import GGUFWeight, QuantizedRows  # noqa: E402
 
@@ -267,7 +267,7 @@ def test_each_linear_holds_only_its_blocks(gguf_model):
 def test_without_the_kernels_the_target_runs_its_fp32_weights(gguf_model, monkeypatch, capsys):
     folder, _ = gguf_model("qwen2")
     expected = _generate(folder, speculative_mode="ar")
-    monkeypatch.setenv(gguf_cpu.DISABLE_ENV, "1")
+    monkeypatch.setenv(testing.NO_GGUF_KERNEL, "1")
     gguf_cpu.load.cache_clear()
     try:
         with LLM(folder, num_threads=1, target_dtype="gguf", speculative_mode="ar") as llm:

@@ -11,8 +11,6 @@ import torch
 
 from ssd_engine.layers.attention import AttentionMetadata
 from ssd_engine.utils.test_hooks import checked_graph
-from ssd_engine.utils.test_hooks import emulated_cuda_graphs as emulated  # noqa: F401 (moving)
-from ssd_engine.utils.test_hooks import emulating_cuda_graphs as emulating  # noqa: F401 (moving)
 
 
 def bucket_sizes(cap: int) -> list[int]:

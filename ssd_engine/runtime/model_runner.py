@@ -25,11 +25,12 @@ from ssd_engine.models.gguf_weights import GGUF_FORMATS, gguf_blocks_for
 from ssd_engine.models.loader import build_model, config_from_values, config_values, load_config
 from ssd_engine.runtime import weight_packing
 from ssd_engine.runtime.compiled_model import CompiledModel
-from ssd_engine.runtime.cuda_graphs import GraphRunner, emulating
+from ssd_engine.runtime.cuda_graphs import GraphRunner
 from ssd_engine.runtime.piecewise_graphs import PiecewiseGraphs
 from ssd_engine.runtime.step_inputs import StepInputs
 from ssd_engine.runtime.step_tensors import step_tensors
 from ssd_engine.utils.memory import lazy_zeros
+from ssd_engine.utils.test_hooks import emulating_cuda_graphs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -153,7 +154,7 @@ class ModelRunner:
     def _graph_runner(self, cap: int, num_kv_blocks: int, max_position: int) -> GraphRunner | None:
         """CUDA graphs on a GPU (or emulated), not for dense-mask backends (not capturable)."""
         dense = self.attention_backend in (torch_attention, row_independent_attention)
-        if cap == 0 or dense or not (self.device.type == "cuda" or emulating()):
+        if cap == 0 or dense or not (self.device.type == "cuda" or emulating_cuda_graphs()):
             return None
         return GraphRunner(
             self.hidden,
@@ -168,7 +169,11 @@ class ModelRunner:
 
     def _piecewise_graphs(self, cap: int) -> PiecewiseGraphs | None:
         """Piecewise graphs for steps whole-step graphs cannot hold; none for a compiled forward."""
-        if cap == 0 or self.compiled is not None or not (self.device.type == "cuda" or emulating()):
+        if (
+            cap == 0
+            or self.compiled is not None
+            or not (self.device.type == "cuda" or emulating_cuda_graphs())
+        ):
             return None
         return PiecewiseGraphs(
             self.model.model,

@@ -35,8 +35,8 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
     from ssd_engine.core.config_sections import CacheConfig, ModelConfig
     from ssd_engine.layers.weight_formats import ACTIVATION_DTYPE
     from ssd_engine.models.loader import load_config
-    from ssd_engine.runtime.cuda_graphs import emulated
     from ssd_engine.runtime.model_runner import RunnerSpec
+    from ssd_engine.testing import emulated_cuda_graphs
 
     hf_config = load_config(path)
     real_layers = hf_config.num_hidden_layers
@@ -54,7 +54,7 @@ def _runner(path: str, fmt: str | None, gpu_path: bool = False, layers: int = 2,
         graph_max_batch=graphs,
     )
     blocks = -(-(PREFIX + 2) // BLOCK)
-    with emulated(bool(graphs)):
+    with emulated_cuda_graphs(bool(graphs)):
         runner = RunnerSpec(model, CacheConfig(BLOCK, blocks), PREFIX + 2).build(
             hf_config=hf_config
         )
