@@ -12,8 +12,6 @@ from ssd_engine.utils.test_hooks import (
     NO_GGUF_KERNEL,
     checked_graph,
     emulated_cuda_graphs,
-    emulating_cuda_graphs,
-    gguf_kernel_switched_off,
 )
 
 __all__ = [
@@ -23,6 +21,4 @@ __all__ = [
     "Synthetic",
     "checked_graph",
     "emulated_cuda_graphs",
-    "emulating_cuda_graphs",
-    "gguf_kernel_switched_off",
 ]

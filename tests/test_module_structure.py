@@ -187,8 +187,8 @@ def test_every_module_is_small():
 
 
 def test_the_engine_reads_its_options_only_through_the_plan():
-    """LLMEngine hands the flat options to plan() and reads only the frozen plan after that: no
-    second home for K or any other option."""
+    """LLMEngine hands its options to plan() and reads only the resolved config of the plan after
+    that: no second home for K or any other option, and no option looked up by its public name."""
     path = os.path.join(REPO, "ssd_engine", "engine", "llm_engine.py")
     with open(path) as f:
         tree = ast.parse(f.read())
@@ -200,7 +200,11 @@ def test_the_engine_reads_its_options_only_through_the_plan():
     ]
     assert len(uses) == 1 and len(calls) == 1 and calls[0].args[0] is uses[0]
     engine_files = [p for p in tracked_files(under="ssd_engine/engine") if p.suffix == ".py"]
-    readers = [str(p) for p in engine_files if ".num_speculative_tokens" in p.read_text()]
+    readers = [
+        str(p)
+        for p in engine_files
+        if any(f in p.read_text() for f in (".option_value(", ".with_options(", ".from_kwargs("))
+    ]
     assert readers == []
 
 

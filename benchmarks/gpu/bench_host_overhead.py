@@ -175,7 +175,7 @@ def measure(
     target: str, draft: str, mode: str, temperature: float, k: int, steps: int, device: str = "cpu"
 ) -> dict:
     from ssd_engine import LLM, SamplingParams
-    from ssd_engine.testing import emulated_cuda_graphs as emulated
+    from ssd_engine.testing import emulated_cuda_graphs
 
     options = dict(
         speculative_mode=mode,
@@ -188,7 +188,7 @@ def measure(
     )
     if mode == "sd":
         options.update(draft_model=draft, num_speculative_tokens=k, draft_dtype="fp32")
-    with emulated(device == "cpu"):  # a GPU captures real graphs
+    with emulated_cuda_graphs(device == "cpu"):  # a GPU captures real graphs
         llm = LLM(target, **options)
     with llm:
         engine = llm.engine

@@ -82,7 +82,10 @@ class EngineConfig:
         return _build(cls, _routed(flat), ())
 
     def with_options(self, **flat) -> "EngineConfig":
-        """This config with these options (public names) replaced, validated again."""
+        """This config with these options (public names) replaced, validated again. The derived
+        values are derived again; the three options resolved in place (dtype and
+        max_num_batched_tokens from the device, speculative_mode from the models) keep their resolved
+        values, so a change of device or model gives them again where they should follow it."""
         return _replaced(self, _routed(flat), ())
 
     def option_value(self, name: str) -> object:

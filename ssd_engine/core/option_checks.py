@@ -91,9 +91,12 @@ def check_range(name: str, f: Field, value) -> None:
     if low is not None and high is not None:
         wanted = f"in [{low:g}, {high:g}]"
     else:
-        wanted = f"{'an integer' if integer else 'a number'} " + (
-            f">= {low:g}" if low is not None else f"> {above:g}"
-        )
+        limits = [
+            f"{sign} {bound:g}"
+            for sign, bound in ((">=", low), (">", above), ("<=", high))
+            if bound is not None
+        ]
+        wanted = f"{'an integer' if integer else 'a number'} " + " and ".join(limits)
     require(ok, f"{name} must be {wanted}, got {value!r}")
 
 

@@ -18,7 +18,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -174,21 +173,6 @@ def engine_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def _commit() -> str:
-    """HEAD of this checkout, `+dirty` when tracked files differ (as the bench suite's results say)."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", REPO, *args], capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        dirty = git("status", "--porcelain", "--untracked-files=no")
-        return git("rev-parse", "--short", "HEAD") + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (not a git checkout)"
-
-
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", help="target model folder (default: the built-in pair's)")
@@ -249,11 +233,13 @@ def main(argv: list[str] | None = None) -> dict:
         engine = engine_rows(
             *tiny_pair(root), opts.modes, opts.k, opts.steps, opts.engine_draft_dtype
         )
+    from suite.machine import git_commit  # the bench suite's, on the path as a script's
+
     stamp = datetime.date.today().isoformat()
     raw = {
         "date": stamp,
         "cpu": describe(),
-        "commit": _commit(),
+        "commit": git_commit(),
         "command": " ".join(["python tests/instrumentation/gpu_proxies.py", *argv]),
         "target": os.path.basename(target.rstrip("/")),
         "draft": os.path.basename(draft.rstrip("/")),
@@ -274,6 +260,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    # as a script: tests/ (the instrumentation package, the tiny pair) on the path, as under pytest
-    sys.path.insert(0, TESTS)
+    # as a script: tests/ (the instrumentation package, the tiny pair) and benchmarks/ (the bench
+    # suite's commit line) on the path, as under pytest
+    sys.path[:0] = [TESTS, os.path.join(REPO, "benchmarks")]
     main()
