@@ -268,3 +268,24 @@ def test_k_losing_a_close_call_is_retried_sooner():
     first_look = 2 * step_choice.MIN_SAMPLES
     assert sorted(Counter(runs[:first_look]).values()) == [step_choice.MIN_SAMPLES] * 2
     assert 3 in runs[first_look:]
+
+
+def test_a_step_that_reads_prompt_tokens_decodes_plainly_unless_a_seeded_request_runs():
+    """K is chosen where it was measured, on decode-only steps; a step reading a prompt's chunk
+    decodes plainly, so the drafts do not hold back that prompt's first token."""
+    choice, steady = StepChoice(k=3), _Draft()
+    assert choice.choose(_seqs(4), steady, prefill=True) == 0
+    assert choice.choose(_seqs(4), steady) == 3  # nothing measured yet: K first
+    assert choice.choose(_seqs(4) + _seqs(1, seeded=True), steady, prefill=True) == 3
+    assert choice.summary()["steps_by_k"] == {0: 1, 3: 2}
+
+
+def test_the_scheduler_says_when_the_next_step_reads_prompt_tokens(tiny_model_dir):
+    with LLM(tiny_model_dir("qwen2"), max_num_seqs=2, num_threads=1) as llm:
+        scheduler = llm.engine.scheduler
+        assert not scheduler.prefill_pending()
+        for prompt in ([5, 6, 7], [8, 9], [10, 11, 12]):
+            llm.engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=4))
+        assert scheduler.prefill_pending()  # waiting requests and room in the batch
+        llm.engine.step()  # both places taken, each prompt read whole
+        assert not scheduler.prefill_pending()  # the third waits for a place

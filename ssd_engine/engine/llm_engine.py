@@ -240,9 +240,10 @@ class LLMEngine:
     def step(self) -> list[Sequence]:
         """One round: schedule, propose, forward, sample or verify; -> the sequences it finished."""
         started = time.perf_counter()
+        scheduler, choice = self.scheduler, self.step_choice
         k = (
-            self.step_choice.choose(self.scheduler.running, self.speculator)
-            if self.step_choice
+            choice.choose(scheduler.running, self.speculator, scheduler.prefill_pending())
+            if choice
             else self.k
         )
         batch = self.scheduler.schedule(k)

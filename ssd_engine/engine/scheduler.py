@@ -51,6 +51,13 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def prefill_pending(self) -> bool:
+        """Whether the next step reads prompt tokens: a running prompt not yet read whole, or a
+        waiting request with a free place in the batch."""
+        return any(len(s) - s.num_computed_tokens > 1 for s in self.running) or bool(
+            self.waiting and len(self.running) < self.max_num_seqs
+        )
+
     def schedule(self, k: int = 0) -> ScheduledBatch:
         """`k`: draft tokens a decoding sequence is verified with this step (its extra slots)."""
         batch = ScheduledBatch([], [])

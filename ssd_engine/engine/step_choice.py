@@ -2,6 +2,7 @@
 
 Per batch-size bucket, each arm's tokens/s over steady steps is its running mean of tokens per step
 over its running mean of step time; a step runs the faster arm and re-tries the other now and then.
+A step that also reads prompt tokens decodes plainly: those steps are not what the rates measure.
 Exactness is the verifier's; a batch holding a seeded request always runs K, so its tokens do not
 depend on the batch."""
 
@@ -82,10 +83,13 @@ class StepChoice:
             False  # whether the step last chosen started with a catch-up (its rate is not steady)
         )
 
-    def choose(self, running: list[Sequence], draft: Draft) -> int:
-        """K for the step about to run over (at most) `running`."""
+    def choose(self, running: list[Sequence], draft: Draft, prefill: bool = False) -> int:
+        """K for the step about to run over (at most) `running`; `prefill`: the step also reads
+        prompt tokens, and then decodes plainly (a seeded request's batch excepted): drafting would
+        hold back that prompt's first token, and the rates compared here come from decode-only steps."""
         self.steps += 1
-        k = self._choose(running)
+        seeded = any(seq.params.seed is not None for seq in running)
+        k = 0 if prefill and not seeded else self._choose(running)
         lag = draft.lag(running) if k else 0
         self.caught_up = lag > STEADY_LAG * len(running)
         if self.caught_up and not self._catch_up_pays(running, lag, draft.catch_up_s_per_token):
