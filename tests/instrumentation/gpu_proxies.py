@@ -15,7 +15,6 @@ every machine. Writes benchmarks/results/DATE-ops.md and .json (with the CPU mod
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
@@ -233,7 +232,9 @@ def main(argv: list[str] | None = None) -> dict:
         engine = engine_rows(
             *tiny_pair(root), opts.modes, opts.k, opts.steps, opts.engine_draft_dtype
         )
-    from suite.machine import git_commit  # the bench suite's, on the path as a script's
+    # the bench suite's report writer and commit line, on the path as a script's
+    from suite.dated_report import write_dated_result
+    from suite.machine import git_commit
 
     stamp = datetime.date.today().isoformat()
     raw = {
@@ -249,12 +250,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     text = render(raw)
     print(text)
-    os.makedirs(opts.out, exist_ok=True)
-    base = os.path.join(opts.out, f"{stamp}-ops")
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump(raw, f, indent=1)
+    base = write_dated_result(opts.out, "ops", text, raw)
     print(f"wrote {base}.md, {base}.json", file=sys.stderr)
     return raw
 
