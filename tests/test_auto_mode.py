@@ -8,6 +8,7 @@ from test_speculative_decoding import GREEDY, _prompts, greedy_oracle, noisy_dra
 
 from ssd_engine import LLM
 from ssd_engine.distributed.placement import available_cores
+from ssd_engine.engine.execution import PER_STEP_NOTE
 from ssd_engine.planning import choose, mode_placement, survey
 from ssd_engine.planning.costs import MeasuredCosts, _curve
 from ssd_engine.planning.plan import plan
@@ -149,7 +150,8 @@ def test_auto_measures_once_then_reuses_and_stays_exact(target, noisy_draft, pri
         assert set(choice.predicted_tok_s) >= {"ar", "sd"} and choice.describe().startswith(
             choice.mode
         )
-        assert llm.engine.execution()["mode"] == choice.describe()
+        per_step = PER_STEP_NOTE if llm.engine.step_choice is not None else ""
+        assert llm.engine.execution()["mode"] == choice.describe() + per_step
         assert [o.token_ids for o in llm.generate(_prompts(3), GREEDY, use_tqdm=False)] == oracle
     (stored,) = (private_cache / "calibrations").iterdir()
     assert MeasuredCosts.load(str(stored)).target_all[1] > 0
@@ -309,10 +311,9 @@ def test_tp_auto_predicts_from_measured_ranks_and_never_runs_a_shared_draft(
             assert set(predicted) == {"ar", "sd"} and resolved.parallel.cpu_cores == cpu_cores
         else:  # one process was predicted faster: said in the choice, run on the same cores
             assert choice.how.startswith("tensor parallelism predicted slower: 2 ranks ")
-        assert (
-            resolved.speculative.mode == choice.mode
-            and llm.engine.execution()["mode"] == choice.describe()
-        )
+        assert resolved.speculative.mode == choice.mode and llm.engine.execution()[
+            "mode"
+        ] == choice.describe() + (PER_STEP_NOTE if llm.engine.step_choice is not None else "")
         outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outs] == greedy_oracle(target)[:3]
     stored = sorted(

@@ -4,6 +4,9 @@ from ssd_engine.layers.attention_backends import backend_name
 from ssd_engine.layers.weight_formats import describe_target_format
 from ssd_engine.speculative import prompt_window
 
+# what the mode line adds where SD chooses K every step (engine/step_choice.py)
+PER_STEP_NOTE = " (K or 0 each step, by measured tokens/s)"
+
 
 def describe_execution(engine) -> dict:
     """How this engine runs its target: device, dtype, attention, graphs, compiling, weights."""
@@ -22,7 +25,7 @@ def describe_execution(engine) -> dict:
     )
     described["mode"] = engine.plan.describe_mode()
     if engine.step_choice is not None:
-        described["mode"] += " (K or 0 each step, by measured tokens/s)"
+        described["mode"] += PER_STEP_NOTE
     if engine.plan.draft_format is not None:
         described["draft_format"] = engine.plan.draft_format.describe()
     if engine.speculator is not None:
