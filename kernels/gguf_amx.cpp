@@ -1,4 +1,4 @@
-// gguf-int8's Q4_K and Q6_K products on AMX (Intel Xeon): 16 rows at a time in tile multiplies, for
+// gguf-int8's Q4_K and Q6_K products on AMX tiles: 16 rows at a time in tile multiplies, for
 // Linears of enough rows (prefill chunks, large batches); gguf_vnni.cpp's passes take the rest.
 // Integer sums are exact in any order, and gguf_int8_rows.h's one fp32 order turns them into outputs,
 // so each row gets the bits it gets in the passes, at any row count.
@@ -210,8 +210,8 @@ void tile_chunk(const at::Tensor& panels, int64_t kind, int64_t k, int64_t n, co
 }  // namespace
 
 // Rows [0, tiled) of every panel run in tiles of 16 rows, the caller's passes take the rest. A panel's
-// planes cost the same at any row count, so below a few tiles the passes are faster (Intel Xeon, 2
-// threads: even at 16 rows for Q4_K, 1.4x slower tiles for Q6_K; tiles ahead from 32 and 48 rows).
+// planes cost the same at any row count, so below a few tiles the passes are faster (the thresholds
+// are measured ones: docs/CPU.md, "Prefill on AMX").
 int64_t tiled_rows(int64_t m, int64_t kind) {
   const int64_t fewest = kind == Q4_K ? 32 : 48;
   return tiles_permitted() && m >= fewest ? m / TILE_ROWS * TILE_ROWS : 0;

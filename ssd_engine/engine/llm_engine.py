@@ -1,6 +1,7 @@
 """The step loop: schedule -> speculate -> verify -> postprocess (AR: no speculation; the scheduler
 applies the results). Requests join and leave between steps (continuous batching)."""
 
+import gc
 import logging
 import time
 from dataclasses import replace
@@ -40,9 +41,7 @@ log = logging.getLogger("ssd_engine")
 class LLMEngine:
     def __init__(self, options: EngineConfig) -> None:
         self._pinned, self.runner, self.speculator = None, None, None  # built below
-        self.step_choice: StepChoice | None = (
-            None  # SD's K chosen every step (engine/step_choice.py)
-        )
+        self.step_choice: StepChoice | None = None  # SD's K chosen every step
         try:
             self.plan = plan(options)
             self.config = self.plan.config
@@ -129,6 +128,7 @@ class LLMEngine:
             close_at_exit(self)
         self.stats = {"prefill_tokens": 0, "decode_tokens": 0}
         self._capture_graphs()
+        gc.freeze()  # the built heap is long-lived: full collections skip it (close() thaws it)
 
     def _capture_graphs(self) -> None:
         """CUDA graphs for the target's repeated steps: decode and verification of K + 1 tokens."""
@@ -165,10 +165,8 @@ class LLMEngine:
             self.scheduler.max_num_seqs,
             self.k,
         )
-        if params.structured_outputs is not None:
-            self.verifier.grammars.compile(
-                params.structured_outputs
-            )  # once per spec: a bad one fails here
+        if params.structured_outputs is not None:  # compiled once per spec: a bad one fails here
+            self.verifier.grammars.compile(params.structured_outputs)
 
     @property
     def k(self) -> int:
@@ -288,6 +286,7 @@ class LLMEngine:
 
     def close(self) -> None:
         """Stop the draft process and tensor-parallel workers (if any); the engine is unusable afterwards."""
+        gc.unfreeze()  # what dies with the engine is collectable again
         if self.speculator is not None:
             self.speculator.close()
         if self.runner is not None:

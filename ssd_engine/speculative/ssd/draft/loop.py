@@ -1,6 +1,7 @@
 """The SSD draft's main loop: load the draft, then each round receive the request, apply the
 outcomes, reply (cache hit or fallback), and build the next cache while the target verifies."""
 
+import gc
 import os
 import sys
 from dataclasses import replace
@@ -34,6 +35,7 @@ def draft_main(
         torch.cuda.set_device(torch.device(device))
     store = supervise.join_store(port, 2, supervise.STARTUP_TIMEOUT_S)
     server = build_server(draft_spec)
+    gc.freeze()  # the process's built heap is permanent: full collections walk only the rounds' objects
     supervise.announce_ready(store, READY_KEY)
     window = None if reply_fd is None else ReplyWindow(reply_fd, reply_capacity)
     link = DraftLink(store, 1, timeout_s, payload_device=torch.device(device), reply_window=window)
