@@ -129,9 +129,8 @@ if triton is not None:
         gate = tl.load(gu_ptr + row * s_gu + cols, mask=ok, other=0.0)
         up = tl.load(gu_ptr + row * s_gu + N + cols, mask=ok, other=0.0).to(tl.float32)
         g = gate.to(tl.float32)
-        silu = (
-            (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
-        )  # rounded as F.silu's output is
+        # rounded as F.silu's output is
+        silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
         tl.store(out_ptr + row * s_out + cols, (silu * up).to(out_ptr.dtype.element_ty), mask=ok)
 
 

@@ -138,9 +138,8 @@ def _register_output_shapes() -> None:
 def _build(name: str, folder: Path) -> None:
     from torch.utils import cpp_extension
 
-    (folder / "lock").unlink(
-        missing_ok=True
-    )  # torch's build lock, left by a builder that was killed
+    # torch's build lock, left by a builder that was killed
+    (folder / "lock").unlink(missing_ok=True)
     cpp_extension.load(
         name=name,
         sources=[str(source) for source in SOURCES],

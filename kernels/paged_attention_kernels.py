@@ -115,9 +115,8 @@ if triton is not None:
                 PRECISION,
             )
         if TREE:  # the branch's own path: scratch slots 0 .. path_len - 1
-            path_len = tl.where(
-                split == SPLITS - 1, tl.load(path_len_ptr + row), 0
-            )  # one split reads it
+            # one split reads it
+            path_len = tl.where(split == SPLITS - 1, tl.load(path_len_ptr + row), 0)
             for start in range(0, path_len, BLOCK_N):
                 offs_n = start + tl.arange(0, BLOCK_N)
                 n_ok = offs_n < path_len
@@ -186,9 +185,8 @@ if triton is not None:
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(
-            m_new == float("-inf"), 0.0, m_new
-        )  # rows with nothing visible yet: no NaN
+        # rows with nothing visible yet: no NaN
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m_i - m_safe)
         p = tl.exp(s - m_safe[:, None])
         v = tl.load(

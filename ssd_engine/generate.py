@@ -73,9 +73,8 @@ def _generate(prompts: list[str], params: SamplingParams, args) -> int:
         started = time.perf_counter()
         llm = LLM(**engine_options(args))
         load_s = time.perf_counter() - started
-        params = sampling_params(
-            args, llm.get_default_sampling_params()
-        )  # unset flags: the model's defaults
+        # unset flags: the model's defaults
+        params = sampling_params(args, llm.get_default_sampling_params())
         outputs = run(llm, prompts, params, args)
         report(llm, outputs, load_s)
     except ValueError as error:

@@ -178,9 +178,8 @@ def main(argv: list[str] | None = None) -> None:
         async_engine.close()
         llm.close()
     if not server.started:
-        sys.exit(
-            3
-        )  # uvicorn said why (the port is taken, ...); its own exit status for a failed start
+        # uvicorn said why (the port is taken, ...); its own exit status for a failed start
+        sys.exit(3)
 
 
 def served_name(args, model: str | None) -> str:

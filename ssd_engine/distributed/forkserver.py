@@ -15,9 +15,8 @@ import subprocess
 import sys
 import threading
 
-MAX_PACKET = (
-    1 << 20
-)  # the largest message either side sends (a child's request with its environment)
+# the largest message either side sends (a child's request with its environment)
+MAX_PACKET = 1 << 20
 ENV = "SSD_ENGINE_FORKSERVER"
 
 

@@ -21,9 +21,8 @@ def serve(sock: socket.socket) -> None:
     with the engine's stdout, stderr and pass_fds as SCM_RIGHTS. Answers {"started": pid} or
     {"failed": why} in order, later {"exited": pid, "code": Popen-style returncode} per reaped
     child. Returns at EOF."""
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # Ctrl-C reaches the whole group: the engine stops us
+    # Ctrl-C reaches the whole group: the engine stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)

@@ -16,9 +16,8 @@ from concurrent.futures import Future
 from ssd_engine.distributed import forkserver
 from ssd_engine.distributed.forkserver import ForkedChild
 
-ChildProcess = (
-    subprocess.Popen | ForkedChild
-)  # what `start` returns: both poll, wait, terminate, kill
+# what `start` returns: both poll, wait, terminate, kill
+ChildProcess = subprocess.Popen | ForkedChild
 
 PR_SET_PDEATHSIG = 1
 WATCH_INTERVAL_S = 0.5

@@ -27,9 +27,8 @@ class IncrementalText:
         # short, or not an extension of the last call's
         if len(old) < 4 * untrusted or len(ids) < start:
             return None
-        width = (
-            2 * untrusted
-        )  # tokens of the tail before the old end: enough for 3 x untrusted characters
+        # tokens of the tail before the old end: enough for 3 x untrusted characters
+        width = 2 * untrusted
         while True:
             if width >= start:
                 return None
@@ -38,9 +37,8 @@ class IncrementalText:
                 break
             width *= 2
         new_tail = self._decode(ids[start - width :])
-        keep = (
-            len(old_tail) - untrusted
-        )  # old_tail[:keep] lies before the characters the new tokens may change
+        # old_tail[:keep] lies before the characters the new tokens may change
+        keep = len(old_tail) - untrusted
         if not (
             old.endswith(old_tail[untrusted:keep], 0, len(old) - untrusted)
             and new_tail.startswith(old_tail[:keep])

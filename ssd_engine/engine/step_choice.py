@@ -16,22 +16,18 @@ from ssd_engine.core.structures import Sequence
 # steps of one batch size between tries of the arm not chosen; K's try pays the draft's catch-up
 EXPLORE_EVERY = {"plain": 64, "speculate": 256}
 FIRST_LOOK = 4  # steps at a batch size before an arm never run at it is tried there
-MIN_SAMPLES = (
-    8  # steady steps an arm tried at a batch size runs for there before its rate is compared
-)
-CLOSE = (
-    0.25  # K losing to plain decoding by less than this share is re-tried sooner, in proportion:
-)
-# a speculated step emits 1..K+1 tokens by chance, so a few steps can misjudge a close call
+# steady steps an arm tried at a batch size runs for there before its rate is compared
+MIN_SAMPLES = 8
+# K losing to plain decoding by less than this share is re-tried sooner, in proportion: a
+# speculated step emits 1..K+1 tokens by chance, so a few steps can misjudge a close call
+CLOSE = 0.25
 STEP_WEIGHT = 0.25  # of the newest step in an arm's running step time (the host's speed moves)
 TOKENS_WEIGHT = 0.05  # of the newest step in its running tokens per step: a speculated step emits
 # 1..K+1 tokens a row by chance, so its mean needs many steps; a step's time does not
-STEADY_LAG = (
-    2  # draft tokens a sequence behind in a steady speculated round (the bonus, the last draft)
-)
-EXPLORE_SHARE = (
-    0.1  # of the time since K last ran at a batch size, spent on a catch-up to re-measure it
-)
+# draft tokens a sequence behind in a steady speculated round (the bonus, the last draft)
+STEADY_LAG = 2
+# of the time since K last ran at a batch size, spent on a catch-up to re-measure it
+EXPLORE_SHARE = 0.1
 
 
 class Draft(Protocol):
@@ -48,9 +44,8 @@ class Arm:
     tokens: float | None = None  # running average of the tokens a steady step emitted
     samples: int = 0  # steady steps averaged into them
     last_step: int = -1  # the step count when it last ran
-    last_time: float = field(
-        default_factory=time.monotonic
-    )  # when it last ran (or was first wanted)
+    # when it last ran (or was first wanted)
+    last_time: float = field(default_factory=time.monotonic)
 
     @property
     def rate(self) -> float | None:
@@ -79,9 +74,8 @@ class StepChoice:
         self.arms: dict[tuple[int, int], Arm] = {}  # (batch-size bucket, K) -> its measurements
         self.steps = 0
         self.steps_by_k: Counter = Counter()
-        self.caught_up = (
-            False  # whether the step last chosen started with a catch-up (its rate is not steady)
-        )
+        # whether the step last chosen started with a catch-up (its rate is not steady)
+        self.caught_up = False
 
     def choose(self, running: list[Sequence], draft: Draft, prefill: bool = False) -> int:
         """K for the step about to run over (at most) `running`; `prefill`: the step also reads
@@ -123,9 +117,8 @@ class StepChoice:
             return self.k
         bucket = len(running).bit_length()
         for k in (self.k, 0):
-            arm = self.arms.setdefault(
-                (bucket, k), Arm(last_step=self.steps)
-            )  # new here: its wait starts now
+            # new here: its wait starts now
+            arm = self.arms.setdefault((bucket, k), Arm(last_step=self.steps))
             if not any(a.rate is not None for (_, arm_k), a in self.arms.items() if arm_k == k):
                 return k  # never measured at any batch size
             if arm.rate is not None and arm.samples < MIN_SAMPLES:

@@ -27,22 +27,18 @@ class DenseView:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] cache slot each new token's K/V is written to
     block_tables: torch.Tensor  # [R, P] int32 KV pages of each row (tree steps: of each sequence)
-    kv_lens: (
-        torch.Tensor
-    )  # [R] int32 paged keys of each row (tree steps: the trunk keys a branch sees)
+    # [R] int32 paged keys of each row (tree steps: the trunk keys a branch sees)
+    kv_lens: torch.Tensor
     query_start: torch.Tensor  # [R + 1] int32 offsets of each row's queries among the T tokens
     max_query_len: int
     max_kv_len: int  # host copy of kv_lens.max(): no device sync
     block_size: int
-    table_rows: torch.Tensor | None = (
-        None  # tree steps: [R] block-table row (sequence) of each branch
-    )
-    path_slots: torch.Tensor | None = (
-        None  # tree steps: [R, K] cache slots of each branch's own path
-    )
-    path_lens: torch.Tensor | None = (
-        None  # tree steps: [R] int32 path slots each branch sees (step + 1)
-    )
+    # tree steps: [R] block-table row (sequence) of each branch
+    table_rows: torch.Tensor | None = None
+    # tree steps: [R, K] cache slots of each branch's own path
+    path_slots: torch.Tensor | None = None
+    # tree steps: [R] int32 path slots each branch sees (step + 1)
+    path_lens: torch.Tensor | None = None
     _dense: DenseView | None = field(default=None, repr=False)
 
     @property

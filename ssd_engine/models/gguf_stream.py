@@ -19,9 +19,8 @@ from ssd_engine.layers.shapes import transformers_config
 # Llama's GGUF conversion interleaves the rotary halves of q and k rows; Qwen's keep HF's order
 PERMUTED_QK = {"llama"}
 SUPPORTED = ("llama", "qwen2", "qwen3")
-CHUNK_BYTES = (
-    64 * 2**20
-)  # fp32 output per dequantization call; numpy temporaries are a few times this
+# fp32 output per dequantization call; numpy temporaries are a few times this
+CHUNK_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)

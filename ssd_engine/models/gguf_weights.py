@@ -125,9 +125,8 @@ class GGUFFile:
                 :, cols.start // values * nbytes : (cols.start + cols.size) // values * nbytes
             ]
             width = cols.size
-        return QuantizedRows(
-            torch.from_numpy(np.array(data)), kind, width
-        )  # a copy: the mapping may close
+        # a copy: the mapping may close
+        return QuantizedRows(torch.from_numpy(np.array(data)), kind, width)
 
 
 class DummyBlocks:

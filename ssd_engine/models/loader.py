@@ -114,9 +114,8 @@ def fill_dummy_weights(
             if param.dtype not in pools:
                 pools[param.dtype] = pool.to(param.dtype)
             _fill_tiled(param.data.view(-1), pools[param.dtype], offset)
-            offset += (
-                1_000_003  # a prime: no two parameters start alike, no row aligns with the pool
-            )
+            # a prime: no two parameters start alike, no row aligns with the pool
+            offset += 1_000_003
         if on_module_loaded is not None:
             on_module_loaded(name, module)
 
@@ -168,9 +167,8 @@ def load_weights(
         desc=f"loading {os.path.basename(os.path.normpath(path))}",
     ) as bar:
         for file, header in zip(files, headers):
-            names = sorted(
-                header, key=lambda n: header[n]["data_offsets"][0]
-            )  # file order: pages read forward
+            # file order: pages read forward
+            names = sorted(header, key=lambda n: header[n]["data_offsets"][0])
             while names:
                 with safe_open(file, "pt", "cpu") as f:
                     taken = 0

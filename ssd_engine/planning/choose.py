@@ -181,9 +181,8 @@ def _apply(
                 changes["cpu_cores"] = format_core_sets(placement.ssd_ranks + [placement.ssd_draft])
         return config.with_options(**changes)
     synthetic = config.speculative.synthetic or Synthetic()
-    kept = Synthetic(
-        synthetic.acceptance if choice.mode == "sd" else None
-    )  # SD draws no lookups, AR no drafts
+    # SD draws no lookups, AR no drafts
+    kept = Synthetic(synthetic.acceptance if choice.mode == "sd" else None)
     changes = dict(
         speculative_mode=choice.mode, synthetic=kept if kept.acceptance is not None else None
     )

@@ -30,12 +30,10 @@ from ssd_engine.utils.machine import fingerprint
 
 log = logging.getLogger("ssd_engine")
 TIE = 1.10  # a more precise draft format within this factor of the fastest wins
-HEAD_SLICE = (
-    16384  # LM-head rows the draft probe times; the full head costs vocab / HEAD_SLICE times that
-)
-WORKING_SET_BYTES = (
-    128 * 2**20
-)  # the draft probe cycles through copies this large: weights stream from memory
+# LM-head rows the draft probe times; the full head costs vocab / HEAD_SLICE times that
+HEAD_SLICE = 16384
+# the draft probe cycles through copies this large: weights stream from memory
+WORKING_SET_BYTES = 128 * 2**20
 
 
 @dataclass(frozen=True)
@@ -75,9 +73,8 @@ def decide(
     target = with_row_padding(model, target_cores, target_threads)
     if speculative.mode == "ar":
         return Formats(target, None, None)
-    draft = replace(
-        model, path=speculative.draft_model, row_independent=False
-    )  # row_independent: the target's alone
+    # row_independent: the target's alone
+    draft = replace(model, path=speculative.draft_model, row_independent=False)
     if speculative.mode == "sd":
         cores, threads, workload = None, threads_on(model, None), [(1, speculative.k)]
         padding_cores, padding_threads = target_cores, target_threads
@@ -154,9 +151,8 @@ def resolve_draft(
         check_supported(option, "draft_dtype")
         return DraftFormat(option, "draft_dtype")
     shapes = linear_shapes(hf_config)
-    measured = repr(
-        (shapes, workload, FORMATS, gguf_cpu.library_key())
-    )  # hash() of a str differs per process
+    # hash() of a str differs per process
+    measured = repr((shapes, workload, FORMATS, gguf_cpu.library_key()))
     key = f"draft-format-{fingerprint(cores, threads)}-{hashlib.blake2b(measured.encode(), digest_size=4).hexdigest()}"
     cached = read_probe(key)
     if cached is not None and "format" in cached:

@@ -28,9 +28,8 @@ def placement_for(config: EngineConfig) -> tuple[Placement, str]:
         )
         return Placement([every], [target_cores], draft_cores), ""
     if cpu_cores:
-        plan_core_sets(
-            len(sets), cpu_cores
-        )  # the engine's checks (available, disjoint) before any pinning
+        # the engine's checks (available, disjoint) before any pinning
+        plan_core_sets(len(sets), cpu_cores)
     if len(every) < tp:
         raise ValueError(
             f"{tp} ranks need {tp} disjoint core sets but only {len(every)} cores {every} are given "

@@ -25,12 +25,10 @@ log = logging.getLogger("ssd_engine")
 @dataclass(frozen=True)
 class Plan:
     config: EngineConfig  # resolved: model.path and speculative.draft_model are folders on disk; model: the target's, formats decided
-    choice: (
-        ModeChoice | None
-    )  # auto's choice, or a forced SSD's sizing; None when the mode was given
-    core_sets: list[list[int]] | None = (
-        None  # CPU: SSD's per target rank then the draft's, or the one given set
-    )
+    # auto's choice, or a forced SSD's sizing; None when the mode was given
+    choice: ModeChoice | None
+    # CPU: SSD's per target rank then the draft's, or the one given set
+    core_sets: list[list[int]] | None = None
     draft: ModelConfig | None = None  # SD / SSD: the draft's model, its format and device decided
     draft_format: formats.DraftFormat | None = None
     saguaro: SaguaroPlan | None = None  # SSD: fan-outs and the fallback rule
@@ -57,9 +55,8 @@ def plan(options: EngineConfig) -> Plan:
     config = config.with_options(model=target_path, draft_model=draft_path)
     sets = core_sets(config)
     detail = choice.detail if choice else {}
-    timing = (
-        (detail["t_p"], detail["t_jit"]) if "t_p" in detail else None
-    )  # auto's predicted SSD (T_p, T_jit)
+    # auto's predicted SSD (T_p, T_jit)
+    timing = (detail["t_p"], detail["t_jit"]) if "t_p" in detail else None
     saguaro = (
         plan_saguaro(config.speculative, target_path, draft_path, timing)
         if config.speculative.mode == "ssd"

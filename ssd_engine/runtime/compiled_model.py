@@ -16,9 +16,8 @@ from ssd_engine.layers.embedding import VocabParallelEmbedding
 from ssd_engine.layers.weight_formats import OneDNNWeight
 
 MAX_TOKENS = 1 << 30  # the dynamic graph's bound on T (torch needs one with a lower bound)
-INDEX_LIMIT = (
-    2**31 - 1
-)  # inductor's Triton kernels index with 32 bits: T x a row's width must stay below
+# inductor's Triton kernels index with 32 bits: T x a row's width must stay below
+INDEX_LIMIT = 2**31 - 1
 _copies = itertools.count()
 
 

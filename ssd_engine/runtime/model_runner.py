@@ -80,9 +80,8 @@ class ModelRunner:
         model, cache = runner_spec.model, runner_spec.cache
         device = torch.device(model.device)
         if device.type == "cuda" and tp.rank > 0:
-            device = torch.device(
-                "cuda", torch.cuda.current_device()
-            )  # each worker selected its own GPU
+            # each worker selected its own GPU
+            device = torch.device("cuda", torch.cuda.current_device())
         dtype = DTYPES[model.dtype]
         self.device, self.dtype, self.block_size = device, dtype, cache.block_size
         if hf_config is None and runner_spec.checkpoint_config is not None:
@@ -145,9 +144,8 @@ class ModelRunner:
             model.graph_max_batch, cache.num_kv_blocks, runner_spec.max_position
         )
         self.piecewise = self._piecewise_graphs(model.graph_max_batch)
-        self._allocate_kv_cache(
-            cache.num_kv_blocks + (self.graphs is not None)
-        )  # + the padding rows' block
+        # + the padding rows' block
+        self._allocate_kv_cache(cache.num_kv_blocks + (self.graphs is not None))
         if self.compiled is not None:
             self.compiled.warm_up(self._throwaway_step)
 

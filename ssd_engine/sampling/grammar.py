@@ -64,9 +64,8 @@ class GrammarState:
         """[vocab_size] bool: the tokens the grammar allows next (after its end: end-of-sequence only)."""
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
         if self.broken or self.matcher.is_terminated():
-            allowed[self.eos_token_ids or slice(None)] = (
-                True  # a model without an end token: nothing to force
-            )
+            # a model without an end token: nothing to force
+            allowed[self.eos_token_ids or slice(None)] = True
             return allowed
         import xgrammar as xgr
 
@@ -100,9 +99,8 @@ class Grammars:
         self._compiler = None
         self._compiled: OrderedDict[tuple, object] = OrderedDict()
         self._states: dict[int, GrammarState] = {}
-        self._lock = (
-            threading.Lock()
-        )  # the server compiles on its event loop while the engine steps
+        # the server compiles on its event loop while the engine steps
+        self._lock = threading.Lock()
 
     def compile(self, spec: StructuredOutputsParams):
         """The spec's compiled grammar; a ValueError naming the field where it does not compile."""
@@ -144,9 +142,8 @@ class Grammars:
             first = (
                 str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             )
-            first = re.sub(
-                r"^\[[\d:]+\] \S+:\d+: ", "", first
-            )  # xgrammar's "[time] file.cc:line: " prefix
+            # xgrammar's "[time] file.cc:line: " prefix
+            first = re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", first)
             raise ValueError(f"structured_outputs.{spec.kind} does not compile: {first}") from None
 
     def state(self, key: int, spec: StructuredOutputsParams, outputs: list[int]) -> GrammarState:
@@ -211,9 +208,8 @@ class DraftMasks:
     def __init__(self, states: list[GrammarState | None]) -> None:
         self.states = states
         self.taken = [0] * len(states)
-        self.alive = [True] * len(
-            states
-        )  # False once a draft left the grammar: later steps are not verified
+        # False once a draft left the grammar: later steps are not verified
+        self.alive = [True] * len(states)
 
     def apply(self, logits: Tensor) -> Tensor:
         """logits [len(states), V'] of this step, masked where structured (columns past the grammar's V kept)."""

@@ -60,9 +60,8 @@ def draw_uniforms(
         raise ValueError(f"got {len(generators)} generators for {len(counts)} rows")
     device = torch.device(device)
     n = len(counts)
-    host = torch.zeros(
-        2, n, width, dtype=torch.float64
-    )  # [0]: host draws; [1]: 1 where the shared block goes
+    # [0]: host draws; [1]: 1 where the shared block goes
+    host = torch.zeros(2, n, width, dtype=torch.float64)
     on_device, shared, from_host = [], [], []
     runs: list[
         list

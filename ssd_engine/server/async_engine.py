@@ -29,9 +29,8 @@ class Delta:
     output: RequestOutput | None = None  # set on the last delta of a request
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # generated so far (the usage of a stream's chunk)
-    logprobs: list[dict[int, float]] | None = (
-        None  # of the tokens since the last delta (params.logprobs set)
-    )
+    # of the tokens since the last delta (params.logprobs set)
+    logprobs: list[dict[int, float]] | None = None
 
 
 @dataclass
@@ -39,9 +38,8 @@ class _Request:
     seq: Sequence
     loop: asyncio.AbstractEventLoop
     deltas: asyncio.Queue
-    text: (
-        IncrementalText | None
-    )  # None: not streamed, one Delta at the end and no decoding while it runs
+    # None: not streamed, one Delta at the end and no decoding while it runs
+    text: IncrementalText | None
     increments: TextIncrements = field(init=False)
     sent_logprobs: int = 0  # output tokens whose log-probabilities a delta carried
 
@@ -128,9 +126,8 @@ class AsyncEngine:
                 item = await request.deltas.get()
                 if isinstance(item, BaseException):
                     raise item
-                finished = (
-                    item.output is not None
-                )  # before yielding: the reader may close us at the yield
+                # before yielding: the reader may close us at the yield
+                finished = item.output is not None
                 yield item
                 if finished:
                     return

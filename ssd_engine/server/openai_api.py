@@ -52,9 +52,8 @@ def build_app(
         raise ValueError("metrics_require_key needs API keys")
     app = FastAPI(title="ssd_engine")
     tokenizer = async_engine.llm.tokenizer
-    defaults = (
-        async_engine.llm.get_default_sampling_params()
-    )  # what a request's unset sampling fields take
+    # what a request's unset sampling fields take
+    defaults = async_engine.llm.get_default_sampling_params()
     request_fields = set(CompletionRequest.model_fields) | set(ChatRequest.model_fields)
     metrics = ServerMetrics()
     bodies = OpenAIBodies(model_name, tokenizer, metrics)
@@ -158,9 +157,8 @@ def build_app(
                 defaults,
                 max_tokens if max_tokens is not None else async_engine.max_tokens_room(prompt),
             )
-            samples = async_engine.engine.make_samples(
-                prompt, params
-            )  # checked once, before any is queued
+            # checked once, before any is queued
+            samples = async_engine.engine.make_samples(prompt, params)
             if params.n > 1 and not body.stream:
                 answered = await asyncio.gather(*(_whole(prompt, params, seq) for seq in samples))
             else:

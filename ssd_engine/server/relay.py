@@ -50,9 +50,8 @@ async def run_app(app, request: HttpRequest) -> AsyncIterator[ResponseHead | byt
         if not received:
             received = True
             return {"type": "http.request", "body": request.body, "more_body": False}
-        await (
-            asyncio.Event().wait()
-        )  # the client never disconnects: the ingress holds the connection
+        # the client never disconnects: the ingress holds the connection
+        await asyncio.Event().wait()
         return {"type": "http.disconnect"}
 
     async def send(message: dict) -> None:

@@ -105,9 +105,8 @@ class Ingress:
                 code="overloaded",
             )
         response = StreamingResponse(body, status_code=head.status)
-        response.raw_headers = (
-            head.headers
-        )  # the replica's, content-length and content-type included
+        # the replica's, content-length and content-type included
+        response.raw_headers = head.headers
         return response
 
 

@@ -21,9 +21,8 @@ class BadRequest(ValueError):
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = True  # vLLM's default once stream_options is given
-    continuous_usage_stats: bool = (
-        False  # vLLM's extension (with include_usage): usage so far in every chunk
-    )
+    # vLLM's extension (with include_usage): usage so far in every chunk
+    continuous_usage_stats: bool = False
 
 
 class JsonSchemaFormat(BaseModel):
@@ -54,12 +53,10 @@ class SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
     max_tokens: int | None = None
-    max_completion_tokens: int | None = (
-        None  # the chat API's newer name for max_tokens; wins when both are given
-    )
-    temperature: float | None = (
-        None  # None (unset): the model's default, LLM.get_default_sampling_params()
-    )
+    # the chat API's newer name for max_tokens; wins when both are given
+    max_completion_tokens: int | None = None
+    # None (unset): the model's default, LLM.get_default_sampling_params()
+    temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
     min_p: float | None = None

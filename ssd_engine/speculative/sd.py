@@ -70,9 +70,8 @@ class SyncDraft(PagedDraft[DraftView]):
         self.proposable_vocab = proposable_vocab
         self.generator = generator
         self.grammars = grammars
-        self.catch_up_s_per_token: float | None = (
-            None  # running average over catch-ups of CATCH_UP_SAMPLE+ tokens
-        )
+        # running average over catch-ups of CATCH_UP_SAMPLE+ tokens
+        self.catch_up_s_per_token: float | None = None
         # False: read a prompt only once the draft drafts for it (engine/step_choice.py)
         self.reads_prompts_ahead = reads_prompts_ahead
         self.prompt_window = prompt_window
@@ -146,9 +145,8 @@ class SyncDraft(PagedDraft[DraftView]):
         tokens = torch.zeros(len(dec_views), self.k, dtype=torch.long, device=device)
         probs = None if greedy else torch.zeros(len(dec_views), self.k, vocab, device=device)
         if drafting:
-            (rows,) = upload(
-                [[dec_views.index(v) for v in drafting]], device
-            )  # queued work keeps running
+            # queued work keeps running
+            (rows,) = upload([[dec_views.index(v) for v in drafting]], device)
             drawn_tokens, drawn_probs = self._draft(drafting, logits, greedy)
             tokens[rows] = drawn_tokens
             if probs is not None:
@@ -182,9 +180,8 @@ class SyncDraft(PagedDraft[DraftView]):
 
         def draw(step: int, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             probs = sampling.probs(logits[:, :vocab])
-            return inverse_cdf(
-                probs, u[:, step]
-            ), probs  # a one-hot (greedy) row's u = 0 picks its token
+            # a one-hot (greedy) row's u = 0 picks its token
+            return inverse_cdf(probs, u[:, step]), probs
 
         return draw
 
@@ -208,9 +205,8 @@ class SyncDraft(PagedDraft[DraftView]):
         row_of = {id(v): j for j, v in enumerate(v for v, n in zip(views, rows) if n)}
         if not drafting:
             return logits
-        (index,) = upload(
-            [[row_of[id(v)] for v in drafting]], logits.device
-        )  # a list index would cross blocking
+        # a list index would cross blocking
+        (index,) = upload([[row_of[id(v)] for v in drafting]], logits.device)
         return logits[index]
 
     def on_outcome(self, outcome: Outcome) -> None:

@@ -121,9 +121,8 @@ def _spawn(
         raise
     finally:
         if shm_fd is not None:
-            os.close(
-                shm_fd
-            )  # the mappings keep the memory; it goes when the last process holding it exits
+            # the mappings keep the memory; it goes when the last process holding it exits
+            os.close(shm_fd)
     runner._store = store  # the store lives as long as the group
     close_at_exit(runner)
     return runner
@@ -152,9 +151,8 @@ def _join_torchrun(
     )
     if rank != 0:
         serve(tp)
-        raise SystemExit(
-            0
-        )  # this process only served rank 0; the script's remaining work is rank 0's
+        # this process only served rank 0; the script's remaining work is rank 0's
+        raise SystemExit(0)
     runner = TensorParallelRunner(tp, runner_spec, {}, restore)
     close_at_exit(runner)
     return runner

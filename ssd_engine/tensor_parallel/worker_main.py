@@ -4,9 +4,8 @@ A module of its own (imported by nothing) so running it does not import itself t
 import signal
 
 if __name__ == "__main__":
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # Ctrl-C reaches the whole group: rank 0 shuts us down
+    # Ctrl-C reaches the whole group: rank 0 shuts us down
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from ssd_engine.distributed.lifeline import child_args, exit_done
 
     args = child_args(

@@ -23,9 +23,8 @@ def upload(
     if device.type == "cuda":
         flat = flat.pin_memory()
     flat = flat.to(device, non_blocking=True)
-    return list(
-        flat.split_with_sizes([len(column) for column in columns])
-    )  # not Tensor.split's Python wrapper
+    # not Tensor.split's Python wrapper
+    return list(flat.split_with_sizes([len(column) for column in columns]))
 
 
 def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:

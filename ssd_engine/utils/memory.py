@@ -23,9 +23,8 @@ def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device)
         return torch.zeros(shape, dtype=dtype)
     nbytes = count * torch.empty((), dtype=dtype).element_size()
     region = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return torch.frombuffer(region, dtype=dtype, count=count).view(
-        shape
-    )  # the tensor keeps `region` alive
+    # the tensor keeps `region` alive
+    return torch.frombuffer(region, dtype=dtype, count=count).view(shape)
 
 
 def safetensors_header(path: str) -> tuple[dict, int]:

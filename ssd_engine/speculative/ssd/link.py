@@ -68,18 +68,16 @@ class DraftLink:
         self.timeout = datetime.timedelta(seconds=timeout_s)
         mine = _device_name(payload_device)
         store.set(f"ssd-draft/device/{rank}", mine)
-        self.group = _gloo(
-            dist.PrefixStore("ssd-draft", store), rank
-        )  # control (and payload unless split)
+        # control (and payload unless split)
+        self.group = _gloo(dist.PrefixStore("ssd-draft", store), rank)
         theirs = store.get(f"ssd-draft/device/{self.peer}").decode()
         # "cpu" as a string (tests/instrumentation/placement.py reads it) unless on distinct GPUs
         self.device: torch.device | str = "cpu"
         if mine.startswith("cuda") and theirs.startswith("cuda") and mine != theirs:
             self.transport, self.device = "nccl", torch.device(mine)
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = (
-                IDLE  # as gloo's: the watchdog must not abort the idle draft's receive
-            )
+            # as gloo's: the watchdog must not abort the idle draft's receive
+            options._timeout = IDLE
             self.payload = dist.ProcessGroupNCCL(
                 dist.PrefixStore("ssd-draft-nccl", store), rank, 2, options
             )
@@ -90,9 +88,8 @@ class DraftLink:
             self.transport, self.payload = "gloo", self.group
         self.split = self.payload is not self.group
         self.window = reply_window if self.transport == "gloo" else None
-        self.bell = torch.zeros(
-            1, dtype=torch.int64
-        )  # the doorbell: the size of the reply that follows
+        # the doorbell: the size of the reply that follows
+        self.bell = torch.zeros(1, dtype=torch.int64)
         self.request_buf = torch.zeros(REQUEST_CAPACITY, dtype=torch.uint8, device=self.device)
         self.reply_buf = torch.zeros(0, dtype=torch.uint8, device=self.device)
         # the draft posts receives only after building: sends go out async from two buffers
@@ -116,9 +113,8 @@ class DraftLink:
         buf[:n] = frame[:n]
         works, rest = [self.payload.send([buf], self.peer, REQUEST)], None
         if frame.numel() > REQUEST_CAPACITY:
-            rest = (
-                frame[REQUEST_CAPACITY:].to(self.device).contiguous()
-            )  # held until its send completes
+            # held until its send completes
+            rest = frame[REQUEST_CAPACITY:].to(self.device).contiguous()
             works.append(self.payload.send([rest], self.peer, REST))
         self.in_flight[self.turn] = (works, rest)
 

@@ -20,9 +20,8 @@ class SSDMetrics:
     draft_failures: list[str] = field(default_factory=list)
     bonus_ranks_by_accepted: list = field(default_factory=list)  # [accepted][rank]
     rounds: dict = field(default_factory=dict)
-    rounds_by_accepted: dict = field(
-        default_factory=dict
-    )  # source -> [rounds that accepted a], a = 0..K
+    # source -> [rounds that accepted a], a = 0..K
+    rounds_by_accepted: dict = field(default_factory=dict)
     backups: dict = field(default_factory=dict)
     step_samples: list = field(
         default_factory=list

@@ -26,9 +26,8 @@ class CacheBuilder:
             scratch_base,
             max_branches,
         )  # slots reserved for branch paths
-        self.glue_seconds = self.step_seconds = (
-            0.0  # the last build's glue forward and mean branch step
-        )
+        # the last build's glue forward and mean branch step
+        self.glue_seconds = self.step_seconds = 0.0
         self.step_rows = 0
         self.branch_rows = 0
         self.seconds = 0.0

@@ -4,9 +4,8 @@ A module imported by nothing, so running it does not import itself twice."""
 import signal
 
 if __name__ == "__main__":
-    signal.signal(
-        signal.SIGINT, signal.SIG_IGN
-    )  # Ctrl-C reaches the whole group: the coordinator stops us
+    # Ctrl-C reaches the whole group: the coordinator stops us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from ssd_engine.distributed.lifeline import child_args, exit_done
 
     args = child_args("SSD draft")  # before anything slow: from here on we die with the coordinator
