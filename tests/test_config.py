@@ -87,6 +87,23 @@ def test_derived_values_are_resolved_from_the_options():
     assert cuda.scheduler.max_num_batched_tokens == 2048
 
 
+def test_with_options_decides_the_resolved_options_again():
+    """dtype, max_num_batched_tokens and speculative_mode keep what was given (unset / auto); the
+    decision beside them follows a new device or model, and a given value is kept."""
+    cpu = EngineConfig()
+    cuda = cpu.with_options(device="cuda")
+    assert (cpu.model.dtype, cpu.scheduler.max_num_batched_tokens) == ("float32", 512)
+    assert (cuda.model.dtype, cuda.scheduler.max_num_batched_tokens) == ("bfloat16", 2048)
+    assert cuda.with_options(device="cpu") == cpu
+    assert [cuda.option_value(n) for n in ("dtype", "max_num_batched_tokens")] == ["auto", None]
+    given = cpu.with_options(dtype="float16", max_num_batched_tokens=64).with_options(device="cuda")
+    assert (given.model.dtype, given.scheduler.max_num_batched_tokens) == ("float16", 64)
+    target = EngineConfig.from_kwargs(model="/t")
+    assert target.speculative.mode == "ar" and target.option_value("speculative_mode") is None
+    assert target.with_options(draft_model="/d").speculative.mode == "auto"
+    assert target.with_options(draft_model="/d", speculative_mode="sd").speculative.mode == "sd"
+
+
 @pytest.mark.parametrize(
     "kwargs, needle",
     [

@@ -2,8 +2,9 @@
 the section of the engine that reads it (core/config_sections.py, core/speculative_config.py) under
 its own public name, unique across sections, so the flat keywords (`LLM(max_num_seqs=8)`,
 `from_kwargs`, `with_options`) and the CLI flags (cli_args.py) map 1:1 onto it. Values derived from
-the options are resolved here, on every construction; checkpoint-dependent ones (max_model_len,
-num_kv_blocks) and the model folders and formats are resolved by planning (planning/plan.py)."""
+the options are resolved here, on every construction, into resolved fields beside the options (an
+option keeps what was given); checkpoint-dependent ones (max_model_len, num_kv_blocks) and the model
+folders and formats are resolved by planning (planning/plan.py)."""
 
 from dataclasses import dataclass, fields, replace
 
@@ -52,19 +53,17 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         speculative, model, scheduler = self.speculative, self.model, self.scheduler
-        if speculative.mode is None:  # the default pair, or a user-given draft, means auto
-            drafted = model.path is None or speculative.draft_model is not None
-            speculative = replace(speculative, mode="auto" if drafted else "ar")
-            object.__setattr__(self, "speculative", speculative)
+        mode = speculative.requested_mode
+        if mode is None:  # the default pair, or a user-given draft, means auto
+            mode = "auto" if model.path is None or speculative.draft_model is not None else "ar"
         # every closed set of values, as each option declares it, and the device
         check_choices(self)
-        if model.dtype == "auto":
-            model = replace(model, dtype="float32" if model.device == "cpu" else "bfloat16")
-        # CPU: a long prompt's chunks beat one step (docs/CPU.md)
-        if scheduler.max_num_batched_tokens is None:
+        tokens = scheduler.requested_max_num_batched_tokens
+        if tokens is None:  # CPU: a long prompt's chunks beat one step (docs/CPU.md)
             tokens = 512 if model.device == "cpu" else 2048
-            object.__setattr__(self, "scheduler", replace(scheduler, max_num_batched_tokens=tokens))
-        object.__setattr__(self, "model", model)
+        object.__setattr__(self, "scheduler", replace(scheduler, max_num_batched_tokens=tokens))
+        speculative = replace(speculative, mode=mode)
+        object.__setattr__(self, "speculative", speculative)
         check_values(self)  # each value's type and range, and combinations that cannot run
         object.__setattr__(self, "model", model.resolve(self.compiled))
         counts = parse_fanout(speculative.ssd.fanout, speculative.k)
@@ -82,10 +81,8 @@ class EngineConfig:
         return _build(cls, _routed(flat), ())
 
     def with_options(self, **flat) -> "EngineConfig":
-        """This config with these options (public names) replaced, validated again. The derived
-        values are derived again; the three options resolved in place (dtype and
-        max_num_batched_tokens from the device, speculative_mode from the models) keep their resolved
-        values, so a change of device or model gives them again where they should follow it."""
+        """This config with these options (public names) replaced, validated again, and every
+        resolved value decided again from the options (a new device gives auto's dtype again)."""
         return _replaced(self, _routed(flat), ())
 
     def option_value(self, name: str) -> object:

@@ -1,7 +1,10 @@
 """EngineConfig's sections for the model, its KV cache, the scheduler and parallelism: each option
 declared once, in the section of the engine that reads it (core/options.py `option`). A field's
 own name is the engine's; its public name (keyword, flag) is the declared `name`, else the field's.
-`resolved` fields are derived from the options (EngineConfig fills them), never given."""
+`resolved` fields are derived from the options (EngineConfig fills them), never given. An option
+decided from the others when unset or auto (dtype, max_num_batched_tokens, speculative_mode) keeps
+what was given in its `requested_` field, and the engine reads the decision from the resolved field
+under the option's name (`model.dtype`), so a config with other options decides it again."""
 
 from dataclasses import dataclass, replace
 
@@ -50,10 +53,11 @@ class ModelConfig:
         "model's own output (bf16 activations in its Linears; int8/int4 CPU only)",
         TARGET_DTYPES,
     )
-    dtype: str = option(
+    requested_dtype: str = option(
         "auto",
         "weights and activations; auto: bfloat16 on CUDA, float32 on CPU (no bf16 units on AVX2)",
         DTYPES,
+        name="dtype",
     )
     device: str = option(
         "cpu", "cpu or cuda[:N]"
@@ -94,6 +98,9 @@ class ModelConfig:
         "of each weight); dual keeps a second, plain copy",
         WEIGHT_LAYOUTS,
     )
+    dtype: str = resolved(
+        "float32", "the dtype option decided: as given, or auto's choice for the device"
+    )
     weight_layout: str = resolved(
         "plain", "plain, packed or dual (layers/linear.py): cpu_weight_layout on a CPU, else plain"
     )
@@ -131,8 +138,12 @@ class ModelConfig:
             # "dual" wins back with a second, plain copy
             layout = "packed" if self.cpu_weight_layout == "auto" else self.cpu_weight_layout
         fmt = self.target_weight_format
+        dtype = self.requested_dtype
+        if dtype == "auto":
+            dtype = "float32" if self.device == "cpu" else "bfloat16"
         return replace(
             self,
+            dtype=dtype,
             weight_layout=layout,
             graph_max_batch=0 if self.enforce_eager else self.cuda_graph_max_batch,
             compile=compiled,
@@ -161,10 +172,11 @@ class SchedulerConfig:
         None, "prompt + output token limit; unset: min(the checkpoint's, 4096)", at_least=1
     )
     max_num_seqs: int = option(16, "most requests in one batch", at_least=1)
-    max_num_batched_tokens: int | None = option(
+    requested_max_num_batched_tokens: int | None = option(
         None,
         "tokens computed per step (a longer prefill is chunked to "
         "fit); unset: 512 on CPU (docs/CPU.md), 2048 on a GPU",
+        name="max_num_batched_tokens",
         at_least=1,
     )
     prefill_tokens_while_decoding: int | None = option(
@@ -179,6 +191,9 @@ class SchedulerConfig:
         "a step that also decodes running requests takes at most this many times their unloaded step: "
         "an arriving prompt's tokens are paced by the measured step times; unset: no time cap",
         above=1,
+    )
+    max_num_batched_tokens: int = resolved(
+        512, "the max_num_batched_tokens option decided: as given, or the device's default"
     )
 
 

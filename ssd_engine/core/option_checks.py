@@ -59,11 +59,13 @@ def parse_fanout(given, k: int) -> list[int] | None:
 
 def check_choices(config) -> None:
     """Each option of EngineConfig `config` within its closed set of values, as it declares it
-    (`option(..., choices)`), and a device torch names."""
+    (`option(..., choices)`), or unset where its default is (speculative_mode), and a device torch
+    names."""
     for name, (path, f) in option_fields(type(config)).items():
         value, choices = value_at(config, path), choices_of(f)
         require(
-            choices is None or value in choices, f"{name} must be one of {choices}, got {value!r}"
+            choices is None or value in choices or (value is None and f.default is None),
+            f"{name} must be one of {choices}, got {value!r}",
         )
     device = config.model.device
     require(

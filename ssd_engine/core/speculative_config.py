@@ -1,5 +1,7 @@
 """EngineConfig's speculative section and its SSD sub-section (core/config_sections.py says how a
-section declares its options). Inside the engine K is `speculative.k`."""
+section declares its options). Inside the engine K is `speculative.k` and the mode
+`speculative.mode` (speculative_mode as given, unset decided; `auto` is replaced by planning's
+choice through `with_options`)."""
 
 from dataclasses import dataclass
 
@@ -99,7 +101,7 @@ class SpeculativeConfig:
         "draft model folder or .gguf file (same tokenizer as the model); unset "
         "with no model: the built-in default draft",
     )
-    mode: str | None = option(
+    requested_mode: str | None = option(
         None,
         "ar: no speculation; sd: a colocated draft; ssd: speculative "
         "speculative decoding with the draft in its own process; auto: the "
@@ -142,6 +144,9 @@ class SpeculativeConfig:
         "benchmarks and tests only: drafts accepted and SSD lookups hit at set "
         "rates (core/synthetic_hook.py Synthetic); outputs are then NOT the "
         "target's"
+    )
+    mode: str = resolved(
+        "auto", "the speculative_mode option decided: as given, or unset's auto / ar for the models"
     )
 
     @property
