@@ -8,6 +8,8 @@ and a compiled layer launches at most 10 kernels where the eager one dispatches 
 files with every runner compiled (conftest.py).
 """
 
+import json
+
 import pytest
 import torch
 from runners import tiny_runner
@@ -177,11 +179,12 @@ def test_enforce_eager_and_off_compile_nothing(tiny_qwen2):
 
 def test_the_option_reaches_the_drafts_specs():
     """compile_model travels in ModelConfig: the SD draft's spec is the target's with another path,
-    and the SSD draft process rebuilds its spec from plain values."""
+    and the SSD draft process rebuilds its spec, the engine's config with it, from plain values."""
     from ssd_engine.core.config import EngineConfig
     from ssd_engine.core.config_sections import CacheConfig
     from ssd_engine.runtime.model_runner import RunnerSpec
     from ssd_engine.speculative.ssd.process import DraftSpec
+    from ssd_engine.testing import Synthetic
 
     assert EngineConfig.from_kwargs(compile_model="on").model.compile
     assert not EngineConfig.from_kwargs(compile_model="on", enforce_eager=True).model.compile
@@ -191,11 +194,10 @@ def test_the_option_reaches_the_drafts_specs():
     target = RunnerSpec(EngineConfig.from_kwargs(compile_model="on").model, CacheConfig(16, 8), 64)
     draft = DraftSpec(
         target.with_model(path="/draft"),
-        EngineConfig().speculative,
+        EngineConfig.from_kwargs(max_num_seqs=1, seed=7, synthetic=Synthetic(hit=0.5)),
         ((0.0, (1, 1, 1, 1, 1)),),
         (),
         vocab=320,
-        max_num_seqs=1,
-        seed=0,
     )
-    assert DraftSpec.from_args(draft.to_args()).runner.model.compile
+    rebuilt = DraftSpec.from_args(json.loads(json.dumps(draft.to_args())))  # as the process gets it
+    assert rebuilt == draft and rebuilt.config.scheduler.max_num_seqs == 1

@@ -234,16 +234,18 @@ def _server(path: str, fanout: list[int], k: int, fit_window: bool = False):
         max_position=128,
     )
     config = EngineConfig.from_kwargs(
-        speculative_mode="ssd", num_speculative_tokens=k, ssd_fit_window=fit_window, block_size=8
+        speculative_mode="ssd",
+        num_speculative_tokens=k,
+        ssd_fit_window=fit_window,
+        block_size=8,
+        max_num_seqs=2,
     )
     draft_spec = DraftSpec(
         RunnerSpec(config.model, replace(config.cache, num_kv_blocks=32), 128),
-        config.speculative,
+        config,
         ((0.0, tuple(fanout)),),
         (),
         vocab=259,
-        max_num_seqs=2,
-        seed=0,
     )
     return new_server(draft_spec, runner)
 

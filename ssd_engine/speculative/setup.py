@@ -98,12 +98,10 @@ def start_async_draft(
     runner = replace(target, model=side.draft)
     draft_spec = DraftSpec(
         runner,
-        config.speculative,
+        config,
         tuple((t, tuple(f)) for t, f in plan.fanouts),
         tuple((t, tuple(map(tuple, table))) for t, table in plan.fanout_tables),
         vocab,
-        config.scheduler.max_num_seqs,
-        config.seed,
         config.model.tokenizer or side.model_path,
         tuple(sorted(side.eos_token_ids)),
     )

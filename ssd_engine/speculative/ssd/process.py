@@ -4,12 +4,13 @@ to load is reported at start-up with its exit code, never as a hang."""
 
 import os
 import subprocess
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 
 import torch.distributed as dist
 
+from ssd_engine.core.config import EngineConfig
 from ssd_engine.core.config_sections import CacheConfig, ModelConfig
-from ssd_engine.core.speculative_config import SpeculativeConfig, SSDConfig
+from ssd_engine.core.options import is_section
 from ssd_engine.core.synthetic_hook import Synthetic
 from ssd_engine.distributed import supervise
 from ssd_engine.runtime.model_runner import RunnerSpec
@@ -23,44 +24,63 @@ READY_KEY = "draft/ready"
 @dataclass(frozen=True)
 class DraftSpec:
     """What the draft process needs: its runner (the target's sizes, the draft's model; the draft
-    adds scratch blocks itself), the speculative options, the Saguaro plan's fan-outs."""
+    adds scratch blocks itself), the engine's resolved config (K and SSD's policy in its speculative
+    section, max_num_seqs in its scheduler's, the seed; its model is the target's), the Saguaro
+    plan's fan-outs."""
 
     runner: RunnerSpec
-    speculative: SpeculativeConfig
+    config: EngineConfig
     fanouts: tuple  # ((temperature, (F_0..F_K)), ...): a request takes the nearest one's
     fanout_tables: tuple  # ((temperature, (F at budget 1..planned)), ...); empty: scale down
     vocab: int  # proposable ids: shared by tokenizer, draft and target
-    max_num_seqs: int
-    seed: int
     # structured outputs: the target's tokenizer folder and end ids
     tokenizer: str = ""
     eos_token_ids: tuple = ()
 
     @property
     def k(self) -> int:
-        return self.speculative.k
+        return self.config.speculative.k
 
     def to_args(self) -> dict:
+        """Plain values (JSON's) that `from_args` rebuilds this spec from."""
         return asdict(self)
 
     @classmethod
     def from_args(cls, args: dict) -> "DraftSpec":
-        runner, speculative = args["runner"], args["speculative"]
+        runner = args["runner"]
         runner_spec = RunnerSpec(
-            ModelConfig(**runner["model"]),
-            CacheConfig(**runner["cache"]),
+            _rebuilt(ModelConfig, runner["model"]),
+            _rebuilt(CacheConfig, runner["cache"]),
             runner["max_position"],
             runner["checkpoint_config"],
         )
+        speculative = args["config"]["speculative"]
         synthetic = speculative["synthetic"]
-        speculative = SpeculativeConfig(
-            **{
-                **speculative,
-                "ssd": SSDConfig(**speculative["ssd"]),
-                "synthetic": None if synthetic is None else Synthetic(**synthetic),
-            }
-        )
-        return cls(**{**args, "runner": runner_spec, "speculative": speculative})
+        speculative = {
+            **speculative,
+            "synthetic": None if synthetic is None else Synthetic(**synthetic),
+        }
+        config = _rebuilt(EngineConfig, {**args["config"], "speculative": speculative})
+        plain = {name: _tuples(value) for name, value in args.items()}
+        return cls(**{**plain, "runner": runner_spec, "config": config})
+
+
+def _rebuilt(kind: type, values: dict) -> object:
+    """The config or section `kind` of `values`, its fields as asdict gave them and JSON carried
+    them: sections rebuilt, lists tuples again (every sequence a config holds is a tuple). An
+    EngineConfig decides its resolved values again from the same options: the sender's config."""
+    return kind(
+        **{
+            f.name: _rebuilt(f.default_factory, values[f.name])
+            if is_section(f)
+            else _tuples(values[f.name])
+            for f in fields(kind)
+        }
+    )
+
+
+def _tuples(value: object) -> object:
+    return tuple(map(_tuples, value)) if isinstance(value, (list, tuple)) else value
 
 
 def spawn(
@@ -84,7 +104,9 @@ def spawn(
         return draft.process, store, None
     # every sequence sending whole rows
     capacity = ReplyLayout(
-        draft_spec.k, (draft_spec.vocab,) * draft_spec.max_num_seqs, draft_spec.vocab
+        draft_spec.k,
+        (draft_spec.vocab,) * draft_spec.config.scheduler.max_num_seqs,
+        draft_spec.vocab,
     ).size
     fd = ReplyWindow.create_fd(capacity)
     try:

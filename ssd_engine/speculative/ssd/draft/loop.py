@@ -49,9 +49,9 @@ def draft_main(
 
 def build_server(draft_spec: DraftSpec) -> DraftServer:
     """The draft's model (with its scratch blocks and graphs) behind a server, ready for rounds."""
-    cache, k = draft_spec.runner.cache, draft_spec.k
+    cache, k, seqs = draft_spec.runner.cache, draft_spec.k, draft_spec.config.scheduler.max_num_seqs
     fanouts = [(t, list(f)) for t, f in draft_spec.fanouts]
-    scratch_blocks = -(-scratch_slots(fanouts, k, draft_spec.max_num_seqs) // cache.block_size)
+    scratch_blocks = -(-scratch_slots(fanouts, k, seqs) // cache.block_size)
     runner_spec = replace(
         draft_spec.runner, cache=replace(cache, num_kv_blocks=cache.num_kv_blocks + scratch_blocks)
     )

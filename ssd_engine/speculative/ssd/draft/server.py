@@ -205,14 +205,15 @@ def fanout_for(fanouts: list, temperature: float) -> list:
 def new_server(draft_spec: DraftSpec, runner) -> DraftServer:
     """`runner`'s cache must hold the target-sized cache for trunks plus scratch_slots(...) past it
     for branches. `synthetic_hit` (benchmarking only) is a lookup's drawn probability of a hit."""
-    cache, ssd, seed = draft_spec.runner.cache, draft_spec.speculative.ssd, draft_spec.seed
+    config, cache = draft_spec.config, draft_spec.runner.cache
+    ssd, seed = config.speculative.ssd, config.seed
     fanouts = [(t, list(f)) for t, f in draft_spec.fanouts]
     blocks = BlockManager(cache.num_kv_blocks, cache.block_size, enable_prefix_caching=False)
     trunk = Trunk(runner, blocks, draft_spec.k, draft_spec.vocab, ssd.saguaro_c)
     builder = CacheBuilder(
         trunk,
         cache.num_kv_blocks * cache.block_size,
-        max_branches(fanouts, draft_spec.max_num_seqs),
+        max_branches(fanouts, config.scheduler.max_num_seqs),
     )
     tables = [(t, [list(f) for f in table]) for t, table in draft_spec.fanout_tables]
     server = DraftServer(
@@ -221,7 +222,7 @@ def new_server(draft_spec: DraftSpec, runner) -> DraftServer:
         fanouts,
         seed,
         BuildBudget() if ssd.fits_window else None,
-        synthetic_draws(draft_spec.speculative.synthetic_hit, seed, "cache hits"),
+        synthetic_draws(config.speculative.synthetic_hit, seed, "cache hits"),
         tables,
     )
     server.grammar_source = draft_spec
