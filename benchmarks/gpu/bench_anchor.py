@@ -19,7 +19,6 @@ Writes benchmarks/results/DATE-anchor-DEVICE.md and .json, with the device and C
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import time
@@ -175,6 +174,7 @@ def markdown(result: dict) -> str:
 def main(argv: list[str] | None = None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
     a = parse(argv)
+    from suite.dated_report import write_dated_result
     from suite.machine import machine_line
 
     from ssd_engine.models.loader import load_config
@@ -235,12 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     }
     text = markdown(result)
     print(text)
-    os.makedirs(a.out, exist_ok=True)
-    base = os.path.join(a.out, f"{result['date']}-anchor-{a.device.split(':')[0]}")
-    with open(base + ".md", "w") as f:
-        f.write(text)
-    with open(base + ".json", "w") as f:
-        json.dump(result, f, indent=1)
+    base = write_dated_result(a.out, f"anchor-{a.device.split(':')[0]}", text, result)
     print(f"wrote {base}.md, {base}.json", file=sys.stderr)
     return result
 
