@@ -27,7 +27,7 @@ PREFIX = 128
 BLOCK = 16
 TARGET_ROWS = (1, 2, 3, 5, 9)  # AR's one row, verification of K + 1 (cost is concave in rows)
 DRAFT_ROWS = (1, 5, 9, 16, 32)  # one-row drafting, the glue (K + 1), branch steps (B)
-REPEATS = 5  # after two warm-ups; the median counts
+REPEATS = 5  # after two warm-ups; the fastest counts
 TIMED_LAYERS = 4  # decoder layers built and timed; the rest are scaled from them
 BLOCKS = -(-(PREFIX + max(DRAFT_ROWS)) // BLOCK)
 RANKS_TIMEOUT_S = 60.0  # the measuring ranks' collectives (distributed_timeout_s's default)
@@ -54,23 +54,27 @@ def build_timed(model: ModelConfig, fmt: DraftFormat | None = None):
 
 
 def time_forwards(built, rows: tuple[int, ...], cores: list[int], bar) -> dict[int, float]:
-    """Median seconds of a whole model's forward of n new rows (logits for every row) on `cores`:
-    the built layers' time scaled to the model's layer count, plus the LM head's."""
+    """Seconds of a whole model's forward of n new rows (logits for every row) on `cores`: the built
+    layers' time scaled to the model's layer count, plus the LM head's. The row counts are timed in
+    turn, REPEATS rounds, and each keeps its fastest: a load that comes and goes on the machine meets
+    every row count alike, and the fastest is the forward's cost on the idle cores."""
     runner, scale = built
     token = pin(cores, len(cores))
     try:
-        result = {}
+        inputs = {}
         for n in rows:
             fed = [42 % runner.config.vocab_size] * n
-            ids, positions, meta = runner.prepare(
+            inputs[n] = runner.prepare(
                 step_inputs.StepInputs([PREFIX], [fed], [list(range(BLOCKS))], [list(range(n))])
             )
-            times = [_forward_s(runner, ids, positions, meta, scale) for _ in range(2 + REPEATS)][
-                2:
-            ]
-            result[n] = sorted(times)[REPEATS // 2]
-            bar.update(1)
-        return result
+            for _ in range(2):  # warm-ups
+                _forward_s(runner, *inputs[n], scale)
+        times = {n: [] for n in rows}
+        for _ in range(REPEATS):
+            for n in rows:
+                times[n].append(_forward_s(runner, *inputs[n], scale))
+        bar.update(len(rows))
+        return {n: min(t) for n, t in times.items()}
     finally:
         unpin(token)
 
@@ -109,7 +113,7 @@ def time_ranks(model: ModelConfig, ranks: list[list[int]], bar) -> dict[int, flo
                     times = [_ranks_forward_s(runner, seq, fed, rows) for _ in range(2 + REPEATS)][
                         2:
                     ]
-                    timed_s[bool(rows)] = sorted(times)[REPEATS // 2]
+                    timed_s[bool(rows)] = min(times)
                 result[n] = timed_s[False] * layers / timed + max(
                     timed_s[True] - timed_s[False], 0.0
                 )
