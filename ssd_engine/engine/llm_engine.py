@@ -244,7 +244,7 @@ class LLMEngine:
             if choice
             else self.k
         )
-        batch = self.scheduler.schedule(k)
+        batch = scheduler.schedule(k)
         if not batch.seqs:
             if self.scheduler.has_unfinished():  # admission checks should make this impossible
                 raise RuntimeError("scheduler made no progress")

@@ -168,13 +168,13 @@ def measure(
         else sd_format
     )
     ssd_formats = list({f.name: f for f in (sd_format, ssd_format)}.values()) if draft_cores else []
-    passes = TARGET_PASSES if len(ranks) == 1 else 1
+    passes = TARGET_PASSES if len(ranks) == 1 else 1  # ranks start anew for every timing: once
     steps = len(TARGET_ROWS) * (1 + bool(draft_cores)) * passes
     steps += 1 + len(DRAFT_ROWS) * len(ssd_formats)
     with tqdm(
         total=steps, desc="calibrating modes (once per machine)", disable=not progress_enabled()
     ) as bar:
-        target_all, target_one = _time_target(target, ranks, ssd_ranks, draft_cores, bar)
+        target_all, target_one = _time_target(target, ranks, ssd_ranks, draft_cores, passes, bar)
         runner = build_timed(draft, sd_format)
         draft_all = time_forwards(runner, (1,), sd_cores, bar)
         draft_one = {}
@@ -206,11 +206,12 @@ def _time_target(
     ranks: list[list[int]],
     ssd_ranks: list[list[int]],
     draft_cores: list[int],
+    passes: int,
     bar,
 ) -> tuple[dict[int, float], dict[int, float]]:
     """The target on AR and SD's ranks, and on SSD's beside the draft cores' memory traffic when SSD
-    is a candidate. One process is built once and timed on both in alternation (TARGET_PASSES);
-    tensor-parallel ranks start on each's cores, once."""
+    is a candidate, `passes` times in alternation, each row count keeping its fastest. One process
+    is built once and timed on both; tensor-parallel ranks start on each's cores every pass."""
     one = build_timed(target) if len(ranks) == 1 else None
 
     def time_on(sets: list[list[int]]) -> dict[int, float]:
@@ -219,7 +220,7 @@ def _time_target(
         return time_ranks(target, sets, bar)
 
     target_all, target_one = {}, {}
-    for _ in range(TARGET_PASSES if one is not None else 1):
+    for _ in range(passes):
         target_all = _fastest(target_all, time_on(ranks))
         if draft_cores:
             # what the SSD target meets: the draft beside it
