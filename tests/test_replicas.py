@@ -9,6 +9,7 @@ naming the extra."""
 
 import collections
 import concurrent.futures
+import fcntl
 import os
 import re
 import signal
@@ -31,6 +32,17 @@ LONG_PROMPTS, LONG_TOKENS = (
     [f"tell me {i}" for i in range(8)],
     300,
 )  # about a second on two tiny replicas
+
+
+@pytest.fixture
+def one_ray_cluster_at_a_time(tmp_path_factory):
+    """Holds a lock shared by the suite's workers: two Ray clusters started on one host at once
+    contend for its few cores and Ray's per-host agents, so a test's start and stop times no
+    longer say anything about ours."""
+    shared_root = tmp_path_factory.getbasetemp().parent  # every xdist worker's base is under it
+    with open(shared_root / "ray-cluster.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def test_replicas_split_the_cores_and_need_one_each():
@@ -66,12 +78,22 @@ def test_a_replica_count_below_one_is_refused():
 
 def _replica_pid(proc: subprocess.Popen, said: list[str], deadline: float) -> int:
     """A replica's process id, from the line its engine prints through Ray's log ("(... pid=N) [replica r]")."""
-    while True:
-        for line in said:
-            if found := re.search(r"pid=(\d+)\).*\[replica \d+\]", line):
-                return int(found.group(1))
-        assert time.monotonic() < deadline and proc.poll() is None, "".join(said[-30:])
-        said.append(proc.stderr.readline())
+
+    def found() -> re.Match | None:
+        return next(
+            filter(None, (re.search(r"pid=(\d+)\).*\[replica \d+\]", line) for line in said)), None
+        )
+
+    assert _read_until(proc, proc.stderr, found, said, deadline), "".join(said[-30:])
+    return int(found().group(1))
+
+
+def _exit_code(proc: subprocess.Popen, timeout: float = 120) -> int | None:
+    """The process's exit code, or None if it is still running after `timeout` seconds."""
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _scrape(port: int) -> collections.Counter:
@@ -87,7 +109,9 @@ def _scrape(port: int) -> collections.Counter:
     return found
 
 
-def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
+def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(
+    tiny_qwen2, one_ray_cluster_at_a_time
+):
     if not os.environ.get("CI"):  # CI installs the test extra, ray with it: its absence fails there
         pytest.importorskip("ray.serve", reason="the ray extra: pip install -e '.[ray]'")
     if len(os.sched_getaffinity(0)) < 2:
@@ -124,11 +148,17 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
     )
     started: set[int] = set()
     try:
-        said = []
+        # read by a thread throughout: Ray forwards the replicas' logs to the server's stderr, and a
+        # full pipe would block the server mid-shutdown
+        said: list[str] = []
         deadline = time.monotonic() + 240
-        while not any(line.startswith("[serve] 2 replicas on Ray Serve") for line in said):
-            assert time.monotonic() < deadline and proc.poll() is None, "".join(said[-30:])
-            said.append(proc.stderr.readline())
+        assert _read_until(
+            proc,
+            proc.stderr,
+            lambda: any(line.startswith("[serve] 2 replicas on Ray Serve") for line in said),
+            said,
+            deadline,
+        ), "".join(said[-30:])
         started = descendants_of(proc.pid)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
 
@@ -189,7 +219,7 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
         )
         started |= descendants_of(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
-        assert proc.wait(timeout=120) == 0
+        assert _exit_code(proc) == 0, "".join(said[-30:])
         assert gone_within(started, 30), [p for p in started if alive(p)]
     finally:
         kill_left([proc], started)
@@ -250,7 +280,7 @@ def _is_engine_replica(pid: int) -> bool:
     return command_line(pid).startswith(b"ray::ServeReplica:ssd_engine:engine")
 
 
-def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
+def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2, one_ray_cluster_at_a_time):
     """`--ray-address` joins a cluster of two nodes (each `ray start`, one CPU) and Ray Serve places
     one replica on each; both answer with one engine's texts."""
     if not os.environ.get("CI"):
@@ -338,7 +368,7 @@ def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
             assert list(texts) == expected
         started = set().union(*(descendants_of(p.pid) for p in processes))
         os.killpg(server.pid, signal.SIGINT)
-        assert server.wait(timeout=120) == 0
+        assert _exit_code(server) == 0, "".join(said[-30:])
         # the second node, then the head: Ctrl-C stops what each started
         for node in reversed(processes[:2]):
             os.killpg(node.pid, signal.SIGINT)
