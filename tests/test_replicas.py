@@ -9,7 +9,6 @@ naming the extra."""
 
 import collections
 import concurrent.futures
-import fcntl
 import os
 import re
 import signal
@@ -32,17 +31,6 @@ LONG_PROMPTS, LONG_TOKENS = (
     [f"tell me {i}" for i in range(8)],
     300,
 )  # about a second on two tiny replicas
-
-
-@pytest.fixture
-def one_ray_cluster_at_a_time(tmp_path_factory):
-    """Holds a lock shared by the suite's workers: two Ray clusters started on one host at once
-    contend for its few cores and Ray's per-host agents, so a test's start and stop times no
-    longer say anything about ours."""
-    shared_root = tmp_path_factory.getbasetemp().parent  # every xdist worker's base is under it
-    with open(shared_root / "ray-cluster.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def test_replicas_split_the_cores_and_need_one_each():
@@ -109,9 +97,7 @@ def _scrape(port: int) -> collections.Counter:
     return found
 
 
-def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(
-    tiny_qwen2, one_ray_cluster_at_a_time
-):
+def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
     if not os.environ.get("CI"):  # CI installs the test extra, ray with it: its absence fails there
         pytest.importorskip("ray.serve", reason="the ray extra: pip install -e '.[ray]'")
     if len(os.sched_getaffinity(0)) < 2:
@@ -280,7 +266,7 @@ def _is_engine_replica(pid: int) -> bool:
     return command_line(pid).startswith(b"ray::ServeReplica:ssd_engine:engine")
 
 
-def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2, one_ray_cluster_at_a_time):
+def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
     """`--ray-address` joins a cluster of two nodes (each `ray start`, one CPU) and Ray Serve places
     one replica on each; both answer with one engine's texts."""
     if not os.environ.get("CI"):

@@ -217,11 +217,14 @@ def serve_replicas(
 
 
 def _wait_for_stop() -> None:
-    """Until Ctrl-C or SIGTERM (both end as KeyboardInterrupt here, so the caller cleans up)."""
+    """Until Ctrl-C or SIGTERM (both end as KeyboardInterrupt here, so the caller cleans up). Both
+    handlers are set, as uvicorn sets them for one engine: a process started in the background
+    inherits SIGINT ignored, and Python then installs no handler of its own."""
 
     def interrupt(*_) -> None:
         raise KeyboardInterrupt
 
+    signal.signal(signal.SIGINT, interrupt)
     signal.signal(signal.SIGTERM, interrupt)
     try:
         while True:
