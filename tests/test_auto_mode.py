@@ -150,7 +150,8 @@ def test_auto_measures_once_then_reuses_and_stays_exact(target, noisy_draft, pri
         assert set(choice.predicted_tok_s) >= {"ar", "sd"} and choice.describe().startswith(
             choice.mode
         )
-        per_step = PER_STEP_NOTE if llm.engine.step_choice is not None else ""
+        choice_each_step = llm.engine.step_choice is not None
+        per_step = PER_STEP_NOTE.format(k=llm.engine.k) if choice_each_step else ""
         assert llm.engine.execution()["mode"] == choice.describe() + per_step
         assert [o.token_ids for o in llm.generate(_prompts(3), GREEDY, use_tqdm=False)] == oracle
     (stored,) = (private_cache / "calibrations").iterdir()
@@ -198,7 +199,9 @@ def test_each_choice_is_applied_whole(target, noisy_draft, private_cache, monkey
             )  # the fallback rule starts from this machine's timing
             assert (prior.t_p, prior.t_slow) == (0.8, 0.3)
         elif mode == "sd":
-            assert llm.engine.k == 2 and resolved.parallel.cpu_cores == f"{first},{second}"
+            # the predicted K first, one more for the per-step choice to measure
+            assert llm.engine.k == 3 and llm.engine.step_choice.start == 2
+            assert resolved.parallel.cpu_cores == f"{first},{second}"
             assert resolved.model.num_threads == 2
             assert llm.engine.plan.draft_format.name == "int8"
         else:
@@ -313,7 +316,9 @@ def test_tp_auto_predicts_from_measured_ranks_and_never_runs_a_shared_draft(
             assert choice.how.startswith("tensor parallelism predicted slower: 2 ranks ")
         assert resolved.speculative.mode == choice.mode and llm.engine.execution()[
             "mode"
-        ] == choice.describe() + (PER_STEP_NOTE if llm.engine.step_choice is not None else "")
+        ] == choice.describe() + (
+            PER_STEP_NOTE.format(k=llm.engine.k) if llm.engine.step_choice is not None else ""
+        )
         outs = llm.generate(_prompts(3), GREEDY, use_tqdm=False)
     assert [o.token_ids for o in outs] == greedy_oracle(target)[:3]
     stored = sorted(
@@ -385,7 +390,8 @@ def test_a_fixed_prediction_is_applied_whole_under_tp(
         assert resolved.speculative.mode == mode and resolved.parallel.tensor_parallel_size == 2
         assert resolved.parallel.cpu_cores == cpu_cores and len(llm.engine.runner.processes) == 1
         if mode == "sd":
-            assert llm.engine.k == 2 and llm.engine.plan.draft_format.name == "int8"
+            assert llm.engine.k == 3 and llm.engine.step_choice.start == 2
+            assert llm.engine.plan.draft_format.name == "int8"
         else:
             assert llm.engine.speculator is None
         outs = llm.generate(_prompts(2), GREEDY, use_tqdm=False)

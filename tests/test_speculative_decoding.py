@@ -316,8 +316,8 @@ def test_draft_never_proposes_embedding_padding(target, noisy_draft, monkeypatch
     proposals = []
     real_propose = SyncDraft.propose
 
-    def recording(self, batch, decoding):
-        proposal = real_propose(self, batch, decoding)
+    def recording(self, batch, decoding, k):
+        proposal = real_propose(self, batch, decoding, k)
         if proposal is not None:
             proposals.append(proposal)
         return proposal

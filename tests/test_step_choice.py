@@ -1,9 +1,11 @@
 """SD's K chosen every step (`speculation_per_step="goodput"`, ssd_engine/engine/step_choice.py).
 
-- The rule: both arms tried (a few steady steps each), then the faster; the other re-tried every EXPLORE_EVERY steps of a batch
-  size (K sooner where it lost a close call); a new batch size reads the nearest one's rates; K not first tried above a batch size where it
-  lost; a batch holding a seeded request runs K.
-- Exactness across switches: with the choice forced to a random K or 0 every step, greedy SD gives
+- The rule: the starting K, then plain decoding, run a few steady steps each; then the K predicted
+  fastest (a row's tokens from the running acceptance over its step time, measured or interpolated)
+  runs, and its neighbours and plain decoding are re-tried now and then (sooner after a close call); a
+  new batch size reads the nearest one's rates; no K first tried above a batch size where plain won;
+  a batch holding a seeded request drafts the starting K; a catch-up runs where it pays.
+- Exactness across switches: with the choice forced to a random K from 0 up every step, greedy SD gives
   AR's tokens, and at T = 1 with every penalty (history-dependent rows) SD's (t1, t2, t3) follow the
   target's law (pair, law and statistics of test_penalties.py; requests in waves, so each wave's steps
   switch in their own pattern).
@@ -53,88 +55,105 @@ class _Draft:
         return self.behind
 
 
-def test_both_arms_are_tried_then_the_faster_runs_and_the_other_is_retried():
-    choice, steady = StepChoice(k=3), _Draft()
-    batch = _seqs(5)
-    tried = []
-    # each arm runs a few steady steps before it is compared
-    for _ in range(2 * step_choice.MIN_SAMPLES):
-        tried.append(choice.choose(batch, steady))
-        choice.record(
-            tried[-1], 5, 20 if tried[-1] == 0 else 5, 1.0
-        )  # plain decoding emits more per second here
-    assert sorted(Counter(tried).items()) == [
-        (0, step_choice.MIN_SAMPLES),
-        (3, step_choice.MIN_SAMPLES),
-    ]
-    assert (
-        tried[: step_choice.MIN_SAMPLES] == [tried[0]] * step_choice.MIN_SAMPLES
-    )  # one arm's run, then the other's
+def _run(choice: StepChoice, rows: int, steps: int, step_s, accepted, draft=None) -> list[int]:
+    """`steps` steps of a batch of `rows`: K = k takes step_s(k) seconds, and each row accepts
+    accepted(k) of its k drafts; -> the K chosen at each step."""
+    draft, batch, runs = draft or _Draft(), _seqs(rows), []
+    for _ in range(steps):
+        k = choice.choose(batch, draft)
+        runs.append(k)
+        choice.record(k, rows, step_s(k), [(min(accepted(k), k), k)] * rows if k else [])
+    return runs
+
+
+def test_the_start_then_plain_then_the_predicted_best_runs_and_its_neighbours_are_retried():
+    """Drafts always accepted, a draft token costing a fifth of a plain step: tokens per second
+    (k + 1) / (1 + 0.2 k) grow with k. The starting K = 1 and plain decoding each run a few steps;
+    K = 3, never run but predicted best from them, runs next and stays; its neighbour K = 2 and plain
+    decoding are re-tried now and then."""
+    choice = StepChoice(k=3, start=1)
+    runs = _run(choice, 5, 24 + 300, lambda k: 1 + 0.2 * k, lambda k: k)
+    few = step_choice.MIN_SAMPLES
+    assert runs[:few] == [1] * few and runs[few : 2 * few] == [0] * few
+    assert runs[2 * few : 3 * few] == [3] * few
+    later = Counter(runs[3 * few :])
+    assert later[2] == few and 1 <= later[0] <= 300 // step_choice.EXPLORE_EVERY["plain"] + 1
+    assert later.most_common(1)[0][0] == 3 and set(later) == {0, 2, 3}
+    assert choice.choose(_seqs(5) + _seqs(1, seeded=True), _Draft()) == 1  # seeded: the start
+    assert choice.choose(_seqs(40), _Draft()) == 3  # a new batch size reads the nearest one's rates
+
+
+def test_plain_decoding_runs_where_drafts_fail_and_speculation_is_still_retried():
+    """Every draft rejected: K = 3 measured, then plain decoding, which wins and stays; the K next to
+    it, predicted a fifth slower, is tried within EXPLORE_EVERY's steps but not within half of them
+    (for a few steps, being new there)."""
+    choice = StepChoice(k=3)
     every = step_choice.EXPLORE_EVERY["speculate"]
-    runs = []
-    for _ in range(every):
-        runs.append(choice.choose(batch, steady))
-        choice.record(runs[-1], 5, 20 if runs[-1] == 0 else 5, 1.0)
-    assert (
-        tried[0] == 3 and runs.count(3) == 1
-    )  # K ran first; re-tried once, EXPLORE_EVERY steps after its last
-    assert runs.index(3) == every - step_choice.MIN_SAMPLES
-    assert (
-        choice.choose(_seqs(5) + _seqs(1, seeded=True), steady) == 3
-    )  # a seeded request's batch runs K
-    assert choice.choose(_seqs(40), steady) == 0  # a new batch size reads the nearest one's rates
+    runs = _run(choice, 5, 16 + every + 20, lambda k: 1 + 0.2 * k, lambda k: 0)
+    few = step_choice.MIN_SAMPLES
+    assert runs[:few] == [3] * few and set(runs[few : 2 * few + every // 2]) == {0}
+    assert runs.count(1) == few and 2 not in runs and 3 not in runs[few:]
+
+
+def test_a_row_emits_the_bonus_and_each_accepted_prefix():
+    """Position 1 accepted 3 times in 4, position 2 once in the 3 rows that reached it: a row
+    emits 1 + a1 + a1 a2 tokens at K = 2; a position never reached reads as the one before."""
+    acceptance = step_choice.Acceptance(3)
+    acceptance.add([(2, 2), (1, 2), (1, 2), (0, 2)])
+    decay, prior = step_choice.ACCEPTANCE_DECAY, step_choice.PRIOR_WEIGHT
+    assert decay < 1  # counts added after the decay: the first step's are whole
+    a1 = (3 + prior * step_choice.PRIOR_ACCEPTANCE) / (4 + prior)
+    a2 = (1 + prior * a1) / (3 + prior)
+    assert acceptance.tokens(0) == 1.0
+    assert acceptance.tokens(2) == pytest.approx(1 + a1 + a1 * a2)
+    assert acceptance.tokens(3) == pytest.approx(1 + a1 + a1 * a2 + a1 * a2 * a2)
 
 
 def test_a_catch_up_runs_only_where_the_tokens_left_pay_for_it():
-    """K measured faster (30 against 20 tokens/s) but the draft 1,000 tokens behind at 10 ms a token:
-    10 s of catch-up. Five sequences with 16 tokens left save 80/20 - 80/30 = 1.3 s: plain. With 1,000
-    left each they save 83 s: K. A step that caught up never feeds K's steady rate; unmeasured, K runs;
-    and K is re-measured once its catch-up is a small share of the time since it last ran."""
+    """K = 3 measured faster (5 rows, every draft accepted: about 4 tokens a row in 1 s, plain 1 in
+    0.5 s) but the draft 1,000 tokens behind at 10 ms a token: 10 s of catch-up. Five sequences with
+    16 tokens left save about 80 / 10 - 80 / 20 = 4 s: plain. With 1,000 left each they save far more:
+    K. A step that caught up never feeds K's steady time; unmeasured, K runs; and K is re-measured once
+    its catch-up is a small share of the time since it last ran."""
     choice = StepChoice(k=3)
-    for k, rate in ((3, 30.0), (0, 20.0)):
-        for _ in range(step_choice.MIN_SAMPLES):
-            choice.choose(_seqs(5), _Draft())
-            choice.record(k, 5, rate, 1.0)
+    _run(choice, 5, 2 * step_choice.MIN_SAMPLES, lambda k: 1.0 if k else 0.5, lambda k: k)
+    assert choice.arms[(5).bit_length(), 3].step_s == 1.0
     behind = _Draft(lag=1000, s_per_token=0.01)
     short = [Sequence([1, 2], SamplingParams(max_tokens=16), 4) for _ in range(5)]
     long = [Sequence([1, 2], SamplingParams(max_tokens=1000), 4) for _ in range(5)]
     assert choice.choose(short, behind) == 0
     assert choice.choose(long, behind) == 3 and choice.caught_up
-    choice.record(3, 5, 1.0, 10.0)  # the catch-up step's own rate: 0.1 tokens/s, not K's
-    assert choice.arms[(5).bit_length(), 3].rate == 30.0
+    choice.record(3, 5, 10.0, [(3, 3)] * 5)  # the catch-up step's own time: not K's
+    assert choice.arms[(5).bit_length(), 3].step_s == 1.0
     assert (
         choice.choose(long + long, behind) == 0
     )  # ten sequences: five's rates promise nothing there
     assert (
         choice.choose(short, _Draft(lag=1000)) == 3
-    )  # the catch-up's cost not measured yet: K measures it
-    later = (
-        step_choice.time.monotonic() + 10.0 / step_choice.EXPLORE_SHARE + 1
-    )  # 10 s of catch-up: a share
+    )  # the catch-up's cost not measured: K measures it
+    later = step_choice.time.monotonic() + 10.0 / step_choice.EXPLORE_SHARE + 1  # 10 s: a share
     with pytest.MonkeyPatch.context() as patch:  # of the time since K last ran at this batch size
         patch.setattr(step_choice.time, "monotonic", lambda: later)
         assert choice.choose(short, behind) == 3  # re-measured, although its rates say plain
-    assert (
-        choice.choose(short, _Draft(lag=2 * 5, s_per_token=0.01)) == 3
-    )  # steady: no catch-up to pay for
+    assert choice.choose(short, _Draft(lag=2 * 5, s_per_token=0.01)) == 3  # steady: no catch-up
 
 
 def test_k_is_not_first_tried_at_a_larger_batch_than_one_where_it_lost():
-    """K lost at 5 sequences (10 against 20 tokens/s): at 12 it is never first tried (its first try
-    would catch the draft up over all 12); at 2, below, it is; where K won at 5, it is tried at 12."""
+    """Plain decoding beat every K at 5 sequences (drafts rejected): at 12 no K is first tried (its
+    first try would catch the draft up over all 12); at 2, below, one is; where K won at 5, it is
+    tried at 12."""
 
-    def measured(k_rate: float) -> StepChoice:
+    def measured(accepted: int) -> StepChoice:
         choice = StepChoice(k=3)
-        for k, rate in ((3, k_rate), (0, 20.0)):
-            for _ in range(step_choice.MIN_SAMPLES):
-                choice.choose(_seqs(5), _Draft())
-                choice.record(k, 5, rate, 1.0)
+        _run(choice, 5, 2 * step_choice.MIN_SAMPLES, lambda k: 1 + 0.2 * k, lambda k: accepted)
         return choice
 
-    lost, won = measured(10.0), measured(30.0)
-    assert 3 not in [lost.choose(_seqs(12), _Draft()) for _ in range(3 * step_choice.FIRST_LOOK)]
-    assert 3 in [lost.choose(_seqs(2), _Draft()) for _ in range(3 * step_choice.FIRST_LOOK)]
-    assert 3 in [won.choose(_seqs(12), _Draft()) for _ in range(3 * step_choice.FIRST_LOOK)]
+    def tried(choice: StepChoice, rows: int, accepted: int) -> set[int]:
+        steps = 2 * step_choice.FIRST_LOOK + step_choice.MIN_SAMPLES
+        return set(_run(choice, rows, steps, lambda k: 1 + 0.2 * k, lambda k: accepted))
+
+    lost, won = measured(0), measured(3)
+    assert tried(lost, 12, 0) == {0} and tried(lost, 2, 0) > {0} and tried(won, 12, 3) > {0}
 
 
 @pytest.fixture
@@ -143,7 +162,7 @@ def random_switches(monkeypatch):
     rng, drawn = random.Random(5), []
 
     def choose(self, running):
-        drawn.append(rng.choice((self.k, 0)))
+        drawn.append(rng.choice(range(self.k + 1)))
         return drawn[-1]
 
     monkeypatch.setattr(StepChoice, "_choose", choose)
@@ -169,7 +188,7 @@ def test_greedy_sd_switching_at_random_steps_gives_ars_tokens(tiny_model_dir, ra
         steps = llm.engine.speculation_metrics()["steps_by_k"]
         llm.engine.reset_speculation_metrics()
         assert llm.engine.speculation_metrics()["steps_by_k"] == {}
-    assert steps.get(0, 0) > 0 and steps.get(3, 0) > 0 and set(random_switches) == {0, 3}
+    assert set(steps) == set(random_switches) == {0, 1, 2, 3}
 
 
 def _sample_in_waves(small_pair) -> tuple[Counter, dict]:
@@ -202,9 +221,9 @@ def test_sd_switching_at_random_steps_follows_the_penalised_law(
     small_pair, penalised_law, random_switches
 ):
     sample, metrics = _sample_in_waves(small_pair)
-    assert set(metrics["steps_by_k"]) == {0, K}
+    assert set(metrics["steps_by_k"]) == set(range(K + 1))
     check_law(
-        "SD, K or 0 at random steps",
+        "SD, any K from 0 up at random steps",
         sample,
         penalised_law(3),
         metrics,
@@ -220,8 +239,8 @@ def test_negative_control_a_switch_reporting_other_q_rows_is_rejected(
 ):
     real = SyncDraft.propose
 
-    def propose(self, batch, decoding):
-        proposal = real(self, batch, decoding)
+    def propose(self, batch, decoding, k):
+        proposal = real(self, batch, decoding, k)
         after_plain = len(random_switches) >= 2 and random_switches[-2] == 0
         if proposal is not None and proposal.probs is not None and after_plain:
             uniform = torch.full_like(proposal.probs, 0.0)
@@ -239,35 +258,33 @@ def test_negative_control_a_switch_reporting_other_q_rows_is_rejected(
 
 
 def test_an_arms_first_steps_one_time_costs_do_not_decide_it():
-    """K's first step at a batch size is 50x slow (a GPU compiling its kernels); then K is faster per
-    token than plain decoding. After both arms' first runs, K is chosen."""
-    choice, steady = StepChoice(k=3), _Draft()
-    batch = _seqs(1)
-    first_k = True
-    runs = []
-    for _ in range(4 * step_choice.MIN_SAMPLES):
-        runs.append(choice.choose(batch, steady))
-        seconds = 1.0
-        if runs[-1] and first_k:
-            seconds, first_k = 50.0, False
-        choice.record(
-            runs[-1], 1, 3 if runs[-1] else 1, seconds
-        )  # K: 3 tokens a step, plain 1, same time
+    """K = 3's first step at a batch size is 50x slow (a GPU compiling its kernels); then it is as
+    fast as a plain step and its drafts are accepted. After both arms' first runs, K = 3 is chosen."""
+    choice, slow = StepChoice(k=3), [50.0]
+    runs = _run(
+        choice,
+        1,
+        4 * step_choice.MIN_SAMPLES,
+        lambda k: slow.pop() if k and slow else 1.0,
+        lambda k: k,
+    )
     assert runs[-2 * step_choice.MIN_SAMPLES :] == [3] * (2 * step_choice.MIN_SAMPLES)
 
 
-def test_k_losing_a_close_call_is_retried_sooner():
-    """K's first steps came out 5% slower than plain decoding's (a speculated step's tokens are a draw):
-    K is re-tried within a quarter of EXPLORE_EVERY's steps, not after all of them."""
-    choice, steady = StepChoice(k=3), _Draft()
-    batch = _seqs(1)
-    runs = []
-    for _ in range(2 * step_choice.MIN_SAMPLES + step_choice.EXPLORE_EVERY["speculate"] // 4):
-        runs.append(choice.choose(batch, steady))
-        choice.record(runs[-1], 1, 1, 1.0 if runs[-1] == 0 else 1.05)  # K: 1 token a step in 1.05 s
-    first_look = 2 * step_choice.MIN_SAMPLES
-    assert sorted(Counter(runs[:first_look]).values()) == [step_choice.MIN_SAMPLES] * 2
-    assert 3 in runs[first_look:]
+def test_a_k_losing_a_close_call_is_retried_sooner():
+    """Drafts rejected, K = 1's step 5% slower than a plain one: K = 1 is re-tried within a
+    quarter of EXPLORE_EVERY's steps, not after all of them."""
+    choice = StepChoice(k=1)
+    few = step_choice.MIN_SAMPLES
+    runs = _run(
+        choice,
+        1,
+        2 * few + step_choice.EXPLORE_EVERY["speculate"] // 4,
+        lambda k: 1.05 if k else 1.0,
+        lambda k: 0,
+    )
+    assert sorted(Counter(runs[: 2 * few]).values()) == [few] * 2
+    assert 1 in runs[2 * few :]
 
 
 def test_a_step_that_reads_prompt_tokens_decodes_plainly_unless_a_seeded_request_runs():

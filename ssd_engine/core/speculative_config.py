@@ -113,10 +113,12 @@ class SpeculativeConfig:
     k: int = option(4, "K: draft tokens per round", name="num_speculative_tokens", at_least=1)
     per_step: str = option(
         "goodput",
-        "SD: goodput (each step drafts K or nothing, whichever this "
-        "engine measured emitting more tokens per second at that batch "
-        "size; a batch holding a seeded request drafts K, so its tokens "
-        "never depend on the batch), off (every step drafts K)",
+        "SD: goodput (each step drafts any k from 0 to K, whichever this "
+        "engine predicts emits the most tokens per second at that batch size "
+        "from its measured step times and acceptance; auto gives it one K "
+        "above its predicted best; a batch holding a seeded request drafts "
+        "the starting K, so its tokens never depend on the batch), off "
+        "(every step drafts K)",
         PER_STEP_POLICIES,
         name="speculation_per_step",
     )

@@ -231,12 +231,14 @@ class Runner(Protocol):
 
 class Speculator(Protocol):
     """Built with the plan's K (`parts.speculative.k`), which the engine also reserves slots and
-    captures graphs for: the engine never asks a speculator for its K. `prompt_window`: a long
-    prompt's last tokens its draft model reads (speculative/prompt_window.py; None: the whole prompt)."""
+    captures graphs for: the engine never asks a speculator for its K. `propose`'s `k`: this step's
+    drafts per decoding sequence, at most that K (SD's per-step choice; SSD's cache is built for its K
+    and takes only it). `prompt_window`: a long prompt's last tokens its draft model reads
+    (speculative/prompt_window.py; None: the whole prompt)."""
 
     prompt_window: int | None
 
-    def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None: ...
+    def propose(self, batch: ScheduledBatch, decoding: list[bool], k: int) -> Proposal | None: ...
     def on_outcome(self, outcome: Outcome) -> None: ...
     def release(self, seq: Sequence) -> None: ...
     def summary(self) -> dict: ...

@@ -5,7 +5,7 @@ from ssd_engine.layers.weight_formats import describe_target_format
 from ssd_engine.speculative import prompt_window
 
 # what the mode line adds where SD chooses K every step (engine/step_choice.py)
-PER_STEP_NOTE = " (K or 0 each step, by measured tokens/s)"
+PER_STEP_NOTE = " (each step any K from 0 to {k}, by predicted tokens/s)"
 
 
 def describe_execution(engine) -> dict:
@@ -25,7 +25,7 @@ def describe_execution(engine) -> dict:
     )
     described["mode"] = engine.plan.describe_mode()
     if engine.step_choice is not None:
-        described["mode"] += PER_STEP_NOTE
+        described["mode"] += PER_STEP_NOTE.format(k=engine.k)
     if engine.plan.draft_format is not None:
         described["draft_format"] = engine.plan.draft_format.describe()
     if engine.speculator is not None:

@@ -118,7 +118,8 @@ class LLMEngine:
             self.speculator = build_sync_draft(side, target)
             self.scheduler.tell_on_release(self.speculator)
             per_step = speculative.per_step == "goodput"
-            self.step_choice = StepChoice(speculative.k) if per_step else None
+            start = self.plan.choice.k if self.plan.choice else None  # auto's best K, first tried
+            self.step_choice = StepChoice(speculative.k, start) if per_step else None
         elif speculative.mode == "ssd":
             cores = core_sets[-1] if core_sets else None
             self.speculator = start_async_draft(
@@ -131,13 +132,10 @@ class LLMEngine:
         gc.freeze()  # the built heap is long-lived: full collections skip it (close() thaws it)
 
     def _capture_graphs(self) -> None:
-        """CUDA graphs for the target's repeated steps: decode and verification of K + 1 tokens."""
-        shapes = (
-            [("paged", 1)]
-            if self.config.speculative.mode == "ar"
-            else [("paged", 1), ("paged", self.k + 1)]
-        )
-        self.runner.capture_graphs(shapes)
+        """CUDA graphs for the target's repeated steps: decode and verification of K + 1 tokens (of
+        every k + 1 up to it where SD chooses k each step)."""
+        ks = range(1, self.k + 1) if self.step_choice else [self.k] if self.k else []
+        self.runner.capture_graphs([("paged", 1)] + [("paged", k + 1) for k in ks])
 
     def _place(self) -> list[list[int]] | None:
         """Pins this process (rank 0) to the first of the plan's core sets until close(); -> SSD's
@@ -250,7 +248,7 @@ class LLMEngine:
                 raise RuntimeError("scheduler made no progress")
             return []
         decoding = batch.decoding(k)
-        proposal = self.speculator.propose(batch, decoding) if self.speculator and k else None
+        proposal = self.speculator.propose(batch, decoding, k) if self.speculator and k else None
         speculated = [dec and proposal is not None for dec in decoding]
         feed, logit_rows, drafts = batch.feed(speculated, proposal)
         logits = self.runner.forward(batch, logit_rows, token_ids=feed, on_device=drafts)
@@ -265,8 +263,8 @@ class LLMEngine:
         seconds = time.perf_counter() - started
         # a step with a prefill chunk says nothing of decode rates
         if self.step_choice and all(decoding):
-            emitted = sum(len(result.tokens) for result in results)
-            self.step_choice.record(k, len(decoding), emitted, seconds)
+            rounds = [(r.accepted, r.drafted) for r in results if r.accepted is not None]
+            self.step_choice.record(k, len(decoding), seconds, rounds)
         if self.scheduler.pacer is not None:
             prompt_tokens = sum(n for n, dec in zip(batch.num_new_tokens, decoding) if not dec)
             self.scheduler.pacer.record(sum(decoding), k, prompt_tokens, seconds)
@@ -277,7 +275,7 @@ class LLMEngine:
 
     def _on_verified(self, seq: Sequence, result: StepResult) -> None:
         if result.accepted is not None:
-            self.spec_metrics.record(seq.seq_id, result.accepted)
+            self.spec_metrics.record(seq.seq_id, result.accepted, result.drafted)
         self.speculator.on_outcome(Outcome(seq, result.accepted, seq.num_computed_tokens))
 
     def execution(self) -> dict:

@@ -13,7 +13,13 @@ from ssd_engine.core.synthetic_hook import Synthetic
 from ssd_engine.models.model_paths import resolve_model_path
 from ssd_engine.planning.costs import MeasuredCosts, NotMeasured, Placement
 from ssd_engine.planning.mode_placement import placement_for
-from ssd_engine.planning.predict import Acceptance, Prediction, predict_all, predict_ssd
+from ssd_engine.planning.predict import (
+    K_RANGE,
+    Acceptance,
+    Prediction,
+    predict_all,
+    predict_ssd,
+)
 from ssd_engine.planning.survey import Survey, survey
 from ssd_engine.saguaro.calibration import CONFIG_DIR, find_calibrations
 from ssd_engine.saguaro.plan import needs_calibration
@@ -187,7 +193,9 @@ def _apply(
         speculative_mode=choice.mode, synthetic=kept if kept.acceptance is not None else None
     )
     if choice.mode == "sd":
-        changes["num_speculative_tokens"] = choice.k
+        # the per-step choice starts at the predicted K and may measure one more to be faster
+        per_step = config.speculative.per_step == "goodput"
+        changes["num_speculative_tokens"] = min(choice.k + per_step, max(K_RANGE))
         if on_cpu:
             changes["draft_dtype"] = measured.sd_format
     if on_cpu and torchrun_world() is None:

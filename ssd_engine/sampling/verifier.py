@@ -20,6 +20,7 @@ from ssd_engine.utils.host_upload import upload
 class StepResult:
     tokens: list[int] | None  # emitted this step (None: a prefill chunk short of the end)
     accepted: int | None = None  # drafts accepted, for a verified speculation with drafts
+    drafted: int | None = None  # its drafts (the step's K), where `accepted` is given
     logprobs: list[dict[int, float]] | None = None  # per emitted token, where the request asked
 
 
@@ -87,7 +88,10 @@ class Verifier:
             drafted = proposal.num_draft.tolist()  # a host tensor: the proposer knows its counts
             for j, i in enumerate(speculated_rows):
                 tokens = result.output_tokens[j]
-                out[i] = StepResult(tokens, len(tokens) - 1 if drafted[j] > 0 else None)
+                if drafted[j] > 0:
+                    out[i] = StepResult(tokens, len(tokens) - 1, drafted[j])
+                else:
+                    out[i] = StepResult(tokens)
         for i, seq in enumerate(seqs):  # only requests that asked: each costs a read of its rows
             if seq.params.logprobs is not None and out[i].tokens:
                 if speculated[i]:

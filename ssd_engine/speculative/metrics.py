@@ -18,9 +18,10 @@ class SpecCounters:
         self.accepted_per_position = self.accepted_per_position or [0] * self.k
         self.accepted_histogram = self.accepted_histogram or [0] * (self.k + 1)
 
-    def record(self, accepted: int) -> None:
+    def record(self, accepted: int, drafted: int) -> None:
+        """One round that drafted `drafted` (<= K: SD's per-step choice may draft fewer) tokens."""
         self.rounds += 1
-        self.drafted += self.k
+        self.drafted += drafted
         self.accepted += accepted
         for i in range(accepted):
             self.accepted_per_position[i] += 1
@@ -52,9 +53,9 @@ class SpecMetrics:
         self.total = SpecCounters(self.k)
         self.per_request = {}
 
-    def record(self, seq_id: int, accepted: int) -> None:
-        self.total.record(accepted)
-        self.per_request.setdefault(seq_id, SpecCounters(self.k)).record(accepted)
+    def record(self, seq_id: int, accepted: int, drafted: int) -> None:
+        self.total.record(accepted, drafted)
+        self.per_request.setdefault(seq_id, SpecCounters(self.k)).record(accepted, drafted)
 
     def pop(self, seq_id: int) -> dict:
         counters = self.per_request.pop(seq_id, None)

@@ -58,20 +58,25 @@ class PagedDraft(Generic[S]):
         )
 
     def decode(
-        self, seqs: list[S], starts: list[int], logits: torch.Tensor, sample: StepSampler
+        self,
+        seqs: list[S],
+        starts: list[int],
+        logits: torch.Tensor,
+        sample: StepSampler,
+        k: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """K draft tokens per sequence from next-token `logits` [n, V]; the first K - 1 are fed at
-        starts[i] .. starts[i] + K - 2 (blocks reserved). -> tokens [n, K], q [n, K, V'] or None."""
+        """k (default K) draft tokens per sequence from next-token `logits` [n, V]; the first k - 1
+        are fed at starts[i] .. starts[i] + k - 2 (blocks reserved). -> tokens [n, k], q [n, k, V'] or
+        None."""
+        k = self.k if k is None else k
         feed = (
-            DecodeFeed(self.runner, starts, [s.block_table for s in seqs], self.k - 1)
-            if self.k > 1
-            else None
+            DecodeFeed(self.runner, starts, [s.block_table for s in seqs], k - 1) if k > 1 else None
         )
         tokens, rows = [], []
-        for step in range(self.k):
+        for step in range(k):
             drawn, q = sample(step, logits)
             tokens.append(drawn)
             rows.append(q)
-            if step + 1 < self.k:
+            if step + 1 < k:
                 logits = feed.step(step, drawn)
         return torch.stack(tokens, dim=1), None if rows[0] is None else torch.stack(rows, dim=1)

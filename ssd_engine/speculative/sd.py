@@ -96,9 +96,12 @@ class SyncDraft(PagedDraft[DraftView]):
         if view is not None:
             self.drop(view)
 
-    def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
-        """Catch the draft up, then draft K tokens per decoding sequence in batch order; one whose
-        draft blocks cannot be reserved gets num_draft = 0 this round."""
+    def propose(
+        self, batch: ScheduledBatch, decoding: list[bool], k: int | None = None
+    ) -> Proposal | None:
+        """Catch the draft up, then draft k (default K) tokens per decoding sequence in batch order;
+        one whose draft blocks cannot be reserved gets num_draft = 0 this round."""
+        k = self.k if k is None else k
         extend, ends, drafting = [], [], []
         dec_views = []
         for seq, dec in zip(batch.seqs, decoding):
@@ -111,7 +114,7 @@ class SyncDraft(PagedDraft[DraftView]):
             end = len(view) if dec else view.draft_length(seq.num_computed_tokens)
             if view.num_computed_tokens > end:  # target was preempted and recomputes: so must we
                 self.drop(view)
-            if not self.reserve(view, end + (self.k - 1 if dec else 0)):
+            if not self.reserve(view, end + (k - 1 if dec else 0)):
                 continue
             if end > view.num_computed_tokens:
                 extend.append(view)
@@ -136,34 +139,34 @@ class SyncDraft(PagedDraft[DraftView]):
         if not dec_views:
             return None
         device, vocab = self.runner.device, self.runner.config.vocab_size
-        num_draft = torch.tensor([self.k if v in drafting else 0 for v in dec_views])
+        num_draft = torch.tensor([k if v in drafting else 0 for v in dec_views])
         greedy = all(v.seq.params.greedy for v in dec_views)
         if len(drafting) == len(dec_views):
-            tokens, drawn_probs = self._draft(drafting, logits, greedy)
+            tokens, drawn_probs = self._draft(drafting, logits, greedy, k)
             probs = None if greedy else F.pad(drawn_probs, (0, vocab - drawn_probs.shape[-1]))
             return Proposal(tokens, probs, num_draft)
-        tokens = torch.zeros(len(dec_views), self.k, dtype=torch.long, device=device)
-        probs = None if greedy else torch.zeros(len(dec_views), self.k, vocab, device=device)
+        tokens = torch.zeros(len(dec_views), k, dtype=torch.long, device=device)
+        probs = None if greedy else torch.zeros(len(dec_views), k, vocab, device=device)
         if drafting:
             # queued work keeps running
             (rows,) = upload([[dec_views.index(v) for v in drafting]], device)
-            drawn_tokens, drawn_probs = self._draft(drafting, logits, greedy)
+            drawn_tokens, drawn_probs = self._draft(drafting, logits, greedy, k)
             tokens[rows] = drawn_tokens
             if probs is not None:
                 probs[rows, :, : drawn_probs.shape[-1]] = drawn_probs
         return Proposal(tokens, probs, num_draft)
 
-    def _draft(self, views: list[DraftView], logits: torch.Tensor, greedy: bool):
-        """K autoregressive draft steps from the catch-up logits; returns tokens [n, K] and the
-        exact rows they were sampled from [n, K, proposable_vocab] (None when greedy)."""
+    def _draft(self, views: list[DraftView], logits: torch.Tensor, greedy: bool, k: int):
+        """k autoregressive draft steps from the catch-up logits; returns tokens [n, k] and the
+        exact rows they were sampled from [n, k, proposable_vocab] (None when greedy)."""
         states = self.grammars.states([v.seq for v in views]) if self.grammars is not None else []
-        with masked_steps(states, self._sampler(views, greedy)) as sampler:
-            tokens, rows = self.decode(views, [len(v) for v in views], logits, sampler)
+        with masked_steps(states, self._sampler(views, greedy, k)) as sampler:
+            tokens, rows = self.decode(views, [len(v) for v in views], logits, sampler, k)
         for view in views:
-            view.num_computed_tokens = len(view) + self.k - 1
+            view.num_computed_tokens = len(view) + k - 1
         return tokens, rows
 
-    def _sampler(self, views: list[DraftView], greedy: bool) -> StepSampler:
+    def _sampler(self, views: list[DraftView], greedy: bool, k: int) -> StepSampler:
         vocab = self.proposable_vocab
         if greedy:
             return lambda step, logits: (logits[:, :vocab].argmax(dim=-1), None)
@@ -172,8 +175,8 @@ class SyncDraft(PagedDraft[DraftView]):
         # each random row's K uniforms in one draw from its draft stream: one call a round
         u = draw_uniforms(
             [v.seq.draft_generator for v in views],
-            [self.k if not p.greedy else 0 for p in params],
-            self.k,
+            [k if not p.greedy else 0 for p in params],
+            k,
             self.runner.device,
             self.generator,
         )

@@ -92,7 +92,11 @@ class AsyncDraftClient:
     def alive(self) -> bool:
         return self.link is not None
 
-    def propose(self, batch: ScheduledBatch, decoding: list[bool]) -> Proposal | None:
+    def propose(
+        self, batch: ScheduledBatch, decoding: list[bool], k: int | None = None
+    ) -> Proposal | None:
+        if k not in (None, self.k):
+            raise ValueError(f"SSD drafts its K = {self.k} every round, not {k}")
         self.window_s = 0.0
         if self.replied_at is not None:
             self.window_s = time.perf_counter() - self.replied_at
