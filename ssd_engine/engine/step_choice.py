@@ -224,7 +224,8 @@ class StepChoice:
             step_s = times.get(k)
             if step_s is None:
                 ran = min((j for j in times if j), key=lambda j: abs(j - k))
-                step_s = plain + (times[ran] - plain) * k / ran
+                # a noisy plain step can read slower than a speculated one: never below the fastest
+                step_s = max(plain + (times[ran] - plain) * k / ran, min(times.values()))
             rates[k] = self.acceptance.tokens(k) / step_s
         return rates
 
