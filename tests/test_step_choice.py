@@ -2,13 +2,13 @@
 
 - The rule: the starting K, then plain decoding, run a few steady steps each; then the K predicted
   fastest (a row's tokens from the running acceptance over its step time, measured or interpolated)
-  runs, and its neighbours and plain decoding are re-tried now and then (sooner after a close call); a
-  new batch size reads the nearest one's rates; no K first tried above a batch size where plain won;
-  a batch holding a seeded request drafts the starting K; a catch-up runs where it pays.
-- Exactness across switches: with the choice forced to a random K from 0 up every step, greedy SD gives
-  AR's tokens, and at T = 1 with every penalty (history-dependent rows) SD's (t1, t2, t3) follow the
-  target's law (pair, law and statistics of test_penalties.py; requests in waves, so each wave's steps
-  switch in their own pattern).
+  runs, and its neighbours and plain decoding are re-tried now and then (sooner after a close call);
+  a new batch size reads the nearest one's rates; no K first tried above a batch size where plain
+  won; a batch holding a seeded request drafts the starting K; a catch-up runs where it pays.
+- Exactness across switches: with the choice forced to a random K from 0 up every step, greedy SD
+  gives AR's tokens, and at T = 1 with every penalty (history-dependent rows) SD's (t1, t2, t3)
+  follow the target's law (pair, law and statistics of test_penalties.py; requests in waves, so each
+  wave's steps switch in their own pattern).
 - Negative control: a broken switch, whose first speculated step after a plain one reports q rows
   that are not the ones its drafts were drawn from (uniform), is rejected.
 """
@@ -69,8 +69,8 @@ def _run(choice: StepChoice, rows: int, steps: int, step_s, accepted, draft=None
 def test_the_start_then_plain_then_the_predicted_best_runs_and_its_neighbours_are_retried():
     """Drafts always accepted, a draft token costing a fifth of a plain step: tokens per second
     (k + 1) / (1 + 0.2 k) grow with k. The starting K = 1 and plain decoding each run a few steps;
-    K = 3, never run but predicted best from them, runs next and stays; its neighbour K = 2 and plain
-    decoding are re-tried now and then."""
+    K = 3, never run but predicted best from them, runs next and stays; its neighbour K = 2 and
+    plain decoding are re-tried now and then."""
     choice = StepChoice(k=3, start=1)
     runs = _run(choice, 5, 24 + 300, lambda k: 1 + 0.2 * k, lambda k: k)
     few = step_choice.MIN_SAMPLES
@@ -84,9 +84,9 @@ def test_the_start_then_plain_then_the_predicted_best_runs_and_its_neighbours_ar
 
 
 def test_plain_decoding_runs_where_drafts_fail_and_speculation_is_still_retried():
-    """Every draft rejected: K = 3 measured, then plain decoding, which wins and stays; the K next to
-    it, predicted a fifth slower, is tried within EXPLORE_EVERY's steps but not within half of them
-    (for a few steps, being new there)."""
+    """Every draft rejected: K = 3 measured, then plain decoding, which wins and stays; the K next
+    to it, predicted a fifth slower, is tried within EXPLORE_EVERY's steps but not within half of
+    them (for a few steps, being new there)."""
     choice = StepChoice(k=3)
     every = step_choice.EXPLORE_EVERY["speculate"]
     runs = _run(choice, 5, 16 + every + 20, lambda k: 1 + 0.2 * k, lambda k: 0)
@@ -112,9 +112,9 @@ def test_a_row_emits_the_bonus_and_each_accepted_prefix():
 def test_a_catch_up_runs_only_where_the_tokens_left_pay_for_it():
     """K = 3 measured faster (5 rows, every draft accepted: about 4 tokens a row in 1 s, plain 1 in
     0.5 s) but the draft 1,000 tokens behind at 10 ms a token: 10 s of catch-up. Five sequences with
-    16 tokens left save about 80 / 10 - 80 / 20 = 4 s: plain. With 1,000 left each they save far more:
-    K. A step that caught up never feeds K's steady time; unmeasured, K runs; and K is re-measured once
-    its catch-up is a small share of the time since it last ran."""
+    16 tokens left save about 80 / 10 - 80 / 20 = 4 s: plain. With 1,000 left each they save far
+    more: K. A step that caught up never feeds K's steady time; unmeasured, K runs; and K is re-
+    measured once its catch-up is a small share of the time since it last ran."""
     choice = StepChoice(k=3)
     _run(choice, 5, 2 * step_choice.MIN_SAMPLES, lambda k: 1.0 if k else 0.5, lambda k: k)
     assert choice.arms[(5).bit_length(), 3].step_s == 1.0
@@ -259,7 +259,8 @@ def test_negative_control_a_switch_reporting_other_q_rows_is_rejected(
 
 def test_an_arms_first_steps_one_time_costs_do_not_decide_it():
     """K = 3's first step at a batch size is 50x slow (a GPU compiling its kernels); then it is as
-    fast as a plain step and its drafts are accepted. After both arms' first runs, K = 3 is chosen."""
+    fast as a plain step and its drafts are accepted. After both arms' first runs, K = 3 is
+    chosen."""
     choice, slow = StepChoice(k=3), [50.0]
     runs = _run(
         choice,

@@ -56,9 +56,10 @@ class Arm:
     last_time: float = field(default_factory=time.monotonic)
 
     def add(self, seconds: float) -> None:
-        """One steady step. Its first MIN_SAMPLES step times keep their fastest: an arm's first steps
-        at a batch size can carry one-time costs (a GPU compiles kernels and replays graphs for the
-        first time) that would otherwise linger, since the slower-looking arm is rarely re-run."""
+        """One steady step. Its first MIN_SAMPLES step times keep their fastest: an arm's first
+        steps at a batch size can carry one-time costs (a GPU compiles kernels and replays graphs
+        for the first time) that would otherwise linger, since the slower-looking arm is rarely
+        re-run."""
         self.samples += 1
         if self.step_s is None:
             self.step_s = seconds
@@ -112,7 +113,8 @@ class StepChoice:
     def choose(self, running: list[Sequence], draft: Draft, prefill: bool = False) -> int:
         """K for the step about to run over (at most) `running`; `prefill`: the step also reads
         prompt tokens, and then decodes plainly (a seeded request's batch excepted): drafting would
-        hold back that prompt's first token, and the times compared here come from decode-only steps."""
+        hold back that prompt's first token, and the times compared here come from decode-only
+        steps."""
         self.steps += 1
         seeded = any(seq.params.seed is not None for seq in running)
         k = 0 if prefill and not seeded else self._choose(running)
@@ -132,7 +134,8 @@ class StepChoice:
         self, running: list[Sequence], k: int, lag: int, s_per_token: float | None
     ) -> bool:
         """Whether reading `lag` tokens into the draft first is paid back by speculating at `k` over
-        what the batch has left to generate at the predicted rates, or re-measures it (EXPLORE_SHARE)."""
+        what the batch has left to generate at the predicted rates, or re-measures it
+        (EXPLORE_SHARE)."""
         if any(seq.params.seed is not None for seq in running):
             return True  # a seeded request's batch always drafts (the module docstring)
         bucket = len(running).bit_length()
@@ -176,8 +179,9 @@ class StepChoice:
     def _retry_due(self, bucket: int, k: int, relative: float) -> bool:
         """Whether `k`, predicted at `relative` times the chosen K's rate, is tried now: where this
         batch size's rates are read from another's, FIRST_LOOK steps after it was first wanted here
-        (a K: unless plain decoding won at a smaller size); then EXPLORE_EVERY's steps after it last ran here, a K sooner where predicted within
-        CLOSE of the chosen one (down to a sixteenth)."""
+        (a K: unless plain decoding won at a smaller size); then EXPLORE_EVERY's steps after it last
+        ran here, a K sooner where predicted within CLOSE of the chosen one (down to a
+        sixteenth)."""
         arm = self._arm(bucket, k, last_step=self.steps)  # never run here: its wait starts now
         borrowed = self._rates_at(bucket) is None  # the rates compared are another size's
         if arm.step_s is None and borrowed and not (k and self._lost_below(bucket)):
