@@ -216,6 +216,10 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "SSD_ENGINE_PROGRESS": "0"}
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _ray_node(args: list[str], ready: str, deadline: float) -> subprocess.Popen:
     """`ray start ... --block` as a child in its own session; returns once it printed `ready`."""
     node = subprocess.Popen(
@@ -237,6 +241,9 @@ def _ray_node(args: list[str], ready: str, deadline: float) -> subprocess.Popen:
         text=True,
         start_new_session=True,
         env={**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"},
+        # a Ctrl-C reaches a terminal's `ray start` with SIGINT's default action, also where this
+        # suite runs in the background (which leaves it ignored, and Ray sets no handler of its own)
+        preexec_fn=_sigint_default,
     )  # its lines as it prints them
     said: list[str] = []
     if not _read_until(
