@@ -136,15 +136,8 @@ def test_two_replicas_serve_one_engines_texts_and_stop_cleanly(tiny_qwen2):
     try:
         # read by a thread throughout: Ray forwards the replicas' logs to the server's stderr, and a
         # full pipe would block the server mid-shutdown
-        said: list[str] = []
         deadline = time.monotonic() + 240
-        assert _read_until(
-            proc,
-            proc.stderr,
-            lambda: any(line.startswith("[serve] 2 replicas on Ray Serve") for line in said),
-            said,
-            deadline,
-        ), "".join(said[-30:])
+        said = _started_server_says(proc, deadline)
         started = descendants_of(proc.pid)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
 
@@ -268,6 +261,19 @@ def _read_until(proc: subprocess.Popen, stream, done, said: list[str], deadline:
     return True
 
 
+def _started_server_says(server: subprocess.Popen, deadline: float) -> list[str]:
+    """Waits for the server's "2 replicas" line; -> its stderr lines, which a thread keeps reading."""
+    said: list[str] = []
+    assert _read_until(
+        server,
+        server.stderr,
+        lambda: any(line.startswith("[serve] 2 replicas on Ray Serve") for line in said),
+        said,
+        deadline,
+    ), "".join(said[-30:])
+    return said
+
+
 def _is_engine_replica(pid: int) -> bool:
     """A Ray worker process running an engine replica (Ray names it after the deployment)."""
     return command_line(pid).startswith(b"ray::ServeReplica:ssd_engine:engine")
@@ -333,14 +339,7 @@ def test_two_replicas_on_a_two_node_cluster_one_per_node(tiny_qwen2):
             env={**os.environ, **RAY_ENV},
         )
         processes.append(server)
-        said: list[str] = []
-        assert _read_until(
-            server,
-            server.stderr,
-            lambda: any(line.startswith("[serve] 2 replicas on Ray Serve") for line in said),
-            said,
-            deadline,
-        ), "".join(said[-30:])
+        said = _started_server_says(server, deadline)
         # each node's raylet starts its workers: a replica's process is below the `ray start` of its node
         replicas = {
             node: [pid for pid in descendants_of(node_pid) if _is_engine_replica(pid)]
