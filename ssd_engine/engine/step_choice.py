@@ -88,15 +88,20 @@ class Acceptance:
                 self.accepted[j] += 1
 
     def tokens(self, k: int) -> float:
-        """Expected tokens a row emits at K = k: the bonus plus each accepted prefix. A position
-        never reached reads as the one before it (acceptance rarely rises along the drafts)."""
-        total, reach, rate = 1.0, 1.0, PRIOR_ACCEPTANCE
-        for j in range(k):
-            if self.reached[j] > 0:
-                rate = (self.accepted[j] + PRIOR_WEIGHT * rate) / (self.reached[j] + PRIOR_WEIGHT)
+        """Expected tokens a row emits at K = k."""
+        return self.tokens_by_k()[k]
+
+    def tokens_by_k(self) -> list[float]:
+        """Expected tokens a row emits at each K from 0 up: the bonus plus each accepted prefix. A
+        position never reached reads as the one before it (acceptance rarely rises along the
+        drafts)."""
+        totals, reach, rate = [1.0], 1.0, PRIOR_ACCEPTANCE
+        for reached, accepted in zip(self.reached, self.accepted):
+            if reached > 0:
+                rate = (accepted + PRIOR_WEIGHT * rate) / (reached + PRIOR_WEIGHT)
             reach *= rate
-            total += reach
-        return total
+            totals.append(totals[-1] + reach)
+        return totals
 
 
 class StepChoice:
@@ -165,25 +170,27 @@ class StepChoice:
             return self.start  # speculation never measured at any batch size
         if plain.step_s is None and (0 not in ran or self.steps - plain.last_step > FIRST_LOOK):
             return 0
-        rates = self._rates_at(bucket) or self._nearest_rates(bucket)
+        here = self._rates_at(bucket)
+        rates = here or self._nearest_rates(bucket)
         if not rates:
             return self.start
         best = max(rates, key=rates.get)
         for k in sorted({0, best - 1, best + 1} - {best}):
-            if 0 <= k <= self.k and self._retry_due(bucket, k, rates[k] / rates[best]):
+            if 0 <= k <= self.k and self._retry_due(
+                bucket, k, rates[k] / rates[best], here is None
+            ):
                 return k
         if best and self._arm(bucket, best).step_s is None and self._lost_below(bucket):
             return 0  # predicted best, never run here, but plain decoding won at a smaller size
         return best
 
-    def _retry_due(self, bucket: int, k: int, relative: float) -> bool:
+    def _retry_due(self, bucket: int, k: int, relative: float, borrowed: bool) -> bool:
         """Whether `k`, predicted at `relative` times the chosen K's rate, is tried now: where this
-        batch size's rates are read from another's, FIRST_LOOK steps after it was first wanted here
+        batch size's rates are read from another's (`borrowed`), FIRST_LOOK steps after it was first wanted here
         (a K: unless plain decoding won at a smaller size); then EXPLORE_EVERY's steps after it last
         ran here, a K sooner where predicted within CLOSE of the chosen one (down to a
         sixteenth)."""
         arm = self._arm(bucket, k, last_step=self.steps)  # never run here: its wait starts now
-        borrowed = self._rates_at(bucket) is None  # the rates compared are another size's
         if arm.step_s is None and borrowed and not (k and self._lost_below(bucket)):
             every = FIRST_LOOK  # a batch size's first look at it
         elif not k:
@@ -204,7 +211,8 @@ class StepChoice:
 
     def _measured_buckets(self) -> set[int]:
         """Batch-size buckets where plain decoding and some K both ran."""
-        return {b for b, k in self.arms if k and self._rates_at(b)}
+        ran = [(b, k) for (b, k), arm in self.arms.items() if arm.step_s is not None]
+        return {b for b, k in ran if not k} & {b for b, k in ran if k}
 
     def _nearest_rates(self, bucket: int) -> dict[int, float] | None:
         """The rates at the nearest batch size that measured both kinds of step."""
@@ -222,7 +230,7 @@ class StepChoice:
         }
         if 0 not in times or len(times) < 2:
             return None
-        plain = times[0]
+        plain, tokens = times[0], self.acceptance.tokens_by_k()
         rates = {}
         for k in range(self.k + 1):
             step_s = times.get(k)
@@ -230,7 +238,7 @@ class StepChoice:
                 ran = min((j for j in times if j), key=lambda j: abs(j - k))
                 # a noisy plain step can read slower than a speculated one: never below the fastest
                 step_s = max(plain + (times[ran] - plain) * k / ran, min(times.values()))
-            rates[k] = self.acceptance.tokens(k) / step_s
+            rates[k] = tokens[k] / step_s
         return rates
 
     def record(

@@ -96,12 +96,9 @@ class SyncDraft(PagedDraft[DraftView]):
         if view is not None:
             self.drop(view)
 
-    def propose(
-        self, batch: ScheduledBatch, decoding: list[bool], k: int | None = None
-    ) -> Proposal | None:
-        """Catch the draft up, then draft k (default K) tokens per decoding sequence in batch order;
-        one whose draft blocks cannot be reserved gets num_draft = 0 this round."""
-        k = self.k if k is None else k
+    def propose(self, batch: ScheduledBatch, decoding: list[bool], k: int) -> Proposal | None:
+        """Catch the draft up, then draft k (<= K) tokens per decoding sequence in batch order; one
+        whose draft blocks cannot be reserved gets num_draft = 0 this round."""
         extend, ends, drafting = [], [], []
         dec_views = []
         for seq, dec in zip(batch.seqs, decoding):

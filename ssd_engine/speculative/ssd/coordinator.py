@@ -92,10 +92,8 @@ class AsyncDraftClient:
     def alive(self) -> bool:
         return self.link is not None
 
-    def propose(
-        self, batch: ScheduledBatch, decoding: list[bool], k: int | None = None
-    ) -> Proposal | None:
-        if k not in (None, self.k):
+    def propose(self, batch: ScheduledBatch, decoding: list[bool], k: int) -> Proposal | None:
+        if k != self.k:
             raise ValueError(f"SSD drafts its K = {self.k} every round, not {k}")
         self.window_s = 0.0
         if self.replied_at is not None:
